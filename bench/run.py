@@ -1,0 +1,74 @@
+"""Run kubetrain's benchmarks and gather their results into bench/README.md.
+
+Each benchmark is a script in bench/ that runs in the environment it measures, prints
+its ratios and writes bench/results/<name>.md. ``make bench`` runs them all;
+``make bench BENCH="transfer dag_parse"`` runs some.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+AIRFLOW = REPO / ".venv" / "bin" / "python"
+TRAINER = REPO / "trainer" / ".venv" / "bin" / "python"
+
+# name -> (interpreter, script, what it measures)
+BENCHES = {
+    "input_pipeline": (TRAINER, "bench_input_pipeline.py", "image input pipeline vs. the naive one (examples/s)"),
+    "transfer": (TRAINER, "bench_transfer.py", "S3 stage-in vs. s5cmd and awscli (wall time, client CPU/GB)"),
+    "image_update": (AIRFLOW, "bench_image_update.py", "code-only image update: append layer vs. buildah build"),
+    "dag_parse": (AIRFLOW, "bench_dag_parse.py", "DAG file parse time over the bare Airflow import"),
+    "orchestration": (AIRFLOW, "bench_orchestration.py", "orchestration overhead of the demo DAG"),
+}
+
+HEADER = """# Benchmarks
+
+`make bench` runs every benchmark below side by side on this machine and rewrites this
+file from bench/results/. Figures are ratios measured in one run; absolute numbers depend
+on the machine (the reference machine: 2 cores, 24 GiB, no GPU). Run one with
+`make bench BENCH=<name>`.
+"""
+
+
+def main() -> int:
+    wanted = os.environ.get("BENCH", "").split() or list(BENCHES)
+    unknown = [w for w in wanted if w not in BENCHES]
+    if unknown:
+        print(f"unknown benchmark(s) {unknown}; expected some of {sorted(BENCHES)}", file=sys.stderr)
+        return 2
+    failed = []
+    for name in wanted:
+        python, script, what = BENCHES[name]
+        path = REPO / "bench" / script
+        if not path.exists():
+            print(f"== {name}: {script} is missing", flush=True)
+            failed.append(name)
+            continue
+        print(f"== {name}: {what}", flush=True)
+        start = time.monotonic()
+        rc = subprocess.call([str(python), str(path)], cwd=REPO)
+        print(f"== {name}: exit {rc} after {time.monotonic() - start:.0f} s", flush=True)
+        if rc:
+            failed.append(name)
+    write_readme()
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def write_readme() -> None:
+    parts = [HEADER]
+    for name, (_, script, what) in BENCHES.items():
+        result = REPO / "bench" / "results" / f"{name}.md"
+        parts.append(f"\n## {name}: {what}\n\nScript: `bench/{script}`.\n")
+        parts.append("\n" + result.read_text().strip() + "\n" if result.exists() else "\nNot run yet.\n")
+    (REPO / "bench" / "README.md").write_text("".join(parts))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

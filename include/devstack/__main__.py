@@ -1,0 +1,3 @@
+from include.devstack.stack import main
+
+raise SystemExit(main())

@@ -1,0 +1,335 @@
+"""Start, stop and describe the embedded dev stack (standard library only).
+
+The stack is three servers on 127.0.0.1, each a background process of its own session
+so that it outlives the ``make`` call that started it:
+
+* ``s3``: moto's S3-protocol server, with the ``datasets`` and ``training`` buckets;
+* ``registry``: Debian's ``docker-registry`` (the CNCF distribution registry);
+* ``kubeapi``: include/devstack/kubeapi, a local Kubernetes API server that runs pod
+  containers as local processes.
+
+Everything it makes lives under the state directory (``.stack`` by default):
+``env`` (export lines), ``kubeconfig``, ``state.json``, ``logs/`` and each server's data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+AIRFLOW_PYTHON = REPO / ".venv" / "bin" / "python"
+BUCKETS = ("datasets", "training")
+S3_SECRET_NAME = "kubetrain-s3"
+REGION = "us-east-1"
+DEFAULT_PORTS = {"s3": 9000, "registry": 5000, "kubeapi": 6443}
+
+
+class StackError(RuntimeError):
+    """The stack could not be started or is not running."""
+
+
+def free_port(preferred: int | None = None) -> int:
+    """Return ``preferred`` when nothing listens there, else any free loopback port."""
+    candidates = [preferred] if preferred else []
+    for port in [*candidates, 0]:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
+    raise StackError("no free port on 127.0.0.1")
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+    """Wait until ``url`` answers with any HTTP status; fail early if ``proc`` dies."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return
+        except urllib.error.HTTPError:
+            return  # the server answered; a 4xx still means it is up
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+            raise StackError(f"{url} did not come up: the server exited with {proc.returncode}\n{tail}")
+        if time.monotonic() > deadline:
+            raise StackError(f"{url} did not answer within {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+@dataclass
+class Stack:
+    """A dev stack rooted at ``state_dir``."""
+
+    state_dir: Path
+    strict_gpu: bool = False
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    def load_state(self) -> dict:
+        if not self.state_file.exists():
+            raise StackError(f"no dev stack at {self.state_dir}: run `make stack-up`")
+        return json.loads(self.state_file.read_text())
+
+    # -- start -----------------------------------------------------------------------------
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
+        logs = self.state_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log = logs / f"{name}.log"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=REPO,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,  # outlive the caller; stop by process group
+            )
+        self.procs[name] = proc
+        return proc, log
+
+    def up(self) -> dict:
+        """Start all servers, create buckets and the S3 Secret, write env and kubeconfig."""
+        if self.state_file.exists():
+            state = json.loads(self.state_file.read_text())
+            if all(_alive(c["pid"]) for c in state["components"].values()):
+                return state
+            self.down()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.chmod(0o700)  # it holds the generated S3 credentials
+        ports = {name: free_port(int(os.environ.get(f"KUBETRAIN_{name.upper()}_PORT", default))) for name, default in DEFAULT_PORTS.items()}
+        access_key = "kt" + secrets.token_hex(8)
+        secret_key = secrets.token_urlsafe(30)
+        state: dict = {"ports": ports, "components": {}, "strict_gpu": self.strict_gpu}
+        try:
+            self._start_s3(state, ports["s3"], access_key, secret_key)
+            self._start_registry(state, ports["registry"])
+            self._start_kubeapi(state, ports["kubeapi"])
+            state["s3"] = {
+                "endpoint": f"http://127.0.0.1:{ports['s3']}",
+                "access_key_id": access_key,
+                "secret_access_key": secret_key,
+                "region": REGION,
+                "buckets": list(BUCKETS),
+            }
+            state["registry"] = f"127.0.0.1:{ports['registry']}"
+            state["kubeapi"] = f"http://127.0.0.1:{ports['kubeapi']}"
+            self._write_kubeconfig(state)
+            self._create_s3_secret(state)
+            self.state_file.write_text(json.dumps(state, indent=2))
+            self.state_file.chmod(0o600)
+            self._write_env(state)
+        except BaseException:
+            for proc in self.procs.values():
+                _kill_group(proc.pid)
+            raise
+        return state
+
+    def _start_s3(self, state: dict, port: int, access_key: str, secret_key: str) -> None:
+        proc, log = self._spawn(
+            "s3",
+            [str(AIRFLOW_PYTHON), "-m", "include.devstack.s3", "--port", str(port), "--buckets", *BUCKETS],
+            env={"KUBETRAIN_S3_ACCESS_KEY_ID": access_key, "KUBETRAIN_S3_SECRET_ACCESS_KEY": secret_key},
+        )
+        wait_http(f"http://127.0.0.1:{port}/moto-api/", 60, proc, log)
+        state["components"]["s3"] = {"pid": proc.pid, "port": port, "log": str(log)}
+
+    def _start_registry(self, state: dict, port: int) -> None:
+        from include.devstack import registry
+
+        proc, log = self._spawn("registry", registry.command(self.state_dir / "registry", port))
+        wait_http(f"http://127.0.0.1:{port}/v2/", 30, proc, log)
+        state["components"]["registry"] = {"pid": proc.pid, "port": port, "log": str(log)}
+
+    def _start_kubeapi(self, state: dict, port: int) -> None:
+        argv = [
+            str(AIRFLOW_PYTHON), "-m", "include.devstack.kubeapi",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--state-dir", str(self.state_dir / "kube"),
+        ]  # fmt: skip
+        if self.strict_gpu:
+            argv.append("--strict-gpu")
+        proc, log = self._spawn("kubeapi", argv)
+        wait_http(f"http://127.0.0.1:{port}/version", 60, proc, log)
+        state["components"]["kubeapi"] = {"pid": proc.pid, "port": port, "log": str(log)}
+
+    def _write_kubeconfig(self, state: dict) -> None:
+        kubeconfig = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "kubetrain-dev", "cluster": {"server": state["kubeapi"]}}],
+            "users": [{"name": "kubetrain-dev", "user": {}}],
+            "contexts": [
+                {"name": "kubetrain-dev", "context": {"cluster": "kubetrain-dev", "user": "kubetrain-dev", "namespace": "default"}}
+            ],
+            "current-context": "kubetrain-dev",
+        }
+        # JSON is valid YAML, so kubectl and the Python clients read this file as is.
+        path = self.state_dir / "kubeconfig"
+        path.write_text(json.dumps(kubeconfig, indent=2))
+        state["kubeconfig"] = str(path)
+
+    def _create_s3_secret(self, state: dict) -> None:
+        """The Secret that training pods reference for S3 (never literal values in pod specs)."""
+        import base64
+
+        s3 = state.get("s3") or {}
+        data = {
+            "AWS_ACCESS_KEY_ID": s3["access_key_id"],
+            "AWS_SECRET_ACCESS_KEY": s3["secret_access_key"],
+            "AWS_ENDPOINT_URL": s3["endpoint"],
+            "AWS_DEFAULT_REGION": s3["region"],
+        }
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": S3_SECRET_NAME, "namespace": "default"},
+            "type": "Opaque",
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+        }
+        req = urllib.request.Request(
+            f"{state['kubeapi']}/api/v1/namespaces/default/secrets",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        urllib.request.urlopen(req, timeout=10).close()
+
+    def _write_env(self, state: dict) -> None:
+        s3 = state["s3"]
+        kube_conn = {
+            "conn_type": "kubernetes",
+            "extra": {"kube_config_path": state["kubeconfig"], "namespace": "default"},
+        }
+        aws_conn = {
+            "conn_type": "aws",
+            "login": s3["access_key_id"],
+            "password": s3["secret_access_key"],
+            "extra": {"endpoint_url": s3["endpoint"], "region_name": s3["region"]},
+        }
+        values = {
+            "KUBECONFIG": state["kubeconfig"],
+            "AIRFLOW_CONN_KUBERNETES_DEFAULT": json.dumps(kube_conn),
+            "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(aws_conn),
+            "KUBETRAIN_REGISTRY": state["registry"],
+            "KUBETRAIN_S3_ENDPOINT": s3["endpoint"],
+            "KUBETRAIN_S3_ACCESS_KEY_ID": s3["access_key_id"],
+            "KUBETRAIN_S3_SECRET_ACCESS_KEY": s3["secret_access_key"],
+            "KUBETRAIN_S3_SECRET": S3_SECRET_NAME,
+            "KUBETRAIN_STACK_DIR": str(self.state_dir),
+        }
+        lines = ["# Generated by `make stack-up`; source it: `. .stack/env`. Holds dev-only credentials."]
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in values.items()]
+        path = self.state_dir / "env"
+        path.write_text("\n".join(lines) + "\n")
+        path.chmod(0o600)
+
+    # -- stop ------------------------------------------------------------------------------
+
+    def down(self) -> list[str]:
+        """Stop every server of this stack (SIGTERM to its process group, then SIGKILL)."""
+        if not self.state_file.exists():
+            return []
+        state = json.loads(self.state_file.read_text())
+        stopped = []
+        for name, comp in state.get("components", {}).items():
+            if _kill_group(comp["pid"]):
+                stopped.append(name)
+        for name in ("state.json", "env", "kubeconfig"):
+            (self.state_dir / name).unlink(missing_ok=True)
+        return stopped
+
+    def env(self) -> dict[str, str]:
+        """The exported variables of ``.stack/env`` as a dict."""
+        values = {}
+        for line in (self.state_dir / "env").read_text().splitlines():
+            if line.startswith("export "):
+                key, _, raw = line[len("export "):].partition("=")
+                values[key] = shlex.split(raw)[0] if raw else ""
+        return values
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def _kill_group(pid: int, grace: float = 10.0) -> bool:
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except OSError:
+        return False
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except OSError:
+            return True
+        try:  # reap it when it is our own child
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.1)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m include.devstack", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["up", "down", "status", "env"])
+    parser.add_argument("--state-dir", type=Path, default=REPO / ".stack", help="where the stack keeps its files (default: .stack)")
+    parser.add_argument(
+        "--strict-gpu",
+        action="store_true",
+        default=os.environ.get("KUBETRAIN_STRICT_GPU", "") not in ("", "0", "false"),
+        help="pods that request nvidia.com/gpu stay Pending (FailedScheduling) when no GPU is present, as on a real cluster",
+    )
+    args = parser.parse_args(argv)
+    stack = Stack(args.state_dir.resolve(), strict_gpu=args.strict_gpu)
+    try:
+        if args.command == "up":
+            state = stack.up()
+            print(f"dev stack up: S3 {state['s3']['endpoint']}, registry {state['registry']}, Kubernetes API {state['kubeapi']}")
+            print(f"  kubeconfig: {state['kubeconfig']}")
+            print(f"  use it from a shell: . {stack.state_dir / 'env'}")
+        elif args.command == "down":
+            stopped = stack.down()
+            print("dev stack down" + (f": stopped {', '.join(stopped)}" if stopped else " (nothing was running)"))
+        elif args.command == "status":
+            state = stack.load_state()
+            for name, comp in state["components"].items():
+                print(f"{name:9} pid {comp['pid']:>7}  port {comp['port']:>5}  {'running' if _alive(comp['pid']) else 'DEAD'}")
+        elif args.command == "env":
+            sys.stdout.write((stack.state_dir / "env").read_text())
+    except StackError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0

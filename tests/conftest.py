@@ -1,0 +1,83 @@
+"""Fixtures shared by both test environments (standard library only).
+
+tests/trainer runs under trainer/.venv, everything else under .venv; this file must
+import in both, so it starts servers as subprocesses instead of importing them.
+
+* ``s3_server``: a fresh S3 server (moto, from .venv) on a free loopback port, with the
+  ``datasets`` and ``training`` buckets, for the whole session.
+* ``devstack``: the whole dev stack (S3, registry, Kubernetes API). When the environment
+  already names a running stack (``KUBETRAIN_STACK_DIR``, as ``make test`` sets it), that
+  stack is reused; otherwise one is started under a temporary directory and stopped at
+  the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # `include` and `trainer` import from the repository root
+
+from include.devstack.stack import AIRFLOW_PYTHON, Stack, free_port, wait_http  # noqa: E402
+
+
+@dataclass(frozen=True)
+class S3Server:
+    endpoint: str
+    access_key_id: str
+    secret_access_key: str
+    region: str = "us-east-1"
+
+    def env(self) -> dict[str, str]:
+        """Standard AWS variables that boto3 and the AWS CLI read."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+            "AWS_DEFAULT_REGION": self.region,
+        }
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory) -> S3Server:
+    port = free_port()
+    log = tmp_path_factory.mktemp("s3") / "s3.log"
+    server = S3Server(f"http://127.0.0.1:{port}", "kt" + secrets.token_hex(8), secrets.token_urlsafe(30))
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(AIRFLOW_PYTHON), "-m", "include.devstack.s3", "--port", str(port)],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_http(f"{server.endpoint}/moto-api/", 60, proc, log)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="session")
+def devstack(tmp_path_factory) -> Stack:
+    """A running dev stack; ``devstack.env()`` gives the variables of its ``env`` file."""
+    existing = os.environ.get("KUBETRAIN_STACK_DIR")
+    if existing and (Path(existing) / "state.json").exists():
+        yield Stack(Path(existing))
+        return
+    stack = Stack(tmp_path_factory.mktemp("stack"))
+    stack.up()
+    try:
+        yield stack
+    finally:
+        stack.down()

@@ -1,0 +1,77 @@
+"""DAG integrity: every file in dags/ imports cleanly and follows the project's DAG rules."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DAG_FILES = sorted(p for p in (REPO / "dags").glob("*.py") if not p.name.startswith("_"))
+HEAVY_MODULES = ("tensorflow", "boto3", "botocore", "matplotlib", "pandas", "trainer", "keras")
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO / "dags"), include_examples=False)
+
+
+def test_dags_folder_has_dags():
+    assert DAG_FILES, "dags/ holds no DAG files"
+
+
+def test_no_import_errors(dagbag):
+    assert dagbag.import_errors == {}, "\n".join(f"{k}: {v}" for k, v in dagbag.import_errors.items())
+
+
+@pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)
+def test_one_dag_per_file_named_after_it(dagbag, path):
+    dags = [d for d in dagbag.dags.values() if Path(d.fileloc).resolve() == path.resolve()]
+    assert [d.dag_id for d in dags] == [path.stem]
+
+
+@pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)
+def test_dag_conventions(dagbag, path):
+    dag = dagbag.dags[path.stem]
+    assert dag.tags, f"{dag.dag_id} has no tags"
+    assert dag.doc_md and len(dag.doc_md.strip()) > 40, f"{dag.dag_id} has no doc_md (the module docstring)"
+    assert dag.catchup is False, f"{dag.dag_id} must set catchup=False"
+    for task in dag.tasks:
+        assert task.retries >= 1, f"{dag.dag_id}.{task.task_id} has no retries"
+    # topological_sort raises on a cycle
+    assert len(dag.topological_sort()) == len(dag.tasks)
+
+
+@pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)
+def test_params_are_typed_and_described(dagbag, path):
+    dag = dagbag.dags[path.stem]
+    for name in dag.params:
+        schema = dag.params.get_param(name).schema
+        assert "type" in schema or "enum" in schema, f"{dag.dag_id} Param {name!r} has no JSON-schema type"
+        assert schema.get("description") or schema.get("title"), f"{dag.dag_id} Param {name!r} has no description"
+
+
+@pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)
+def test_dag_file_imports_nothing_heavy(path):
+    """A DAG file parses without TensorFlow, boto3, matplotlib or the trainer package."""
+    code = (
+        "import importlib.util, json, sys\n"
+        f"spec = importlib.util.spec_from_file_location('dagfile', {str(path)!r})\n"
+        "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY_MODULES!r})))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO / "plugins")},
+    )
+    heavy = json.loads(out.stdout.strip().splitlines()[-1])
+    assert heavy == [], f"{path.name} imports {heavy} at parse time"
