@@ -18,7 +18,7 @@ HEAVY_MODULES = ("tensorflow", "boto3", "botocore", "matplotlib", "pandas", "tra
 def dagbag():
     from airflow.dag_processing.dagbag import DagBag
 
-    return DagBag(dag_folder=str(REPO / "dags"), include_examples=False)
+    return DagBag(dag_folder=str(REPO / "dags"))
 
 
 def test_dags_folder_has_dags():

@@ -1,0 +1,61 @@
+"""
+### Train with any container
+
+Runs a training image of your own — a script from a paper, a framework's example, anything
+that trains — on the cluster, unmodified. It needs no S3 code: the platform gives it
+
+| variable | directory | what |
+|---|---|---|
+| `DATA_DIR` | `/data` | the staged dataset (archives extracted) |
+| `CHECKPOINT_DIR` | `/checkpoints` | write checkpoints here; they are synced to S3 while it runs and restored on a retry |
+| `OUTPUT_DIR` | `/output` | write the model and, if you like, `metrics.json` / `history.csv` for the report |
+
+Set **image**, **command** and **args** in the trigger form; `$(DATA_DIR)` style references
+in them are expanded by Kubernetes. Checkpoints survive a killed pod: the retry finds them in
+`CHECKPOINT_DIR` again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from airflow.sdk import DAG, Param
+
+from kubetrain.pipeline import DEFAULT_ARGS, common_params, training_pipeline
+
+with DAG(
+    dag_id=Path(__file__).stem,
+    doc_md=__doc__,
+    schedule=None,
+    catchup=False,
+    default_args=DEFAULT_ARGS,
+    tags=["kubetrain", "training", "custom"],
+    params={
+        **common_params(dataset_uri="s3://datasets/digits/", model="custom-model", gpus=0),
+        "image": Param(
+            "tensorflow/tensorflow:2.21.0-gpu",
+            type="string",
+            minLength=1,
+            title="Training image",
+            description="Any image that trains: it reads $DATA_DIR and writes $CHECKPOINT_DIR and $OUTPUT_DIR.",
+            section="Container",
+        ),
+        "command": Param(
+            ["python"], type="array", items={"type": "string"}, minItems=1, title="Command",
+            description="The container's command (entrypoint), one item per line.", section="Container",
+        ),
+        "args": Param(
+            ["train.py"], type="array", items={"type": "string"}, title="Arguments",
+            description="The container's arguments, one item per line.", section="Container",
+        ),
+        "report": Param(
+            True, type="boolean", title="Report",
+            description="Write a report from OUTPUT_DIR/metrics.json and history.csv when the container writes them.", section="Container",
+        ),
+    },
+) as dag:
+    training_pipeline(
+        title="Custom training container",
+        cmds="{{ params.command }}",
+        arguments="{{ params.args }}",
+    )

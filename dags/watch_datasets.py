@@ -1,0 +1,42 @@
+"""
+### Watch datasets for new versions
+
+Every few minutes, stages each watched dataset: when its objects changed (keys, sizes or
+ETags), a new snapshot manifest is written and the dataset's Asset gets an event carrying
+the new version, which triggers the training DAGs scheduled on it. An unchanged dataset
+writes nothing and emits nothing (its task is skipped), so the same data uploaded again
+triggers no retraining.
+
+Watched datasets: `KUBETRAIN_WATCHED_DATASETS` (comma-separated S3 URIs; default the two
+demo datasets). Schedule: `KUBETRAIN_WATCH_CRON` (default every 10 minutes).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from airflow.sdk import DAG
+
+from kubetrain.operators.stage import StageDatasetOperator, dataset_asset
+from kubetrain.pipeline import DEFAULT_ARGS
+from kubetrain.manifest import dataset_name_from_uri
+
+WATCHED = [u.strip() for u in os.environ.get("KUBETRAIN_WATCHED_DATASETS", "s3://datasets/digits/,s3://datasets/dialogue/").split(",") if u.strip()]
+
+with DAG(
+    dag_id=Path(__file__).stem,
+    doc_md=__doc__,
+    schedule=os.environ.get("KUBETRAIN_WATCH_CRON", "*/10 * * * *"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=["kubetrain", "datasets"],
+) as dag:
+    for uri in WATCHED:
+        StageDatasetOperator(
+            task_id=f"stage_{dataset_name_from_uri(uri).replace('.', '_').replace('-', '_')}",
+            source_uri=uri,
+            outlets=[dataset_asset(uri)],
+            skip_if_unchanged=True,
+        )

@@ -1,0 +1,213 @@
+"""`make demo`, `make demo-dialogue` and `make airflow`: kubetrain end to end on the dev stack.
+
+    python -m include.demo image_classifier   # digits classifier through `airflow dags test`
+    python -m include.demo dialogue           # dialogue Transformer likewise
+    python -m include.demo ui                 # the Airflow UI, demo datasets uploaded
+
+Runs in the Airflow environment (.venv) against a running dev stack (`make stack-up`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_DIR = REPO / ".demo"
+TRAINER_PYTHON = REPO / "trainer" / ".venv" / "bin" / "python"
+AIRFLOW = REPO / ".venv" / "bin" / "airflow"
+
+
+@dataclass(frozen=True)
+class Demo:
+    dag_id: str
+    dataset: str
+    generator: str
+    filename: str
+    conf: dict
+
+
+DEMOS = {
+    "image_classifier": Demo(
+        dag_id="train_image_classifier",
+        dataset="digits",
+        generator="include.sample_data.digits",
+        filename="digits.zip",
+        conf={"dataset_uri": "s3://datasets/digits/", "epochs": 4, "batch_size": 64, "image_size": 32},
+    ),
+    "dialogue": Demo(
+        dag_id="train_dialogue_transformer",
+        dataset="dialogue",
+        generator="include.sample_data.dialogue",
+        filename="dialogue.tsv",
+        conf={"dataset_uri": "s3://datasets/dialogue/", "epochs": 20, "batch_size": 32},
+    ),
+}
+
+
+def stack_env() -> dict[str, str]:
+    sys.path.insert(0, str(REPO))
+    from include.devstack.stack import Stack, StackError
+
+    stack = Stack(Path(os.environ.get("KUBETRAIN_STACK_DIR", REPO / ".stack")))
+    try:
+        stack.load_state()
+    except StackError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    return stack.env()
+
+
+def airflow_env(stack: dict[str, str]) -> dict[str, str]:
+    home = os.environ.get("AIRFLOW_HOME", str(REPO / ".airflow"))
+    return {
+        **os.environ,
+        **stack,
+        "AIRFLOW_HOME": home,
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    }
+
+
+def upload_dataset(demo: Demo, stack: dict[str, str]) -> str:
+    """Generate the demo dataset with the trainer environment and upload it to S3."""
+    import boto3
+
+    DEMO_DIR.mkdir(exist_ok=True)
+    path = DEMO_DIR / demo.filename
+    subprocess.run([str(TRAINER_PYTHON), "-m", demo.generator, "--out", str(path)], cwd=REPO, check=True)
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=stack["KUBETRAIN_S3_ENDPOINT"],
+        aws_access_key_id=stack["KUBETRAIN_S3_ACCESS_KEY_ID"],
+        aws_secret_access_key=stack["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
+        region_name="us-east-1",
+    )
+    key = f"{demo.dataset}/{demo.filename}"
+    s3.upload_file(str(path), "datasets", key)
+    uri = f"s3://datasets/{key}"
+    print(f"uploaded {path.relative_to(REPO)} ({path.stat().st_size / 1e6:.1f} MB) to {uri}", flush=True)
+    return uri
+
+
+def latest_run(dag_id: str, env: dict[str, str]) -> tuple[str, str]:
+    db = Path(env["AIRFLOW_HOME"]) / "airflow.db"
+    with sqlite3.connect(db) as conn:
+        row = conn.execute("SELECT run_id, state FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1", (dag_id,)).fetchone()
+    if row is None:
+        raise SystemExit(f"error: no run of {dag_id} was recorded")
+    return row[0], row[1]
+
+
+def xcom(dag_id: str, run_id: str, task_id: str, env: dict[str, str]):
+    db = Path(env["AIRFLOW_HOME"]) / "airflow.db"
+    with sqlite3.connect(db) as conn:
+        row = conn.execute(
+            "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = ? AND key = 'return_value'",
+            (dag_id, run_id, task_id),
+        ).fetchone()
+    return json.loads(row[0]) if row else None
+
+
+def run_demo(name: str) -> int:
+    demo = DEMOS[name]
+    stack = stack_env()
+    env = airflow_env(stack)
+    upload_dataset(demo, stack)
+    log = DEMO_DIR / f"{demo.dag_id}.log"
+    print(f"running {demo.dag_id} with `airflow dags test` (log: {log.relative_to(REPO)}) ...", flush=True)
+    start = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [str(AIRFLOW), "dags", "test", demo.dag_id, "-c", json.dumps(demo.conf)],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        for line in proc.stdout:
+            out.write(line)
+            if _worth_showing(line):
+                print("  " + line.rstrip()[:200], flush=True)
+        rc = proc.wait()
+    run_id, state = latest_run(demo.dag_id, env)
+    print(f"{demo.dag_id} run {run_id}: {state} in {time.monotonic() - start:.0f} s", flush=True)
+    if rc or state != "success":
+        print(f"error: the run did not succeed; see {log}", file=sys.stderr)
+        return 1
+    report = xcom(demo.dag_id, run_id, "report", env) or {}
+    report_uri = report.get("report_uri")
+    if not report_uri:
+        print("error: the report task returned no report_uri", file=sys.stderr)
+        return 1
+    local = DEMO_DIR / f"report-{name}.html"
+    _download(report_uri, local, stack)
+    metrics = {k: v for k, v in report.items() if k not in ("report_uri", "report_url")}
+    print("\nmetrics: " + json.dumps(metrics, default=str))
+    print(f"report:  {report_uri}")
+    print(f"         copied to {local} (open it in a browser: the plots are inlined)")
+    if report.get("report_url"):
+        print(f"         or {report['report_url']} while the dev stack runs")
+    return 0
+
+
+def _worth_showing(line: str) -> bool:
+    keys = ("Marking task as", "epoch", "Epoch", "step ", "accuracy", "FailedScheduling", "ERROR", "Error", "promot")
+    return any(k in line for k in keys)
+
+
+def _download(uri: str, path: Path, stack: dict[str, str]) -> None:
+    import boto3
+
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=stack["KUBETRAIN_S3_ENDPOINT"],
+        aws_access_key_id=stack["KUBETRAIN_S3_ACCESS_KEY_ID"],
+        aws_secret_access_key=stack["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
+        region_name="us-east-1",
+    )
+    s3.download_file(bucket, key, str(path))
+
+
+def run_ui(port: int) -> int:
+    """`airflow standalone` against the dev stack, with a generated admin password."""
+    stack = stack_env()
+    env = airflow_env(stack)
+    for demo in DEMOS.values():
+        upload_dataset(demo, stack)
+    home = Path(env["AIRFLOW_HOME"])
+    passwords = home / "simple_auth_manager_passwords.json"
+    if not passwords.exists():
+        passwords.write_text(json.dumps({"admin": secrets.token_urlsafe(12)}))
+        passwords.chmod(0o600)
+    password = json.loads(passwords.read_text())["admin"]
+    env.update(
+        {
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__BASE_URL": f"http://localhost:{port}",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://localhost:{port}/execution/",
+        }
+    )
+    print(f"Airflow UI: http://localhost:{port}  login: admin / {password}", flush=True)
+    print("trigger train_image_classifier from its trigger form; Ctrl-C stops Airflow (the dev stack keeps running)", flush=True)
+    return subprocess.call([str(AIRFLOW), "standalone"], cwd=REPO, env=env)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m include.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=[*DEMOS, "ui"])
+    parser.add_argument("--port", type=int, default=int(os.environ.get("KUBETRAIN_AIRFLOW_PORT", "8080")))
+    args = parser.parse_args(argv)
+    return run_ui(args.port) if args.what == "ui" else run_demo(args.what)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

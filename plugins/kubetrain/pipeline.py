@@ -1,0 +1,170 @@
+"""The task chain every training DAG shares, and the Params that drive it.
+
+    stage_dataset -> check_new -> train -> report -> promote -> record
+
+Training DAG files hold their own Params and trainer arguments and call
+:func:`training_pipeline` inside their ``with DAG(...)`` block; this module holds the
+wiring so that the DAG files stay thin.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import Asset, Param
+
+from kubetrain.operators.dedupe import RecordTrainingOperator, SkipIfTrainedOperator
+from kubetrain.operators.report import ReportOperator
+from kubetrain.operators.stage import StageDatasetOperator
+from kubetrain.operators.sync import SyncCheckpointsOperator
+from kubetrain.operators.training import TrainingPodOperator
+
+STAGE_XCOM = "ti.xcom_pull(task_ids='stage_dataset')"
+
+DEFAULT_ARGS: dict[str, Any] = {
+    "owner": "kubetrain",
+    "retries": 2,
+    "retry_delay": timedelta(seconds=int(os.environ.get("KUBETRAIN_RETRY_DELAY_SECONDS", "30"))),
+}
+
+
+def schedule(dataset_uri: str, cron_env: str, default_cron: str | None):
+    """Run on a cron schedule OR when the dataset's Asset gets a new version.
+
+    The cron expression comes from the environment variable ``cron_env`` (empty: no cron,
+    only new data triggers the DAG). New versions are announced by the watch_datasets DAG.
+
+    :param dataset_uri: the default dataset, whose Asset triggers a run.
+    :param cron_env: name of the environment variable that holds the cron expression.
+    :param default_cron: the cron expression when the variable is unset.
+    """
+    from airflow.timetables.assets import AssetOrTimeSchedule
+    from airflow.timetables.trigger import CronTriggerTimetable
+
+    asset = Asset(dataset_uri)
+    cron = os.environ.get(cron_env, default_cron or "")
+    if not cron:
+        return [asset]
+    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=[asset])
+
+
+def common_params(*, dataset_uri: str, model: str, gpus: int = 1, cpu: str = "2", memory: str = "4Gi") -> dict[str, Param]:
+    """Params that every training DAG has: dataset, resources, image, promotion."""
+    return {
+        "dataset_uri": Param(
+            dataset_uri,
+            type="string",
+            pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$",
+            title="Dataset",
+            description="S3 prefix (s3://bucket/prefix/) or single archive (s3://bucket/data.zip) to train on.",
+            section="Data",
+        ),
+        "model_name": Param(
+            model,
+            type="string",
+            pattern=r"^[a-z0-9]([a-z0-9._-]{0,98}[a-z0-9])?$",
+            title="Model name",
+            description="Name under which the model is promoted: s3://<training bucket>/models/<name>/.",
+            section="Data",
+        ),
+        "gpus": Param(gpus, type="integer", minimum=0, maximum=8, title="GPUs", description="nvidia.com/gpu per pod.", section="Resources"),
+        "cpu": Param(
+            cpu, type="string", pattern=r"^[0-9]+(\.[0-9]+)?m?$", title="CPU", description="CPU request and limit, e.g. 2 or 500m.", section="Resources"
+        ),
+        "memory": Param(
+            memory,
+            type="string",
+            pattern=r"^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$",
+            title="Memory",
+            description="Memory request and limit, e.g. 4Gi.",
+            section="Resources",
+        ),
+        "image": Param(
+            "",
+            type="string",
+            title="Training image",
+            description="Image reference; empty: the image the build_trainer_image DAG published last.",
+            section="Resources",
+        ),
+        "promote": Param(
+            "if_better",
+            type="string",
+            enum=["if_better", "always", "never"],
+            title="Promote",
+            description="Promote the trained model: only if it beats the promoted one, always, or never.",
+            section="Promotion",
+        ),
+        "experiment": Param(
+            "", type="string", maxLength=63, title="Experiment", description="Free label for the pods and the report.", section="Promotion"
+        ),
+        "force": Param(
+            False,
+            type="boolean",
+            title="Force",
+            description="Train even when this dataset version was already trained with these Params.",
+            section="Promotion",
+        ),
+    }
+
+
+@dataclass
+class TrainingTasks:
+    stage: StageDatasetOperator
+    check: SkipIfTrainedOperator
+    train: TrainingPodOperator
+    report: ReportOperator
+    promote: SyncCheckpointsOperator
+    record: RecordTrainingOperator
+
+
+def training_pipeline(
+    *,
+    cmds: Sequence[str],
+    arguments: Sequence[str],
+    title: str,
+    keep_checkpoints: int = 3,
+    execution_timeout: timedelta = timedelta(hours=24),
+    **train_kwargs: Any,
+) -> TrainingTasks:
+    """Create the shared task chain in the current DAG context.
+
+    :param cmds: the base container's command.
+    :param arguments: its arguments (templated; Params via ``{{ params.x }}``).
+    :param title: report title.
+    :param keep_checkpoints: checkpoint sets kept in S3 after the run.
+    :param execution_timeout: limit of the training task.
+    :param train_kwargs: more TrainingPodOperator arguments.
+    """
+    stage = StageDatasetOperator(task_id="stage_dataset", source_uri="{{ params.dataset_uri }}", outlets=[])
+    version = "{{ " + STAGE_XCOM + "['version'] }}"
+    check = SkipIfTrainedOperator(task_id="check_new", dataset_version=version)
+    train = TrainingPodOperator(
+        task_id="train",
+        pool="gpu",
+        image="{{ params.image }}",
+        cmds=list(cmds),
+        arguments=list(arguments),
+        dataset_manifest="{{ " + STAGE_XCOM + "['manifest_uri'] }}",
+        dataset_version=version,
+        experiment="{{ params.experiment }}",
+        gpus="{{ params.gpus }}",
+        cpu="{{ params.cpu }}",
+        memory="{{ params.memory }}",
+        execution_timeout=execution_timeout,
+        **train_kwargs,
+    )
+    report = ReportOperator(task_id="report", model="{{ params.model_name }}", title=title)
+    promote = SyncCheckpointsOperator(
+        task_id="promote",
+        model="{{ params.model_name }}",
+        promote="{{ params.promote }}",
+        is_better="{{ ti.xcom_pull(task_ids='report')['better_than_promoted'] }}",
+        keep_checkpoints=keep_checkpoints,
+    )
+    record = RecordTrainingOperator(task_id="record", dataset_version=version)
+    stage >> check >> train >> report >> promote >> record
+    return TrainingTasks(stage, check, train, report, promote, record)
