@@ -25,7 +25,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `include` and `trainer` import from the repository root
 
-from include.devstack.stack import AIRFLOW_PYTHON, Stack, free_port, wait_http  # noqa: E402
+from include.devstack.stack import AIRFLOW_PYTHON, BUCKETS, Stack, free_port, wait_bucket, wait_http  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,8 @@ def s3_server(tmp_path_factory) -> S3Server:
         )
     try:
         wait_http(f"{server.endpoint}/moto-api/", 60, proc, log)
+        for bucket in BUCKETS:
+            wait_bucket(server.endpoint, bucket, 30)
         yield server
     finally:
         proc.terminate()

@@ -53,6 +53,20 @@ def free_port(preferred: int | None = None) -> int:
     raise StackError("no free port on 127.0.0.1")
 
 
+def wait_bucket(endpoint: str, bucket: str, timeout: float) -> None:
+    """Wait until ``bucket`` exists on the S3 server at ``endpoint`` (HEAD answers 200)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{bucket}", method="HEAD"), timeout=2).close()
+            return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise StackError(f"bucket {bucket} did not appear on {endpoint} within {timeout:.0f} s")
+        time.sleep(0.1)
+
+
 def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
     """Wait until ``url`` answers with any HTTP status; fail early if ``proc`` dies."""
     deadline = time.monotonic() + timeout
@@ -152,6 +166,8 @@ class Stack:
             env={"KUBETRAIN_S3_ACCESS_KEY_ID": access_key, "KUBETRAIN_S3_SECRET_ACCESS_KEY": secret_key},
         )
         wait_http(f"http://127.0.0.1:{port}/moto-api/", 60, proc, log)
+        for bucket in BUCKETS:
+            wait_bucket(f"http://127.0.0.1:{port}", bucket, 30)
         state["components"]["s3"] = {"pid": proc.pid, "port": port, "log": str(log)}
 
     def _start_registry(self, state: dict, port: int) -> None:
@@ -227,10 +243,17 @@ class Stack:
             "password": s3["secret_access_key"],
             "extra": {"endpoint_url": s3["endpoint"], "region_name": s3["region"]},
         }
+        registry_conn = {
+            "conn_type": "kubetrain_registry",
+            "host": "127.0.0.1",
+            "port": int(state["registry"].rpartition(":")[2]),
+            "extra": {"insecure": True},
+        }
         values = {
             "KUBECONFIG": state["kubeconfig"],
             "AIRFLOW_CONN_KUBERNETES_DEFAULT": json.dumps(kube_conn),
             "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(aws_conn),
+            "AIRFLOW_CONN_KUBETRAIN_REGISTRY_DEFAULT": json.dumps(registry_conn),
             "KUBETRAIN_REGISTRY": state["registry"],
             "KUBETRAIN_S3_ENDPOINT": s3["endpoint"],
             "KUBETRAIN_S3_ACCESS_KEY_ID": s3["access_key_id"],

@@ -1,0 +1,227 @@
+"""RegistryHook: a container registry reached through an Airflow connection.
+
+The connection (conn_type ``kubetrain_registry``; a ``docker`` connection works too) holds
+the registry's host and port, a login and password, and these extras:
+
+* ``insecure`` (bool): plain HTTP, for development registries on a trusted network;
+* ``tls_verify`` (bool, default true): verify the registry's TLS certificate;
+* ``ca_bundle`` (path): a CA bundle for registries with a private CA;
+* ``token`` (str): a ready Bearer token, instead of login/password;
+* ``timeout`` (seconds): per request.
+
+A scheme in the host (``https://registry.example.com``) also says HTTP or HTTPS. Arguments
+given to the hook beat the extras; settings that contradict each other raise ``ValueError``.
+
+Example, as an environment variable::
+
+    AIRFLOW_CONN_KUBETRAIN_REGISTRY_DEFAULT='{"conn_type": "kubetrain_registry",
+        "host": "registry.example.com", "login": "ci", "password": "...", "extra": {"ca_bundle": "/etc/ssl/ca.pem"}}'
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook
+
+if TYPE_CHECKING:
+    from kubetrain.imagebuild.oci import RegistryClient
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _as_bool(value: Any, name: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"invalid {name} {value!r}: expected true or false")
+
+
+@dataclass(frozen=True)
+class RegistrySettings:
+    """Resolved registry settings; ``__post_init__`` refuses contradictions, naming both sides."""
+
+    registry: str
+    insecure: bool = False
+    tls_verify: bool = True
+    ca_bundle: str | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.registry or "/" in self.registry or " " in self.registry:
+            raise ValueError(f"invalid registry host {self.registry!r}: expected host[:port], e.g. registry.example.com")
+        if self.insecure and self.ca_bundle:
+            raise ValueError(
+                f"insecure=True (plain HTTP) cannot be combined with ca_bundle={self.ca_bundle!r} (a TLS setting): "
+                "choose one"
+            )
+        if not self.tls_verify and self.ca_bundle:
+            raise ValueError(
+                f"tls_verify=False cannot be combined with ca_bundle={self.ca_bundle!r}: a CA bundle only matters "
+                "when certificates are verified"
+            )
+        if self.token and self.password:
+            raise ValueError("token cannot be combined with a password: the connection must give one or the other")
+        if self.ca_bundle and not Path(self.ca_bundle).is_file():
+            raise ValueError(f"ca_bundle {self.ca_bundle!r} does not exist: expected a PEM file")
+        if self.timeout <= 0:
+            raise ValueError(f"invalid timeout {self.timeout!r}: expected a positive number of seconds")
+
+    @property
+    def verify(self) -> bool | str:
+        return self.ca_bundle or self.tls_verify
+
+
+class RegistryHook(BaseHook):
+    """Interact with a container registry (OCI distribution API).
+
+    :param registry_conn_id: the Airflow connection of the registry.
+    :param insecure: plain HTTP instead of HTTPS; beats the ``insecure`` extra.
+    :param tls_verify: verify TLS certificates; beats the ``tls_verify`` extra.
+    :param ca_bundle: path of a CA bundle; beats the ``ca_bundle`` extra.
+    :param token: a Bearer token; beats the ``token`` extra.
+    :param timeout: seconds per request; beats the ``timeout`` extra.
+    """
+
+    conn_name_attr = "registry_conn_id"
+    default_conn_name = "kubetrain_registry_default"
+    conn_type = "kubetrain_registry"
+    hook_name = "Container registry (kubetrain)"
+
+    def __init__(
+        self,
+        registry_conn_id: str = default_conn_name,
+        *,
+        insecure: bool | None = None,
+        tls_verify: bool | None = None,
+        ca_bundle: str | None = None,
+        token: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.registry_conn_id = registry_conn_id
+        self._explicit = {"insecure": insecure, "tls_verify": tls_verify, "ca_bundle": ca_bundle, "token": token,
+                          "timeout": timeout}  # fmt: skip
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return {
+            "hidden_fields": ["schema"],
+            "relabeling": {"host": "Registry host", "login": "Username", "password": "Password or access token"},
+            "placeholders": {
+                "host": "registry.example.com",
+                "port": "443",
+                "extra": json.dumps({"insecure": False, "tls_verify": True, "ca_bundle": None, "token": None}),
+            },
+        }
+
+    @cached_property
+    def settings(self) -> RegistrySettings:
+        """The registry settings from the connection, its extras and the hook's arguments."""
+        conn = self.get_connection(self.registry_conn_id)
+        extra = conn.extra_dejson or {}
+        host = (conn.host or "").strip()
+        scheme = None
+        for prefix in ("https://", "http://"):
+            if host.lower().startswith(prefix):
+                scheme, host = prefix[:-3], host[len(prefix) :]
+        host = host.rstrip("/")
+        if not host:
+            raise ValueError(f"connection {self.registry_conn_id!r} has no host: expected the registry's host name")
+        if conn.port and ":" not in host:
+            host = f"{host}:{conn.port}"
+
+        def pick(name: str) -> Any:
+            return self._explicit[name] if self._explicit[name] is not None else extra.get(name)
+
+        insecure = _as_bool(pick("insecure"), "insecure")
+        if scheme and insecure is not None and insecure != (scheme == "http"):
+            source = "argument" if self._explicit["insecure"] is not None else "extra"
+            raise ValueError(
+                f"connection {self.registry_conn_id!r}: host {conn.host!r} says {scheme.upper()} but the insecure "
+                f"{source} says insecure={insecure}: drop one of them"
+            )
+        tls_verify = _as_bool(pick("tls_verify"), "tls_verify")
+        timeout = pick("timeout")
+        return RegistrySettings(
+            registry=host,
+            insecure=insecure if insecure is not None else scheme == "http",
+            tls_verify=True if tls_verify is None else tls_verify,
+            ca_bundle=pick("ca_bundle") or None,
+            username=conn.login or None,
+            password=conn.password or None,
+            token=pick("token") or None,
+            timeout=float(timeout) if timeout not in (None, "") else 60.0,
+        )
+
+    @property
+    def registry(self) -> str:
+        """``host[:port]`` of the registry."""
+        return self.settings.registry
+
+    def get_conn(self) -> RegistryClient:
+        """A new OCI distribution client for this registry."""
+        from kubetrain.imagebuild.oci import RegistryClient
+
+        s = self.settings
+        return RegistryClient(
+            s.registry,
+            insecure=s.insecure,
+            verify=s.verify,
+            username=s.username,
+            password=s.password,
+            token=s.token,
+            timeout=s.timeout,
+        )
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Check that the registry answers ``GET /v2/`` with these credentials."""
+        from kubetrain.imagebuild.oci import RegistryError
+
+        try:
+            with self.get_conn() as client:
+                client.ping()
+        except (RegistryError, ValueError) as exc:
+            return False, str(exc)
+        return True, f"registry {self.registry} accepted the connection"
+
+    def docker_config(self) -> dict[str, Any]:
+        """The Docker config (``config.json`` / ``.dockerconfigjson``) that grants access to this registry."""
+        s = self.settings
+        if s.token:
+            entry: dict[str, str] = {"registrytoken": s.token}
+        elif s.username:
+            entry = {"auth": base64.b64encode(f"{s.username}:{s.password or ''}".encode()).decode()}
+        else:
+            return {"auths": {}}
+        return {"auths": {s.registry: entry}}
+
+    def write_authfile(self, path: Path) -> Path:
+        """Write the Docker config for buildah and skopeo (``--authfile``), readable by the owner only.
+
+        :raises ValueError: when the connection holds a token, which buildah cannot send as is.
+        """
+        if self.settings.token:
+            raise ValueError(
+                f"connection {self.registry_conn_id!r} gives a token, but buildah needs a login and password "
+                "(use the token as the password where the registry allows it)"
+            )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(self.docker_config(), fh)
+        return path

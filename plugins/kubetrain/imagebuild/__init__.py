@@ -1,0 +1,13 @@
+"""Image build internals behind the build operators.
+
+* ``reference``: image reference and tag parsing;
+* ``oci``: a small client for the OCI distribution API (blobs, manifests, auth);
+* ``layer``: deterministic layer tarballs and content hashes of a source tree;
+* ``append``: add one code layer to a base image already in the registry;
+* ``builders``: the build request and the interface both builders share;
+* ``buildah``: daemonless builds on the Airflow worker;
+* ``incluster``: the BuildKit builder pod for builds on the cluster;
+* ``plan``: decide between no build, a code layer and a full build of the trainer image.
+
+Nothing here imports Airflow, so each piece is usable and testable on its own.
+"""

@@ -1,0 +1,546 @@
+"""A small client for the OCI distribution API (the registry HTTP API v2).
+
+It speaks just what the build operators need: check, mount and upload blobs, get and put
+manifests (Docker v2 schema 2 and OCI, single images and multi-platform indexes), with
+Basic or Bearer auth as the registry's ``WWW-Authenticate`` challenge asks. Every request
+is counted in :class:`TransferStats` so callers can report what moved over the wire.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urljoin
+
+import requests
+
+from kubetrain.imagebuild.reference import check_digest, check_repository, check_tag
+
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_MANIFEST_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
+DOCKER_LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+OCI_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
+
+IMAGE_MANIFESTS = (OCI_MANIFEST, DOCKER_MANIFEST)
+INDEXES = (OCI_INDEX, DOCKER_MANIFEST_LIST)
+ACCEPT = ", ".join((*IMAGE_MANIFESTS, *INDEXES))
+USER_AGENT = "kubetrain-imagebuild/1"
+_CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
+
+
+class RegistryError(RuntimeError):
+    """The registry refused a request or answered something unexpected."""
+
+
+class RegistryAuthError(RegistryError):
+    """The registry wants credentials, or refused the ones given."""
+
+
+class RegistryUnreachable(RegistryError):
+    """No HTTP answer from the registry (connection refused, DNS, TLS, timeout)."""
+
+
+class ManifestNotFound(RegistryError):
+    """The repository has no manifest under that tag or digest."""
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class TransferStats:
+    """What a client sent and received; bodies only (headers are a few hundred bytes a request)."""
+
+    requests: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    blobs_uploaded: int = 0
+    blobs_mounted: int = 0
+    blobs_present: int = 0
+    by_method: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "blobs_uploaded": self.blobs_uploaded,
+            "blobs_mounted": self.blobs_mounted,
+            "blobs_present": self.blobs_present,
+        }
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A manifest or index exactly as the registry holds it (``raw`` is what the digest covers)."""
+
+    media_type: str
+    digest: str
+    raw: bytes
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return json.loads(self.raw)
+
+    @property
+    def is_index(self) -> bool:
+        return self.media_type in INDEXES
+
+    @property
+    def is_oci(self) -> bool:
+        return self.media_type in (OCI_MANIFEST, OCI_INDEX)
+
+
+@dataclass(frozen=True)
+class Blob:
+    """A blob to push: its digest, size and media type, and the bytes or the file that hold it."""
+
+    digest: str
+    size: int
+    media_type: str
+    source: bytes | Path
+    diff_id: str | None = None
+
+    @classmethod
+    def from_bytes(cls, data: bytes, media_type: str, diff_id: str | None = None) -> Blob:
+        return cls(sha256_digest(data), len(data), media_type, data, diff_id)
+
+    def descriptor(self) -> dict[str, Any]:
+        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+
+
+def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
+    """Split ``Bearer realm="...",service="..."`` into ``("bearer", {...})``."""
+    scheme, _, params = header.strip().partition(" ")
+    return scheme.lower(), dict(_CHALLENGE_PARAM.findall(params))
+
+
+def error_detail(response: requests.Response) -> str:
+    """The registry's error codes and messages, or the start of the body."""
+    try:
+        errors = response.json().get("errors") or []
+        text = "; ".join(f"{e.get('code', '?')}: {e.get('message', '')}".strip() for e in errors)
+    except (ValueError, AttributeError):
+        text = response.text[:200].strip()
+    return f"HTTP {response.status_code}" + (f" {text}" if text else "")
+
+
+class RegistryClient:
+    """Talk to one registry.
+
+    :param registry: ``host[:port]`` of the registry.
+    :param insecure: plain HTTP instead of HTTPS (local development registries).
+    :param verify: TLS verification: True, False, or the path of a CA bundle.
+    :param username: login for Basic auth or for the Bearer token service.
+    :param password: password (or personal access token) for ``username``.
+    :param token: a ready Bearer token sent as is (instead of a password; ``username`` is then ignored).
+    :param timeout: seconds to wait for the registry's answer to each request.
+    """
+
+    def __init__(
+        self,
+        registry: str,
+        *,
+        insecure: bool = False,
+        verify: bool | str = True,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        if not registry or "/" in registry:
+            raise ValueError(f"invalid registry {registry!r}: expected host[:port], e.g. registry.example.com:5000")
+        if token and password:
+            raise ValueError("a registry token cannot be combined with a password: give one or the other")
+        self.registry = registry
+        self.base_url = f"{'http' if insecure else 'https'}://{registry}"
+        self.username = username
+        self._password = password
+        self._token = token
+        self.timeout = timeout
+        self.stats = TransferStats()
+        self._session = requests.Session()
+        self._session.verify = verify
+        self._session.headers["User-Agent"] = USER_AGENT
+        self._challenge: tuple[str, dict[str, str]] | None = None
+        self._bearer: dict[tuple[str, ...], str] = {}
+
+    def close(self) -> None:
+        self._session.close()
+
+    def __enter__(self) -> RegistryClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- auth --------------------------------------------------------------------------------
+
+    def _who(self) -> str:
+        if self._token:
+            return "the configured token"
+        return f"user {self.username!r}" if self.username else "anonymous access"
+
+    def _auth_header(self, scopes: tuple[str, ...], refresh: bool = False) -> dict[str, str]:
+        if self._token:
+            return {"Authorization": f"Bearer {self._token}"}
+        if self._challenge is None:
+            return {}
+        scheme, params = self._challenge
+        if scheme == "basic":
+            if not self.username:
+                return {}
+            raw = f"{self.username}:{self._password or ''}".encode()
+            return {"Authorization": "Basic " + base64.b64encode(raw).decode()}
+        if scheme == "bearer":
+            if refresh or scopes not in self._bearer:
+                self._bearer[scopes] = self._fetch_token(params, scopes)
+            return {"Authorization": f"Bearer {self._bearer[scopes]}"}
+        raise RegistryAuthError(f"registry {self.registry} asks for {scheme!r} auth; expected Basic or Bearer")
+
+    def _fetch_token(self, params: Mapping[str, str], scopes: tuple[str, ...]) -> str:
+        realm = params.get("realm")
+        if not realm:
+            raise RegistryAuthError(f"registry {self.registry} sent a Bearer challenge without a realm")
+        query: list[tuple[str, str]] = [("service", params["service"])] if params.get("service") else []
+        query += [("scope", s) for s in scopes]
+        auth = (self.username, self._password or "") if self.username else None
+        try:
+            resp = self._session.get(realm, params=query, auth=auth, timeout=self.timeout)
+        except requests.RequestException as exc:
+            raise RegistryUnreachable(f"token service {realm} of registry {self.registry} is unreachable: {exc}") from exc
+        self.stats.requests += 1
+        if resp.status_code in (401, 403):
+            raise RegistryAuthError(
+                f"token service {realm} of registry {self.registry} refused {self._who()} ({error_detail(resp)})"
+            )
+        if resp.status_code != 200:
+            raise RegistryAuthError(f"token service {realm} of registry {self.registry} failed: {error_detail(resp)}")
+        body = resp.json()
+        token = body.get("token") or body.get("access_token")
+        if not token:
+            raise RegistryAuthError(f"token service {realm} of registry {self.registry} answered without a token")
+        return token
+
+    # -- transport ---------------------------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        scopes: tuple[str, ...],
+        ok: Iterable[int],
+        not_found: type[RegistryError] | None = None,
+        data: bytes | Path | None = None,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, str] | None = None,
+        what: str = "",
+    ) -> requests.Response:
+        url = urljoin(self.base_url + "/", path)
+        response = None
+        for attempt in (0, 1):
+            hdrs = {**(headers or {}), **self._auth_header(scopes, refresh=attempt > 0)}
+            try:
+                if isinstance(data, Path):
+                    with data.open("rb") as body:
+                        response = self._session.request(
+                            method, url, data=body, headers=hdrs, params=params, timeout=self.timeout
+                        )
+                else:
+                    response = self._session.request(
+                        method, url, data=data, headers=hdrs, params=params, timeout=self.timeout
+                    )
+            except requests.exceptions.SSLError as exc:
+                raise RegistryUnreachable(
+                    f"TLS connection to registry {self.base_url} failed ({exc}); for a plain-HTTP registry set "
+                    "insecure, for a private CA set ca_bundle on the registry connection"
+                ) from exc
+            except requests.RequestException as exc:
+                raise RegistryUnreachable(f"registry {self.base_url} is unreachable: {exc}") from exc
+            self._count(method, data, response)
+            if response.status_code != 401 or attempt:
+                break
+            challenge = response.headers.get("WWW-Authenticate", "")
+            if not challenge or self._token:
+                break
+            self._challenge = parse_challenge(challenge)
+            if self._challenge[0] == "basic" and not self.username:
+                break
+        assert response is not None
+        if response.status_code in set(ok):
+            return response
+        target = what or f"{method} {path}"
+        if response.status_code == 401:
+            if not (self.username or self._token):
+                raise RegistryAuthError(
+                    f"registry {self.registry} requires credentials for {target}: set login and password (or a "
+                    f"token) on the registry connection ({error_detail(response)})"
+                )
+            raise RegistryAuthError(
+                f"registry {self.registry} refused the credentials of {self._who()} for {target} "
+                f"({error_detail(response)})"
+            )
+        if response.status_code == 403:
+            raise RegistryAuthError(f"registry {self.registry} denied {self._who()} {target} ({error_detail(response)})")
+        if response.status_code == 404 and not_found is not None:
+            raise not_found(f"{target}: not found in registry {self.registry} ({error_detail(response)})")
+        raise RegistryError(f"registry {self.registry} failed {target}: {error_detail(response)}")
+
+    def _count(self, method: str, data: bytes | Path | None, response: requests.Response) -> None:
+        self.stats.requests += 1
+        self.stats.by_method[method] = self.stats.by_method.get(method, 0) + 1
+        if isinstance(data, bytes):
+            self.stats.bytes_sent += len(data)
+        elif isinstance(data, Path):
+            self.stats.bytes_sent += data.stat().st_size
+        if method != "HEAD":
+            self.stats.bytes_received += len(response.content)
+
+    @staticmethod
+    def _pull(repository: str) -> tuple[str, ...]:
+        return (f"repository:{check_repository(repository)}:pull",)
+
+    @staticmethod
+    def _push(repository: str) -> tuple[str, ...]:
+        return (f"repository:{check_repository(repository)}:pull,push",)
+
+    # -- API ---------------------------------------------------------------------------------
+
+    def ping(self) -> None:
+        """Check that the registry answers and accepts these credentials (``GET /v2/``)."""
+        self._request("GET", "/v2/", scopes=(), ok=(200,), what="GET /v2/ (API check)")
+
+    def get_manifest(self, repository: str, reference: str) -> Manifest:
+        """Fetch a manifest or index by tag or digest; the digest is checked when one was asked for."""
+        resp = self._request(
+            "GET",
+            f"/v2/{repository}/manifests/{reference}",
+            scopes=self._pull(repository),
+            ok=(200,),
+            not_found=ManifestNotFound,
+            headers={"Accept": ACCEPT},
+            what=f"image {self.registry}/{repository}{'@' if reference.startswith('sha256:') else ':'}{reference}",
+        )
+        raw = resp.content
+        digest = sha256_digest(raw)
+        if reference.startswith("sha256:") and digest != reference:
+            raise RegistryError(f"registry {self.registry} returned a manifest {digest} for {repository}@{reference}")
+        media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
+        if media_type not in (*IMAGE_MANIFESTS, *INDEXES):
+            media_type = json.loads(raw).get("mediaType", media_type)
+        if media_type not in (*IMAGE_MANIFESTS, *INDEXES):
+            raise RegistryError(
+                f"{self.registry}/{repository}:{reference} has a manifest of type {media_type!r}; expected one of "
+                f"{', '.join((*IMAGE_MANIFESTS, *INDEXES))}"
+            )
+        return Manifest(media_type, digest, raw)
+
+    def manifest_digest(self, repository: str, reference: str) -> str | None:
+        """The digest under a tag (``HEAD``), or None when the tag does not exist."""
+        resp = self._request(
+            "HEAD",
+            f"/v2/{repository}/manifests/{reference}",
+            scopes=self._pull(repository),
+            ok=(200, 404),
+            headers={"Accept": ACCEPT},
+            what=f"HEAD {repository}:{reference}",
+        )
+        if resp.status_code == 404:
+            return None
+        digest = resp.headers.get("Docker-Content-Digest")
+        return digest or self.get_manifest(repository, reference).digest
+
+    def put_manifest(self, repository: str, reference: str, raw: bytes, media_type: str) -> str:
+        """Store a manifest under a tag or its own digest; returns its digest."""
+        if not reference.startswith("sha256:"):
+            check_tag(reference)
+        self._request(
+            "PUT",
+            f"/v2/{repository}/manifests/{reference}",
+            scopes=self._push(repository),
+            ok=(201,),
+            data=raw,
+            headers={"Content-Type": media_type},
+            what=f"push manifest {repository}:{reference}",
+        )
+        return sha256_digest(raw)
+
+    def get_blob(self, repository: str, digest: str) -> bytes:
+        """Fetch a small blob (a config) into memory and check its digest."""
+        resp = self._request(
+            "GET",
+            f"/v2/{repository}/blobs/{check_digest(digest)}",
+            scopes=self._pull(repository),
+            ok=(200,),
+            not_found=RegistryError,
+            what=f"blob {repository}@{digest}",
+        )
+        if sha256_digest(resp.content) != digest:
+            raise RegistryError(f"registry {self.registry} returned corrupt content for blob {repository}@{digest}")
+        return resp.content
+
+    def blob_exists(self, repository: str, digest: str) -> bool:
+        resp = self._request(
+            "HEAD",
+            f"/v2/{repository}/blobs/{check_digest(digest)}",
+            scopes=self._pull(repository),
+            ok=(200, 404),
+            what=f"HEAD blob {repository}@{digest}",
+        )
+        return resp.status_code == 200
+
+    def mount_blob(self, repository: str, digest: str, from_repository: str) -> bool:
+        """Cross-repository mount; False when the registry would rather have the bytes uploaded."""
+        scopes = (*self._push(repository), *self._pull(from_repository))
+        resp = self._request(
+            "POST",
+            f"/v2/{repository}/blobs/uploads/",
+            scopes=scopes,
+            ok=(201, 202),
+            params={"mount": check_digest(digest), "from": from_repository},
+            what=f"mount blob {digest} from {from_repository} into {repository}",
+        )
+        if resp.status_code == 201:
+            return True
+        location = resp.headers.get("Location")
+        if location:  # the registry opened an upload instead; do not leave it dangling
+            try:
+                self._request("DELETE", location, scopes=scopes, ok=(204, 404), what="cancel upload")
+            except RegistryError:
+                pass
+        return False
+
+    def upload_blob(self, repository: str, blob: Blob) -> None:
+        """Monolithic upload (``POST`` then ``PUT ?digest=``); the registry checks the digest."""
+        scopes = self._push(repository)
+        start = self._request(
+            "POST",
+            f"/v2/{repository}/blobs/uploads/",
+            scopes=scopes,
+            ok=(202,),
+            what=f"start upload of {blob.digest} to {repository}",
+        )
+        location = start.headers.get("Location")
+        if not location:
+            raise RegistryError(f"registry {self.registry} started an upload without a Location header")
+        self._request(
+            "PUT",
+            location,
+            scopes=scopes,
+            ok=(201,),
+            params={"digest": blob.digest},
+            data=blob.source,
+            headers={"Content-Type": "application/octet-stream", "Content-Length": str(blob.size)},
+            what=f"upload blob {blob.digest} to {repository}",
+        )
+
+    def ensure_blob(self, repository: str, blob: Blob, mount_from: str | None = None) -> str:
+        """Make ``blob`` present in ``repository``: 'present', 'mounted' or 'uploaded'."""
+        if self.blob_exists(repository, blob.digest):
+            self.stats.blobs_present += 1
+            return "present"
+        if mount_from and mount_from != repository and self.mount_blob(repository, blob.digest, mount_from):
+            self.stats.blobs_mounted += 1
+            return "mounted"
+        self.upload_blob(repository, blob)
+        self.stats.blobs_uploaded += 1
+        return "uploaded"
+
+    def tag(self, repository: str, digest: str, tags: Iterable[str]) -> None:
+        """Point each tag at the manifest ``digest`` (already complete in ``repository``)."""
+        manifest = self.get_manifest(repository, digest)
+        for tag in tags:
+            self.put_manifest(repository, tag, manifest.raw, manifest.media_type)
+
+    def delete_tag(self, repository: str, tag: str) -> bool:
+        """Remove a tag without touching the image; False where the registry cannot (distribution 2.x)."""
+        try:
+            resp = self._request(
+                "DELETE",
+                f"/v2/{repository}/manifests/{check_tag(tag)}",
+                scopes=(f"repository:{repository}:delete", *self._push(repository)),
+                ok=(200, 202, 400, 404, 405),
+                what=f"delete tag {repository}:{tag}",
+            )
+        except RegistryError:
+            return False
+        return resp.status_code in (200, 202)
+
+
+def select_platform(client: RegistryClient, repository: str, manifest: Manifest, platform: str) -> Manifest:
+    """The image manifest for ``platform`` (``os/arch[/variant]``) out of an index, or ``manifest`` itself.
+
+    :raises RegistryError: when the index has no such platform, listing the ones it has.
+    """
+    if not manifest.is_index:
+        return manifest
+    wanted = parse_platform(platform)
+    available = []
+    for entry in manifest.data.get("manifests", []):
+        plat = entry.get("platform") or {}
+        name = "/".join(p for p in (plat.get("os"), plat.get("architecture"), plat.get("variant")) if p)
+        if not name or name == "unknown/unknown":  # attestation manifests
+            continue
+        available.append(name)
+        got = (plat.get("os"), plat.get("architecture"), plat.get("variant"))
+        if got[:2] == wanted[:2] and (wanted[2] is None or got[2] == wanted[2]):
+            return client.get_manifest(repository, entry["digest"])
+    raise RegistryError(
+        f"{client.registry}/{repository}@{manifest.digest} is a multi-platform index without {platform!r}; "
+        f"platforms available: {', '.join(available) or 'none'}"
+    )
+
+
+def parse_platform(platform: str) -> tuple[str, str, str | None]:
+    parts = platform.split("/") if isinstance(platform, str) else []
+    if len(parts) not in (2, 3) or not all(parts):
+        raise ValueError(f"invalid platform {platform!r}: expected os/architecture[/variant], e.g. linux/amd64")
+    return parts[0], parts[1], parts[2] if len(parts) == 3 else None
+
+
+def push_image(
+    client: RegistryClient,
+    repository: str,
+    tag: str | None,
+    layers: list[Blob],
+    config: dict[str, Any],
+    *,
+    oci: bool = True,
+) -> str:
+    """Push a single-platform image made of ``layers`` and ``config``; returns the manifest digest.
+
+    The manifest goes up by digest first; the tag moves only once everything is in place.
+    """
+    config = {**config, "rootfs": {"type": "layers", "diff_ids": [b.diff_id for b in layers]}}
+    config_blob = Blob.from_bytes(canonical_json(config), OCI_CONFIG if oci else DOCKER_CONFIG)
+    for blob in [*layers, config_blob]:
+        client.ensure_blob(repository, blob)
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST if oci else DOCKER_MANIFEST,
+        "config": config_blob.descriptor(),
+        "layers": [b.descriptor() for b in layers],
+    }
+    raw = canonical_json(manifest)
+    media_type = manifest["mediaType"]
+    digest = client.put_manifest(repository, sha256_digest(raw), raw, media_type)
+    if tag:
+        client.put_manifest(repository, tag, raw, media_type)
+    return digest
+
+
+def canonical_json(value: Any) -> bytes:
+    """Compact JSON with sorted keys, so equal content gives equal digests."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()

@@ -1,0 +1,436 @@
+"""Operators that build training images and push them to the private registry.
+
+* :class:`BuildImageOperator`: a full build of a Dockerfile, with buildah on the worker or
+  with rootless BuildKit in a pod on the cluster; the requested tags move only after the
+  whole image is in the registry.
+* :class:`AppendLayerOperator`: a code-only update: one deterministic layer on top of a
+  base image already in the registry, pushed without pulling the base.
+
+Both return, as XCom, the pushed digest and the full reference ``registry/repo@sha256:...``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+from kubetrain.hooks.registry import RegistryHook
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+    from kubernetes.client import models as k8s
+
+    from kubetrain.imagebuild.builders import BuildOutput, BuildRequest, PushTarget
+    from kubetrain.imagebuild.incluster import InClusterSettings
+
+BUILDERS = ("buildah", "in-cluster")
+DEFAULT_BUILDAH_ROOT = "~/.local/share/kubetrain/buildah"
+
+
+class BuildImageOperator(BaseOperator):
+    """Build a Dockerfile and push the image; tags move only after the image is complete.
+
+    :param context: the build context directory on the worker.
+    :param repository: the repository in the registry, e.g. ``kubetrain/trainer``.
+    :param tags: tags to set on the pushed image.
+    :param dockerfile: the Dockerfile, relative to ``context``.
+    :param builder: ``buildah`` (on the worker, daemonless) or ``in-cluster`` (a BuildKit pod).
+    :param build_args: ``--build-arg`` values.
+    :param target: the stage to build (``--target``).
+    :param labels: image labels; ``org.opencontainers.image.created`` is set to the build time and
+        ``org.opencontainers.image.revision`` to ``revision`` unless given here.
+    :param revision: the source revision (git sha) recorded in the image.
+    :param platform: ``os/arch`` to build for (default: the builder's own).
+    :param image_format: ``oci`` or ``docker`` manifests.
+    :param registry_conn_id: connection of the registry (see :class:`RegistryHook`).
+    :param buildah_root: buildah's private storage (layer cache); default ``$KUBETRAIN_BUILDAH_ROOT``
+        or ``~/.local/share/kubetrain/buildah``.
+    :param kubernetes_conn_id: cluster connection for the in-cluster builder.
+    :param namespace: namespace of the builder pod.
+    :param aws_conn_id: S3 connection used to upload the build context (in-cluster).
+    :param context_bucket: bucket for build contexts (in-cluster).
+    :param context_prefix: key prefix for build contexts (in-cluster).
+    :param cluster_registry: ``host[:port]`` by which pods reach the registry, when it differs
+        from the connection's host (in-cluster).
+    :param registry_secret: the ``kubernetes.io/dockerconfigjson`` Secret with push credentials
+        (in-cluster); None for a registry without auth.
+    :param s3_secret: the Secret with the AWS variables for fetching the context (in-cluster).
+    :param builder_image: the rootless BuildKit image (in-cluster).
+    :param startup_timeout_seconds: how long the builder pod may stay pending (in-cluster).
+    """
+
+    template_fields: Sequence[str] = (
+        "context", "repository", "tags", "dockerfile", "build_args", "target", "labels", "revision",
+        "context_bucket", "context_prefix",
+    )  # fmt: skip
+    ui_color = "#d6eaf8"
+
+    def __init__(
+        self,
+        *,
+        context: str,
+        repository: str,
+        tags: Sequence[str] = ("latest",),
+        dockerfile: str = "Dockerfile",
+        builder: str = "buildah",
+        build_args: Mapping[str, str] | None = None,
+        target: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        revision: str | None = None,
+        platform: str | None = None,
+        image_format: str = "oci",
+        registry_conn_id: str = RegistryHook.default_conn_name,
+        buildah_root: str | None = None,
+        kubernetes_conn_id: str = "kubernetes_default",
+        namespace: str = "default",
+        aws_conn_id: str = "aws_default",
+        context_bucket: str = "training",
+        context_prefix: str = "build-contexts",
+        cluster_registry: str | None = None,
+        registry_secret: str | None = "kubetrain-registry",
+        s3_secret: str = "kubetrain-s3",
+        builder_image: str | None = None,
+        startup_timeout_seconds: int = 600,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if builder not in BUILDERS:
+            raise ValueError(f"invalid builder {builder!r}: expected one of {', '.join(BUILDERS)}")
+        self.context = context
+        self.repository = repository
+        self.tags = tags
+        self.dockerfile = dockerfile
+        self.builder = builder
+        self.build_args = build_args or {}
+        self.target = target
+        self.labels = labels or {}
+        self.revision = revision
+        self.platform = platform
+        self.image_format = image_format
+        self.registry_conn_id = registry_conn_id
+        self.buildah_root = buildah_root
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self.namespace = namespace
+        self.aws_conn_id = aws_conn_id
+        self.context_bucket = context_bucket
+        self.context_prefix = context_prefix
+        self.cluster_registry = cluster_registry
+        self.registry_secret = registry_secret
+        self.s3_secret = s3_secret
+        self.builder_image = builder_image
+        self.startup_timeout_seconds = startup_timeout_seconds
+
+    @cached_property
+    def hook(self) -> RegistryHook:
+        return RegistryHook(self.registry_conn_id)
+
+    def build_request(self) -> BuildRequest:
+        """The validated build request (bad input raises ``ValueError`` here, before anything runs)."""
+        from kubetrain.imagebuild.builders import BuildRequest
+
+        labels = {"org.opencontainers.image.created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+        if self.revision:
+            labels["org.opencontainers.image.revision"] = str(self.revision)
+        labels.update(self.labels)
+        tags = [self.tags] if isinstance(self.tags, str) else list(self.tags)
+        return BuildRequest(
+            context=Path(self.context),
+            repository=self.repository,
+            tags=tuple(tags),
+            dockerfile=self.dockerfile,
+            build_args=dict(self.build_args),
+            target=self.target or None,
+            labels=labels,
+            platform=self.platform,
+            image_format=self.image_format,
+        )
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from kubetrain.imagebuild.builders import PushTarget
+
+        request = self.build_request()
+        settings = self.hook.settings
+        client = self.hook.get_conn()
+        client.ping()  # unreachable registry or bad credentials fail before a long build
+        target = PushTarget(
+            registry=settings.registry,
+            repository=request.repository,
+            insecure=settings.insecure,
+            ca_bundle=settings.ca_bundle,
+            tls_verify=settings.tls_verify,
+        )
+        if self.builder == "buildah":
+            output = self._build_buildah(request, target)
+        else:
+            output = self._build_in_cluster(request, target, context)
+        self.log.info("image complete in the registry as %s@%s; tagging %s", target.name, output.digest,
+                      ", ".join(request.tags))  # fmt: skip
+        client.tag(request.repository, output.digest, request.tags)
+        if output.staging_tag:
+            if client.delete_tag(request.repository, output.staging_tag):
+                self.log.info("removed staging tag %s", output.staging_tag)
+            else:
+                self.log.info("staging tag %s stays (this registry cannot delete tags)", output.staging_tag)
+        reference = f"{settings.registry}/{request.repository}@{output.digest}"
+        self.log.info("pushed %s", reference)
+        return {
+            "digest": output.digest,
+            "reference": reference,
+            "tags": [f"{settings.registry}/{request.repository}:{t}" for t in request.tags],
+            "builder": self.builder,
+        }
+
+    def _build_buildah(self, request: BuildRequest, target: PushTarget) -> BuildOutput:
+        from dataclasses import replace
+
+        from kubetrain.imagebuild.buildah import BuildahBuilder
+
+        root = Path(os.path.expanduser(self.buildah_root or os.environ.get("KUBETRAIN_BUILDAH_ROOT") or DEFAULT_BUILDAH_ROOT))
+        root.mkdir(parents=True, exist_ok=True)
+        builder = BuildahBuilder(root, log=lambda line: self.log.info("%s", line))
+        with tempfile.TemporaryDirectory(prefix="auth-", dir=root) as tmp:
+            authfile = self.hook.write_authfile(Path(tmp) / "auth.json")
+            return builder.build_and_push(request, replace(target, authfile=authfile))
+
+    def _in_cluster_settings(self) -> InClusterSettings:
+        from kubetrain.imagebuild.incluster import InClusterSettings
+
+        return InClusterSettings(
+            namespace=self.namespace,
+            s3_secret=self.s3_secret,
+            registry_secret=self.registry_secret,
+            **({"builder_image": self.builder_image} if self.builder_image else {}),
+        )
+
+    def upload_context(self, request: BuildRequest, context: Context) -> str:
+        """Pack the build context and upload it to S3; returns its ``s3://`` URI."""
+        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+        from kubetrain.imagebuild.incluster import write_context
+
+        with tempfile.TemporaryDirectory(prefix="kubetrain-context-") as tmp:
+            tarball = write_context(request.context, Path(tmp) / "context.tar.gz")
+            key = context_key(self.context_prefix, context, tarball.digest)
+            S3Hook(aws_conn_id=self.aws_conn_id).load_file(
+                str(tarball.path), key, bucket_name=self.context_bucket, replace=True
+            )
+        uri = f"s3://{self.context_bucket}/{key}"
+        self.log.info("build context (%s bytes) uploaded to %s", tarball.size, uri)
+        return uri
+
+    def builder_pod(self, request: BuildRequest, target: PushTarget, context_uri: str) -> k8s.V1Pod:
+        """The BuildKit pod that builds ``request`` from ``context_uri`` and pushes it by digest."""
+        from dataclasses import replace
+
+        from kubetrain.imagebuild.incluster import builder_pod
+
+        if self.cluster_registry:
+            target = replace(target, registry=self.cluster_registry)
+        return builder_pod(request, target, context_uri, self._in_cluster_settings())
+
+    def _build_in_cluster(self, request: BuildRequest, target: PushTarget, context: Context) -> BuildOutput:
+        from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+        from kubetrain.imagebuild.builders import BuildError, BuildOutput
+        from kubetrain.imagebuild.incluster import METADATA_DIGEST
+        from kubetrain.imagebuild.reference import check_digest
+
+        pod = self.builder_pod(request, target, self.upload_context(request, context))
+        # The pod operator's machinery: pod creation, log streaming (init containers too), the
+        # XCom sidecar that returns BuildKit's metadata file, and cleanup.
+        launcher = KubernetesPodOperator(
+            task_id=f"{self.task_id}-builder",
+            kubernetes_conn_id=self.kubernetes_conn_id,
+            namespace=self.namespace,
+            full_pod_spec=pod,
+            do_xcom_push=True,
+            get_logs=True,
+            init_container_logs=True,
+            on_finish_action="delete_pod",
+            startup_timeout_seconds=self.startup_timeout_seconds,
+        )
+        result = launcher.execute(context)
+        digest = result.get(METADATA_DIGEST) if isinstance(result, dict) else None
+        if not digest:
+            raise BuildError(f"the builder pod finished without reporting an image digest (metadata: {result!r})")
+        return BuildOutput(check_digest(digest))
+
+
+def context_key(prefix: str, context: Context, digest: str) -> str:
+    """S3 key of a build context: per DAG, run and task, named by its content digest."""
+    ti = context.get("ti")
+    parts = [getattr(ti, "dag_id", None) or "adhoc", str(context.get("run_id") or "manual"),
+             getattr(ti, "task_id", None) or "build"]  # fmt: skip
+    safe = [re.sub(r"[^A-Za-z0-9._=-]+", "_", p) for p in parts]
+    return "/".join([prefix.strip("/"), *safe, f"context-{digest.removeprefix('sha256:')[:16]}.tar.gz"])
+
+
+class AppendLayerOperator(BaseOperator):
+    """Add one layer holding a code directory to a base image in the registry, and push it.
+
+    Nothing of the base image is pulled; the new image's tag defaults to a hash of the result,
+    and when that tag already exists, nothing is pushed.
+
+    :param base_image: the base image, ``repo:tag`` or ``repo@sha256:...`` in the connection's
+        registry (a full reference must name that registry).
+    :param repository: the repository to push to.
+    :param source: the code directory on the worker (e.g. the trainer package).
+    :param dest: where the directory lands in the image; it replaces what the base had there.
+    :param tag: the tag to set (default: ``code-<hash>``).
+    :param excludes: patterns left out of the layer (default: .venv, __pycache__, *.pyc, tests, caches).
+    :param env: environment variables set in the image config.
+    :param entrypoint: new entrypoint (exec form).
+    :param cmd: new command (exec form).
+    :param workdir: new working directory.
+    :param labels: labels merged over the base image's.
+    :param platform: ``os/arch`` picked from a multi-platform base (default linux/amd64).
+    :param registry_conn_id: connection of the registry (see :class:`RegistryHook`).
+    """
+
+    template_fields: Sequence[str] = (
+        "base_image", "repository", "source", "dest", "tag", "env", "entrypoint", "cmd", "workdir", "labels",
+        "platform",
+    )  # fmt: skip
+    ui_color = "#d5f5e3"
+
+    def __init__(
+        self,
+        *,
+        base_image: str,
+        repository: str,
+        source: str,
+        dest: str = "/app/trainer",
+        tag: str | None = None,
+        excludes: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        entrypoint: Sequence[str] | None = None,
+        cmd: Sequence[str] | None = None,
+        workdir: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        platform: str | None = None,
+        registry_conn_id: str = RegistryHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.base_image = base_image
+        self.repository = repository
+        self.source = source
+        self.dest = dest
+        self.tag = tag
+        self.excludes = tuple(excludes) if excludes is not None else None
+        self.env = env or {}
+        self.entrypoint = entrypoint
+        self.cmd = cmd
+        self.workdir = workdir
+        self.labels = labels or {}
+        self.platform = platform
+        self.registry_conn_id = registry_conn_id
+
+    @cached_property
+    def hook(self) -> RegistryHook:
+        return RegistryHook(self.registry_conn_id)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from kubetrain.imagebuild.append import AppendSpec, append_layer
+        from kubetrain.imagebuild.layer import DEFAULT_EXCLUDES
+        from kubetrain.imagebuild.reference import parse_reference
+
+        spec = AppendSpec(
+            source=Path(self.source),
+            dest=self.dest,
+            excludes=self.excludes if self.excludes is not None else DEFAULT_EXCLUDES,
+            env=dict(self.env),
+            entrypoint=self.entrypoint,
+            cmd=self.cmd,
+            workdir=self.workdir or None,
+            labels=dict(self.labels),
+        )
+        base = parse_reference(self.base_image, default_registry=self.hook.registry)
+        with self.hook.get_conn() as client:
+            result = append_layer(
+                client,
+                base=base,
+                repository=self.repository,
+                spec=spec,
+                tag=self.tag or None,
+                platform=self.platform or None,
+                log=lambda line: self.log.info("%s", line),
+            )
+        stats = result.stats
+        self.log.info(
+            "%s %s (%d requests, %d bytes sent, %d bytes received)",
+            "pushed" if result.pushed else "already present:", result.reference,
+            stats["requests"], stats["bytes_sent"], stats["bytes_received"],
+        )  # fmt: skip
+        return result.as_xcom()
+
+
+# -- the build_trainer_image DAG's task bodies (kept here so the DAG file stays wiring only) ----
+
+IMAGE_VARIABLE = "kubetrain_trainer_image"
+SOURCE_VARIABLE = "kubetrain_trainer_image_source"
+
+
+def plan_trainer_image(
+    trainer_dir: str, repository: str, *, registry_conn_id: str, mode: str = "auto", force: bool = False
+) -> dict[str, Any] | bool:
+    """Plan the trainer image update; False (short-circuit) when the code is unchanged.
+
+    :param trainer_dir: the trainer package on the worker.
+    :param repository: the image repository in the registry.
+    :param registry_conn_id: connection of the registry.
+    :param mode: 'auto', 'full' or 'append'.
+    :param force: build even when nothing changed.
+    """
+    import json
+    import logging
+
+    from airflow.sdk import Variable
+
+    from kubetrain.imagebuild.plan import base_tag, plan_image
+
+    log = logging.getLogger(__name__)
+    raw = Variable.get(SOURCE_VARIABLE, default=None)
+    previous = json.loads(raw) if raw else None
+    with RegistryHook(registry_conn_id).get_conn() as client:
+        base_exists = client.manifest_digest(repository, base_tag(Path(trainer_dir))) is not None
+    plan = plan_image(Path(trainer_dir), previous=previous, base_exists=base_exists, mode=mode, force=force)
+    log.info("image plan: %s (%s)", plan.action, plan.reason)
+    return False if plan.action == "skip" else plan.as_dict()
+
+
+def publish_trainer_image(plan: dict[str, Any], built: dict[str, Any], *, registry_conn_id: str) -> dict[str, Any]:
+    """Record the new image for the training DAGs: Variable by digest, ``latest`` tag, source hashes.
+
+    :param plan: what :func:`plan_trainer_image` returned.
+    :param built: the XCom of the build or append task that ran.
+    :param registry_conn_id: connection of the registry.
+    """
+    import json
+
+    from airflow.sdk import Variable
+
+    from kubetrain.imagebuild.reference import parse_reference
+
+    ref = parse_reference(built["reference"])
+    with RegistryHook(registry_conn_id).get_conn() as client:
+        client.tag(ref.repository, ref.digest, ["latest"])
+    Variable.set(IMAGE_VARIABLE, built["reference"])
+    record = {
+        "reference": built["reference"],
+        "action": plan["action"],
+        "code_hash": plan["code_hash"],
+        "deps_hash": plan["deps_hash"],
+        "revision": plan.get("revision"),
+        "published_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    Variable.set(SOURCE_VARIABLE, json.dumps(record))
+    return record
