@@ -233,10 +233,9 @@ class Stack:
 
     def _write_env(self, state: dict) -> None:
         s3 = state["s3"]
-        kube_conn = {
-            "conn_type": "kubernetes",
-            "extra": {"kube_config_path": state["kubeconfig"], "namespace": "default"},
-        }
+        # The kubeconfig comes from KUBECONFIG (below): with provider 10.25 a deferrable pod
+        # operator turns $KUBECONFIG into a config dict and refuses a kube_config_path beside it.
+        kube_conn = {"conn_type": "kubernetes", "extra": {"namespace": "default"}}
         aws_conn = {
             "conn_type": "aws",
             "login": s3["access_key_id"],

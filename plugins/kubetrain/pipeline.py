@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import Asset, Param
+from airflow.sdk import Param
 
 from kubetrain.operators.dedupe import RecordTrainingOperator, SkipIfTrainedOperator
 from kubetrain.operators.report import ReportOperator
-from kubetrain.operators.stage import StageDatasetOperator
+from kubetrain.operators.stage import StageDatasetOperator, dataset_asset
 from kubetrain.operators.sync import SyncCheckpointsOperator
 from kubetrain.operators.training import TrainingPodOperator
 
@@ -45,7 +45,7 @@ def schedule(dataset_uri: str, cron_env: str, default_cron: str | None):
     from airflow.timetables.assets import AssetOrTimeSchedule
     from airflow.timetables.trigger import CronTriggerTimetable
 
-    asset = Asset(dataset_uri)
+    asset = dataset_asset(dataset_uri)
     cron = os.environ.get(cron_env, default_cron or "")
     if not cron:
         return [asset]

@@ -90,24 +90,38 @@ class AirflowRunner:
 
     def cli(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [str(AIRFLOW), *args], env=self.env(), cwd=REPO, capture_output=True, text=True, timeout=timeout, check=check
+            [str(AIRFLOW), *args],
+            env=self.env(),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
         )
 
-    def dags_test(self, dag_id: str, conf: dict | None = None, timeout: float = 900, **env: str) -> DagRunResult:
+    def dags_test(
+        self, dag_id: str, conf: dict | None = None, timeout: float = 900, **env: str
+    ) -> DagRunResult:
         before = self._run_ids(dag_id)
         log = self.home / f"{dag_id}-{len(before)}.log"
         args = [str(AIRFLOW), "dags", "test", dag_id]
         if conf is not None:
             args += ["-c", json.dumps(conf)]
         with open(log, "w") as out:
-            proc = subprocess.run(args, env=self.env(**env), cwd=REPO, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+            proc = subprocess.run(
+                args, env=self.env(**env), cwd=REPO, stdout=out, stderr=subprocess.STDOUT, timeout=timeout
+            )
         new = [r for r in self._run_ids(dag_id) if r not in before]
-        return DagRunResult(dag_id, new[-1] if new else None, proc.returncode, log.read_text(errors="replace"), self.db, log)
+        return DagRunResult(
+            dag_id, new[-1] if new else None, proc.returncode, log.read_text(errors="replace"), self.db, log
+        )
 
     def _run_ids(self, dag_id: str) -> list[str]:
         with sqlite3.connect(self.db) as conn:
             try:
-                rows = conn.execute("SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id", (dag_id,)).fetchall()
+                rows = conn.execute(
+                    "SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id", (dag_id,)
+                ).fetchall()
             except sqlite3.OperationalError:
                 return []
         return [r[0] for r in rows]
@@ -126,6 +140,8 @@ def make_airflow_home(tmp: Path) -> Path:
 @pytest.fixture(scope="session")
 def airflow(devstack, tmp_path_factory) -> AirflowRunner:
     """Runs the project's DAGs (dags/) against the dev stack."""
-    runner = AirflowRunner(make_airflow_home(tmp_path_factory.mktemp("airflow")), devstack.env(), REPO / "dags")
+    runner = AirflowRunner(
+        make_airflow_home(tmp_path_factory.mktemp("airflow")), devstack.env(), REPO / "dags"
+    )
     runner.cli("pools", "set", "gpu", "4", "GPU training pods")
     return runner

@@ -1,0 +1,3 @@
+from include.devstack.kubeapi.server import main
+
+raise SystemExit(main())

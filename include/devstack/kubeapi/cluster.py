@@ -1,0 +1,417 @@
+"""The cluster state around the store: pod workers, deletion, events, GPUs, mount points, memory cgroups."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from include.devstack.kubeapi.images import ImageMap
+from include.devstack.kubeapi.kubelet import PodWorker
+from include.devstack.kubeapi.meta import NODE_IP, NODE_NAME, SERVER_VERSION, rfc3339
+from include.devstack.kubeapi.store import Store
+from include.devstack.kubeapi.validation import parse_quantity
+
+log = logging.getLogger("kubeapi.cluster")
+MAX_EVENTS = 5000
+
+
+def count_gpus() -> list[int]:
+    """Indices of the local NVIDIA GPUs (``nvidia-smi -L``); none when the tool is absent."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return list(range(sum(1 for line in out.splitlines() if line.startswith("GPU "))))
+
+
+class MountPoints:
+    """Empty directories (or files) created on the host as mount points, removed when no container uses them."""
+
+    def __init__(self) -> None:
+        self.refs: dict[str, int] = {}
+        self.created: dict[str, list[str]] = {}
+
+    def acquire(self, path: str, is_dir: bool) -> str:
+        if path not in self.refs:
+            made: list[str] = []
+            cur = Path(path)
+            missing = []
+            while not cur.exists() and not cur.is_symlink():
+                missing.append(cur)
+                cur = cur.parent
+            for p in reversed(missing):
+                try:
+                    if p == Path(path) and not is_dir:
+                        p.touch()
+                    else:
+                        p.mkdir()
+                    made.append(str(p))
+                except OSError:
+                    break
+            self.created[path] = made
+            self.refs[path] = 0
+        self.refs[path] += 1
+        return path
+
+    def release(self, path: str) -> None:
+        if path not in self.refs:
+            return
+        self.refs[path] -= 1
+        if self.refs[path] > 0:
+            return
+        del self.refs[path]
+        for p in reversed(self.created.pop(path, [])):
+            with contextlib.suppress(OSError):
+                if os.path.isdir(p):
+                    os.rmdir(p)  # only when empty: never removes anything a container left on the host
+                else:
+                    if os.path.getsize(p) == 0:
+                        os.unlink(p)
+
+    def release_all(self) -> None:
+        for path in list(self.refs):
+            self.refs[path] = 1
+            self.release(path)
+
+
+class MemoryCgroups:
+    """Memory limits through the cgroup v1 memory controller or cgroup v2, when this process may use them."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.root: Path | None = None
+        self.v2 = False
+        if not enabled:
+            return
+        v1 = Path("/sys/fs/cgroup/memory")
+        v2 = Path("/sys/fs/cgroup")
+        try:
+            if (v1 / "memory.limit_in_bytes").exists():
+                root = v1 / f"kubetrain-{os.getpid()}"
+                root.mkdir(exist_ok=True)
+                self.root = root
+            elif "memory" in (v2 / "cgroup.controllers").read_text().split():
+                root = v2 / f"kubetrain-{os.getpid()}"
+                root.mkdir(exist_ok=True)
+                (root / "cgroup.subtree_control").write_text("+memory")
+                self.root, self.v2 = root, True
+        except OSError:
+            self.root = None
+
+    def create(self, name: str, container: dict) -> str | None:
+        limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+        if self.root is None or limit is None:
+            return None
+        path = self.root / name
+        try:
+            path.mkdir(exist_ok=True)
+            value = str(int(parse_quantity(limit)))
+            (path / ("memory.max" if self.v2 else "memory.limit_in_bytes")).write_text(value)
+            if self.v2:
+                with contextlib.suppress(OSError):
+                    (path / "memory.swap.max").write_text("0")
+        except OSError as exc:
+            log.warning("memory limit for %s not enforced: %s", name, exc)
+            return None
+        return str(path)
+
+    def oom_killed(self, path: str | None) -> bool:
+        if not path:
+            return False
+        try:
+            text = Path(path, "memory.events" if self.v2 else "memory.oom_control").read_text()
+        except OSError:
+            return False
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip() not in ("", "0"):
+                return True
+        return False
+
+    def release(self, path: str | None) -> None:
+        if path:
+            for _ in range(20):
+                try:
+                    os.rmdir(path)
+                    return
+                except OSError:
+                    time.sleep(0.05)
+
+    def close(self) -> None:
+        if self.root is not None:
+            for child in self.root.iterdir() if self.root.exists() else []:
+                if child.is_dir():
+                    self.release(str(child))
+            with contextlib.suppress(OSError):
+                os.rmdir(self.root)
+
+
+class Cluster:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        port: int,
+        image_map: Path,
+        strict_gpu: bool,
+        isolation: str,
+        backoff: float,
+        memory_limits: bool = True,
+    ) -> None:
+        self.state_dir = state_dir
+        self.port = port
+        self.image_map = ImageMap(image_map)
+        self.strict_gpu = strict_gpu
+        self.isolation = isolation
+        self.backoff = backoff
+        self.store = Store()
+        self.workers: dict[str, PodWorker] = {}
+        self.gpus = count_gpus()
+        self.gpu_alloc: dict[str, list[int]] = {}
+        self._gpu_released = asyncio.Event()
+        self.mountpoints = MountPoints()
+        self.cgroups = MemoryCgroups(memory_limits and isolation != "none")
+        self.shm_dir = Path("/dev/shm") / f"kubetrain-{os.getpid()}"
+        self._event_index: dict[tuple, str] = {}
+        self.jobs = None  # set by jobs.JobController
+        self.pod_finished_hooks: list = []
+        self.deleting: dict[str, asyncio.Task] = {}
+        self._bootstrap()
+
+    def _bootstrap(self) -> None:
+        for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
+            self.store.create("namespaces", namespace_object(ns))
+        self.store.create("nodes", self.node_object())
+
+    def node_object(self) -> dict:
+        cpu = str(os.cpu_count() or 1)
+        try:
+            mem = f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') // 1024}Ki"
+        except (ValueError, OSError):
+            mem = "0"
+        capacity = {"cpu": cpu, "memory": mem, "pods": "110", "ephemeral-storage": "0"}
+        if self.gpus:
+            capacity["nvidia.com/gpu"] = str(len(self.gpus))
+        now = rfc3339()
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": NODE_NAME,
+                "labels": {
+                    "kubernetes.io/hostname": NODE_NAME,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": {"x86_64": "amd64", "aarch64": "arm64"}.get(
+                        platform.machine(), platform.machine()
+                    ),
+                    "node-role.kubernetes.io/control-plane": "",
+                },
+            },
+            "spec": {},
+            "status": {
+                "capacity": capacity,
+                "allocatable": dict(capacity),
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "local kubelet is posting ready status",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    },
+                ],  # fmt: skip
+                "addresses": [
+                    {"type": "InternalIP", "address": NODE_IP},
+                    {"type": "Hostname", "address": NODE_NAME},
+                ],
+                "nodeInfo": {
+                    "architecture": platform.machine(),
+                    "bootID": "",
+                    "containerRuntimeVersion": f"kubetrain-local://{self.isolation}",
+                    "kernelVersion": platform.release(),
+                    "kubeProxyVersion": SERVER_VERSION["gitVersion"],
+                    "kubeletVersion": SERVER_VERSION["gitVersion"],
+                    "machineID": "",
+                    "operatingSystem": "linux",
+                    "osImage": platform.platform(),
+                    "systemUUID": "",
+                },
+            },
+        }
+
+    # -- events ------------------------------------------------------------------------------
+
+    def record_event(
+        self,
+        obj: dict,
+        type_: str,
+        reason: str,
+        message: str,
+        field_path: str = "",
+        component: str = "kubelet",
+    ) -> None:
+        meta = obj["metadata"]
+        namespace = meta.get("namespace") or "default"
+        key = (meta.get("uid"), type_, reason, message, field_path)
+        now = rfc3339()
+        existing = self._event_index.get(key)
+        if existing and self.store.get("events", namespace, existing):
+
+            def bump(ev: dict) -> None:
+                ev["count"] = ev.get("count", 1) + 1
+                ev["lastTimestamp"] = now
+
+            self.store.mutate("events", namespace, existing, bump)
+            return
+        name = f"{meta['name']}.{time.time_ns():x}"
+        involved = {
+            "apiVersion": obj.get("apiVersion", "v1"),
+            "kind": obj.get("kind", ""),
+            "name": meta["name"],
+            "namespace": namespace,
+            "uid": meta.get("uid", ""),
+            "resourceVersion": meta.get("resourceVersion", ""),
+        }
+        if field_path:
+            involved["fieldPath"] = field_path
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": namespace},
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message,
+            "source": {"component": component, **({"host": NODE_NAME} if component == "kubelet" else {})},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "type": type_,
+            "eventTime": None,
+            "reportingComponent": component,
+            "reportingInstance": NODE_NAME if component == "kubelet" else "",
+        }
+        self.store.create("events", event)
+        self._event_index[key] = name
+        events = [k for k in self.store.objects if k[0] == "events"]
+        if len(events) > MAX_EVENTS:
+            for k in events[: len(events) - MAX_EVENTS]:
+                self.store.remove(*k)
+
+    # -- GPUs --------------------------------------------------------------------------------
+
+    def free_gpus(self) -> list[int]:
+        used = {g for gs in self.gpu_alloc.values() for g in gs}
+        return [g for g in self.gpus if g not in used]
+
+    def allocate_gpus(self, uid: str, gpus: list[int]) -> None:
+        if gpus:
+            self.gpu_alloc[uid] = gpus
+
+    def release_gpus(self, uid: str) -> None:
+        if self.gpu_alloc.pop(uid, None):
+            self._gpu_released.set()
+            self._gpu_released = asyncio.Event()
+
+    async def wait_gpu_release(self, stop: asyncio.Event) -> None:
+        waiters = {asyncio.ensure_future(self._gpu_released.wait()), asyncio.ensure_future(stop.wait())}
+        _, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for t in pending:
+            t.cancel()
+
+    # -- pods --------------------------------------------------------------------------------
+
+    def start_pod(self, pod: dict) -> None:
+        worker = PodWorker(self, pod)
+        self.workers[pod["metadata"]["uid"]] = worker
+        worker.start()
+        deadline = pod["spec"].get("activeDeadlineSeconds")
+        if deadline:
+            asyncio.ensure_future(worker.active_deadline(float(deadline)))
+
+    def on_pod_finished(self, worker: PodWorker) -> None:
+        self.release_gpus(worker.uid)
+        for hook in self.pod_finished_hooks:
+            hook(worker)
+
+    def worker_for(self, pod: dict) -> PodWorker | None:
+        return self.workers.get(pod["metadata"].get("uid", ""))
+
+    def delete_pod(self, namespace: str, name: str, grace: int | None) -> dict:
+        """Graceful deletion: mark, signal, and remove once every process is gone."""
+        pod = self.store.must_get("pods", namespace, name)
+        worker = self.worker_for(pod)
+        if grace is None:
+            grace = int(pod["spec"].get("terminationGracePeriodSeconds", 30))
+        phase = (pod.get("status") or {}).get("phase")
+        running = worker is not None and any(
+            c.proc and not c.proc.finished.is_set() for c in worker.containers
+        )
+        if not running or phase in ("Succeeded", "Failed"):
+            grace = 0
+        if pod["metadata"].get("deletionTimestamp"):
+            current = pod["metadata"].get("deletionGracePeriodSeconds", grace)
+            if grace >= current:
+                return pod
+
+        def mark(p: dict) -> None:
+            p["metadata"]["deletionTimestamp"] = rfc3339(time.time() + grace)
+            p["metadata"]["deletionGracePeriodSeconds"] = grace
+
+        pod = self.store.mutate("pods", namespace, name, mark) or pod
+        uid = pod["metadata"]["uid"]
+        if uid in self.deleting and grace > 0:
+            return pod
+        old = self.deleting.get(uid)
+        if old is not None:
+            old.cancel()
+        self.deleting[uid] = asyncio.ensure_future(self._finish_delete(namespace, name, uid, worker, grace))
+        return pod
+
+    async def _finish_delete(
+        self, namespace: str, name: str, uid: str, worker: PodWorker | None, grace: int
+    ) -> None:
+        try:
+            if worker is not None:
+                await worker.terminate(float(grace))
+            current = self.store.get("pods", namespace, name)
+            if current is not None and current["metadata"]["uid"] == uid:
+                self.store.remove("pods", namespace, name)
+        finally:
+            if worker is not None:
+                worker.cleanup()
+                self.workers.pop(uid, None)
+            self.deleting.pop(uid, None)
+
+    async def shutdown(self) -> None:
+        """Kill every container process (the server is stopping: no orphans)."""
+        workers = list(self.workers.values())
+        for w in workers:
+            w.stopping = True
+            w.stop_event.set()
+        await asyncio.gather(*(w.kill_all() for w in workers), return_exceptions=True)
+        for w in workers:
+            with contextlib.suppress(Exception):
+                w.cleanup()
+        self.mountpoints.release_all()
+        self.cgroups.close()
+        shutil.rmtree(self.shm_dir, ignore_errors=True)
+
+
+def namespace_object(name: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name}},
+        "spec": {"finalizers": ["kubernetes"]},
+        "status": {"phase": "Active"},
+    }

@@ -1,0 +1,262 @@
+"""API errors, timestamps and the table of served resources."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+SERVER_VERSION = {
+    "major": "1",
+    "minor": "32",
+    "gitVersion": "v1.32.0-kubetrain",
+    "gitCommit": "0000000000000000000000000000000000000000",
+    "gitTreeState": "clean",
+    "buildDate": "2025-01-01T00:00:00Z",
+    "goVersion": "go1.23.0",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
+NODE_NAME = "kubetrain-dev"
+NODE_IP = "127.0.0.1"
+
+
+class ApiError(Exception):
+    """An error answered as a ``meta/v1 Status`` object, as the real API server does."""
+
+    def __init__(
+        self,
+        code: int,
+        reason: str,
+        message: str,
+        *,
+        kind: str | None = None,
+        name: str | None = None,
+        group: str = "",
+        causes: list[dict] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details: dict = {}
+        if name is not None:
+            self.details["name"] = name
+        if group:
+            self.details["group"] = group
+        if kind is not None:
+            self.details["kind"] = kind
+        if causes:
+            self.details["causes"] = causes
+
+    def status(self) -> dict:
+        body = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+        if self.details:
+            body["details"] = self.details
+        return body
+
+
+def not_found(resource: str, name: str, group: str = "") -> ApiError:
+    qualified = f"{resource}.{group}" if group else resource
+    return ApiError(404, "NotFound", f'{qualified} "{name}" not found', kind=resource, name=name, group=group)
+
+
+def already_exists(resource: str, name: str, group: str = "") -> ApiError:
+    qualified = f"{resource}.{group}" if group else resource
+    return ApiError(
+        409, "AlreadyExists", f'{qualified} "{name}" already exists', kind=resource, name=name, group=group
+    )
+
+
+def conflict(resource: str, name: str, group: str = "") -> ApiError:
+    qualified = f"{resource}.{group}" if group else resource
+    return ApiError(
+        409,
+        "Conflict",
+        f'Operation cannot be fulfilled on {qualified} "{name}": the object has been modified; '
+        "please apply your changes to the latest version and try again",
+        kind=resource,
+        name=name,
+        group=group,
+    )
+
+
+def bad_request(message: str) -> ApiError:
+    return ApiError(400, "BadRequest", message)
+
+
+def invalid(kind: str, name: str, causes: list[tuple[str, str, str]], group: str = "") -> ApiError:
+    """422 Invalid; ``causes`` are (field, reason, message) as in ``field.ErrorList``."""
+    parts = [f"{fld}: {msg}" for fld, _, msg in causes]
+    summary = parts[0] if len(parts) == 1 else "[" + ", ".join(parts) + "]"
+    qualified = f"{kind}.{group}" if group else kind
+    return ApiError(
+        422,
+        "Invalid",
+        f'{qualified} "{name}" is invalid: {summary}',
+        kind=kind,
+        name=name,
+        group=group,
+        causes=[{"reason": reason, "message": msg, "field": fld} for fld, reason, msg in causes],
+    )
+
+
+# -- time ------------------------------------------------------------------------------------
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+def rfc3339(ts: float | None = None) -> str:
+    """Second-precision RFC 3339, as ``metav1.Time`` serialises."""
+    dt = datetime.fromtimestamp(time.time() if ts is None else ts, UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rfc3339_micro(ts: float | None = None) -> str:
+    """Microsecond-precision RFC 3339, as ``metav1.MicroTime`` serialises."""
+    dt = datetime.fromtimestamp(time.time() if ts is None else ts, UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def rfc3339_nano(ns: int) -> str:
+    """Go's ``time.RFC3339Nano`` in UTC: trailing zeros of the fraction are dropped, as the kubelet writes."""
+    secs, frac = divmod(ns, 1_000_000_000)
+    base = datetime.fromtimestamp(secs, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    digits = f"{frac:09d}".rstrip("0")
+    return f"{base}.{digits}Z" if digits else f"{base}Z"
+
+
+def parse_time_ns(value: str) -> int:
+    """Parse an RFC 3339 timestamp (any fraction precision, ``Z`` or offset) to exact epoch nanoseconds."""
+    text = value.strip()
+    if text[-1:] in ("Z", "z"):
+        text = text[:-1] + "+00:00"
+    main, sep, rest = text.partition(".")
+    digits, tz = "", ""
+    if sep:
+        i = 0
+        while i < len(rest) and rest[i].isdigit():
+            i += 1
+        digits, tz = rest[:i], rest[i:]
+        text = main + tz
+    try:
+        dt = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise bad_request(f'invalid time "{value}": expected RFC 3339, e.g. 2006-01-02T15:04:05Z') from exc
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    whole = int((dt - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds())
+    return whole * 1_000_000_000 + int((digits + "000000000")[:9])
+
+
+def parse_time(value: str) -> float:
+    """Parse an RFC 3339 timestamp to epoch seconds."""
+    return parse_time_ns(value) / 1e9
+
+
+def human_duration(seconds: float) -> str:
+    """``duration.HumanDuration`` from apimachinery, as kubectl shows ages."""
+    s = int(seconds)
+    if s < 0:
+        return "<invalid>"
+    if s < 60 * 2:
+        return f"{s}s"
+    minutes = s // 60
+    if minutes < 10:
+        rem = s % 60
+        return f"{minutes}m{rem}s" if rem else f"{minutes}m"
+    if minutes < 60 * 3:
+        return f"{minutes}m"
+    hours = minutes // 60
+    if hours < 8:
+        rem = minutes % 60
+        return f"{hours}h{rem}m" if rem else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    if hours < 24 * 8:
+        rem = hours % 24
+        return f"{hours // 24}d{rem}h" if rem else f"{hours // 24}d"
+    if hours < 24 * 365 * 2:
+        return f"{hours // 24}d"
+    return f"{hours // 24 // 365}y"
+
+
+# -- resources -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One served resource type."""
+
+    name: str  # plural, e.g. "pods"
+    kind: str
+    group: str  # "" for core
+    version: str
+    namespaced: bool
+    verbs: tuple[str, ...]
+    short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    subresources: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def singular(self) -> str:
+        return self.kind.lower()
+
+
+CRUD = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+RESOURCES: dict[tuple[str, str], Resource] = {}
+
+
+def _register(res: Resource) -> None:
+    RESOURCES[(res.group, res.name)] = res
+
+
+_register(
+    Resource(
+        "pods", "Pod", "", "v1", True, CRUD, ("po",), ("all",),
+        {"log": ("get",), "exec": ("create", "get"), "status": ("get", "patch", "update")},
+    )
+)  # fmt: skip
+_register(Resource("events", "Event", "", "v1", True, CRUD, ("ev",)))
+_register(Resource("secrets", "Secret", "", "v1", True, CRUD))
+_register(Resource("configmaps", "ConfigMap", "", "v1", True, CRUD, ("cm",)))
+_register(
+    Resource(
+        "namespaces", "Namespace", "", "v1", False, ("create", "delete", "get", "list", "patch", "update", "watch"),
+        ("ns",), (), {"status": ("get", "patch", "update")},
+    )
+)  # fmt: skip
+_register(
+    Resource("nodes", "Node", "", "v1", False, ("get", "list", "watch"), ("no",), (), {"status": ("get",)})
+)
+_register(
+    Resource(
+        "jobs", "Job", "batch", "v1", True, CRUD, (), ("all",), {"status": ("get", "patch", "update")},
+    )
+)  # fmt: skip
+_register(Resource("events", "Event", "events.k8s.io", "v1", True, ("get", "list", "watch"), ("ev",)))
+
+GROUPS = {"batch": "v1", "events.k8s.io": "v1"}
+
+
+def resource_for(group: str, version: str, name: str) -> Resource:
+    res = RESOURCES.get((group, name))
+    expected = "v1" if group == "" else GROUPS.get(group)
+    if res is None or version != expected:
+        gv = f"{group}/{version}" if group else version
+        raise ApiError(404, "NotFound", f"the server could not find the requested resource ({name} in {gv})")
+    return res

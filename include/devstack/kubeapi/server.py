@@ -1,0 +1,1050 @@
+"""The HTTP side: discovery, OpenAPI, CRUD, list/watch, patch, delete, pods/log, pods/exec."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import copy
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from aiohttp import WSMsgType, web
+
+from include.devstack.kubeapi import openapi, tables
+from include.devstack.kubeapi import validation as v
+from include.devstack.kubeapi.cluster import Cluster
+from include.devstack.kubeapi.images import default_image_map
+from include.devstack.kubeapi.jobs import JobController
+from include.devstack.kubeapi.logs import LogOptions, stream_log
+from include.devstack.kubeapi.meta import (
+    GROUPS,
+    RESOURCES,
+    SERVER_VERSION,
+    ApiError,
+    Resource,
+    bad_request,
+    conflict,
+    not_found,
+    parse_time,
+    parse_time_ns,
+    resource_for,
+    rfc3339,
+    rfc3339_micro,
+)
+from include.devstack.kubeapi.patch import apply_patch
+from include.devstack.kubeapi.runtime import ISOLATIONS, detect_isolation
+from include.devstack.kubeapi.selectors import parse_field_selector, parse_label_selector
+
+log = logging.getLogger("kubeapi")
+EXEC_PROTOCOLS = (
+    "v5.channel.k8s.io",
+    "v4.channel.k8s.io",
+    "v3.channel.k8s.io",
+    "v2.channel.k8s.io",
+    "channel.k8s.io",
+)
+BOOKMARK_EVERY = 10.0
+TRUE = ("true", "1", "True")
+
+
+def _json(body: dict, status: int = 200, headers: dict | None = None) -> web.Response:
+    return web.Response(
+        body=json.dumps(body, separators=(",", ":")).encode(),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+class Api:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.store = cluster.store
+        self.jobs = JobController(cluster, self.create_pod_object)
+
+    # -- routing -----------------------------------------------------------------------------
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self._route(request)
+        except ApiError as exc:
+            return _json(exc.status(), exc.code)
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            log.exception("%s %s failed", request.method, request.path_qs)
+            return _json(ApiError(500, "InternalError", f"an error on the server: {exc}").status(), 500)
+
+    async def _route(self, request: web.Request) -> web.StreamResponse:
+        parts = [p for p in request.path.split("/") if p]
+        method = request.method
+        if not parts:
+            return _json({"paths": ["/api", "/api/v1", "/apis", "/apis/batch", "/apis/batch/v1", "/apis/events.k8s.io",
+                                    "/apis/events.k8s.io/v1", "/healthz", "/livez", "/openapi/v2", "/openapi/v3", "/readyz", "/version"]})  # fmt: skip
+        head = parts[0]
+        if head == "version":
+            return _json(SERVER_VERSION)
+        if head in ("healthz", "livez", "readyz"):
+            return web.Response(text="ok")
+        if head == "openapi":
+            return openapi.handle(request, parts[1:])
+        if head == "api":
+            if len(parts) == 1:
+                return _json({"kind": "APIVersions", "versions": ["v1"],
+                              "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})  # fmt: skip
+            group, version, rest = "", parts[1], parts[2:]
+        elif head == "apis":
+            if len(parts) == 1:
+                return _json(group_list())
+            if len(parts) == 2:
+                if parts[1] not in GROUPS:
+                    raise ApiError(404, "NotFound", "the server could not find the requested resource")
+                return _json(api_group(parts[1]))
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if (group == "" and version != "v1") or (group and GROUPS.get(group) != version):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if not rest:
+            return _json(resource_list(group, version))
+        watch_path = False
+        if rest[0] == "watch":
+            watch_path, rest = True, rest[1:]
+            if not rest:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        ns = name = sub = None
+        if rest[0] == "namespaces" and len(rest) >= 3 and rest[2] not in ("status", "finalize"):
+            ns, res_name = rest[1], rest[2]
+            name = rest[3] if len(rest) > 3 else None
+            sub = rest[4] if len(rest) > 4 else None
+            if len(rest) > 5:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        else:
+            res_name = rest[0]
+            name = rest[1] if len(rest) > 1 else None
+            sub = rest[2] if len(rest) > 2 else None
+            if len(rest) > 3:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        res = resource_for(group, version, res_name)
+        if not res.namespaced and ns is not None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if res.namespaced and ns is None and name is not None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if sub is not None and sub not in res.subresources:
+            raise ApiError(
+                404, "NotFound", f"the server could not find the requested resource ({res.name}/{sub})"
+            )
+        q = request.query
+        verb_ok = res.subresources.get(sub, ()) if sub else res.verbs
+        if sub == "log":
+            return await self.pod_log(request, ns, name)
+        if sub == "exec":
+            return await self.pod_exec(request, ns, name)
+        if method == "GET":
+            if name is None:
+                if watch_path or q.get("watch") in TRUE:
+                    return await self.watch(request, res, ns, None)
+                return self.list(request, res, ns)
+            if watch_path or q.get("watch") in TRUE:
+                return await self.watch(request, res, ns, name)
+            obj = self.present(res, self.get(res, ns, name))
+            if wants_table(request):
+                return _json(
+                    tables.table(
+                        res.name,
+                        [obj],
+                        q.get("includeObject", "Metadata"),
+                        obj["metadata"]["resourceVersion"],
+                    )
+                )
+            return _json(obj)
+        body = await read_body(request) if method in ("POST", "PUT", "PATCH", "DELETE") else None
+        needed = {
+            "POST": "create",
+            "PUT": "update",
+            "PATCH": "patch",
+            "DELETE": "delete" if name else "deletecollection",
+        }
+        if needed.get(method) not in verb_ok:
+            raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested resource "
+                           f"({method} {res.name}{'/' + sub if sub else ''})")  # fmt: skip
+        dry = "All" in q.getall("dryRun", [])
+        if method == "POST":
+            if name is not None:
+                raise ApiError(
+                    405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+                )
+            obj, warnings = self.create(res, ns, body, q, dry)
+            return _json(self.present(res, obj), 201, warning_headers(warnings))
+        if name is None and method != "DELETE":
+            raise ApiError(
+                405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+            )
+        if method == "PUT":
+            obj = self.update(res, ns, name, body, sub, dry)
+            return _json(self.present(res, obj))
+        if method == "PATCH":
+            patch_body = body
+            obj = self.update(res, ns, name, None, sub, dry, patch=(request.content_type, patch_body))
+            return _json(self.present(res, obj))
+        if method == "DELETE":
+            if name is None:
+                return _json(self.delete_collection(res, ns, q, body, dry))
+            deleted = self.delete(res, ns, name, q, body or {}, dry)
+            still_there = self.store.get(self.key(res), ns or "", name)
+            if (
+                res.name == "pods"
+                or dry
+                or (still_there and still_there["metadata"]["uid"] == deleted["metadata"]["uid"])
+            ):
+                return _json(self.present(res, deleted))
+            details = {"name": name, "kind": res.name, "uid": deleted["metadata"]["uid"]}
+            if res.group:
+                details["group"] = res.group
+            return _json(
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Success",
+                    "details": details,
+                }
+            )
+        raise ApiError(
+            405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+        )
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def key(self, res: Resource) -> str:
+        return res.name  # events.k8s.io events are the core events, converted on the way out
+
+    def get(self, res: Resource, ns: str | None, name: str) -> dict:
+        obj = self.store.get(self.key(res), ns or "", name)
+        if obj is None:
+            raise not_found(res.name, name, res.group)
+        return obj
+
+    def present(self, res: Resource, obj: dict) -> dict:
+        if res.group == "events.k8s.io":
+            return to_events_v1(obj)
+        return obj
+
+    def selectors(self, res: Resource, q) -> tuple:
+        fs = q.get("fieldSelector")
+        if res.group == "events.k8s.io" and fs:
+            fs = fs.replace("regarding.", "involvedObject.").replace(
+                "reportingController", "reportingComponent"
+            )
+        return parse_label_selector(q.get("labelSelector")), parse_field_selector(res.name, fs)
+
+    def list(self, request: web.Request, res: Resource, ns: str | None) -> web.Response:
+        q = request.query
+        lp, fp = self.selectors(res, q)
+        items = [o for o in self.store.list(self.key(res), ns) if lp(o) and fp(o)]
+        meta: dict = {"resourceVersion": str(self.store.rv)}
+        limit = int(q.get("limit") or 0)
+        start = 0
+        if q.get("continue"):
+            try:
+                start = int(json.loads(base64.b64decode(q["continue"]))["offset"])
+            except (ValueError, KeyError, TypeError):
+                raise ApiError(
+                    410, "Expired", "the provided continue parameter is too old or invalid"
+                ) from None
+        if limit > 0:
+            page = items[start : start + limit]
+            if start + limit < len(items):
+                meta["continue"] = base64.b64encode(json.dumps({"offset": start + limit}).encode()).decode()
+                meta["remainingItemCount"] = len(items) - start - limit
+            items = page
+        else:
+            items = items[start:]
+        items = [self.present(res, o) for o in items]
+        if wants_table(request):
+            return _json(
+                tables.table(res.name, items, q.get("includeObject", "Metadata"), meta["resourceVersion"])
+            )
+        return _json(
+            {"kind": f"{res.kind}List", "apiVersion": res.api_version, "metadata": meta, "items": items}
+        )
+
+    async def watch(
+        self, request: web.Request, res: Resource, ns: str | None, name: str | None
+    ) -> web.StreamResponse:
+        q = request.query
+        lp, fp = self.selectors(res, q)
+        if name is not None:
+            base_fp = fp
+            fp = lambda o, n=name: o["metadata"]["name"] == n and base_fp(o)  # noqa: E731
+        rv_param = q.get("resourceVersion", "")
+        since: int | None = None
+        if rv_param not in ("", "0"):
+            try:
+                since = int(rv_param)
+            except ValueError:
+                raise bad_request(f'invalid resource version "{rv_param}"') from None
+        try:
+            timeout = float(q.get("timeoutSeconds") or 1800)
+        except ValueError:
+            raise bad_request(f'invalid timeoutSeconds "{q.get("timeoutSeconds")}"') from None
+        bookmarks = q.get("allowWatchBookmarks") in TRUE
+        initial_events = q.get("sendInitialEvents") in TRUE
+        as_table = wants_table(request)
+        key = self.key(res)
+
+        def match(obj: dict | None) -> bool:
+            return obj is not None and lp(obj) and fp(obj)
+
+        watcher = self.store.subscribe(key, ns)
+        queue: list[tuple[str, dict]] = []
+        expired = False
+        if since is None or initial_events:
+            queue = [("ADDED", o) for o in self.store.list(key, ns) if match(o)]
+        else:
+            if since < self.store.oldest_rv:
+                expired = True
+            else:
+                for change in self.store.changes_since(key, ns, since):
+                    t = classify(change, match)
+                    if t:
+                        queue.append((t, change.obj))
+        resp = web.StreamResponse(
+            status=200, headers={"Content-Type": "application/json", "Cache-Control": "no-cache, private"}
+        )
+        resp.enable_chunked_encoding()
+        first_table = True
+        try:
+            await resp.prepare(request)
+            if expired:
+                status = ApiError(
+                    410, "Expired", f"too old resource version: {since} ({self.store.oldest_rv})"
+                ).status()
+                await resp.write(json.dumps({"type": "ERROR", "object": status}).encode() + b"\n")
+                return resp
+
+            async def send(type_: str, obj: dict) -> None:
+                nonlocal first_table
+                out = self.present(res, obj)
+                if as_table and type_ != "BOOKMARK":
+                    out = tables.table(
+                        res.name,
+                        [out],
+                        q.get("includeObject", "Metadata"),
+                        out["metadata"].get("resourceVersion", ""),
+                        first_table,
+                    )
+                    first_table = False
+                await resp.write(
+                    json.dumps({"type": type_, "object": out}, separators=(",", ":")).encode() + b"\n"
+                )
+
+            def bookmark(extra: dict | None = None) -> dict:
+                meta: dict = {"resourceVersion": str(self.store.rv)}
+                if extra:
+                    meta["annotations"] = extra
+                return {"kind": res.kind, "apiVersion": res.api_version, "metadata": meta}
+
+            for t, o in queue:
+                await send(t, o)
+            if initial_events:
+                await send("BOOKMARK", bookmark({"k8s.io/initial-events-end": "true"}))
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            next_bookmark = loop.time() + BOOKMARK_EVERY
+            while True:
+                now = loop.time()
+                if now >= deadline:
+                    break
+                wait = min(deadline, next_bookmark) - now if bookmarks else deadline - now
+                try:
+                    change = await asyncio.wait_for(watcher.queue.get(), max(0.01, wait))
+                except TimeoutError:
+                    if bookmarks and loop.time() >= next_bookmark:
+                        await send("BOOKMARK", bookmark())
+                        next_bookmark = loop.time() + BOOKMARK_EVERY
+                    continue
+                t = classify(change, match)
+                if t:
+                    await send(t, change.obj)
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            self.store.unsubscribe(watcher)
+        with contextlib.suppress(ConnectionResetError, RuntimeError):
+            await resp.write_eof()
+        return resp
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def check_namespace(self, ns: str) -> None:
+        nso = self.store.get("namespaces", "", ns)
+        if nso is None:
+            raise not_found("namespaces", ns)
+        if nso["metadata"].get("deletionTimestamp"):
+            raise ApiError(
+                403,
+                "Forbidden",
+                f"unable to create new content in namespace {ns} because it is being terminated",
+            )
+
+    def create(self, res: Resource, ns: str | None, body, q, dry: bool) -> tuple[dict, list[str]]:
+        if res.group == "events.k8s.io" or res.name == "nodes":
+            raise ApiError(
+                405,
+                "MethodNotAllowed",
+                f"the local Kubernetes API does not create {res.name} through this endpoint",
+            )
+        obj = self.check_body(res, body)
+        meta = obj["metadata"]
+        if res.namespaced:
+            if meta.get("namespace") not in (None, "", ns):
+                raise bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            meta["namespace"] = ns
+            self.check_namespace(ns)
+        else:
+            meta.pop("namespace", None)
+        warnings = openapi.schema_check(res, obj, q.get("fieldValidation", "Warn"))
+        if not meta.get("name") and meta.get("generateName"):
+            for _ in range(10):
+                meta["name"] = v.generate_name(meta["generateName"])
+                if not self.store.get(res.name, ns or "", meta["name"]):
+                    break
+        for drop in (
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+        ):
+            meta.pop(drop, None)
+        if res.name == "pods":
+            return self.create_pod_object(obj, dry=dry), warnings
+        if res.name == "jobs":
+            obj.pop("status", None)
+            v.default_job(obj)
+            v.validate_job(obj)
+            if dry:
+                return obj, warnings
+            meta["uid"] = str(uuid.uuid4())
+            self.jobs.prepare(obj)
+            obj["status"] = {}
+            created = self.store.create("jobs", obj, "batch")
+            self.jobs.on_created(created)
+            return self.store.get("jobs", ns, meta["name"]) or created, warnings
+        if res.name in ("secrets", "configmaps"):
+            kind = "Secret" if res.name == "secrets" else "ConfigMap"
+            v.validate_data_object(kind, obj)
+            if kind == "Secret":
+                normalize_secret(obj)
+        elif res.name == "namespaces":
+            v.validate_namespace(obj)
+            obj.setdefault("spec", {"finalizers": ["kubernetes"]})
+            obj["status"] = {"phase": "Active"}
+            obj.setdefault("metadata", {}).setdefault("labels", {})["kubernetes.io/metadata.name"] = meta[
+                "name"
+            ]
+        elif res.name == "events":
+            v_causes: list = []
+            v.check_metadata(v_causes, meta)
+            if not obj.get("involvedObject"):
+                v_causes.append(("involvedObject", "FieldValueRequired", "Required value"))
+            if v_causes:
+                raise v.invalid("Event", meta.get("name", ""), v_causes)
+        if dry:
+            return obj, warnings
+        return self.store.create(res.name, obj, res.group), warnings
+
+    def create_pod_object(self, pod: dict, dry: bool = False) -> dict:
+        pod["apiVersion"], pod["kind"] = "v1", "Pod"
+        meta = pod.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = v.generate_name(meta["generateName"])
+        self.check_namespace(meta.get("namespace") or "default")
+        pod.pop("status", None)
+        spec = pod.setdefault("spec", {})
+        v.default_pod_spec(spec)
+        v.validate_pod(pod)
+        pod["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+        if dry:
+            return pod
+        created = self.store.create("pods", pod)
+        self.cluster.start_pod(created)
+        return self.store.get("pods", meta["namespace"], meta["name"]) or created
+
+    def check_body(self, res: Resource, body) -> dict:
+        if not isinstance(body, dict):
+            raise bad_request(f"the body of the request must be a {res.kind} object")
+        api_version, kind = body.get("apiVersion"), body.get("kind")
+        if api_version and api_version != res.api_version:
+            raise bad_request(
+                f"the API version in the data ({api_version}) does not match the expected API version ({res.api_version})"
+            )
+        if kind and kind != res.kind:
+            raise bad_request(f"the kind in the data ({kind}) does not match the expected kind ({res.kind})")
+        obj = copy.deepcopy(body)
+        obj["apiVersion"], obj["kind"] = res.api_version, res.kind
+        if not isinstance(obj.get("metadata"), dict):
+            obj["metadata"] = {}
+        return obj
+
+    def update(
+        self,
+        res: Resource,
+        ns: str | None,
+        name: str,
+        body,
+        sub: str | None,
+        dry: bool,
+        patch: tuple | None = None,
+    ) -> dict:
+        if res.group == "events.k8s.io" or res.name == "nodes":
+            raise ApiError(405, "MethodNotAllowed", f"the local Kubernetes API does not update {res.name}")
+        current = self.get(res, ns, name)
+        if patch is not None:
+            ctype, pbody = patch
+            new = apply_patch(ctype, current, pbody)
+            expect = (pbody.get("metadata") or {}).get("resourceVersion") if isinstance(pbody, dict) else None
+        else:
+            new = self.check_body(res, body)
+            expect = new["metadata"].get("resourceVersion")
+            if new["metadata"].get("name") not in (None, name):
+                raise bad_request("the name of the object does not match the name on the URL")
+        if not isinstance(new, dict):
+            raise bad_request("the patched object is not a JSON object")
+        new["apiVersion"], new["kind"] = res.api_version, res.kind
+        meta = new.setdefault("metadata", {})
+        if expect and expect != current["metadata"]["resourceVersion"]:
+            raise conflict(res.name, name, res.group)
+        meta.setdefault("name", name)
+        if res.namespaced:
+            meta.setdefault("namespace", ns)
+        for keep in (
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+        ):
+            if keep in current["metadata"] and keep not in meta:
+                meta[keep] = current["metadata"][keep]
+        v.check_immutable_meta(current, new, res.kind, res.group)
+        if sub == "status":
+            merged = copy.deepcopy(current)
+            merged["status"] = new.get("status", {})
+            new = merged
+        else:
+            if "status" in current:
+                new["status"] = copy.deepcopy(current["status"])
+            if res.name == "pods":
+                v.validate_pod_update(current, new)
+            elif res.name == "jobs":
+                v.default_job(new)
+                v.validate_job_update(current, new)
+            elif res.name in ("secrets", "configmaps"):
+                kind = "Secret" if res.name == "secrets" else "ConfigMap"
+                if current.get("immutable") and any(
+                    current.get(f) != new.get(f) for f in ("data", "binaryData", "stringData")
+                ):
+                    raise v.invalid(
+                        kind,
+                        name,
+                        [
+                            (
+                                "data",
+                                "FieldValueForbidden",
+                                "Forbidden: field is immutable when `immutable` is set",
+                            )
+                        ],
+                    )
+                v.validate_data_object(kind, new)
+                if kind == "Secret":
+                    normalize_secret(new)
+        if dry:
+            return new
+        new["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        stored = self.store.replace(res.name, new, group=res.group)
+        if res.name == "jobs" and sub != "status":
+            self.jobs.reconcile(ns, name)
+            stored = self.store.get("jobs", ns, name) or stored
+        return stored
+
+    def delete(self, res: Resource, ns: str | None, name: str, q, body: dict, dry: bool) -> dict:
+        if res.group == "events.k8s.io" or res.name == "nodes":
+            raise ApiError(405, "MethodNotAllowed", f"the local Kubernetes API does not delete {res.name}")
+        current = self.get(res, ns, name)
+        pre = body.get("preconditions") or {}
+        if pre.get("uid") and pre["uid"] != current["metadata"]["uid"]:
+            raise conflict(res.name, name, res.group)
+        if pre.get("resourceVersion") and pre["resourceVersion"] != current["metadata"]["resourceVersion"]:
+            raise conflict(res.name, name, res.group)
+        grace = body.get("gracePeriodSeconds", q.get("gracePeriodSeconds"))
+        grace = int(grace) if grace not in (None, "") else None
+        policy = body.get("propagationPolicy") or q.get("propagationPolicy")
+        if policy is None and (body.get("orphanDependents") is True or q.get("orphanDependents") in TRUE):
+            policy = "Orphan"
+        if policy not in (None, "Orphan", "Background", "Foreground"):
+            raise v.invalid("DeleteOptions", "", [("propagationPolicy", "FieldValueNotSupported",
+                            f'Unsupported value: "{policy}": supported values: "Foreground", "Background", "Orphan"')])  # fmt: skip
+        if dry:
+            return current
+        if res.name == "pods":
+            return self.cluster.delete_pod(ns, name, grace)
+        if res.name == "jobs":
+            return self.jobs.delete(current, policy or "Orphan")
+        if res.name == "namespaces":
+            return self.delete_namespace(name)
+        return self.store.remove(res.name, ns or "", name) or current
+
+    def delete_collection(self, res: Resource, ns: str | None, q, body, dry: bool) -> dict:
+        lp, fp = self.selectors(res, q)
+        items = [o for o in self.store.list(self.key(res), ns) if lp(o) and fp(o)]
+        out = []
+        for obj in items:
+            with contextlib.suppress(ApiError):
+                out.append(
+                    self.delete(
+                        res, obj["metadata"].get("namespace"), obj["metadata"]["name"], q, body or {}, dry
+                    )
+                )
+        return {
+            "kind": f"{res.kind}List",
+            "apiVersion": res.api_version,
+            "metadata": {"resourceVersion": str(self.store.rv)},
+            "items": out,
+        }
+
+    def delete_namespace(self, name: str) -> dict:
+        if name in ("default", "kube-system", "kube-public"):
+            raise ApiError(
+                403, "Forbidden", f'namespaces "{name}" is forbidden: this namespace may not be deleted'
+            )
+
+        def mark(o: dict) -> None:
+            o["metadata"]["deletionTimestamp"] = rfc3339()
+            o["status"] = {"phase": "Terminating"}
+
+        marked = self.store.mutate("namespaces", "", name, mark)
+        asyncio.ensure_future(self._finish_namespace(name))
+        return marked
+
+    async def _finish_namespace(self, name: str) -> None:
+        for job in self.store.list("jobs", name):
+            with contextlib.suppress(ApiError):
+                self.jobs.delete(job, "Background")
+        for pod in self.store.list("pods", name):
+            with contextlib.suppress(ApiError):
+                self.cluster.delete_pod(name, pod["metadata"]["name"], None)
+        while self.store.list("pods", name):
+            await asyncio.sleep(0.1)
+        for kind in ("secrets", "configmaps", "events"):
+            for obj in self.store.list(kind, name):
+                self.store.remove(kind, name, obj["metadata"]["name"])
+        self.store.remove("namespaces", "", name)
+
+    # -- pods/log ----------------------------------------------------------------------------
+
+    async def pod_log(self, request: web.Request, ns: str, name: str) -> web.StreamResponse:
+        if request.method != "GET":
+            raise ApiError(
+                405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+            )
+        q = request.query
+        pod = self.store.must_get("pods", ns, name)
+        spec = pod["spec"]
+        names = [c["name"] for c in spec.get("containers") or []]
+        init_names = [c["name"] for c in spec.get("initContainers") or []]
+        container = q.get("container")
+        if not container:
+            if len(names) != 1:
+                extra = f" or one of the init containers: [{' '.join(init_names)}]" if init_names else ""
+                raise bad_request(
+                    f"a container name must be specified for pod {name}, choose one of: [{' '.join(names)}]{extra}"
+                )
+            container = names[0]
+        if container not in names + init_names:
+            raise bad_request(f"container {container} is not valid for pod {name}")
+        worker = self.cluster.worker_for(pod)
+        c = worker.container(container) if worker else None
+        if c is None:
+            raise bad_request(
+                f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating'
+            )
+        opts = LogOptions(follow=q.get("follow") in TRUE, timestamps=q.get("timestamps") in TRUE)
+        if q.get("sinceSeconds") and q.get("sinceTime"):
+            raise v.invalid(
+                "PodLogOptions",
+                "",
+                [
+                    (
+                        "sinceSeconds",
+                        "FieldValueForbidden",
+                        "Forbidden: at most one of `sinceTime` or `sinceSeconds` may be specified",
+                    )
+                ],
+            )
+        try:
+            if q.get("sinceSeconds"):
+                secs = int(q["sinceSeconds"])
+                if secs < 1:
+                    raise ValueError
+                opts.since_ns = time.time_ns() - secs * 1_000_000_000
+            if q.get("sinceTime"):
+                opts.since_ns = parse_time_ns(q["sinceTime"])
+            if q.get("tailLines") not in (None, ""):
+                opts.tail_lines = int(q["tailLines"])
+                if opts.tail_lines < 0:
+                    raise ValueError
+            if q.get("limitBytes"):
+                opts.limit_bytes = int(q["limitBytes"])
+                if opts.limit_bytes < 1:
+                    raise ValueError
+        except ValueError:
+            raise bad_request(
+                "sinceSeconds and limitBytes must be positive integers and tailLines a non-negative integer"
+            ) from None
+        index = c.restart_count
+        if q.get("previous") in TRUE:
+            index = c.restart_count - 1
+            if index < 0 or not c.log_path(worker.dir, index).exists():
+                raise bad_request(f'previous terminated container "{container}" in pod "{name}" not found')
+            live = None
+        else:
+            path = c.log_path(worker.dir, index)
+            if not path.exists():
+                waiting = (c.state.get("waiting") or {}).get("reason", "ContainerCreating")
+                if waiting in ("ErrImagePull", "ImagePullBackOff"):
+                    raise bad_request(
+                        f'container "{container}" in pod "{name}" is waiting to start: trying and failing to pull image'
+                    )
+                if waiting == "CreateContainerConfigError":
+                    raise bad_request(
+                        f'container "{container}" in pod "{name}" is waiting to start: {waiting}'
+                    )
+                raise bad_request(f'container "{container}" in pod "{name}" is waiting to start: {waiting}')
+            live = c.log if c.log is not None and c.log.path == path else None
+        path = c.log_path(worker.dir, index)
+        uid = pod["metadata"]["uid"]
+
+        def alive() -> bool:
+            cur = self.store.get("pods", ns, name)
+            return cur is not None and cur["metadata"]["uid"] == uid
+
+        if not opts.follow:
+            chunks = [chunk async for chunk in stream_log(live, path, opts, alive)]
+            return web.Response(body=b"".join(chunks), content_type="text/plain")
+        resp = web.StreamResponse(
+            status=200, headers={"Content-Type": "text/plain", "Cache-Control": "no-cache, private"}
+        )
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
+            async for chunk in stream_log(live, path, opts, alive):
+                await resp.write(chunk)
+            await resp.write_eof()
+        return resp
+
+    # -- pods/exec ---------------------------------------------------------------------------
+
+    async def pod_exec(self, request: web.Request, ns: str, name: str) -> web.StreamResponse:
+        q = request.query
+        pod = self.store.must_get("pods", ns, name)
+        command = q.getall("command", [])
+        if not command:
+            raise bad_request("you must specify at least 1 command")
+        names = [c["name"] for c in pod["spec"].get("containers") or []]
+        container = q.get("container") or (names[0] if len(names) == 1 else "")
+        if not container:
+            raise bad_request(
+                f"a container name must be specified for pod {name}, choose one of: [{' '.join(names)}]"
+            )
+        worker = self.cluster.worker_for(pod)
+        c = worker.container(container) if worker else None
+        if c is None:
+            raise bad_request(f"container {container} is not valid for pod {name}")
+        if c.proc is None or c.proc.finished.is_set() or not c.proc.pid or "running" not in c.state:
+            raise bad_request(f'unable to upgrade connection: container not found ("{container}")')
+        if request.headers.get("Upgrade", "").lower() != "websocket":
+            raise bad_request("Upgrade request required: the local Kubernetes API serves exec over WebSocket "
+                              f"({', '.join(EXEC_PROTOCOLS[:2])}), not SPDY")  # fmt: skip
+        ws = web.WebSocketResponse(protocols=EXEC_PROTOCOLS, autoping=True, max_msg_size=0)
+        await ws.prepare(request)
+        proto = ws.ws_protocol or "channel.k8s.io"
+        want_stdin = q.get("stdin") in TRUE
+        want = {1: q.get("stdout", "true") in TRUE, 2: q.get("stderr", "true") in TRUE}
+        out_q: asyncio.Queue = asyncio.Queue()
+
+        def on_output(stream: str, data: bytes) -> None:
+            ch = 1 if stream == "stdout" else 2
+            if want[ch]:
+                out_q.put_nowait(bytes([ch]) + data)
+
+        try:
+            proc, prefix = await worker.exec(container, command, on_output, want_stdin)
+        except Exception as exc:  # noqa: BLE001 - reported on the error channel as the kubelet does
+            await ws.send_bytes(b"\x03" + exec_status(None, str(exc)).encode())
+            await ws.close()
+            return ws
+        error = await proc.started
+        stdin = proc.shim.stdin
+        if stdin is not None and prefix:
+            stdin.write(prefix)
+        if stdin is not None and not want_stdin:
+            stdin.close()
+
+        async def read_client() -> None:
+            async for msg in ws:
+                if msg.type not in (WSMsgType.BINARY, WSMsgType.TEXT):
+                    continue
+                data = (
+                    msg.data if isinstance(msg.data, bytes) else msg.data.encode("utf-8", "surrogateescape")
+                )
+                if not data:
+                    continue
+                ch, payload = data[0], data[1:]
+                if ch == 0 and stdin is not None and not stdin.is_closing():
+                    stdin.write(payload)
+                    with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                        await stdin.drain()
+                elif ch == 255 and payload[:1] == b"\x00" and stdin is not None:
+                    stdin.close()
+
+        async def send_output() -> None:
+            while True:
+                item = await out_q.get()
+                if item is None:
+                    return
+                await ws.send_bytes(item)
+
+        reader = asyncio.ensure_future(read_client())
+        sender = asyncio.ensure_future(send_output())
+        code = await proc.wait()
+        if error:
+            # as a shell reports it: 127 not found, 126 not executable; the reason goes to stderr
+            code = 126 if "permission denied" in error.lower() else 127
+            out_q.put_nowait(b"\x02" + f"failed to exec in container: {error}\n".encode())
+            error = None
+        out_q.put_nowait(None)
+        with contextlib.suppress(Exception):
+            await sender
+        reader.cancel()
+        if proto in ("v4.channel.k8s.io", "v5.channel.k8s.io"):
+            await ws.send_bytes(b"\x03" + exec_status(code, error).encode())
+        elif code or error:
+            await ws.send_bytes(
+                b"\x03" + (error or f"command terminated with non-zero exit code: {code}").encode()
+            )
+        await ws.close()
+        return ws
+
+
+# -- utilities -------------------------------------------------------------------------------
+
+
+def exec_status(code: int | None, error: str | None) -> str:
+    if error:
+        return json.dumps({"metadata": {}, "status": "Failure", "message": error, "reason": "InternalError",
+                           "details": {"causes": [{"message": error}]}})  # fmt: skip
+    if code == 0:
+        return json.dumps({"metadata": {}, "status": "Success"})
+    return json.dumps(
+        {
+            "metadata": {},
+            "status": "Failure",
+            "message": f"command terminated with non-zero exit code: error executing command, exit code {code}",
+            "reason": "NonZeroExitCode",
+            "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]},
+        }
+    )
+
+
+def classify(change, match) -> str | None:
+    """The watch event a selector-filtered watcher sees for one change (transitions become ADDED/DELETED)."""
+    if change.type == "ADDED":
+        return "ADDED" if match(change.obj) else None
+    if change.type == "DELETED":
+        return "DELETED" if match(change.obj) or match(change.old) else None
+    now, before = match(change.obj), match(change.old)
+    if now and before:
+        return "MODIFIED"
+    if now:
+        return "ADDED"
+    if before:
+        return "DELETED"
+    return None
+
+
+def wants_table(request: web.Request) -> bool:
+    accept = request.headers.get("Accept", "")
+    first = accept.split(",")[0] if accept else ""
+    return "as=Table" in first
+
+
+def warning_headers(warnings: list[str]) -> dict | None:
+    if not warnings:
+        return None
+    return {"Warning": ", ".join(f'299 - "{w}"' for w in warnings)}
+
+
+async def read_body(request: web.Request):
+    raw = await request.read()
+    if not raw:
+        return None
+    ctype = request.content_type
+    if "yaml" in ctype and "apply-patch" not in ctype:
+        import yaml
+
+        try:
+            return yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise bad_request(f"the body is not valid YAML: {exc}") from None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        if "apply-patch" in ctype:
+            return raw
+        raise bad_request(f"the body is not valid JSON: {exc}") from None
+
+
+def normalize_secret(obj: dict) -> None:
+    obj.setdefault("type", "Opaque")
+    string_data = obj.pop("stringData", None) or {}
+    if string_data:
+        data = obj.setdefault("data", {}) or {}
+        for k, val in string_data.items():
+            data[k] = base64.b64encode(str(val).encode()).decode()
+        obj["data"] = data
+
+
+def to_events_v1(ev: dict) -> dict:
+    if ev.get("kind") != "Event" or ev.get("apiVersion") != "v1":
+        return ev
+    first = ev.get("firstTimestamp")
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": ev["metadata"],
+        "eventTime": ev.get("eventTime") or rfc3339_micro(parse_time(first) if first else None),
+        "reportingController": ev.get("reportingComponent") or ev.get("source", {}).get("component", ""),
+        "reportingInstance": ev.get("reportingInstance", ""),
+        "action": ev.get("reason", ""),
+        "reason": ev.get("reason", ""),
+        "regarding": ev.get("involvedObject", {}),
+        "note": ev.get("message", ""),
+        "type": ev.get("type", ""),
+        "deprecatedSource": ev.get("source", {}),
+        "deprecatedFirstTimestamp": first,
+        "deprecatedLastTimestamp": ev.get("lastTimestamp"),
+        "deprecatedCount": ev.get("count", 1),
+    }
+
+
+def resource_list(group: str, version: str) -> dict:
+    gv = f"{group}/{version}" if group else version
+    resources = []
+    for (g, _), res in RESOURCES.items():
+        if g != group:
+            continue
+        entry = {"name": res.name, "singularName": res.singular, "namespaced": res.namespaced, "kind": res.kind,
+                 "verbs": list(res.verbs)}  # fmt: skip
+        if res.short_names:
+            entry["shortNames"] = list(res.short_names)
+        if res.categories:
+            entry["categories"] = list(res.categories)
+        resources.append(entry)
+        for sub, verbs in res.subresources.items():
+            kind = {"log": "Pod", "exec": "PodExecOptions", "status": res.kind}.get(sub, res.kind)
+            resources.append(
+                {
+                    "name": f"{res.name}/{sub}",
+                    "singularName": "",
+                    "namespaced": res.namespaced,
+                    "kind": kind,
+                    "verbs": list(verbs),
+                }
+            )
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
+
+
+def api_group(group: str) -> dict:
+    version = GROUPS[group]
+    gv = {"groupVersion": f"{group}/{version}", "version": version}
+    return {"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": [gv], "preferredVersion": gv}
+
+
+def group_list() -> dict:
+    return {
+        "kind": "APIGroupList",
+        "apiVersion": "v1",
+        "groups": [api_group(g) | {"kind": None} for g in GROUPS],
+    }
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def build_app(cluster: Cluster) -> web.Application:
+    api = Api(cluster)
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_route("*", "/{tail:.*}", api.handle)
+
+    async def on_startup(_app: web.Application) -> None:
+        api.jobs.start()
+
+    async def on_shutdown(_app: web.Application) -> None:
+        await cluster.shutdown()
+
+    app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
+    app["api"] = api
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m include.devstack.kubeapi", description="Local Kubernetes API server"
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=6443)
+    parser.add_argument("--state-dir", type=Path, required=True, help="where pods keep volumes and logs")
+    parser.add_argument("--strict-gpu", action="store_true",
+                        help="pods that request more nvidia.com/gpu than present stay Pending (FailedScheduling)")  # fmt: skip
+    parser.add_argument(
+        "--image-map", type=Path, default=None, help="image map JSON (default include/devstack/images.json)"
+    )
+    parser.add_argument("--isolation", choices=("auto", *ISOLATIONS), default=os.environ.get("KUBETRAIN_ISOLATION", "auto"),
+                        help="container isolation: namespaces (root), rootless (user namespace) or none (path remapping)")  # fmt: skip
+    parser.add_argument("--backoff-seconds", type=float, default=float(os.environ.get("KUBETRAIN_BACKOFF_SECONDS", "10")),
+                        help="initial restart back-off (the kubelet's is 10 s)")  # fmt: skip
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout
+    )
+    state_dir = args.state_dir.resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        isolation = detect_isolation(args.isolation)
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    image_map = (args.image_map or default_image_map()).resolve()
+    cluster = Cluster(state_dir, port=args.port, image_map=image_map, strict_gpu=args.strict_gpu, isolation=isolation,
+                      backoff=args.backoff_seconds)  # fmt: skip
+    log.info("local Kubernetes API on http://%s:%d: isolation %s, %d GPU(s)%s, image map %s", args.host, args.port,
+             isolation, len(cluster.gpus), " (strict)" if args.strict_gpu else "", image_map)  # fmt: skip
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    web.run_app(
+        build_app(cluster), host=args.host, port=args.port, access_log=None, print=None, shutdown_timeout=5
+    )
+    return 0

@@ -1,0 +1,299 @@
+"""Run one training pod: the KubernetesPodOperator with kubetrain's pod contract."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+from airflow.sdk.exceptions import AirflowException
+
+from kubetrain import pod_spec
+from kubetrain.s3_layout import run_from_context
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+    from kubernetes.client import models as k8s
+
+
+class PodUnschedulableError(AirflowException):
+    """The training pod stayed Pending because no node can take it (e.g. no free GPU)."""
+
+
+def scheduling_problem(pod: k8s.V1Pod | None, events: Sequence[Any] = ()) -> str | None:
+    """Why a Pending pod was not scheduled, from its FailedScheduling events or PodScheduled condition.
+
+    :param pod: the pod as last read from the API.
+    :param events: the pod's events (``CoreV1Event``), oldest first.
+    :return: ``"FailedScheduling: <scheduler message>"``, or ``None`` when the pod was scheduled.
+    """
+    status = getattr(pod, "status", None)
+    if status is None or status.phase not in (None, "Pending"):
+        return None
+    conditions = status.conditions or []
+    if any(c.type == "PodScheduled" and c.status == "True" for c in conditions):
+        return None
+    for event in reversed(list(events)):
+        if event.reason == "FailedScheduling" and event.message:
+            return f"FailedScheduling: {event.message}"
+    for condition in conditions:
+        if condition.type == "PodScheduled" and condition.status == "False" and condition.message:
+            return f"{condition.reason or 'Unschedulable'}: {condition.message}"
+    return None
+
+
+class TrainingPodOperator(KubernetesPodOperator):
+    """Run a training container in a pod built by :mod:`kubetrain.pod_spec`.
+
+    The pod gets the stage-in init container, the checkpoint-sync native sidecar and the base
+    container with ``DATA_DIR``, ``CHECKPOINT_DIR``, ``OUTPUT_DIR`` and the ``KUBETRAIN_*``
+    variables. Its run prefix is ``s3://<training>/runs/<dag_id>/<run_id>`` (plus
+    ``/trials/<trial>`` for sweeps): the same for every try, so a retried task resumes from its
+    checkpoints. The run URI is pushed as XCom ``run_uri``.
+
+    By default the task defers while the pod runs, streams the base container's logs and
+    deletes the pod when it ends, success or failure. A pod that cannot be scheduled (no node
+    with a free GPU) fails after ``schedule_timeout_seconds`` with the scheduler's
+    FailedScheduling message in the error.
+
+    Images are resolved when the task runs: ``image`` else Variable ``kubetrain_trainer_image``
+    else env ``KUBETRAIN_TRAINER_IMAGE`` else ``<KUBETRAIN_REGISTRY>/kubetrain/trainer:latest``;
+    the sync image likewise (``kubetrain_sync_image``, ``KUBETRAIN_SYNC_IMAGE``, ``kubetrain/sync``).
+
+    :param image: training image (default: see above). (templated)
+    :param sync_image: image of the stage-in and checkpoint-sync containers. (templated)
+    :param cmds: base container command. (templated)
+    :param arguments: base container arguments. (templated)
+    :param dataset_manifest: ``s3://`` URI of the staged manifest, e.g. from StageDatasetOperator's XCom. (templated)
+    :param dataset_version: version of that manifest. (templated)
+    :param experiment: experiment name, a pod label. (templated)
+    :param trial: sweep trial name; mapped tasks default to their map index. (templated)
+    :param run_uri: explicit run URI instead of the layout's. (templated)
+    :param code_version: recorded in params.json (default: image tag or digest). (templated)
+    :param gpus: ``nvidia.com/gpu`` count, request == limit. (templated)
+    :param cpu: CPU request of the base container. (templated)
+    :param memory: memory request of the base container. (templated)
+    :param cpu_limit: CPU limit (default: the request). (templated)
+    :param memory_limit: memory limit (default: the request). (templated)
+    :param s3_secret: Secret with the AWS_* variables; ``None`` for workload identity. (templated)
+    :param image_pull_secrets: registry Secret names (list or comma-separated).
+    :param tolerations: extra tolerations; GPU pods always tolerate ``nvidia.com/gpu:NoSchedule``.
+    :param run_as_user: numeric non-root user of all containers.
+    :param sync_interval: seconds between checkpoint uploads.
+    :param sync_quiet: seconds a file must stay unmodified before upload.
+    :param sync_grace_period_seconds: pod termination grace period, the time the final sync pass gets.
+    :param cache_claim: PersistentVolumeClaim for the stage-in cache.
+    :param scratch_size_limit: sizeLimit of the emptyDir volumes.
+    :param training_bucket: training bucket (default: the deployment's). (templated)
+    :param extra_env: plain environment for the base container (no secrets). (templated)
+    :param kwargs: everything KubernetesPodOperator accepts (namespace, kubernetes_conn_id, ...).
+    """
+
+    template_fields: Sequence[str] = (
+        *KubernetesPodOperator.template_fields,
+        "sync_image",
+        "dataset_manifest",
+        "dataset_version",
+        "experiment",
+        "trial",
+        "run_uri",
+        "code_version",
+        "gpus",
+        "cpu",
+        "memory",
+        "cpu_limit",
+        "memory_limit",
+        "s3_secret",
+        "training_bucket",
+        "extra_env",
+    )
+
+    def __init__(
+        self,
+        *,
+        image: str | None = None,
+        sync_image: str | None = None,
+        dataset_manifest: str | None = None,
+        dataset_version: str | None = None,
+        experiment: str | None = None,
+        trial: str | None = None,
+        run_uri: str | None = None,
+        code_version: str | None = None,
+        gpus: int | str = 0,
+        cpu: str = "1",
+        memory: str = "2Gi",
+        cpu_limit: str | None = None,
+        memory_limit: str | None = None,
+        s3_secret: str | None = pod_spec.DEFAULT_S3_SECRET,
+        image_pull_secrets: list[str] | str | None = None,
+        tolerations: list[k8s.V1Toleration] | None = None,
+        run_as_user: int = 1000,
+        sync_interval: int = 30,
+        sync_quiet: int = 2,
+        sync_grace_period_seconds: int = 300,
+        cache_claim: str | None = None,
+        scratch_size_limit: str | None = None,
+        training_bucket: str | None = None,
+        extra_env: dict[str, str] | None = None,
+        deferrable: bool = True,
+        on_finish_action: str = "delete_pod",
+        get_logs: bool = True,
+        startup_timeout_seconds: int = 600,
+        schedule_timeout_seconds: int = 300,
+        termination_message_policy: str = "FallbackToLogsOnError",
+        **kwargs: Any,
+    ) -> None:
+        # The pod-spec module owns these parts of the pod; the base class must not set them a
+        # second time, or its values would replace ours when the two are reconciled.
+        for owned in (
+            "container_resources",
+            "security_context",
+            "container_security_context",
+            "full_pod_spec",
+        ):
+            if owned in kwargs:
+                raise ValueError(f"TrainingPodOperator builds {owned} itself: remove the {owned}= argument")
+        super().__init__(
+            image=image,
+            deferrable=deferrable,
+            on_finish_action=on_finish_action,
+            get_logs=get_logs,
+            startup_timeout_seconds=startup_timeout_seconds,
+            schedule_timeout_seconds=schedule_timeout_seconds,
+            # A crashed trainer's last log lines become the task's error message.
+            termination_message_policy=termination_message_policy,
+            **kwargs,
+        )
+        self.sync_image = sync_image
+        self.dataset_manifest = dataset_manifest
+        self.dataset_version = dataset_version
+        self.experiment = experiment
+        self.trial = trial
+        self.run_uri = run_uri
+        self.code_version = code_version
+        self.gpus = gpus
+        self.cpu = cpu
+        self.memory = memory
+        self.cpu_limit = cpu_limit
+        self.memory_limit = memory_limit
+        self.s3_secret = s3_secret
+        self.training_image_pull_secrets = (
+            [s.strip() for s in image_pull_secrets.split(",") if s.strip()]
+            if isinstance(image_pull_secrets, str)
+            else list(image_pull_secrets or [])
+        )
+        self.extra_tolerations = list(tolerations or [])
+        self.run_as_user = run_as_user
+        self.sync_interval = sync_interval
+        self.sync_quiet = sync_quiet
+        self.sync_grace_period_seconds = sync_grace_period_seconds
+        self.cache_claim = cache_claim
+        self.scratch_size_limit = scratch_size_limit
+        self.training_bucket = training_bucket
+        self.extra_env = extra_env or {}
+
+    def pod_config(self, context: Context | None) -> pod_spec.TrainingPodConfig:
+        """The pod's settings for the task instance in ``context`` (images resolved now)."""
+        if context is not None:
+            run = run_from_context(
+                context, run_uri=self.run_uri, trial=self.trial, training_bucket=self.training_bucket
+            )
+            run_id = context["run_id"]
+        else:  # dry_run() renders the pod without a task instance
+            from kubetrain.s3_layout import RunLocation, S3Layout
+
+            run = (
+                RunLocation.from_uri(self.run_uri) if self.run_uri else S3Layout().run(self.dag_id, "dry-run")
+            )
+            run_id = "dry-run"
+        image = pod_spec.resolve_image(
+            self.image,
+            variable="kubetrain_trainer_image",
+            env="KUBETRAIN_TRAINER_IMAGE",
+            repository="kubetrain/trainer",
+        )
+        sync_image = pod_spec.resolve_image(
+            self.sync_image,
+            variable="kubetrain_sync_image",
+            env="KUBETRAIN_SYNC_IMAGE",
+            repository="kubetrain/sync",
+        )
+        labels = {"kubetrain.io/dag-id": self.dag_id, "kubetrain.io/run-id": run_id}
+        if self.experiment:
+            labels["kubetrain.io/experiment"] = self.experiment
+        if self.trial not in (None, ""):
+            labels["kubetrain.io/trial"] = str(self.trial)
+        return pod_spec.TrainingPodConfig(
+            image=image,
+            sync_image=sync_image,
+            run_uri=run.uri,
+            command=self.cmds or None,
+            args=self.arguments or None,
+            dataset_manifest=self.dataset_manifest or None,
+            dataset_version=self.dataset_version or None,
+            code_version=self.code_version or None,
+            gpus=self.gpus,
+            cpu=self.cpu,
+            memory=self.memory,
+            cpu_limit=self.cpu_limit or None,
+            memory_limit=self.memory_limit or None,
+            s3_secret=self.s3_secret or None,
+            service_account_name=self.service_account_name,
+            image_pull_secrets=tuple(self.training_image_pull_secrets),
+            node_selector=self.node_selector or None,
+            tolerations=tuple(self.extra_tolerations),
+            run_as_user=self.run_as_user,
+            sync_interval=self.sync_interval,
+            sync_quiet=self.sync_quiet,
+            termination_grace_period=self.sync_grace_period_seconds,
+            cache_claim=self.cache_claim,
+            scratch_size_limit=self.scratch_size_limit,
+            env=dict(self.extra_env),
+            labels=labels,
+        )
+
+    def build_pod_request_obj(self, context: Context | None = None, *, dry_run: bool = False) -> k8s.V1Pod:
+        config = self.pod_config(context)
+        # The contract pod is the template; the base class adds its name, namespace, task
+        # labels and any extra env/volumes/secrets passed to this operator.
+        self.full_pod_spec = pod_spec.training_pod(config)
+        self.termination_grace_period = config.termination_grace_period
+        if context is not None:
+            context["ti"].xcom_push(key="run_uri", value=config.run_uri)
+        self.log.info("Training pod: image %s, run %s, %d GPU(s)", config.image, config.run_uri, config.gpus)
+        return super().build_pod_request_obj(context, dry_run=dry_run)
+
+    def cleanup(
+        self,
+        pod: k8s.V1Pod,
+        remote_pod: k8s.V1Pod,
+        xcom_result: dict | None = None,
+        context: Context | None = None,
+    ) -> None:
+        # The base class fails a never-scheduled pod with "took too long to be scheduled ...
+        # check the pod events"; read the scheduler's reason before the pod is deleted so the
+        # task error says what is missing (e.g. "Insufficient nvidia.com/gpu").
+        problem = None
+        last_phase = getattr(getattr(remote_pod, "status", None), "phase", None)
+        if not self._killed and remote_pod is not None and last_phase in (None, "Pending"):
+            problem = self._scheduling_problem(pod or remote_pod)
+        try:
+            super().cleanup(pod=pod, remote_pod=remote_pod, xcom_result=xcom_result, context=context)
+        except AirflowException as exc:
+            if problem:
+                name = (pod or remote_pod).metadata.name
+                raise PodUnschedulableError(
+                    f"Pod {name} was not scheduled within {self.schedule_timeout_seconds} s: {problem}"
+                ) from exc
+            raise
+
+    def _scheduling_problem(self, pod: k8s.V1Pod) -> str | None:
+        try:
+            current = self.pod_manager.read_pod(pod)
+            if current.status is None or current.status.phase != "Pending":
+                return None
+            events = self.pod_manager.read_pod_events(pod).items or []
+        except Exception as exc:  # the original failure matters more than this diagnosis
+            self.log.warning("Could not read the events of pod %s: %s", pod.metadata.name, exc)
+            return None
+        return scheduling_problem(current, events)

@@ -1,0 +1,477 @@
+"""The training pod, built once from ``kubernetes.client`` models.
+
+Every training pod follows the same contract::
+
+    initContainers:
+      stage-in         sync image: the staged dataset snapshot -> /data, this run's latest
+                       checkpoints -> /checkpoints (resume after a retry)
+      checkpoint-sync  native sidecar (restartPolicy Always): /checkpoints and /output -> S3
+                       every KUBETRAIN_SYNC_INTERVAL seconds, a final pass on SIGTERM
+    containers:
+      base             the training image; reads DATA_DIR, writes CHECKPOINT_DIR and OUTPUT_DIR
+    volumes:           emptyDir for /data, /checkpoints, /output
+
+S3 credentials reach the sync containers only through ``envFrom`` of a Secret (or workload
+identity through a service account); the base container gets none, so a third-party
+training script never sees them. Every container runs as a non-root numeric user without
+privilege escalation or capabilities, and has requests and limits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from kubernetes.client import models as k8s
+
+DATA_DIR = "/data"
+CHECKPOINT_DIR = "/checkpoints"
+OUTPUT_DIR = "/output"
+CACHE_DIR = "/cache"
+BASE_CONTAINER = "base"
+STAGE_IN_CONTAINER = "stage-in"
+SYNC_CONTAINER = "checkpoint-sync"
+DEFAULT_S3_SECRET = "kubetrain-s3"
+DEFAULT_REGISTRY = "localhost:5000"
+GPU_RESOURCE = "nvidia.com/gpu"
+LABEL_PREFIX = "kubetrain.io/"
+
+STAGE_IN_COMMAND = ("python", "-m", "trainer.sync", "stage-in")
+RESTORE_COMMAND = ("python", "-m", "trainer.sync", "restore")
+SYNC_COMMAND = ("python", "-m", "trainer.sync", "checkpoint-sync")
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+
+
+def label_value(value: str) -> str:
+    """Turn any string into a valid Kubernetes label value (at most 63 characters).
+
+    Invalid characters become ``-``; a value that had to change or be shortened gets eight
+    hex digits of the original's SHA-256, so distinct inputs keep distinct labels.
+    """
+    value = str(value)
+    if _LABEL_VALUE.match(value) and len(value) <= 63:
+        return value
+    digest = hashlib.sha256(value.encode()).hexdigest()[:8]
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "-", value)[:54].strip("-_.")
+    return f"{cleaned}-{digest}" if cleaned else digest
+
+
+def _quantity(name: str, value: str | int | float | None) -> Decimal | None:
+    from kubernetes.utils.quantity import parse_quantity
+
+    if value in (None, ""):
+        return None
+    try:
+        parsed = parse_quantity(value)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(
+            f"{name}={value!r} is not a Kubernetes quantity: expected e.g. '500m', '2', '4Gi'"
+        ) from exc
+    if parsed <= 0:
+        raise ValueError(f"{name}={value!r} must be greater than zero")
+    return parsed
+
+
+def _dns_name(what: str, value: str, *, subdomain: bool = False) -> str:
+    pattern = _DNS_SUBDOMAIN if subdomain else _DNS_LABEL
+    if not isinstance(value, str) or not pattern.match(value):
+        kind = "DNS-1123 subdomain" if subdomain else "DNS-1123 label"
+        raise ValueError(
+            f"{what} {value!r} is not a valid {kind}: expected lower-case letters, digits and '-'"
+        )
+    return value
+
+
+def resolve_image(explicit: str | None, *, variable: str, env: str, repository: str) -> str:
+    """Return the image reference to run: explicit, else Variable, else env, else the local registry.
+
+    Called when a task runs, never at parse time.
+
+    :param explicit: the operator's argument, used when set.
+    :param variable: Airflow Variable set by the image build DAG (e.g. ``kubetrain_trainer_image``).
+    :param env: environment variable (e.g. ``KUBETRAIN_TRAINER_IMAGE``).
+    :param repository: repository in the registry (e.g. ``kubetrain/trainer``); the registry
+        is ``KUBETRAIN_REGISTRY`` or ``localhost:5000`` and the tag ``latest``.
+    """
+    if explicit:
+        return explicit
+    from airflow.sdk import Variable
+
+    image = Variable.get(variable, default=None) or os.environ.get(env)
+    if image:
+        return str(image).strip()
+    registry = os.environ.get("KUBETRAIN_REGISTRY") or DEFAULT_REGISTRY
+    return f"{registry}/{repository}:latest"
+
+
+def code_version_of(image: str) -> str:
+    """The code version an image reference implies: its digest, else its tag, else ``latest``."""
+    if "@" in image:
+        return image.rsplit("@", 1)[1]
+    last = image.rsplit("/", 1)[-1]
+    return last.rsplit(":", 1)[1] if ":" in last else "latest"
+
+
+@dataclass(frozen=True)
+class TrainingPodConfig:
+    """Everything that varies between training pods; checks itself on creation.
+
+    :param image: training image (base container).
+    :param sync_image: image with ``python -m trainer.sync`` (stage-in and checkpoint-sync).
+    :param run_uri: ``s3://<training>/runs/<dag_id>/<run>``: where checkpoints and output go.
+    :param command: base container command (``None``: the image's entrypoint).
+    :param args: base container arguments.
+    :param dataset_manifest: ``s3://`` URI of the staged dataset manifest, or ``None`` (no dataset).
+    :param dataset_version: the manifest's version.
+    :param code_version: recorded by trainers in params.json (default: the image tag or digest).
+    :param gpus: number of ``nvidia.com/gpu`` (request == limit).
+    :param cpu: CPU request of the base container; ``cpu_limit`` defaults to it.
+    :param memory: memory request of the base container; ``memory_limit`` defaults to it.
+    :param s3_secret: Secret with the AWS_* variables for the sync containers; ``None`` for
+        workload identity, which then needs ``service_account_name``.
+    :param service_account_name: service account of the pod.
+    :param image_pull_secrets: names of registry Secrets.
+    :param node_selector: node labels the pod must match.
+    :param tolerations: extra tolerations (GPU pods always tolerate the nvidia.com/gpu taint).
+    :param run_as_user: numeric non-root user of every container.
+    :param sync_interval: seconds between checkpoint-sync passes.
+    :param sync_quiet: seconds a file must be unmodified before it is uploaded.
+    :param termination_grace_period: seconds the sidecar gets for its final pass on shutdown.
+    :param cache_claim: PersistentVolumeClaim for the stage-in cache (keyed by dataset version).
+    :param scratch_size_limit: ``sizeLimit`` of each emptyDir, e.g. ``"50Gi"`` (``None``: node default).
+    :param env: extra environment of the base container (plain values only, never secrets).
+    :param labels: pod labels (values are made label-safe).
+    :param annotations: pod annotations.
+    """
+
+    image: str
+    sync_image: str
+    run_uri: str
+    command: Sequence[str] | None = None
+    args: Sequence[str] | None = None
+    dataset_manifest: str | None = None
+    dataset_version: str | None = None
+    code_version: str | None = None
+    gpus: int = 0
+    cpu: str = "1"
+    memory: str = "2Gi"
+    cpu_limit: str | None = None
+    memory_limit: str | None = None
+    s3_secret: str | None = DEFAULT_S3_SECRET
+    service_account_name: str | None = None
+    image_pull_secrets: Sequence[str] = ()
+    node_selector: Mapping[str, str] | None = None
+    tolerations: Sequence[k8s.V1Toleration] = ()
+    run_as_user: int = 1000
+    sync_interval: int = 30
+    sync_quiet: int = 2
+    termination_grace_period: int = 300
+    cache_claim: str | None = None
+    scratch_size_limit: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("image", "sync_image"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value):
+                raise ValueError(
+                    f"{name}={value!r} is not an image reference: expected e.g. registry:5000/kubetrain/trainer:1.0"
+                )
+        if (
+            not isinstance(self.run_uri, str)
+            or not self.run_uri.startswith("s3://")
+            or self.run_uri.endswith("/")
+        ):
+            raise ValueError(
+                f"run_uri={self.run_uri!r} is not valid: expected s3://<bucket>/<prefix> without a trailing '/'"
+            )
+        if self.dataset_manifest is not None and not str(self.dataset_manifest).startswith("s3://"):
+            raise ValueError(
+                f"dataset_manifest={self.dataset_manifest!r} is not valid: expected an s3:// URI of a manifest"
+            )
+        object.__setattr__(self, "gpus", _count("gpus", self.gpus, minimum=0))
+        object.__setattr__(self, "run_as_user", _count("run_as_user", self.run_as_user, minimum=1))
+        object.__setattr__(self, "sync_interval", _count("sync_interval", self.sync_interval, minimum=1))
+        object.__setattr__(self, "sync_quiet", _count("sync_quiet", self.sync_quiet, minimum=0))
+        object.__setattr__(
+            self,
+            "termination_grace_period",
+            _count("termination_grace_period", self.termination_grace_period, minimum=1),
+        )
+        for name, limit_name in (("cpu", "cpu_limit"), ("memory", "memory_limit")):
+            request = _quantity(name, getattr(self, name))
+            if request is None:
+                raise ValueError(
+                    f"{name} must be set: every container of a training pod has requests and limits"
+                )
+            limit = _quantity(limit_name, getattr(self, limit_name))
+            if limit is not None and limit < request:
+                raise ValueError(
+                    f"{limit_name}={getattr(self, limit_name)!r} is below {name}={getattr(self, name)!r}: a limit must be >= its request"
+                )
+        _quantity("scratch_size_limit", self.scratch_size_limit)
+        if self.s3_secret is None and not self.service_account_name:
+            raise ValueError(
+                "s3_secret=None (workload identity) needs service_account_name: the pod has no other way to reach S3"
+            )
+        if self.s3_secret is not None:
+            _dns_name("s3_secret", self.s3_secret, subdomain=True)
+        if self.service_account_name:
+            _dns_name("service_account_name", self.service_account_name, subdomain=True)
+        for secret in self.image_pull_secrets:
+            _dns_name("image pull secret", secret, subdomain=True)
+        if self.cache_claim:
+            _dns_name("cache_claim", self.cache_claim, subdomain=True)
+        for name in self.env:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"environment variable name {name!r} is not valid")
+
+    @property
+    def resolved_code_version(self) -> str:
+        return self.code_version or code_version_of(self.image)
+
+
+def _count(name: str, value: object, *, minimum: int) -> int:
+    # Templated operator arguments arrive as strings ("2"); anything else non-integral is refused.
+    try:
+        number = int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+    except ValueError:
+        number = None
+    if number is None or number < minimum:
+        raise ValueError(f"{name}={value!r} is not valid: expected an integer >= {minimum}")
+    return number
+
+
+# -- named building blocks -----------------------------------------------------------------------
+
+
+def scratch_volumes(config: TrainingPodConfig) -> list[k8s.V1Volume]:
+    """The emptyDir volumes for /data, /checkpoints and /output (plus the cache claim, if any)."""
+    volumes = [
+        k8s.V1Volume(name=name, empty_dir=k8s.V1EmptyDirVolumeSource(size_limit=config.scratch_size_limit))
+        for name in ("data", "checkpoints", "output")
+    ]
+    if config.cache_claim:
+        volumes.append(
+            k8s.V1Volume(
+                name="dataset-cache",
+                persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(
+                    claim_name=config.cache_claim
+                ),
+            )
+        )
+    return volumes
+
+
+def pod_security_context(config: TrainingPodConfig) -> k8s.V1PodSecurityContext:
+    """Pod-wide: numeric non-root user and group, volumes group-writable by it, default seccomp."""
+    return k8s.V1PodSecurityContext(
+        run_as_non_root=True,
+        run_as_user=config.run_as_user,
+        run_as_group=config.run_as_user,
+        fs_group=config.run_as_user,
+        seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"),
+    )
+
+
+def container_security_context(config: TrainingPodConfig) -> k8s.V1SecurityContext:
+    """Per container: no root, no privilege escalation, no capabilities."""
+    return k8s.V1SecurityContext(
+        run_as_non_root=True,
+        run_as_user=config.run_as_user,
+        allow_privilege_escalation=False,
+        privileged=False,
+        capabilities=k8s.V1Capabilities(drop=["ALL"]),
+        seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"),
+    )
+
+
+def base_resources(config: TrainingPodConfig) -> k8s.V1ResourceRequirements:
+    """Requests and limits of the base container; GPUs are extended resources, so request == limit."""
+    requests = {"cpu": str(config.cpu), "memory": str(config.memory)}
+    limits = {"cpu": str(config.cpu_limit or config.cpu), "memory": str(config.memory_limit or config.memory)}
+    if config.gpus:
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(config.gpus)
+    return k8s.V1ResourceRequirements(requests=requests, limits=limits)
+
+
+def stage_in_resources() -> k8s.V1ResourceRequirements:
+    # Archive extraction is CPU-bound and streams; memory stays small.
+    return k8s.V1ResourceRequirements(
+        requests={"cpu": "250m", "memory": "256Mi"}, limits={"cpu": "1", "memory": "1Gi"}
+    )
+
+
+def sync_resources() -> k8s.V1ResourceRequirements:
+    return k8s.V1ResourceRequirements(
+        requests={"cpu": "100m", "memory": "128Mi"}, limits={"cpu": "500m", "memory": "512Mi"}
+    )
+
+
+def gpu_tolerations(gpus: int) -> list[k8s.V1Toleration]:
+    """GPU node pools are usually tainted ``nvidia.com/gpu:NoSchedule``; GPU pods tolerate it."""
+    if not gpus:
+        return []
+    return [k8s.V1Toleration(key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")]
+
+
+def contract_env(config: TrainingPodConfig) -> list[k8s.V1EnvVar]:
+    """The pod contract's environment, the same in every container (no secrets in it)."""
+    values = {
+        "DATA_DIR": DATA_DIR,
+        "CHECKPOINT_DIR": CHECKPOINT_DIR,
+        "OUTPUT_DIR": OUTPUT_DIR,
+        "KUBETRAIN_RUN_URI": config.run_uri,
+        "KUBETRAIN_IMAGE": config.image,
+        "KUBETRAIN_CODE_VERSION": config.resolved_code_version,
+    }
+    if config.dataset_manifest:
+        values["KUBETRAIN_DATASET_MANIFEST"] = config.dataset_manifest
+    if config.dataset_version:
+        values["KUBETRAIN_DATASET_VERSION"] = config.dataset_version
+    return [k8s.V1EnvVar(name=k, value=v) for k, v in values.items()]
+
+
+def s3_env_from(config: TrainingPodConfig) -> list[k8s.V1EnvFromSource]:
+    """AWS_* variables from the S3 Secret, by reference; empty for workload identity."""
+    if config.s3_secret is None:
+        return []
+    return [k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=config.s3_secret))]
+
+
+def _mount(name: str, path: str, *, read_only: bool = False) -> k8s.V1VolumeMount:
+    return k8s.V1VolumeMount(name=name, mount_path=path, read_only=read_only or None)
+
+
+def stage_in_container(config: TrainingPodConfig) -> k8s.V1Container:
+    """Init container: download the dataset snapshot and this run's latest checkpoints.
+
+    Without a dataset (a trainer that fetches nothing) it only restores the checkpoints.
+    """
+    env = contract_env(config)
+    mounts = [_mount("data", DATA_DIR), _mount("checkpoints", CHECKPOINT_DIR)]
+    if config.cache_claim:
+        env.append(k8s.V1EnvVar(name="KUBETRAIN_CACHE_DIR", value=CACHE_DIR))
+        mounts.append(_mount("dataset-cache", CACHE_DIR))
+    return k8s.V1Container(
+        name=STAGE_IN_CONTAINER,
+        image=config.sync_image,
+        command=list(STAGE_IN_COMMAND if config.dataset_manifest else RESTORE_COMMAND),
+        env=env,
+        env_from=s3_env_from(config),
+        volume_mounts=mounts,
+        resources=stage_in_resources(),
+        security_context=container_security_context(config),
+    )
+
+
+def sync_grace(termination_grace_period: int) -> int:
+    """Seconds the sidecar's final pass may take: the pod's grace period less a margin.
+
+    The margin lets the sidecar write its pass manifest before the kubelet's SIGKILL.
+    """
+    if termination_grace_period > 30:
+        return termination_grace_period - 15
+    return max(1, termination_grace_period // 2)
+
+
+def checkpoint_sync_container(config: TrainingPodConfig) -> k8s.V1Container:
+    """Native sidecar (``restartPolicy: Always`` init container): upload checkpoints and output."""
+    env = [
+        *contract_env(config),
+        k8s.V1EnvVar(name="KUBETRAIN_SYNC_INTERVAL", value=str(config.sync_interval)),
+        k8s.V1EnvVar(name="KUBETRAIN_SYNC_QUIET", value=str(config.sync_quiet)),
+        k8s.V1EnvVar(name="KUBETRAIN_SYNC_GRACE", value=str(sync_grace(config.termination_grace_period))),
+        # The pod name goes into every pass manifest.
+        k8s.V1EnvVar(
+            name="HOSTNAME",
+            value_from=k8s.V1EnvVarSource(field_ref=k8s.V1ObjectFieldSelector(field_path="metadata.name")),
+        ),
+    ]
+    return k8s.V1Container(
+        name=SYNC_CONTAINER,
+        image=config.sync_image,
+        command=list(SYNC_COMMAND),
+        restart_policy="Always",
+        env=env,
+        env_from=s3_env_from(config),
+        # The sidecar only reads what the trainer writes.
+        volume_mounts=[
+            _mount("checkpoints", CHECKPOINT_DIR, read_only=True),
+            _mount("output", OUTPUT_DIR, read_only=True),
+        ],
+        resources=sync_resources(),
+        security_context=container_security_context(config),
+    )
+
+
+def base_container(config: TrainingPodConfig) -> k8s.V1Container:
+    """The training container: the image and command, the contract's directories and environment."""
+    env = contract_env(config) + [k8s.V1EnvVar(name=k, value=str(v)) for k, v in config.env.items()]
+    return k8s.V1Container(
+        name=BASE_CONTAINER,
+        image=config.image,
+        command=list(config.command) if config.command else None,
+        args=[str(a) for a in config.args] if config.args else None,
+        env=env,
+        volume_mounts=[
+            _mount("data", DATA_DIR),
+            _mount("checkpoints", CHECKPOINT_DIR),
+            _mount("output", OUTPUT_DIR),
+        ],
+        resources=base_resources(config),
+        security_context=container_security_context(config),
+        termination_message_policy="FallbackToLogsOnError",
+    )
+
+
+def pod_labels(config: TrainingPodConfig) -> dict[str, str]:
+    labels = {"app.kubernetes.io/name": "kubetrain", "app.kubernetes.io/component": "training"}
+    labels.update({k: label_value(v) for k, v in config.labels.items()})
+    return labels
+
+
+def training_pod(
+    config: TrainingPodConfig, *, name: str | None = None, namespace: str | None = None
+) -> k8s.V1Pod:
+    """The whole training pod of ``config``.
+
+    :param config: the pod's settings.
+    :param name: pod name (the KubernetesPodOperator sets its own when ``None``).
+    :param namespace: namespace (the connection's when ``None``).
+    """
+    annotations = {"kubetrain.io/run-uri": config.run_uri, **config.annotations}
+    if config.dataset_manifest:
+        annotations["kubetrain.io/dataset-manifest"] = config.dataset_manifest
+    return k8s.V1Pod(
+        api_version="v1",
+        kind="Pod",
+        metadata=k8s.V1ObjectMeta(
+            name=name, namespace=namespace, labels=pod_labels(config), annotations=annotations
+        ),
+        spec=k8s.V1PodSpec(
+            restart_policy="Never",
+            init_containers=[stage_in_container(config), checkpoint_sync_container(config)],
+            containers=[base_container(config)],
+            volumes=scratch_volumes(config),
+            security_context=pod_security_context(config),
+            service_account_name=config.service_account_name,
+            # Only workload identity needs the projected token; nothing else talks to the API.
+            automount_service_account_token=bool(config.service_account_name and config.s3_secret is None),
+            image_pull_secrets=[k8s.V1LocalObjectReference(name=s) for s in config.image_pull_secrets]
+            or None,
+            node_selector=dict(config.node_selector) if config.node_selector else None,
+            tolerations=gpu_tolerations(config.gpus) + list(config.tolerations) or None,
+            termination_grace_period_seconds=config.termination_grace_period,
+        ),
+    )

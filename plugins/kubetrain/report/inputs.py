@@ -1,0 +1,200 @@
+"""Parse and check the files a trainer leaves in OUTPUT_DIR (metrics.json, history.csv, ...)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+MONITOR_MODES = ("max", "min")
+
+
+def _number(value: Any) -> float | None:
+    if value is None or value == "" or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def parse_json(name: str, data: bytes) -> Any:
+    """Decode a JSON file, naming it in the error."""
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{name} is not valid JSON: {exc}") from exc
+
+
+def parse_metrics(data: bytes) -> dict[str, Any]:
+    """Parse metrics.json and check the fields the report and the comparison rely on."""
+    metrics = parse_json("metrics.json", data)
+    if not isinstance(metrics, dict):
+        raise ValueError(f"metrics.json must hold a JSON object, got {type(metrics).__name__}")
+    monitor = metrics.get("monitor")
+    if not isinstance(monitor, str) or not monitor:
+        raise ValueError(
+            f"metrics.json has monitor={monitor!r}: expected the name of a metric, e.g. 'val_accuracy'"
+        )
+    mode = metrics.get("monitor_mode")
+    if mode not in MONITOR_MODES:
+        raise ValueError(f"metrics.json has monitor_mode={mode!r}: expected 'max' or 'min'")
+    final = metrics.get("final")
+    if not isinstance(final, dict):
+        raise ValueError(f"metrics.json has final={final!r}: expected an object of final metric values")
+    return metrics
+
+
+@dataclass(frozen=True)
+class History:
+    """history.csv: one row per epoch; values are floats or ``None`` where empty."""
+
+    columns: list[str]
+    rows: list[dict[str, float | None]]
+
+    @property
+    def metric(self) -> str | None:
+        """The task metric (the column after ``loss``: ``accuracy``, ...), if any."""
+        extra = [c for c in self.columns if c not in _FIXED_COLUMNS and not c.startswith("val_")]
+        return extra[0] if extra else None
+
+    def series(self, column: str) -> tuple[list[float], list[float]]:
+        """``(epochs, values)`` of a column, skipping empty cells."""
+        xs, ys = [], []
+        for index, row in enumerate(self.rows):
+            value = row.get(column)
+            if value is not None:
+                epoch = row.get("epoch")
+                xs.append(epoch if epoch is not None else float(index + 1))
+                ys.append(value)
+        return xs, ys
+
+
+_FIXED_COLUMNS = ("epoch", "step", "loss", "val_loss", "learning_rate", "wall_time_s")
+
+
+def parse_history(data: bytes) -> History:
+    """Parse history.csv (``epoch,step,loss,<metric>,val_loss,val_<metric>,learning_rate,wall_time_s``)."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"history.csv is not UTF-8 text: {exc}") from exc
+    reader = csv.DictReader(io.StringIO(text))
+    columns = [c.strip() for c in reader.fieldnames or []]
+    if "epoch" not in columns or "loss" not in columns:
+        raise ValueError(
+            f"history.csv has columns {columns}: expected at least 'epoch' and 'loss' in the header row"
+        )
+    rows = []
+    for raw in reader:
+        rows.append({(k or "").strip(): _number(v) for k, v in raw.items() if k})
+    return History(columns=columns, rows=rows)
+
+
+def parse_confusion(data: bytes) -> dict[str, Any]:
+    """Parse confusion_matrix.json: ``{"classes": [...], "matrix": [[...]]}`` with a square matrix."""
+    doc = parse_json("confusion_matrix.json", data)
+    classes = doc.get("classes") if isinstance(doc, dict) else None
+    matrix = doc.get("matrix") if isinstance(doc, dict) else None
+    if not isinstance(classes, list) or not isinstance(matrix, list):
+        raise ValueError(
+            "confusion_matrix.json must be an object with 'classes' (list) and 'matrix' (list of rows)"
+        )
+    if len(matrix) != len(classes) or any(not isinstance(r, list) or len(r) != len(classes) for r in matrix):
+        raise ValueError(
+            f"confusion_matrix.json: the matrix must be {len(classes)}x{len(classes)} for {len(classes)} classes"
+        )
+    return {"classes": [str(c) for c in classes], "matrix": [[_number(v) or 0 for v in r] for r in matrix]}
+
+
+def parse_samples(data: bytes) -> list[dict[str, Any]]:
+    """Parse samples.json: a list of ``{"step", "input", "reply", "reference"}``."""
+    doc = parse_json("samples.json", data)
+    if not isinstance(doc, list) or not all(isinstance(s, dict) for s in doc):
+        raise ValueError("samples.json must hold a list of objects with step, input, reply and reference")
+    return doc
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The new model against the promoted one, on the run's monitor."""
+
+    monitor: str
+    mode: str
+    value: float | None
+    promoted_version: str | None
+    promoted_value: float | None
+    better: bool
+    reason: str
+
+
+def compare(
+    metrics: dict[str, Any],
+    promoted: dict[str, Any] | None,
+    promoted_version: str | None,
+    *,
+    on: str = "final",
+) -> Comparison:
+    """Whether ``metrics`` beats the promoted model's metrics (strictly) on ``metrics["monitor"]``.
+
+    :param metrics: the new run's metrics.json.
+    :param promoted: the promoted model's metrics.json, or ``None`` when nothing is promoted.
+    :param promoted_version: its version, for the record.
+    :param on: ``"final"`` (the exported model's last values) or ``"best"`` (the best epoch).
+    """
+    if on not in ("final", "best"):
+        raise ValueError(f"compare_on={on!r} is not valid: expected 'final' or 'best'")
+    monitor, mode = metrics["monitor"], metrics["monitor_mode"]
+
+    def value_of(doc: dict[str, Any]) -> float | None:
+        section = doc.get(on) if isinstance(doc.get(on), dict) else {}
+        return _number(section.get(monitor))
+
+    value = value_of(metrics)
+    if value is None:
+        return Comparison(
+            monitor, mode, None, promoted_version, None, False, f"this run has no {on} {monitor}"
+        )
+    if promoted is None:
+        return Comparison(monitor, mode, value, None, None, True, "no model is promoted yet")
+    old = value_of(promoted)
+    if old is None:
+        return Comparison(
+            monitor,
+            mode,
+            value,
+            promoted_version,
+            None,
+            True,
+            f"the promoted model has no {on} {monitor} to compare with",
+        )
+    better = value > old if mode == "max" else value < old
+    relation = "better than" if better else "not better than"
+    return Comparison(
+        monitor,
+        mode,
+        value,
+        promoted_version,
+        old,
+        better,
+        f"{monitor} {value:.6g} is {relation} the promoted {old:.6g} ({mode})",
+    )
+
+
+@dataclass
+class ReportInputs:
+    """Everything a report shows."""
+
+    run_uri: str
+    metrics: dict[str, Any]
+    history: History | None = None
+    params: dict[str, Any] | None = None
+    confusion: dict[str, Any] | None = None
+    samples: list[dict[str, Any]] | None = None
+    comparison: Comparison | None = None
+    title: str | None = None
+    notes: list[str] = field(default_factory=list)

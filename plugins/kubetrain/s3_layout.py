@@ -1,0 +1,270 @@
+"""Where kubetrain keeps things in S3: the one module that knows the layout.
+
+::
+
+    s3://<datasets bucket>/<dataset>/...                      user data
+    s3://<training bucket>/manifests/<dataset>/<version>.json  staged snapshot
+    s3://<training bucket>/runs/<dag_id>/<run>/checkpoints/    per run
+    s3://<training bucket>/runs/<dag_id>/<run>/output/         metrics, model
+    s3://<training bucket>/runs/<dag_id>/<run>/sync/           sync pass manifests
+    s3://<training bucket>/runs/<dag_id>/<run>/report/         report + plots
+    s3://<training bucket>/models/<model>/<version>/           promoted models
+    s3://<training bucket>/models/<model>/latest               pointer to the promoted version
+    s3://<training bucket>/trained/<dag_id>/<fingerprint>.json  "trained once" markers
+
+``<run>`` is the Airflow run id made S3-safe by :func:`safe_segment`; it does not contain the
+try number, so a retried training task finds its own checkpoints. Mapped tasks (a sweep) get
+``<run>/trials/<trial>`` so that parallel pods never share a prefix.
+
+Buckets come from the Airflow Variables ``kubetrain_datasets_bucket`` and
+``kubetrain_training_bucket``, else the environment variables ``KUBETRAIN_DATASETS_BUCKET`` and
+``KUBETRAIN_TRAINING_BUCKET``, else ``datasets`` and ``training``. They are looked up when a
+task runs, never when a DAG file is parsed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+DEFAULT_DATASETS_BUCKET = "datasets"
+DEFAULT_TRAINING_BUCKET = "training"
+AREAS = ("checkpoints", "output", "sync", "report")
+
+_SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,98}[a-z0-9])?$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_VERSION = re.compile(r"^[0-9a-f]{16}$")
+_PASS_KEY = re.compile(r"(?:^|/)pass-(\d{8})\.json$")
+
+
+def setting(variable: str, env: str, default: str) -> str:
+    """Return an environment choice: Airflow Variable, else environment variable, else default.
+
+    :param variable: name of the Airflow Variable.
+    :param env: name of the environment variable.
+    :param default: value when neither is set.
+    """
+    from airflow.sdk import Variable
+
+    value = Variable.get(variable, default=None)
+    if value in (None, ""):
+        value = os.environ.get(env) or default
+    return str(value).strip()
+
+
+def check_bucket(bucket: str) -> str:
+    """Return ``bucket`` when it is a valid S3 bucket name, else raise ``ValueError``."""
+    if not isinstance(bucket, str) or not _BUCKET.match(bucket) or ".." in bucket:
+        raise ValueError(
+            f"bucket name {bucket!r} is not valid: expected 3-63 characters of a-z, 0-9, '.' and '-'"
+        )
+    return bucket
+
+
+def check_name(kind: str, value: str) -> str:
+    """Return ``value`` when it is a valid dataset or model name, else raise ``ValueError``.
+
+    :param kind: what the name names ("dataset", "model"), for the error message.
+    :param value: the name: lower-case letters, digits, '.', '_' and '-', starting and ending
+        with a letter or digit, at most 100 characters.
+    """
+    if not isinstance(value, str) or not _NAME.match(value) or ".." in value:
+        raise ValueError(
+            f"{kind} name {value!r} is not valid: expected 1-100 characters of a-z, 0-9, '.', '_' and '-', "
+            "starting and ending with a letter or digit"
+        )
+    return value
+
+
+def check_version(version: str) -> str:
+    """Return ``version`` when it is a dataset version (16 lower-case hex digits), else raise."""
+    if not isinstance(version, str) or not _VERSION.match(version):
+        raise ValueError(f"dataset version {version!r} is not valid: expected 16 lower-case hex digits")
+    return version
+
+
+def safe_segment(value: str) -> str:
+    """Turn an Airflow id (run id, trial) into one S3-safe path segment.
+
+    Characters outside ``A-Z a-z 0-9 . _ -`` (the ``:`` and ``+`` of run ids such as
+    ``manual__2026-11-22T04:00:00+00:00``) become ``_``; when anything was replaced, eight hex
+    digits of the original's SHA-256 are appended, so two ids never share a segment.
+
+    :param value: the id.
+    """
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"cannot make an S3 path segment from {value!r}: expected a non-empty string")
+    cleaned = _SAFE_CHARS.sub("_", value)
+    if cleaned != value or cleaned in (".", ".."):
+        cleaned = f"{cleaned}-{hashlib.sha256(value.encode()).hexdigest()[:8]}"
+    return cleaned
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """Split ``s3://bucket/key`` into ``(bucket, key)``; the key may be empty.
+
+    :param uri: an ``s3://`` URI.
+    """
+    if not isinstance(uri, str) or not uri.startswith("s3://"):
+        raise ValueError(f"{uri!r} is not an S3 URI: expected s3://<bucket>/<key or prefix>")
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    check_bucket(bucket)
+    return bucket, key
+
+
+def s3_uri(bucket: str, key: str = "") -> str:
+    """Return ``s3://bucket/key``."""
+    return f"s3://{bucket}/{key}"
+
+
+def utc_stamp(when: datetime | None = None) -> str:
+    """Return ``when`` (default now) as an ISO 8601 UTC string ending in ``Z``."""
+    when = (when or datetime.now(UTC)).astimezone(UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class RunLocation:
+    """The S3 prefix of one training run (``runs/<dag_id>/<run>``, no trailing slash)."""
+
+    bucket: str
+    prefix: str
+
+    def __post_init__(self) -> None:
+        check_bucket(self.bucket)
+        if not self.prefix or self.prefix.startswith("/") or self.prefix.endswith("/"):
+            raise ValueError(
+                f"run prefix {self.prefix!r} is not valid: expected a key prefix without leading or trailing '/'"
+            )
+
+    @classmethod
+    def from_uri(cls, uri: str) -> RunLocation:
+        """Parse a run URI such as ``s3://training/runs/train_digits/manual__2026...``."""
+        bucket, key = parse_s3_uri(uri)
+        return cls(bucket, key.rstrip("/"))
+
+    @property
+    def uri(self) -> str:
+        """The run URI, as the pod sees it in ``KUBETRAIN_RUN_URI``."""
+        return s3_uri(self.bucket, self.prefix)
+
+    def area_prefix(self, area: str) -> str:
+        """Key prefix of an area of the run (``checkpoints``, ``output``, ``sync``, ``report``), with '/'."""
+        if area not in AREAS:
+            raise ValueError(f"unknown run area {area!r}: expected one of {', '.join(AREAS)}")
+        return f"{self.prefix}/{area}/"
+
+    def key(self, area: str, path: str) -> str:
+        """Key of a file of the run, ``path`` being relative to the area."""
+        path = path.lstrip("/")
+        if not path or any(part in ("", ".", "..") for part in path.split("/")):
+            raise ValueError(f"path {path!r} is not a plain relative path inside the {area} area")
+        return self.area_prefix(area) + path
+
+    def pass_key(self, number: int) -> str:
+        """Key of the sync pass manifest number ``number``."""
+        if not isinstance(number, int) or number < 0 or number > 99_999_999:
+            raise ValueError(
+                f"sync pass number {number!r} is not valid: expected an integer from 0 to 99999999"
+            )
+        return f"{self.area_prefix('sync')}pass-{number:08d}.json"
+
+    @staticmethod
+    def pass_number(key: str) -> int | None:
+        """The pass number of a sync manifest key, or ``None`` when ``key`` is not one."""
+        match = _PASS_KEY.search(key)
+        return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class S3Layout:
+    """Bucket names and the key scheme built on them."""
+
+    datasets_bucket: str = DEFAULT_DATASETS_BUCKET
+    training_bucket: str = DEFAULT_TRAINING_BUCKET
+
+    def __post_init__(self) -> None:
+        check_bucket(self.datasets_bucket)
+        check_bucket(self.training_bucket)
+
+    @classmethod
+    def from_environment(
+        cls, *, training_bucket: str | None = None, datasets_bucket: str | None = None
+    ) -> S3Layout:
+        """The layout of this deployment; explicit arguments beat Variables and environment."""
+        return cls(
+            datasets_bucket=datasets_bucket
+            or setting("kubetrain_datasets_bucket", "KUBETRAIN_DATASETS_BUCKET", DEFAULT_DATASETS_BUCKET),
+            training_bucket=training_bucket
+            or setting("kubetrain_training_bucket", "KUBETRAIN_TRAINING_BUCKET", DEFAULT_TRAINING_BUCKET),
+        )
+
+    # -- datasets ------------------------------------------------------------------------------
+
+    def dataset_uri(self, dataset: str) -> str:
+        """Default source of a dataset: ``s3://<datasets bucket>/<dataset>/``."""
+        return s3_uri(self.datasets_bucket, f"{check_name('dataset', dataset)}/")
+
+    def manifest_key(self, dataset: str, version: str) -> str:
+        """Key of a staged dataset snapshot manifest."""
+        return f"manifests/{check_name('dataset', dataset)}/{check_version(version)}.json"
+
+    def manifest_uri(self, dataset: str, version: str) -> str:
+        return s3_uri(self.training_bucket, self.manifest_key(dataset, version))
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def run(self, dag_id: str, run_id: str, trial: str | None = None) -> RunLocation:
+        """The run prefix of a DAG run (stable across task retries), or of one trial of a sweep."""
+        prefix = f"runs/{safe_segment(dag_id)}/{safe_segment(run_id)}"
+        if trial not in (None, ""):
+            prefix += f"/trials/{safe_segment(str(trial))}"
+        return RunLocation(self.training_bucket, prefix)
+
+    def trained_marker_key(self, dag_id: str, fingerprint: str) -> str:
+        """Key of the marker that says a DAG finished training on a dataset version with given Params."""
+        if not re.fullmatch(r"[0-9a-f]{8,64}", fingerprint or ""):
+            raise ValueError(f"fingerprint {fingerprint!r} is not valid: expected 8-64 lower-case hex digits")
+        return f"trained/{safe_segment(dag_id)}/{fingerprint}.json"
+
+    # -- models --------------------------------------------------------------------------------
+
+    def model_prefix(self, model: str, version: str) -> str:
+        """Key prefix (with '/') of a promoted model version."""
+        return f"models/{check_name('model', model)}/{safe_segment(version)}/"
+
+    def model_latest_key(self, model: str) -> str:
+        """Key of the small JSON pointer to the promoted version of ``model``."""
+        return f"models/{check_name('model', model)}/latest"
+
+
+def model_version(run: RunLocation, when: datetime) -> str:
+    """A sortable model version for a run: ``<UTC time>-<8 hex digits of the run URI>``.
+
+    :param run: the run whose output is promoted; the same run always gets the same suffix.
+    :param when: the run's time (e.g. the DAG run's ``run_after``), stable across retries.
+    """
+    stamp = when.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{hashlib.sha256(run.uri.encode()).hexdigest()[:8]}"
+
+
+def run_from_context(
+    context: dict, *, run_uri: str | None = None, trial: str | None = None, training_bucket: str | None = None
+) -> RunLocation:
+    """The run location of the task instance in ``context`` (or ``run_uri`` when given).
+
+    Mapped task instances without an explicit ``trial`` use their map index as trial, so the
+    pods of a sweep never write to the same prefix.
+    """
+    if run_uri:
+        return RunLocation.from_uri(run_uri)
+    ti = context["ti"]
+    map_index = getattr(ti, "map_index", -1)
+    if trial in (None, "") and map_index is not None and map_index >= 0:
+        trial = str(map_index)
+    layout = S3Layout.from_environment(training_bucket=training_bucket)
+    return layout.run(ti.dag_id, context["run_id"], trial)

@@ -1,0 +1,104 @@
+"""Support for the local Kubernetes API tests: start a private server, wait for pods, build pod bodies."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubernetes import client, config
+
+from include.devstack.stack import AIRFLOW_PYTHON, REPO, free_port, wait_http
+
+
+@dataclass
+class KubeApi:
+    url: str
+    kubeconfig: Path
+    state_dir: Path
+    log: Path
+
+    def api_client(self) -> client.ApiClient:
+        return config.new_client_from_config(str(self.kubeconfig))
+
+
+def start_server(tmp: Path, *extra: str) -> tuple[KubeApi, subprocess.Popen]:
+    port = free_port()
+    state = tmp / "state"
+    log = tmp / "kubeapi.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(AIRFLOW_PYTHON), "-m", "include.devstack.kubeapi", "--host", "127.0.0.1", "--port", str(port),
+             "--state-dir", str(state), "--backoff-seconds", "1", *extra],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/version", 60, proc, log)
+    kubeconfig = tmp / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "t", "cluster": {"server": url}}],
+                "users": [{"name": "t", "user": {}}],
+                "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t", "namespace": "default"}}],
+                "current-context": "t",
+            }
+        )
+    )
+    return KubeApi(url, kubeconfig, state, log), proc
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def wait_for(fn: Callable[[], object], timeout: float = 30, interval: float = 0.1, what: str = "condition"):
+    """Poll ``fn`` until it returns a truthy value; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last value: {last!r})")
+
+
+def pod_phase(core: client.CoreV1Api, name: str, ns: str = "default") -> str:
+    return core.read_namespaced_pod(name, ns).status.phase
+
+
+def wait_phase(
+    core: client.CoreV1Api, name: str, phases: tuple[str, ...] = ("Succeeded", "Failed"), timeout: float = 60
+) -> client.V1Pod:
+    def check():
+        pod = core.read_namespaced_pod(name, "default")
+        return pod if pod.status.phase in phases else None
+
+    return wait_for(check, timeout, what=f"pod {name} to reach {phases}")
+
+
+def simple_pod(name: str, script: str, image: str = "busybox:1.36", **spec) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, **spec.pop("metadata", {})},
+        "spec": {
+            "restartPolicy": spec.pop("restartPolicy", "Never"),
+            "terminationGracePeriodSeconds": spec.pop("terminationGracePeriodSeconds", 5),
+            "containers": [
+                {"name": "main", "image": image, "command": ["sh", "-c", script], **spec.pop("container", {})}
+            ],
+            **spec,
+        },
+    }

@@ -1,0 +1,256 @@
+"""Pure functions of the local Kubernetes API: selectors, patches, $(VAR) expansion, path remapping, formats."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from include.devstack.kubeapi import meta, patch, runtime, selectors
+from include.devstack.kubeapi.images import ImageMap, ImageMapError
+from include.devstack.kubeapi.jobs import format_indexes
+from include.devstack.kubeapi.logs import LogFile, LogOptions, read_entries
+from include.devstack.kubeapi.validation import parse_quantity
+
+POD = {"metadata": {"name": "p", "namespace": "default", "labels": {"app": "web", "tier": "front", "n": "5"}}}
+
+
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        ("", True),
+        ("app=web", True),
+        ("app==web", True),
+        ("app!=web", False),
+        ("app=db", False),
+        ("app in (db, web)", True),
+        ("app notin (web)", False),
+        ("app notin (db)", True),
+        ("tier", True),
+        ("!tier", False),
+        ("!missing", True),
+        ("missing", False),
+        ("app=web,tier=front", True),
+        ("app=web,tier!=front", False),
+        ("missing!=x", True),  # != matches objects without the key, as in apimachinery
+        ("n>4", True),
+        ("n<4", False),
+    ],
+)
+def test_label_selector(selector, expected):
+    assert selectors.parse_label_selector(selector)(POD) is expected
+
+
+def test_label_selector_syntax_error_names_the_selector():
+    with pytest.raises(meta.ApiError) as err:
+        selectors.parse_label_selector("app in web")
+    assert err.value.code == 400 and "app in web" in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        ("metadata.name=p", True),
+        ("metadata.name!=p", False),
+        ("metadata.namespace==default", True),
+        ("status.phase=Running", True),
+        ("status.phase=Running,spec.nodeName=kubetrain-dev", True),
+        ("spec.nodeName=other", False),
+    ],
+)
+def test_field_selector(selector, expected):
+    pod = {**POD, "spec": {"nodeName": "kubetrain-dev"}, "status": {"phase": "Running"}}
+    assert selectors.parse_field_selector("pods", selector)(pod) is expected
+
+
+def test_unknown_field_selector_is_a_bad_request():
+    with pytest.raises(meta.ApiError) as err:
+        selectors.parse_field_selector("pods", "spec.bogus=1")
+    assert err.value.code == 400 and "spec.bogus" in err.value.message
+
+
+def test_strategic_merge_patch_merges_lists_by_key_and_deletes():
+    target = {
+        "metadata": {"labels": {"a": "1", "b": "2"}},
+        "spec": {
+            "containers": [
+                {"name": "x", "image": "i1", "env": [{"name": "E", "value": "1"}]},
+                {"name": "y", "image": "i2"},
+            ]
+        },
+    }
+    out = patch.strategic_merge(
+        target,
+        {
+            "metadata": {"labels": {"a": None, "c": "3"}},
+            "spec": {
+                "containers": [
+                    {"name": "x", "env": [{"name": "F", "value": "2"}]},
+                    {"name": "y", "$patch": "delete"},
+                ]
+            },
+        },
+    )
+    assert out["metadata"]["labels"] == {"b": "2", "c": "3"}
+    assert out["spec"]["containers"] == [
+        {"name": "x", "image": "i1", "env": [{"name": "E", "value": "1"}, {"name": "F", "value": "2"}]}
+    ]
+    assert target["metadata"]["labels"] == {"a": "1", "b": "2"}  # the input is untouched
+
+
+def test_merge_patch_replaces_lists_and_removes_nulls():
+    out = patch.merge_patch({"a": {"b": 1, "c": 2}, "l": [1, 2]}, {"a": {"b": None}, "l": [3]})
+    assert out == {"a": {"c": 2}, "l": [3]}
+
+
+def test_json_patch_operations_and_failed_test():
+    doc = {"metadata": {"labels": {"a/b": "1"}}, "list": [1, 2]}
+    out = patch.json_patch(
+        doc,
+        [
+            {"op": "add", "path": "/metadata/labels/c", "value": "3"},
+            {"op": "remove", "path": "/metadata/labels/a~1b"},
+            {"op": "add", "path": "/list/-", "value": 3},
+            {"op": "replace", "path": "/list/0", "value": 0},
+            {"op": "copy", "from": "/list/0", "path": "/first"},
+        ],
+    )
+    assert out == {"metadata": {"labels": {"c": "3"}}, "list": [0, 2, 3], "first": 0}
+    with pytest.raises(meta.ApiError) as err:
+        patch.json_patch(doc, [{"op": "test", "path": "/list/0", "value": 9}])
+    assert err.value.code == 422
+
+
+def test_unsupported_patch_type_is_415():
+    with pytest.raises(meta.ApiError) as err:
+        patch.apply_patch("application/apply-patch+yaml", {}, {})
+    assert err.value.code == 415
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("$(A)/x", "1/x"),
+        ("$$(A)", "$(A)"),
+        ("$(MISSING)", "$(MISSING)"),
+        ("$A $(A", "$A $(A"),
+        ("a$(A)b$(B)", "a1b2"),
+    ],
+)
+def test_dependent_variable_expansion(text, expected):
+    assert runtime.expand(text, {"A": "1", "B": "2"}) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("/data/x.txt", "/host/vol/x.txt"),
+        ("--dir=/data", "--dir=/host/vol"),
+        ("/data2/x", "/data2/x"),
+        ("/mnt/data/x", "/mnt/data/x"),
+        ("cat /airflow/xcom/return.json", "cat /host/xcom/return.json"),
+    ],
+)
+def test_mount_path_remapping(text, expected):
+    remap = runtime.Remapper({"/data": "/host/vol", "/airflow/xcom": "/host/xcom"})
+    assert remap(text) == expected
+
+
+def test_exec_guard_points_pid_1_at_the_container():
+    argv, prefix = runtime.guard_exec_argv(["kill", "-s", "SIGINT", "1"], 4242)
+    assert argv == ["kill", "-s", "SIGINT", "4242"] and prefix == b""
+    argv, prefix = runtime.guard_exec_argv(["/bin/sh"], 4242)
+    assert argv == ["/bin/sh"] and b"pgrep -g 4242" in prefix
+
+
+@pytest.mark.parametrize(
+    ("ns", "expected"),
+    [
+        (1_700_000_000_000_000_000, "2023-11-14T22:13:20Z"),
+        (1_700_000_000_120_000_000, "2023-11-14T22:13:20.12Z"),
+        (1_700_000_000_000_000_001, "2023-11-14T22:13:20.000000001Z"),
+    ],
+)
+def test_rfc3339_nano_trims_zeros_like_go(ns, expected):
+    assert meta.rfc3339_nano(ns) == expected
+    assert abs(meta.parse_time(expected) - ns / 1e9) < 1e-6
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(5, "5s"), (150, "2m30s"), (600, "10m"), (4000, "66m"), (40000, "11h"), (200000, "2d7h")],
+)
+def test_human_duration(seconds, text):
+    assert meta.human_duration(seconds) == text
+
+
+@pytest.mark.parametrize(("indexes", "text"), [({0, 1, 2}, "0-2"), ({0, 2, 3, 5}, "0,2-3,5"), (set(), "")])
+def test_completed_indexes_notation(indexes, text):
+    assert format_indexes(indexes) == text
+
+
+@pytest.mark.parametrize(
+    ("q", "value"), [("500m", "0.5"), ("2Gi", str(2 * 2**30)), ("1", "1"), ("1.5k", "1500")]
+)
+def test_quantities(q, value):
+    assert parse_quantity(q) == parse_quantity(value)
+
+
+def test_image_map_first_match_wins_and_short_forms(tmp_path):
+    path = tmp_path / "images.json"
+    path.write_text(
+        '{"runtimes": {"a": {"path": ["{repo}/bin"], "command": ["x"]}, "b": {}},'
+        ' "images": [{"pattern": "alpine[:@]*", "runtime": "a"}, {"pattern": "*", "runtime": "b"}]}'
+    )
+    imap = ImageMap(path)
+    assert imap.resolve("docker.io/library/alpine:3.20").runtime == "a"
+    assert imap.resolve("alpine:3.20").command == ("x",)
+    assert imap.resolve("quay.io/other:1").runtime == "b"
+    path.write_text('{"runtimes": {}, "images": [{"pattern": "*", "runtime": "missing"}]}')
+    with pytest.raises(ImageMapError, match="images\\[0\\]"):
+        imap.resolve("x")
+
+
+def test_project_image_map_covers_the_documented_images():
+    imap = ImageMap(meta_path())
+    for image in ("127.0.0.1:5000/kubetrain/trainer:latest", "registry.local/kubetrain/sync:1", "kubetrain/trainer",
+                  "tensorflow/tensorflow:2.21.0", "python:3.11-slim"):  # fmt: skip
+        assert imap.resolve(image).runtime == "trainer", image
+    for image in (
+        "busybox",
+        "busybox:1.36",
+        "alpine:3.24.2",
+        "docker.io/library/debian:bookworm",
+        "ubuntu:24.04",
+        "bash:5",
+    ):
+        assert imap.resolve(image).runtime == "host", image
+    assert imap.resolve("nginx:1.27") is None
+
+
+def meta_path():
+    from include.devstack.kubeapi.images import DEFAULT_IMAGE_MAP
+
+    return DEFAULT_IMAGE_MAP
+
+
+async def _log_roundtrip(tmp_path):
+    log = LogFile(tmp_path / "0.log")
+    log.write("stdout", b"one\ntw")
+    log.write("stderr", b"err\n")
+    log.write("stdout", b"o\nthree")
+    log.close()
+    return read_entries(log.path)[0]
+
+
+def test_log_file_keeps_lines_and_streams(tmp_path):
+    import asyncio
+
+    entries = asyncio.run(_log_roundtrip(tmp_path))
+    assert [(e.stream, e.content) for e in entries] == [
+        ("stdout", b"one"), ("stderr", b"err"), ("stdout", b"two"), ("stdout", b"three"),
+    ]  # fmt: skip
+    from include.devstack.kubeapi.logs import render
+
+    assert re.fullmatch(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z one\n", render(entries[0], True))
+    assert LogOptions().follow is False

@@ -1,0 +1,191 @@
+"""Dataset manifests built from real objects in the S3 test server."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+from airflow.providers.amazon.aws.hooks.s3 import S3Hook  # noqa: F401  (also puts plugins/ on sys.path)
+from botocore.exceptions import ClientError
+
+from kubetrain.manifest import (
+    DatasetNotFoundError,
+    ManifestObject,
+    build_manifest,
+    check_manifest,
+    dataset_name_from_uri,
+    dumps,
+    list_source_objects,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = REPO / "trainer" / "sync" / "schemas" / "dataset-manifest.v1.json"
+TRAINER_PYTHON = REPO / "trainer" / ".venv" / "bin" / "python"
+
+
+def s3_client(server):
+    """A boto3 client for the test server, once its buckets exist (it answers before creating them)."""
+    client = boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        aws_access_key_id=server.access_key_id,
+        aws_secret_access_key=server.secret_access_key,
+        region_name=server.region,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            for bucket in ("datasets", "training"):
+                client.head_bucket(Bucket=bucket)
+            return client
+        except ClientError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def client(s3_server):
+    return s3_client(s3_server)
+
+
+@pytest.fixture
+def dataset(client):
+    """A small dataset under a unique prefix: two files, a nested one and a folder marker."""
+    name = f"ds-{uuid.uuid4().hex[:8]}"
+    client.put_object(Bucket="datasets", Key=f"{name}/", Body=b"")
+    client.put_object(Bucket="datasets", Key=f"{name}/train.csv", Body=b"x,y\n1,2\n3,4\n")
+    client.put_object(Bucket="datasets", Key=f"{name}/images/0/a.png", Body=b"\x89PNG fake but bytes")
+    return name
+
+
+def expected_version(objects: list[tuple[str, int, str]]) -> str:
+    lines = sorted(f"datasets/{key}\t{size}\t{etag}" for key, size, etag in objects)
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+
+def test_manifest_of_a_prefix(client, dataset):
+    source, objects = list_source_objects(client, f"s3://datasets/{dataset}/")
+    manifest = build_manifest(dataset, source, objects)
+
+    heads = {
+        k: client.head_object(Bucket="datasets", Key=k)
+        for k in (f"{dataset}/train.csv", f"{dataset}/images/0/a.png")
+    }
+    assert manifest["kind"] == "kubetrain/dataset-manifest"
+    assert manifest["format_version"] == 1
+    assert manifest["source"] == f"s3://datasets/{dataset}/"
+    assert [o["path"] for o in manifest["objects"]] == [
+        "images/0/a.png",
+        "train.csv",
+    ]  # the folder marker is skipped
+    for obj in manifest["objects"]:
+        head = heads[obj["key"]]
+        assert obj["bucket"] == "datasets"
+        assert obj["size"] == head["ContentLength"]
+        assert obj["etag"] == head["ETag"] and obj["etag"].startswith('"')
+    assert manifest["total_bytes"] == sum(h["ContentLength"] for h in heads.values())
+    assert manifest["version"] == expected_version(
+        [(k, h["ContentLength"], h["ETag"]) for k, h in heads.items()]
+    )
+    assert manifest["created_at"].endswith("Z")
+
+
+def test_prefix_without_trailing_slash_is_the_same_dataset(client, dataset):
+    with_slash = build_manifest(dataset, *list_source_objects(client, f"s3://datasets/{dataset}/"))
+    without = build_manifest(dataset, *list_source_objects(client, f"s3://datasets/{dataset}"))
+    assert without["version"] == with_slash["version"]
+    assert without["source"] == with_slash["source"]
+
+
+def test_version_is_stable_and_follows_content(client, dataset):
+    uri = f"s3://datasets/{dataset}/"
+    first = build_manifest(dataset, *list_source_objects(client, uri))
+    again = build_manifest(dataset, *list_source_objects(client, uri))
+    assert again["version"] == first["version"]
+
+    client.put_object(
+        Bucket="datasets", Key=f"{dataset}/train.csv", Body=b"x,y\n1,2\n3,5\n"
+    )  # same size, new bytes
+    changed = build_manifest(dataset, *list_source_objects(client, uri))
+    assert changed["version"] != first["version"]
+
+    client.put_object(Bucket="datasets", Key=f"{dataset}/extra.txt", Body=b"more")
+    grown = build_manifest(dataset, *list_source_objects(client, uri))
+    assert grown["version"] not in (first["version"], changed["version"])
+    assert len(grown["objects"]) == 3
+
+
+def test_single_archive(client):
+    key = f"archives/digits-{uuid.uuid4().hex[:6]}.tar.gz"
+    client.put_object(Bucket="datasets", Key=key, Body=b"\x1f\x8b not really gzip")
+    source, objects = list_source_objects(client, f"s3://datasets/{key}")
+    assert source == f"s3://datasets/{key}"
+    assert [(o.key, o.path) for o in objects] == [(key, key.rsplit("/", 1)[1])]
+    assert dataset_name_from_uri(f"s3://datasets/{key}") == key.rsplit("/", 1)[1].removesuffix(".tar.gz")
+
+
+def test_missing_dataset_names_the_uri(client):
+    uri = f"s3://datasets/nothing-{uuid.uuid4().hex[:8]}/"
+    with pytest.raises(DatasetNotFoundError, match=f"nothing to stage at {uri}"):
+        list_source_objects(client, uri)
+
+
+def test_paths_that_leave_the_data_directory_are_refused():
+    with pytest.raises(ValueError, match=r"maps to path '\.\./etc/passwd'"):
+        ManifestObject("datasets", "d/../etc/passwd", "../etc/passwd", 1, '"e"')
+    with pytest.raises(ValueError, match="size -1"):
+        ManifestObject("datasets", "d/a", "a", -1, '"e"')
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"kind": "kubetrain/other"}, "unknown manifest kind 'kubetrain/other'"),
+        ({"format_version": 2}, "unknown dataset manifest format_version 2"),
+    ],
+)
+def test_reader_refuses_unknown_kind_and_version(change, message):
+    manifest = build_manifest(
+        "digits", "s3://datasets/digits/", [ManifestObject("datasets", "digits/a", "a", 1, '"e"')]
+    )
+    assert check_manifest(manifest) is manifest
+    with pytest.raises(ValueError, match=message):
+        check_manifest({**manifest, **change})
+
+
+def test_manifest_matches_the_pod_side_schema(client, dataset):
+    if not SCHEMA.exists():
+        pytest.skip(f"{SCHEMA.relative_to(REPO)} is not in the tree yet")
+    import jsonschema
+
+    manifest = build_manifest(dataset, *list_source_objects(client, f"s3://datasets/{dataset}/"))
+    jsonschema.validate(json.loads(dumps(manifest)), json.loads(SCHEMA.read_text()))
+
+
+def test_pod_side_reader_accepts_the_manifest(client, dataset):
+    """The stage-in tool (trainer environment) loads what the Airflow side writes, version included."""
+    if not TRAINER_PYTHON.exists():
+        pytest.skip("trainer/.venv is not installed")
+    manifest = build_manifest(dataset, *list_source_objects(client, f"s3://datasets/{dataset}/"))
+    script = (
+        "import json, sys\n"
+        "from trainer.sync.manifest import DatasetManifest\n"
+        "m = DatasetManifest.from_json(json.load(sys.stdin), 'test')\n"
+        "print(json.dumps([m.version, m.total_bytes, [o.path for o in m.objects]]))\n"
+    )
+    done = subprocess.run(
+        [str(TRAINER_PYTHON), "-c", script], input=dumps(manifest), cwd=REPO, capture_output=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert json.loads(done.stdout) == [
+        manifest["version"],
+        manifest["total_bytes"],
+        ["images/0/a.png", "train.csv"],
+    ]

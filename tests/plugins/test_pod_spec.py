@@ -1,0 +1,262 @@
+"""The training pod built by kubetrain.pod_spec: schema, security policy and the pod contract."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import airflow  # noqa: F401  (importing Airflow puts its plugins folder on sys.path)
+import kubernetes_validate
+import pytest
+from kubernetes.client import ApiClient
+from kubernetes.client import models as k8s
+
+from kubetrain import pod_spec
+from kubetrain.pod_spec import TrainingPodConfig, label_value, training_pod
+
+K8S_VERSION = "1.37.0"
+RUN_URI = "s3://training/runs/train_digits/scheduled__2026-11-22"
+MANIFEST = "s3://training/manifests/digits/3f2a9c0d1e4b5a69.json"
+SECRET_NAME = re.compile(r"(SECRET|PASSWORD|TOKEN|ACCESS_KEY|CREDENTIAL)", re.IGNORECASE)
+
+
+def as_dict(pod: k8s.V1Pod) -> dict[str, Any]:
+    return ApiClient().sanitize_for_serialization(pod)
+
+
+def all_containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return pod["spec"].get("initContainers", []) + pod["spec"]["containers"]
+
+
+def policy_violations(pod: dict[str, Any], secret_values: tuple[str, ...] = ()) -> list[str]:
+    """Everything in a serialized pod that breaks the project's pod policy."""
+    problems = []
+    spec = pod["spec"]
+    psc = spec.get("securityContext") or {}
+    if psc.get("runAsNonRoot") is not True:
+        problems.append("pod: runAsNonRoot is not true")
+    if not isinstance(psc.get("runAsUser"), int) or psc["runAsUser"] == 0:
+        problems.append(f"pod: runAsUser {psc.get('runAsUser')!r} is not a numeric non-root user")
+    if spec.get("hostNetwork") or spec.get("hostPID") or spec.get("hostIPC"):
+        problems.append("pod: uses a host namespace")
+    for volume in spec.get("volumes", []):
+        if "hostPath" in volume:
+            problems.append(f"volume {volume['name']}: hostPath")
+    for c in all_containers(pod):
+        name = c["name"]
+        sc = c.get("securityContext") or {}
+        if sc.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{name}: allowPrivilegeEscalation is not false")
+        if sc.get("privileged"):
+            problems.append(f"{name}: privileged")
+        if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
+            problems.append(f"{name}: capabilities do not drop ALL")
+        if (sc.get("capabilities") or {}).get("add"):
+            problems.append(f"{name}: adds capabilities")
+        if sc.get("runAsUser") == 0 or sc.get("runAsNonRoot") is False:
+            problems.append(f"{name}: runs as root")
+        resources = c.get("resources") or {}
+        for kind in ("cpu", "memory"):
+            if kind not in (resources.get("limits") or {}):
+                problems.append(f"{name}: no {kind} limit")
+            if kind not in (resources.get("requests") or {}):
+                problems.append(f"{name}: no {kind} request")
+        gpu_request = (resources.get("requests") or {}).get(pod_spec.GPU_RESOURCE)
+        gpu_limit = (resources.get("limits") or {}).get(pod_spec.GPU_RESOURCE)
+        if gpu_request != gpu_limit:
+            problems.append(f"{name}: GPU request {gpu_request} != limit {gpu_limit}")
+        for env in c.get("env") or []:
+            if "value" in env and SECRET_NAME.search(env["name"]):
+                problems.append(f"{name}: env {env['name']} has a literal value")
+            if "valueFrom" in env and set(env["valueFrom"]) - {
+                "secretKeyRef",
+                "fieldRef",
+                "resourceFieldRef",
+            }:
+                problems.append(f"{name}: env {env['name']} comes from {env['valueFrom']}")
+        for source in c.get("envFrom") or []:
+            if set(source) - {"secretRef", "prefix"}:
+                problems.append(f"{name}: envFrom {source} is not a Secret reference")
+    text = repr(pod)
+    for value in secret_values:
+        if value and value in text:
+            problems.append("a secret value appears literally in the pod")
+    return problems
+
+
+def config(**changes: Any) -> TrainingPodConfig:
+    values: dict[str, Any] = {
+        "image": "registry.example:5000/kubetrain/trainer:1.4.0",
+        "sync_image": "registry.example:5000/kubetrain/sync:1.4.0",
+        "run_uri": RUN_URI,
+        "command": ["python", "-m", "trainer.image_classifier"],
+        "args": ["--epochs", "3"],
+        "dataset_manifest": MANIFEST,
+        "dataset_version": "3f2a9c0d1e4b5a69",
+        "labels": {"kubetrain.io/dag-id": "train_digits", "kubetrain.io/experiment": "digits CNN / v2"},
+    }
+    values.update(changes)
+    return TrainingPodConfig(**values)
+
+
+@pytest.mark.parametrize("gpus", [0, 2])
+def test_pod_validates_against_the_kubernetes_schema_and_policy(gpus):
+    pod = as_dict(training_pod(config(gpus=gpus), name="train-abc", namespace="default"))
+    assert kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    assert policy_violations(pod) == []
+
+
+def test_pod_contract():
+    pod = as_dict(training_pod(config(gpus=1, cpu="4", memory="16Gi", memory_limit="24Gi")))
+    spec = pod["spec"]
+    assert [c["name"] for c in spec["initContainers"]] == ["stage-in", "checkpoint-sync"]
+    stage_in, sidecar = spec["initContainers"]
+    (base,) = spec["containers"]
+    assert stage_in["command"] == ["python", "-m", "trainer.sync", "stage-in"]
+    assert "restartPolicy" not in stage_in
+    assert sidecar["command"] == ["python", "-m", "trainer.sync", "checkpoint-sync"]
+    assert sidecar["restartPolicy"] == "Always"  # a native sidecar
+    assert base["image"] == "registry.example:5000/kubetrain/trainer:1.4.0"
+    assert stage_in["image"] == sidecar["image"] == "registry.example:5000/kubetrain/sync:1.4.0"
+    assert base["command"] == ["python", "-m", "trainer.image_classifier"] and base["args"] == [
+        "--epochs",
+        "3",
+    ]
+
+    env = {e["name"]: e.get("value") for e in base["env"]}
+    assert (
+        env["DATA_DIR"] == "/data"
+        and env["CHECKPOINT_DIR"] == "/checkpoints"
+        and env["OUTPUT_DIR"] == "/output"
+    )
+    assert env["KUBETRAIN_RUN_URI"] == RUN_URI
+    assert env["KUBETRAIN_DATASET_MANIFEST"] == MANIFEST
+    assert env["KUBETRAIN_DATASET_VERSION"] == "3f2a9c0d1e4b5a69"
+    assert env["KUBETRAIN_IMAGE"] == base["image"] and env["KUBETRAIN_CODE_VERSION"] == "1.4.0"
+    sidecar_env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    assert sidecar_env["KUBETRAIN_SYNC_INTERVAL"] == "30" and sidecar_env["KUBETRAIN_SYNC_QUIET"] == "2"
+    assert int(sidecar_env["KUBETRAIN_SYNC_GRACE"]) < spec["terminationGracePeriodSeconds"] == 300
+
+    # Credentials reach only the sync containers, and only by Secret reference.
+    assert stage_in["envFrom"] == sidecar["envFrom"] == [{"secretRef": {"name": "kubetrain-s3"}}]
+    assert not base.get("envFrom")
+
+    assert base["resources"] == {
+        "requests": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"},
+        "limits": {"cpu": "4", "memory": "24Gi", "nvidia.com/gpu": "1"},
+    }
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert {v["name"]: v for v in spec["volumes"]} == {
+        n: {"name": n, "emptyDir": {}} for n in ("data", "checkpoints", "output")
+    }
+    assert {m["mountPath"] for m in base["volumeMounts"]} == {"/data", "/checkpoints", "/output"}
+    assert all(m.get("readOnly") for m in sidecar["volumeMounts"])
+    assert spec["restartPolicy"] == "Never"
+    assert pod["metadata"]["annotations"]["kubetrain.io/run-uri"] == RUN_URI
+
+
+def test_labels_are_label_safe():
+    labels = as_dict(training_pod(config()))["metadata"]["labels"]
+    assert labels["kubetrain.io/dag-id"] == "train_digits"
+    assert re.fullmatch(r"digits-CNN---v2-[0-9a-f]{8}", labels["kubetrain.io/experiment"])
+    long = label_value("x" * 100)
+    assert len(long) <= 63 and long != label_value("x" * 99)
+    assert label_value("manual__2026-11-22T04:00:00+00:00").endswith(tuple("0123456789abcdef"))
+
+
+def test_workload_identity_has_no_secret_reference():
+    pod = as_dict(training_pod(config(s3_secret=None, service_account_name="trainer")))
+    assert kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    assert pod["spec"]["serviceAccountName"] == "trainer"
+    assert pod["spec"]["automountServiceAccountToken"] is True
+    assert all(not c.get("envFrom") for c in all_containers(pod))
+    assert policy_violations(pod) == []
+
+
+def test_without_a_dataset_the_init_container_only_restores():
+    pod = as_dict(training_pod(config(dataset_manifest=None, dataset_version=None)))
+    stage_in = pod["spec"]["initContainers"][0]
+    assert stage_in["command"] == ["python", "-m", "trainer.sync", "restore"]
+    assert "KUBETRAIN_DATASET_MANIFEST" not in {e["name"] for e in stage_in["env"]}
+
+
+def test_options_reach_the_pod():
+    toleration = k8s.V1Toleration(key="team", operator="Equal", value="ml", effect="NoSchedule")
+    pod = as_dict(
+        training_pod(
+            config(
+                image_pull_secrets=("regcred",),
+                node_selector={"cloud.google.com/gke-accelerator": "nvidia-l4"},
+                tolerations=(toleration,),
+                cache_claim="dataset-cache",
+                scratch_size_limit="20Gi",
+                run_as_user=2000,
+                env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+            )
+        )
+    )
+    spec = pod["spec"]
+    assert kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert spec["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+    assert spec["tolerations"] == [
+        {"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+    ]
+    assert spec["securityContext"]["runAsUser"] == 2000
+    assert {"name": "dataset-cache", "persistentVolumeClaim": {"claimName": "dataset-cache"}} in spec[
+        "volumes"
+    ]
+    assert {"name": "data", "emptyDir": {"sizeLimit": "20Gi"}} in spec["volumes"]
+    stage_env = {e["name"]: e.get("value") for e in spec["initContainers"][0]["env"]}
+    assert stage_env["KUBETRAIN_CACHE_DIR"] == "/cache"
+    assert {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"} in spec["containers"][0]["env"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"gpus": -1}, "gpus=-1 is not valid"),
+        ({"gpus": "two"}, "gpus='two' is not valid"),
+        ({"gpus": True}, "gpus=True is not valid"),
+        ({"cpu": "lots"}, "cpu='lots' is not a Kubernetes quantity"),
+        ({"memory": "0"}, "memory='0' must be greater than zero"),
+        ({"memory": "8Gi", "memory_limit": "4Gi"}, "memory_limit='4Gi' is below memory='8Gi'"),
+        ({"run_as_user": 0}, "run_as_user=0 is not valid"),
+        ({"s3_secret": None}, "needs service_account_name"),
+        ({"s3_secret": "Bad_Secret"}, "s3_secret 'Bad_Secret' is not a valid"),
+        ({"image": "has space:1"}, "image='has space:1' is not an image reference"),
+        ({"run_uri": "s3://training/runs/x/"}, "run_uri='s3://training/runs/x/' is not valid"),
+        ({"dataset_manifest": "/tmp/m.json"}, "dataset_manifest='/tmp/m.json' is not valid"),
+        ({"env": {"BAD NAME": "1"}}, "environment variable name 'BAD NAME'"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_value(changes, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        config(**changes)
+
+
+def test_templated_numbers_are_accepted():
+    assert config(gpus="2").gpus == 2
+    assert config(sync_interval="10").sync_interval == 10
+
+
+def test_policy_check_catches_violations():
+    """The policy check itself must fail on a pod that breaks the rules."""
+    pod = as_dict(training_pod(config(gpus=1)))
+    base = pod["spec"]["containers"][0]
+    base["env"].append({"name": "AWS_SECRET_ACCESS_KEY", "value": "hunter2hunter2"})
+    base["securityContext"]["allowPrivilegeEscalation"] = True
+    del base["resources"]["limits"]["memory"]
+    base["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    pod["spec"]["initContainers"][1]["envFrom"] = [{"configMapRef": {"name": "creds"}}]
+    problems = policy_violations(pod, secret_values=("hunter2hunter2",))
+    assert sorted(problems) == sorted(
+        [
+            "base: allowPrivilegeEscalation is not false",
+            "base: no memory limit",
+            "base: GPU request 1 != limit 2",
+            "base: env AWS_SECRET_ACCESS_KEY has a literal value",
+            "checkpoint-sync: envFrom {'configMapRef': {'name': 'creds'}} is not a Secret reference",
+            "a secret value appears literally in the pod",
+        ]
+    )

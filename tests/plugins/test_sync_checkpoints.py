@@ -1,0 +1,318 @@
+"""SyncCheckpointsOperator against the S3 test server: verification, promotion, pruning."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+
+import airflow  # noqa: F401  (importing Airflow puts its plugins folder on sys.path)
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
+from kubetrain.operators.sync import (
+    SyncCheckpointsOperator,
+    SyncVerificationError,
+    check_final_pass,
+    checkpoint_group,
+)
+from kubetrain.s3_layout import S3Layout
+
+RUN_AFTER = datetime(2026, 11, 22, 4, 0, tzinfo=UTC)
+PASS_SCHEMA = Path(__file__).resolve().parents[2] / "trainer" / "sync" / "schemas" / "sync-pass.v1.json"
+
+
+def check_schema(document: dict) -> None:
+    """Pass manifests, ours and the test's stand-ins for the sidecar's, follow the pod side's schema."""
+    if PASS_SCHEMA.exists():
+        import jsonschema
+
+        jsonschema.validate(document, json.loads(PASS_SCHEMA.read_text()))
+
+
+def s3_client(server):
+    """A boto3 client for the test server, once its buckets exist (it answers before creating them)."""
+    client = boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        aws_access_key_id=server.access_key_id,
+        aws_secret_access_key=server.secret_access_key,
+        region_name=server.region,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            for bucket in ("datasets", "training"):
+                client.head_bucket(Bucket=bucket)
+            return client
+        except ClientError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def client(s3_server, monkeypatch):
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_AWS_DEFAULT",
+        json.dumps(
+            {
+                "conn_type": "aws",
+                "login": s3_server.access_key_id,
+                "password": s3_server.secret_access_key,
+                "extra": {"endpoint_url": s3_server.endpoint, "region_name": s3_server.region},
+            }
+        ),
+    )
+    for name in ("KUBETRAIN_TRAINING_BUCKET", "AIRFLOW_VAR_KUBETRAIN_TRAINING_BUCKET"):
+        monkeypatch.delenv(name, raising=False)
+    return s3_client(s3_server)
+
+
+class Run:
+    """A training run in S3 as the checkpoint-sync sidecar leaves it."""
+
+    def __init__(self, client):
+        self.client = client
+        self.dag_id = f"train_{uuid.uuid4().hex[:8]}"
+        self.run_id = "scheduled__2026-11-22T04:00:00+00:00"
+        self.location = S3Layout().run(self.dag_id, self.run_id)
+        self.model = f"model-{uuid.uuid4().hex[:6]}"
+
+    def upload(self, area: str, path: str, body: bytes, *, with_sha: bool = True) -> dict:
+        key = self.location.key(area, path)
+        sha = hashlib.sha256(body).hexdigest()
+        self.client.put_object(
+            Bucket="training", Key=key, Body=body, Metadata={"sha256": sha} if with_sha else {}
+        )
+        return {"area": area, "path": path, "key": key, "size": len(body), "sha256": sha}
+
+    def commit(
+        self, number: int, files: list[dict], *, final: bool = True, complete: bool = True, errors=()
+    ) -> None:
+        doc = {
+            "kind": "kubetrain/sync-pass",
+            "format_version": 1,
+            "pass": number,
+            "final": final,
+            "complete": complete,
+            "started_at": "2026-11-22T04:10:00Z",
+            "finished_at": "2026-11-22T04:10:01Z",
+            "pod": "train-abc",
+            "files": files,
+            "errors": list(errors),
+        }
+        check_schema(doc)
+        self.client.put_object(
+            Bucket="training", Key=self.location.pass_key(number), Body=json.dumps(doc).encode()
+        )
+
+    def standard(self) -> list[dict]:
+        """Checkpoints ckpt-1..5 uploaded over time; the pod kept the newest two; an exported model."""
+        older = [self.upload("checkpoints", f"ckpt-{n}.index", b"i%d" % n) for n in (1, 2, 3)]
+        older += [self.upload("checkpoints", f"ckpt-{n}.data-00000-of-00001", b"d" * n) for n in (1, 2, 3)]
+        files = [self.upload("checkpoints", "checkpoint", b'model_checkpoint_path: "ckpt-5"\n')]
+        for n in (4, 5):
+            files.append(self.upload("checkpoints", f"ckpt-{n}.index", b"i%d" % n))
+            files.append(self.upload("checkpoints", f"ckpt-{n}.data-00000-of-00001", b"d" * n))
+        files.append(self.upload("output", "model.keras", b"keras zip bytes"))
+        files.append(self.upload("output", "saved_model/saved_model.pb", b"pb bytes", with_sha=False))
+        files.append(self.upload("output", "metrics.json", b'{"monitor": "val_accuracy"}'))
+        self.commit(1, older[:2])
+        self.commit(2, files)
+        return files
+
+    def keys(self, prefix: str) -> list[str]:
+        listing = self.client.list_objects_v2(Bucket="training", Prefix=prefix).get("Contents", [])
+        return sorted(o["Key"] for o in listing)
+
+    def read(self, key: str) -> bytes:
+        return self.client.get_object(Bucket="training", Key=key)["Body"].read()
+
+    def execute(self, **kwargs):
+        op = SyncCheckpointsOperator(task_id="sync", model=self.model, **kwargs)
+        ti = SimpleNamespace(dag_id=self.dag_id, task_id="sync", map_index=-1, try_number=1)
+        context = {"ti": ti, "run_id": self.run_id, "dag_run": SimpleNamespace(run_after=RUN_AFTER)}
+        return op, op.execute(context)
+
+
+@pytest.fixture
+def run(client):
+    return Run(client)
+
+
+def test_promotes_the_model_with_latest_written_last(run):
+    run.standard()
+    op = SyncCheckpointsOperator(task_id="sync", model=run.model, keep_checkpoints=None)
+    writes: list[tuple[str, str]] = []
+    op.hook.conn.meta.events.register(
+        "before-parameter-build.s3",
+        lambda model, params, **_: writes.append((model.name, params.get("Key", ""))),
+    )
+    context = {
+        "ti": SimpleNamespace(dag_id=run.dag_id, task_id="sync", map_index=-1, try_number=1),
+        "run_id": run.run_id,
+        "dag_run": SimpleNamespace(run_after=RUN_AFTER),
+    }
+    result = op.execute(context)
+
+    version = result["model_version"]
+    assert version.startswith("20261122T040000Z-")
+    prefix = f"models/{run.model}/{version}/"
+    assert result["promoted"] is True and result["model_uri"] == f"s3://training/{prefix}"
+    assert run.keys(prefix) == [
+        prefix + p for p in ("metrics.json", "model.keras", "saved_model/saved_model.pb")
+    ]
+    assert run.read(prefix + "model.keras") == b"keras zip bytes"
+    pointer = json.loads(run.read(f"models/{run.model}/latest"))
+    assert pointer["version"] == version and pointer["uri"] == result["model_uri"]
+    assert pointer["run_uri"] == run.location.uri and pointer["sync_pass"] == 2
+
+    model_writes = [
+        key for name, key in writes if name in ("PutObject", "CopyObject") and key.startswith("models/")
+    ]
+    assert model_writes[-1] == f"models/{run.model}/latest"
+    assert len(model_writes) == 4
+
+    # A retry of the task promotes to the same version, not a second one.
+    assert op.execute(context)["model_version"] == version
+    assert [k for k in run.keys(f"models/{run.model}/") if not k.endswith("/latest")] == run.keys(prefix)
+
+
+def test_complete_pass_is_verified_with_and_without_sha_metadata(run, client):
+    files = run.standard()
+    number, _, document = check_final_pass(client, run.location)
+    assert number == 2 and len(document["files"]) == len(files)
+
+
+def test_missing_manifest_fails(run):
+    with pytest.raises(SyncVerificationError, match=f"no sync pass manifest under {run.location.uri}/sync/"):
+        run.execute()
+
+
+def test_incomplete_final_pass_fails_naming_the_file(run):
+    files = run.standard()
+    run.commit(
+        3, files, complete=False, errors=[{"area": "output", "path": "model.keras", "error": "timed out"}]
+    )
+    with pytest.raises(
+        SyncVerificationError, match=r"pass-00000003\.json is incomplete: output/model\.keras: timed out"
+    ):
+        run.execute()
+    assert run.keys(f"models/{run.model}/") == []
+
+
+def test_pass_that_is_not_final_fails(run):
+    files = run.standard()
+    run.commit(3, files, final=False)
+    with pytest.raises(SyncVerificationError, match=r"\(pass 3\) is not final"):
+        run.execute()
+
+
+def test_size_mismatch_fails(run):
+    run.standard()
+    run.upload("output", "model.keras", b"truncated")
+    with pytest.raises(
+        SyncVerificationError, match=r"output/model\.keras: size in S3 is 9, the manifest says 15"
+    ):
+        run.execute()
+    assert run.keys(f"models/{run.model}/") == []
+
+
+def test_content_mismatch_without_metadata_is_found_by_reading(run):
+    run.standard()
+    run.upload("output", "saved_model/saved_model.pb", b"PB BYTES", with_sha=False)  # same size, other bytes
+    with pytest.raises(
+        SyncVerificationError, match=r"output/saved_model/saved_model\.pb: sha256 in S3 is [0-9a-f]{64}"
+    ):
+        run.execute()
+
+
+def test_missing_file_fails(run, client):
+    files = run.standard()
+    client.delete_object(Bucket="training", Key=files[1]["key"])
+    with pytest.raises(
+        SyncVerificationError, match=r"checkpoints/ckpt-4\.index: missing from s3://training/"
+    ):
+        run.execute()
+
+
+def test_pruning_keeps_the_newest_prefixes_and_records_a_pass(run, client):
+    run.standard()
+    _, result = run.execute(keep_checkpoints=1, promote="never")
+
+    assert result["promoted"] is False and run.keys(f"models/{run.model}/") == []
+    prefix = run.location.area_prefix("checkpoints")
+    assert run.keys(prefix) == [
+        prefix + p for p in ("checkpoint", "ckpt-5.data-00000-of-00001", "ckpt-5.index")
+    ]
+    assert result["pruned"] == 8 and result["sync_pass"] == 3
+    number, _, document = check_final_pass(client, run.location)  # the newest pass matches S3 again
+    assert number == 3
+    check_schema(document)
+    assert sorted(f["path"] for f in document["files"] if f["area"] == "checkpoints") == [
+        "checkpoint",
+        "ckpt-5.data-00000-of-00001",
+        "ckpt-5.index",
+    ]
+
+
+def test_pruning_keeps_everything_the_pass_lists_when_k_covers_it(run):
+    run.standard()
+    _, result = run.execute(keep_checkpoints="3", promote="never")
+    prefix = run.location.area_prefix("checkpoints")
+    kept = [k.removeprefix(prefix) for k in run.keys(prefix)]
+    assert kept == [
+        "checkpoint",
+        "ckpt-4.data-00000-of-00001",
+        "ckpt-4.index",
+        "ckpt-5.data-00000-of-00001",
+        "ckpt-5.index",
+    ]
+    assert result["sync_pass"] == 2  # nothing listed was deleted: no new pass
+
+
+@pytest.mark.parametrize(("is_better", "promoted"), [(False, False), ("True", True), ("false", False)])
+def test_promotion_gated_on_the_report(run, is_better, promoted):
+    run.standard()
+    _, result = run.execute(promote="if_better", is_better=is_better, keep_checkpoints=None)
+    assert result["promoted"] is promoted
+    assert bool(run.keys(f"models/{run.model}/")) is promoted
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"promote": "sometimes"}, "promote='sometimes' is not valid"),
+        ({"promote": "if_better"}, "promote='if_better' needs is_better"),
+        ({"promote": "if_better", "is_better": "maybe"}, "is_better='maybe' is not a boolean"),
+        ({"keep_checkpoints": -2}, "keep_checkpoints=-2 is not valid"),
+    ],
+)
+def test_bad_settings_fail_before_touching_s3(run, kwargs, message):
+    run.standard()
+    with pytest.raises(ValueError, match=message):
+        run.execute(**kwargs)
+    assert len(run.keys(run.location.area_prefix("checkpoints"))) == 11
+    assert len(run.keys(run.location.area_prefix("sync"))) == 2
+    assert run.keys(f"models/{run.model}/") == []
+
+
+@pytest.mark.parametrize(
+    ("path", "group"),
+    [
+        ("ckpt-12.index", (("", "ckpt"), 12)),
+        ("ckpt-12.data-00000-of-00001", (("", "ckpt"), 12)),
+        ("best/epoch-0003.weights.h5", (("best/", "epoch"), 3)),
+        ("weights_epoch_5.h5", (("", "weights_epoch"), 5)),
+        ("checkpoint", None),
+        ("events.out.tfevents.1700000000.host", None),
+    ],
+)
+def test_checkpoint_groups(path, group):
+    assert checkpoint_group(path) == group
