@@ -32,6 +32,11 @@ with DAG(
     tags=["kubetrain", "training", "custom"],
     params={
         **common_params(dataset_uri="s3://datasets/digits/", model="custom-model", gpus=0),
+        "promote": Param(
+            "always", type="string", enum=["always", "if_better", "never"], title="Promote",
+            description="Promote the output: always, only if its metrics.json beats the promoted one, or never.",
+            section="Promotion",
+        ),
         "image": Param(
             "tensorflow/tensorflow:2.21.0-gpu",
             type="string",
@@ -48,14 +53,16 @@ with DAG(
             ["train.py"], type="array", items={"type": "string"}, title="Arguments",
             description="The container's arguments, one item per line.", section="Container",
         ),
-        "report": Param(
-            True, type="boolean", title="Report",
-            description="Write a report from OUTPUT_DIR/metrics.json and history.csv when the container writes them.", section="Container",
+        "metrics_required": Param(
+            False, type="boolean", title="Metrics required",
+            description="Fail unless the container writes OUTPUT_DIR/metrics.json; without it the run gets no report.",
+            section="Container",
         ),
     },
 ) as dag:
     training_pipeline(
         title="Custom training container",
-        cmds="{{ params.command }}",
-        arguments="{{ params.args }}",
+        cmds="{{ params.command | tojson }}",
+        arguments="{{ params.args | tojson }}",
+        require_metrics="{{ params.metrics_required }}",
     )

@@ -83,6 +83,15 @@ def common_params(*, dataset_uri: str, model: str, gpus: int = 1, cpu: str = "2"
             description="Memory request and limit, e.g. 4Gi.",
             section="Resources",
         ),
+        "sync_interval": Param(
+            30,
+            type="integer",
+            minimum=1,
+            maximum=3600,
+            title="Checkpoint sync interval",
+            description="Seconds between uploads of new checkpoints to S3 while the pod trains.",
+            section="Resources",
+        ),
         "image": Param(
             "",
             type="string",
@@ -123,19 +132,22 @@ class TrainingTasks:
 
 def training_pipeline(
     *,
-    cmds: Sequence[str],
-    arguments: Sequence[str],
+    cmds: Sequence[str] | str,
+    arguments: Sequence[str] | str,
     title: str,
     keep_checkpoints: int = 3,
+    require_metrics: bool | str = True,
     execution_timeout: timedelta = timedelta(hours=24),
     **train_kwargs: Any,
 ) -> TrainingTasks:
     """Create the shared task chain in the current DAG context.
 
-    :param cmds: the base container's command.
-    :param arguments: its arguments (templated; Params via ``{{ params.x }}``).
+    :param cmds: the base container's command, or a template that renders a JSON array.
+    :param arguments: its arguments (templated; Params via ``{{ params.x }}``), or a template
+        that renders a JSON array (``{{ params.args | tojson }}``).
     :param title: report title.
     :param keep_checkpoints: checkpoint sets kept in S3 after the run.
+    :param require_metrics: whether a run without OUTPUT_DIR/metrics.json fails the report (templated).
     :param execution_timeout: limit of the training task.
     :param train_kwargs: more TrainingPodOperator arguments.
     """
@@ -146,18 +158,19 @@ def training_pipeline(
         task_id="train",
         pool="gpu",
         image="{{ params.image }}",
-        cmds=list(cmds),
-        arguments=list(arguments),
+        cmds=cmds if isinstance(cmds, str) else list(cmds),
+        arguments=arguments if isinstance(arguments, str) else list(arguments),
         dataset_manifest="{{ " + STAGE_XCOM + "['manifest_uri'] }}",
         dataset_version=version,
         experiment="{{ params.experiment }}",
         gpus="{{ params.gpus }}",
         cpu="{{ params.cpu }}",
         memory="{{ params.memory }}",
+        sync_interval="{{ params.sync_interval }}",
         execution_timeout=execution_timeout,
         **train_kwargs,
     )
-    report = ReportOperator(task_id="report", model="{{ params.model_name }}", title=title)
+    report = ReportOperator(task_id="report", model="{{ params.model_name }}", title=title, require_metrics=require_metrics)
     promote = SyncCheckpointsOperator(
         task_id="promote",
         model="{{ params.model_name }}",

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 # Params that do not change what is trained.
-NOT_TRAINING_PARAMS = ("force", "experiment", "promote")
+NOT_TRAINING_PARAMS = ("force", "experiment", "promote", "sync_interval")
 
 
 def fingerprint(dag_id: str, dataset_version: str, params: dict[str, Any], exclude: Sequence[str] = NOT_TRAINING_PARAMS) -> str:

@@ -77,11 +77,13 @@ class ReportOperator(BaseOperator):
     :param title: report title. (templated)
     :param run_uri: the run (default: this DAG run's prefix; see TrainingPodOperator). (templated)
     :param trial: sweep trial, as given to the TrainingPodOperator. (templated)
+    :param require_metrics: fail when the run left no metrics.json (default); when false, such a
+        run gets no report and no comparison. (templated)
     :param training_bucket: training bucket (default: the deployment's). (templated)
     :param aws_conn_id: Airflow connection for S3.
     """
 
-    template_fields: Sequence[str] = ("model", "title", "run_uri", "trial", "training_bucket")
+    template_fields: Sequence[str] = ("model", "title", "run_uri", "trial", "training_bucket", "require_metrics")
     operator_extra_links = (ReportLink(),)
     ui_color = "#fdf5e6"
 
@@ -94,10 +96,12 @@ class ReportOperator(BaseOperator):
         run_uri: str | None = None,
         trial: str | None = None,
         training_bucket: str | None = None,
+        require_metrics: bool | str = True,
         aws_conn_id: str | None = "aws_default",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.require_metrics = require_metrics
         self.model = model
         self.compare_on = compare_on
         self.title = title
@@ -148,6 +152,12 @@ class ReportOperator(BaseOperator):
         run = run_from_context(
             context, run_uri=self.run_uri, trial=self.trial, training_bucket=self.training_bucket
         )
+        if str(self.require_metrics).lower() in ("false", "0", "no") and (
+            _read(client, run.bucket, run.key("output", "metrics.json")) is None
+        ):
+            # A third-party container need not write metrics: nothing to report or compare.
+            self.log.info("No metrics.json in %s/output/: no report for this run", run.uri)
+            return {"run_uri": run.uri, "report_uri": None, "report_url": None, "better_than_promoted": None}
         inputs = self.load_inputs(client, run)
         metrics = inputs.metrics
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,29 @@ def scheduling_problem(pod: k8s.V1Pod | None, events: Sequence[Any] = ()) -> str
     return None
 
 
+def string_list(name: str, value: Any) -> list[str] | None:
+    """A command or argument list; a string must be a JSON array (``{{ params.args | tojson }}``).
+
+    Lets a DAG take the whole command or argument list from an array Param.
+
+    :param name: the operator argument, for the error message.
+    :param value: a list of strings, a JSON array of strings, or empty.
+    """
+    if value in (None, "", []):
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError(
+                f"{name} {value!r} is not a list: expected a list of strings or a JSON array such as "
+                "'{{ params.args | tojson }}'"
+            ) from None
+    if not isinstance(value, list) or not all(isinstance(v, str | int | float) for v in value):
+        raise ValueError(f"{name} {value!r} is not a list of strings")
+    return [str(v) for v in value]
+
+
 class TrainingPodOperator(KubernetesPodOperator):
     """Run a training container in a pod built by :mod:`kubetrain.pod_spec`.
 
@@ -79,7 +103,7 @@ class TrainingPodOperator(KubernetesPodOperator):
     :param image_pull_secrets: registry Secret names (list or comma-separated).
     :param tolerations: extra tolerations; GPU pods always tolerate ``nvidia.com/gpu:NoSchedule``.
     :param run_as_user: numeric non-root user of all containers.
-    :param sync_interval: seconds between checkpoint uploads.
+    :param sync_interval: seconds between checkpoint uploads. (templated)
     :param sync_quiet: seconds a file must stay unmodified before upload.
     :param sync_grace_period_seconds: pod termination grace period, the time the final sync pass gets.
     :param cache_claim: PersistentVolumeClaim for the stage-in cache.
@@ -106,6 +130,7 @@ class TrainingPodOperator(KubernetesPodOperator):
         "s3_secret",
         "training_bucket",
         "extra_env",
+        "sync_interval",
     )
 
     def __init__(
@@ -128,7 +153,7 @@ class TrainingPodOperator(KubernetesPodOperator):
         image_pull_secrets: list[str] | str | None = None,
         tolerations: list[k8s.V1Toleration] | None = None,
         run_as_user: int = 1000,
-        sync_interval: int = 30,
+        sync_interval: int | str = 30,
         sync_quiet: int = 2,
         sync_grace_period_seconds: int = 300,
         cache_claim: str | None = None,
@@ -227,8 +252,8 @@ class TrainingPodOperator(KubernetesPodOperator):
             image=image,
             sync_image=sync_image,
             run_uri=run.uri,
-            command=self.cmds or None,
-            args=self.arguments or None,
+            command=string_list("cmds", self.cmds),
+            args=string_list("arguments", self.arguments),
             dataset_manifest=self.dataset_manifest or None,
             dataset_version=self.dataset_version or None,
             code_version=self.code_version or None,
