@@ -170,7 +170,7 @@ class TrainingPodConfig:
     image_pull_secrets: Sequence[str] = ()
     node_selector: Mapping[str, str] | None = None
     tolerations: Sequence[k8s.V1Toleration] = ()
-    run_as_user: int = 1000
+    run_as_user: int = 10001
     sync_interval: int = 30
     sync_quiet: int = 2
     termination_grace_period: int = 300

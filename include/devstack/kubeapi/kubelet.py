@@ -444,17 +444,32 @@ class PodWorker:
         self.sidecars_running = False
 
     async def terminate(self, grace: float) -> None:
-        """Graceful deletion: SIGTERM to every running container, SIGKILL after ``grace`` seconds."""
+        """Graceful deletion, as the kubelet does it since native sidecars exist.
+
+        SIGTERM to the main (and init) containers first; the native sidecars get theirs only
+        once those have exited, so a sidecar can still ship what the main container wrote on
+        its way out; SIGKILL to whatever still runs when ``grace`` seconds are up.
+        """
         self.stopping = True
         self.stop_event.set()
-        running = [c for c in self.containers if c.proc and not c.proc.finished.is_set()]
-        for c in running:
-            self.event("Normal", "Killing", f"Stopping container {c.name}", c.field_path)
-            c.proc.send_signal(signal.SIGTERM if grace > 0 else signal.SIGKILL)
-        if running:
-            waits = [asyncio.ensure_future(c.proc.finished.wait()) for c in running]
-            done, pending = await asyncio.wait(waits, timeout=grace if grace > 0 else None)
-            for c in running:
+        deadline = time.monotonic() + grace
+
+        def running(kinds: tuple[str, ...]) -> list[Container]:
+            return [c for c in self.containers if c.kind in kinds and c.proc and not c.proc.finished.is_set()]
+
+        for kinds in (("main", "init"), ("sidecar",)):
+            group = running(kinds)
+            if kinds == ("sidecar",):
+                group.reverse()
+            for c in group:
+                self.event("Normal", "Killing", f"Stopping container {c.name}", c.field_path)
+                c.proc.send_signal(signal.SIGTERM if grace > 0 else signal.SIGKILL)
+            if not group:
+                continue
+            waits = [asyncio.ensure_future(c.proc.finished.wait()) for c in group]
+            timeout = max(0.0, deadline - time.monotonic()) if grace > 0 else None
+            _, pending = await asyncio.wait(waits, timeout=timeout)
+            for c in group:
                 if not c.proc.finished.is_set():
                     c.proc.send_signal(signal.SIGKILL)
             if pending:

@@ -102,7 +102,7 @@ class TrainingPodOperator(KubernetesPodOperator):
     :param s3_secret: Secret with the AWS_* variables; ``None`` for workload identity. (templated)
     :param image_pull_secrets: registry Secret names (list or comma-separated).
     :param tolerations: extra tolerations; GPU pods always tolerate ``nvidia.com/gpu:NoSchedule``.
-    :param run_as_user: numeric non-root user of all containers.
+    :param run_as_user: numeric non-root user of all containers (default 10001, the user of the trainer and sync images).
     :param sync_interval: seconds between checkpoint uploads. (templated)
     :param sync_quiet: seconds a file must stay unmodified before upload.
     :param sync_grace_period_seconds: pod termination grace period, the time the final sync pass gets.
@@ -152,7 +152,7 @@ class TrainingPodOperator(KubernetesPodOperator):
         s3_secret: str | None = pod_spec.DEFAULT_S3_SECRET,
         image_pull_secrets: list[str] | str | None = None,
         tolerations: list[k8s.V1Toleration] | None = None,
-        run_as_user: int = 1000,
+        run_as_user: int = 10001,
         sync_interval: int | str = 30,
         sync_quiet: int = 2,
         sync_grace_period_seconds: int = 300,

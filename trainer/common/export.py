@@ -1,0 +1,47 @@
+"""Writing the model into OUTPUT_DIR atomically: model.keras and the SavedModel export."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import keras
+
+from trainer.common.contract import replace_dir_atomic, temp_path_for
+
+log = logging.getLogger("kubetrain.trainer")
+
+SAVED_MODEL_VERSION = "1"
+
+
+def save_keras_model(model: keras.Model, output_dir: Path) -> Path:
+    """OUTPUT_DIR/model.keras (Keras' own format; no pickle)."""
+    target = output_dir / "model.keras"
+    tmp = temp_path_for(target, ".keras")  # Keras insists on the .keras suffix
+    try:
+        model.save(tmp)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def export_saved_model(model: keras.Model, output_dir: Path) -> Path:
+    """OUTPUT_DIR/saved_model/1/: a SavedModel with a ``serve`` signature for TF Serving.
+
+    TF Serving loads numbered version directories under a model base path, so the
+    directory OUTPUT_DIR/saved_model is what a serving config points at.
+    """
+    target = output_dir / "saved_model"
+    tmp = temp_path_for(target)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        model.export(str(tmp / SAVED_MODEL_VERSION), format="tf_saved_model", verbose=False)
+        replace_dir_atomic(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target / SAVED_MODEL_VERSION

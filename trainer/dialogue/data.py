@@ -1,0 +1,225 @@
+"""Readers of question/response pairs: TSV, JSONL and the Cornell Movie-Dialogs files.
+
+* TSV: ``question<TAB>response`` per line, UTF-8. An optional header line naming the two
+  columns (e.g. ``question<TAB>response``) is skipped.
+* JSONL: one object per line with a question key (``question``, ``input`` or ``prompt``)
+  and a response key (``response``, ``reply`` or ``answer``), UTF-8.
+* Cornell Movie-Dialogs: ``movie_lines.txt`` (``lineID +++$+++ characterID +++$+++
+  movieID +++$+++ character name +++$+++ text``) and ``movie_conversations.txt``
+  (``characterID +++$+++ characterID +++$+++ movieID +++$+++ ['L1', 'L2', ...]``),
+  Latin-1. Each pair of consecutive lines of a conversation is one pair.
+
+Records that cannot be parsed are skipped and counted, never fatal; no parsable pair at
+all is a ``DataError``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainer.common.contract import DataError, NoInputError
+
+log = logging.getLogger("kubetrain.trainer")
+
+CORNELL_SEPARATOR = " +++$+++ "
+CORNELL_LINES = "movie_lines.txt"
+CORNELL_CONVERSATIONS = "movie_conversations.txt"
+CORNELL_ENCODING = "latin-1"
+QUESTION_KEYS = ("question", "input", "prompt")
+RESPONSE_KEYS = ("response", "reply", "answer")
+FORMATS = ("auto", "tsv", "jsonl", "cornell")
+_LINE_ID = re.compile(r"'([^']+)'|\"([^\"]+)\"")
+
+
+@dataclass
+class Pairs:
+    """Question/response pairs and where they came from.
+
+    Attributes:
+        pairs: (question, response) tuples, in file order.
+        sources: the files read, relative to DATA_DIR.
+        skipped: records that could not be parsed (bad lines, unknown line ids, empty text).
+    """
+
+    pairs: list[tuple[str, str]] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    skipped: int = 0
+
+
+def _clean(text: str) -> str:
+    return " ".join(text.split())
+
+
+def read_tsv(path: Path) -> Pairs:
+    """Pairs from a ``question<TAB>response`` file."""
+    out = Pairs(sources=[path.name])
+    with open(path, encoding="utf-8", newline="") as lines:
+        for number, line in enumerate(lines, 1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            fields = line.split("\t")
+            if len(fields) != 2:
+                out.skipped += 1
+                continue
+            question, response = _clean(fields[0]), _clean(fields[1])
+            if number == 1 and question.lower() in QUESTION_KEYS and response.lower() in RESPONSE_KEYS:
+                continue
+            if question and response:
+                out.pairs.append((question, response))
+            else:
+                out.skipped += 1
+    return out
+
+
+def read_jsonl(path: Path) -> Pairs:
+    """Pairs from a file of JSON objects, one per line."""
+    out = Pairs(sources=[path.name])
+    with open(path, encoding="utf-8") as lines:
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                out.skipped += 1
+                continue
+            if not isinstance(record, dict):
+                out.skipped += 1
+                continue
+            question = next((record[k] for k in QUESTION_KEYS if isinstance(record.get(k), str)), "")
+            response = next((record[k] for k in RESPONSE_KEYS if isinstance(record.get(k), str)), "")
+            question, response = _clean(question), _clean(response)
+            if question and response:
+                out.pairs.append((question, response))
+            else:
+                out.skipped += 1
+    return out
+
+
+def read_cornell(folder: Path) -> Pairs:
+    """Pairs of consecutive lines from the Cornell Movie-Dialogs corpus files in ``folder``."""
+    out = Pairs(sources=[CORNELL_LINES, CORNELL_CONVERSATIONS])
+    texts: dict[str, str] = {}
+    with open(folder / CORNELL_LINES, encoding=CORNELL_ENCODING, newline="") as lines:
+        for line in lines:
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            fields = line.split(CORNELL_SEPARATOR)
+            if len(fields) != 5:
+                # Some lines end with an empty text after a separator without the trailing space.
+                fields = line.split(CORNELL_SEPARATOR.rstrip())
+                fields = [f.strip() for f in fields]
+            if len(fields) != 5 or not fields[0].strip():
+                out.skipped += 1
+                continue
+            texts[fields[0].strip()] = _clean(fields[4])
+    with open(folder / CORNELL_CONVERSATIONS, encoding=CORNELL_ENCODING, newline="") as lines:
+        for line in lines:
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            fields = line.split(CORNELL_SEPARATOR)
+            if len(fields) != 4:
+                out.skipped += 1
+                continue
+            ids = [a or b for a, b in _LINE_ID.findall(fields[3])]
+            if len(ids) < 2:
+                out.skipped += 1
+                continue
+            for first, second in zip(ids, ids[1:], strict=False):
+                question, response = texts.get(first), texts.get(second)
+                if question and response:
+                    out.pairs.append((question, response))
+                else:
+                    out.skipped += 1
+    return out
+
+
+def _format_of(path: Path) -> str:
+    if path.is_dir():
+        return "cornell"
+    suffix = path.suffix.lower()
+    if suffix in (".tsv", ".txt"):
+        return "tsv"
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    raise DataError(f"cannot tell the format of {path.name!r} from its name; pass --data-format tsv, jsonl or cornell")
+
+
+def find_sources(data_dir: Path, data_format: str = "auto", data_file: str | None = None) -> list[tuple[Path, str]]:
+    """The files (or Cornell folder) to read and their formats.
+
+    With ``data_file``, that path (relative to DATA_DIR) is read. Otherwise DATA_DIR is
+    searched: a folder holding the two Cornell files wins; else every ``*.tsv`` and
+    ``*.jsonl`` file is read, in name order.
+    """
+    if data_file:
+        path = Path(data_file) if os.path.isabs(data_file) else data_dir / data_file
+        if not path.exists():
+            raise NoInputError(f"--data-file {data_file!r} does not exist under DATA_DIR {str(data_dir)!r}")
+        fmt = _format_of(path) if data_format == "auto" else data_format
+        if fmt == "cornell" and path.is_file():
+            path = path.parent
+        return [(path, fmt)]
+    found: list[tuple[Path, str]] = []
+    cornell: Path | None = None
+    for dirpath, dirnames, filenames in os.walk(data_dir):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "__MACOSX")
+        if CORNELL_LINES in filenames and CORNELL_CONVERSATIONS in filenames and cornell is None:
+            cornell = Path(dirpath)
+        for name in sorted(filenames):
+            if name.startswith("."):
+                continue
+            suffix = Path(name).suffix.lower()
+            fmt = {".tsv": "tsv", ".jsonl": "jsonl"}.get(suffix)
+            if fmt and data_format in ("auto", fmt):
+                found.append((Path(dirpath) / name, fmt))
+    if data_format in ("auto", "cornell") and cornell is not None:
+        return [(cornell, "cornell")]
+    if not found:
+        wanted = {
+            "auto": f"*.tsv or *.jsonl files, or the Cornell {CORNELL_LINES} and {CORNELL_CONVERSATIONS}",
+            "tsv": "*.tsv files", "jsonl": "*.jsonl files",
+            "cornell": f"the Cornell {CORNELL_LINES} and {CORNELL_CONVERSATIONS}",
+        }[data_format]
+        raise DataError(f"no dialogue data in DATA_DIR {str(data_dir)!r}: expected {wanted}")
+    return found
+
+
+def load_pairs(data_dir: Path, data_format: str = "auto", data_file: str | None = None,
+               max_pairs: int | None = None) -> Pairs:
+    """Read every source and return the pairs.
+
+    Raises:
+        DataError: no source found, a file is not valid text, or no pair could be parsed.
+    """
+    total = Pairs()
+    for path, fmt in find_sources(data_dir, data_format, data_file):
+        reader = {"tsv": read_tsv, "jsonl": read_jsonl, "cornell": read_cornell}[fmt]
+        try:
+            part = reader(path)
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); {fmt} files must be "
+                            "UTF-8") from exc
+        except FileNotFoundError as exc:
+            raise DataError(f"{fmt} data incomplete: {exc.filename} is missing") from exc
+        log.info("read %d pairs from %s (%s), skipped %d unparsable record(s)", len(part.pairs), path, fmt,
+                 part.skipped)
+        total.pairs.extend(part.pairs)
+        names = [path / s for s in part.sources] if path.is_dir() else [path]
+        total.sources.extend(os.path.relpath(n, data_dir) for n in names)
+        total.skipped += part.skipped
+    if not total.pairs:
+        raise DataError(f"no parsable question/response pairs in {', '.join(total.sources) or str(data_dir)} "
+                        f"({total.skipped} record(s) skipped); expected question<TAB>response lines, JSON lines "
+                        f"with {'/'.join(QUESTION_KEYS)} and {'/'.join(RESPONSE_KEYS)} keys, or Cornell files")
+    if max_pairs is not None:
+        total.pairs = total.pairs[:max_pairs]
+    return total

@@ -1,0 +1,290 @@
+"""Dialogue Transformer trainer: ``python -m trainer.dialogue``.
+
+Trains an encoder-decoder Transformer to answer a question with a reply, from
+question/response pairs in DATA_DIR: TSV, JSONL, or the raw Cornell Movie-Dialogs files.
+A word tokenizer is built from the data and saved as JSON beside the model (and beside
+the checkpoints, so a resumed run keeps the same token ids). Learning rate: the warm-up
+schedule of "Attention Is All You Need"; gradients are clipped by their global norm.
+Every --sample-every-steps steps the trainer logs greedy replies to a few validation
+questions and keeps the latest in OUTPUT_DIR/samples.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.common import cli
+from trainer.common.config import TrainerConfig, option, parse_config, require
+from trainer.common.contract import (
+    DataError,
+    RunInfo,
+    check_data_dir,
+    prepare_dir,
+    write_json_atomic,
+    write_params,
+)
+from trainer.common.signals import StopRequest
+from trainer.dialogue.data import FORMATS, load_pairs
+from trainer.dialogue.tokenizer import WordTokenizer
+
+log = logging.getLogger("kubetrain.trainer")
+
+TRAINER = "dialogue"
+TOKENIZER_FILE = "tokenizer.json"
+KEEP_SAMPLES = 30
+
+
+@dataclass
+class DialogueConfig(TrainerConfig):
+    """Flags of the dialogue trainer."""
+
+    batch_size: int = option(64, "global batch size, split evenly over the devices")
+    validation_split: float = option(0.1, "fraction of the pairs held out for validation (seeded split)")
+    data_format: str = option("auto", "input format; auto detects it from the files in DATA_DIR", choices=FORMATS)
+    data_file: str | None = option(None, "read only this file (or Cornell folder), relative to DATA_DIR",
+                                   hyper=False, metavar="PATH")
+    max_pairs: int | None = option(None, "use at most this many pairs (the first ones read)", metavar="N")
+    vocab_size: int = option(8000, "tokenizer vocabulary size, four special tokens included")
+    min_count: int = option(1, "leave out words seen fewer times than this")
+    lowercase: bool = option(True, "lower-case text before tokenizing")
+    max_input_length: int = option(24, "question tokens kept (longer questions are cut)")
+    max_output_length: int = option(24, "reply tokens, </s> included (longer replies are cut)")
+    num_layers: int = option(2, "encoder and decoder layers (each)")
+    num_heads: int = option(4, "attention heads; must divide --hidden-size")
+    hidden_size: int = option(128, "model width")
+    ff_size: int = option(512, "feed-forward layer width")
+    dropout: float = option(0.1, "dropout rate")
+    warmup_steps: int = option(4000, "steps of linear learning-rate warm-up")
+    learning_rate_scale: float = option(1.0, "multiplier of the warm-up schedule's learning rate")
+    clip_norm: float = option(1.0, "clip gradients to this global norm")
+    sample_every_steps: int = option(200, "log greedy replies to validation questions every N steps", metavar="N")
+    num_samples: int = option(3, "validation questions answered at each sample")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.max_pairs is None or self.max_pairs >= 2, "max_pairs", self.max_pairs, "an integer >= 2")
+        require(isinstance(self.vocab_size, int) and 8 <= self.vocab_size <= 1_000_000, "vocab_size",
+                self.vocab_size, "an integer from 8 to 1000000")
+        require(isinstance(self.min_count, int) and self.min_count >= 1, "min_count", self.min_count,
+                "an integer >= 1")
+        for name in ("max_input_length", "max_output_length"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and 2 <= value <= 1024, name, value, "an integer from 2 to 1024")
+        require(isinstance(self.num_layers, int) and 1 <= self.num_layers <= 64, "num_layers", self.num_layers,
+                "an integer from 1 to 64")
+        require(isinstance(self.num_heads, int) and self.num_heads >= 1, "num_heads", self.num_heads,
+                "an integer >= 1")
+        require(isinstance(self.hidden_size, int) and self.hidden_size >= 2, "hidden_size", self.hidden_size,
+                "an integer >= 2")
+        require(self.hidden_size % self.num_heads == 0, "hidden_size", self.hidden_size,
+                f"a multiple of --num-heads {self.num_heads}")
+        require(isinstance(self.ff_size, int) and self.ff_size >= 1, "ff_size", self.ff_size, "an integer >= 1")
+        require(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "a fraction in [0, 1)")
+        require(isinstance(self.warmup_steps, int) and self.warmup_steps >= 1, "warmup_steps", self.warmup_steps,
+                "an integer >= 1")
+        require(self.learning_rate_scale > 0, "learning_rate_scale", self.learning_rate_scale, "a number > 0")
+        require(self.clip_norm > 0, "clip_norm", self.clip_norm, "a number > 0")
+        require(isinstance(self.sample_every_steps, int) and self.sample_every_steps >= 1, "sample_every_steps",
+                self.sample_every_steps, "an integer >= 1")
+        require(isinstance(self.num_samples, int) and 1 <= self.num_samples <= 100, "num_samples",
+                self.num_samples, "an integer from 1 to 100")
+
+
+@dataclass
+class Encoded:
+    """Token id arrays of a set of pairs, padded with 0."""
+
+    encoder: Any  # (n, max_input_length) int32
+    decoder: Any  # (n, max_output_length) int32: <s> + reply
+    target: Any  # (n, max_output_length) int32: reply + </s>
+    pairs: list[tuple[str, str]]
+
+
+def encode_pairs(pairs: Sequence[tuple[str, str]], tokenizer: WordTokenizer, max_in: int, max_out: int) -> Encoded:
+    """Encode questions for the encoder and replies as decoder inputs and targets."""
+    import numpy as np
+
+    n = len(pairs)
+    encoder = np.zeros((n, max_in), dtype=np.int32)
+    decoder = np.zeros((n, max_out), dtype=np.int32)
+    target = np.zeros((n, max_out), dtype=np.int32)
+    for i, (question, reply) in enumerate(pairs):
+        q = tokenizer.encode(question, max_in)
+        r = tokenizer.encode(reply, max_out - 1)
+        encoder[i, : len(q)] = q
+        decoder[i, : len(r) + 1] = [tokenizer.bos_id, *r]
+        target[i, : len(r) + 1] = [*r, tokenizer.eos_id]
+    return Encoded(encoder, decoder, target, list(pairs))
+
+
+def split_pairs(pairs: Sequence[tuple[str, str]], fraction: float, seed: int,
+                ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Seeded split; the validation set keeps at least one pair, training at least one."""
+    import numpy as np
+
+    order = np.random.default_rng(seed).permutation(len(pairs))
+    n_val = min(len(pairs) - 1, max(1, round(len(pairs) * fraction)))
+    return [pairs[i] for i in order[n_val:]], [pairs[i] for i in order[:n_val]]
+
+
+class Sampler:
+    """Logs greedy replies to fixed validation questions and keeps the latest ones."""
+
+    def __init__(self, decoder: Any, tokenizer: WordTokenizer, data: Encoded, count: int, path: Path) -> None:
+        self.decoder, self.tokenizer, self.path = decoder, tokenizer, path
+        self.inputs = data.encoder[:count]
+        self.pairs = data.pairs[:count]
+        self.samples: list[dict[str, Any]] = []
+        self.last_step: int | None = None
+
+    def __call__(self, step: int) -> None:
+        replies = self.decoder(self.inputs)
+        for (question, reference), ids in zip(self.pairs, replies, strict=True):
+            reply = self.tokenizer.decode(ids)
+            log.info("sample at step %d: %r -> %r (reference %r)", step, question, reply, reference)
+            self.samples.append({"step": step, "input": question, "reply": reply, "reference": reference})
+        self.samples = self.samples[-KEEP_SAMPLES:]
+        self.last_step = step
+        write_json_atomic(self.path, self.samples)
+
+
+def get_tokenizer(config: DialogueConfig, train_pairs: Sequence[tuple[str, str]], checkpoint_dir: Path,
+                  ) -> WordTokenizer:
+    """The checkpointed run's tokenizer when resuming, else a new one from the training pairs."""
+    saved = checkpoint_dir / TOKENIZER_FILE
+    if saved.exists() and (checkpoint_dir / "checkpoint").exists():
+        tokenizer = WordTokenizer.load(saved)
+        log.info("resuming: using the tokenizer saved with the checkpoints (%d tokens)", tokenizer.size)
+        return tokenizer
+    texts = (text for pair in train_pairs for text in pair)
+    tokenizer = WordTokenizer.build(texts, config.vocab_size, config.min_count, config.lowercase)
+    if tokenizer.size < 5:
+        raise DataError(f"the training pairs yield only {tokenizer.size - 4} word(s) with --min-count "
+                        f"{config.min_count}; nothing to learn")
+    tokenizer.save(saved)
+    log.info("tokenizer built from the training pairs: %d tokens", tokenizer.size)
+    return tokenizer
+
+
+def train(config: DialogueConfig, stop: StopRequest) -> None:
+    """Run the whole training job described by ``config``."""
+    data_dir = check_data_dir(config.data_dir)
+    checkpoint_dir = prepare_dir(config.checkpoint_dir, "CHECKPOINT_DIR")
+    output_dir = prepare_dir(config.output_dir, "OUTPUT_DIR")
+    data = load_pairs(data_dir, config.data_format, config.data_file, config.max_pairs)
+    if len(data.pairs) < 2:
+        raise DataError(f"only {len(data.pairs)} question/response pair found; training and validation need at "
+                        "least two")
+    train_pairs, val_pairs = split_pairs(data.pairs, config.validation_split, config.seed)
+    if len(train_pairs) < config.batch_size:
+        raise DataError(f"{len(train_pairs)} training pairs are fewer than --batch-size {config.batch_size}; "
+                        "lower --batch-size or add data")
+    log.info("split: %d training and %d validation pairs (seed %d)", len(train_pairs), len(val_pairs), config.seed)
+    tokenizer = get_tokenizer(config, train_pairs, checkpoint_dir)
+    tokenizer.save(output_dir / TOKENIZER_FILE)
+    write_params(output_dir, TRAINER, config.hyperparameters(), RunInfo.from_env(), sources=data.sources)
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from trainer.common.export import export_saved_model, save_keras_model
+    from trainer.common.loop import TrainingLoop, metrics_document
+    from trainer.common.runtime import configure
+    from trainer.dialogue.model import GreedyDecoder, WarmupSchedule, build_transformer, seq2seq_sums
+
+    runtime = configure(config)
+    train_data = encode_pairs(train_pairs, tokenizer, config.max_input_length, config.max_output_length)
+    val_data = encode_pairs(val_pairs, tokenizer, config.max_input_length, config.max_output_length)
+    batch = config.batch_size
+    steps_per_epoch = len(train_pairs) // batch
+
+    def train_dataset(epoch: int, skip_batches: int) -> tf.data.Dataset:
+        # The epoch's order is a pure function of (seed, epoch), so skipping the consumed
+        # batches after a resume lands exactly where training stopped.
+        order = np.random.default_rng([config.seed, epoch]).permutation(len(train_pairs))
+        index = order[skip_batches * batch: steps_per_epoch * batch]
+        ds = tf.data.Dataset.from_tensor_slices((
+            {"encoder_tokens": train_data.encoder[index], "decoder_tokens": train_data.decoder[index]},
+            train_data.target[index],
+        ))
+        return ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    val_dataset = tf.data.Dataset.from_tensor_slices((
+        {"encoder_tokens": val_data.encoder, "decoder_tokens": val_data.decoder}, val_data.target,
+    )).batch(batch).prefetch(tf.data.AUTOTUNE)
+
+    with runtime.strategy.scope():
+        model = build_transformer(
+            vocab_size=tokenizer.size, max_input_length=config.max_input_length,
+            max_output_length=config.max_output_length, num_layers=config.num_layers,
+            num_heads=config.num_heads, hidden_size=config.hidden_size, ff_size=config.ff_size,
+            dropout=config.dropout,
+        )
+        schedule = WarmupSchedule(config.hidden_size, config.warmup_steps, config.learning_rate_scale)
+        # global_clipnorm clips after loss-scale unscaling, so it also holds with mixed precision.
+        optimizer = runtime.wrap_optimizer(
+            keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9, global_clipnorm=config.clip_norm)
+        )
+    log.info("transformer: %d parameters", model.count_params())
+
+    sampler = Sampler(GreedyDecoder(model, config.max_output_length, tokenizer.bos_id, tokenizer.eos_id),
+                      tokenizer, val_data, config.num_samples, output_dir / "samples.json")
+
+    def on_step(step: int) -> None:
+        if step % config.sample_every_steps == 0:
+            sampler(step)
+
+    def check_resume(extra: dict[str, Any]) -> None:
+        saved = extra.get("vocabulary_size")
+        if saved is not None and saved != tokenizer.size:
+            raise DataError(f"the checkpoint was trained with {saved} tokens but the tokenizer has {tokenizer.size}")
+
+    loop = TrainingLoop(
+        trainer=TRAINER, config=config, runtime=runtime, model=model, optimizer=optimizer,
+        compute_fn=seq2seq_sums, train_dataset_fn=train_dataset, val_dataset=val_dataset,
+        steps_per_epoch=steps_per_epoch, global_batch_size=batch, stop=stop,
+        extra_state={"vocabulary_size": tokenizer.size}, check_resume=check_resume, on_step=on_step,
+    )
+    result = loop.run(history_path=output_dir / "history.csv")
+    if sampler.last_step != result.steps:
+        sampler(result.steps)
+    save_keras_model(model, output_dir)
+    export_saved_model(model, output_dir)
+    write_json_atomic(output_dir / "metrics.json", metrics_document(
+        trainer=TRAINER, task="seq2seq", metric="accuracy", result=result, runtime=runtime,
+        skipped_files=0, skipped_records=data.skipped, train_examples=len(train_pairs),
+        val_examples=len(val_pairs), vocabulary_size=tokenizer.size,
+    ))
+    log.info("done: %d steps, val_loss %.4f; outputs in %s", result.steps,
+             result.history[-1]["val_loss"] if result.history else float("nan"), output_dir)
+
+
+DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
+EPILOG = """\
+data (DATA_DIR, searched recursively unless --data-file is given):
+  *.tsv    question<TAB>response per line (UTF-8)
+  *.jsonl  {"question": ..., "response": ...} per line (also input/prompt, reply/answer)
+  movie_lines.txt + movie_conversations.txt   the Cornell Movie-Dialogs corpus (Latin-1)
+
+outputs (OUTPUT_DIR):
+  metrics.json history.csv params.json model.keras saved_model/1/ tokenizer.json samples.json
+  (accuracy is next-token accuracy over non-padding reply tokens)
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse flags, train, and return the exit code."""
+    cli.setup_logging()
+    config = parse_config(DialogueConfig, argv, prog="python -m trainer.dialogue", description=DESCRIPTION,
+                          epilog=EPILOG)
+    return cli.run(lambda stop: train(config, stop))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+"""The pod-side S3 transfer tool: ``python -m trainer.sync stage-in|checkpoint-sync|restore``.
+
+* ``stage-in`` (init container): download a staged dataset snapshot into ``DATA_DIR``,
+  verify every object, extract archives safely, and restore this run's latest verified
+  checkpoints into ``CHECKPOINT_DIR`` so that a retried pod resumes.
+* ``checkpoint-sync`` (native sidecar): upload new or changed files from
+  ``CHECKPOINT_DIR`` and ``OUTPUT_DIR`` every few seconds and commit each pass with a
+  manifest; a final pass on SIGTERM.
+* ``restore``: download the files of the newest verified pass manifest.
+
+The formats it reads and writes are described in ``trainer/sync/README.md`` and, as JSON
+Schemas, in ``trainer/sync/schemas/``. The package needs only the standard library and
+botocore, so it runs in a small image of its own (``trainer/Dockerfile.sync``).
+"""
+
+from __future__ import annotations

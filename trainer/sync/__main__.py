@@ -1,0 +1,314 @@
+"""Command line: ``python -m trainer.sync stage-in|checkpoint-sync|restore``.
+
+Every flag has an environment variable (named in ``--help``); a flag given on the command
+line wins. S3 credentials come only from the standard AWS variables or workload identity.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trainer.sync.progress import log
+from trainer.sync.s3 import SyncError, parse_s3_uri
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError("expected a number of seconds >= 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("expected a whole number >= 1")
+    return value
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not value >= 1:
+        raise ValueError("expected a ratio >= 1")
+    return value
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected true or false")
+
+
+class _Options:
+    """Adds flags whose defaults come from environment variables, checked like the flags."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+    def add(
+        self,
+        flag: str,
+        env: str | None,
+        help: str,
+        *,
+        conv: Callable[[str], Any] = str,
+        default: Any = None,
+        required: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        raw = os.environ.get(env) if env else None
+        if raw is not None and raw != "":
+            try:
+                default = conv(raw)
+            except ValueError as exc:
+                self.parser.error(f"{env}={raw!r} is not valid: {exc}")
+        shown = (
+            f" (env {env}" + (f", default {default}" if default not in (None, False) else "") + ")"
+            if env
+            else ""
+        )
+
+        def typed(text: str) -> Any:
+            try:
+                return conv(text)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(f"{text!r} is not valid: {exc}") from exc
+
+        if kwargs.get("action") == "store_true":
+            self.parser.add_argument(flag, help=help + shown, default=bool(default), **kwargs)
+            return
+        self.parser.add_argument(
+            flag,
+            help=help + shown,
+            type=typed,
+            default=default,
+            required=required and default is None,
+            **kwargs,
+        )
+
+
+def _common(opts: _Options, workers: int) -> None:
+    opts.add(
+        "--workers", "KUBETRAIN_SYNC_WORKERS", "concurrent S3 requests", conv=_positive_int, default=workers
+    )
+    opts.add(
+        "--progress-interval",
+        "KUBETRAIN_PROGRESS_INTERVAL",
+        "seconds between progress lines (0: summary only)",
+        conv=_seconds,
+        default=5.0,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the three commands."""
+    from trainer.sync.transfer import default_workers
+
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.sync", description="kubetrain's pod-side S3 transfer tool."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "stage-in",
+        help="download a staged dataset into DATA_DIR and restore this run's checkpoints",
+        description="Download a staged dataset snapshot into DATA_DIR, verifying every object, extract its "
+        "archives safely, then restore this run's newest verified checkpoints into CHECKPOINT_DIR.",
+    )
+    o = _Options(p)
+    o.add("--manifest", "KUBETRAIN_DATASET_MANIFEST", "s3:// URI of the dataset manifest", required=True)
+    o.add("--data-dir", "DATA_DIR", "where the dataset goes", conv=Path, default=Path("/data"))
+    o.add(
+        "--checkpoint-dir",
+        "CHECKPOINT_DIR",
+        "where checkpoints are restored",
+        conv=Path,
+        default=Path("/checkpoints"),
+    )
+    o.add("--run-uri", "KUBETRAIN_RUN_URI", "s3:// URI of this run (unset: restore nothing)")
+    o.add("--cache-dir", "KUBETRAIN_CACHE_DIR", "stage-in cache keyed by dataset version", conv=Path)
+    o.add(
+        "--keep-archives",
+        "KUBETRAIN_KEEP_ARCHIVES",
+        "keep archives after extracting them",
+        conv=_bool,
+        action="store_true",
+    )
+    o.add(
+        "--max-extract-ratio",
+        "KUBETRAIN_MAX_EXTRACT_RATIO",
+        "most uncompressed bytes per compressed byte",
+        conv=_ratio,
+        default=250.0,
+    )
+    o.add(
+        "--max-extract-bytes",
+        "KUBETRAIN_MAX_EXTRACT_BYTES",
+        "most bytes one archive may expand to",
+        conv=_positive_int,
+        default=100 * 1024**3,
+    )
+    o.add(
+        "--max-extract-members",
+        "KUBETRAIN_MAX_EXTRACT_MEMBERS",
+        "most members one archive may have",
+        conv=_positive_int,
+        default=1_000_000,
+    )
+    o.add(
+        "--verify",
+        "KUBETRAIN_VERIFY",
+        "etag: size and ETag (MD5) of every object; size: sizes only",
+        choices=["etag", "size"],
+        default="etag",
+    )
+    o.add(
+        "--part-size",
+        "KUBETRAIN_PART_SIZE",
+        "part size in bytes of multipart-uploaded objects, when S3 will not tell it",
+        conv=_positive_int,
+    )
+    _common(o, default_workers())
+
+    p = sub.add_parser(
+        "checkpoint-sync",
+        help="upload CHECKPOINT_DIR and OUTPUT_DIR to the run every few seconds (sidecar)",
+        description="Upload new or changed files from CHECKPOINT_DIR and OUTPUT_DIR to the run every INTERVAL "
+        "seconds and commit each pass with a manifest; on SIGTERM run a final pass and exit.",
+    )
+    o = _Options(p)
+    o.add("--run-uri", "KUBETRAIN_RUN_URI", "s3:// URI of this run", required=True)
+    o.add(
+        "--checkpoint-dir", "CHECKPOINT_DIR", "checkpoints to upload", conv=Path, default=Path("/checkpoints")
+    )
+    o.add("--output-dir", "OUTPUT_DIR", "outputs to upload", conv=Path, default=Path("/output"))
+    o.add("--interval", "KUBETRAIN_SYNC_INTERVAL", "seconds between passes", conv=_seconds, default=30.0)
+    o.add(
+        "--quiet",
+        "KUBETRAIN_SYNC_QUIET",
+        "seconds a file must be unmodified before upload",
+        conv=_seconds,
+        default=2.0,
+    )
+    o.add(
+        "--settle",
+        "KUBETRAIN_SYNC_SETTLE",
+        "final pass: seconds a recently modified file must hold still",
+        conv=_seconds,
+        default=0.5,
+    )
+    o.add(
+        "--grace",
+        "KUBETRAIN_SYNC_GRACE",
+        "final pass: seconds until exit, whatever is left",
+        conv=_seconds,
+        default=25.0,
+    )
+    _common(o, 8)
+
+    p = sub.add_parser(
+        "restore",
+        help="download the files of the run's newest verified pass manifest",
+        description="Download the files of the run's newest complete pass manifest whose files all verify "
+        "(size and sha256).",
+    )
+    o = _Options(p)
+    o.add("--run-uri", "KUBETRAIN_RUN_URI", "s3:// URI of this run", required=True)
+    o.add(
+        "--checkpoint-dir", "CHECKPOINT_DIR", "where checkpoints go", conv=Path, default=Path("/checkpoints")
+    )
+    o.add(
+        "--output-dir",
+        "OUTPUT_DIR",
+        "where outputs go (with --area output)",
+        conv=Path,
+        default=Path("/output"),
+    )
+    p.add_argument(
+        "--area",
+        action="append",
+        choices=["checkpoints", "output"],
+        help="area to restore; repeat for both (default: checkpoints)",
+    )
+    _common(o, default_workers())
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a command; the exit status (0 ok, 1 failed, 2 bad usage)."""
+    args = build_parser().parse_args(argv)
+    label = args.command
+    try:
+        from trainer.sync.s3 import S3
+
+        if args.command == "stage-in":
+            from trainer.sync.archive import ExtractLimits
+            from trainer.sync.stagein import StageInConfig, stage_in
+
+            cfg = StageInConfig(
+                manifest=parse_s3_uri(args.manifest, "dataset manifest"),
+                data_dir=args.data_dir,
+                checkpoint_dir=args.checkpoint_dir,
+                run=parse_s3_uri(args.run_uri, "KUBETRAIN_RUN_URI") if args.run_uri else None,
+                cache_dir=args.cache_dir,
+                keep_archives=args.keep_archives,
+                limits=ExtractLimits(
+                    args.max_extract_ratio, args.max_extract_bytes, args.max_extract_members
+                ),
+                workers=args.workers,
+                progress_interval=args.progress_interval,
+                verify=args.verify,
+                part_size=args.part_size,
+            )
+            stage_in(S3(pool=max(10, args.workers)), cfg)
+            return 0
+        if args.command == "restore":
+            from trainer.sync.restore import restore
+
+            areas = args.area or ["checkpoints"]
+            dirs = {"checkpoints": args.checkpoint_dir, "output": args.output_dir}
+            restore(
+                S3(pool=max(10, args.workers)),
+                parse_s3_uri(args.run_uri, "KUBETRAIN_RUN_URI"),
+                {a: dirs[a] for a in areas},
+                workers=args.workers,
+                progress_interval=args.progress_interval,
+            )
+            return 0
+        from trainer.sync.sidecar import Sidecar, SyncConfig
+
+        sidecar = Sidecar(
+            S3(pool=max(10, args.workers)),
+            SyncConfig(
+                run=parse_s3_uri(args.run_uri, "KUBETRAIN_RUN_URI"),
+                dirs={"checkpoints": args.checkpoint_dir, "output": args.output_dir},
+                interval=args.interval,
+                quiet=args.quiet,
+                settle=args.settle,
+                grace=args.grace,
+                workers=args.workers,
+            ),
+        )
+        code = sidecar.run()
+        if sidecar.abandoned:
+            # uploads still hanging after the grace period must not hold the exit
+            sys.stderr.flush()
+            os._exit(code)
+        return code
+    except SyncError as exc:
+        log(f"{label}: ERROR: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        log(f"{label}: interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

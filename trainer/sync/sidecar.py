@@ -1,0 +1,430 @@
+"""The checkpoint-sync sidecar: upload new or changed files and commit each pass.
+
+Every ``interval`` seconds a pass scans ``CHECKPOINT_DIR`` and ``OUTPUT_DIR``, uploads
+files that are new or changed and quiet (unmodified for ``quiet`` seconds, and not named
+like a temporary file), and then writes the pass manifest listing the whole current set.
+The manifest is written strictly after every file it lists is uploaded.
+
+What lands at a key is always a consistent snapshot whose sha256 is in the object's
+metadata: a small file is read once into memory, hashed and sent from that same buffer; a
+large one is hashed first and then sent as a multipart upload whose parts are checked
+against that first read before the (atomic) completion. A file that changes while it is
+being uploaded is not listed by that pass.
+
+On SIGTERM a final pass runs without the quiet period; a file modified within the quiet
+period must then stay unchanged for ``settle`` seconds around its upload to be listed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from trainer.sync.manifest import PassFile, PassManifest, pass_key
+from trainer.sync.progress import human_bytes, log
+from trainer.sync.restore import SHA256_METADATA, list_passes, load_pass
+from trainer.sync.s3 import S3, S3Uri, SyncError
+
+MiB = 1024 * 1024
+SINGLE_PUT_LIMIT = 16 * MiB
+# TF and Keras write checkpoints as temporaries and rename them; editors and downloaders
+# leave similar names behind. Any path component that matches is skipped.
+TEMPORARY = re.compile(r"(\.tmp|_temp|\.partial$|\.part$|~$|^\.#|\.swp$|^\.kubetrain-)", re.IGNORECASE)
+
+
+# Extra final passes for files caught mid-write (a trainer checkpointing on its own SIGTERM);
+# bounded, so a file written without end cannot hold the pod's termination.
+FINAL_PASS_RETRIES = 3
+
+
+def now_iso() -> str:
+    """The current UTC time as ISO 8601 with a Z suffix."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def is_temporary(relative: str) -> bool:
+    """Whether a relative path looks like a file still being written."""
+    return any(TEMPORARY.search(part) for part in relative.split("/"))
+
+
+@dataclass(frozen=True)
+class Stat:
+    """What tells a file version apart without reading it."""
+
+    size: int
+    mtime_ns: int
+    ino: int
+
+    @classmethod
+    def of(cls, path: Path) -> Stat:
+        st = os.stat(path, follow_symlinks=False)
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+@dataclass
+class Entry:
+    """A file as the bucket holds it."""
+
+    stat: Stat
+    file: PassFile
+
+
+class _Changed(Exception):
+    """The file changed while it was read or sent."""
+
+
+@dataclass
+class SyncConfig:
+    """Settings of the sidecar (see ``python -m trainer.sync checkpoint-sync --help``)."""
+
+    run: S3Uri
+    dirs: dict[str, Path]
+    interval: float = 30.0
+    quiet: float = 2.0
+    settle: float = 0.5
+    grace: float = 25.0
+    workers: int = 8
+    attempts: int = 2
+    pod: str = field(default_factory=lambda: os.environ.get("HOSTNAME", "unknown"))
+
+    def __post_init__(self) -> None:
+        for name in ("interval", "quiet", "settle", "grace"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} {getattr(self, name)} must not be negative")
+        if self.workers < 1 or self.attempts < 1:
+            raise ValueError(f"workers {self.workers} and attempts {self.attempts} must be at least 1")
+
+
+class Sidecar:
+    """Runs sync passes until SIGTERM, then a final pass.
+
+    Args:
+        s3: S3 access.
+        config: the sidecar's settings.
+    """
+
+    def __init__(self, s3: S3, config: SyncConfig) -> None:
+        self.s3 = s3
+        self.config = config
+        self.stop = threading.Event()
+        self.entries: dict[tuple[str, str], Entry] = {}
+        self.next_pass = 1
+        self.last_written: str | None = None
+        self.uploaded_files = 0
+        self.uploaded_bytes = 0
+        self.abandoned = False  # uploads still running when the grace period ended
+        self.unsettled = False  # a pass found files still being written
+
+    # -- start ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Continue the run's pass numbers and adopt the files the newest manifest already has."""
+        numbers = list_passes(self.s3, self.config.run)
+        self.next_pass = (numbers[-1] + 1) if numbers else 1
+        if not numbers:
+            return
+        newest = load_pass(self.s3, self.config.run, numbers[-1])
+        adopted = 0
+        for f in newest.files:
+            path = self.config.dirs.get(f.area, Path("/nonexistent")) / f.path
+            try:
+                st = Stat.of(path)
+                if st.size == f.size and _sha256_file(path) == f.sha256 and st == Stat.of(path):
+                    self.entries[(f.area, f.path)] = Entry(st, f)
+                    adopted += 1
+            except OSError:
+                continue
+        if newest.complete and adopted == len(newest.files):
+            self.last_written = self._fingerprint([])  # nothing new to commit yet
+        log(f"checkpoint-sync: continuing after pass {numbers[-1]}; {adopted} local files already uploaded")
+
+    def _fingerprint(self, errors: list[dict[str, str]]) -> str:
+        files = sorted((e.file for e in self.entries.values()), key=lambda f: (f.area, f.path))
+        return json.dumps([[f.to_json() for f in files], errors], sort_keys=True)
+
+    # -- loop ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Sync until SIGTERM/SIGINT, then run the final pass; the exit status."""
+        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self.stop.set())
+        cfg = self.config
+        log(
+            f"checkpoint-sync: {', '.join(f'{a}={d}' for a, d in cfg.dirs.items())} -> {cfg.run} "
+            f"every {cfg.interval:g}s (quiet {cfg.quiet:g}s, grace {cfg.grace:g}s)"
+        )
+        try:
+            self.start()
+        except SyncError as exc:
+            log(f"checkpoint-sync: WARNING: {exc}; starting at pass {self.next_pass}")
+        while not self.stop.is_set():
+            try:
+                self.run_pass(final=False)
+            except Exception as exc:  # the sidecar outlives any single failed pass
+                log(f"checkpoint-sync: ERROR: pass failed: {exc}")
+            self.stop.wait(cfg.interval)
+        log("checkpoint-sync: SIGTERM: running the final pass")
+        deadline = time.monotonic() + cfg.grace
+        try:
+            written = self.run_pass(final=True, deadline=deadline)
+            # A trainer that checkpoints on its own SIGTERM may still be writing: go again
+            # while files were caught mid-write, so its last checkpoint makes the final pass.
+            for _ in range(FINAL_PASS_RETRIES):
+                if not self.unsettled or time.monotonic() + cfg.settle + 1.0 >= deadline:
+                    break
+                time.sleep(cfg.settle)
+                written = self.run_pass(final=True, deadline=deadline) or written
+        except Exception as exc:
+            log(f"checkpoint-sync: ERROR: final pass failed: {exc}")
+            return 1
+        log(
+            f"checkpoint-sync: done: {self.uploaded_files:,} uploads, {human_bytes(self.uploaded_bytes)}; "
+            f"final pass {written.number if written else '-'}"
+        )
+        return 0 if written is not None else 1
+
+    def scan(self) -> dict[tuple[str, str], Path]:
+        """Regular, non-temporary files of every area, by (area, relative path)."""
+        found: dict[tuple[str, str], Path] = {}
+        for area, root in self.config.dirs.items():
+            if not root.is_dir():
+                continue
+            for dirpath, dirnames, filenames in os.walk(root):
+                rel_dir = os.path.relpath(dirpath, root)
+                dirnames[:] = sorted(d for d in dirnames if not is_temporary(d))
+                for name in filenames:
+                    rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+                    path = Path(dirpath) / name
+                    if is_temporary(rel) or path.is_symlink() or not path.is_file():
+                        continue
+                    found[(area, rel.replace(os.sep, "/"))] = path
+        return found
+
+    def run_pass(self, *, final: bool, deadline: float | None = None) -> PassManifest | None:
+        """One pass; returns the manifest it wrote, or None when nothing changed."""
+        cfg = self.config
+        started = now_iso()
+        found = self.scan()
+        now = time.time()
+        todo = []
+        for ident, path in sorted(found.items()):
+            try:
+                st = Stat.of(path)
+            except OSError:
+                continue
+            entry = self.entries.get(ident)
+            if entry is not None and entry.stat == st:
+                continue
+            recent = now - st.mtime_ns / 1e9 < cfg.quiet
+            if recent and not final:
+                continue
+            todo.append((ident, path, recent))
+        # files that disappeared are no longer part of the set
+        for ident in [i for i in self.entries if i not in found]:
+            del self.entries[ident]
+        errors: list[dict[str, str]] = []
+        self.unsettled = False
+        pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="put")
+        futures = {
+            pool.submit(self._sync_file, ident, path, recent, final): ident for ident, path, recent in todo
+        }
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic() - 1.0)
+        done, pending = wait(futures, timeout=timeout)
+        for fut in done:
+            area, rel = futures[fut]
+            exc = fut.exception()
+            if exc is not None:
+                errors.append({"area": area, "path": rel, "error": str(exc)})
+                log(f"checkpoint-sync: ERROR: {area}/{rel} could not be uploaded: {exc}")
+        for fut in pending:
+            area, rel = futures[fut]
+            errors.append({"area": area, "path": rel, "error": "not uploaded before the grace period ended"})
+            log(f"checkpoint-sync: ERROR: {area}/{rel} not uploaded before the grace period ended")
+        pool.shutdown(wait=not pending, cancel_futures=True)
+        self.abandoned = bool(pending)
+        # a failed or unfinished upload may have replaced the bytes at its key: list it no more
+        for fut in [*pending, *(f for f in done if f.exception() is not None)]:
+            self.entries.pop(futures[fut], None)
+        if todo:
+            log(
+                f"checkpoint-sync: {'final ' if final else ''}pass: {len(todo) - len(errors)}/{len(todo)} files synced"
+            )
+        files = sorted((e.file for e in self.entries.values()), key=lambda f: (f.area, f.path))
+        fingerprint = self._fingerprint(errors)
+        if not final and fingerprint == self.last_written:
+            return None
+        manifest = PassManifest(
+            number=self.next_pass,
+            final=final,
+            complete=not errors,
+            started_at=started,
+            finished_at=now_iso(),
+            pod=cfg.pod,
+            files=files,
+            errors=errors,
+        )
+        self._write_manifest(manifest)
+        self.last_written = fingerprint
+        self.next_pass += 1
+        return manifest
+
+    def _write_manifest(self, manifest: PassManifest) -> None:
+        key = pass_key(self.config.run.key, manifest.number)
+        body = json.dumps(manifest.to_json(), indent=1).encode()
+        self._retry(
+            lambda: self.s3.client.put_object(
+                Bucket=self.config.run.bucket, Key=key, Body=body, ContentType="application/json"
+            ),
+            f"s3://{self.config.run.bucket}/{key}",
+        )
+        state = "complete" if manifest.complete else f"INCOMPLETE ({len(manifest.errors)} errors)"
+        log(
+            f"checkpoint-sync: pass {manifest.number} committed{' (final)' if manifest.final else ''}: "
+            f"{len(manifest.files)} files, {state}"
+        )
+
+    def _retry(self, call, what: str):
+        delay = 0.2
+        for attempt in range(1, self.config.attempts + 1):
+            try:
+                return call()
+            except _Changed:
+                raise
+            except Exception as exc:
+                if attempt == self.config.attempts:
+                    raise SyncError(f"{what}: failed after {attempt} attempts: {exc}") from exc
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 5.0)
+
+    # -- one file ------------------------------------------------------------------------
+
+    def _sync_file(self, ident: tuple[str, str], path: Path, recent: bool, final: bool) -> None:
+        if self.stop.is_set() and not final:
+            return
+        try:
+            self._sync_existing(ident, path, recent, final)
+        except FileNotFoundError:
+            # deleted since the scan (trainers prune old checkpoints): no longer part of the set
+            self.entries.pop(ident, None)
+
+    def _sync_existing(self, ident: tuple[str, str], path: Path, recent: bool, final: bool) -> None:
+        area, rel = ident
+        key = f"{self.config.run.key.rstrip('/')}/{area}/{rel}"
+        began = time.monotonic()
+        before = Stat.of(path)
+        entry = self.entries.get(ident)
+        try:
+            if before.size <= SINGLE_PUT_LIMIT:
+                data = _read_all(path, before.size)
+                if Stat.of(path) != before:
+                    raise _Changed()
+                sha = hashlib.sha256(data).hexdigest()
+                if entry is not None and entry.file.sha256 == sha:
+                    self.entries[ident] = Entry(before, entry.file)  # touched, not changed
+                    return
+                md5 = hashlib.md5(data).hexdigest()
+                self._retry(lambda: self._put(key, data, sha, md5), f"s3://{self.config.run.bucket}/{key}")
+            else:
+                sha, part_md5s = _hash_file(path, _part_size(before.size))
+                if Stat.of(path) != before:
+                    raise _Changed()
+                if entry is not None and entry.file.sha256 == sha:
+                    self.entries[ident] = Entry(before, entry.file)
+                    return
+                self._retry(
+                    lambda: self._put_multipart(key, path, before.size, sha, part_md5s),
+                    f"s3://{self.config.run.bucket}/{key}",
+                )
+        except _Changed:
+            self.unsettled = True
+            log(f"checkpoint-sync: {area}/{rel} is still being written; not listed in this pass")
+            return
+        if final and recent:
+            # a file written just before SIGTERM is listed only if it then holds still
+            time.sleep(max(0.0, self.config.settle - (time.monotonic() - began)))
+        if Stat.of(path) != before:
+            # the key now holds a consistent but possibly half-written snapshot: list nothing
+            self.entries.pop(ident, None)
+            self.unsettled = True
+            log(f"checkpoint-sync: {area}/{rel} changed during its upload; not listed in this pass")
+            return
+        self.entries[ident] = Entry(before, PassFile(area, rel, key, before.size, sha))
+        self.uploaded_files += 1
+        self.uploaded_bytes += before.size
+
+    def _put(self, key: str, data: bytes, sha: str, md5: str) -> None:
+        resp = self.s3.client.put_object(
+            Bucket=self.config.run.bucket, Key=key, Body=data, Metadata={SHA256_METADATA: sha}
+        )
+        etag = resp.get("ETag", "").strip('"')
+        if re.fullmatch(r"[0-9a-f]{32}", etag) and etag != md5:
+            raise SyncError(
+                f"s3://{self.config.run.bucket}/{key}: the server's ETag {etag} is not the MD5 {md5} sent"
+            )
+
+    def _put_multipart(self, key: str, path: Path, size: int, sha: str, md5s: list[str]) -> None:
+        client, bucket = self.s3.client, self.config.run.bucket
+        upload = client.create_multipart_upload(Bucket=bucket, Key=key, Metadata={SHA256_METADATA: sha})
+        upload_id = upload["UploadId"]
+        part_size = _part_size(size)
+        parts = []
+        try:
+            with open(path, "rb") as f:
+                for number, expected in enumerate(md5s, start=1):
+                    data = os.pread(f.fileno(), part_size, (number - 1) * part_size)
+                    if hashlib.md5(data).hexdigest() != expected:
+                        raise _Changed()
+                    resp = client.upload_part(
+                        Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data
+                    )
+                    parts.append({"PartNumber": number, "ETag": resp["ETag"]})
+            client.complete_multipart_upload(
+                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            )
+        except BaseException:
+            try:
+                client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+            except Exception as exc:
+                log(f"checkpoint-sync: WARNING: could not abort the multipart upload of {key}: {exc}")
+            raise
+
+
+def _part_size(size: int) -> int:
+    # S3 allows at most 10,000 parts
+    return max(16 * MiB, -(-size // (10_000 * MiB)) * MiB)
+
+
+def _read_all(path: Path, size: int) -> bytes:
+    with open(path, "rb") as f:
+        data = f.read(size + 1)
+    if len(data) != size:
+        raise _Changed()
+    return data
+
+
+def _hash_file(path: Path, part_size: int) -> tuple[str, list[str]]:
+    sha = hashlib.sha256()
+    md5s = []
+    with open(path, "rb") as f:
+        while data := f.read(part_size):
+            sha.update(data)
+            md5s.append(hashlib.md5(data).hexdigest())
+    return sha.hexdigest(), md5s
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while data := f.read(8 * MiB):
+            h.update(data)
+    return h.hexdigest()

@@ -1,0 +1,378 @@
+"""Concurrent, verified downloads into local files.
+
+Small objects are fetched with one GET each, straight into a buffer of their exact size.
+Large objects are split into ranged GETs written in place with ``os.pwrite`` into a
+preallocated file. Every byte is hashed once, while it is in memory: ranges are fed to
+the hash of their segment in offset order (a segment is the whole object, or one part of
+a multipart upload, whose MD5s make up the ETag), so nothing is read back from disk.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import threading
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainer.sync.progress import Progress, log
+from trainer.sync.s3 import S3, S3RequestError, S3Uri, SyncError
+
+MiB = 1024 * 1024
+RANGE_SIZE = 8 * MiB
+# part sizes that common uploaders use, tried in this order when S3 will not say
+COMMON_PART_SIZES = [
+    8 * MiB,
+    5 * MiB,
+    16 * MiB,
+    50 * MiB,
+    64 * MiB,
+    100 * MiB,
+    128 * MiB,
+    256 * MiB,
+    512 * MiB,
+]
+_SINGLE = re.compile(r"[0-9a-f]{32}")
+_MULTI = re.compile(r"([0-9a-f]{32})-(\d+)")
+
+
+def default_workers() -> int:
+    """Worker threads: enough requests in flight to hide latency, few enough to stay cheap."""
+    return min(32, 8 * (os.cpu_count() or 1))
+
+
+def strip_etag(etag: str) -> str:
+    """An ETag without its quotes, lower-cased."""
+    return etag.strip().strip('"').lower()
+
+
+def infer_part_size(size: int, parts: int) -> int:
+    """The part size a multipart upload of ``size`` bytes in ``parts`` parts most likely used.
+
+    The common sizes come first; otherwise the smallest whole number of MiB that fits.
+    """
+    if parts <= 1:
+        return max(size, 1)
+
+    def fits(p: int) -> bool:
+        return (parts - 1) * p < size <= parts * p
+
+    for p in COMMON_PART_SIZES:
+        if fits(p):
+            return p
+    p = -(-size // parts)
+    p = -(-p // MiB) * MiB
+    return p if fits(p) else -(-size // parts)
+
+
+@dataclass
+class Download:
+    """One object to fetch and verify.
+
+    Exactly one of ``etag`` and ``sha256`` says how to verify the bytes; ``size`` is always
+    checked. ``part_size`` is the multipart part size when the ETag has a ``-N`` suffix.
+    """
+
+    bucket: str
+    key: str
+    size: int
+    dest: Path
+    etag: str | None = None
+    sha256: str | None = None
+    part_size: int | None = None
+    part_size_known: bool = True
+    verified_by: str = ""
+    digest: str = ""  # md5 (single-part ETag) or sha256 of the whole object, when computed
+    _segments: list[_Segment] = field(default_factory=list, repr=False)
+    _remaining: int = 0
+    _fd: int = -1
+    _etag_is_md5: bool = True
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def uri(self) -> S3Uri:
+        return S3Uri(self.bucket, self.key)
+
+
+class _Segment:
+    """A hash over ``[start, start + length)`` of an object, fed in offset order.
+
+    Workers hand over their range and go on downloading; whichever worker finds the hash
+    idle becomes the hasher and drains every contiguous buffer, outside the lock, so that
+    hashing overlaps the downloads. At most ``window`` buffers wait out of order; a worker
+    whose range is the next one needed never waits.
+    """
+
+    def __init__(self, start: int, length: int, algorithm: str, window: int = 8) -> None:
+        self.start, self.length = start, length
+        self.hash = hashlib.new(algorithm)
+        self.next = start
+        self.pending: dict[int, tuple[memoryview, bool]] = {}
+        self.lock = threading.Lock()
+        self.hashing = False
+        self.slots = threading.Semaphore(window)
+
+    def feed(self, offset: int, data: memoryview) -> None:
+        held = False
+        while True:
+            with self.lock:
+                if offset == self.next:
+                    break
+            if self.slots.acquire(timeout=0.05):
+                held = True
+                break
+        with self.lock:
+            self.pending[offset] = (data, held)
+            if self.hashing:
+                return
+            self.hashing = True
+        while True:
+            with self.lock:
+                item = self.pending.pop(self.next, None)
+                if item is None:
+                    self.hashing = False
+                    return
+            chunk, chunk_held = item
+            self.hash.update(chunk)
+            with self.lock:
+                self.next += len(chunk)
+            if chunk_held:
+                self.slots.release()
+
+
+class Downloader:
+    """Fetch many objects with a pool of threads; the first failure stops the rest.
+
+    Args:
+        s3: the S3 access object.
+        workers: concurrent requests.
+        progress: counts objects and bytes.
+        verify: ``etag`` checks size and ETag (sha256 where the caller gives one);
+            ``size`` checks sizes only.
+        part_size: the multipart part size of every multipart object, when the caller knows it.
+    """
+
+    def __init__(
+        self, s3: S3, workers: int, progress: Progress, *, verify: str = "etag", part_size: int | None = None
+    ) -> None:
+        self.s3 = s3
+        self.workers = max(1, workers)
+        self.progress = progress
+        self.verify = verify
+        self.part_size = part_size
+        self._failed = threading.Event()
+
+    def run(self, items: list[Download]) -> None:
+        """Download and verify ``items``; on failure, no partial file is left behind.
+
+        Raises:
+            SyncError: naming the object or file that failed.
+        """
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="get") as pool:
+            multipart = [d for d in items if d.etag and _MULTI.fullmatch(strip_etag(d.etag))]
+            for d, part_size in zip(multipart, pool.map(self._part_size, multipart), strict=True):
+                d.part_size, d.part_size_known = part_size
+            futures = []
+            try:
+                for d in items:
+                    for task in self._plan(d):
+                        futures.append(pool.submit(self._guard, task))
+                done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+                errors = [f.exception() for f in done if f.exception() is not None]
+                if errors:
+                    self._failed.set()
+                    wait(futures)
+                    raise errors[0]
+            except BaseException:
+                self._failed.set()
+                for d in items:
+                    if d._fd >= 0:
+                        os.close(d._fd)
+                        d._fd = -1
+                for d in items:
+                    d.dest.unlink(missing_ok=True)
+                raise
+
+    def _guard(self, task: Callable[[], None]) -> None:
+        if not self._failed.is_set():
+            task()
+
+    # -- planning ------------------------------------------------------------------------
+
+    def _part_size(self, d: Download) -> tuple[int, bool]:
+        """Ask S3 for part 1's length; fall back to inferring it from size and part count."""
+        if self.part_size:
+            return self.part_size, True
+        parts = int(_MULTI.fullmatch(strip_etag(d.etag or "")).group(2))
+        try:
+            head = self.s3.head(d.bucket, d.key, part_number=1)
+            count = int(head.get("x-amz-mp-parts-count", "0"))
+            length = int(head.get("content-length", "0"))
+            if count == parts and 0 < length <= d.size:
+                return length, True
+        except Exception as exc:  # any failure here only means "not known"
+            log(f"part size of {d.uri} not available from the server ({type(exc).__name__}); inferring it")
+        return infer_part_size(d.size, parts), False
+
+    def _plan(self, d: Download) -> list[Callable[[], None]]:
+        algorithm = "sha256" if d.sha256 else "md5"
+        etag = strip_etag(d.etag) if d.etag else ""
+        multi = _MULTI.fullmatch(etag)
+        if d.sha256:
+            d.verified_by = "size+sha256"
+        elif self.verify == "size":
+            d.verified_by = "size"
+            algorithm = ""
+        elif _SINGLE.fullmatch(etag):
+            d.verified_by = "size+md5(etag)"
+        elif multi and d.part_size:
+            how = "known" if d.part_size_known else "inferred"
+            d.verified_by = f"size+multipart-md5(etag, {how} part size {d.part_size})"
+        else:
+            d.verified_by = "size"
+            algorithm = ""
+        if multi and d.part_size and algorithm:
+            bounds = [(s, min(d.part_size, d.size - s)) for s in range(0, d.size, d.part_size)] or [(0, 0)]
+        else:
+            bounds = [(0, d.size)]
+        d._segments = [_Segment(s, n, algorithm) for s, n in bounds] if algorithm else []
+        ranges = [(s + o, min(RANGE_SIZE, n - o)) for s, n in bounds for o in range(0, max(n, 1), RANGE_SIZE)]
+        d.dest.parent.mkdir(parents=True, exist_ok=True)
+        if len(ranges) == 1:
+            d._remaining = 1
+            return [lambda: self._whole(d)]
+        d._remaining = len(ranges)
+        d._fd = _open_for_write(d.dest)
+        try:
+            os.posix_fallocate(d._fd, 0, d.size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise _write_error(d.dest, exc, d.size) from exc
+            os.ftruncate(d._fd, d.size)
+        return [lambda s=s, n=n: self._range(d, s, n) for s, n in ranges]
+
+    # -- work ----------------------------------------------------------------------------
+
+    def _headers(self, d: Download) -> Callable:
+        def check(resp) -> None:
+            # with SSE-KMS or SSE-C, S3's ETag is not the MD5 of the content
+            sse = resp.getheader("x-amz-server-side-encryption", "")
+            if sse.startswith("aws:kms") or resp.getheader("x-amz-server-side-encryption-customer-algorithm"):
+                d._etag_is_md5 = False
+
+        return check
+
+    def _whole(self, d: Download) -> None:
+        buf = bytearray(d.size)
+        view = memoryview(buf)
+        self._get(d, view, 0, whole=True)
+        if d._segments:
+            d._segments[0].feed(0, view)
+        try:
+            fd = _open_for_write(d.dest)
+            try:
+                _pwrite_all(fd, view, 0)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise _write_error(d.dest, exc, d.size) from exc
+        self.progress.add(nbytes=d.size)
+        self._finish(d)
+
+    def _range(self, d: Download, start: int, length: int) -> None:
+        view = memoryview(bytearray(length))
+        self._get(d, view, start, whole=False)
+        try:
+            _pwrite_all(d._fd, view, start)
+        except OSError as exc:
+            raise _write_error(d.dest, exc, d.size) from exc
+        for seg in d._segments:
+            if seg.start <= start < seg.start + seg.length:
+                seg.feed(start, view)
+                break
+        self.progress.add(nbytes=length)
+        with d._lock:
+            d._remaining -= 1
+            last = d._remaining == 0
+        if last:
+            os.close(d._fd)
+            d._fd = -1
+            self._finish(d)
+
+    def _get(self, d: Download, view: memoryview, start: int, *, whole: bool) -> None:
+        try:
+            self.s3.get_range(
+                d.bucket,
+                d.key,
+                view,
+                start,
+                if_match=d.etag if d.etag else None,
+                whole=whole,
+                on_headers=self._headers(d) if d.etag else None,
+            )
+        except S3RequestError as exc:
+            if exc.status == 404:
+                raise SyncError(f"{d.uri} does not exist ({exc.code}): the manifest lists it") from exc
+            if exc.status == 412:
+                raise SyncError(
+                    f"{d.uri}: ETag mismatch: the object no longer has the manifest's ETag {d.etag} "
+                    f"(it changed since the manifest was written); refused"
+                ) from exc
+            if exc.status == 416 or (exc.status == 200 and not whole):
+                raise SyncError(f"{d.uri} is shorter than the manifest's size {d.size}") from exc
+            raise
+
+    def _finish(self, d: Download) -> None:
+        if d.sha256:
+            digest = d._segments[0].hash.hexdigest()
+            if digest != d.sha256:
+                d.dest.unlink(missing_ok=True)
+                raise SyncError(f"{d.uri}: sha256 mismatch: got {digest}, expected {d.sha256}; refused")
+            d.digest = digest
+        elif d._segments:
+            digests = [s.hash.digest() for s in d._segments]
+            etag = strip_etag(d.etag or "")
+            multi = _MULTI.fullmatch(etag)
+            got = (
+                f"{hashlib.md5(b''.join(digests)).hexdigest()}-{len(digests)}" if multi else digests[0].hex()
+            )
+            if not multi:
+                d.digest = got
+            if not d._etag_is_md5:
+                d.verified_by = "size (server-side encryption: ETag is not an MD5)"
+            elif got != etag:
+                d.dest.unlink(missing_ok=True)
+                hint = ""
+                if multi and not d.part_size_known:
+                    hint = (
+                        f" (the part size {d.part_size} was inferred; if the object was uploaded with "
+                        f"another part size, pass --part-size or --verify size)"
+                    )
+                raise SyncError(
+                    f'{d.uri}: ETag mismatch: content hashes to "{got}", expected {d.etag}{hint}; refused'
+                )
+        self.progress.add(objects=1)
+
+
+def _open_for_write(path: Path) -> int:
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise _write_error(path, exc, 0) from exc
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
+
+
+def _write_error(path: Path, exc: OSError, size: int) -> SyncError:
+    if exc.errno == errno.ENOSPC:
+        return SyncError(f"cannot write {path} ({size:,} bytes): no space left on its file system")
+    return SyncError(f"cannot write {path}: {exc.strerror or exc}")
