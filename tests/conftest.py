@@ -54,6 +54,11 @@ def s3_server(tmp_path_factory) -> S3Server:
         proc = subprocess.Popen(
             [str(AIRFLOW_PYTHON), "-m", "include.devstack.s3", "--port", str(port)],
             cwd=REPO,
+            env={
+                **os.environ,
+                "KUBETRAIN_S3_ACCESS_KEY_ID": server.access_key_id,
+                "KUBETRAIN_S3_SECRET_ACCESS_KEY": server.secret_access_key,
+            },
             stdout=out,
             stderr=subprocess.STDOUT,
         )

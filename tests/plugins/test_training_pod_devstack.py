@@ -54,8 +54,15 @@ class TaskInstance:
 @pytest.mark.timeout(180)
 def test_stage_train_report_promote_on_the_dev_stack(devstack, monkeypatch):
     env = devstack.env()
-    for name in ("AIRFLOW_CONN_KUBERNETES_DEFAULT", "AIRFLOW_CONN_AWS_DEFAULT", "KUBETRAIN_REGISTRY"):
+    for name in ("AIRFLOW_CONN_AWS_DEFAULT", "KUBETRAIN_REGISTRY"):
         monkeypatch.setenv(name, env[name])
+    # In-process, the kubeconfig goes by the connection: the kubernetes client read $KUBECONFIG
+    # when it was imported, before this test could set it.
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KUBERNETES_DEFAULT",
+        json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": env["KUBECONFIG"], "namespace": "default"}}),
+    )
     for name in (
         "KUBETRAIN_TRAINING_BUCKET",
         "AIRFLOW_VAR_KUBETRAIN_TRAINING_BUCKET",

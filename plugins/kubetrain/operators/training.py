@@ -278,6 +278,10 @@ class TrainingPodOperator(KubernetesPodOperator):
         )
 
     def build_pod_request_obj(self, context: Context | None = None, *, dry_run: bool = False) -> k8s.V1Pod:
+        # The base class puts cmds/arguments on the container as they are: lists, never the
+        # JSON text an array Param renders to.
+        self.cmds = string_list("cmds", self.cmds) or []
+        self.arguments = string_list("arguments", self.arguments) or []
         config = self.pod_config(context)
         # The contract pod is the template; the base class adds its name, namespace, task
         # labels and any extra env/volumes/secrets passed to this operator.
