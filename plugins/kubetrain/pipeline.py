@@ -93,8 +93,8 @@ def common_params(*, dataset_uri: str, model: str, gpus: int = 1, cpu: str = "2"
             section="Resources",
         ),
         "image": Param(
-            "",
-            type="string",
+            None,
+            type=["null", "string"],
             title="Training image",
             description="Image reference; empty: the image the build_trainer_image DAG published last.",
             section="Resources",
@@ -108,7 +108,7 @@ def common_params(*, dataset_uri: str, model: str, gpus: int = 1, cpu: str = "2"
             section="Promotion",
         ),
         "experiment": Param(
-            "", type="string", maxLength=63, title="Experiment", description="Free label for the pods and the report.", section="Promotion"
+            None, type=["null", "string"], maxLength=63, title="Experiment", description="Free label for the pods and the report.", section="Promotion"
         ),
         "force": Param(
             False,
@@ -157,12 +157,12 @@ def training_pipeline(
     train = TrainingPodOperator(
         task_id="train",
         pool="gpu",
-        image="{{ params.image }}",
+        image="{{ params.image or '' }}",
         cmds=cmds if isinstance(cmds, str) else list(cmds),
         arguments=arguments if isinstance(arguments, str) else list(arguments),
         dataset_manifest="{{ " + STAGE_XCOM + "['manifest_uri'] }}",
         dataset_version=version,
-        experiment="{{ params.experiment }}",
+        experiment="{{ params.experiment or '' }}",
         gpus="{{ params.gpus }}",
         cpu="{{ params.cpu }}",
         memory="{{ params.memory }}",

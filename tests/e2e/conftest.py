@@ -143,5 +143,5 @@ def airflow(devstack, tmp_path_factory) -> AirflowRunner:
     runner = AirflowRunner(
         make_airflow_home(tmp_path_factory.mktemp("airflow")), devstack.env(), REPO / "dags"
     )
-    runner.cli("pools", "set", "gpu", "4", "GPU training pods")
+    runner.cli("pools", "set", "--include-deferred", "gpu", "4", "GPU training pods")
     return runner

@@ -102,7 +102,8 @@ class TrainingPodOperator(KubernetesPodOperator):
     :param s3_secret: Secret with the AWS_* variables; ``None`` for workload identity. (templated)
     :param image_pull_secrets: registry Secret names (list or comma-separated).
     :param tolerations: extra tolerations; GPU pods always tolerate ``nvidia.com/gpu:NoSchedule``.
-    :param run_as_user: numeric non-root user of all containers (default 10001, the user of the trainer and sync images).
+    :param container_user: numeric non-root user of all containers (default 10001, the user of the trainer and sync
+        images); not Airflow's own ``run_as_user``, which names the Unix user that runs the task.
     :param sync_interval: seconds between checkpoint uploads. (templated)
     :param sync_quiet: seconds a file must stay unmodified before upload.
     :param sync_grace_period_seconds: pod termination grace period, the time the final sync pass gets.
@@ -152,7 +153,7 @@ class TrainingPodOperator(KubernetesPodOperator):
         s3_secret: str | None = pod_spec.DEFAULT_S3_SECRET,
         image_pull_secrets: list[str] | str | None = None,
         tolerations: list[k8s.V1Toleration] | None = None,
-        run_as_user: int = 10001,
+        container_user: int = 10001,
         sync_interval: int | str = 30,
         sync_quiet: int = 2,
         sync_grace_period_seconds: int = 300,
@@ -208,7 +209,7 @@ class TrainingPodOperator(KubernetesPodOperator):
             else list(image_pull_secrets or [])
         )
         self.extra_tolerations = list(tolerations or [])
-        self.run_as_user = run_as_user
+        self.container_user = container_user
         self.sync_interval = sync_interval
         self.sync_quiet = sync_quiet
         self.sync_grace_period_seconds = sync_grace_period_seconds
@@ -267,7 +268,7 @@ class TrainingPodOperator(KubernetesPodOperator):
             image_pull_secrets=tuple(self.training_image_pull_secrets),
             node_selector=self.node_selector or None,
             tolerations=tuple(self.extra_tolerations),
-            run_as_user=self.run_as_user,
+            run_as_user=self.container_user,
             sync_interval=self.sync_interval,
             sync_quiet=self.sync_quiet,
             termination_grace_period=self.sync_grace_period_seconds,
