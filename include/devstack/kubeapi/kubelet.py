@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from include.devstack.kubeapi import runtime
-from include.devstack.kubeapi.images import ImageMapError, Runtime
+from include.devstack.kubeapi.images import REPO, ImageMapError, Runtime
 from include.devstack.kubeapi.logs import LogFile, read_entries
 from include.devstack.kubeapi.meta import NODE_IP, NODE_NAME, rfc3339
 from include.devstack.kubeapi.validation import ENV_NAME, parse_quantity
@@ -654,6 +654,10 @@ class PodWorker:
             tmp = self.dir / "containers" / c.name / "tmp"
             tmp.mkdir(parents=True, exist_ok=True)
             mounts.insert(0, {"src": str(tmp), "dst": "/tmp", "ro": False})
+            repo = str(REPO)
+            if repo.startswith("/tmp/"):
+                # the private /tmp would hide a checkout under /tmp, and with it the image runtimes
+                mounts.insert(1, {"src": repo, "dst": repo, "ro": False})
             for m in mounts:
                 top = "/" + m["dst"].strip("/").split("/")[0]
                 # a new top-level path is made inside the container's private root; only a path nested in
