@@ -388,7 +388,10 @@ class AirflowUI:
     def task_errors(self, dag_id: str, run_id: str, task_id: str, limit: int = 3) -> list[str]:
         """The error lines of the latest attempt's log of a task (``exc_type: message``), for failure messages."""
         folder = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
-        attempts = sorted(folder.glob("attempt=*.log"), key=lambda p: int(p.stem.split("=")[1])) if folder.is_dir() else []
+        attempts = sorted(
+            (p for p in folder.glob("attempt=*.log") if p.stem.split("=")[1].isdigit()),  # not attempt=3.log.trigger.2.log
+            key=lambda p: int(p.stem.split("=")[1]),
+        ) if folder.is_dir() else []
         errors: list[str] = []
         for line in attempts[-1].read_text(errors="replace").splitlines() if attempts else []:
             try:
