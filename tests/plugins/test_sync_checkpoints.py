@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -135,6 +136,7 @@ class Run:
         return self.client.get_object(Bucket="training", Key=key)["Body"].read()
 
     def execute(self, **kwargs):
+        kwargs.setdefault("final_pass_timeout", 0)
         op = SyncCheckpointsOperator(task_id="sync", model=self.model, **kwargs)
         ti = SimpleNamespace(dag_id=self.dag_id, task_id="sync", map_index=-1, try_number=1)
         context = {"ti": ti, "run_id": self.run_id, "dag_run": SimpleNamespace(run_after=RUN_AFTER)}
@@ -212,6 +214,19 @@ def test_pass_that_is_not_final_fails(run):
     run.commit(3, files, final=False)
     with pytest.raises(SyncVerificationError, match=r"\(pass 3\) is not final"):
         run.execute()
+
+
+def test_a_final_pass_that_lands_late_is_waited_for(run):
+    """The sidecar's shutdown pass may land just after the training task ends."""
+    files = run.standard()
+    run.commit(3, files, final=False)
+    timer = threading.Timer(1.5, run.commit, args=(4, files))
+    timer.start()
+    try:
+        _, result = run.execute(final_pass_timeout=30)
+    finally:
+        timer.join()
+    assert result["sync_pass"] == 4
 
 
 def test_size_mismatch_fails(run):

@@ -103,7 +103,8 @@ def test_final_pass_on_sigterm_lists_only_complete_files(s3_server, s3, tmp_path
     proc = _sidecar(s3_server.env(), run, ck, out, "--interval", "0.3", "--quiet", "0.3", "--settle", "2")
     try:
         first = _wait_for(s3, key, lambda m: len(m["files"]) == 4)
-        assert first["pass"] == 1 and first["complete"] and not first["final"]
+        # (pass 1 may have come before every file was quiet on a loaded machine)
+        assert first["complete"] and not first["final"]
         # a checkpoint file being written when SIGTERM arrives
         partial = ck / "ckpt-2.data-00000-of-00001"
         stop_writing = threading.Event()

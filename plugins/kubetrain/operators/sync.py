@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import cached_property
@@ -287,6 +288,7 @@ class SyncCheckpointsOperator(BaseOperator):
     :param model_version: version to promote as (default: the DAG run's time and a hash of the run URI). (templated)
     :param keep_checkpoints: checkpoint prefixes to keep per family; ``None`` keeps all. (templated)
     :param verify_checksums: also compare SHA-256 (reads objects that carry no sha256 metadata).
+    :param final_pass_timeout: seconds to wait for the sidecar's final pass to land after the pod ends.
     :param run_uri: the run (default: this DAG run's prefix; see TrainingPodOperator). (templated)
     :param trial: sweep trial, as given to the TrainingPodOperator. (templated)
     :param training_bucket: training bucket (default: the deployment's). (templated)
@@ -314,6 +316,7 @@ class SyncCheckpointsOperator(BaseOperator):
         model_version: str | None = None,
         keep_checkpoints: int | str | None = 3,
         verify_checksums: bool = True,
+        final_pass_timeout: int = 120,
         run_uri: str | None = None,
         trial: str | None = None,
         training_bucket: str | None = None,
@@ -321,6 +324,7 @@ class SyncCheckpointsOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.final_pass_timeout = final_pass_timeout
         self.model = model
         self.promote = promote
         self.is_better = is_better
@@ -366,6 +370,24 @@ class SyncCheckpointsOperator(BaseOperator):
             keep = None
         return decision, keep
 
+    def _await_final_pass(self, client: Any, run: RunLocation) -> tuple[int, str, dict[str, Any]]:
+        """The verified final pass; the sidecar may still be writing it when the training task ends.
+
+        The base container's end ends the training task, while the pod's sidecar only then gets
+        its SIGTERM and runs the final pass: wait up to ``final_pass_timeout`` seconds for it.
+        """
+        deadline = time.monotonic() + float(self.final_pass_timeout)
+        while True:
+            try:
+                return check_final_pass(client, run, checksums=self.verify_checksums)
+            except SyncVerificationError as exc:
+                if "is not final" not in str(exc) and "no sync pass manifest" not in str(exc):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise
+                self.log.info("Waiting for the sidecar's final sync pass: %s", exc)
+                time.sleep(2)
+
     def execute(self, context: Context) -> dict[str, Any]:
         promote, keep = self._settings()
         client = self.hook.get_conn()
@@ -374,7 +396,7 @@ class SyncCheckpointsOperator(BaseOperator):
             context, run_uri=self.run_uri, trial=self.trial, training_bucket=self.training_bucket
         )
 
-        number, key, document = check_final_pass(client, run, checksums=self.verify_checksums)
+        number, key, document = self._await_final_pass(client, run)
         files = list(document.get("files") or [])
         self.log.info("Final sync pass %s verified: %d files", s3_uri(run.bucket, key), len(files))
 
