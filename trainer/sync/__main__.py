@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainer.sync.progress import log
-from trainer.sync.s3 import SyncError, parse_s3_uri
+# A native sidecar can get its SIGTERM while Python is still starting, when the training
+# container ends within a second: remember it, so that the final pass still runs.
+EARLY_SIGTERM = threading.Event()
+if len(sys.argv) > 1 and sys.argv[1] == "checkpoint-sync":
+    signal.signal(signal.SIGTERM, lambda *_: EARLY_SIGTERM.set())
+
+from trainer.sync.progress import log  # noqa: E402
+from trainer.sync.s3 import SyncError, parse_s3_uri  # noqa: E402
 
 
 def _seconds(text: str) -> float:
@@ -296,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                 workers=args.workers,
             ),
         )
-        code = sidecar.run()
+        code = sidecar.run(stopped=EARLY_SIGTERM.is_set())
         if sidecar.abandoned:
             # uploads still hanging after the grace period must not hold the exit
             sys.stderr.flush()

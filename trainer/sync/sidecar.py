@@ -154,10 +154,16 @@ class Sidecar:
 
     # -- loop ----------------------------------------------------------------------------
 
-    def run(self) -> int:
-        """Sync until SIGTERM/SIGINT, then run the final pass; the exit status."""
+    def run(self, stopped: bool = False) -> int:
+        """Sync until SIGTERM/SIGINT, then run the final pass; the exit status.
+
+        Args:
+            stopped: a SIGTERM already arrived while the process was starting.
+        """
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop.set())
+        if stopped:
+            self.stop.set()
         cfg = self.config
         log(
             f"checkpoint-sync: {', '.join(f'{a}={d}' for a, d in cfg.dirs.items())} -> {cfg.run} "
