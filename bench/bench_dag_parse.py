@@ -9,7 +9,10 @@ every DAG file pays) and then executes one DAG file. Two figures per file, media
   on by default, imports a file's modules before each parse).
 
 For scale, the same is measured for a reference DAG holding one plain
-KubernetesPodOperator: the floor of any DAG that runs pods with the cncf-kubernetes provider.
+KubernetesPodOperator: the cold figure of any DAG file that imports that operator, since the
+cncf-kubernetes provider loads the ``kubernetes`` and ``kubernetes_asyncio`` clients. Our
+TrainingPodOperator builds its KubernetesPodOperator only when the task runs, so the training
+DAG files stay off that floor.
 """
 
 from __future__ import annotations
@@ -82,24 +85,29 @@ def main() -> int:
             name = path.name if path != reference else "(reference: one plain KubernetesPodOperator)"
             if path != reference:
                 worst_warm, worst_cold = max(worst_warm, warm), max(worst_cold, cold)
-            rows.append(f"| {name} | {cold:.3f} | {warm:.3f} | {base:.2f} | {'yes' if warm < TARGET_S else 'NO'} |")
+            met = "yes" if max(cold, warm) < TARGET_S else "NO"
+            rows.append(f"| {name} | {cold:.3f} | {warm:.3f} | {base:.2f} | {met} |")
             print(f"{name:45} cold {cold:.3f} s, warm {warm:.3f} s over the Airflow import ({base:.2f} s)", flush=True)
     lines = [
         f"Command: `make bench BENCH=dag_parse` (median of {RUNS} fresh interpreters per file and mode).",
         "",
-        "| DAG file | cold parse over `import airflow.sdk` (s) | warm parse, modules pre-imported (s) | `import airflow.sdk` (s) | warm < 0.5 s |",
+        "| DAG file | cold parse over `import airflow.sdk` (s) | warm parse, modules pre-imported (s) | `import airflow.sdk` (s) | both < 0.5 s |",
         "|---|---|---|---|---|",
         *rows,
         "",
-        f"Slowest warm parse (how the DAG processor re-parses): {worst_warm:.3f} s, {worst_warm / TARGET_S:.2f}x of the 0.5 s target.",
-        f"Slowest cold parse: {worst_cold:.3f} s, {worst_cold / TARGET_S:.1f}x of the target. The cold figure of a training "
-        "DAG is that of the reference DAG: almost all of it is the cncf-kubernetes provider importing the "
-        "`kubernetes` and `kubernetes_asyncio` clients, which every DAG with a KubernetesPodOperator pays once per "
-        "DAG-processor process. The cold target is not met.",
+        f"Slowest warm parse (how the DAG processor re-parses): {worst_warm:.3f} s, "
+        f"{worst_warm / TARGET_S:.2f}x of the 0.5 s target.",
+        f"Slowest cold parse (a DAG processor's first parse): {worst_cold:.3f} s, "
+        f"{worst_cold / TARGET_S:.2f}x of the target: {'met' if worst_cold < TARGET_S else 'NOT met'}.",
+        "",
+        "No DAG file imports the KubernetesPodOperator: TrainingPodOperator and the image build "
+        "operators create it when the task runs (plugins/kubetrain/operators/_training_pod.py), so a "
+        "DAG file does not load the `kubernetes` and `kubernetes_asyncio` clients that the reference "
+        "row pays.",
     ]
     (REPO / "bench" / "results").mkdir(exist_ok=True)
     (REPO / "bench" / "results" / "dag_parse.md").write_text("\n".join(lines) + "\n")
-    return 0 if worst_warm < TARGET_S else 1
+    return 0 if max(worst_warm, worst_cold) < TARGET_S else 1
 
 
 if __name__ == "__main__":

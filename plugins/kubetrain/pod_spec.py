@@ -28,6 +28,8 @@ from decimal import Decimal
 
 from kubernetes.client import models as k8s
 
+from kubetrain.s3_layout import DEFAULT_S3_SECRET
+
 DATA_DIR = "/data"
 CHECKPOINT_DIR = "/checkpoints"
 OUTPUT_DIR = "/output"
@@ -35,7 +37,6 @@ CACHE_DIR = "/cache"
 BASE_CONTAINER = "base"
 STAGE_IN_CONTAINER = "stage-in"
 SYNC_CONTAINER = "checkpoint-sync"
-DEFAULT_S3_SECRET = "kubetrain-s3"
 DEFAULT_REGISTRY = "localhost:5000"
 GPU_RESOURCE = "nvidia.com/gpu"
 LABEL_PREFIX = "kubetrain.io/"

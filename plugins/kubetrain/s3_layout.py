@@ -32,6 +32,8 @@ from datetime import UTC, datetime
 
 DEFAULT_DATASETS_BUCKET = "datasets"
 DEFAULT_TRAINING_BUCKET = "training"
+# the Secret whose AWS_* keys give pods their S3 access (include/devstack creates it)
+DEFAULT_S3_SECRET = "kubetrain-s3"
 AREAS = ("checkpoints", "output", "sync", "report")
 
 _SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]")

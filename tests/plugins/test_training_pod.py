@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
+import os
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
+from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.cncf.kubernetes.utils.pod_manager import PodLaunchTimeoutException
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import TaskDeferred
@@ -18,7 +22,12 @@ from kubernetes.client import models as k8s
 from test_pod_spec import K8S_VERSION, policy_violations
 
 from include.devstack.stack import AIRFLOW_PYTHON, REPO, free_port, wait_http
-from kubetrain.operators.training import PodUnschedulableError, TrainingPodOperator, scheduling_problem
+from kubetrain.operators.training import (
+    POD_OPERATOR_ARGUMENTS,
+    PodUnschedulableError,
+    TrainingPodOperator,
+    scheduling_problem,
+)
 from kubetrain.pod_spec import resolve_image
 
 RUN_ID = "manual__2026-11-22T04:00:00.123456+00:00"
@@ -188,13 +197,66 @@ def test_image_precedence(monkeypatch):
 
 
 def test_defaults_and_refused_arguments():
-    op = operator()
-    assert op.deferrable is True
-    assert op.on_finish_action.value == "delete_pod"
-    assert op.get_logs is True
-    assert op.schedule_timeout_seconds == 300
+    pod = operator().pod_operator()
+    assert isinstance(pod, KubernetesPodOperator)
+    assert pod.deferrable is True
+    assert pod.on_finish_action.value == "delete_pod"
+    assert pod.get_logs is True
+    assert pod.schedule_timeout_seconds == 300
+    assert pod.do_xcom_push is False
+    assert pod.task_id == "train" and pod.dag_id == "train_digits"
     with pytest.raises(ValueError, match="builds container_resources itself"):
         operator(container_resources=k8s.V1ResourceRequirements(limits={"cpu": "1"}))
+    with pytest.raises(TypeError, match="no_such_argument"):
+        operator(no_such_argument=1)
+
+
+def test_pod_operator_arguments_match_the_installed_provider():
+    """The DAG-side operator knows the pod operator's arguments without importing it: keep the lists current."""
+    parameters = set(inspect.signature(KubernetesPodOperator.__init__).parameters) - {"self", "kwargs"}
+    assert parameters == POD_OPERATOR_ARGUMENTS
+    assert set(KubernetesPodOperator.template_fields) <= set(TrainingPodOperator.template_fields)
+
+
+def test_pod_operator_arguments_are_passed_on_and_rendered(airflow_env):
+    op = operator(
+        namespace="{{ params.namespace }}",
+        env_vars={"EPOCHS": "{{ params.epochs }}"},
+        labels={"team": "vision"},
+        annotations={"note": "{{ params.gpus }} gpus"},
+        service_account_name="trainer",
+        startup_check_interval_seconds=2,
+    )
+    context = context_for(op)
+    context["params"]["namespace"] = "ml-{{ 'training' }}"  # a Param value is rendered once, not twice
+    pod = build(op, context)
+    assert pod["metadata"]["namespace"] == "ml-{{ 'training' }}"
+    assert pod["metadata"]["labels"]["team"] == "vision"
+    assert pod["metadata"]["annotations"]["note"] == "2 gpus"
+    assert pod["spec"]["serviceAccountName"] == "trainer"
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["EPOCHS"] == "5"
+    assert op.pod_operator().startup_check_interval_seconds == 2
+
+
+def test_dag_file_does_not_load_the_kubernetes_clients():
+    """Declaring a training task must not import the pod operator or the kubernetes client (parse time)."""
+    code = (
+        "import sys, runpy; runpy.run_path('dags/train_image_classifier.py');"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'kubernetes_asyncio', 'boto3',"
+        " 'tensorflow') or m == 'airflow.providers.cncf.kubernetes.operators.pod');"
+        "print(heavy)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO / "plugins")},  # as Airflow's plugins folder
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_bad_resources_fail_before_any_pod_is_created(airflow_env):

@@ -143,7 +143,7 @@ def test_stage_train_report_promote_on_the_dev_stack(devstack, monkeypatch):
     left = s3.list_objects_v2(Bucket="training", Prefix=f"{prefix}/checkpoints/").get("Contents", [])
     assert sorted(o["Key"].rsplit("/", 1)[1] for o in left) == ["ckpt-3.data-00000-of-00001", "ckpt-3.index"]
     assert s3.head_object(Bucket="training", Key=f"{prefix}/report/report.html")["ContentLength"] > 1000
-    pods = train.client.list_namespaced_pod(
+    pods = train.pod_operator().client.list_namespaced_pod(
         "default", label_selector=f"kubetrain.io/dag-id={dag.dag_id}"
     ).items
     assert [p.metadata.name for p in pods if not p.metadata.deletion_timestamp] == []

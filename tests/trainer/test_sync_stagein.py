@@ -186,8 +186,8 @@ def test_bad_objects_are_refused_naming_the_key(s3_server, s3, dataset, tmp_path
     assert tree(data) == {"previous.txt": sha256(data / "previous.txt")}  # nothing half-done left
 
 
-def test_content_that_does_not_hash_to_the_etag_is_refused(s3_server, s3, dataset, tmp_path):
-    # a server that ignores If-Match serves the object; the MD5 of what arrived must still match
+def test_a_server_that_ignores_if_match_cannot_serve_another_version(s3_server, s3, dataset, tmp_path):
+    # the server serves whatever it holds; the ETag of its response gives the other version away
     _, _, manifest = dataset
     uri = _tampered(s3, manifest, lambda d: _small(d).update(etag='"0123456789abcdef0123456789abcdef"'))
     with FaultProxy(s3_server.endpoint, fail_rate=0.0, drop_headers=("if-match",)) as proxy:
@@ -196,8 +196,74 @@ def test_content_that_does_not_hash_to_the_etag_is_refused(s3_server, s3, datase
             {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint},
         )
     assert result.returncode == 1
-    assert "small/f007.bin: ETag mismatch: content hashes to" in result.stderr
+    assert "small/f007.bin: ETag mismatch: the server sent ETag" in result.stderr
     assert os.listdir(tmp_path) == []
+
+
+@pytest.fixture(scope="module")
+def plain_s3(s3_server):
+    """A client that asks the store to keep no checksum, as older SDKs and tools upload."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=s3_server.endpoint,
+        aws_access_key_id=s3_server.access_key_id,
+        aws_secret_access_key=s3_server.secret_access_key,
+        region_name=s3_server.region,
+        config=Config(request_checksum_calculation="when_required"),
+    )
+
+
+def _one_object_dataset(s3, client, size: int) -> tuple[str, str]:
+    prefix = f"one-{secrets.token_hex(4)}/"
+    key = f"{prefix}blob.bin"
+    client.put_object(Bucket="datasets", Key=key, Body=os.urandom(size))
+    return put_manifest(s3, dataset_manifest(s3, "datasets", prefix, f"unit-{prefix.strip('/')}")), key
+
+
+@pytest.mark.parametrize(
+    ("store_checksum", "size", "extra", "message"),
+    [
+        (True, 100_000, [], "crc32 mismatch: the content gives"),
+        (True, 12 * MiB, [], "crc32 mismatch: the content gives"),
+        (False, 100_000, [], "ETag mismatch: content hashes to"),
+        (False, 12 * MiB, ["--verify", "md5"], "ETag mismatch: content hashes to"),
+    ],
+    ids=["store-crc32-whole", "store-crc32-ranged", "md5-whole", "md5-ranged"],
+)
+def test_corrupted_bytes_are_refused(s3_server, s3, plain_s3, tmp_path, store_checksum, size, extra, message):
+    uri, key = _one_object_dataset(s3, s3 if store_checksum else plain_s3, size)
+    data = tmp_path / "data"
+    with FaultProxy(s3_server.endpoint, fail_rate=0.0, corrupt=key) as proxy:
+        result = run_sync(
+            ["stage-in", "--manifest", uri, "--data-dir", str(data), *extra],
+            {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint},
+        )
+        corrupted = sum(1 for r in proxy.records if r.fault == "corrupt")
+    assert corrupted >= 1
+    assert result.returncode == 1, result.stderr
+    assert f"s3://datasets/{key}: {message}" in result.stderr
+    assert not data.exists() or os.listdir(data) == []
+
+
+def test_stage_in_says_how_each_object_was_verified(s3_server, s3, plain_s3, tmp_path):
+    prefix = f"how-{secrets.token_hex(4)}/"
+    s3.put_object(Bucket="datasets", Key=f"{prefix}with-crc32.bin", Body=os.urandom(5000))
+    plain_s3.put_object(Bucket="datasets", Key=f"{prefix}small.bin", Body=os.urandom(5000))
+    plain_s3.put_object(Bucket="datasets", Key=f"{prefix}large.bin", Body=os.urandom(9 * MiB))
+    uri = put_manifest(s3, dataset_manifest(s3, "datasets", prefix, f"unit-{prefix.strip('/')}"))
+    result = _stage(s3_server, uri, tmp_path / "data", "--md5-max-size", str(MiB))
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stderr.splitlines() if "stage-in: verified " in x)
+    assert "size+etag+crc32(store)" in line
+    assert "size+md5(etag)" in line
+    assert "size+etag (no store checksum; no MD5 above 1,048,576 bytes)" in line
+    every = _stage(s3_server, uri, tmp_path / "again", "--verify", "md5")
+    assert every.returncode == 0, every.stderr
+    line = next(x for x in every.stderr.splitlines() if "stage-in: verified " in x)
+    assert "3 objects by size+md5(etag)" in line
 
 
 @pytest.mark.parametrize(

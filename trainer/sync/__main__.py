@@ -23,6 +23,7 @@ if len(sys.argv) > 1 and sys.argv[1] == "checkpoint-sync":
 
 from trainer.sync.progress import log  # noqa: E402
 from trainer.sync.s3 import SyncError, parse_s3_uri  # noqa: E402
+from trainer.sync.transfer import DEFAULT_MD5_MAX_SIZE, VERIFY_MODES  # noqa: E402
 
 
 def _seconds(text: str) -> float:
@@ -36,6 +37,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise ValueError("expected a whole number >= 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("expected a whole number >= 0")
     return value
 
 
@@ -173,9 +181,19 @@ def build_parser() -> argparse.ArgumentParser:
     o.add(
         "--verify",
         "KUBETRAIN_VERIFY",
-        "etag: size and ETag (MD5) of every object; size: sizes only",
-        choices=["etag", "size"],
-        default="etag",
+        "auto: size, ETag, and the content against the store's checksum (CRC64NVME, CRC32C, CRC32, SHA) "
+        "where it keeps one, else against the ETag's MD5 up to --md5-max-size; md5: the MD5 of every "
+        "object; size: sizes only",
+        choices=list(VERIFY_MODES),
+        default="auto",
+    )
+    o.add(
+        "--md5-max-size",
+        "KUBETRAIN_MD5_MAX_SIZE",
+        "with --verify auto, the largest object (bytes) whose MD5 is computed when the store keeps no "
+        "checksum of it",
+        conv=_non_negative_int,
+        default=DEFAULT_MD5_MAX_SIZE,
     )
     o.add(
         "--part-size",
@@ -274,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                 progress_interval=args.progress_interval,
                 verify=args.verify,
                 part_size=args.part_size,
+                md5_max_size=args.md5_max_size,
             )
             stage_in(S3(pool=max(10, args.workers)), cfg)
             return 0

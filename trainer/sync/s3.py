@@ -68,6 +68,10 @@ def parse_s3_uri(uri: str, what: str = "S3 URI") -> S3Uri:
     return S3Uri(bucket, key)
 
 
+class Refused(SyncError):
+    """A response that must not be retried: the object is not the one the caller asked for."""
+
+
 class S3RequestError(SyncError):
     """An S3 request failed with an HTTP status (after retries, where retrying made sense)."""
 
@@ -192,11 +196,17 @@ class S3:
 
         return self._request("GET", uri, "", {}, read)
 
-    def head(self, bucket: str, key: str, part_number: int | None = None) -> dict[str, str]:
-        """The response headers of a HEAD (of one part, with ``part_number``), lower-cased names."""
+    def head(
+        self, bucket: str, key: str, part_number: int | None = None, *, checksum_mode: bool = False
+    ) -> dict[str, str]:
+        """The response headers of a HEAD (of one part, with ``part_number``), lower-cased names.
+
+        ``checksum_mode`` asks for the object's stored checksum (``x-amz-checksum-*``).
+        """
         query = f"partNumber={part_number}" if part_number else ""
+        extra = {"x-amz-checksum-mode": "ENABLED"} if checksum_mode else {}
         return self._request(
-            "HEAD", S3Uri(bucket, key), query, {}, lambda resp: {k.lower(): v for k, v in resp.getheaders()}
+            "HEAD", S3Uri(bucket, key), query, extra, lambda resp: {k.lower(): v for k, v in resp.getheaders()}
         )
 
     # -- signing ---------------------------------------------------------------------------
@@ -300,6 +310,7 @@ class S3:
         *,
         if_match: str | None = None,
         whole: bool = False,
+        checksum_mode: bool = False,
         on_headers: Callable[[http.client.HTTPResponse], None] | None = None,
     ) -> None:
         """Fill ``buf`` with the object's bytes from offset ``start``, retrying transient errors.
@@ -315,7 +326,9 @@ class S3:
             if_match: ETag the object must still have (a changed object fails with 412).
             whole: ``buf`` is the whole object: ask without a Range header, which also
                 checks that the object's length equals ``len(buf)``.
-            on_headers: called with the first successful response, before its body is read.
+            checksum_mode: ask for the object's stored checksum (sent with whole objects only).
+            on_headers: called with each successful response before its body is read; a
+                ``SyncError`` it raises ends the download (no retry).
 
         Raises:
             S3RequestError: an HTTP error that is not transient, or a transient one that
@@ -332,6 +345,8 @@ class S3:
                 extra["range"] = f"bytes={start + done}-{start + want - 1}"
             if if_match:
                 extra["if-match"] = if_match
+            if checksum_mode:
+                extra["x-amz-checksum-mode"] = "ENABLED"
 
             def fill(resp: http.client.HTTPResponse) -> None:
                 nonlocal done
@@ -339,12 +354,17 @@ class S3:
                 if length != want - done:
                     resp.close()
                     self._drop_connection()
-                    raise SyncError(
+                    raise Refused(
                         f"{uri}: the server sent {length} bytes where {want - done} were expected "
                         f"(object size differs from the manifest?)"
                     )
-                if on_headers is not None and done == 0:
-                    on_headers(resp)
+                if on_headers is not None:
+                    try:
+                        on_headers(resp)
+                    except SyncError:
+                        resp.close()
+                        self._drop_connection()
+                        raise
                 while done < want:
                     n = resp.readinto(buf[done:])
                     if not n:
@@ -355,11 +375,9 @@ class S3:
                 # one attempt at a time: a retry must ask only for the bytes still missing
                 self._request("GET", uri, "", extra, fill, attempts=1)
                 return
-            except S3RequestError:
+            except (S3RequestError, Refused):
                 raise
             except SyncError as exc:
-                if "bytes where" in str(exc):
-                    raise
                 attempt += 1
                 self._backoff(uri, attempt, exc.__cause__ or exc)
 

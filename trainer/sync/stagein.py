@@ -25,7 +25,7 @@ from trainer.sync.manifest import DatasetManifest, loads
 from trainer.sync.progress import Progress, human_bytes, log
 from trainer.sync.restore import restore
 from trainer.sync.s3 import S3, S3RequestError, S3Uri, SyncError
-from trainer.sync.transfer import Download, Downloader
+from trainer.sync.transfer import DEFAULT_MD5_MAX_SIZE, VERIFY_MODES, Download, Downloader
 
 CACHE_INDEX = "index.json"
 
@@ -43,14 +43,26 @@ class StageInConfig:
     limits: ExtractLimits = ExtractLimits()
     workers: int = 16
     progress_interval: float = 5.0
-    verify: str = "etag"
+    verify: str = "auto"
     part_size: int | None = None
+    md5_max_size: int = DEFAULT_MD5_MAX_SIZE
 
     def __post_init__(self) -> None:
-        if self.verify not in ("etag", "size"):
-            raise ValueError(f"verify {self.verify!r} must be 'etag' or 'size'")
+        if self.verify not in VERIFY_MODES:
+            raise ValueError(f"verify {self.verify!r} must be one of {', '.join(VERIFY_MODES)}")
         if self.workers < 1:
             raise ValueError(f"workers {self.workers} must be at least 1")
+
+
+def verification_summary(items: list[Download]) -> str:
+    """How the objects were checked, e.g. ``40 objects by size+etag+crc32(store), 1 by size+md5(etag)``."""
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item.verified_by] = counts.get(item.verified_by, 0) + 1
+    parts = [f"{n:,} by {how}" for how, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    if parts:
+        parts[0] = parts[0].replace(" by ", " objects by ", 1)
+    return ", ".join(parts) or "0 objects"
 
 
 def read_manifest(s3: S3, uri: S3Uri) -> DatasetManifest:
@@ -99,8 +111,16 @@ def stage_in(s3: S3, cfg: StageInConfig) -> None:
                 items = [
                     Download(o.bucket, o.key, o.size, objects / o.path, etag=o.etag) for o in manifest.objects
                 ]
-                downloader = Downloader(s3, cfg.workers, progress, verify=cfg.verify, part_size=cfg.part_size)
+                downloader = Downloader(
+                    s3,
+                    cfg.workers,
+                    progress,
+                    verify=cfg.verify,
+                    part_size=cfg.part_size,
+                    md5_max_size=cfg.md5_max_size,
+                )
                 downloader.run(items)
+                log(f"stage-in: verified {verification_summary(items)}")
                 if cfg.cache_dir is not None:
                     _to_cache(cfg.cache_dir, manifest, objects, items)
             archives = [objects / o.path for o in manifest.objects if is_archive(o.path)]

@@ -2,28 +2,47 @@
 
 Small objects are fetched with one GET each, straight into a buffer of their exact size.
 Large objects are split into ranged GETs written in place with ``os.pwrite`` into a
-preallocated file. Every byte is hashed once, while it is in memory: ranges are fed to
-the hash of their segment in offset order (a segment is the whole object, or one part of
-a multipart upload, whose MD5s make up the ETag), so nothing is read back from disk.
+preallocated file. Every byte that is checked is hashed once, while it is in memory: ranges
+are fed to the hash of their segment in offset order (a segment is the whole object, or one
+part of a multipart upload, whose MD5s make up the ETag), so nothing is read back from disk.
+
+What is checked (``verify``):
+
+* always: the size, and that every response is the manifest's version of the object
+  (``If-Match`` on each request, and the ETag of each response);
+* ``auto`` (the default): the content against the store's own full-object checksum
+  (``x-amz-checksum-crc64nvme``/``crc32c``/``crc32``/``sha1``/``sha256``, which S3 keeps
+  for new objects) when it keeps one; otherwise the MD5 of the content against the ETag, for
+  objects up to ``md5_max_size`` (64 MiB by default): MD5 costs about 1.5 CPU-seconds per GB,
+  more than the whole download, so larger objects without a store checksum are checked by
+  size and ETag only, as s5cmd and the AWS CLI check them;
+* ``md5``: the MD5 of every object against its ETag, whatever its size;
+* ``size``: sizes only.
 """
 
 from __future__ import annotations
 
+import base64
 import errno
 import hashlib
 import os
 import re
 import threading
+import zlib
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainer.sync.progress import Progress, log
-from trainer.sync.s3 import S3, S3RequestError, S3Uri, SyncError
+from trainer.sync.s3 import S3, Refused, S3RequestError, S3Uri, SyncError
 
 MiB = 1024 * 1024
 RANGE_SIZE = 8 * MiB
+DEFAULT_MD5_MAX_SIZE = 64 * MiB
+VERIFY_MODES = ("auto", "md5", "size")
+# store checksums, cheapest to compute first
+STORE_CHECKSUMS = ("crc64nvme", "crc32c", "crc32", "sha1", "sha256")
 # part sizes that common uploaders use, tried in this order when S3 will not say
 COMMON_PART_SIZES = [
     8 * MiB,
@@ -43,6 +62,60 @@ _MULTI = re.compile(r"([0-9a-f]{32})-(\d+)")
 def default_workers() -> int:
     """Worker threads: enough requests in flight to hide latency, few enough to stay cheap."""
     return min(32, 8 * (os.cpu_count() or 1))
+
+
+class _Crc:
+    """A CRC with the update/digest interface of a hashlib object."""
+
+    def __init__(self, fn: Callable[[object, int], int], width: int) -> None:
+        self.fn, self.width, self.value = fn, width, 0
+
+    def update(self, data: memoryview | bytes) -> None:
+        self.value = self.fn(data, self.value)
+
+    def digest(self) -> bytes:
+        return self.value.to_bytes(self.width, "big")
+
+
+def checksum_factory(algorithm: str) -> Callable[[], object] | None:
+    """A constructor of the hash for a store checksum algorithm; ``None`` if not available here.
+
+    CRC32C and CRC64NVME come from awscrt (hardware-accelerated); CRC32 from zlib.
+    """
+    if algorithm == "crc32":
+        return lambda: _Crc(zlib.crc32, 4)
+    if algorithm in ("crc32c", "crc64nvme"):
+        try:
+            from awscrt import checksums
+        except ImportError:
+            return None
+        fn = checksums.crc32c if algorithm == "crc32c" else checksums.crc64nvme
+        width = 4 if algorithm == "crc32c" else 8
+        return lambda: _Crc(fn, width)
+    if algorithm in ("sha1", "sha256"):
+        return lambda: hashlib.new(algorithm)
+    return None
+
+
+def store_checksum(headers: dict[str, str]) -> tuple[str, str] | None:
+    """The usable full-object checksum among response headers (lower-case names), as (algorithm, base64).
+
+    A multipart upload's checksum is usually COMPOSITE (a checksum of the parts' checksums),
+    which only its part boundaries can verify: it counts only when the store says
+    ``x-amz-checksum-type: FULL_OBJECT``. Without that header, only single-part objects
+    (an ETag without ``-N``) count.
+    """
+    kind = headers.get("x-amz-checksum-type", "").upper()
+    if kind and kind != "FULL_OBJECT":
+        return None
+    if not kind and _MULTI.fullmatch(strip_etag(headers.get("etag", ""))):
+        return None
+    for algorithm in STORE_CHECKSUMS:
+        value = headers.get(f"x-amz-checksum-{algorithm}", "").strip()
+        # a composite checksum ends in -<parts>; base64 never holds "-"
+        if value and "-" not in value and checksum_factory(algorithm) is not None:
+            return algorithm, value
+    return None
 
 
 def strip_etag(etag: str) -> str:
@@ -74,7 +147,8 @@ class Download:
     """One object to fetch and verify.
 
     Exactly one of ``etag`` and ``sha256`` says how to verify the bytes; ``size`` is always
-    checked. ``part_size`` is the multipart part size when the ETag has a ``-N`` suffix.
+    checked. ``part_size`` is the multipart part size when the ETag has a ``-N`` suffix;
+    ``checksum`` the store's full-object checksum (algorithm, base64), when it keeps one.
     """
 
     bucket: str
@@ -85,12 +159,14 @@ class Download:
     sha256: str | None = None
     part_size: int | None = None
     part_size_known: bool = True
+    checksum: tuple[str, str] | None = None
     verified_by: str = ""
     digest: str = ""  # md5 (single-part ETag) or sha256 of the whole object, when computed
     _segments: list[_Segment] = field(default_factory=list, repr=False)
     _remaining: int = 0
     _fd: int = -1
     _etag_is_md5: bool = True
+    _md5_allowed: bool = True
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -107,9 +183,9 @@ class _Segment:
     whose range is the next one needed never waits.
     """
 
-    def __init__(self, start: int, length: int, algorithm: str, window: int = 8) -> None:
+    def __init__(self, start: int, length: int, new_hash: Callable[[], object], window: int = 8) -> None:
         self.start, self.length = start, length
-        self.hash = hashlib.new(algorithm)
+        self.hash = new_hash()
         self.next = start
         self.pending: dict[int, tuple[memoryview, bool]] = {}
         self.lock = threading.Lock()
@@ -151,19 +227,31 @@ class Downloader:
         s3: the S3 access object.
         workers: concurrent requests.
         progress: counts objects and bytes.
-        verify: ``etag`` checks size and ETag (sha256 where the caller gives one);
-            ``size`` checks sizes only.
+        verify: ``auto``, ``md5`` or ``size`` (see the module docstring); a sha256 given by
+            the caller is always checked.
         part_size: the multipart part size of every multipart object, when the caller knows it.
+        md5_max_size: in ``auto`` mode, the largest object whose MD5 is computed when the
+            store keeps no checksum of it.
     """
 
     def __init__(
-        self, s3: S3, workers: int, progress: Progress, *, verify: str = "etag", part_size: int | None = None
+        self,
+        s3: S3,
+        workers: int,
+        progress: Progress,
+        *,
+        verify: str = "auto",
+        part_size: int | None = None,
+        md5_max_size: int = DEFAULT_MD5_MAX_SIZE,
     ) -> None:
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"verify {verify!r} must be one of {', '.join(VERIFY_MODES)}")
         self.s3 = s3
         self.workers = max(1, workers)
         self.progress = progress
         self.verify = verify
         self.part_size = part_size
+        self.md5_max_size = md5_max_size
         self._failed = threading.Event()
 
     def run(self, items: list[Download]) -> None:
@@ -173,11 +261,28 @@ class Downloader:
             SyncError: naming the object or file that failed.
         """
         with ThreadPoolExecutor(self.workers, thread_name_prefix="get") as pool:
-            multipart = [d for d in items if d.etag and _MULTI.fullmatch(strip_etag(d.etag))]
-            for d, part_size in zip(multipart, pool.map(self._part_size, multipart), strict=True):
-                d.part_size, d.part_size_known = part_size
             futures = []
             try:
+                for d in items:
+                    d._md5_allowed = self.verify == "md5" or (
+                        self.verify == "auto" and d.size <= self.md5_max_size
+                    )
+                if self.verify == "auto":
+                    # objects fetched in ranges: the store's checksum comes from a HEAD
+                    ranged = [d for d in items if d.etag and not d.sha256 and d.size > RANGE_SIZE]
+                    for d, checksum in zip(ranged, pool.map(self._store_checksum, ranged), strict=True):
+                        d.checksum = checksum
+                multipart = [
+                    d
+                    for d in items
+                    if d.etag
+                    and _MULTI.fullmatch(strip_etag(d.etag))
+                    and d._md5_allowed
+                    and not d.checksum
+                    and self.verify != "size"
+                ]
+                for d, part_size in zip(multipart, pool.map(self._part_size, multipart), strict=True):
+                    d.part_size, d.part_size_known = part_size
                 for d in items:
                     for task in self._plan(d):
                         futures.append(pool.submit(self._guard, task))
@@ -219,27 +324,34 @@ class Downloader:
         return infer_part_size(d.size, parts), False
 
     def _plan(self, d: Download) -> list[Callable[[], None]]:
-        algorithm = "sha256" if d.sha256 else "md5"
         etag = strip_etag(d.etag) if d.etag else ""
         multi = _MULTI.fullmatch(etag)
+        new_hash: Callable[[], object] | None = None
         if d.sha256:
             d.verified_by = "size+sha256"
+            new_hash = checksum_factory("sha256")
         elif self.verify == "size":
             d.verified_by = "size"
-            algorithm = ""
+        elif d.checksum:
+            d.verified_by = f"size+etag+{d.checksum[0]}(store)"
+            new_hash = checksum_factory(d.checksum[0])
+        elif not d._md5_allowed:
+            d.verified_by = f"size+etag (no store checksum; no MD5 above {self.md5_max_size:,} bytes)"
         elif _SINGLE.fullmatch(etag):
             d.verified_by = "size+md5(etag)"
+            new_hash = hashlib.md5
         elif multi and d.part_size:
             how = "known" if d.part_size_known else "inferred"
             d.verified_by = f"size+multipart-md5(etag, {how} part size {d.part_size})"
+            new_hash = hashlib.md5
         else:
-            d.verified_by = "size"
-            algorithm = ""
-        if multi and d.part_size and algorithm:
+            d.verified_by = "size+etag" if etag else "size"
+        md5_parts = multi and d.part_size and new_hash is hashlib.md5
+        if md5_parts:
             bounds = [(s, min(d.part_size, d.size - s)) for s in range(0, d.size, d.part_size)] or [(0, 0)]
         else:
             bounds = [(0, d.size)]
-        d._segments = [_Segment(s, n, algorithm) for s, n in bounds] if algorithm else []
+        d._segments = [_Segment(s, n, new_hash) for s, n in bounds] if new_hash else []
         ranges = [(s + o, min(RANGE_SIZE, n - o)) for s, n in bounds for o in range(0, max(n, 1), RANGE_SIZE)]
         d.dest.parent.mkdir(parents=True, exist_ok=True)
         if len(ranges) == 1:
@@ -257,19 +369,45 @@ class Downloader:
 
     # -- work ----------------------------------------------------------------------------
 
-    def _headers(self, d: Download) -> Callable:
+    def _headers(self, d: Download, *, whole: bool) -> Callable:
         def check(resp) -> None:
+            # a server that ignores If-Match still names the version it sends
+            sent = resp.getheader("etag")
+            if sent and d.etag and strip_etag(sent) != strip_etag(d.etag):
+                raise Refused(
+                    f"{d.uri}: ETag mismatch: the server sent ETag {sent}, the manifest says {d.etag} "
+                    f"(the object changed since the manifest was written); refused"
+                )
             # with SSE-KMS or SSE-C, S3's ETag is not the MD5 of the content
             sse = resp.getheader("x-amz-server-side-encryption", "")
             if sse.startswith("aws:kms") or resp.getheader("x-amz-server-side-encryption-customer-algorithm"):
                 d._etag_is_md5 = False
+            if whole and self.verify == "auto" and not d.sha256:
+                d.checksum = store_checksum({k.lower(): v for k, v in resp.getheaders()})
 
         return check
+
+    def _store_checksum(self, d: Download) -> tuple[str, str] | None:
+        """The store's full-object checksum of a ranged object, from a HEAD (None if it keeps none)."""
+        try:
+            head = self.s3.head(d.bucket, d.key, checksum_mode=True)
+        except S3RequestError as exc:
+            raise self._explain(d, exc) from exc
+        sent = head.get("etag")
+        if sent and d.etag and strip_etag(sent) != strip_etag(d.etag):
+            raise SyncError(
+                f"{d.uri}: ETag mismatch: the object no longer has the manifest's ETag {d.etag} "
+                f"(it changed since the manifest was written); refused"
+            )
+        return store_checksum(head)
 
     def _whole(self, d: Download) -> None:
         buf = bytearray(d.size)
         view = memoryview(buf)
         self._get(d, view, 0, whole=True)
+        if d.checksum:  # the store keeps a checksum: it replaces the MD5
+            d._segments = [_Segment(0, d.size, checksum_factory(d.checksum[0]))]
+            d.verified_by = f"size+etag+{d.checksum[0]}(store)"
         if d._segments:
             d._segments[0].feed(0, view)
         try:
@@ -312,22 +450,37 @@ class Downloader:
                 start,
                 if_match=d.etag if d.etag else None,
                 whole=whole,
-                on_headers=self._headers(d) if d.etag else None,
+                checksum_mode=whole and self.verify == "auto" and not d.sha256,
+                on_headers=self._headers(d, whole=whole) if d.etag else None,
             )
         except S3RequestError as exc:
-            if exc.status == 404:
-                raise SyncError(f"{d.uri} does not exist ({exc.code}): the manifest lists it") from exc
-            if exc.status == 412:
-                raise SyncError(
-                    f"{d.uri}: ETag mismatch: the object no longer has the manifest's ETag {d.etag} "
-                    f"(it changed since the manifest was written); refused"
-                ) from exc
-            if exc.status == 416 or (exc.status == 200 and not whole):
+            if exc.status == 200 and not whole:
                 raise SyncError(f"{d.uri} is shorter than the manifest's size {d.size}") from exc
-            raise
+            raise self._explain(d, exc) from exc
+
+    def _explain(self, d: Download, exc: S3RequestError) -> Exception:
+        if exc.status == 404:
+            return SyncError(f"{d.uri} does not exist ({exc.code}): the manifest lists it")
+        if exc.status == 412:
+            return SyncError(
+                f"{d.uri}: ETag mismatch: the object no longer has the manifest's ETag {d.etag} "
+                f"(it changed since the manifest was written); refused"
+            )
+        if exc.status == 416:
+            return SyncError(f"{d.uri} is shorter than the manifest's size {d.size}")
+        return exc
 
     def _finish(self, d: Download) -> None:
-        if d.sha256:
+        if d.checksum and d._segments:
+            algorithm, want = d.checksum
+            got = base64.b64encode(d._segments[0].hash.digest()).decode()
+            if got != want:
+                d.dest.unlink(missing_ok=True)
+                raise SyncError(
+                    f"{d.uri}: {algorithm} mismatch: the content gives {got}, the store's checksum is "
+                    f"{want}; refused"
+                )
+        elif d.sha256:
             digest = d._segments[0].hash.hexdigest()
             if digest != d.sha256:
                 d.dest.unlink(missing_ok=True)

@@ -6,15 +6,79 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from kubetrain import pod_spec
-from kubetrain.s3_layout import run_from_context
+from kubetrain.s3_layout import DEFAULT_S3_SECRET, run_from_context
 
 if TYPE_CHECKING:
+    import jinja2
     from airflow.sdk import Context
     from kubernetes.client import models as k8s
+
+    from kubetrain import pod_spec
+    from kubetrain.operators._training_pod import TrainingPod
+
+# The arguments of KubernetesPodOperator (cncf-kubernetes 10.25), so that a DAG can pass any
+# of them while its file never imports that operator; tests/plugins/test_training_pod.py
+# checks both lists against the installed provider.
+POD_OPERATOR_ARGUMENTS = frozenset(
+    """
+    kubernetes_conn_id namespace image name random_name_suffix cmds arguments ports volume_mounts
+    volumes env_vars env_from secrets in_cluster cluster_context labels reattach_on_restart durable
+    startup_timeout_seconds startup_check_interval_seconds schedule_timeout_seconds get_logs
+    base_container_name base_container_status_polling_interval init_container_logs container_logs
+    image_pull_policy annotations container_resources affinity config_file runtime_class_name
+    node_selector image_pull_secrets service_account_name automount_service_account_token hostnetwork
+    host_aliases tolerations security_context container_security_context
+    xcom_sidecar_container_security_context dnspolicy dns_config hostname subdomain schedulername
+    full_pod_spec init_containers log_events_on_failure log_events_on_startup do_xcom_push
+    pod_template_file pod_template_dict priority_class_name pod_runtime_info_envs
+    termination_grace_period configmaps skip_on_exit_code deferrable poll_interval
+    log_pod_spec_on_failure on_finish_action on_kill_action is_delete_operator_pod
+    termination_message_policy active_deadline_seconds callbacks progress_callback logging_interval
+    trigger_kwargs container_name_log_prefix_enabled log_formatter
+    """.split()
+)
+POD_OPERATOR_TEMPLATE_FIELDS: tuple[str, ...] = (
+    "image",
+    "name",
+    "hostname",
+    "cmds",
+    "annotations",
+    "arguments",
+    "env_vars",
+    "labels",
+    "config_file",
+    "pod_template_file",
+    "pod_template_dict",
+    "namespace",
+    "container_resources",
+    "volumes",
+    "volume_mounts",
+    "cluster_context",
+    "env_from",
+    "configmaps",
+    "node_selector",
+    "kubernetes_conn_id",
+    "base_container_name",
+    "trigger_kwargs",
+)
+# Template fields inside Kubernetes objects, as KubernetesPodOperator renders them, keyed by
+# class name so that nothing needs the kubernetes client to decide.
+_NESTED_TEMPLATE_FIELDS = {
+    "V1EnvVar": ("value", "name"),
+    "V1ResourceRequirements": ("limits", "requests"),
+    "V1Volume": ("name", "persistent_volume_claim", "config_map"),
+    "V1VolumeMount": ("name", "sub_path"),
+    "V1PersistentVolumeClaimVolumeSource": ("claim_name",),
+    "V1ConfigMapVolumeSource": ("name",),
+    "V1EnvFromSource": ("config_map_ref",),
+    "V1ConfigMapEnvSource": ("name",),
+}
+# Parts of the pod that kubetrain.pod_spec owns; the base class must not set them a second
+# time, or its values would replace ours when the two are reconciled.
+_OWNED = ("container_resources", "security_context", "container_security_context", "full_pod_spec")
 
 
 class PodUnschedulableError(AirflowException):
@@ -66,7 +130,7 @@ def string_list(name: str, value: Any) -> list[str] | None:
     return [str(v) for v in value]
 
 
-class TrainingPodOperator(KubernetesPodOperator):
+class TrainingPodOperator(BaseOperator):
     """Run a training container in a pod built by :mod:`kubetrain.pod_spec`.
 
     The pod gets the stage-in init container, the checkpoint-sync native sidecar and the base
@@ -75,10 +139,12 @@ class TrainingPodOperator(KubernetesPodOperator):
     ``/trials/<trial>`` for sweeps): the same for every try, so a retried task resumes from its
     checkpoints. The run URI is pushed as XCom ``run_uri``.
 
-    By default the task defers while the pod runs, streams the base container's logs and
-    deletes the pod when it ends, success or failure. A pod that cannot be scheduled (no node
-    with a free GPU) fails after ``schedule_timeout_seconds`` with the scheduler's
-    FailedScheduling message in the error.
+    The pod is run by a KubernetesPodOperator (:class:`kubetrain.operators._training_pod.TrainingPod`)
+    that this task builds when it runs, so that a DAG file parses without loading the Kubernetes
+    clients; every KubernetesPodOperator argument is accepted and passed on. By default the task
+    defers while the pod runs, streams the base container's logs and deletes the pod when it
+    ends, success or failure. A pod that cannot be scheduled (no node with a free GPU) fails after
+    ``schedule_timeout_seconds`` with the scheduler's FailedScheduling message in the error.
 
     Images are resolved when the task runs: ``image`` else Variable ``kubetrain_trainer_image``
     else env ``KUBETRAIN_TRAINER_IMAGE`` else ``<KUBETRAIN_REGISTRY>/kubetrain/trainer:latest``;
@@ -111,11 +177,12 @@ class TrainingPodOperator(KubernetesPodOperator):
     :param scratch_size_limit: sizeLimit of the emptyDir volumes.
     :param training_bucket: training bucket (default: the deployment's). (templated)
     :param extra_env: plain environment for the base container (no secrets). (templated)
-    :param kwargs: everything KubernetesPodOperator accepts (namespace, kubernetes_conn_id, ...).
+    :param kwargs: BaseOperator arguments (task_id, pool, retries, ...) and everything
+        KubernetesPodOperator accepts (namespace, kubernetes_conn_id, ...).
     """
 
     template_fields: Sequence[str] = (
-        *KubernetesPodOperator.template_fields,
+        *POD_OPERATOR_TEMPLATE_FIELDS,
         "sync_image",
         "dataset_manifest",
         "dataset_version",
@@ -133,6 +200,7 @@ class TrainingPodOperator(KubernetesPodOperator):
         "extra_env",
         "sync_interval",
     )
+    template_fields_renderers = {"env_vars": "py", "extra_env": "py"}
 
     def __init__(
         self,
@@ -150,7 +218,7 @@ class TrainingPodOperator(KubernetesPodOperator):
         memory: str = "2Gi",
         cpu_limit: str | None = None,
         memory_limit: str | None = None,
-        s3_secret: str | None = pod_spec.DEFAULT_S3_SECRET,
+        s3_secret: str | None = DEFAULT_S3_SECRET,
         image_pull_secrets: list[str] | str | None = None,
         tolerations: list[k8s.V1Toleration] | None = None,
         container_user: int = 10001,
@@ -167,19 +235,15 @@ class TrainingPodOperator(KubernetesPodOperator):
         startup_timeout_seconds: int = 600,
         schedule_timeout_seconds: int = 300,
         termination_message_policy: str = "FallbackToLogsOnError",
+        do_xcom_push: bool = False,
         **kwargs: Any,
     ) -> None:
-        # The pod-spec module owns these parts of the pod; the base class must not set them a
-        # second time, or its values would replace ours when the two are reconciled.
-        for owned in (
-            "container_resources",
-            "security_context",
-            "container_security_context",
-            "full_pod_spec",
-        ):
+        for owned in _OWNED:
             if owned in kwargs:
                 raise ValueError(f"TrainingPodOperator builds {owned} itself: remove the {owned}= argument")
-        super().__init__(
+        pod_kwargs = {name: kwargs.pop(name) for name in list(kwargs) if name in POD_OPERATOR_ARGUMENTS}
+        super().__init__(do_xcom_push=do_xcom_push, **kwargs)
+        pod_kwargs.update(
             image=image,
             deferrable=deferrable,
             on_finish_action=on_finish_action,
@@ -188,8 +252,14 @@ class TrainingPodOperator(KubernetesPodOperator):
             schedule_timeout_seconds=schedule_timeout_seconds,
             # A crashed trainer's last log lines become the task's error message.
             termination_message_policy=termination_message_policy,
-            **kwargs,
         )
+        # Every pod argument is an attribute, as on the pod operator itself, so that the
+        # template fields among them render here and show in the UI's rendered view.
+        for name in POD_OPERATOR_TEMPLATE_FIELDS:
+            setattr(self, name, None)
+        for name, value in pod_kwargs.items():
+            setattr(self, name, value)
+        self._pod_arguments = tuple(pod_kwargs)
         self.sync_image = sync_image
         self.dataset_manifest = dataset_manifest
         self.dataset_version = dataset_version
@@ -217,9 +287,56 @@ class TrainingPodOperator(KubernetesPodOperator):
         self.scratch_size_limit = scratch_size_limit
         self.training_bucket = training_bucket
         self.extra_env = extra_env or {}
+        self._pod: TrainingPod | None = None
+
+    def _render_nested_template_fields(
+        self, content: Any, context: Context, jinja_env: jinja2.Environment, seen_oids: set[int]
+    ) -> None:
+        fields = _NESTED_TEMPLATE_FIELDS.get(type(content).__name__)
+        if fields and id(content) not in seen_oids:
+            seen_oids.add(id(content))
+            self._do_render_template_fields(content, fields, context, jinja_env, seen_oids)
+            return
+        super()._render_nested_template_fields(content, context, jinja_env, seen_oids)
+
+    def pod_operator(self) -> TrainingPod:
+        """A new KubernetesPodOperator for this task, from its (rendered) arguments."""
+        from kubetrain.operators._training_pod import TrainingPod
+
+        kwargs = {name: getattr(self, name) for name in self._pod_arguments}
+        self._pod = TrainingPod(training=self, **kwargs)
+        return self._pod
+
+    def execute(self, context: Context) -> Any:
+        pod = self.pod_operator()
+        # Run it as the task runner runs an operator, so that it does not warn of being
+        # called from outside the runner.
+        from airflow.sdk.bases.operator import ExecutorSafeguard
+
+        return pod.execute(context, **{f"{type(pod).__name__}__sentinel": ExecutorSafeguard.sentinel_value})
+
+    def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
+        """Where the deferred task resumes: the pod ended, or its logs are due."""
+        return self.pod_operator().trigger_reentry(context, event)
+
+    def execute_complete(self, context: Context, event: dict[str, Any], **kwargs: Any) -> Any:
+        return self.trigger_reentry(context, event)
+
+    def on_kill(self) -> None:
+        if self._pod is not None:
+            self._pod.on_kill()
+
+    def build_pod_request_obj(self, context: Context | None = None, *, dry_run: bool = False) -> k8s.V1Pod:
+        """The pod this task asks for (see KubernetesPodOperator.build_pod_request_obj)."""
+        return self.pod_operator().build_pod_request_obj(context, dry_run=dry_run)
+
+    def dry_run(self) -> None:
+        self.pod_operator().dry_run()
 
     def pod_config(self, context: Context | None) -> pod_spec.TrainingPodConfig:
         """The pod's settings for the task instance in ``context`` (images resolved now)."""
+        from kubetrain import pod_spec
+
         if context is not None:
             run = run_from_context(
                 context, run_uri=self.run_uri, trial=self.trial, training_bucket=self.training_bucket
@@ -264,7 +381,7 @@ class TrainingPodOperator(KubernetesPodOperator):
             cpu_limit=self.cpu_limit or None,
             memory_limit=self.memory_limit or None,
             s3_secret=self.s3_secret or None,
-            service_account_name=self.service_account_name,
+            service_account_name=getattr(self, "service_account_name", None),
             image_pull_secrets=tuple(self.training_image_pull_secrets),
             node_selector=self.node_selector or None,
             tolerations=tuple(self.extra_tolerations),
@@ -277,53 +394,3 @@ class TrainingPodOperator(KubernetesPodOperator):
             env=dict(self.extra_env),
             labels=labels,
         )
-
-    def build_pod_request_obj(self, context: Context | None = None, *, dry_run: bool = False) -> k8s.V1Pod:
-        # The base class puts cmds/arguments on the container as they are: lists, never the
-        # JSON text an array Param renders to.
-        self.cmds = string_list("cmds", self.cmds) or []
-        self.arguments = string_list("arguments", self.arguments) or []
-        config = self.pod_config(context)
-        # The contract pod is the template; the base class adds its name, namespace, task
-        # labels and any extra env/volumes/secrets passed to this operator.
-        self.full_pod_spec = pod_spec.training_pod(config)
-        self.termination_grace_period = config.termination_grace_period
-        if context is not None:
-            context["ti"].xcom_push(key="run_uri", value=config.run_uri)
-        self.log.info("Training pod: image %s, run %s, %d GPU(s)", config.image, config.run_uri, config.gpus)
-        return super().build_pod_request_obj(context, dry_run=dry_run)
-
-    def cleanup(
-        self,
-        pod: k8s.V1Pod,
-        remote_pod: k8s.V1Pod,
-        xcom_result: dict | None = None,
-        context: Context | None = None,
-    ) -> None:
-        # The base class fails a never-scheduled pod with "took too long to be scheduled ...
-        # check the pod events"; read the scheduler's reason before the pod is deleted so the
-        # task error says what is missing (e.g. "Insufficient nvidia.com/gpu").
-        problem = None
-        last_phase = getattr(getattr(remote_pod, "status", None), "phase", None)
-        if not self._killed and remote_pod is not None and last_phase in (None, "Pending"):
-            problem = self._scheduling_problem(pod or remote_pod)
-        try:
-            super().cleanup(pod=pod, remote_pod=remote_pod, xcom_result=xcom_result, context=context)
-        except AirflowException as exc:
-            if problem:
-                name = (pod or remote_pod).metadata.name
-                raise PodUnschedulableError(
-                    f"Pod {name} was not scheduled within {self.schedule_timeout_seconds} s: {problem}"
-                ) from exc
-            raise
-
-    def _scheduling_problem(self, pod: k8s.V1Pod) -> str | None:
-        try:
-            current = self.pod_manager.read_pod(pod)
-            if current.status is None or current.status.phase != "Pending":
-                return None
-            events = self.pod_manager.read_pod_events(pod).items or []
-        except Exception as exc:  # the original failure matters more than this diagnosis
-            self.log.warning("Could not read the events of pod %s: %s", pod.metadata.name, exc)
-            return None
-        return scheduling_problem(current, events)

@@ -39,6 +39,8 @@ class FaultProxy:
         seed: seed of the fault generator.
         drop_headers: request headers to remove (as a server that ignores them would).
         always_fail: every request whose path contains this text gets a 503 (a persistent fault).
+        corrupt: GET responses whose path contains this text arrive with one body byte flipped
+            (headers intact), as a faulty network or disk would deliver them.
     """
 
     def __init__(
@@ -48,12 +50,14 @@ class FaultProxy:
         seed: int = 0,
         drop_headers: tuple[str, ...] = (),
         always_fail: str | None = None,
+        corrupt: str | None = None,
     ) -> None:
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname, parts.port)
         self.fail_rate = fail_rate
         self.drop_headers = {h.lower() for h in drop_headers}
         self.always_fail = always_fail
+        self.corrupt = corrupt
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.records: list[Record] = []
@@ -140,6 +144,11 @@ class FaultProxy:
                 resp_body = (
                     b"" if method == "HEAD" or status in (204, 304) else _read_body(up_reader, resp_headers)
                 )
+                if self.corrupt and self.corrupt in path and method == "GET" and resp_body and status < 300:
+                    flipped = bytearray(resp_body)
+                    flipped[len(flipped) // 2] ^= 0x40
+                    resp_body = bytes(flipped)
+                    fault = "corrupt"
                 raw = _encode_response(status_line, resp_headers, resp_body)
                 if fault == "reset-body" and len(resp_body) > 1:
                     client.sendall(raw[: len(raw) - len(resp_body) // 2])
@@ -147,7 +156,7 @@ class FaultProxy:
                     _reset(client)
                     return
                 client.sendall(raw)
-                self._record(method, path, status, len(resp_body), "")
+                self._record(method, path, status, len(resp_body), fault if fault == "corrupt" else "")
                 if resp_headers.get("connection", "").lower() == "close":
                     return
         except (OSError, ValueError):
