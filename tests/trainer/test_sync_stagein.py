@@ -123,11 +123,16 @@ def test_cache_hit_reads_no_object_bytes(s3_server, dataset, tmp_path):
     assert tree(tmp_path / "two") == expected
 
 
-def test_stage_in_survives_injected_faults(s3_server, dataset, tmp_path):
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--verify", "size"]],
+    ids=["hashed-ranges", "streamed-ranges"],  # unhashed ranges go to the file chunk by chunk
+)
+def test_stage_in_survives_injected_faults(s3_server, dataset, tmp_path, extra):
     uri, expected, _ = dataset
     with FaultProxy(s3_server.endpoint, fail_rate=0.2, seed=7) as proxy:
         env = {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint}
-        result = run_sync(["stage-in", "--manifest", uri, "--data-dir", str(tmp_path)], env)
+        result = run_sync(["stage-in", "--manifest", uri, "--data-dir", str(tmp_path), *extra], env)
         faults = {r.fault for r in proxy.records if r.fault}
     assert result.returncode == 0, result.stderr
     assert faults == {"503", "500", "reset", "reset-body"}

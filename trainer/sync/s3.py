@@ -69,7 +69,7 @@ def parse_s3_uri(uri: str, what: str = "S3 URI") -> S3Uri:
 
 
 class Refused(SyncError):
-    """A response that must not be retried: the object is not the one the caller asked for."""
+    """A failure that retrying cannot mend: another object than the one asked for, a full disk."""
 
 
 class S3RequestError(SyncError):
@@ -312,6 +312,8 @@ class S3:
         whole: bool = False,
         checksum_mode: bool = False,
         on_headers: Callable[[http.client.HTTPResponse], None] | None = None,
+        length: int | None = None,
+        sink: Callable[[int, memoryview], None] | None = None,
     ) -> None:
         """Fill ``buf`` with the object's bytes from offset ``start``, retrying transient errors.
 
@@ -329,6 +331,10 @@ class S3:
             checksum_mode: ask for the object's stored checksum (sent with whole objects only).
             on_headers: called with each successful response before its body is read; a
                 ``SyncError`` it raises ends the download (no retry).
+            length: with ``sink``, the number of bytes wanted.
+            sink: streams the body instead: ``buf`` is then a scratch buffer, refilled and
+                handed to ``sink(offset, chunk)`` (object offset) while it is still in the CPU's
+                cache; a ``Refused`` it raises ends the download.
 
         Raises:
             S3RequestError: an HTTP error that is not transient, or a transient one that
@@ -336,7 +342,7 @@ class S3:
             SyncError: the connection kept failing, or the object is shorter than expected.
         """
         uri = S3Uri(bucket, key)
-        want = len(buf)
+        want = len(buf) if sink is None else length
         done = 0
         attempt = 0
         while True:
@@ -365,6 +371,14 @@ class S3:
                         resp.close()
                         self._drop_connection()
                         raise
+                if sink is not None:
+                    while done < want:
+                        n = resp.readinto(buf[: min(len(buf), want - done)])
+                        if not n:
+                            raise http.client.IncompleteRead(b"", want - done)
+                        sink(start + done, buf[:n])
+                        done += n
+                    return
                 while done < want:
                     n = resp.readinto(buf[done:])
                     if not n:

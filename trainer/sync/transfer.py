@@ -39,6 +39,7 @@ from trainer.sync.s3 import S3, Refused, S3RequestError, S3Uri, SyncError
 
 MiB = 1024 * 1024
 RANGE_SIZE = 8 * MiB
+CHUNK_SIZE = 256 * 1024  # streamed ranges pass through a buffer this size, small enough to stay in cache
 DEFAULT_MD5_MAX_SIZE = 64 * MiB
 VERIFY_MODES = ("auto", "md5", "size")
 # store checksums, cheapest to compute first
@@ -276,6 +277,7 @@ class Downloader:
         self.part_size = part_size
         self.md5_max_size = md5_max_size
         self._buffers = _Buffers(RANGE_SIZE)
+        self._chunks = _Buffers(CHUNK_SIZE)
         self._failed = threading.Event()
 
     def run(self, items: list[Download]) -> None:
@@ -446,6 +448,34 @@ class Downloader:
         self._finish(d)
 
     def _range(self, d: Download, start: int, length: int) -> None:
+        if not d._segments:
+            self._stream(d, start, length)
+        else:
+            self._hashed_range(d, start, length)
+        self.progress.add(nbytes=length)
+        with d._lock:
+            d._remaining -= 1
+            last = d._remaining == 0
+        if last:
+            os.close(d._fd)
+            d._fd = -1
+            self._finish(d)
+
+    def _stream(self, d: Download, start: int, length: int) -> None:
+        """A range that is not hashed: each chunk goes to the file as soon as it arrives."""
+        scratch = self._chunks.get()
+
+        def sink(offset: int, chunk: memoryview) -> None:
+            try:
+                _pwrite_all(d._fd, chunk, offset)
+            except OSError as exc:
+                raise _write_error(d.dest, exc, d.size) from exc
+
+        self._get(d, memoryview(scratch), start, whole=False, length=length, sink=sink)
+        self._chunks.put(scratch)
+
+    def _hashed_range(self, d: Download, start: int, length: int) -> None:
+        """A range held whole until the hash of its segment takes it, in offset order."""
         buf = self._buffers.get()
         view = memoryview(buf)[:length]
         self._get(d, view, start, whole=False)
@@ -457,18 +487,17 @@ class Downloader:
             if seg.start <= start < seg.start + seg.length:
                 seg.feed(start, view, release=lambda: self._buffers.put(buf))
                 break
-        else:
-            self._buffers.put(buf)
-        self.progress.add(nbytes=length)
-        with d._lock:
-            d._remaining -= 1
-            last = d._remaining == 0
-        if last:
-            os.close(d._fd)
-            d._fd = -1
-            self._finish(d)
 
-    def _get(self, d: Download, view: memoryview, start: int, *, whole: bool) -> None:
+    def _get(
+        self,
+        d: Download,
+        view: memoryview,
+        start: int,
+        *,
+        whole: bool,
+        length: int | None = None,
+        sink: Callable[[int, memoryview], None] | None = None,
+    ) -> None:
         try:
             self.s3.get_range(
                 d.bucket,
@@ -479,6 +508,8 @@ class Downloader:
                 whole=whole,
                 checksum_mode=whole and self.verify == "auto" and not d.sha256,
                 on_headers=self._headers(d, whole=whole) if d.etag else None,
+                length=length,
+                sink=sink,
             )
         except S3RequestError as exc:
             if exc.status == 200 and not whole:
@@ -553,6 +584,7 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
 
 
 def _write_error(path: Path, exc: OSError, size: int) -> SyncError:
+    # Refused: a full or unwritable disk is not a transient S3 error to retry
     if exc.errno == errno.ENOSPC:
-        return SyncError(f"cannot write {path} ({size:,} bytes): no space left on its file system")
-    return SyncError(f"cannot write {path}: {exc.strerror or exc}")
+        return Refused(f"cannot write {path} ({size:,} bytes): no space left on its file system")
+    return Refused(f"cannot write {path}: {exc.strerror or exc}")
