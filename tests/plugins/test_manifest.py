@@ -5,14 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
-import boto3
 import pytest
 from airflow.providers.amazon.aws.hooks.s3 import S3Hook  # noqa: F401  (also puts plugins/ on sys.path)
-from botocore.exceptions import ClientError
 
 from kubetrain.manifest import (
     DatasetNotFoundError,
@@ -27,32 +24,6 @@ from kubetrain.manifest import (
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = REPO / "trainer" / "sync" / "schemas" / "dataset-manifest.v1.json"
 TRAINER_PYTHON = REPO / "trainer" / ".venv" / "bin" / "python"
-
-
-def s3_client(server):
-    """A boto3 client for the test server, once its buckets exist (it answers before creating them)."""
-    client = boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        aws_access_key_id=server.access_key_id,
-        aws_secret_access_key=server.secret_access_key,
-        region_name=server.region,
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            for bucket in ("datasets", "training"):
-                client.head_bucket(Bucket=bucket)
-            return client
-        except ClientError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
-@pytest.fixture
-def client(s3_server):
-    return s3_client(s3_server)
 
 
 @pytest.fixture

@@ -5,16 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
 import airflow  # noqa: F401  (importing Airflow puts its plugins folder on sys.path)
-import boto3
 import pytest
-from botocore.exceptions import ClientError
 
 from kubetrain.operators.sync import (
     SyncCheckpointsOperator,
@@ -34,45 +31,6 @@ def check_schema(document: dict) -> None:
         import jsonschema
 
         jsonschema.validate(document, json.loads(PASS_SCHEMA.read_text()))
-
-
-def s3_client(server):
-    """A boto3 client for the test server, once its buckets exist (it answers before creating them)."""
-    client = boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        aws_access_key_id=server.access_key_id,
-        aws_secret_access_key=server.secret_access_key,
-        region_name=server.region,
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            for bucket in ("datasets", "training"):
-                client.head_bucket(Bucket=bucket)
-            return client
-        except ClientError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
-@pytest.fixture
-def client(s3_server, monkeypatch):
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_AWS_DEFAULT",
-        json.dumps(
-            {
-                "conn_type": "aws",
-                "login": s3_server.access_key_id,
-                "password": s3_server.secret_access_key,
-                "extra": {"endpoint_url": s3_server.endpoint, "region_name": s3_server.region},
-            }
-        ),
-    )
-    for name in ("KUBETRAIN_TRAINING_BUCKET", "AIRFLOW_VAR_KUBETRAIN_TRAINING_BUCKET"):
-        monkeypatch.delenv(name, raising=False)
-    return s3_client(s3_server)
 
 
 class Run:
