@@ -118,7 +118,9 @@ def test_delete_propagation_policies(core, batch):
 
 
 def test_suspend_deadline_and_ttl(core, batch):
-    batch.create_namespaced_job(NS, job_body("paused", "echo ran", suspend=True, ttlSecondsAfterFinished=1))
+    # completionTime has whole-second resolution, so the TTL may fire up to a second early: leave the
+    # poll below a few seconds to see the finished job before it is removed
+    batch.create_namespaced_job(NS, job_body("paused", "echo ran", suspend=True, ttlSecondsAfterFinished=3))
     assert not core.list_namespaced_pod(NS, label_selector="job-name=paused").items
     conds = {c.type: c.status for c in batch.read_namespaced_job_status("paused", NS).status.conditions}
     assert conds == {"Suspended": "True"}
@@ -126,7 +128,7 @@ def test_suspend_deadline_and_ttl(core, batch):
     assert wait_for(lambda: condition(batch, "paused"), 20, what="resumed job") == "Complete"
     # ttlSecondsAfterFinished removes the finished job and its pods
     wait_for(
-        lambda: not batch.list_namespaced_job(NS, field_selector="metadata.name=paused").items, 15, what="TTL"
+        lambda: not batch.list_namespaced_job(NS, field_selector="metadata.name=paused").items, 20, what="TTL"
     )
     wait_for(
         lambda: not core.list_namespaced_pod(NS, label_selector="job-name=paused").items, 15, what="TTL pods"
