@@ -38,7 +38,11 @@ from trainer.sync.progress import Progress, log
 from trainer.sync.s3 import S3, Refused, S3RequestError, S3Uri, SyncError
 
 MiB = 1024 * 1024
-RANGE_SIZE = 8 * MiB
+RANGE_SIZE = 8 * MiB  # ranges that are hashed are held whole in memory until their turn
+# ranges that are not hashed stream to the file through a small buffer, so they can be long:
+# fewer requests cost the server less (against s3rver, 64 MiB ranges instead of 8 MiB cut the
+# server's CPU for a 1 GiB object by a fifth), as long as every worker still gets a range
+MAX_STREAM_RANGE = 64 * MiB
 CHUNK_SIZE = 256 * 1024  # streamed ranges pass through a buffer this size, small enough to stay in cache
 DEFAULT_MD5_MAX_SIZE = 64 * MiB
 VERIFY_MODES = ("auto", "md5", "size")
@@ -378,7 +382,8 @@ class Downloader:
         else:
             bounds = [(0, d.size)]
         d._segments = [_Segment(s, n, new_hash) for s, n in bounds] if new_hash else []
-        ranges = [(s + o, min(RANGE_SIZE, n - o)) for s, n in bounds for o in range(0, max(n, 1), RANGE_SIZE)]
+        step = RANGE_SIZE if new_hash else self._stream_range(d.size)
+        ranges = [(s + o, min(step, n - o)) for s, n in bounds for o in range(0, max(n, 1), step)]
         d.dest.parent.mkdir(parents=True, exist_ok=True)
         if len(ranges) == 1:
             d._remaining = 1
@@ -392,6 +397,12 @@ class Downloader:
                 raise _write_error(d.dest, exc, d.size) from exc
             os.ftruncate(d._fd, d.size)
         return [lambda s=s, n=n: self._range(d, s, n) for s, n in ranges]
+
+    def _stream_range(self, size: int) -> int:
+        """Range length for an object that is not hashed: one range per worker, whole MiB,
+        between ``RANGE_SIZE`` and ``MAX_STREAM_RANGE``."""
+        share = -(-size // self.workers)
+        return min(MAX_STREAM_RANGE, max(RANGE_SIZE, -(-share // MiB) * MiB))
 
     # -- work ----------------------------------------------------------------------------
 
