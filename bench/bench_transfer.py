@@ -185,7 +185,7 @@ def tree_bytes(root: Path) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of the standard sizes")
-    parser.add_argument("--runs", type=int, default=3, help="runs per client and scenario (median reported)")
+    parser.add_argument("--runs", type=int, default=5, help="runs per client and scenario (median reported)")
     args = parser.parse_args()
     ensure_tools()
     import boto3
@@ -280,7 +280,9 @@ def main() -> int:
                 ],
             }
             results: dict[str, list[tuple[float, float]]] = {c: [] for c in clients}
-            for run in range(args.runs):
+            # a first round that is not counted warms the server (node compiles its hot paths
+            # during the first requests) and the page cache for whoever would go first
+            for run in range(-1, args.runs):
                 k = run % len(clients)
                 order = list(clients)[k:] + list(clients)[:k]  # rotate who goes first
                 for name in order:
@@ -291,6 +293,9 @@ def main() -> int:
                         raise SystemExit(f"bench: {name} left {got} bytes in {dst}, expected {nbytes}")
                     if sid == "b":  # one file: no inode scans to fear, and its GiB of disk comes back
                         shutil.rmtree(dst)
+                    if run < 0:
+                        print(f"bench: ({sid}) {name}: warm-up, {wall:.2f} s wall (not counted)", flush=True)
+                        continue
                     results[name].append((wall, cpu))
                     print(f"bench: ({sid}) {name}: {wall:.2f} s wall, {cpu:.2f} CPU-s", flush=True)
             shutil.rmtree(runs_dir, ignore_errors=True)
@@ -361,7 +366,8 @@ def write_result(rows, cache_rows, hashes, server_name: str, args) -> None:
     by = {(r[0], r[2]): r for r in rows}
     lines = [
         f"Server: {server_name}. Machine: {os.cpu_count()} cores, Python {platform.python_version()}; "
-        f"median of {args.runs} runs per client, run order rotated; scale {args.scale:g}.",
+        f"median of {args.runs} runs per client after a warm-up round that is not counted, run order "
+        f"rotated; scale {args.scale:g}.",
         "CPU is user+sys of the client's process tree (getrusage of the child). MB = 10^6 bytes, GB = 10^9.",
         "Each run writes to a new directory after a sync; the trees of (a) are removed when the scenario "
         "ends, not between runs (on this machine's journal-less ext4, files created right after thousands "
