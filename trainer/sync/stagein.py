@@ -16,6 +16,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,9 +175,13 @@ def _publish(objects: Path, data_dir: Path) -> None:
     """Move the staged entries into DATA_DIR, replacing what an earlier stage-in left."""
     for name in sorted(os.listdir(objects)):
         dst = data_dir / name
-        if dst.is_dir() and not dst.is_symlink():
+        try:
+            st = os.lstat(dst)  # one call per entry: a dataset may hold thousands at its top
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode):
             shutil.rmtree(dst)
-        elif dst.exists() or dst.is_symlink():
+        elif st is not None:
             dst.unlink()
         os.rename(objects / name, dst)
 

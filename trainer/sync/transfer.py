@@ -283,6 +283,7 @@ class Downloader:
         self._buffers = _Buffers(RANGE_SIZE)
         self._chunks = _Buffers(CHUNK_SIZE)
         self._failed = threading.Event()
+        self._made_dirs: set[Path] = set()
 
     def run(self, items: list[Download]) -> None:
         """Download and verify ``items``; on failure, no partial file is left behind.
@@ -384,7 +385,9 @@ class Downloader:
         d._segments = [_Segment(s, n, new_hash) for s, n in bounds] if new_hash else []
         step = RANGE_SIZE if new_hash else self._stream_range(d.size)
         ranges = [(s + o, min(step, n - o)) for s, n in bounds for o in range(0, max(n, 1), step)]
-        d.dest.parent.mkdir(parents=True, exist_ok=True)
+        if d.dest.parent not in self._made_dirs:
+            d.dest.parent.mkdir(parents=True, exist_ok=True)
+            self._made_dirs.add(d.dest.parent)
         if len(ranges) == 1:
             d._remaining = 1
             return [lambda: self._whole(d)]
