@@ -1,7 +1,6 @@
-"""The S3 data path's HTTP handling (``S3.get_bytes``/``get_range``/``head``): against the real S3
-server, and against a loopback server that answers with scripted bytes, for responses S3 servers
-send only now and then (chunked error bodies, ``Connection: close``, a body cut short, an idle
-connection closed, malformed responses)."""
+"""The data path's HTTP connection (trainer.sync.wire): against the real S3 server, and against a
+loopback server that answers with scripted bytes, for responses S3 servers send only now and then
+(chunked error bodies, ``Connection: close``, a body cut short, an idle connection closed)."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ import threading
 import pytest
 from sync_support import s3_client
 
+from trainer.sync import wire
 from trainer.sync.s3 import S3, S3RequestError, SyncError
 
 
@@ -92,14 +92,21 @@ def s3_env(monkeypatch):
     return use
 
 
-def test_keep_alive_reuses_one_connection(scripted, s3_env):
-    server = scripted((ok(b"first"), False), (ok(b""), False), (ok(b"", 'ETag: "e"'), False))
-    s3 = s3_env(server.port)
-    assert s3.get_bytes("b", "first") == b"first"
-    assert s3.get_bytes("b", "empty") == b""
-    assert s3.head("b", "k")["etag"] == '"e"'
+def test_keep_alive_reuses_one_connection_and_reads_bodies_exactly(scripted):
+    server = scripted((ok(b"first"), False), (ok(b"", "X-Empty: 1"), False), (ok(b"third", "Etag: \"e\""), False))
+    conn = wire.Connection("127.0.0.1", server.port, timeout=5)
+    conn.request("GET", "/a", {"host": "h"})
+    resp = conn.getresponse()
+    buf = bytearray(10)
+    assert (resp.status, resp.readinto(buf), bytes(buf[:5]), resp.readinto(buf)) == (200, 5, b"first", 0)
+    conn.request("GET", "/b", {"host": "h"})
+    resp = conn.getresponse()
+    assert (resp.getheader("x-empty"), resp.read()) == ("1", b"")
+    conn.request("HEAD", "/c", {"host": "h"})  # HEAD: the Content-Length names a body that never comes
+    resp = conn.getresponse()
+    assert (resp.getheader("ETag"), resp.getheader("content-length"), resp.read()) == ('"e"', "5", b"")
     assert server.connections == 1
-    assert server.requests[0].startswith(b"GET /b/first HTTP/1.1\r\n")
+    assert server.requests[0] == b"GET /a HTTP/1.1\r\nhost: h"
 
 
 def test_chunked_error_body_is_parsed_for_its_code(scripted, s3_env):
@@ -150,6 +157,30 @@ def test_a_body_cut_short_is_an_error_and_the_range_resumes(scripted, s3_env):
     ranges = [r.split(b"range: ")[1].split(b"\r\n")[0] for r in server.requests]
     assert ranges == [b"bytes=0-999", b"bytes=400-999"]  # the retry asks only for what is missing
 
+    cut = scripted((b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", True))
+    conn = wire.Connection("127.0.0.1", cut.port, timeout=5)
+    conn.request("GET", "/", {"host": "h"})
+    with pytest.raises(wire.ProtocolError, match="7 bytes before its Content-Length"):
+        conn.getresponse().read()
+
+
+@pytest.mark.parametrize(
+    "reply, message",
+    [
+        (b"SPDY/3 200 OK\r\n\r\n", "bad status line"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n", "bad Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "bad header line"),
+        (b"HTTP/1.1 200 OK\r\nContent-Len", "ended inside its headers"),
+        (b"HTTP/1.1 500 Oops\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size line"),
+    ],
+)
+def test_malformed_responses_are_protocol_errors(scripted, reply, message):
+    server = scripted((reply, True))
+    conn = wire.Connection("127.0.0.1", server.port, timeout=5)
+    conn.request("GET", "/", {"host": "h"})
+    with pytest.raises(wire.ProtocolError, match=message):
+        conn.getresponse().read()
+
 
 @pytest.mark.parametrize(
     "reply",
@@ -171,7 +202,7 @@ def test_malformed_responses_are_retried_then_named(scripted, s3_env, reply):
 def test_line_breaks_in_headers_are_refused_before_sending(scripted, s3_env):
     server = scripted((ok(b"never"), False))
     s3 = s3_env(server.port)
-    with pytest.raises(SyncError, match="refusing to send the request") as err:
+    with pytest.raises(SyncError, match="refusing to send the request: .*holds a line break") as err:
         s3.get_range("b", "k", memoryview(bytearray(5)), 0, if_match='"etag"\r\nx-injected: 1')
     assert "s3://b/k" in str(err.value)
     assert server.requests == []
@@ -180,18 +211,18 @@ def test_line_breaks_in_headers_are_refused_before_sending(scripted, s3_env):
 def test_objects_round_trip_through_the_real_server(s3_server, monkeypatch):
     client = s3_client(s3_server)
     data = os.urandom(3 * 1024 * 1024 + 17)
-    client.put_object(Bucket="datasets", Key="http/blob.bin", Body=data)
+    client.put_object(Bucket="datasets", Key="wire/blob.bin", Body=data)
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key_id)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_access_key)
     monkeypatch.setenv("AWS_REGION", s3_server.region)
     s3 = S3()
-    assert s3.get_bytes("datasets", "http/blob.bin") == data
+    assert s3.get_bytes("datasets", "wire/blob.bin") == data
     buf = bytearray(len(data) - 1000)
-    s3.get_range("datasets", "http/blob.bin", memoryview(buf), 1000)
+    s3.get_range("datasets", "wire/blob.bin", memoryview(buf), 1000)
     assert bytes(buf) == data[1000:]
-    head = s3.head("datasets", "http/blob.bin")
+    head = s3.head("datasets", "wire/blob.bin")
     assert int(head["content-length"]) == len(data)
     with pytest.raises(S3RequestError) as err:
-        s3.get_bytes("datasets", "http/missing.bin")
+        s3.get_bytes("datasets", "wire/missing.bin")
     assert err.value.status == 404 and err.value.code == "NoSuchKey"
