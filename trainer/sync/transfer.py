@@ -388,7 +388,7 @@ class Downloader:
         if d.dest.parent not in self._made_dirs:
             d.dest.parent.mkdir(parents=True, exist_ok=True)
             self._made_dirs.add(d.dest.parent)
-        if len(ranges) == 1:
+        if len(ranges) == 1 and d.size <= RANGE_SIZE:  # a larger one streams, even as one range
             d._remaining = 1
             return [lambda: self._whole(d)]
         d._remaining = len(ranges)
