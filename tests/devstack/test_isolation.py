@@ -97,7 +97,7 @@ def test_stack_down_leaves_no_container_processes(tmp_path):
         core = client.CoreV1Api(config.new_client_from_config(stack.env()["KUBECONFIG"]))
         core.create_namespaced_pod(NS, simple_pod("stack-long", marker))
         wait_for(lambda: processes_with(marker), 20, what="container process")
-        secret = core.read_namespaced_secret("kubetrain-s3", NS)
+        secret = core.read_namespaced_secret("kubetrain-s3", "kubetrain")
         assert sorted(secret.data) == [
             "AWS_ACCESS_KEY_ID",
             "AWS_DEFAULT_REGION",

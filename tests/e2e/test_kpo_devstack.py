@@ -41,7 +41,7 @@ def airflow_env(devstack, tmp_path_factory) -> dict[str, str]:
         # deferrable operator turns KUBECONFIG into config_dict and then refuses both at once. The
         # connection without the path uses KUBECONFIG in both modes.
         "AIRFLOW_CONN_KUBERNETES_DEFAULT": json.dumps(
-            {"conn_type": "kubernetes", "extra": {"namespace": "default"}}
+            {"conn_type": "kubernetes", "extra": {"namespace": "kubetrain"}}
         ),
     }
     shared_db = SHARED_HOME / "airflow.db"
@@ -124,7 +124,7 @@ def test_pod_and_job_operators(airflow_env):
     assert any(c["type"] == "Complete" and c["status"] == "True" for c in job["status"]["conditions"])
     # on_finish_action=delete_pod: no pod of this DAG is left
     pods = (
-        core_api(airflow_env).list_namespaced_pod("default", label_selector="dag_id=kpo_devstack_pod").items
+        core_api(airflow_env).list_namespaced_pod("kubetrain", label_selector="dag_id=kpo_devstack_pod").items
     )
     assert [p.metadata.name for p in pods] == []
 
@@ -140,7 +140,7 @@ def test_failing_pod_fails_the_task_with_its_exit_code(airflow_env):
     assert "[base] about to fail" in out
     pods = (
         core_api(airflow_env)
-        .list_namespaced_pod("default", label_selector="dag_id=kpo_devstack_failure")
+        .list_namespaced_pod("kubetrain", label_selector="dag_id=kpo_devstack_failure")
         .items
     )
     assert [p.metadata.name for p in pods] == []

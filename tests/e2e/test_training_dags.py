@@ -20,6 +20,8 @@ import boto3
 import pytest
 from kubernetes import client, config
 
+from include.devstack.stack import NAMESPACE
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,7 +65,7 @@ def read_json(s3, key: str, bucket: str = "training"):
 
 
 def training_pods(core, dag_id: str) -> list[str]:
-    pods = core.list_namespaced_pod("default", label_selector=f"kubetrain.io/dag-id={dag_id}").items
+    pods = core.list_namespaced_pod(NAMESPACE, label_selector=f"kubetrain.io/dag-id={dag_id}").items
     return [p.metadata.name for p in pods]
 
 
@@ -77,15 +79,15 @@ def assert_no_pods_left(core, dag_id: str) -> None:
 def kill_training_pod_once_trained(core, dag_id: str, stop: threading.Event, killed: list[str]) -> None:
     """Delete the training pod (SIGTERM, as a preemption would) after its first epoch checkpoint."""
     while not stop.is_set():
-        for pod in core.list_namespaced_pod("default", label_selector=f"kubetrain.io/dag-id={dag_id}").items:
+        for pod in core.list_namespaced_pod(NAMESPACE, label_selector=f"kubetrain.io/dag-id={dag_id}").items:
             if pod.metadata.deletion_timestamp or pod.status.phase != "Running":
                 continue
             try:
-                log = core.read_namespaced_pod_log(pod.metadata.name, "default", container="base")
+                log = core.read_namespaced_pod_log(pod.metadata.name, NAMESPACE, container="base")
             except client.ApiException:
                 continue
             if "checkpoint ckpt-" in log and "end of epoch" in log:
-                core.delete_namespaced_pod(pod.metadata.name, "default")
+                core.delete_namespaced_pod(pod.metadata.name, NAMESPACE)
                 killed.append(pod.metadata.name)
                 return
         time.sleep(0.5)

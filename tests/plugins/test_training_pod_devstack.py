@@ -19,6 +19,7 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import TaskDeferred
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
+from include.devstack.stack import NAMESPACE
 from kubetrain.operators.report import ReportOperator
 from kubetrain.operators.stage import StageDatasetOperator
 from kubetrain.operators.sync import SyncCheckpointsOperator
@@ -61,7 +62,7 @@ def test_stage_train_report_promote_on_the_dev_stack(devstack, monkeypatch):
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.setenv(
         "AIRFLOW_CONN_KUBERNETES_DEFAULT",
-        json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": env["KUBECONFIG"], "namespace": "default"}}),
+        json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": env["KUBECONFIG"], "namespace": NAMESPACE}}),
     )
     for name in (
         "KUBETRAIN_TRAINING_BUCKET",
@@ -144,6 +145,6 @@ def test_stage_train_report_promote_on_the_dev_stack(devstack, monkeypatch):
     assert sorted(o["Key"].rsplit("/", 1)[1] for o in left) == ["ckpt-3.data-00000-of-00001", "ckpt-3.index"]
     assert s3.head_object(Bucket="training", Key=f"{prefix}/report/report.html")["ContentLength"] > 1000
     pods = train.pod_operator().client.list_namespaced_pod(
-        "default", label_selector=f"kubetrain.io/dag-id={dag.dag_id}"
+        NAMESPACE, label_selector=f"kubetrain.io/dag-id={dag.dag_id}"
     ).items
     assert [p.metadata.name for p in pods if not p.metadata.deletion_timestamp] == []

@@ -28,7 +28,7 @@ def kpo_devstack_failure():
     KubernetesPodOperator(
         task_id="failing_pod",
         name="e2e-failing",
-        namespace="default",
+        namespace="kubetrain",
         image="busybox:1.36",
         cmds=["sh", "-c", "echo about to fail; exit 3"],
         get_logs=True,

@@ -61,7 +61,7 @@ def pod_task(task_id: str, *, deferrable: bool) -> KubernetesPodOperator:
     return KubernetesPodOperator(
         task_id=task_id,
         name=f"e2e-{task_id.replace('_', '-')}",
-        namespace="default",
+        namespace="kubetrain",
         image="python:3.11-slim",
         cmds=["python", "-c", BASE_SCRIPT],
         env_vars=[
@@ -113,7 +113,7 @@ def kpo_devstack_pod():
     KubernetesJobOperator(
         task_id="indexed_job",
         name="e2e-indexed",
-        namespace="default",
+        namespace="kubetrain",
         image="busybox:1.36",
         cmds=["sh", "-c", 'echo "job index=$JOB_COMPLETION_INDEX host=$(hostname)"'],
         completion_mode="Indexed",

@@ -1,0 +1,228 @@
+"""Deployment settings: every environment choice of kubetrain, read in one place.
+
+Each setting is looked up when a task runs, never when a DAG file is parsed: the Airflow
+Variable ``kubetrain_<name>`` first, then the environment variable ``KUBETRAIN_<NAME>``, then
+the default below. ``.env.example`` lists the same settings with the same defaults, and
+README's settings table is generated from :data:`SETTINGS` (a test keeps the three in step).
+
+Per-run choices (a DAG's Params) beat these deployment defaults; see
+:func:`kubetrain.pipeline.common_params`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment choice.
+
+    :param name: lower-case name; the Variable is ``kubetrain_<name>``, the environment
+        variable ``KUBETRAIN_<NAME>``.
+    :param default: value when neither is set ("" means unset).
+    :param description: one sentence for README's table and ``.env.example``.
+    """
+
+    name: str
+    default: str
+    description: str
+
+    @property
+    def env(self) -> str:
+        return f"KUBETRAIN_{self.name.upper()}"
+
+    @property
+    def variable(self) -> str:
+        return f"kubetrain_{self.name}"
+
+
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in (
+        Setting("namespace", "kubetrain", "Namespace of training, build and preflight pods."),
+        Setting(
+            "s3_secret",
+            "kubetrain-s3",
+            "Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL, AWS_DEFAULT_REGION) "
+            "for the pods' S3 access; empty for workload identity (then set service_account).",
+        ),
+        Setting(
+            "service_account",
+            "",
+            "Service account of training pods; with an empty s3_secret it carries the workload identity "
+            "(IRSA, GKE Workload Identity).",
+        ),
+        Setting(
+            "image_pull_secrets",
+            "",
+            "Comma-separated docker-registry Secrets for pulling the trainer and sync images.",
+        ),
+        Setting("node_selector", "", "Node labels training pods must match: k=v,k2=v2 or a JSON object."),
+        Setting(
+            "tolerations",
+            "",
+            'Extra tolerations of training pods, a JSON list such as [{"key": "spot", "operator": "Exists"}].',
+        ),
+        Setting(
+            "gpu_resource",
+            "nvidia.com/gpu",
+            "Extended resource that GPUs are requested as (nvidia.com/gpu, a MIG profile such as "
+            "nvidia.com/mig-1g.10gb, amd.com/gpu, ...).",
+        ),
+        Setting("registry", "localhost:5000", "Registry that holds the trainer and sync images."),
+        Setting(
+            "trainer_image",
+            "",
+            "Trainer image; empty: the one build_trainer_image published last, else <registry>/kubetrain/trainer:latest.",
+        ),
+        Setting(
+            "sync_image",
+            "",
+            "Image of the stage-in and checkpoint-sync containers; empty: the one build_trainer_image "
+            "published last, else <registry>/kubetrain/sync:latest.",
+        ),
+        Setting("datasets_bucket", "datasets", "Bucket of the users' datasets."),
+        Setting("training_bucket", "training", "Bucket of manifests, runs, reports and promoted models."),
+    )
+}
+
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+def get(name: str) -> str:
+    """The value of setting ``name``: Airflow Variable, else environment variable, else default.
+
+    Outside a task (``python -m kubetrain.preflight``, tests) a Variable that cannot be read
+    counts as unset.
+
+    :param name: a key of :data:`SETTINGS`.
+    """
+    setting = SETTINGS.get(name)
+    if setting is None:
+        raise KeyError(f"unknown kubetrain setting {name!r}: expected one of {', '.join(SETTINGS)}")
+    value = _variable(setting.variable)
+    if value in (None, ""):
+        value = os.environ.get(setting.env, setting.default)
+    return str(value).strip()
+
+
+def _variable(name: str) -> Any:
+    try:
+        from airflow.sdk import Variable
+
+        return Variable.get(name, default=None)
+    except Exception:  # no task context and no metadata database: the environment decides
+        return None
+
+
+def parse_list(name: str, value: str) -> tuple[str, ...]:
+    """A comma-separated list (spaces around items ignored, empty items dropped)."""
+    return tuple(part.strip() for part in str(value or "").split(",") if part.strip())
+
+
+def parse_node_selector(value: str | Mapping[str, str] | None) -> dict[str, str]:
+    """Node labels from ``k=v,k2=v2``, a JSON object, or a mapping; ``{}`` when empty."""
+    if not value:
+        return {}
+    if isinstance(value, Mapping):
+        labels = dict(value)
+    elif str(value).strip().startswith("{"):
+        try:
+            labels = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"node_selector {value!r} is not a JSON object: {exc}") from None
+    else:
+        labels = {}
+        for item in parse_list("node_selector", str(value)):
+            key, sep, val = item.partition("=")
+            if not sep:
+                raise ValueError(f"node_selector item {item!r} is not key=value: expected e.g. pool=gpu,zone=a")
+            labels[key.strip()] = val.strip()
+    for key, val in labels.items():
+        if not isinstance(key, str) or not _LABEL_KEY.match(key) or not isinstance(val, str):
+            raise ValueError(f"node_selector {key!r}={val!r} is not a valid node label: expected key=value strings")
+    return labels
+
+
+TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds", "toleration_seconds"}
+
+
+def parse_tolerations(value: str | list[Any] | None) -> list[dict[str, Any]]:
+    """Tolerations from a JSON list of objects (or such a list); ``[]`` when empty."""
+    if not value:
+        return []
+    items = value
+    if isinstance(value, str):
+        try:
+            items = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"tolerations {value!r} is not a JSON list: {exc}") from None
+    if not isinstance(items, list) or not all(isinstance(t, dict) for t in items):
+        raise ValueError(f"tolerations {value!r} is not a list of objects: expected e.g. [{{\"key\": \"spot\", \"operator\": \"Exists\"}}]")
+    for item in items:
+        unknown = set(item) - TOLERATION_KEYS
+        if unknown:
+            raise ValueError(
+                f"toleration {item!r} has unknown field(s) {', '.join(sorted(unknown))}: expected "
+                "key, operator, value, effect, tolerationSeconds"
+            )
+        if item.get("operator", "Equal") not in ("Equal", "Exists"):
+            raise ValueError(f"toleration {item!r}: operator must be Equal or Exists")
+        if item.get("effect") not in (None, "", "NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise ValueError(f"toleration {item!r}: effect must be NoSchedule, PreferNoSchedule or NoExecute")
+    return [dict(t) for t in items]
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """The deployment's settings, parsed and checked (see :data:`SETTINGS`)."""
+
+    namespace: str = SETTINGS["namespace"].default
+    s3_secret: str | None = SETTINGS["s3_secret"].default
+    service_account: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+    gpu_resource: str = SETTINGS["gpu_resource"].default
+    registry: str = SETTINGS["registry"].default
+    trainer_image: str | None = None
+    sync_image: str | None = None
+    datasets_bucket: str = SETTINGS["datasets_bucket"].default
+    training_bucket: str = SETTINGS["training_bucket"].default
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", self.namespace or ""):
+            raise ValueError(f"namespace {self.namespace!r} is not a valid namespace name: expected a DNS-1123 label")
+        if not self.s3_secret and not self.service_account:
+            raise ValueError(
+                "s3_secret is empty (workload identity) but no service_account is set: training pods would "
+                "have no way to reach S3; set KUBETRAIN_SERVICE_ACCOUNT or KUBETRAIN_S3_SECRET"
+            )
+        if not re.fullmatch(r"([a-z0-9.-]+/)?[a-z0-9][-a-z0-9_.]*(/[-a-z0-9_.]+)?", self.gpu_resource or ""):
+            raise ValueError(
+                f"gpu_resource {self.gpu_resource!r} is not an extended resource name: expected e.g. nvidia.com/gpu"
+            )
+
+    @classmethod
+    def from_environment(cls) -> Deployment:
+        """The settings as Variables and environment give them now."""
+        return cls(
+            namespace=get("namespace"),
+            s3_secret=get("s3_secret") or None,
+            service_account=get("service_account") or None,
+            image_pull_secrets=parse_list("image_pull_secrets", get("image_pull_secrets")),
+            node_selector=parse_node_selector(get("node_selector")),
+            tolerations=tuple(parse_tolerations(get("tolerations"))),
+            gpu_resource=get("gpu_resource"),
+            registry=get("registry"),
+            trainer_image=get("trainer_image") or None,
+            sync_image=get("sync_image") or None,
+            datasets_bucket=get("datasets_bucket"),
+            training_bucket=get("training_bucket"),
+        )
