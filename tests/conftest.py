@@ -88,3 +88,37 @@ def devstack(tmp_path_factory) -> Stack:
         yield stack
     finally:
         stack.down()
+
+
+# -- kubetrain's images in the dev stack's registry ------------------------------------------
+
+IMAGE_ROOTFS = REPO / ".tools" / "images" / "bookworm-python.tar"  # `make images-base`
+
+
+@pytest.fixture(scope="session")
+def stack_images(devstack):
+    """The CPU trainer and sync images, built from trainer/Dockerfile and trainer/Dockerfile.sync on
+    the Debian-made base, checked, and pushed to the dev stack's registry (Airflow side only).
+
+    A dict ``{"trainer": PublishedImage, "sync": PublishedImage}``: ``.reference`` is
+    ``registry/repository@sha256:...``, ``.digest``, ``.tags``, ``.local`` the image in the build
+    store. Layers and OCI layouts are cached under .tools/, so only the first session of a
+    machine pays for the build; later ones push the cached layouts.
+    """
+    import logging
+
+    from kubetrain.imagebuild.buildah import BuildahBuilder
+    from kubetrain.imagebuild.builders import PushTarget
+    from kubetrain.imagebuild.products import SYNC, TRAINER_CPU, ImagePublisher
+
+    if not IMAGE_ROOTFS.exists():
+        pytest.fail(f"{IMAGE_ROOTFS} is missing: run `make images-base` (make test does)")
+    log = logging.getLogger("kubetrain.images")
+    registry = devstack.load_state()["registry"]
+    builder = BuildahBuilder(REPO / ".tools" / "buildah", storage_driver="auto", log=log.info)
+    publisher = ImagePublisher(builder, REPO / "trainer", REPO / ".tools" / "images" / "oci", log=log.info)
+    trainer, sync = publisher.publish(
+        [TRAINER_CPU, SYNC], lambda item: PushTarget(registry, item.repository, insecure=True),
+        base="debian", rootfs=IMAGE_ROOTFS,
+    )  # fmt: skip
+    return {"trainer": trainer, "sync": sync}
