@@ -94,7 +94,7 @@ IMAGE_ROOTFS := .tools/images/bookworm-python.tar
 DEBIAN_MIRROR ?= http://deb.debian.org/debian
 
 images: $(VENV)/.synced $(STAMPS)/apt $(if $(filter debian,$(IMAGE_BASE)),$(IMAGE_ROOTFS))
-	PYTHONPATH=plugins $(VENV)/bin/python -m kubetrain.imagebuild --images $(IMAGES) --tag $(IMAGE_TAG) \
+	PYTHONPATH=plugins $(VENV)/bin/python -m kubetrain.imagebuild.release --images $(IMAGES) --tag $(IMAGE_TAG) \
 	  --base $(IMAGE_BASE) --rootfs $(IMAGE_ROOTFS) --revision "$$(git rev-parse HEAD 2>/dev/null || echo unknown)"
 
 images-base: $(IMAGE_ROOTFS)

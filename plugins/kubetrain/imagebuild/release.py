@@ -1,7 +1,7 @@
-"""``python -m kubetrain.imagebuild``: build kubetrain's images, check them and push them (``make images``).
+"""``python -m kubetrain.imagebuild.release``: build kubetrain's images, check them and push them (``make images``).
 
-    PYTHONPATH=plugins python -m kubetrain.imagebuild --tag v1
-    PYTHONPATH=plugins python -m kubetrain.imagebuild --base debian --rootfs .tools/images/bookworm-python.tar \\
+    PYTHONPATH=plugins python -m kubetrain.imagebuild.release --tag v1
+    PYTHONPATH=plugins python -m kubetrain.imagebuild.release --base debian --rootfs .tools/images/bookworm-python.tar \\
         --images trainer-cpu,sync
 
 The registry is the connection ``kubetrain_registry_default`` when it is defined (host,
@@ -47,7 +47,7 @@ def registry_target(registry: str | None, conn_id: str, authdir: Path, insecure:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kubetrain.imagebuild", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m kubetrain.imagebuild.release", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--images", default=",".join(PRODUCTS), help="comma-separated: %(default)s")
     parser.add_argument("--tag", default="latest", help="release tag (default %(default)s)")

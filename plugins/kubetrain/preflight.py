@@ -1,0 +1,541 @@
+"""Preflight: check that a cluster, its S3 store and registry are ready for kubetrain's training pods.
+
+    PYTHONPATH=plugins python -m kubetrain.preflight      # or trigger the kubetrain_preflight DAG
+
+Each check prints one line, ``PASS``, ``FAIL``, ``WARN``, ``INFO`` or ``SKIP``, and every FAIL
+says how to fix it. The exit status is 1 when any check failed. The settings are the
+deployment's (:mod:`kubetrain.settings`); the cluster is the ``kubernetes_default`` connection,
+the registry the ``kubetrain_registry_default`` connection (else the ``registry`` setting).
+
+Checks, in order:
+
+* ``api``: the Kubernetes API answers and the namespace exists;
+* ``s3-secret``: the S3 Secret has the keys the pods read (or, with workload identity, the
+  service account carries an IAM role or GCP service account annotation);
+* ``image:trainer`` / ``image:sync``: each image is pullable, seen by a short-lived pod that
+  runs it (deleted afterwards);
+* ``s3-from-pod``: a pod of the sync image, with the pods' credentials, lists the datasets bucket;
+* ``gpu-nodes``: nodes that offer the GPU resource, with their taints (WARN when none);
+* ``gpu-pool``: the Airflow pool ``gpu`` that bounds concurrent GPU pods;
+* ``registry``: the registry answers the Airflow workers (where images are built and pushed);
+* ``training-apis``: which distributed-training APIs the cluster serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import logging
+import secrets
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from kubetrain.settings import Deployment
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("PASS", "FAIL", "WARN", "INFO", "SKIP")
+REQUIRED_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+OPTIONAL_SECRET_KEYS = ("AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")
+IDENTITY_ANNOTATIONS = ("eks.amazonaws.com/role-arn", "iam.gke.io/gcp-service-account",
+                        "azure.workload.identity/client-id")  # fmt: skip
+PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable")
+CONFIG_FAILURES = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
+LABELS = {"app.kubernetes.io/name": "kubetrain", "app.kubernetes.io/component": "preflight"}
+# (group/version, resource, what it is) of the engines a multi-worker job can be handed to
+TRAINING_APIS = (
+    ("kubeflow.org/v1", "tfjobs", "Kubeflow TFJob"),
+    ("trainer.kubeflow.org/v1alpha1", "trainjobs", "Kubeflow Trainer TrainJob"),
+    ("batch/v1", "jobs", "Indexed Job"),
+)
+S3_PROBE = (
+    "import sys, boto3, botocore.config\n"
+    "bucket = sys.argv[1]\n"
+    "config = botocore.config.Config(connect_timeout=5, read_timeout=10, retries={'max_attempts': 2})\n"
+    "s3 = boto3.client('s3', config=config)\n"
+    "page = s3.list_objects_v2(Bucket=bucket, MaxKeys=1)\n"
+    "print('listed', bucket, page.get('KeyCount', 0), 'object(s) from', s3.meta.endpoint_url)\n"
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the preflight: ``status name: detail``, and the fix for a FAIL."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"invalid status {self.status!r}: expected one of {', '.join(STATUSES)}")
+
+    def line(self) -> str:
+        text = f"{self.status:<4}  {self.name}: {self.detail}"
+        return f"{text} -> fix: {self.fix}" if self.fix else text
+
+
+@dataclass(frozen=True)
+class PodOutcome:
+    """How a preflight pod ended: pulled or not, exit code, its log, and what stopped it."""
+
+    pulled: bool
+    exit_code: int | None = None
+    reason: str = ""
+    message: str = ""
+    logs: str = ""
+
+
+@dataclass
+class Preflight:
+    """The checks against one deployment.
+
+    :param deployment: the settings (namespace, Secret, images, ...).
+    :param kubernetes_conn_id: the cluster's connection.
+    :param registry_conn_id: the registry's connection; the ``registry`` setting when it is not defined.
+    :param pool: the Airflow pool of GPU training tasks.
+    :param pod_timeout: seconds a preflight pod may take to pull and run.
+    """
+
+    deployment: Deployment
+    kubernetes_conn_id: str = "kubernetes_default"
+    registry_conn_id: str = "kubetrain_registry_default"
+    pool: str = "gpu"
+    pod_timeout: float = 45.0
+    results: list[Check] = field(default_factory=list)
+
+    @cached_property
+    def hook(self):
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+        return KubernetesHook(conn_id=self.kubernetes_conn_id)
+
+    @cached_property
+    def core(self):
+        return self.hook.core_v1_client
+
+    @property
+    def namespace(self) -> str:
+        return self.deployment.namespace
+
+    def images(self) -> dict[str, str]:
+        from kubetrain.imagebuild.products import default_images
+
+        defaults = default_images(self.deployment.registry)
+        return {"trainer": self.deployment.trainer_image or defaults["trainer"],
+                "sync": self.deployment.sync_image or defaults["sync"]}  # fmt: skip
+
+    # -- running ---------------------------------------------------------------------------
+
+    def run(self, emit: Callable[[Check], None] | None = None) -> list[Check]:
+        """Run every check; ``emit`` receives each line as it is decided."""
+
+        def add(check: Check) -> None:
+            self.results.append(check)
+            if emit:
+                emit(check)
+
+        api = self.check_api()
+        add(api)
+        cluster_ok = api.status == "PASS"
+        if cluster_ok:
+            add(self.check_s3_secret())
+            for check in self.check_pods():
+                add(check)
+        else:
+            for name in ("s3-secret", "image:trainer", "image:sync", "s3-from-pod"):
+                add(Check(name, "SKIP", "needs the API and the namespace (see api)"))
+        reachable = cluster_ok or api.detail.startswith("API ")
+        add(self.check_gpu_nodes() if reachable else Check("gpu-nodes", "SKIP", "needs the API (see api)"))
+        add(self.check_pool())
+        add(self.check_registry())
+        add(self.check_training_apis() if reachable else Check("training-apis", "SKIP", "needs the API (see api)"))
+        return self.results
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.results if c.status == "FAIL"]
+
+    # -- the checks ------------------------------------------------------------------------
+
+    def check_api(self) -> Check:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            info = self._version()
+        except Exception as exc:  # noqa: BLE001 - any failure to reach the API is this check's answer
+            return Check("api", "FAIL", f"the Kubernetes API of connection {self.kubernetes_conn_id!r} does not answer: "
+                         f"{_short(exc)}", f"point the {self.kubernetes_conn_id} connection (kube_config_path, in_cluster) "
+                         "or KUBECONFIG at a reachable cluster")  # fmt: skip
+        try:
+            self.core.read_namespace(self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return Check("api", "FAIL", f"API {info} answers, but namespace {self.namespace!r} does not exist",
+                             f"kubectl create namespace {self.namespace}, or set KUBETRAIN_NAMESPACE to an existing one")  # fmt: skip
+            if exc.status == 403:
+                # A Role in the namespace may not allow reading the namespace itself: listing pods there is enough.
+                try:
+                    self.core.list_namespaced_pod(self.namespace, limit=1)
+                except ApiException as inner:
+                    return Check("api", "FAIL", f"API {info} answers, but namespace {self.namespace!r} is not "
+                                 f"usable: {inner.status} {inner.reason}", "apply deploy/rbac.yaml in the namespace "
+                                 "for Airflow's service account")  # fmt: skip
+            else:
+                raise
+        return Check("api", "PASS", f"API {info} answers and namespace {self.namespace!r} exists")
+
+    def _version(self) -> str:
+        from kubernetes import client
+
+        info = client.VersionApi(self.hook.api_client).get_code(_request_timeout=10)
+        return f"{info.git_version or info.major + '.' + info.minor} at {self.hook.api_client.configuration.host}"
+
+    def check_s3_secret(self) -> Check:
+        from kubernetes.client.exceptions import ApiException
+
+        d = self.deployment
+        if not d.s3_secret:
+            try:
+                account = self.core.read_namespaced_service_account(d.service_account, self.namespace)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                return Check("s3-secret", "FAIL", f"no S3 Secret (workload identity) and service account "
+                             f"{d.service_account!r} does not exist in {self.namespace!r}",
+                             f"kubectl -n {self.namespace} create serviceaccount {d.service_account} and bind it to an "
+                             "IAM role (IRSA) or GCP service account, or set KUBETRAIN_S3_SECRET")  # fmt: skip
+            annotations = (account.metadata.annotations or {}) if account.metadata else {}
+            found = [a for a in IDENTITY_ANNOTATIONS if a in annotations]
+            if not found:
+                return Check("s3-secret", "WARN", f"workload identity: service account {d.service_account!r} has none "
+                             f"of the annotations {', '.join(IDENTITY_ANNOTATIONS)}",
+                             "annotate it with the IAM role or GCP service account that may read the buckets")  # fmt: skip
+            return Check("s3-secret", "PASS", f"workload identity through service account {d.service_account!r} "
+                         f"({found[0]})")  # fmt: skip
+        try:
+            secret = self.core.read_namespaced_secret(d.s3_secret, self.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return Check("s3-secret", "FAIL", f"Secret {d.s3_secret!r} does not exist in namespace {self.namespace!r}",
+                         f"kubectl -n {self.namespace} create secret generic {d.s3_secret} "
+                         "--from-literal=AWS_ACCESS_KEY_ID=... --from-literal=AWS_SECRET_ACCESS_KEY=... "
+                         "--from-literal=AWS_ENDPOINT_URL=<endpoint pods reach> --from-literal=AWS_DEFAULT_REGION=...")  # fmt: skip
+        keys = set(secret.data or {}) | set(secret.string_data or {})
+        missing = [k for k in REQUIRED_SECRET_KEYS if k not in keys]
+        if missing:
+            return Check("s3-secret", "FAIL", f"Secret {d.s3_secret!r} lacks {', '.join(missing)} (has: "
+                         f"{', '.join(sorted(keys)) or 'nothing'})", f"add {', '.join(missing)} to Secret "
+                         f"{d.s3_secret!r}: kubectl -n {self.namespace} patch secret {d.s3_secret} --type merge "
+                         f"-p '{{\"stringData\": {{\"{missing[0]}\": \"...\"}}}}'")  # fmt: skip
+        absent = [k for k in OPTIONAL_SECRET_KEYS if k not in keys]
+        note = f"; no {', '.join(absent)} (pods use AWS defaults)" if absent else ""
+        return Check("s3-secret", "PASS", f"Secret {d.s3_secret!r} has {', '.join(REQUIRED_SECRET_KEYS)}{note}")
+
+    def check_pods(self) -> list[Check]:
+        """Pull each image in a pod of its own; the sync image's pod also reads the datasets bucket."""
+        images = self.images()
+        trainer_cmd = ["python3", "-c", "import trainer; print('trainer package found')"]
+        sync_cmd = ["python3", "-c", S3_PROBE, self.deployment.datasets_bucket]
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            trainer = pool.submit(self.run_pod, "trainer", images["trainer"], trainer_cmd, with_s3=False)
+            sync = pool.submit(self.run_pod, "sync", images["sync"], sync_cmd, with_s3=True)
+            outcomes = {"trainer": trainer.result(), "sync": sync.result()}
+        checks = [self._image_check(name, images[name], outcomes[name]) for name in ("trainer", "sync")]
+        checks.append(self._s3_check(images["sync"], outcomes["sync"]))
+        return checks
+
+    def _image_check(self, name: str, image: str, outcome: PodOutcome) -> Check:
+        setting = f"KUBETRAIN_{name.upper()}_IMAGE"
+        if outcome.pulled:
+            return Check(f"image:{name}", "PASS", f"{image} was pulled and started")
+        if outcome.reason in PULL_FAILURES:
+            pull = ("; for a private registry name its docker-registry Secret in KUBETRAIN_IMAGE_PULL_SECRETS"
+                    if not self.deployment.image_pull_secrets else "")  # fmt: skip
+            return Check(f"image:{name}", "FAIL", f"{image} cannot be pulled: {outcome.reason} {outcome.message}".strip(),
+                         f"push it (make images, or the build_trainer_image DAG) or set {setting} to an image the "
+                         f"nodes can pull{pull}")  # fmt: skip
+        return Check(f"image:{name}", "FAIL", f"a pod of {image} did not start: {outcome.reason} {outcome.message}".strip(),
+                     f"see `kubectl -n {self.namespace} get events`; the pod needs to be schedulable with the deployment's node "
+                     "selector and tolerations")  # fmt: skip
+
+    def _s3_check(self, image: str, outcome: PodOutcome) -> Check:
+        bucket = self.deployment.datasets_bucket
+        if not outcome.pulled:
+            return Check("s3-from-pod", "SKIP", f"needs the sync image ({image}) to run")
+        if outcome.exit_code == 0:
+            last = outcome.logs.strip().splitlines()[-1] if outcome.logs.strip() else "listed"
+            return Check("s3-from-pod", "PASS", f"a pod read bucket {bucket!r}: {last}")
+        error = _last_error(outcome.logs) or f"{outcome.reason} {outcome.message}".strip() or f"exit code {outcome.exit_code}"
+        if "Could not connect" in error or "Connect timeout" in error or "EndpointConnectionError" in error:
+            fix = (f"set AWS_ENDPOINT_URL in Secret {self.deployment.s3_secret!r} to an address pods reach (the "
+                   "in-cluster service or a routable host, not the Airflow host's localhost)")  # fmt: skip
+        elif "PartialCredentialsError" in error or "NoCredentialsError" in error:
+            fix = (f"give Secret {self.deployment.s3_secret!r} both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+                   if self.deployment.s3_secret else
+                   f"bind service account {self.deployment.service_account!r} to a cloud identity (IRSA, GKE Workload Identity)")  # fmt: skip
+        elif "NoSuchBucket" in error:
+            fix = f"create bucket {bucket!r} or set KUBETRAIN_DATASETS_BUCKET"
+        elif "AccessDenied" in error or "InvalidAccessKeyId" in error or "SignatureDoesNotMatch" in error:
+            fix = f"give the pods' credentials (Secret {self.deployment.s3_secret!r} or workload identity) read access to {bucket!r}"
+        else:
+            fix = "check the pods' S3 credentials and endpoint"
+        return Check("s3-from-pod", "FAIL", f"a pod could not read bucket {bucket!r}: {error}", fix)
+
+    def check_gpu_nodes(self) -> Check:
+        resource = self.deployment.gpu_resource
+        try:
+            nodes = self.core.list_node(_request_timeout=15).items
+        except Exception as exc:  # noqa: BLE001 - e.g. 403: a namespaced Role cannot list nodes
+            return Check("gpu-nodes", "INFO", f"nodes cannot be listed ({_short(exc)}); GPU nodes unknown")
+        gpu = []
+        for node in nodes:
+            count = (node.status.allocatable or {}).get(resource) if node.status else None
+            if count and str(count) not in ("0", ""):
+                taints = ", ".join(f"{t.key}={t.value or ''}:{t.effect}" for t in (node.spec.taints or [])) or "no taints"
+                gpu.append(f"{node.metadata.name} ({count} {resource}; {taints})")
+        if not gpu:
+            return Check("gpu-nodes", "WARN", f"none of {len(nodes)} node(s) offers {resource}: training pods that ask "
+                         "for GPUs stay Pending; run with gpus=0 (training runs on CPU) or add GPU nodes with the "
+                         "device plugin")  # fmt: skip
+        return Check("gpu-nodes", "PASS", f"{len(gpu)} of {len(nodes)} node(s): {'; '.join(gpu)}")
+
+    def check_pool(self) -> Check:
+        try:
+            from airflow.models.pool import Pool
+
+            pool = Pool.get_pool(self.pool)
+        except Exception as exc:  # noqa: BLE001 - a task process may not read the metadata database
+            return Check("gpu-pool", "INFO", f"pools cannot be read here ({_short(exc)}); check with "
+                         f"`airflow pools get {self.pool}`")  # fmt: skip
+        if pool is None:
+            return Check("gpu-pool", "FAIL", f"Airflow pool {self.pool!r} does not exist: GPU training tasks would not "
+                         "be scheduled", f"airflow pools set {self.pool} <number of GPUs> 'GPU training pods'")  # fmt: skip
+        return Check("gpu-pool", "PASS", f"Airflow pool {self.pool!r} has {pool.slots} slot(s)")
+
+    def check_registry(self) -> Check:
+        from kubetrain.hooks.registry import RegistryHook
+        from kubetrain.imagebuild.oci import RegistryClient, RegistryError
+
+        hook = RegistryHook(self.registry_conn_id)
+        try:
+            where = f"connection {self.registry_conn_id!r} ({hook.registry})"
+            client = hook.get_conn()
+        except Exception as exc:  # noqa: BLE001 - not defined: the registry setting
+            if type(exc).__name__ != "AirflowNotFoundException":
+                return Check("registry", "FAIL", f"connection {self.registry_conn_id!r}: {_short(exc)}",
+                             "fix the registry connection's host and extras")  # fmt: skip
+            registry = self.deployment.registry
+            where = f"KUBETRAIN_REGISTRY {registry}"
+            client = RegistryClient(registry, insecure=registry.split(":")[0] in ("localhost", "127.0.0.1"), timeout=10)
+        try:
+            with client:
+                client.ping()
+        except RegistryError as exc:
+            return Check("registry", "FAIL", f"the registry of {where} does not answer the workers: {_short(exc)}",
+                         f"define connection {self.registry_conn_id} with the registry's host, port and credentials "
+                         "as the Airflow workers reach it")  # fmt: skip
+        return Check("registry", "PASS", f"the registry of {where} answers the workers")
+
+    def check_training_apis(self) -> Check:
+        from kubernetes import client
+
+        api = client.CustomObjectsApi(self.hook.api_client)
+        served, missing = [], []
+        for group_version, resource, what in TRAINING_APIS:
+            group, version = group_version.split("/")
+            try:
+                listing = api.get_api_resources(group, version, _request_timeout=10)
+            except Exception:  # noqa: BLE001 - 404: the API is not served
+                missing.append(f"{what} ({group_version})")
+                continue
+            names = {r.name for r in (listing.resources or [])}
+            (served if resource in names else missing).append(f"{what} ({group_version})")
+        if not served:
+            return Check("training-apis", "FAIL", f"none served: {', '.join(missing)}",
+                         "batch/v1 Jobs are part of every cluster: check the API server")  # fmt: skip
+        detail = f"served: {', '.join(served)}" + (f"; not served: {', '.join(missing)}" if missing else "")
+        return Check("training-apis", "INFO", detail)
+
+    # -- preflight pods --------------------------------------------------------------------
+
+    def pod(self, purpose: str, image: str, command: Sequence[str], *, with_s3: bool):
+        """A short-lived pod like a training pod's: same namespace, account, pull Secrets and placement."""
+        from kubernetes.client import models as k8s
+
+        d = self.deployment
+        env_from = [k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=d.s3_secret))] if with_s3 and d.s3_secret else None
+        return k8s.V1Pod(
+            metadata=k8s.V1ObjectMeta(name=f"kubetrain-preflight-{purpose}-{secrets.token_hex(3)}",
+                                      namespace=self.namespace, labels={**LABELS, "kubetrain.io/preflight": purpose}),
+            spec=k8s.V1PodSpec(
+                restart_policy="Never",
+                active_deadline_seconds=max(int(self.pod_timeout) * 2, 60),
+                termination_grace_period_seconds=1,
+                service_account_name=d.service_account,
+                image_pull_secrets=[k8s.V1LocalObjectReference(name=n) for n in d.image_pull_secrets] or None,
+                node_selector=d.node_selector or None,
+                tolerations=[k8s.V1Toleration(**_snake(t)) for t in d.tolerations] or None,
+                containers=[k8s.V1Container(
+                    name="check",
+                    image=image,
+                    command=list(command),
+                    env_from=env_from,
+                    resources=k8s.V1ResourceRequirements(requests={"cpu": "50m", "memory": "64Mi"},
+                                                         limits={"memory": "256Mi"}),
+                    security_context=k8s.V1SecurityContext(run_as_non_root=True, allow_privilege_escalation=False),
+                )],
+            ),
+        )  # fmt: skip
+
+    def run_pod(self, purpose: str, image: str, command: Sequence[str], *, with_s3: bool) -> PodOutcome:
+        """Create the pod, watch it until it ran or cannot pull, read its log, delete it."""
+        body = self.pod(purpose, image, command, with_s3=with_s3)
+        name = body.metadata.name
+        self.core.create_namespaced_pod(self.namespace, body)
+        try:
+            return self._watch(name)
+        finally:
+            self._delete(name)
+
+    def _watch(self, name: str) -> PodOutcome:
+        from kubernetes import watch
+
+        deadline = time.monotonic() + self.pod_timeout
+        pod = None
+        started = False
+        while time.monotonic() < deadline:
+            w = watch.Watch()
+            for event in w.stream(self.core.list_namespaced_pod, self.namespace, field_selector=f"metadata.name={name}",
+                                  timeout_seconds=max(1, int(deadline - time.monotonic()))):  # fmt: skip
+                pod = event["object"]
+                outcome = self._decide(pod)
+                if outcome is not None:
+                    w.stop()
+                    if outcome.pulled:
+                        started = True
+                        if outcome.exit_code is None:
+                            continue  # running: wait for it to end
+                    return self._with_logs(name, outcome)
+        return PodOutcome(started, reason="Timeout", message=f"the pod did not finish within {self.pod_timeout:.0f} s"
+                          + (f" (phase {pod.status.phase})" if pod is not None and pod.status else ""))  # fmt: skip
+
+    @staticmethod
+    def _decide(pod) -> PodOutcome | None:
+        status = pod.status
+        if status is None:
+            return None
+        for cond in status.conditions or []:
+            if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
+                return PodOutcome(False, reason="Unschedulable", message=cond.message or "")
+        for cs in status.container_statuses or []:
+            state = cs.state
+            if state is None:
+                continue
+            if state.waiting and state.waiting.reason in (*PULL_FAILURES, *CONFIG_FAILURES):
+                return PodOutcome(False, reason=state.waiting.reason, message=state.waiting.message or "")
+            if state.terminated:
+                return PodOutcome(True, exit_code=state.terminated.exit_code, reason=state.terminated.reason or "",
+                                  message=state.terminated.message or "")  # fmt: skip
+            if state.running:
+                return PodOutcome(True)
+        if status.phase == "Failed":
+            return PodOutcome(False, reason=status.reason or "Failed", message=status.message or "")
+        return None
+
+    def _with_logs(self, name: str, outcome: PodOutcome) -> PodOutcome:
+        if not outcome.pulled:
+            return outcome
+        try:
+            response = self.core.read_namespaced_pod_log(name, self.namespace, container="check", tail_lines=50,
+                                                         _request_timeout=15, _preload_content=False)  # fmt: skip
+            logs = response.data.decode("utf-8", "replace")
+        except Exception as exc:  # noqa: BLE001 - the outcome stands without its log
+            logs = f"(log unavailable: {_short(exc)})"
+        return PodOutcome(outcome.pulled, outcome.exit_code, outcome.reason, outcome.message, logs or "")
+
+    def _delete(self, name: str) -> None:
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        try:
+            pod = self.core.read_namespaced_pod(name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        # from the version just read, so that a deletion between the read and the watch is replayed
+        w = watch.Watch()
+        for event in w.stream(self.core.list_namespaced_pod, self.namespace, field_selector=f"metadata.name={name}",
+                              resource_version=pod.metadata.resource_version, timeout_seconds=30):  # fmt: skip
+            if event["type"] == "DELETED":
+                w.stop()
+                return
+        log.warning("preflight pod %s was not gone within 30 s", name)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _last_error(logs: str) -> str:
+    lines = [line.strip() for line in logs.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def _snake(toleration: dict[str, Any]) -> dict[str, Any]:
+    names = {"tolerationSeconds": "toleration_seconds"}
+    return {names.get(k, k): v for k, v in toleration.items()}
+
+
+def run_preflight(emit: Callable[[Check], None] | None = None, **kwargs: Any) -> Preflight:
+    """Run the preflight against the deployment's settings; ``kwargs`` go to :class:`Preflight`."""
+    preflight = Preflight(Deployment.from_environment(), **kwargs)
+    preflight.run(emit)
+    return preflight
+
+
+def fail_on_failures(preflight: Preflight) -> list[str]:
+    """The lines of a finished preflight; raises ``AirflowFailException`` (no retry) naming each FAIL."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    if preflight.failed:
+        raise AirflowFailException(f"{len(preflight.failed)} preflight check(s) failed:\n"
+                                   + "\n".join(c.line() for c in preflight.failed))  # fmt: skip
+    return [c.line() for c in preflight.results]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kubetrain.preflight", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kubernetes-conn-id", default="kubernetes_default")
+    parser.add_argument("--registry-conn-id", default="kubetrain_registry_default")
+    parser.add_argument("--pool", default="gpu", help="the Airflow pool of GPU training tasks (default %(default)s)")
+    parser.add_argument("--pod-timeout", type=float, default=45.0, help="seconds per preflight pod (default %(default)s)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        preflight = run_preflight(lambda check: print(check.line(), flush=True), kubernetes_conn_id=args.kubernetes_conn_id,
+                                  registry_conn_id=args.registry_conn_id, pool=args.pool, pod_timeout=args.pod_timeout)  # fmt: skip
+    except ValueError as exc:  # a setting that does not parse
+        print(f"FAIL  settings: {exc}", flush=True)
+        return 1
+    failed = preflight.failed
+    print(f"{len(preflight.results) - len(failed)} passed or noted, {len(failed)} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""The preflight against the dev stack: all PASS with the real images, and each broken setting FAILs
+with its fix; no preflight pod is left behind."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+from include.devstack.stack import free_port
+from kubetrain.preflight import Check, Preflight
+from kubetrain.settings import Deployment
+
+REPO = Path(__file__).resolve().parents[2]
+NAMESPACE = "kubetrain"
+
+
+@pytest.fixture
+def stack_env(devstack, monkeypatch) -> dict[str, str]:
+    env = devstack.env()
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    # In-process the kubeconfig goes by the connection: the kubernetes client read $KUBECONFIG at import.
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(
+        {"conn_type": "kubernetes", "extra": {"kube_config_path": env["KUBECONFIG"], "namespace": NAMESPACE}}))
+    for name in ("KUBETRAIN_TRAINER_IMAGE", "KUBETRAIN_SYNC_IMAGE", "KUBETRAIN_SERVICE_ACCOUNT",
+                 "KUBETRAIN_IMAGE_PULL_SECRETS", "KUBETRAIN_NODE_SELECTOR", "KUBETRAIN_TOLERATIONS"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    return env
+
+
+@pytest.fixture
+def core(stack_env) -> client.CoreV1Api:
+    return client.CoreV1Api(config.new_client_from_config(stack_env["KUBECONFIG"]))
+
+
+def preflight_pods(core) -> list[str]:
+    pods = core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/component=preflight").items
+    return [p.metadata.name for p in pods]
+
+
+def by_name(checks: list[Check]) -> dict[str, Check]:
+    return {c.name: c for c in checks}
+
+
+def test_all_pass_against_the_dev_stack_as_a_dag(stack_env, stack_images, core, monkeypatch, capfd):
+    monkeypatch.setenv("KUBETRAIN_TRAINER_IMAGE", stack_images["trainer"].reference)
+    monkeypatch.setenv("KUBETRAIN_SYNC_IMAGE", stack_images["sync"].reference)
+    spec = importlib.util.spec_from_file_location("kubetrain_preflight_under_test", REPO / "dags" / "kubetrain_preflight.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    run = module.kubetrain_preflight().test()
+    assert str(run.state) == "success"
+
+    # the task prints each line as it is decided (and returns them as its XCom)
+    lines = [line for line in capfd.readouterr().out.splitlines() if line[:4] in ("PASS", "FAIL", "WARN", "INFO", "SKIP")]
+    status = {line.split()[1].rstrip(":"): line.split()[0] for line in lines}
+    assert status == {"api": "PASS", "s3-secret": "PASS", "image:trainer": "PASS", "image:sync": "PASS",
+                      "s3-from-pod": "PASS", "gpu-nodes": "WARN", "gpu-pool": "PASS", "registry": "PASS",
+                      "training-apis": "INFO"}, lines  # fmt: skip
+    text = "\n".join(lines)
+    assert stack_images["trainer"].reference in text and stack_images["sync"].reference in text
+    assert "a pod read bucket 'datasets': listed datasets" in text
+    assert "served: Indexed Job (batch/v1); not served: Kubeflow TFJob" in text
+    assert "training runs on CPU" in text
+    assert preflight_pods(core) == []
+
+
+def test_broken_configuration_names_each_fix(stack_env, core, devstack):
+    """Run as `python -m kubetrain.preflight`: a Secret without the secret key that points pods at a
+    closed port, an image the registry lacks, a registry the workers cannot reach, a missing pool."""
+    closed = free_port()
+    secret = client.V1Secret(metadata=client.V1ObjectMeta(name="kubetrain-s3-partial"),
+                             string_data={"AWS_ACCESS_KEY_ID": "x", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed}"})  # fmt: skip
+    core.create_namespaced_secret(NAMESPACE, secret)
+    registry = devstack.load_state()["registry"]
+    env = {
+        **os.environ,
+        "KUBECONFIG": stack_env["KUBECONFIG"],
+        "AIRFLOW_CONN_KUBERNETES_DEFAULT": stack_env["AIRFLOW_CONN_KUBERNETES_DEFAULT"],
+        "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO)]),
+        "KUBETRAIN_S3_SECRET": "kubetrain-s3-partial",
+        "KUBETRAIN_TRAINER_IMAGE": f"{registry}/kubetrain-missing/trainer:never-pushed",
+        "AIRFLOW_CONN_KUBETRAIN_REGISTRY_DEFAULT": json.dumps(
+            {"conn_type": "kubetrain_registry", "host": "127.0.0.1", "port": closed, "extra": {"insecure": True, "timeout": 5}}),
+    }  # fmt: skip
+    try:
+        proc = subprocess.run([sys.executable, "-m", "kubetrain.preflight", "--pool", "gpu-missing"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    finally:
+        core.delete_namespaced_secret("kubetrain-s3-partial", NAMESPACE)
+    lines = {line.split()[1].rstrip(":"): line for line in proc.stdout.splitlines() if line[:4] in ("PASS", "FAIL", "WARN", "INFO", "SKIP")}
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert lines["s3-secret"].startswith("FAIL") and "lacks AWS_SECRET_ACCESS_KEY" in lines["s3-secret"]
+    assert "-> fix: add AWS_SECRET_ACCESS_KEY to Secret 'kubetrain-s3-partial'" in lines["s3-secret"]
+    assert lines["image:trainer"].startswith("FAIL") and "kubetrain-missing/trainer:never-pushed cannot be pulled: ErrImagePull" in lines["image:trainer"]
+    assert "-> fix: push it (make images, or the build_trainer_image DAG) or set KUBETRAIN_TRAINER_IMAGE" in lines["image:trainer"]
+    assert lines["s3-from-pod"].startswith("FAIL") and "PartialCredentialsError" in lines["s3-from-pod"]
+    assert "-> fix: give Secret 'kubetrain-s3-partial' both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in lines["s3-from-pod"]
+    assert lines["registry"].startswith("FAIL") and "-> fix: define connection kubetrain_registry_default" in lines["registry"]
+    assert lines["gpu-pool"].startswith("FAIL") and "-> fix: airflow pools set gpu-missing" in lines["gpu-pool"]
+    assert lines["api"].startswith("PASS") and lines["image:sync"].startswith("PASS")
+    assert "5 failed" in proc.stdout
+    assert "x" not in [w.strip("'") for w in proc.stdout.split()]  # the Secret's value is never printed
+    assert preflight_pods(core) == []
+
+
+def test_unreachable_s3_endpoint_names_the_secret_key(stack_env, core):
+    closed = free_port()
+    secret = client.V1Secret(metadata=client.V1ObjectMeta(name="kubetrain-s3-closed"), string_data={
+        "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed}"})  # fmt: skip
+    core.create_namespaced_secret(NAMESPACE, secret)
+    try:
+        checks = by_name(Preflight(Deployment(s3_secret="kubetrain-s3-closed")).check_pods())
+    finally:
+        core.delete_namespaced_secret("kubetrain-s3-closed", NAMESPACE)
+    check = checks["s3-from-pod"]
+    assert check.status == "FAIL" and f"127.0.0.1:{closed}" in check.detail, check
+    assert check.fix.startswith("set AWS_ENDPOINT_URL in Secret 'kubetrain-s3-closed' to an address pods reach")
+    assert preflight_pods(core) == []
+
+
+def test_missing_namespace_fails_first_and_skips_what_needs_it(stack_env, core):
+    checks = by_name(Preflight(Deployment(namespace="kubetrain-nowhere")).run())
+    assert checks["api"].status == "FAIL"
+    assert checks["api"].fix == "kubectl create namespace kubetrain-nowhere, or set KUBETRAIN_NAMESPACE to an existing one"
+    for name in ("s3-secret", "image:trainer", "image:sync", "s3-from-pod"):
+        assert checks[name].status == "SKIP"
+    assert checks["training-apis"].status == "INFO"  # the API itself answers
+
+
+def test_unreachable_api_names_the_connection(stack_env, monkeypatch, tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{free_port()}"}}],
+        "users": [{"name": "u", "user": {}}], "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))  # fmt: skip
+    monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(
+        {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig)}}))
+    checks = by_name(Preflight(Deployment()).run())
+    assert checks["api"].status == "FAIL" and "connection 'kubernetes_default' does not answer" in checks["api"].detail
+    assert "kube_config_path" in checks["api"].fix
+    assert checks["gpu-nodes"].status == "SKIP" and checks["training-apis"].status == "SKIP"
+
+
+def test_workload_identity_without_its_service_account_fails(stack_env):
+    check = Preflight(Deployment(s3_secret=None, service_account="kubetrain-irsa")).check_s3_secret()
+    assert check.status == "FAIL" and "service account 'kubetrain-irsa' does not exist in 'kubetrain'" in check.detail
+    assert check.fix.startswith("kubectl -n kubetrain create serviceaccount kubetrain-irsa")
