@@ -55,3 +55,83 @@ def test_no_literal_secrets(compose):
                 checked += 1
                 assert "${" in str(value), f"{name}: {key} has a literal value"
     assert checked >= 5
+
+
+def test_kind_override_is_valid_against_compose_spec(compose):
+    schema = json.loads(SCHEMA.read_text())
+    override = yaml.safe_load((REPO / "deploy" / "compose.kind.yaml").read_text())
+    errors = list(jsonschema.Draft201909Validator(schema).iter_errors(override))
+    assert not errors, "\n".join(e.message for e in errors)
+    assert set(override["services"]) <= set(compose["services"])  # it only adds networks to existing services
+    assert "kind-registry" in override["services"]["registry"]["networks"]["kind"]["aliases"]
+
+
+def test_healthchecks_logs_trainer_and_namespace(compose):
+    services = compose["services"]
+    for name in ("postgres", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
+                 "minio", "registry"):  # fmt: skip
+        assert services[name].get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+    common = services["airflow-scheduler"]
+    assert "airflow-logs:/opt/airflow/logs" in common["volumes"] and "airflow-logs" in compose["volumes"]
+    assert "./trainer:/opt/airflow/trainer:ro" in common["volumes"]
+    assert common["environment"]["KUBETRAIN_NAMESPACE"] == "${KUBETRAIN_NAMESPACE:-kubetrain}"
+
+
+_INTERPOLATION = re.compile(r"\$\{(\w+)(?:(:?-)([^}]*)|(:?\?)[^}]*)?\}")
+
+
+def interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's ${VAR}, ${VAR:-default}, ${VAR-default} and ${VAR:?error} against ``env``."""
+
+    def value(match: re.Match) -> str:
+        name, op, default, required = match.group(1), match.group(2), match.group(3), match.group(4)
+        current = env.get(name)
+        if required and not current:
+            raise AssertionError(f"{name} is required ({match.group(0)}) and .env.example leaves it empty")
+        if op == ":-" and not current:
+            return default
+        if op == "-" and current is None:
+            return default
+        return current or ""
+
+    return _INTERPOLATION.sub(value, text)
+
+
+def dag_connection_ids() -> set[str]:
+    """Every connection id that a task of the DAGs names (``*conn_id`` attributes)."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert not bag.import_errors, bag.import_errors
+    ids = set()
+    for dag in bag.dags.values():
+        for task in dag.tasks:
+            for attr, val in vars(task).items():
+                if attr.endswith("conn_id") and isinstance(val, str) and val and "{{" not in val:
+                    ids.add(val)
+    return ids
+
+
+def test_compose_environment_defines_every_connection_the_dags_use(compose):
+    from airflow.models.connection import Connection
+
+    env = {}
+    for line in (REPO / ".env.example").read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            key, _, val = line.partition("=")
+            env[key.strip()] = val.strip()
+    env.update({"AIRFLOW_FERNET_KEY": "k", "AIRFLOW_JWT_SECRET": "j", "POSTGRES_PASSWORD": "p"})
+    environment = {k: interpolate(str(v), env) for k, v in compose["services"]["airflow-scheduler"]["environment"].items()}
+    connections = {}
+    for key, raw in environment.items():
+        if key.startswith("AIRFLOW_CONN_"):
+            conn_id = key.removeprefix("AIRFLOW_CONN_").lower()
+            connections[conn_id] = Connection.from_json(raw, conn_id=conn_id)
+    used = dag_connection_ids()
+    assert {"kubernetes_default", "aws_default", "kubetrain_registry_default"} <= used
+    assert used <= set(connections), f"connections the DAGs use but compose does not define: {used - set(connections)}"
+    assert connections["kubernetes_default"].extra_dejson["namespace"] == "kubetrain" or env.get("KUBETRAIN_NAMESPACE")
+    registry = connections["kubetrain_registry_default"]
+    assert registry.conn_type == "kubetrain_registry" and registry.host == environment["KUBETRAIN_REGISTRY"]
+    assert registry.extra_dejson["insecure"] is True
+    assert connections["aws_default"].extra_dejson["endpoint_url"] == "http://minio:9000"
