@@ -63,7 +63,7 @@ def build_trainer_image():
     def plan(params: dict | None = None) -> dict | bool:
         from airflow.sdk import Variable
 
-        from kubetrain.operators.build import plan_trainer_image
+        from kubetrain.imagebuild.trainer_image import plan_trainer_image
 
         repository = Variable.get("kubetrain_trainer_repository", default="kubetrain/trainer")
         return plan_trainer_image(TRAINER_DIR, repository, registry_conn_id=REGISTRY_CONN_ID,
@@ -97,7 +97,7 @@ def build_trainer_image():
 
     @task(trigger_rule="none_failed_min_one_success", outlets=[TRAINER_IMAGE])
     def publish(planned: dict, ti=None, outlet_events=None) -> dict:
-        from kubetrain.operators.build import publish_trainer_image
+        from kubetrain.imagebuild.trainer_image import publish_trainer_image
 
         built = ti.xcom_pull(task_ids="build_full") or ti.xcom_pull(task_ids="append_code")
         record = publish_trainer_image(planned, built, registry_conn_id=REGISTRY_CONN_ID)

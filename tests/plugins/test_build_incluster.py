@@ -145,3 +145,4 @@ def test_context_upload_to_s3(s3_server, registry_conn, context_dir, monkeypatch
 def test_context_key_is_safe():
     key = context_key("build-contexts/", {"run_id": "scheduled__2026-01-01T00:00:00+00:00"}, "sha256:" + "ab" * 32)
     assert key == "build-contexts/adhoc/scheduled__2026-01-01T00_00_00_00_00/build/context-abababababababab.tar.gz"
+

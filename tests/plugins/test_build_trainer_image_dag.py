@@ -8,7 +8,7 @@ import json
 import pytest
 from imagebuild_support import REPO, push_busybox_base, skopeo_pull, start_registry, tags
 
-from kubetrain.operators.build import IMAGE_VARIABLE, SOURCE_VARIABLE
+from kubetrain.imagebuild.trainer_image import IMAGE_VARIABLE, SOURCE_VARIABLE
 
 REPOSITORY = "dagtest/trainer"
 

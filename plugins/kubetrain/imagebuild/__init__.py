@@ -7,7 +7,11 @@
 * ``builders``: the build request and the interface both builders share;
 * ``buildah``: daemonless builds on the Airflow worker;
 * ``incluster``: the BuildKit builder pod for builds on the cluster;
-* ``plan``: decide between no build, a code layer and a full build of the trainer image.
+* ``plan``: decide between no build, a code layer and a full build of the trainer image;
+* ``products``: the images kubetrain ships, their names, and their build, check and push;
+* ``release``: ``python -m kubetrain.imagebuild.release`` (``make images``);
+* ``trainer_image``: the build_trainer_image DAG's task bodies (they use Airflow Variables).
 
-Nothing here imports Airflow, so each piece is usable and testable on its own.
+Apart from ``trainer_image`` (and the registry connection in ``release``), nothing here imports
+Airflow, so each piece is usable and testable on its own.
 """

@@ -19,6 +19,7 @@ from kubernetes.client import models as k8s
 
 from kubetrain.imagebuild.builders import BuildRequest, PushTarget
 from kubetrain.imagebuild.layer import LayerFile, write_layer
+from kubetrain.settings import SETTINGS
 
 BUILDKIT_IMAGE = "moby/buildkit:v0.23.2-rootless"
 FETCH_IMAGE = "amazon/aws-cli:2.27.0"
@@ -42,11 +43,11 @@ def write_context(context: Path, out: Path, excludes: Sequence[str] = CONTEXT_EX
 class InClusterSettings:
     """Images, Secrets and resources of the builder pod."""
 
-    namespace: str = "default"
+    namespace: str = SETTINGS["namespace"].default
     builder_image: str = BUILDKIT_IMAGE
     fetch_image: str = FETCH_IMAGE
     unpack_image: str = UNPACK_IMAGE
-    s3_secret: str = "kubetrain-s3"
+    s3_secret: str | None = SETTINGS["s3_secret"].default
     registry_secret: str | None = "kubetrain-registry"
     service_account: str | None = None
     resources: Mapping[str, Mapping[str, str]] = field(
@@ -55,7 +56,9 @@ class InClusterSettings:
     active_deadline_seconds: int = 3600
 
     def __post_init__(self) -> None:
-        for name, value in (("namespace", self.namespace), ("s3_secret", self.s3_secret),
+        if not self.s3_secret and not self.service_account:
+            raise ValueError("no s3_secret and no service_account: the builder pod could not fetch its context from S3")
+        for name, value in (("namespace", self.namespace), ("s3_secret", self.s3_secret or "x"),
                             ("registry_secret", self.registry_secret or "x")):  # fmt: skip
             if not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", value) or len(value) > 253:
                 raise ValueError(f"invalid {name} {value!r}: expected a Kubernetes object name (lowercase, '-', '.')")
@@ -123,7 +126,8 @@ def builder_pod(
         name="fetch-context",
         image=settings.fetch_image,
         args=["s3", "cp", "--only-show-errors", context_uri, f"{WORKSPACE}/context.tar.gz"],
-        env_from=[k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=settings.s3_secret))],
+        env_from=[k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=settings.s3_secret))]
+        if settings.s3_secret else None,
         volume_mounts=[workspace],
         security_context=k8s.V1SecurityContext(allow_privilege_escalation=False, run_as_non_root=True, run_as_user=1000),
         env=[k8s.V1EnvVar(name="HOME", value="/tmp")],

@@ -25,6 +25,7 @@ from airflow.sdk import BaseOperator
 from kubetrain.hooks.registry import RegistryHook
 
 if TYPE_CHECKING:
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
     from airflow.sdk import Context
     from kubernetes.client import models as k8s
 
@@ -54,17 +55,20 @@ class BuildImageOperator(BaseOperator):
     :param buildah_root: buildah's private storage (layer cache); default ``$KUBETRAIN_BUILDAH_ROOT``
         or ``~/.local/share/kubetrain/buildah``.
     :param kubernetes_conn_id: cluster connection for the in-cluster builder.
-    :param namespace: namespace of the builder pod.
+    :param namespace: namespace of the builder pod (default: the ``namespace`` setting).
     :param aws_conn_id: S3 connection used to upload the build context (in-cluster).
-    :param context_bucket: bucket for build contexts (in-cluster).
+    :param context_bucket: bucket for build contexts (in-cluster; default: the training bucket).
     :param context_prefix: key prefix for build contexts (in-cluster).
     :param cluster_registry: ``host[:port]`` by which pods reach the registry, when it differs
         from the connection's host (in-cluster).
     :param registry_secret: the ``kubernetes.io/dockerconfigjson`` Secret with push credentials
         (in-cluster); None for a registry without auth.
-    :param s3_secret: the Secret with the AWS variables for fetching the context (in-cluster).
+    :param s3_secret: the Secret with the AWS variables for fetching the context (in-cluster;
+        default: the ``s3_secret`` setting; none with workload identity, then the pod runs as the
+        ``service_account`` setting).
     :param builder_image: the rootless BuildKit image (in-cluster).
     :param startup_timeout_seconds: how long the builder pod may stay pending (in-cluster).
+    :param deferrable: wait for the builder pod in the triggerer, not in a worker slot (in-cluster).
     """
 
     template_fields: Sequence[str] = (
@@ -90,15 +94,16 @@ class BuildImageOperator(BaseOperator):
         registry_conn_id: str = RegistryHook.default_conn_name,
         buildah_root: str | None = None,
         kubernetes_conn_id: str = "kubernetes_default",
-        namespace: str = "default",
+        namespace: str | None = None,
         aws_conn_id: str = "aws_default",
-        context_bucket: str = "training",
+        context_bucket: str | None = None,
         context_prefix: str = "build-contexts",
         cluster_registry: str | None = None,
         registry_secret: str | None = "kubetrain-registry",
-        s3_secret: str = "kubetrain-s3",
+        s3_secret: str | None = None,
         builder_image: str | None = None,
         startup_timeout_seconds: int = 600,
+        deferrable: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -127,6 +132,7 @@ class BuildImageOperator(BaseOperator):
         self.s3_secret = s3_secret
         self.builder_image = builder_image
         self.startup_timeout_seconds = startup_timeout_seconds
+        self.deferrable = deferrable
 
     @cached_property
     def hook(self) -> RegistryHook:
@@ -153,38 +159,47 @@ class BuildImageOperator(BaseOperator):
             image_format=self.image_format,
         )
 
-    def execute(self, context: Context) -> dict[str, Any]:
+    def _target(self, request: BuildRequest) -> PushTarget:
         from kubetrain.imagebuild.builders import PushTarget
 
-        request = self.build_request()
         settings = self.hook.settings
-        client = self.hook.get_conn()
-        client.ping()  # unreachable registry or bad credentials fail before a long build
-        target = PushTarget(
+        return PushTarget(
             registry=settings.registry,
             repository=request.repository,
             insecure=settings.insecure,
             ca_bundle=settings.ca_bundle,
             tls_verify=settings.tls_verify,
         )
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        request = self.build_request()
+        with self.hook.get_conn() as client:
+            client.ping()  # unreachable registry or bad credentials fail before a long build
+        target = self._target(request)
         if self.builder == "buildah":
             output = self._build_buildah(request, target)
         else:
             output = self._build_in_cluster(request, target, context)
-        self.log.info("image complete in the registry as %s@%s; tagging %s", target.name, output.digest,
-                      ", ".join(request.tags))  # fmt: skip
-        client.tag(request.repository, output.digest, request.tags)
-        if output.staging_tag:
-            if client.delete_tag(request.repository, output.staging_tag):
-                self.log.info("removed staging tag %s", output.staging_tag)
-            else:
-                self.log.info("staging tag %s stays (this registry cannot delete tags)", output.staging_tag)
-        reference = f"{settings.registry}/{request.repository}@{output.digest}"
+        return self._publish(request, output)
+
+    def _publish(self, request: BuildRequest, output: BuildOutput) -> dict[str, Any]:
+        """Move the requested tags onto the complete image; the XCom names it by digest."""
+        registry = self.hook.registry
+        self.log.info("image complete in the registry as %s/%s@%s; tagging %s", registry, request.repository,
+                      output.digest, ", ".join(request.tags))  # fmt: skip
+        with self.hook.get_conn() as client:
+            client.tag(request.repository, output.digest, request.tags)
+            if output.staging_tag:
+                if client.delete_tag(request.repository, output.staging_tag):
+                    self.log.info("removed staging tag %s", output.staging_tag)
+                else:
+                    self.log.info("staging tag %s stays (this registry cannot delete tags)", output.staging_tag)
+        reference = f"{registry}/{request.repository}@{output.digest}"
         self.log.info("pushed %s", reference)
         return {
             "digest": output.digest,
             "reference": reference,
-            "tags": [f"{settings.registry}/{request.repository}:{t}" for t in request.tags],
+            "tags": [f"{registry}/{request.repository}:{t}" for t in request.tags],
             "builder": self.builder,
         }
 
@@ -201,14 +216,23 @@ class BuildImageOperator(BaseOperator):
             return builder.build_and_push(request, replace(target, authfile=authfile))
 
     def _in_cluster_settings(self) -> InClusterSettings:
+        from kubetrain import settings
         from kubetrain.imagebuild.incluster import InClusterSettings
 
         return InClusterSettings(
-            namespace=self.namespace,
-            s3_secret=self.s3_secret,
+            namespace=self.namespace or settings.get("namespace"),
+            s3_secret=self.s3_secret if self.s3_secret is not None else (settings.get("s3_secret") or None),
             registry_secret=self.registry_secret,
+            service_account=settings.get("service_account") or None,
             **({"builder_image": self.builder_image} if self.builder_image else {}),
         )
+
+    @property
+    def bucket(self) -> str:
+        """The bucket of build contexts: ``context_bucket``, else the deployment's training bucket."""
+        from kubetrain.s3_layout import S3Layout
+
+        return self.context_bucket or S3Layout.from_environment().training_bucket
 
     def upload_context(self, request: BuildRequest, context: Context) -> str:
         """Pack the build context and upload it to S3; returns its ``s3://`` URI."""
@@ -219,10 +243,8 @@ class BuildImageOperator(BaseOperator):
         with tempfile.TemporaryDirectory(prefix="kubetrain-context-") as tmp:
             tarball = write_context(request.context, Path(tmp) / "context.tar.gz")
             key = context_key(self.context_prefix, context, tarball.digest)
-            S3Hook(aws_conn_id=self.aws_conn_id).load_file(
-                str(tarball.path), key, bucket_name=self.context_bucket, replace=True
-            )
-        uri = f"s3://{self.context_bucket}/{key}"
+            S3Hook(aws_conn_id=self.aws_conn_id).load_file(str(tarball.path), key, bucket_name=self.bucket, replace=True)
+        uri = f"s3://{self.bucket}/{key}"
         self.log.info("build context (%s bytes) uploaded to %s", tarball.size, uri)
         return uri
 
@@ -236,28 +258,50 @@ class BuildImageOperator(BaseOperator):
             target = replace(target, registry=self.cluster_registry)
         return builder_pod(request, target, context_uri, self._in_cluster_settings())
 
-    def _build_in_cluster(self, request: BuildRequest, target: PushTarget, context: Context) -> BuildOutput:
+    def _launcher(self, pod: k8s.V1Pod | None, namespace: str) -> KubernetesPodOperator:
+        """The provider's pod operator that runs the builder pod: creation, deferral to its trigger,
+        log streaming (init containers too), the XCom sidecar with BuildKit's metadata, cleanup."""
         from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
-        from kubetrain.imagebuild.builders import BuildError, BuildOutput
-        from kubetrain.imagebuild.incluster import METADATA_DIGEST
-        from kubetrain.imagebuild.reference import check_digest
-
-        pod = self.builder_pod(request, target, self.upload_context(request, context))
-        # The pod operator's machinery: pod creation, log streaming (init containers too), the
-        # XCom sidecar that returns BuildKit's metadata file, and cleanup.
-        launcher = KubernetesPodOperator(
+        return KubernetesPodOperator(
             task_id=f"{self.task_id}-builder",
             kubernetes_conn_id=self.kubernetes_conn_id,
-            namespace=self.namespace,
+            namespace=namespace,
             full_pod_spec=pod,
             do_xcom_push=True,
             get_logs=True,
             init_container_logs=True,
             on_finish_action="delete_pod",
             startup_timeout_seconds=self.startup_timeout_seconds,
+            deferrable=self.deferrable,
         )
-        result = launcher.execute(context)
+
+    def _build_in_cluster(self, request: BuildRequest, target: PushTarget, context: Context) -> BuildOutput:
+        pod = self.builder_pod(request, target, self.upload_context(request, context))
+        result = self._run_launcher(lambda launcher: launcher.execute(context), pod, pod.metadata.namespace)
+        return self._builder_output(result)
+
+    def execute_in_cluster_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """Resume after the builder pod ended (the provider's trigger fired): logs, XCom, cleanup, tags."""
+        result = self._run_launcher(lambda launcher: launcher.trigger_reentry(context, event), None, event["namespace"])
+        return self._publish(self.build_request(), self._builder_output(result))
+
+    def _run_launcher(self, call: Any, pod: k8s.V1Pod | None, namespace: str) -> Any:
+        from airflow.sdk.exceptions import TaskDeferred
+
+        try:
+            return call(self._launcher(pod, namespace))
+        except TaskDeferred as deferred:
+            # The provider's trigger watches the pod from the triggerer; this task, not the inner
+            # pod operator, resumes when it fires.
+            self.defer(trigger=deferred.trigger, method_name="execute_in_cluster_complete", timeout=deferred.timeout)
+
+    @staticmethod
+    def _builder_output(result: Any) -> BuildOutput:
+        from kubetrain.imagebuild.builders import BuildError, BuildOutput
+        from kubetrain.imagebuild.incluster import METADATA_DIGEST
+        from kubetrain.imagebuild.reference import check_digest
+
         digest = result.get(METADATA_DIGEST) if isinstance(result, dict) else None
         if not digest:
             raise BuildError(f"the builder pod finished without reporting an image digest (metadata: {result!r})")
@@ -371,66 +415,3 @@ class AppendLayerOperator(BaseOperator):
             stats["requests"], stats["bytes_sent"], stats["bytes_received"],
         )  # fmt: skip
         return result.as_xcom()
-
-
-# -- the build_trainer_image DAG's task bodies (kept here so the DAG file stays wiring only) ----
-
-IMAGE_VARIABLE = "kubetrain_trainer_image"
-SOURCE_VARIABLE = "kubetrain_trainer_image_source"
-
-
-def plan_trainer_image(
-    trainer_dir: str, repository: str, *, registry_conn_id: str, mode: str = "auto", force: bool = False
-) -> dict[str, Any] | bool:
-    """Plan the trainer image update; False (short-circuit) when the code is unchanged.
-
-    :param trainer_dir: the trainer package on the worker.
-    :param repository: the image repository in the registry.
-    :param registry_conn_id: connection of the registry.
-    :param mode: 'auto', 'full' or 'append'.
-    :param force: build even when nothing changed.
-    """
-    import json
-    import logging
-
-    from airflow.sdk import Variable
-
-    from kubetrain.imagebuild.plan import base_tag, plan_image
-
-    log = logging.getLogger(__name__)
-    raw = Variable.get(SOURCE_VARIABLE, default=None)
-    previous = json.loads(raw) if raw else None
-    with RegistryHook(registry_conn_id).get_conn() as client:
-        base_exists = client.manifest_digest(repository, base_tag(Path(trainer_dir))) is not None
-    plan = plan_image(Path(trainer_dir), previous=previous, base_exists=base_exists, mode=mode, force=force)
-    log.info("image plan: %s (%s)", plan.action, plan.reason)
-    return False if plan.action == "skip" else plan.as_dict()
-
-
-def publish_trainer_image(plan: dict[str, Any], built: dict[str, Any], *, registry_conn_id: str) -> dict[str, Any]:
-    """Record the new image for the training DAGs: Variable by digest, ``latest`` tag, source hashes.
-
-    :param plan: what :func:`plan_trainer_image` returned.
-    :param built: the XCom of the build or append task that ran.
-    :param registry_conn_id: connection of the registry.
-    """
-    import json
-
-    from airflow.sdk import Variable
-
-    from kubetrain.imagebuild.reference import parse_reference
-
-    ref = parse_reference(built["reference"])
-    with RegistryHook(registry_conn_id).get_conn() as client:
-        client.tag(ref.repository, ref.digest, ["latest"])
-    Variable.set(IMAGE_VARIABLE, built["reference"])
-    record = {
-        "reference": built["reference"],
-        "action": plan["action"],
-        "code_hash": plan["code_hash"],
-        "deps_hash": plan["deps_hash"],
-        "revision": plan.get("revision"),
-        "published_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
-    Variable.set(SOURCE_VARIABLE, json.dumps(record))
-    return record
