@@ -1,17 +1,15 @@
-"""kubectl (v1.32) against the local Kubernetes API: apply, logs -f, get, describe, exec, delete."""
+"""The real kubectl (installed by `make setup` in .tools/bin) against the local Kubernetes API."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 
-import pytest
+from include.devstack.stack import REPO
 
 from .support import wait_for
 
-KUBECTL = shutil.which("kubectl")
-pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+KUBECTL = str(REPO / ".tools" / "bin" / "kubectl")
 
 POD_YAML = """\
 apiVersion: v1

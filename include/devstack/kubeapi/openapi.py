@@ -130,8 +130,74 @@ def _v3_group(group: str) -> dict:
             coll_ops["get"] = {"operationId": f"list{res.kind}", "x-kubernetes-action": "list", **ops}
         paths[f"{prefix}{ns}/{res.name}"] = coll_ops
         paths[f"{prefix}{ns}/{res.name}/{{name}}"] = item_ops
+    roots = [f"{_definition_prefix(group, res.version)}.{res.kind}" for res in RESOURCES.values() if res.group == group]
+    roots += [f"{name}List" for name in roots] + [f"{META}.Status", f"{META}.DeleteOptions"]
     return {"openapi": "3.0.0", "info": {"title": "Kubernetes (kubetrain local API)", "version": "v1.32.0"},
-            "paths": paths, "components": {"schemas": {}}}  # fmt: skip
+            "paths": paths, "components": {"schemas": _schemas(tuple(roots))}}  # fmt: skip
+
+
+# -- component schemas, from kubernetes-validate's JSON schemas of v1.32 -----------------------
+
+META = "io.k8s.apimachinery.pkg.apis.meta.v1"
+
+
+def _definition_prefix(group: str, version: str) -> str:
+    if group == "":
+        return f"io.k8s.api.core.{version}"
+    if group == "apiextensions.k8s.io":
+        return f"io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.{version}"
+    return f"io.k8s.api.{group.removesuffix('.k8s.io').replace('.', '')}.{version}"
+
+
+@cache
+def _definitions() -> dict:
+    from importlib.resources import files
+
+    path = files("kubernetes_validate") / "kubernetes-json-schema" / f"v{SCHEMA_VERSION}-local" / "_definitions.json"
+    return json.loads(path.read_text())["$defs"]
+
+
+def _convert(node):
+    """A JSON-schema node of kubernetes-validate as the API server's OpenAPI v3 writes it."""
+    if isinstance(node, list):
+        return [_convert(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key == "$ref":
+            continue
+        if key == "type" and isinstance(value, list):
+            kinds = [t for t in value if t != "null"]
+            value = kinds[0] if len(kinds) == 1 else kinds
+        out[key] = _convert(value)
+    if "$ref" in node:
+        ref = {"$ref": node["$ref"].replace("#/$defs/", "#/components/schemas/")}
+        if out:  # a reference with its own description: the server wraps it in allOf
+            return {"allOf": [ref], **out}
+        return ref
+    return out
+
+
+@cache
+def _schemas(roots: tuple[str, ...]) -> dict:
+    defs = _definitions()
+    out: dict = {}
+    todo = [r for r in roots if r in defs]
+    while todo:
+        name = todo.pop()
+        if name in out:
+            continue
+        schema = _convert(defs[name])
+        props = schema.get("properties") or {}
+        for field in ("apiVersion", "kind"):  # the JSON schemas pin them with an enum; the server's do not
+            if isinstance(props.get(field), dict):
+                props[field].pop("enum", None)
+        out[name] = schema
+        text = json.dumps(defs[name])
+        for part in text.split('"#/$defs/')[1:]:
+            todo.append(part.split('"', 1)[0])
+    return out
 
 
 def handle(request: web.Request, parts: list[str]) -> web.Response:
