@@ -20,7 +20,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from include.devstack.kubeapi import runtime
+from include.devstack.kubeapi import podnet, runtime
 from include.devstack.kubeapi.images import REPO, ImageMapError, Runtime
 from include.devstack.kubeapi.logs import LogFile, read_entries
 from include.devstack.kubeapi.meta import NODE_IP, NODE_NAME, rfc3339
@@ -137,6 +137,9 @@ class PodWorker:
         self.volume_paths: dict[str, Path] = {}
         self.mountpoints: list[str] = []
         self.task: asyncio.Task | None = None
+        self.pod_ip: str | None = None
+        self.hosts_text = ""
+        self.dns_state: tuple = ()
 
     # -- utilities ---------------------------------------------------------------------------
 
@@ -239,7 +242,8 @@ class PodWorker:
         if self.scheduled:
             status.update(hostIP=NODE_IP, hostIPs=[{"ip": NODE_IP}])
             if self.sandbox:
-                status.update(podIP=NODE_IP, podIPs=[{"ip": NODE_IP}])
+                ip = self.pod_ip or NODE_IP
+                status.update(podIP=ip, podIPs=[{"ip": ip}])
             if self.start_time:
                 status["startTime"] = self.start_time
             if self.inits:
@@ -252,6 +256,23 @@ class PodWorker:
             pod["status"] = status
 
         self.cluster.store.mutate("pods", self.namespace, self.name, apply)
+        # a pod that becomes ready, or stops, changes what the headless Services' names resolve to
+        ready = self.conditions.get("Ready", {}).get("status") == "True"
+        dns_state = (self.pod_ip if self.sandbox else None, ready, phase in ("Succeeded", "Failed"))
+        if dns_state != self.dns_state:
+            self.dns_state = dns_state
+            if self.spec.get("subdomain"):
+                self.cluster.refresh_hosts()
+
+    def write_hosts(self, records: list) -> None:
+        """This pod's /etc/hosts (bind-mounted in each container), rewritten in place when it changes."""
+        pod = self.pod
+        if pod is None or not self.pod_ip or self.finished.is_set():
+            return
+        text = podnet.hosts_file(pod, self.pod_ip, records)
+        if text != self.hosts_text:
+            podnet.write_in_place(self.dir / "etc" / "hosts", text)
+            self.hosts_text = text
 
     # -- the pod's life ----------------------------------------------------------------------
 
@@ -327,8 +348,13 @@ class PodWorker:
         while not self.stopping:
             try:
                 self.volume_paths = setup_volumes(self.cluster, self.spec, self.dir, self.pod or {})
+                self.pod_ip = self.cluster.addresses.allocate(self.uid)
+                etc = self.dir / "etc"
+                etc.mkdir(parents=True, exist_ok=True)
+                (etc / "hostname").write_text((self.spec.get("hostname") or self.name[:63]) + "\n")
                 self.sandbox = True
                 self.publish()
+                self.cluster.refresh_hosts()
                 return True
             except MountError as exc:
                 self.event("Warning", "FailedMount", str(exc))
@@ -658,6 +684,10 @@ class PodWorker:
             if repo.startswith("/tmp/"):
                 # the private /tmp would hide a checkout under /tmp, and with it the image runtimes
                 mounts.insert(1, {"src": repo, "dst": repo, "ro": False})
+            # the kubelet's managed files, unless the container mounts its own
+            for name in ("hosts", "hostname"):
+                if not any(m["dst"].rstrip("/") == f"/etc/{name}" for m in mounts):
+                    mounts.append({"src": str(self.dir / "etc" / name), "dst": f"/etc/{name}", "ro": False})
             for m in mounts:
                 top = "/" + m["dst"].strip("/").split("/")[0]
                 # a new top-level path is made inside the container's private root; only a path nested in
@@ -777,8 +807,8 @@ def _field_ref(pod: dict, path: str) -> str:
         "spec.serviceAccountName": spec.get("serviceAccountName", ""),
         "status.hostIP": NODE_IP,
         "status.hostIPs": NODE_IP,
-        "status.podIP": NODE_IP,
-        "status.podIPs": NODE_IP,
+        "status.podIP": (pod.get("status") or {}).get("podIP") or NODE_IP,
+        "status.podIPs": (pod.get("status") or {}).get("podIP") or NODE_IP,
     }
     if path in simple:
         return simple[path]
@@ -852,6 +882,11 @@ def container_env(
         KUBERNETES_PORT_443_TCP_PROTO="tcp", KUBERNETES_PORT_443_TCP_PORT=port,
         KUBERNETES_PORT_443_TCP_ADDR="127.0.0.1",
     )  # fmt: skip
+    pod_ip = (pod.get("status") or {}).get("podIP")
+    if pod_ip and pod_ip != NODE_IP and cluster.preload is not None:
+        # wildcard binds go to the pod's own address (podnet.py); set before the container's env, as a runtime's
+        env["KUBETRAIN_POD_IP"] = pod_ip
+        env["LD_PRELOAD"] = str(cluster.preload)
     # the GPUs a container sees are the ones it was given: none unless it asked for some
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus) if gpus else ""
     env["NVIDIA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus) if gpus else "void"

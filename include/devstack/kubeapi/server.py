@@ -18,7 +18,7 @@ from pathlib import Path
 
 from aiohttp import WSMsgType, web
 
-from include.devstack.kubeapi import openapi, tables
+from include.devstack.kubeapi import openapi, protobuf, tables
 from include.devstack.kubeapi import validation as v
 from include.devstack.kubeapi.cluster import Cluster
 from include.devstack.kubeapi.images import default_image_map
@@ -38,8 +38,9 @@ from include.devstack.kubeapi.meta import (
     resource_for,
     rfc3339,
     rfc3339_micro,
+    unsupported_group,
 )
-from include.devstack.kubeapi.patch import apply_patch
+from include.devstack.kubeapi.patch import APPLY_PATCH, apply_patch
 from include.devstack.kubeapi.runtime import ISOLATIONS, detect_isolation
 from include.devstack.kubeapi.selectors import parse_field_selector, parse_label_selector
 
@@ -88,7 +89,7 @@ class Api:
         method = request.method
         if not parts:
             return _json({"paths": ["/api", "/api/v1", "/apis", "/apis/batch", "/apis/batch/v1", "/apis/events.k8s.io",
-                                    "/apis/events.k8s.io/v1", "/healthz", "/livez", "/openapi/v2", "/openapi/v3", "/readyz", "/version"]})  # fmt: skip
+                                    "/apis/events.k8s.io/v1", "/apis/apiextensions.k8s.io", "/apis/apiextensions.k8s.io/v1", "/healthz", "/livez", "/openapi/v2", "/openapi/v3", "/readyz", "/version"]})  # fmt: skip
         head = parts[0]
         if head == "version":
             return _json(SERVER_VERSION)
@@ -106,13 +107,13 @@ class Api:
                 return _json(group_list())
             if len(parts) == 2:
                 if parts[1] not in GROUPS:
-                    raise ApiError(404, "NotFound", "the server could not find the requested resource")
+                    raise unsupported_group(parts[1])
                 return _json(api_group(parts[1]))
             group, version, rest = parts[1], parts[2], parts[3:]
         else:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if (group == "" and version != "v1") or (group and GROUPS.get(group) != version):
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            raise unsupported_group(group or "core", version)
         if not rest:
             return _json(resource_list(group, version))
         watch_path = False
@@ -139,9 +140,10 @@ class Api:
         if res.namespaced and ns is None and name is not None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if sub is not None and sub not in res.subresources:
-            raise ApiError(
-                404, "NotFound", f"the server could not find the requested resource ({res.name}/{sub})"
-            )
+            what = {"portforward": "port-forward", "attach": "attach", "proxy": "proxy", "eviction": "eviction",
+                    "ephemeralcontainers": "ephemeral containers", "scale": "scale"}.get(sub, sub)  # fmt: skip
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({res.name}/{sub}): "
+                           f"{what} is not supported by the local Kubernetes API")  # fmt: skip
         q = request.query
         verb_ok = res.subresources.get(sub, ()) if sub else res.verbs
         if sub == "log":
@@ -192,6 +194,21 @@ class Api:
             obj = self.update(res, ns, name, body, sub, dry)
             return _json(self.present(res, obj))
         if method == "PATCH":
+            if (
+                request.content_type == APPLY_PATCH
+                and sub is None
+                and self.store.get(self.key(res), ns or "", name) is None
+            ):
+                # server-side apply of a new object creates it; of an existing one it is refused (415)
+                if "create" not in res.verbs:
+                    raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested resource (create {res.name})")  # fmt: skip
+                if not isinstance(body, dict):
+                    raise bad_request("the server-side apply body must be an object")
+                if (body.get("metadata") or {}).get("name") not in (None, name):
+                    raise bad_request("the name of the object does not match the name on the URL")
+                body.setdefault("metadata", {})["name"] = name
+                obj, warnings = self.create(res, ns, body, q, dry)
+                return _json(self.present(res, obj), 201, warning_headers(warnings))
             patch_body = body
             obj = self.update(res, ns, name, None, sub, dry, patch=(request.content_type, patch_body))
             return _json(self.present(res, obj))
@@ -397,6 +414,9 @@ class Api:
             )
 
     def create(self, res: Resource, ns: str | None, body, q, dry: bool) -> tuple[dict, list[str]]:
+        if res.name == "customresourcedefinitions":
+            raise ApiError(405, "MethodNotAllowed", "the local Kubernetes API serves no custom resources: "
+                           "creating a CustomResourceDefinition is not supported")  # fmt: skip
         if res.group == "events.k8s.io" or res.name == "nodes":
             raise ApiError(
                 405,
@@ -448,6 +468,9 @@ class Api:
             v.validate_data_object(kind, obj)
             if kind == "Secret":
                 normalize_secret(obj)
+        elif res.name == "services":
+            v.default_service(obj)
+            v.validate_service(obj)
         elif res.name == "namespaces":
             v.validate_namespace(obj)
             obj.setdefault("spec", {"finalizers": ["kubernetes"]})
@@ -464,7 +487,10 @@ class Api:
                 raise v.invalid("Event", meta.get("name", ""), v_causes)
         if dry:
             return obj, warnings
-        return self.store.create(res.name, obj, res.group), warnings
+        created = self.store.create(res.name, obj, res.group)
+        if res.name == "services":
+            self.cluster.refresh_hosts()
+        return created, warnings
 
     def create_pod_object(self, pod: dict, dry: bool = False) -> dict:
         pod["apiVersion"], pod["kind"] = "v1", "Pod"
@@ -552,6 +578,9 @@ class Api:
             elif res.name == "jobs":
                 v.default_job(new)
                 v.validate_job_update(current, new)
+            elif res.name == "services":
+                v.default_service(new)
+                v.validate_service_update(current, new)
             elif res.name in ("secrets", "configmaps"):
                 kind = "Secret" if res.name == "secrets" else "ConfigMap"
                 if current.get("immutable") and any(
@@ -578,6 +607,8 @@ class Api:
         if res.name == "jobs" and sub != "status":
             self.jobs.reconcile(ns, name)
             stored = self.store.get("jobs", ns, name) or stored
+        if res.name == "services":
+            self.cluster.refresh_hosts()
         return stored
 
     def delete(self, res: Resource, ns: str | None, name: str, q, body: dict, dry: bool) -> dict:
@@ -605,7 +636,10 @@ class Api:
             return self.jobs.delete(current, policy or "Orphan")
         if res.name == "namespaces":
             return self.delete_namespace(name)
-        return self.store.remove(res.name, ns or "", name) or current
+        removed = self.store.remove(res.name, ns or "", name) or current
+        if res.name == "services":
+            self.cluster.refresh_hosts()
+        return removed
 
     def delete_collection(self, res: Resource, ns: str | None, q, body, dry: bool) -> dict:
         lp, fp = self.selectors(res, q)
@@ -648,7 +682,7 @@ class Api:
                 self.cluster.delete_pod(name, pod["metadata"]["name"], None)
         while self.store.list("pods", name):
             await asyncio.sleep(0.1)
-        for kind in ("secrets", "configmaps", "events"):
+        for kind in ("secrets", "configmaps", "services", "events"):
             for obj in self.store.list(kind, name):
                 self.store.remove(kind, name, obj["metadata"]["name"])
         self.store.remove("namespaces", "", name)
@@ -902,7 +936,9 @@ async def read_body(request: web.Request):
     if not raw:
         return None
     ctype = request.content_type
-    if "yaml" in ctype and "apply-patch" not in ctype:
+    if ctype == protobuf.MEDIA_TYPE:
+        return protobuf.decode(raw)
+    if "yaml" in ctype:
         import yaml
 
         try:
