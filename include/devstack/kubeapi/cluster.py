@@ -167,6 +167,8 @@ class Cluster:
         isolation: str,
         backoff: float,
         memory_limits: bool = True,
+        registry: str | None = None,
+        strict: bool = False,
     ) -> None:
         self.state_dir = state_dir
         self.port = port
@@ -174,6 +176,8 @@ class Cluster:
         self.strict_gpu = strict_gpu
         self.isolation = isolation
         self.backoff = backoff
+        self.registry = registry  # images under it must be in it (pull.py)
+        self.strict = strict  # refuse what a real kubelet refuses (runAsNonRoot against the image's user)
         self.store = Store()
         self.workers: dict[str, PodWorker] = {}
         self.gpus = count_gpus()

@@ -20,7 +20,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from include.devstack.kubeapi import podnet, runtime
+from include.devstack.kubeapi import podnet, pull, runtime
 from include.devstack.kubeapi.images import REPO, ImageMapError, Runtime
 from include.devstack.kubeapi.logs import LogFile, read_entries
 from include.devstack.kubeapi.meta import NODE_IP, NODE_NAME, rfc3339
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kubeapi.kubelet")
 MAX_BACKOFF = 300.0
-PULL_RETRY = 5.0
+PRELOAD_PATH = "/.kubetrain/podbind.so"  # podnet.py's bind() wrapper, inside each container
 
 
 class ConfigError(Exception):
@@ -536,18 +536,25 @@ class PodWorker:
     async def run_container(self, c: Container) -> int | None:
         """Pull (map), configure and run one instance of ``c``; its exit code, or None when stopping."""
         image = c.spec.get("image", "")
-        pull_delay = PULL_RETRY
+        pull_delay = self.cluster.backoff  # the kubelet's image back-off starts as its crash back-off
         while True:
             if self.stopping or (c.kind == "sidecar" and self.sidecar_stop):
                 return None
-            try:
-                rt = self.cluster.image_map.resolve(image)
-                problem = None if rt else (
-                    f'no local runtime is mapped for image "{image}": add a pattern that matches it to '
-                    f"{self.cluster.image_map.path} (see include/devstack/KUBEAPI.md)"
-                )  # fmt: skip
-            except ImageMapError as exc:
-                rt, problem = None, str(exc)
+            rt, pulled, problem = None, None, None
+            if self.cluster.registry:
+                try:
+                    pulled = await pull.pull(self.cluster.registry, image, want_user=self.cluster.strict)
+                except pull.PullError as exc:
+                    problem = str(exc)
+            if problem is None:
+                try:
+                    rt = self.cluster.image_map.resolve(image)
+                    problem = None if rt else (
+                        f'no local runtime is mapped for image "{image}": add a pattern that matches it to '
+                        f"{self.cluster.image_map.path} (see include/devstack/KUBEAPI.md)"
+                    )  # fmt: skip
+                except ImageMapError as exc:
+                    rt, problem = None, str(exc)
             if rt is None:
                 c.state = {"waiting": {"reason": "ErrImagePull", "message": problem}}
                 self.event("Normal", "Pulling", f'Pulling image "{image}"', c.field_path)
@@ -569,9 +576,19 @@ class PodWorker:
                     return None
                 pull_delay = min(pull_delay * 2, MAX_BACKOFF)
                 continue
-            self.event("Normal", "Pulled", f'Container image "{image}" already present on machine '
-                       f'(local runtime "{rt.runtime}")', c.field_path)  # fmt: skip
+            if pulled is not None:
+                self.event("Normal", "Pulling", f'Pulling image "{image}"', c.field_path)
+                self.event("Normal", "Pulled", f'Successfully pulled image "{image}" ({pulled.image_id}; local runtime '
+                           f'"{rt.runtime}")', c.field_path)  # fmt: skip
+            else:
+                self.event("Normal", "Pulled", f'Container image "{image}" already present on machine '
+                           f'(local runtime "{rt.runtime}")', c.field_path)  # fmt: skip
             try:
+                if self.cluster.strict:
+                    user = pulled.user if pulled is not None and pulled.user is not None else rt.user
+                    refusal = pull.non_root_problem(self.pod or {}, c.spec, user)
+                    if refusal:
+                        raise ConfigError(refusal)
                 env, argv, cwd, mounts = self.container_config(c, rt)
             except ConfigError as exc:
                 c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
@@ -581,7 +598,7 @@ class PodWorker:
                     return None
                 continue
             break
-        c.image_id = rt.image_id
+        c.image_id = pulled.image_id if pulled is not None else rt.image_id
         c.container_id = f"kubetrain://{os.urandom(32).hex()}"
         c.env, c.cwd = env, cwd
         c.log = LogFile(c.log_path(self.dir, c.restart_count))
@@ -684,6 +701,9 @@ class PodWorker:
             if repo.startswith("/tmp/"):
                 # the private /tmp would hide a checkout under /tmp, and with it the image runtimes
                 mounts.insert(1, {"src": repo, "dst": repo, "ro": False})
+            if self.cluster.preload is not None:
+                # at a path of its own in the container's root: a volume at /work or /usr must not hide it
+                mounts.append({"src": str(self.cluster.preload), "dst": PRELOAD_PATH, "ro": True})
             # the kubelet's managed files, unless the container mounts its own
             for name in ("hosts", "hostname"):
                 if not any(m["dst"].rstrip("/") == f"/etc/{name}" for m in mounts):
@@ -886,7 +906,7 @@ def container_env(
     if pod_ip and pod_ip != NODE_IP and cluster.preload is not None:
         # wildcard binds go to the pod's own address (podnet.py); set before the container's env, as a runtime's
         env["KUBETRAIN_POD_IP"] = pod_ip
-        env["LD_PRELOAD"] = str(cluster.preload)
+        env["LD_PRELOAD"] = str(cluster.preload) if cluster.isolation == "none" else PRELOAD_PATH
     # the GPUs a container sees are the ones it was given: none unless it asked for some
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus) if gpus else ""
     env["NVIDIA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus) if gpus else "void"

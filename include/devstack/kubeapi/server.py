@@ -1063,6 +1063,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="container isolation: namespaces (root), rootless (user namespace) or none (path remapping)")  # fmt: skip
     parser.add_argument("--backoff-seconds", type=float, default=float(os.environ.get("KUBETRAIN_BACKOFF_SECONDS", "10")),
                         help="initial restart back-off (the kubelet's is 10 s)")  # fmt: skip
+    parser.add_argument("--registry", default=os.environ.get("KUBETRAIN_KUBEAPI_REGISTRY") or None, metavar="HOST:PORT",
+                        help="the dev stack's registry: an image under it that it does not hold fails to pull "
+                        "(ErrImagePull/ImagePullBackOff), whatever the image map says")  # fmt: skip
+    parser.add_argument("--strict", action="store_true", default=os.environ.get("KUBETRAIN_STRICT", "") not in ("", "0", "false"),
+                        help="refuse what a real kubelet refuses: runAsNonRoot with an image whose user is root")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout
@@ -1076,9 +1081,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     image_map = (args.image_map or default_image_map()).resolve()
     cluster = Cluster(state_dir, port=args.port, image_map=image_map, strict_gpu=args.strict_gpu, isolation=isolation,
-                      backoff=args.backoff_seconds)  # fmt: skip
-    log.info("local Kubernetes API on http://%s:%d: isolation %s, %d GPU(s)%s, image map %s", args.host, args.port,
-             isolation, len(cluster.gpus), " (strict)" if args.strict_gpu else "", image_map)  # fmt: skip
+                      backoff=args.backoff_seconds, registry=args.registry, strict=args.strict)  # fmt: skip
+    log.info("local Kubernetes API on http://%s:%d: isolation %s, %d GPU(s)%s, image map %s, registry %s%s", args.host,
+             args.port, isolation, len(cluster.gpus), " (strict)" if args.strict_gpu else "", image_map,
+             args.registry or "(not checked)", ", strict" if args.strict else "")  # fmt: skip
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     web.run_app(
         build_app(cluster), host=args.host, port=args.port, access_log=None, print=None, shutdown_timeout=5
