@@ -68,6 +68,7 @@ class Container:
         self.backoff = backoff
         self.run_started = 0.0
         self.first_start = asyncio.Event()
+        self.log_read_ns = 0  # when its current log was last read whole (an attach continues from there)
 
     @property
     def field_path(self) -> str:

@@ -228,7 +228,7 @@ def _register(res: Resource) -> None:
 _register(
     Resource(
         "pods", "Pod", "", "v1", True, CRUD, ("po",), ("all",),
-        {"log": ("get",), "exec": ("create", "get"), "status": ("get", "patch", "update")},
+        {"log": ("get",), "exec": ("create", "get"), "attach": ("create", "get"), "status": ("get", "patch", "update")},
     )
 )  # fmt: skip
 _register(Resource("events", "Event", "", "v1", True, CRUD, ("ev",)))
@@ -263,7 +263,7 @@ _register(
 
 GROUPS = {"batch": "v1", "events.k8s.io": "v1", "apiextensions.k8s.io": "v1"}
 SERVED_SUMMARY = (
-    "pods, pods/log, pods/exec, events, secrets, configmaps, namespaces, nodes, services (headless), "
+    "pods, pods/log, pods/exec, pods/attach (output only), events, secrets, configmaps, namespaces, nodes, services (headless), "
     "jobs.batch and customresourcedefinitions.apiextensions.k8s.io (read-only, none defined)"
 )
 

@@ -150,6 +150,8 @@ class Api:
             return await self.pod_log(request, ns, name)
         if sub == "exec":
             return await self.pod_exec(request, ns, name)
+        if sub == "attach":
+            return await self.pod_attach(request, ns, name)
         if method == "GET":
             if name is None:
                 if watch_path or q.get("watch") in TRUE:
@@ -776,6 +778,8 @@ class Api:
             return cur is not None and cur["metadata"]["uid"] == uid
 
         if not opts.follow:
+            if live is not None:
+                c.log_read_ns = time.time_ns()  # where an attach that follows this read picks up (pod_attach)
             chunks = [chunk async for chunk in stream_log(live, path, opts, alive)]
             return web.Response(body=b"".join(chunks), content_type="text/plain")
         resp = web.StreamResponse(
@@ -788,6 +792,54 @@ class Api:
                 await resp.write(chunk)
             await resp.write_eof()
         return resp
+
+    # -- pods/attach -------------------------------------------------------------------------
+
+    async def pod_attach(self, request: web.Request, ns: str, name: str) -> web.StreamResponse:
+        """The container's output from now on, until it exits (``kubectl run -i``, ``kubectl attach``); an
+        attach to a container that has just exited ends at once, with its output already read.
+
+        Containers run without a terminal and with stdin closed, so what the client sends is read and dropped.
+        """
+        q = request.query
+        pod = self.store.must_get("pods", ns, name)
+        names = [c["name"] for c in pod["spec"].get("containers") or []]
+        container = q.get("container") or names[0]
+        worker = self.cluster.worker_for(pod)
+        c = worker.container(container) if worker else None
+        if c is None:
+            raise bad_request(f"container {container} is not valid for pod {name}")
+        if c.log is None or (c.proc is None and "running" not in c.state):
+            raise bad_request(f'unable to upgrade connection: container {container} not found in pod {name}_{ns}')
+        if request.headers.get("Upgrade", "").lower() != "websocket":
+            raise bad_request("Upgrade request required: the local Kubernetes API serves attach over WebSocket "
+                              f"({', '.join(EXEC_PROTOCOLS[:2])}), not SPDY")  # fmt: skip
+        ws = web.WebSocketResponse(protocols=EXEC_PROTOCOLS, autoping=True, max_msg_size=0)
+        await ws.prepare(request)
+        proto = ws.ws_protocol or "channel.k8s.io"
+        uid = pod["metadata"]["uid"]
+
+        def alive() -> bool:
+            cur = self.store.get("pods", ns, name)
+            return cur is not None and cur["metadata"]["uid"] == uid
+
+        async def drain_client() -> None:
+            async for _msg in ws:
+                pass
+
+        reader = asyncio.ensure_future(drain_client())
+        # kubectl reads the log so far, then attaches: go on from that read, so that no line is lost or repeated
+        now = time.time_ns()
+        opts = LogOptions(follow=True, since_ns=c.log_read_ns if now - c.log_read_ns < 10_000_000_000 else now)
+        with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
+            async for chunk in stream_log(c.log, c.log.path, opts, alive):
+                if q.get("stdout", "true") in TRUE:
+                    await ws.send_bytes(b"\x01" + chunk)
+            if proto in ("v4.channel.k8s.io", "v5.channel.k8s.io"):
+                await ws.send_bytes(b"\x03" + exec_status(0, None).encode())
+        reader.cancel()
+        await ws.close()
+        return ws
 
     # -- pods/exec ---------------------------------------------------------------------------
 
