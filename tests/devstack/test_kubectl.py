@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import time
 
 from include.devstack.stack import REPO
 
@@ -22,7 +21,7 @@ spec:
   containers:
   - name: main
     image: busybox:1.36
-    command: ["sh", "-c", "for i in 1 2 3 4; do echo tick-$i; sleep 0.4; done"]
+    command: ["sh", "-c", "echo tick-1; until [ -e /tmp/go ]; do sleep 0.1; done; for i in 2 3 4; do echo tick-$i; done"]
 """
 
 
@@ -44,25 +43,17 @@ def test_kubectl_apply_logs_get_describe_delete(kubeapi, tmp_path):
     manifest = tmp_path / "pod.yaml"
     manifest.write_text(POD_YAML)
     assert "pod/kubectl-demo created" in kubectl(kubeapi, "apply", "-f", str(manifest)).stdout
-    # logs -f streams while the container runs and returns when it exits
+    # logs -f streams while the container runs (it waits for /tmp/go after tick-1) and returns when it exits
+    kubectl(kubeapi, "wait", "--for=condition=Ready", "pod/kubectl-demo", "--timeout=60s", timeout=90)
     follow = subprocess.Popen([KUBECTL, "--kubeconfig", str(kubeapi.kubeconfig), "logs", "-f", "kubectl-demo"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        first = ""
-        while not first and time.monotonic() < deadline:
-            first = follow.stdout.readline()
-            if not first:
-                time.sleep(
-                    0.2
-                )  # kubectl may ask before the container has started; a retry of logs -f follows
-                if follow.poll() is not None:
-                    follow = subprocess.Popen([KUBECTL, "--kubeconfig", str(kubeapi.kubeconfig), "logs", "-f", "kubectl-demo"],
-                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        first = follow.stdout.readline()
         phase_at_first_line = kubectl(
             kubeapi, "get", "pod", "kubectl-demo", "-o", "jsonpath={.status.phase}"
         ).stdout
-        rest, _ = follow.communicate(timeout=30)
+        kubectl(kubeapi, "exec", "kubectl-demo", "--", "touch", "/tmp/go")
+        rest, _ = follow.communicate(timeout=60)
     finally:
         follow.kill()
     assert first == "tick-1\n" and rest == "tick-2\ntick-3\ntick-4\n"
@@ -107,7 +98,8 @@ def test_kubectl_apply_logs_get_describe_delete(kubeapi, tmp_path):
 def test_kubectl_exec_and_validation(kubeapi, tmp_path):
     manifest = tmp_path / "sleeper.yaml"
     manifest.write_text(POD_YAML.replace("kubectl-demo", "kubectl-sleeper").replace(
-        'for i in 1 2 3 4; do echo tick-$i; sleep 0.4; done', "sleep 60"))  # fmt: skip
+        "echo tick-1; until [ -e /tmp/go ]; do sleep 0.1; done; for i in 2 3 4; do echo tick-$i; done",
+        "sleep 60"))  # fmt: skip
     kubectl(kubeapi, "apply", "-f", str(manifest))
     wait_for(
         lambda: (
