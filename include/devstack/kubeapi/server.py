@@ -1,4 +1,4 @@
-"""The HTTP side: discovery, OpenAPI, CRUD, list/watch, patch, delete, pods/log, pods/exec."""
+"""The HTTP side: discovery, OpenAPI, CRUD, list/watch, patch, delete, pods/log, pods/exec, pods/attach."""
 
 from __future__ import annotations
 
