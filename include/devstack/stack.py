@@ -184,7 +184,8 @@ class Stack:
         wait_http(f"http://127.0.0.1:{port}/v2/", 30, proc, log)
         state["components"]["registry"] = {"pid": proc.pid, "port": port, "log": str(log)}
 
-    def _start_kubeapi(self, state: dict, port: int, registry_port: int) -> None:
+    def kubeapi_argv(self, port: int, registry_port: int) -> list[str]:
+        """The local Kubernetes API's command line for this stack's options."""
         argv = [
             str(AIRFLOW_PYTHON), "-m", "include.devstack.kubeapi",
             "--host", "127.0.0.1", "--port", str(port),
@@ -196,6 +197,10 @@ class Stack:
             argv.append("--strict")
         if self.registry_check:
             argv += ["--registry", f"127.0.0.1:{registry_port}"]
+        return argv
+
+    def _start_kubeapi(self, state: dict, port: int, registry_port: int) -> None:
+        argv = self.kubeapi_argv(port, registry_port)
         # the server reads these from its environment too: the flags above decide, not the caller's shell
         proc, log = self._spawn("kubeapi", argv, env={"KUBETRAIN_STRICT": "", "KUBETRAIN_KUBEAPI_REGISTRY": ""})
         wait_http(f"http://127.0.0.1:{port}/version", 60, proc, log)

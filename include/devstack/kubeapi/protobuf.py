@@ -9,7 +9,9 @@ with the protobuf library from ``k8s-v1.32.pb``, a FileDescriptorSet compiled fr
 k8s.io/api/core/v1/generated.proto k8s.io/api/batch/v1/generated.proto
 k8s.io/apimachinery/pkg/runtime/generated.proto`` in a tree holding those files), and turned into
 the dict the JSON encoding would give: Quantity, Time, IntOrString and RawExtension take their
-JSON forms, bytes become base64, and fields the Go structs leave empty are dropped.
+JSON forms, bytes become base64, structs that Go embeds inline (``VolumeSource`` in a volume,
+``LocalObjectReference`` in a key selector) are lifted into their parent, and fields the Go
+structs leave empty are dropped.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ DESCRIPTORS = Path(__file__).with_name("k8s-v1.32.pb")
 MEDIA_TYPE = "application/vnd.kubernetes.protobuf"
 PACKAGES = {"v1": "k8s.io.api.core.v1", "batch/v1": "k8s.io.api.batch.v1", "meta.k8s.io/v1": "k8s.io.apimachinery.pkg.apis.meta.v1"}
 META = "k8s.io.apimachinery.pkg.apis.meta.v1."
+# Go structs embedded with `json:",inline"`: protobuf nests them in a field, JSON lifts their fields up
+# (every such field of k8s.io/api core/v1 and batch/v1 and apimachinery's meta/v1 at v0.32)
+INLINE = {"localObjectReference", "volumeSource", "persistentVolumeSource", "handler", "ephemeralContainerCommon"}
 
 
 @cache
@@ -133,6 +138,9 @@ def _to_dict(msg):
         if converted in ("", None, [], {}) and not (converted == {} and fd.message_type is not None):
             continue
         if fd.name == "generation" and converted == 0 and msg.DESCRIPTOR.full_name == META + "ObjectMeta":
+            continue
+        if fd.name in INLINE and isinstance(converted, dict):
+            out.update(converted)
             continue
         out[fd.name] = converted
     return out
