@@ -16,8 +16,8 @@ STAMPS := .tools/stamps
 KUBECTL_VERSION := 1.37.1
 KUBECTL := .tools/bin/kubectl
 # Debian packages: the registry, daemonless image builds and a static busybox for test images,
-# Chromium for the browser test of the UI.
-APT_PACKAGES := docker-registry buildah skopeo busybox-static chromium
+# Chromium for the browser test of the UI, a C compiler for the local API's pod networking.
+APT_PACKAGES := docker-registry buildah skopeo busybox-static chromium gcc libc6-dev
 
 export AIRFLOW_HOME ?= $(CURDIR)/.airflow
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
