@@ -32,6 +32,10 @@ META = "k8s.io.apimachinery.pkg.apis.meta.v1."
 # Go structs embedded with `json:",inline"`: protobuf nests them in a field, JSON lifts their fields up
 # (every such field of k8s.io/api core/v1 and batch/v1 and apimachinery's meta/v1 at v0.32)
 INLINE = {"localObjectReference", "volumeSource", "persistentVolumeSource", "handler", "ephemeralContainerCommon"}
+# non-pointer numbers and booleans that Go always writes in protobuf and its JSON leaves out when zero
+# (`json:",omitempty"`); a pointer field's 0 or false is a value of its own and stays
+OMIT_ZERO = {"generation", "nodePort", "healthCheckNodePort", "publishNotReadyAddresses", "hostPort", "stdin",
+             "stdinOnce", "tty", "hostNetwork", "hostPID", "hostIPC", "readOnly"}  # fmt: skip
 
 
 @cache
@@ -137,7 +141,7 @@ def _to_dict(msg):
         # Go writes every non-pointer field; its JSON encoding leaves the empty ones out (omitempty)
         if converted in ("", None, [], {}) and not (converted == {} and fd.message_type is not None):
             continue
-        if fd.name == "generation" and converted == 0 and msg.DESCRIPTOR.full_name == META + "ObjectMeta":
+        if fd.name in OMIT_ZERO and converted in (0, False) and fd.message_type is None:
             continue
         if fd.name in INLINE and isinstance(converted, dict):
             out.update(converted)
