@@ -219,3 +219,16 @@ def test_discovery_says_which_custom_resources_exist(kubeapi):
         with pytest.raises(ApiException) as err:
             client.CustomObjectsApi(api).list_namespaced_custom_object(group, version, NS, plural)
         assert err.value.status == 404 and f"does not serve {group}/{version}" in err.value.body
+
+
+def test_host_network_pods_keep_the_machines_address(core):
+    core.create_namespaced_pod(NS, simple_pod("on-host", "echo $POD_IP; cat /etc/hosts", hostNetwork=True,
+                                              container={"env": [{"name": "POD_IP", "valueFrom": {
+                                                  "fieldRef": {"fieldPath": "status.podIP"}}}]}))  # fmt: skip
+    pod = wait_for(lambda: (p := core.read_namespaced_pod("on-host", NS)).status.phase == "Succeeded" and p, 60,
+                   what="the hostNetwork pod")  # fmt: skip
+    assert pod.status.pod_ip == "127.0.0.1"
+    with open("/etc/hosts") as f:
+        machine_hosts = f.read()
+    assert logs(core, "on-host") == f"127.0.0.1\n{machine_hosts}"  # the machine's own /etc/hosts, not a managed one
+    core.delete_namespaced_pod("on-host", NS)

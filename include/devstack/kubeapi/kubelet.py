@@ -349,7 +349,8 @@ class PodWorker:
         while not self.stopping:
             try:
                 self.volume_paths = setup_volumes(self.cluster, self.spec, self.dir, self.pod or {})
-                self.pod_ip = self.cluster.addresses.allocate(self.uid)
+                # a hostNetwork pod has the node's address and /etc/hosts, as on a cluster
+                self.pod_ip = NODE_IP if self.spec.get("hostNetwork") else self.cluster.addresses.allocate(self.uid)
                 etc = self.dir / "etc"
                 etc.mkdir(parents=True, exist_ok=True)
                 (etc / "hostname").write_text((self.spec.get("hostname") or self.name[:63]) + "\n")
@@ -706,7 +707,7 @@ class PodWorker:
                 # at a path of its own in the container's root: a volume at /work or /usr must not hide it
                 mounts.append({"src": str(self.cluster.preload), "dst": PRELOAD_PATH, "ro": True})
             # the kubelet's managed files, unless the container mounts its own
-            for name in ("hosts", "hostname"):
+            for name in ("hostname",) if self.spec.get("hostNetwork") else ("hosts", "hostname"):
                 if not any(m["dst"].rstrip("/") == f"/etc/{name}" for m in mounts):
                     mounts.append({"src": str(self.dir / "etc" / name), "dst": f"/etc/{name}", "ro": False})
             for m in mounts:
