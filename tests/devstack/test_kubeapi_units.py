@@ -433,3 +433,25 @@ def test_stack_passes_its_strictness_to_the_local_api(tmp_path):
     assert "--strict" not in plain and "--registry" not in plain
     argv = Stack(tmp_path, strict=True, registry_check=True).kubeapi_argv(6443, 5000)
     assert "--strict" in argv and argv[argv.index("--registry") + 1] == "127.0.0.1:5000"
+
+
+def test_openapi_v3_documents_hold_every_schema_they_reference():
+    import json
+
+    from include.devstack.kubeapi import openapi
+
+    index = openapi._v3_index()["paths"]
+    assert set(index) == {"api/v1", "apis/batch/v1", "apis/events.k8s.io/v1", "apis/apiextensions.k8s.io/v1"}
+    for group in ("", "batch", "events.k8s.io", "apiextensions.k8s.io"):
+        body, digest = openapi._v3_document(group)
+        assert index[f"apis/{group}/v1" if group else "api/v1"]["serverRelativeURL"].endswith(f"?hash={digest}")
+        schemas = json.loads(body)["components"]["schemas"]
+        refs = {part.split('"', 1)[0] for part in body.decode().split('"$ref":"#/components/schemas/')[1:]}
+        assert refs and refs <= set(schemas), refs - set(schemas)
+        kinds = {gvk["kind"] for s in schemas.values() for gvk in s.get("x-kubernetes-group-version-kind", [])
+                 if gvk["group"] == group}  # fmt: skip
+        assert {r.kind for r in meta.RESOURCES.values() if r.group == group} <= kinds
+    pod = json.loads(openapi._v3_document("")[0])["components"]["schemas"]["io.k8s.api.core.v1.Pod"]
+    assert pod["properties"]["spec"] == {"allOf": [{"$ref": "#/components/schemas/io.k8s.api.core.v1.PodSpec"}],
+                                         "description": pod["properties"]["spec"]["description"]}  # fmt: skip
+    assert pod["properties"]["kind"]["type"] == "string" and "enum" not in pod["properties"]["kind"]

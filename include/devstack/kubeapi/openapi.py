@@ -3,6 +3,7 @@ that kubectl reads to decide how to validate (``fieldValidation``) and how to bu
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from functools import cache
@@ -87,10 +88,17 @@ def _unknown_fields(obj: dict) -> list[str]:
 
 @cache
 def _v3_index() -> dict:
-    paths = {"api/v1": {"serverRelativeURL": "/openapi/v3/api/v1"}}
+    # the hash in each URL lets kubectl keep the document in its disk cache, as with a real server
+    paths = {"api/v1": {"serverRelativeURL": f"/openapi/v3/api/v1?hash={_v3_document('')[1]}"}}
     for group in sorted({r.group for r in RESOURCES.values() if r.group}):
-        paths[f"apis/{group}/v1"] = {"serverRelativeURL": f"/openapi/v3/apis/{group}/v1"}
+        paths[f"apis/{group}/v1"] = {"serverRelativeURL": f"/openapi/v3/apis/{group}/v1?hash={_v3_document(group)[1]}"}
     return {"paths": paths}
+
+
+@cache
+def _v3_document(group: str) -> tuple[bytes, str]:
+    body = json.dumps(_v3_group(group), separators=(",", ":")).encode()
+    return body, hashlib.sha512(body).hexdigest().upper()
 
 
 def _field_validation_param() -> dict:
@@ -164,18 +172,19 @@ def _convert(node):
     if not isinstance(node, dict):
         return node
     out = {}
+    ref = node.get("$ref") if isinstance(node.get("$ref"), str) else None  # JSONSchemaProps has a "$ref" property
     for key, value in node.items():
-        if key == "$ref":
+        if key == "$ref" and ref is not None:
             continue
         if key == "type" and isinstance(value, list):
             kinds = [t for t in value if t != "null"]
             value = kinds[0] if len(kinds) == 1 else kinds
         out[key] = _convert(value)
-    if "$ref" in node:
-        ref = {"$ref": node["$ref"].replace("#/$defs/", "#/components/schemas/")}
+    if ref is not None:
+        target = {"$ref": ref.replace("#/$defs/", "#/components/schemas/")}
         if out:  # a reference with its own description: the server wraps it in allOf
-            return {"allOf": [ref], **out}
-        return ref
+            return {"allOf": [target], **out}
+        return target
     return out
 
 
@@ -205,9 +214,11 @@ def handle(request: web.Request, parts: list[str]) -> web.Response:
         return web.json_response(_v3_index())
     if parts[:1] == ["v3"]:
         rest = "/".join(parts[1:])
-        if rest == "api/v1":
-            return web.json_response(_v3_group(""))
-        for group in {r.group for r in RESOURCES.values() if r.group}:
-            if rest == f"apis/{group}/v1":
-                return web.json_response(_v3_group(group))
+        for group in {"", *(r.group for r in RESOURCES.values() if r.group)}:
+            if rest == (f"apis/{group}/v1" if group else "api/v1"):
+                body, digest = _v3_document(group)
+                headers = {"Etag": f'"{digest}"'}
+                if request.query.get("hash") == digest:
+                    headers["Cache-Control"] = "public, immutable"
+                return web.Response(body=body, content_type="application/json", headers=headers)
     raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
