@@ -157,6 +157,8 @@ def test_hosts_file_follows_pods_and_services(core):
     hosts = alpha_hosts_has("beta.team.default.svc.cluster.local", True)
     assert f"{beta.status.pod_ip}\tbeta.team.default.svc.cluster.local beta.team.default.svc beta.team.default beta.team\n" in hosts
     assert "gamma" not in hosts
+    core.patch_namespaced_pod("gamma", NS, {"metadata": {"labels": {"app": "team"}}})  # now the Service selects it
+    alpha_hosts_has("gamma.team.default.svc.cluster.local", True)
     core.delete_namespaced_pod("beta", NS, grace_period_seconds=0)
     alpha_hosts_has("beta.team", False)
     core.delete_namespaced_service("team", NS)

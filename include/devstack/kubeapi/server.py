@@ -609,8 +609,9 @@ class Api:
         if res.name == "jobs" and sub != "status":
             self.jobs.reconcile(ns, name)
             stored = self.store.get("jobs", ns, name) or stored
-        if res.name == "services":
-            self.cluster.refresh_hosts()
+        labels_changed = (current["metadata"].get("labels") or {}) != (stored["metadata"].get("labels") or {})
+        if res.name == "services" or (res.name == "pods" and labels_changed):
+            self.cluster.refresh_hosts()  # what the headless Services select may have changed
         return stored
 
     def delete(self, res: Resource, ns: str | None, name: str, q, body: dict, dry: bool) -> dict:
