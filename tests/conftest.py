@@ -82,7 +82,8 @@ def devstack(tmp_path_factory) -> Stack:
     if existing and (Path(existing) / "state.json").exists():
         yield Stack(Path(existing))
         return
-    stack = Stack(tmp_path_factory.mktemp("stack"))
+    # strict: the local kubelet refuses what a real one refuses (runAsNonRoot with an image that runs as root)
+    stack = Stack(tmp_path_factory.mktemp("stack"), strict=True)
     stack.up()
     try:
         yield stack

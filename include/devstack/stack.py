@@ -94,6 +94,10 @@ class Stack:
 
     state_dir: Path
     strict_gpu: bool = False
+    # the local kubelet refuses what a real one refuses (runAsNonRoot with a root image): KUBETRAIN_STRICT=1
+    strict: bool = False
+    # images under the stack's registry must be in it (ErrImagePull otherwise): KUBETRAIN_REGISTRY_CHECK=1
+    registry_check: bool = False
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
@@ -136,11 +140,12 @@ class Stack:
         ports = {name: free_port(int(os.environ.get(f"KUBETRAIN_{name.upper()}_PORT", default))) for name, default in DEFAULT_PORTS.items()}
         access_key = "kt" + secrets.token_hex(8)
         secret_key = secrets.token_urlsafe(30)
-        state: dict = {"ports": ports, "components": {}, "strict_gpu": self.strict_gpu}
+        state: dict = {"ports": ports, "components": {}, "strict_gpu": self.strict_gpu, "strict": self.strict,
+                       "registry_check": self.registry_check}
         try:
             self._start_s3(state, ports["s3"], access_key, secret_key)
             self._start_registry(state, ports["registry"])
-            self._start_kubeapi(state, ports["kubeapi"])
+            self._start_kubeapi(state, ports["kubeapi"], ports["registry"])
             state["s3"] = {
                 "endpoint": f"http://127.0.0.1:{ports['s3']}",
                 "access_key_id": access_key,
@@ -179,7 +184,8 @@ class Stack:
         wait_http(f"http://127.0.0.1:{port}/v2/", 30, proc, log)
         state["components"]["registry"] = {"pid": proc.pid, "port": port, "log": str(log)}
 
-    def _start_kubeapi(self, state: dict, port: int) -> None:
+    def kubeapi_argv(self, port: int, registry_port: int) -> list[str]:
+        """The local Kubernetes API's command line for this stack's options."""
         argv = [
             str(AIRFLOW_PYTHON), "-m", "include.devstack.kubeapi",
             "--host", "127.0.0.1", "--port", str(port),
@@ -187,7 +193,16 @@ class Stack:
         ]  # fmt: skip
         if self.strict_gpu:
             argv.append("--strict-gpu")
-        proc, log = self._spawn("kubeapi", argv)
+        if self.strict:
+            argv.append("--strict")
+        if self.registry_check:
+            argv += ["--registry", f"127.0.0.1:{registry_port}"]
+        return argv
+
+    def _start_kubeapi(self, state: dict, port: int, registry_port: int) -> None:
+        argv = self.kubeapi_argv(port, registry_port)
+        # the server reads these from its environment too: the flags above decide, not the caller's shell
+        proc, log = self._spawn("kubeapi", argv, env={"KUBETRAIN_STRICT": "", "KUBETRAIN_KUBEAPI_REGISTRY": ""})
         wait_http(f"http://127.0.0.1:{port}/version", 60, proc, log)
         state["components"]["kubeapi"] = {"pid": proc.pid, "port": port, "log": str(log)}
 
@@ -327,6 +342,10 @@ def _kill_group(pid: int, grace: float = 10.0) -> bool:
     return True
 
 
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0", "false")
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -339,8 +358,21 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("KUBETRAIN_STRICT_GPU", "") not in ("", "0", "false"),
         help="pods that request nvidia.com/gpu stay Pending (FailedScheduling) when no GPU is present, as on a real cluster",
     )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        default=_flag("KUBETRAIN_STRICT"),
+        help="the local kubelet refuses what a real one refuses: runAsNonRoot with an image that runs as root",
+    )
+    parser.add_argument(
+        "--registry-check",
+        action="store_true",
+        default=_flag("KUBETRAIN_REGISTRY_CHECK"),
+        help="an image under the stack's registry that is not in it fails to pull (ErrImagePull), as on a cluster",
+    )
     args = parser.parse_args(argv)
-    stack = Stack(args.state_dir.resolve(), strict_gpu=args.strict_gpu)
+    stack = Stack(args.state_dir.resolve(), strict_gpu=args.strict_gpu, strict=args.strict,
+                  registry_check=args.registry_check)  # fmt: skip
     try:
         if args.command == "up":
             state = stack.up()

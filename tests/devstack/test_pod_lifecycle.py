@@ -67,9 +67,11 @@ def test_secrets_and_configmaps_in_env_and_volumes(core):
     pod = core.create_namespaced_pod(NS, body)
     wait_phase(core, "configured")
     lines = logs(core, "configured").splitlines()
+    pod_ip = core.read_namespaced_pod("configured", NS).status.pod_ip
+    assert pod_ip.startswith("127.") and pod_ip != "127.0.0.1"  # an address of its own on loopback
     assert lines[0] == (
         f"token-len=6 mode=fast optional=unset name=configured ns=default uid={pod.metadata.uid} team=ml "
-        "ip=127.0.0.1 mem=256 derived=fast-configured-$(MODE) cm_mode=fast sec_user=ada arg=fast"
+        f"ip={pod_ip} mem=256 derived=fast-configured-$(MODE) cm_mode=fast sec_user=ada arg=fast"
     )
     assert lines[1:3] == ["s3cr3t", "400"]
     assert sorted(lines[3:6]) == ["blob.bin", "mode", "path"]
@@ -199,7 +201,12 @@ def test_namespaces_scope_objects(core):
     ("method", "path", "body", "ctype", "code"),
     [
         ("GET", "/apis/apps/v1/namespaces/default/deployments", None, None, 404),
-        ("GET", "/api/v1/namespaces/default/services", None, None, 404),
+        ("GET", "/apis/metrics.k8s.io/v1beta1/namespaces/default/pods", None, None, 404),
+        ("POST", "/api/v1/namespaces/default/services",
+         {"metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}}, "application/json", 422),
+        ("POST", "/api/v1/namespaces/default/pods/x/portforward", None, None, 404),
+        ("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", {"metadata": {"name": "a.b"}},
+         "application/json", 405),
         ("POST", "/api/v1/namespaces/default/pods/x", {}, "application/json", 405),
         ("PATCH", "/api/v1/namespaces/default/secrets/app-secret", {}, "application/apply-patch+yaml", 415),
         ("POST", "/api/v1/nodes", {"metadata": {"name": "n2"}}, "application/json", 405),

@@ -12,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from include.devstack.kubeapi import podnet
 from include.devstack.kubeapi.images import ImageMap
 from include.devstack.kubeapi.kubelet import PodWorker
 from include.devstack.kubeapi.meta import NODE_IP, NODE_NAME, SERVER_VERSION, rfc3339
@@ -166,6 +167,8 @@ class Cluster:
         isolation: str,
         backoff: float,
         memory_limits: bool = True,
+        registry: str | None = None,
+        strict: bool = False,
     ) -> None:
         self.state_dir = state_dir
         self.port = port
@@ -173,6 +176,8 @@ class Cluster:
         self.strict_gpu = strict_gpu
         self.isolation = isolation
         self.backoff = backoff
+        self.registry = registry  # images under it must be in it (pull.py)
+        self.strict = strict  # refuse what a real kubelet refuses (runAsNonRoot against the image's user)
         self.store = Store()
         self.workers: dict[str, PodWorker] = {}
         self.gpus = count_gpus()
@@ -185,6 +190,8 @@ class Cluster:
         self.jobs = None  # set by jobs.JobController
         self.pod_finished_hooks: list = []
         self.deleting: dict[str, asyncio.Task] = {}
+        self.addresses = podnet.Addresses(port)
+        self.preload = podnet.build_preload(state_dir / "lib")
         self._bootstrap()
 
     def _bootstrap(self) -> None:
@@ -340,8 +347,16 @@ class Cluster:
 
     def on_pod_finished(self, worker: PodWorker) -> None:
         self.release_gpus(worker.uid)
+        self.addresses.release(worker.uid)  # the sandbox is gone; status.podIP stays, as on a cluster
+        self.refresh_hosts()
         for hook in self.pod_finished_hooks:
             hook(worker)
+
+    def refresh_hosts(self) -> None:
+        """Rewrite the /etc/hosts of every running pod whose view of the headless Services' pods changed."""
+        records = podnet.dns_records(self.store.list("pods", None), self.store.list("services", None))
+        for worker in list(self.workers.values()):
+            worker.write_hosts(records)
 
     def worker_for(self, pod: dict) -> PodWorker | None:
         return self.workers.get(pod["metadata"].get("uid", ""))

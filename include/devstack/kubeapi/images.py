@@ -26,8 +26,9 @@ class Runtime:
     path: tuple[str, ...]
     env: dict[str, str]
     working_dir: str
-    command: tuple[str, ...]
-    args: tuple[str, ...]
+    command: tuple[str, ...]  # the image's ENTRYPOINT
+    args: tuple[str, ...]  # its CMD
+    user: str = "0"  # its USER ("uid[:gid]" or a name); root when the map gives none
 
     @property
     def image_id(self) -> str:
@@ -94,6 +95,7 @@ class ImageMap:
                     working_dir=sub(entry.get("workingDir", rt.get("workingDir", "/"))),
                     command=tuple(entry.get("command", rt.get("command", []))),
                     args=tuple(entry.get("args", rt.get("args", []))),
+                    user=str(entry.get("user", rt.get("user", "0"))),
                 )
         return None
 

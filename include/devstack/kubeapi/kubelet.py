@@ -20,7 +20,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from include.devstack.kubeapi import runtime
+from include.devstack.kubeapi import podnet, pull, runtime
 from include.devstack.kubeapi.images import REPO, ImageMapError, Runtime
 from include.devstack.kubeapi.logs import LogFile, read_entries
 from include.devstack.kubeapi.meta import NODE_IP, NODE_NAME, rfc3339
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kubeapi.kubelet")
 MAX_BACKOFF = 300.0
-PULL_RETRY = 5.0
+PRELOAD_PATH = "/.kubetrain/podbind.so"  # podnet.py's bind() wrapper, inside each container
 
 
 class ConfigError(Exception):
@@ -68,6 +68,7 @@ class Container:
         self.backoff = backoff
         self.run_started = 0.0
         self.first_start = asyncio.Event()
+        self.log_read_ns = 0  # when its current log was last read whole (an attach continues from there)
 
     @property
     def field_path(self) -> str:
@@ -137,6 +138,9 @@ class PodWorker:
         self.volume_paths: dict[str, Path] = {}
         self.mountpoints: list[str] = []
         self.task: asyncio.Task | None = None
+        self.pod_ip: str | None = None
+        self.hosts_text = ""
+        self.dns_state: tuple = ()
 
     # -- utilities ---------------------------------------------------------------------------
 
@@ -239,7 +243,8 @@ class PodWorker:
         if self.scheduled:
             status.update(hostIP=NODE_IP, hostIPs=[{"ip": NODE_IP}])
             if self.sandbox:
-                status.update(podIP=NODE_IP, podIPs=[{"ip": NODE_IP}])
+                ip = self.pod_ip or NODE_IP
+                status.update(podIP=ip, podIPs=[{"ip": ip}])
             if self.start_time:
                 status["startTime"] = self.start_time
             if self.inits:
@@ -252,6 +257,23 @@ class PodWorker:
             pod["status"] = status
 
         self.cluster.store.mutate("pods", self.namespace, self.name, apply)
+        # a pod that becomes ready, or stops, changes what the headless Services' names resolve to
+        ready = self.conditions.get("Ready", {}).get("status") == "True"
+        dns_state = (self.pod_ip if self.sandbox else None, ready, phase in ("Succeeded", "Failed"))
+        if dns_state != self.dns_state:
+            self.dns_state = dns_state
+            if self.spec.get("subdomain"):
+                self.cluster.refresh_hosts()
+
+    def write_hosts(self, records: list) -> None:
+        """This pod's /etc/hosts (bind-mounted in each container), rewritten in place when it changes."""
+        pod = self.pod
+        if pod is None or not self.pod_ip or self.finished.is_set():
+            return
+        text = podnet.hosts_file(pod, self.pod_ip, records)
+        if text != self.hosts_text:
+            podnet.write_in_place(self.dir / "etc" / "hosts", text)
+            self.hosts_text = text
 
     # -- the pod's life ----------------------------------------------------------------------
 
@@ -327,8 +349,14 @@ class PodWorker:
         while not self.stopping:
             try:
                 self.volume_paths = setup_volumes(self.cluster, self.spec, self.dir, self.pod or {})
+                # a hostNetwork pod has the node's address and /etc/hosts, as on a cluster
+                self.pod_ip = NODE_IP if self.spec.get("hostNetwork") else self.cluster.addresses.allocate(self.uid)
+                etc = self.dir / "etc"
+                etc.mkdir(parents=True, exist_ok=True)
+                (etc / "hostname").write_text((self.spec.get("hostname") or self.name[:63]) + "\n")
                 self.sandbox = True
                 self.publish()
+                self.cluster.refresh_hosts()
                 return True
             except MountError as exc:
                 self.event("Warning", "FailedMount", str(exc))
@@ -510,18 +538,25 @@ class PodWorker:
     async def run_container(self, c: Container) -> int | None:
         """Pull (map), configure and run one instance of ``c``; its exit code, or None when stopping."""
         image = c.spec.get("image", "")
-        pull_delay = PULL_RETRY
+        pull_delay = self.cluster.backoff  # the kubelet's image back-off starts as its crash back-off
         while True:
             if self.stopping or (c.kind == "sidecar" and self.sidecar_stop):
                 return None
-            try:
-                rt = self.cluster.image_map.resolve(image)
-                problem = None if rt else (
-                    f'no local runtime is mapped for image "{image}": add a pattern that matches it to '
-                    f"{self.cluster.image_map.path} (see include/devstack/KUBEAPI.md)"
-                )  # fmt: skip
-            except ImageMapError as exc:
-                rt, problem = None, str(exc)
+            rt, pulled, problem = None, None, None
+            if self.cluster.registry:
+                try:
+                    pulled = await pull.pull(self.cluster.registry, image, want_user=self.cluster.strict)
+                except pull.PullError as exc:
+                    problem = str(exc)
+            if problem is None:
+                try:
+                    rt = self.cluster.image_map.resolve(image)
+                    problem = None if rt else (
+                        f'no local runtime is mapped for image "{image}": add a pattern that matches it to '
+                        f"{self.cluster.image_map.path} (see include/devstack/KUBEAPI.md)"
+                    )  # fmt: skip
+                except ImageMapError as exc:
+                    rt, problem = None, str(exc)
             if rt is None:
                 c.state = {"waiting": {"reason": "ErrImagePull", "message": problem}}
                 self.event("Normal", "Pulling", f'Pulling image "{image}"', c.field_path)
@@ -543,9 +578,19 @@ class PodWorker:
                     return None
                 pull_delay = min(pull_delay * 2, MAX_BACKOFF)
                 continue
-            self.event("Normal", "Pulled", f'Container image "{image}" already present on machine '
-                       f'(local runtime "{rt.runtime}")', c.field_path)  # fmt: skip
+            if pulled is not None:
+                self.event("Normal", "Pulling", f'Pulling image "{image}"', c.field_path)
+                self.event("Normal", "Pulled", f'Successfully pulled image "{image}" ({pulled.image_id}; local runtime '
+                           f'"{rt.runtime}")', c.field_path)  # fmt: skip
+            else:
+                self.event("Normal", "Pulled", f'Container image "{image}" already present on machine '
+                           f'(local runtime "{rt.runtime}")', c.field_path)  # fmt: skip
             try:
+                if self.cluster.strict:
+                    user = pulled.user if pulled is not None and pulled.user is not None else rt.user
+                    refusal = pull.non_root_problem(self.pod or {}, c.spec, user)
+                    if refusal:
+                        raise ConfigError(refusal)
                 env, argv, cwd, mounts = self.container_config(c, rt)
             except ConfigError as exc:
                 c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
@@ -555,7 +600,7 @@ class PodWorker:
                     return None
                 continue
             break
-        c.image_id = rt.image_id
+        c.image_id = pulled.image_id if pulled is not None else rt.image_id
         c.container_id = f"kubetrain://{os.urandom(32).hex()}"
         c.env, c.cwd = env, cwd
         c.log = LogFile(c.log_path(self.dir, c.restart_count))
@@ -658,6 +703,13 @@ class PodWorker:
             if repo.startswith("/tmp/"):
                 # the private /tmp would hide a checkout under /tmp, and with it the image runtimes
                 mounts.insert(1, {"src": repo, "dst": repo, "ro": False})
+            if self.cluster.preload is not None:
+                # at a path of its own in the container's root: a volume at /work or /usr must not hide it
+                mounts.append({"src": str(self.cluster.preload), "dst": PRELOAD_PATH, "ro": True})
+            # the kubelet's managed files, unless the container mounts its own
+            for name in ("hostname",) if self.spec.get("hostNetwork") else ("hosts", "hostname"):
+                if not any(m["dst"].rstrip("/") == f"/etc/{name}" for m in mounts):
+                    mounts.append({"src": str(self.dir / "etc" / name), "dst": f"/etc/{name}", "ro": False})
             for m in mounts:
                 top = "/" + m["dst"].strip("/").split("/")[0]
                 # a new top-level path is made inside the container's private root; only a path nested in
@@ -777,8 +829,8 @@ def _field_ref(pod: dict, path: str) -> str:
         "spec.serviceAccountName": spec.get("serviceAccountName", ""),
         "status.hostIP": NODE_IP,
         "status.hostIPs": NODE_IP,
-        "status.podIP": NODE_IP,
-        "status.podIPs": NODE_IP,
+        "status.podIP": (pod.get("status") or {}).get("podIP") or NODE_IP,
+        "status.podIPs": (pod.get("status") or {}).get("podIP") or NODE_IP,
     }
     if path in simple:
         return simple[path]
@@ -852,6 +904,11 @@ def container_env(
         KUBERNETES_PORT_443_TCP_PROTO="tcp", KUBERNETES_PORT_443_TCP_PORT=port,
         KUBERNETES_PORT_443_TCP_ADDR="127.0.0.1",
     )  # fmt: skip
+    pod_ip = (pod.get("status") or {}).get("podIP")
+    if pod_ip and pod_ip != NODE_IP and cluster.preload is not None:
+        # wildcard binds go to the pod's own address (podnet.py); set before the container's env, as a runtime's
+        env["KUBETRAIN_POD_IP"] = pod_ip
+        env["LD_PRELOAD"] = str(cluster.preload) if cluster.isolation == "none" else PRELOAD_PATH
     # the GPUs a container sees are the ones it was given: none unless it asked for some
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus) if gpus else ""
     env["NVIDIA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus) if gpus else "void"

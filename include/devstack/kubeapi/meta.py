@@ -228,7 +228,7 @@ def _register(res: Resource) -> None:
 _register(
     Resource(
         "pods", "Pod", "", "v1", True, CRUD, ("po",), ("all",),
-        {"log": ("get",), "exec": ("create", "get"), "status": ("get", "patch", "update")},
+        {"log": ("get",), "exec": ("create", "get"), "attach": ("create", "get"), "status": ("get", "patch", "update")},
     )
 )  # fmt: skip
 _register(Resource("events", "Event", "", "v1", True, CRUD, ("ev",)))
@@ -249,8 +249,23 @@ _register(
     )
 )  # fmt: skip
 _register(Resource("events", "Event", "events.k8s.io", "v1", True, ("get", "list", "watch"), ("ev",)))
+# headless Services only (no kube-proxy): the names of an Indexed Job's pods, as cluster DNS gives them
+_register(
+    Resource("services", "Service", "", "v1", True, CRUD, ("svc",), ("all",), {"status": ("get", "patch", "update")})
+)
+# no custom resources are served: the list is empty, so clients see that no CRD (TFJob, TrainJob) exists
+_register(
+    Resource(
+        "customresourcedefinitions", "CustomResourceDefinition", "apiextensions.k8s.io", "v1", False,
+        ("get", "list", "watch"), ("crd", "crds"), ("api-extensions",), {"status": ("get",)},
+    )
+)  # fmt: skip
 
-GROUPS = {"batch": "v1", "events.k8s.io": "v1"}
+GROUPS = {"batch": "v1", "events.k8s.io": "v1", "apiextensions.k8s.io": "v1"}
+SERVED_SUMMARY = (
+    "pods, pods/log, pods/exec, pods/attach (output only), events, secrets, configmaps, namespaces, nodes, services (headless), "
+    "jobs.batch and customresourcedefinitions.apiextensions.k8s.io (read-only, none defined)"
+)
 
 
 def resource_for(group: str, version: str, name: str) -> Resource:
@@ -258,5 +273,13 @@ def resource_for(group: str, version: str, name: str) -> Resource:
     expected = "v1" if group == "" else GROUPS.get(group)
     if res is None or version != expected:
         gv = f"{group}/{version}" if group else version
-        raise ApiError(404, "NotFound", f"the server could not find the requested resource ({name} in {gv})")
+        raise ApiError(404, "NotFound", f"the server could not find the requested resource ({name} in {gv}): "
+                       f"the local Kubernetes API serves {SERVED_SUMMARY}")  # fmt: skip
     return res
+
+
+def unsupported_group(group: str, version: str | None = None) -> ApiError:
+    """404 for an API group the local server does not serve (apps, metrics.k8s.io, kubeflow.org, ...)."""
+    gv = f"{group}/{version}" if version else group
+    return ApiError(404, "NotFound", f"the server could not find the requested resource: the local Kubernetes API "
+                    f"does not serve {gv}; it serves {SERVED_SUMMARY}")  # fmt: skip

@@ -3,6 +3,7 @@ that kubectl reads to decide how to validate (``fieldValidation``) and how to bu
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from functools import cache
@@ -87,10 +88,17 @@ def _unknown_fields(obj: dict) -> list[str]:
 
 @cache
 def _v3_index() -> dict:
-    paths = {"api/v1": {"serverRelativeURL": "/openapi/v3/api/v1"}}
+    # the hash in each URL lets kubectl keep the document in its disk cache, as with a real server
+    paths = {"api/v1": {"serverRelativeURL": f"/openapi/v3/api/v1?hash={_v3_document('')[1]}"}}
     for group in sorted({r.group for r in RESOURCES.values() if r.group}):
-        paths[f"apis/{group}/v1"] = {"serverRelativeURL": f"/openapi/v3/apis/{group}/v1"}
+        paths[f"apis/{group}/v1"] = {"serverRelativeURL": f"/openapi/v3/apis/{group}/v1?hash={_v3_document(group)[1]}"}
     return {"paths": paths}
+
+
+@cache
+def _v3_document(group: str) -> tuple[bytes, str]:
+    body = json.dumps(_v3_group(group), separators=(",", ":")).encode()
+    return body, hashlib.sha512(body).hexdigest().upper()
 
 
 def _field_validation_param() -> dict:
@@ -130,8 +138,75 @@ def _v3_group(group: str) -> dict:
             coll_ops["get"] = {"operationId": f"list{res.kind}", "x-kubernetes-action": "list", **ops}
         paths[f"{prefix}{ns}/{res.name}"] = coll_ops
         paths[f"{prefix}{ns}/{res.name}/{{name}}"] = item_ops
+    roots = [f"{_definition_prefix(group, res.version)}.{res.kind}" for res in RESOURCES.values() if res.group == group]
+    roots += [f"{name}List" for name in roots] + [f"{META}.Status", f"{META}.DeleteOptions"]
     return {"openapi": "3.0.0", "info": {"title": "Kubernetes (kubetrain local API)", "version": "v1.32.0"},
-            "paths": paths, "components": {"schemas": {}}}  # fmt: skip
+            "paths": paths, "components": {"schemas": _schemas(tuple(roots))}}  # fmt: skip
+
+
+# -- component schemas, from kubernetes-validate's JSON schemas of v1.32 -----------------------
+
+META = "io.k8s.apimachinery.pkg.apis.meta.v1"
+
+
+def _definition_prefix(group: str, version: str) -> str:
+    if group == "":
+        return f"io.k8s.api.core.{version}"
+    if group == "apiextensions.k8s.io":
+        return f"io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.{version}"
+    return f"io.k8s.api.{group.removesuffix('.k8s.io').replace('.', '')}.{version}"
+
+
+@cache
+def _definitions() -> dict:
+    from importlib.resources import files
+
+    path = files("kubernetes_validate") / "kubernetes-json-schema" / f"v{SCHEMA_VERSION}-local" / "_definitions.json"
+    return json.loads(path.read_text())["$defs"]
+
+
+def _convert(node):
+    """A JSON-schema node of kubernetes-validate as the API server's OpenAPI v3 writes it."""
+    if isinstance(node, list):
+        return [_convert(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    ref = node.get("$ref") if isinstance(node.get("$ref"), str) else None  # JSONSchemaProps has a "$ref" property
+    for key, value in node.items():
+        if key == "$ref" and ref is not None:
+            continue
+        if key == "type" and isinstance(value, list):
+            kinds = [t for t in value if t != "null"]
+            value = kinds[0] if len(kinds) == 1 else kinds
+        out[key] = _convert(value)
+    if ref is not None:
+        target = {"$ref": ref.replace("#/$defs/", "#/components/schemas/")}
+        if out:  # a reference with its own description: the server wraps it in allOf
+            return {"allOf": [target], **out}
+        return target
+    return out
+
+
+@cache
+def _schemas(roots: tuple[str, ...]) -> dict:
+    defs = _definitions()
+    out: dict = {}
+    todo = [r for r in roots if r in defs]
+    while todo:
+        name = todo.pop()
+        if name in out:
+            continue
+        schema = _convert(defs[name])
+        props = schema.get("properties") or {}
+        for field in ("apiVersion", "kind"):  # the JSON schemas pin them with an enum; the server's do not
+            if isinstance(props.get(field), dict):
+                props[field].pop("enum", None)
+        out[name] = schema
+        text = json.dumps(defs[name])
+        for part in text.split('"#/$defs/')[1:]:
+            todo.append(part.split('"', 1)[0])
+    return out
 
 
 def handle(request: web.Request, parts: list[str]) -> web.Response:
@@ -139,9 +214,11 @@ def handle(request: web.Request, parts: list[str]) -> web.Response:
         return web.json_response(_v3_index())
     if parts[:1] == ["v3"]:
         rest = "/".join(parts[1:])
-        if rest == "api/v1":
-            return web.json_response(_v3_group(""))
-        for group in {r.group for r in RESOURCES.values() if r.group}:
-            if rest == f"apis/{group}/v1":
-                return web.json_response(_v3_group(group))
+        for group in {"", *(r.group for r in RESOURCES.values() if r.group)}:
+            if rest == (f"apis/{group}/v1" if group else "api/v1"):
+                body, digest = _v3_document(group)
+                headers = {"Etag": f'"{digest}"'}
+                if request.query.get("hash") == digest:
+                    headers["Cache-Control"] = "public, immutable"
+                return web.Response(body=body, content_type="application/json", headers=headers)
     raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")

@@ -57,8 +57,9 @@ def apply_patch(content_type: str, target: dict, patch: Any) -> dict:
         raise ApiError(
             415,
             "UnsupportedMediaType",
-            "server-side apply (application/apply-patch+yaml) is not supported by the local Kubernetes API; "
-            "use client-side `kubectl apply` or a strategic merge patch",
+            "server-side apply (application/apply-patch+yaml) of an existing object is not supported by the local "
+            "Kubernetes API (it keeps no field managers; it creates new objects only): use client-side "
+            "`kubectl apply` or a strategic merge patch",
         )
     raise ApiError(
         415,
@@ -222,6 +223,8 @@ def _merge_list(field: str, current: Any, patch: list) -> list:
                 out.append(v)
         return out
     key = MERGE_KEYS.get(field)
+    if field == "ports" and any(isinstance(p, dict) and "port" in p and "containerPort" not in p for p in patch):
+        key = "port"  # a Service's ports merge on port, a container's on containerPort
     if not key or not all(isinstance(p, dict) for p in patch):
         return [p for p in copy.deepcopy(patch) if not (isinstance(p, dict) and p.get("$patch"))]
     if any(isinstance(p, dict) and p.get("$patch") == "replace" for p in patch):

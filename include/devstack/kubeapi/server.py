@@ -1,4 +1,4 @@
-"""The HTTP side: discovery, OpenAPI, CRUD, list/watch, patch, delete, pods/log, pods/exec."""
+"""The HTTP side: discovery, OpenAPI, CRUD, list/watch, patch, delete, pods/log, pods/exec, pods/attach."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from aiohttp import WSMsgType, web
 
-from include.devstack.kubeapi import openapi, tables
+from include.devstack.kubeapi import openapi, protobuf, tables
 from include.devstack.kubeapi import validation as v
 from include.devstack.kubeapi.cluster import Cluster
 from include.devstack.kubeapi.images import default_image_map
@@ -38,8 +38,9 @@ from include.devstack.kubeapi.meta import (
     resource_for,
     rfc3339,
     rfc3339_micro,
+    unsupported_group,
 )
-from include.devstack.kubeapi.patch import apply_patch
+from include.devstack.kubeapi.patch import APPLY_PATCH, apply_patch
 from include.devstack.kubeapi.runtime import ISOLATIONS, detect_isolation
 from include.devstack.kubeapi.selectors import parse_field_selector, parse_label_selector
 
@@ -88,7 +89,7 @@ class Api:
         method = request.method
         if not parts:
             return _json({"paths": ["/api", "/api/v1", "/apis", "/apis/batch", "/apis/batch/v1", "/apis/events.k8s.io",
-                                    "/apis/events.k8s.io/v1", "/healthz", "/livez", "/openapi/v2", "/openapi/v3", "/readyz", "/version"]})  # fmt: skip
+                                    "/apis/events.k8s.io/v1", "/apis/apiextensions.k8s.io", "/apis/apiextensions.k8s.io/v1", "/healthz", "/livez", "/openapi/v2", "/openapi/v3", "/readyz", "/version"]})  # fmt: skip
         head = parts[0]
         if head == "version":
             return _json(SERVER_VERSION)
@@ -106,13 +107,13 @@ class Api:
                 return _json(group_list())
             if len(parts) == 2:
                 if parts[1] not in GROUPS:
-                    raise ApiError(404, "NotFound", "the server could not find the requested resource")
+                    raise unsupported_group(parts[1])
                 return _json(api_group(parts[1]))
             group, version, rest = parts[1], parts[2], parts[3:]
         else:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if (group == "" and version != "v1") or (group and GROUPS.get(group) != version):
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            raise unsupported_group(group or "core", version)
         if not rest:
             return _json(resource_list(group, version))
         watch_path = False
@@ -139,15 +140,18 @@ class Api:
         if res.namespaced and ns is None and name is not None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if sub is not None and sub not in res.subresources:
-            raise ApiError(
-                404, "NotFound", f"the server could not find the requested resource ({res.name}/{sub})"
-            )
+            what = {"portforward": "port-forward", "attach": "attach", "proxy": "proxy", "eviction": "eviction",
+                    "ephemeralcontainers": "ephemeral containers", "scale": "scale"}.get(sub, sub)  # fmt: skip
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({res.name}/{sub}): "
+                           f"{what} is not supported by the local Kubernetes API")  # fmt: skip
         q = request.query
         verb_ok = res.subresources.get(sub, ()) if sub else res.verbs
         if sub == "log":
             return await self.pod_log(request, ns, name)
         if sub == "exec":
             return await self.pod_exec(request, ns, name)
+        if sub == "attach":
+            return await self.pod_attach(request, ns, name)
         if method == "GET":
             if name is None:
                 if watch_path or q.get("watch") in TRUE:
@@ -192,6 +196,21 @@ class Api:
             obj = self.update(res, ns, name, body, sub, dry)
             return _json(self.present(res, obj))
         if method == "PATCH":
+            if (
+                request.content_type == APPLY_PATCH
+                and sub is None
+                and self.store.get(self.key(res), ns or "", name) is None
+            ):
+                # server-side apply of a new object creates it; of an existing one it is refused (415)
+                if "create" not in res.verbs:
+                    raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested resource (create {res.name})")  # fmt: skip
+                if not isinstance(body, dict):
+                    raise bad_request("the server-side apply body must be an object")
+                if (body.get("metadata") or {}).get("name") not in (None, name):
+                    raise bad_request("the name of the object does not match the name on the URL")
+                body.setdefault("metadata", {})["name"] = name
+                obj, warnings = self.create(res, ns, body, q, dry)
+                return _json(self.present(res, obj), 201, warning_headers(warnings))
             patch_body = body
             obj = self.update(res, ns, name, None, sub, dry, patch=(request.content_type, patch_body))
             return _json(self.present(res, obj))
@@ -397,6 +416,9 @@ class Api:
             )
 
     def create(self, res: Resource, ns: str | None, body, q, dry: bool) -> tuple[dict, list[str]]:
+        if res.name == "customresourcedefinitions":
+            raise ApiError(405, "MethodNotAllowed", "the local Kubernetes API serves no custom resources: "
+                           "creating a CustomResourceDefinition is not supported")  # fmt: skip
         if res.group == "events.k8s.io" or res.name == "nodes":
             raise ApiError(
                 405,
@@ -448,6 +470,9 @@ class Api:
             v.validate_data_object(kind, obj)
             if kind == "Secret":
                 normalize_secret(obj)
+        elif res.name == "services":
+            v.default_service(obj)
+            v.validate_service(obj)
         elif res.name == "namespaces":
             v.validate_namespace(obj)
             obj.setdefault("spec", {"finalizers": ["kubernetes"]})
@@ -464,7 +489,10 @@ class Api:
                 raise v.invalid("Event", meta.get("name", ""), v_causes)
         if dry:
             return obj, warnings
-        return self.store.create(res.name, obj, res.group), warnings
+        created = self.store.create(res.name, obj, res.group)
+        if res.name == "services":
+            self.cluster.refresh_hosts()
+        return created, warnings
 
     def create_pod_object(self, pod: dict, dry: bool = False) -> dict:
         pod["apiVersion"], pod["kind"] = "v1", "Pod"
@@ -552,6 +580,9 @@ class Api:
             elif res.name == "jobs":
                 v.default_job(new)
                 v.validate_job_update(current, new)
+            elif res.name == "services":
+                v.default_service(new)
+                v.validate_service_update(current, new)
             elif res.name in ("secrets", "configmaps"):
                 kind = "Secret" if res.name == "secrets" else "ConfigMap"
                 if current.get("immutable") and any(
@@ -578,6 +609,9 @@ class Api:
         if res.name == "jobs" and sub != "status":
             self.jobs.reconcile(ns, name)
             stored = self.store.get("jobs", ns, name) or stored
+        labels_changed = (current["metadata"].get("labels") or {}) != (stored["metadata"].get("labels") or {})
+        if res.name == "services" or (res.name == "pods" and labels_changed):
+            self.cluster.refresh_hosts()  # what the headless Services select may have changed
         return stored
 
     def delete(self, res: Resource, ns: str | None, name: str, q, body: dict, dry: bool) -> dict:
@@ -605,7 +639,10 @@ class Api:
             return self.jobs.delete(current, policy or "Orphan")
         if res.name == "namespaces":
             return self.delete_namespace(name)
-        return self.store.remove(res.name, ns or "", name) or current
+        removed = self.store.remove(res.name, ns or "", name) or current
+        if res.name == "services":
+            self.cluster.refresh_hosts()
+        return removed
 
     def delete_collection(self, res: Resource, ns: str | None, q, body, dry: bool) -> dict:
         lp, fp = self.selectors(res, q)
@@ -648,7 +685,7 @@ class Api:
                 self.cluster.delete_pod(name, pod["metadata"]["name"], None)
         while self.store.list("pods", name):
             await asyncio.sleep(0.1)
-        for kind in ("secrets", "configmaps", "events"):
+        for kind in ("secrets", "configmaps", "services", "events"):
             for obj in self.store.list(kind, name):
                 self.store.remove(kind, name, obj["metadata"]["name"])
         self.store.remove("namespaces", "", name)
@@ -742,6 +779,8 @@ class Api:
             return cur is not None and cur["metadata"]["uid"] == uid
 
         if not opts.follow:
+            if live is not None:
+                c.log_read_ns = time.time_ns()  # where an attach that follows this read picks up (pod_attach)
             chunks = [chunk async for chunk in stream_log(live, path, opts, alive)]
             return web.Response(body=b"".join(chunks), content_type="text/plain")
         resp = web.StreamResponse(
@@ -754,6 +793,54 @@ class Api:
                 await resp.write(chunk)
             await resp.write_eof()
         return resp
+
+    # -- pods/attach -------------------------------------------------------------------------
+
+    async def pod_attach(self, request: web.Request, ns: str, name: str) -> web.StreamResponse:
+        """The container's output from now on, until it exits (``kubectl run -i``, ``kubectl attach``); an
+        attach to a container that has just exited ends at once, with its output already read.
+
+        Containers run without a terminal and with stdin closed, so what the client sends is read and dropped.
+        """
+        q = request.query
+        pod = self.store.must_get("pods", ns, name)
+        names = [c["name"] for c in pod["spec"].get("containers") or []]
+        container = q.get("container") or names[0]
+        worker = self.cluster.worker_for(pod)
+        c = worker.container(container) if worker else None
+        if c is None:
+            raise bad_request(f"container {container} is not valid for pod {name}")
+        if c.log is None or (c.proc is None and "running" not in c.state):
+            raise bad_request(f'unable to upgrade connection: container {container} not found in pod {name}_{ns}')
+        if request.headers.get("Upgrade", "").lower() != "websocket":
+            raise bad_request("Upgrade request required: the local Kubernetes API serves attach over WebSocket "
+                              f"({', '.join(EXEC_PROTOCOLS[:2])}), not SPDY")  # fmt: skip
+        ws = web.WebSocketResponse(protocols=EXEC_PROTOCOLS, autoping=True, max_msg_size=0)
+        await ws.prepare(request)
+        proto = ws.ws_protocol or "channel.k8s.io"
+        uid = pod["metadata"]["uid"]
+
+        def alive() -> bool:
+            cur = self.store.get("pods", ns, name)
+            return cur is not None and cur["metadata"]["uid"] == uid
+
+        async def drain_client() -> None:
+            async for _msg in ws:
+                pass
+
+        reader = asyncio.ensure_future(drain_client())
+        # kubectl reads the log so far, then attaches: go on from that read, so that no line is lost or repeated
+        now = time.time_ns()
+        opts = LogOptions(follow=True, since_ns=c.log_read_ns if now - c.log_read_ns < 10_000_000_000 else now)
+        with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
+            async for chunk in stream_log(c.log, c.log.path, opts, alive):
+                if q.get("stdout", "true") in TRUE:
+                    await ws.send_bytes(b"\x01" + chunk)
+            if proto in ("v4.channel.k8s.io", "v5.channel.k8s.io"):
+                await ws.send_bytes(b"\x03" + exec_status(0, None).encode())
+        reader.cancel()
+        await ws.close()
+        return ws
 
     # -- pods/exec ---------------------------------------------------------------------------
 
@@ -902,7 +989,9 @@ async def read_body(request: web.Request):
     if not raw:
         return None
     ctype = request.content_type
-    if "yaml" in ctype and "apply-patch" not in ctype:
+    if ctype == protobuf.MEDIA_TYPE:
+        return protobuf.decode(raw)
+    if "yaml" in ctype:
         import yaml
 
         try:
@@ -1027,6 +1116,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="container isolation: namespaces (root), rootless (user namespace) or none (path remapping)")  # fmt: skip
     parser.add_argument("--backoff-seconds", type=float, default=float(os.environ.get("KUBETRAIN_BACKOFF_SECONDS", "10")),
                         help="initial restart back-off (the kubelet's is 10 s)")  # fmt: skip
+    parser.add_argument("--registry", default=os.environ.get("KUBETRAIN_KUBEAPI_REGISTRY") or None, metavar="HOST:PORT",
+                        help="the dev stack's registry: an image under it that it does not hold fails to pull "
+                        "(ErrImagePull/ImagePullBackOff), whatever the image map says")  # fmt: skip
+    parser.add_argument("--strict", action="store_true", default=os.environ.get("KUBETRAIN_STRICT", "") not in ("", "0", "false"),
+                        help="refuse what a real kubelet refuses: runAsNonRoot with an image whose user is root")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout
@@ -1040,9 +1134,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     image_map = (args.image_map or default_image_map()).resolve()
     cluster = Cluster(state_dir, port=args.port, image_map=image_map, strict_gpu=args.strict_gpu, isolation=isolation,
-                      backoff=args.backoff_seconds)  # fmt: skip
-    log.info("local Kubernetes API on http://%s:%d: isolation %s, %d GPU(s)%s, image map %s", args.host, args.port,
-             isolation, len(cluster.gpus), " (strict)" if args.strict_gpu else "", image_map)  # fmt: skip
+                      backoff=args.backoff_seconds, registry=args.registry, strict=args.strict)  # fmt: skip
+    log.info("local Kubernetes API on http://%s:%d: isolation %s, %d GPU(s)%s, image map %s, registry %s%s", args.host,
+             args.port, isolation, len(cluster.gpus), " (strict)" if args.strict_gpu else "", image_map,
+             args.registry or "(not checked)", ", strict" if args.strict else "")  # fmt: skip
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     web.run_app(
         build_app(cluster), host=args.host, port=args.port, access_log=None, print=None, shutdown_timeout=5

@@ -183,7 +183,20 @@ def node_row(obj: dict) -> list:
             "127.0.0.1", "<none>", info.get("osImage", ""), info.get("kernelVersion", ""), info.get("containerRuntimeVersion", "")]  # fmt: skip
 
 
+def service_row(obj: dict) -> list:
+    spec = obj.get("spec") or {}
+    ports = ",".join(f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in spec.get("ports") or []) or "<none>"
+    selector = ",".join(f"{k}={v}" for k, v in sorted((spec.get("selector") or {}).items())) or "<none>"
+    return [obj["metadata"]["name"], spec.get("type", "ClusterIP"), spec.get("clusterIP", "None"), "<none>", ports,
+            _age(obj), selector]  # fmt: skip
+
+
 TABLES = {
+    "services": (
+        [_col("Name", fmt="name"), _col("Type"), _col("Cluster-IP"), _col("External-IP"), _col("Port(s)"),
+         _col("Age"), _col("Selector", priority=1)],
+        service_row,
+    ),  # fmt: skip
     "pods": (POD_COLUMNS, pod_row),
     "jobs": (JOB_COLUMNS, job_row),
     "events": (EVENT_COLUMNS, event_row),

@@ -9,6 +9,7 @@ from decimal import Decimal, InvalidOperation
 from include.devstack.kubeapi.meta import ApiError, invalid
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
@@ -462,3 +463,76 @@ def validate_namespace(obj: dict) -> None:
     check_metadata(causes, obj.get("metadata", {}), label_name=True)
     if causes:
         raise invalid("Namespace", obj.get("metadata", {}).get("name", ""), causes)
+
+
+# -- services (headless only) ----------------------------------------------------------------
+
+SERVICE_PROTOCOLS = ("TCP", "UDP", "SCTP")
+
+
+def default_service(svc: dict) -> None:
+    spec = svc.setdefault("spec", {})
+    spec.setdefault("type", "ClusterIP")
+    spec.setdefault("sessionAffinity", "None")
+    if spec.get("clusterIP") in ("None",) and not spec.get("clusterIPs"):
+        spec["clusterIPs"] = ["None"]
+    spec.setdefault("ipFamilyPolicy", "SingleStack")
+    spec.setdefault("ipFamilies", ["IPv4"])
+    spec.setdefault("internalTrafficPolicy", "Cluster")
+    for port in spec.get("ports") or []:
+        if isinstance(port, dict):
+            port.setdefault("protocol", "TCP")
+            port.setdefault("targetPort", port.get("port"))
+    svc["status"] = svc.get("status") or {"loadBalancer": {}}
+
+
+def validate_service(svc: dict) -> None:
+    """The API server's Service checks, and the local server's one limit: headless Services only."""
+    meta, spec = svc.get("metadata", {}), svc.get("spec") or {}
+    causes: Causes = []
+    check_metadata(causes, meta)
+    name = meta.get("name") or ""
+    if name and not DNS1035_LABEL.match(name):
+        bad(causes, "metadata.name", name, "a DNS-1035 label must consist of lower case alphanumeric characters "
+            "or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  "
+            "or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')")  # fmt: skip
+    if spec.get("type") != "ClusterIP":
+        unsupported(causes, "spec.type", spec.get("type"), ("ClusterIP",))
+    if spec.get("clusterIP") != "None":
+        causes.append(("spec.clusterIP", "FieldValueNotSupported", f'Unsupported value: "{spec.get("clusterIP", "")}": '
+                       'the local Kubernetes API has no kube-proxy and serves headless Services only (clusterIP: None)'))  # fmt: skip
+    if spec.get("clusterIPs") not in (None, ["None"]):
+        bad(causes, "spec.clusterIPs", spec.get("clusterIPs"), 'must be ["None"] for a headless Service')
+    selector = spec.get("selector")
+    if selector is not None and not isinstance(selector, dict):
+        bad(causes, "spec.selector", selector, "must be a map of label keys to values")
+    ports = spec.get("ports") or []
+    names = set()
+    for i, port in enumerate(ports):
+        path = f"spec.ports[{i}]"
+        if not isinstance(port, dict):
+            bad(causes, path, port, "must be an object")
+            continue
+        if len(ports) > 1 and not port.get("name"):
+            req(causes, f"{path}.name")
+        if port.get("name"):
+            if port["name"] in names:
+                causes.append((f"{path}.name", "FieldValueDuplicate", f'Duplicate value: "{port["name"]}"'))
+            names.add(port["name"])
+        number = port.get("port")
+        if not isinstance(number, int) or not 1 <= number <= 65535:
+            bad(causes, f"{path}.port", number, "must be between 1 and 65535, inclusive")
+        if port.get("protocol") not in SERVICE_PROTOCOLS:
+            unsupported(causes, f"{path}.protocol", port.get("protocol"), SERVICE_PROTOCOLS)
+        target = port.get("targetPort")
+        if isinstance(target, int) and not 1 <= target <= 65535:
+            bad(causes, f"{path}.targetPort", target, "must be between 1 and 65535, inclusive")
+    if causes:
+        raise invalid("Service", name, causes)
+
+
+def validate_service_update(old: dict, new: dict) -> None:
+    validate_service(new)
+    if (old.get("spec") or {}).get("clusterIP") != (new.get("spec") or {}).get("clusterIP"):
+        raise invalid("Service", new["metadata"].get("name", ""),
+                      [("spec.clusterIP", "FieldValueInvalid", "Invalid value: field is immutable")])  # fmt: skip
