@@ -64,6 +64,46 @@ def stack_env() -> dict[str, str]:
     return stack.env()
 
 
+DEV_IMAGES = {
+    "kubetrain/trainer": ["python"],
+    "kubetrain/sync": ["python", "-m", "trainer.sync"],
+}
+
+
+def publish_dev_images(stack: dict[str, str], work: Path | None = None) -> dict[str, str]:
+    """Publish ``kubetrain/trainer:latest`` and ``kubetrain/sync:latest`` to the dev stack's registry.
+
+    Training tasks pin their images to the digest the registry holds, as on a cluster, so the
+    registry must hold them. Each is an OCI image whose one layer is the ``trainer/`` package
+    (at ``/app/trainer``, user 10001); the dev stack runs it in the trainer environment (see
+    include/devstack/images.json). A tag that already exists is left alone (a real build, e.g.
+    from the build_trainer_image DAG, wins). Returns ``{repository: digest}``.
+    """
+    import tempfile
+
+    sys.path.insert(0, str(REPO / "plugins"))
+    from kubetrain.imagebuild.layer import write_layer
+    from kubetrain.imagebuild.oci import OCI_LAYER_GZIP, RegistryClient, push_image
+
+    registry = stack["KUBETRAIN_REGISTRY"]
+    digests = {}
+    with RegistryClient(registry, insecure=True, timeout=30) as client, tempfile.TemporaryDirectory() as tmp:
+        for repository, command in DEV_IMAGES.items():
+            digest = client.manifest_digest(repository, "latest")
+            if digest is None:
+                layer = write_layer(REPO / "trainer", Path(work or tmp) / f"{repository.replace('/', '-')}.tar.gz",
+                                    dest="/app/trainer")  # fmt: skip
+                config = {
+                    "architecture": "amd64",
+                    "os": "linux",
+                    "config": {"User": "10001", "WorkingDir": "/app", "Env": ["PYTHONPATH=/app"], "Cmd": command},
+                }
+                digest = push_image(client, repository, "latest", [layer.blob(OCI_LAYER_GZIP)], config)
+                print(f"published {registry}/{repository}:latest ({digest})", flush=True)
+            digests[repository] = digest
+    return digests
+
+
 def airflow_env(stack: dict[str, str]) -> dict[str, str]:
     home = os.environ.get("AIRFLOW_HOME", str(REPO / ".airflow"))
     return {
@@ -120,6 +160,7 @@ def run_demo(name: str) -> int:
     demo = DEMOS[name]
     stack = stack_env()
     env = airflow_env(stack)
+    publish_dev_images(stack)
     upload_dataset(demo, stack)
     log = DEMO_DIR / f"{demo.dag_id}.log"
     print(f"running {demo.dag_id} with `airflow dags test` (log: {log.relative_to(REPO)}) ...", flush=True)
@@ -199,6 +240,7 @@ def run_ui(port: int) -> int:
         if sock.connect_ex(("127.0.0.1", port)) == 0:
             print(f"error: port {port} is in use; choose another with KUBETRAIN_AIRFLOW_PORT=PORT or --port", file=sys.stderr)
             return 1
+    publish_dev_images(stack)
     for demo in DEMOS.values():
         upload_dataset(demo, stack)
     # Cron schedules stay off unless asked for: unpausing a DAG would otherwise start a run for

@@ -19,6 +19,7 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import TaskDeferred
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
+from include.demo import publish_dev_images
 from include.devstack.stack import NAMESPACE
 from kubetrain.operators.report import ReportOperator
 from kubetrain.operators.stage import StageDatasetOperator
@@ -55,8 +56,9 @@ class TaskInstance:
 @pytest.mark.timeout(180)
 def test_stage_train_report_promote_on_the_dev_stack(devstack, monkeypatch):
     env = devstack.env()
-    for name in ("AIRFLOW_CONN_AWS_DEFAULT", "KUBETRAIN_REGISTRY"):
+    for name in ("AIRFLOW_CONN_AWS_DEFAULT", "KUBETRAIN_REGISTRY", "AIRFLOW_CONN_KUBETRAIN_REGISTRY_DEFAULT"):
         monkeypatch.setenv(name, env[name])
+    images = publish_dev_images(env)
     # In-process, the kubeconfig goes by the connection: the kubernetes client read $KUBECONFIG
     # when it was imported, before this test could set it.
     monkeypatch.delenv("KUBECONFIG", raising=False)
@@ -88,8 +90,8 @@ def test_stage_train_report_promote_on_the_dev_stack(devstack, monkeypatch):
     with DAG(f"devstack_{uuid.uuid4().hex[:8]}", schedule=None) as dag:
         train = TrainingPodOperator(
             task_id="train",
-            image="kubetrain/trainer:latest",
-            sync_image="kubetrain/sync:latest",
+            image=f"{env['KUBETRAIN_REGISTRY']}/kubetrain/trainer:latest",
+            sync_image=f"{env['KUBETRAIN_REGISTRY']}/kubetrain/sync:latest",
             cmds=["python", "-c", TRAIN_SCRIPT],
             dataset_manifest=staged["manifest_uri"],
             dataset_version=staged["version"],
@@ -120,6 +122,8 @@ def test_stage_train_report_promote_on_the_dev_stack(devstack, monkeypatch):
     assert event["status"] == "success", event
     getattr(train, deferred.value.method_name)(context, event)
     run_uri = ti.xcom["run_uri"]
+    # The pod ran the images pinned to their digests at submit time.
+    assert train.image == f"{env['KUBETRAIN_REGISTRY']}/kubetrain/trainer@{images['kubetrain/trainer']}"
     prefix = run_uri.removeprefix("s3://training/")
 
     report = ReportOperator(task_id="report", model=model).execute(context)
@@ -144,7 +148,7 @@ def test_stage_train_report_promote_on_the_dev_stack(devstack, monkeypatch):
     left = s3.list_objects_v2(Bucket="training", Prefix=f"{prefix}/checkpoints/").get("Contents", [])
     assert sorted(o["Key"].rsplit("/", 1)[1] for o in left) == ["ckpt-3.data-00000-of-00001", "ckpt-3.index"]
     assert s3.head_object(Bucket="training", Key=f"{prefix}/report/report.html")["ContentLength"] > 1000
-    pods = train.pod_operator().client.list_namespaced_pod(
+    pods = train.client.list_namespaced_pod(
         NAMESPACE, label_selector=f"kubetrain.io/dag-id={dag.dag_id}"
     ).items
     assert [p.metadata.name for p in pods if not p.metadata.deletion_timestamp] == []
