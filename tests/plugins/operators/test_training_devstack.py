@@ -1,6 +1,6 @@
 """The four operators in a row on the dev stack: a real pod with the pod-side sync tool.
 
-stage -> train (deferred, as by default) -> report -> sync/promote/prune, with a small
+stage -> train (deferred, as by default) -> report -> promote (verify, promote, prune), with a small
 script as the training container. It checks the contract between the pod this side builds
 and what the stage-in and checkpoint-sync containers do with it.
 """
@@ -21,9 +21,9 @@ from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from include.demo import publish_dev_images
 from include.devstack.stack import NAMESPACE
+from kubetrain.operators.promote import PromoteModelOperator
 from kubetrain.operators.report import ReportOperator
 from kubetrain.operators.stage import StageDatasetOperator
-from kubetrain.operators.sync import SyncCheckpointsOperator
 from kubetrain.operators.training import TrainingPodOperator
 
 TRAIN_SCRIPT = r"""
@@ -126,11 +126,12 @@ def test_stage_train_report_promote_on_the_dev_stack(devstack, monkeypatch):
     assert train.image == f"{env['KUBETRAIN_REGISTRY']}/kubetrain/trainer@{images['kubetrain/trainer']}"
     prefix = run_uri.removeprefix("s3://training/")
 
-    report = ReportOperator(task_id="report", model=model).execute(context)
+    report = ReportOperator(task_id="report", run_uri=run_uri, model=model).execute(context)
     assert report["better_than_promoted"] is True and report["value"] == 0.75 and report["steps"] == 3
 
-    result = SyncCheckpointsOperator(
-        task_id="sync",
+    result = PromoteModelOperator(
+        task_id="promote",
+        run_uri=run_uri,
         model=model,
         promote="if_better",
         is_better=report["better_than_promoted"],
