@@ -123,12 +123,7 @@ class ReportOperator(RunOperator):
 
         files = render_report(inputs)
         report_uri = self.store.write_report(run, files)
-        url = report_url(
-            run.bucket,
-            run.key("report", "report.html"),
-            endpoint_url=self.hook.conn_config.endpoint_url,
-            region=self.hook.conn_region_name,
-        )
+        url = report_url(context["ti"].dag_id, run.bucket, run.key("report", "report.html"))
         context["ti"].xcom_push(key=REPORT_URL_XCOM_KEY, value=url)
         self.log.info("Report written to %s (%d files): %s", report_uri, len(files), url)
 
