@@ -22,7 +22,7 @@ BENCHES = {
     "input_pipeline": (TRAINER, "bench_input_pipeline.py", "image input pipeline vs. the naive one (examples/s)"),
     "transfer": (TRAINER, "bench_transfer.py", "S3 stage-in vs. s5cmd and awscli (wall time, client CPU/GB)"),
     "image_update": (AIRFLOW, "bench_image_update.py", "code-only image update: append layer vs. buildah build"),
-    "dag_parse": (AIRFLOW, "bench_dag_parse.py", "DAG file parse time over the bare Airflow import"),
+    "dag_parse": (AIRFLOW, "bench_dag_parse.py", "DAG file parse time: (a) warm, as the DAG processor parses, (b) cold import"),
     "orchestration": (AIRFLOW, "bench_orchestration.py", "orchestration overhead of the demo DAG"),
 }
 

@@ -19,6 +19,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# The DAG processor imports a DAG file's `airflow.*` modules once, before it forks each parse
+# ([dag_processor] parsing_pre_import_modules): naming the pod operator's module keeps the
+# cncf-kubernetes provider and the Kubernetes clients loaded across parses.
+import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401
 from airflow.sdk import DAG, Param
 
 from kubetrain.pipeline import DEFAULT_ARGS, common_params, training_pipeline

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from airflow.sdk import DAG
 
+from kubetrain.defaults import DEFAULT_ARGS
 from kubetrain.manifest import dataset_name_from_uri
 from kubetrain.operators.stage import StageDatasetOperator, dataset_asset
-from kubetrain.pipeline import DEFAULT_ARGS
 
 WATCHED = [u.strip() for u in os.environ.get("KUBETRAIN_WATCHED_DATASETS", "s3://datasets/digits/,s3://datasets/dialogue/").split(",") if u.strip()]
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import time
@@ -64,6 +63,46 @@ def stack_env() -> dict[str, str]:
     return stack.env()
 
 
+DEV_IMAGES = {
+    "kubetrain/trainer": ["python"],
+    "kubetrain/sync": ["python", "-m", "trainer.sync"],
+}
+
+
+def publish_dev_images(stack: dict[str, str], work: Path | None = None) -> dict[str, str]:
+    """Publish ``kubetrain/trainer:latest`` and ``kubetrain/sync:latest`` to the dev stack's registry.
+
+    Training tasks pin their images to the digest the registry holds, as on a cluster, so the
+    registry must hold them. Each is an OCI image whose one layer is the ``trainer/`` package
+    (at ``/app/trainer``, user 10001); the dev stack runs it in the trainer environment (see
+    include/devstack/images.json). A tag that already exists is left alone (a real build, e.g.
+    from the build_trainer_image DAG, wins). Returns ``{repository: digest}``.
+    """
+    import tempfile
+
+    sys.path.insert(0, str(REPO / "plugins"))
+    from kubetrain.imagebuild.layer import write_layer
+    from kubetrain.imagebuild.oci import OCI_LAYER_GZIP, RegistryClient, push_image
+
+    registry = stack["KUBETRAIN_REGISTRY"]
+    digests = {}
+    with RegistryClient(registry, insecure=True, timeout=30) as client, tempfile.TemporaryDirectory() as tmp:
+        for repository, command in DEV_IMAGES.items():
+            digest = client.manifest_digest(repository, "latest")
+            if digest is None:
+                layer = write_layer(REPO / "trainer", Path(work or tmp) / f"{repository.replace('/', '-')}.tar.gz",
+                                    dest="/app/trainer")  # fmt: skip
+                config = {
+                    "architecture": "amd64",
+                    "os": "linux",
+                    "config": {"User": "10001", "WorkingDir": "/app", "Env": ["PYTHONPATH=/app"], "Cmd": command},
+                }
+                digest = push_image(client, repository, "latest", [layer.blob(OCI_LAYER_GZIP)], config)
+                print(f"published {registry}/{repository}:latest ({digest})", flush=True)
+            digests[repository] = digest
+    return digests
+
+
 def airflow_env(stack: dict[str, str]) -> dict[str, str]:
     home = os.environ.get("AIRFLOW_HOME", str(REPO / ".airflow"))
     return {
@@ -78,51 +117,49 @@ def airflow_env(stack: dict[str, str]) -> dict[str, str]:
 
 def upload_dataset(demo: Demo, stack: dict[str, str]) -> str:
     """Generate the demo dataset with the trainer environment and upload it to S3."""
-    import boto3
-
     DEMO_DIR.mkdir(exist_ok=True)
     path = DEMO_DIR / demo.filename
     subprocess.run([str(TRAINER_PYTHON), "-m", demo.generator, "--out", str(path)], cwd=REPO, check=True)
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=stack["KUBETRAIN_S3_ENDPOINT"],
-        aws_access_key_id=stack["KUBETRAIN_S3_ACCESS_KEY_ID"],
-        aws_secret_access_key=stack["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
-        region_name="us-east-1",
-    )
     key = f"{demo.dataset}/{demo.filename}"
-    s3.upload_file(str(path), "datasets", key)
+    _s3(stack).upload_file(str(path), "datasets", key)
     uri = f"s3://datasets/{key}"
     print(f"uploaded {path.relative_to(REPO)} ({path.stat().st_size / 1e6:.1f} MB) to {uri}", flush=True)
     return uri
 
 
-def latest_run(dag_id: str, env: dict[str, str]) -> tuple[str, str]:
-    db = Path(env["AIRFLOW_HOME"]) / "airflow.db"
-    with sqlite3.connect(db) as conn:
-        row = conn.execute("SELECT run_id, state FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1", (dag_id,)).fetchone()
-    if row is None:
-        raise SystemExit(f"error: no run of {dag_id} was recorded")
-    return row[0], row[1]
+def dag_runs(dag_id: str, env: dict[str, str]) -> list[dict]:
+    """The DAG's runs, as ``airflow dags list-runs -o json`` reports them."""
+    out = subprocess.run(
+        [str(AIRFLOW), "dags", "list-runs", dag_id, "-o", "json"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    if out.returncode:
+        raise SystemExit(f"error: airflow dags list-runs {dag_id} failed: {out.stderr[-1000:]}")
+    # Airflow may log warnings before the JSON document.
+    start = next((i for i, line in enumerate(out.stdout.splitlines()) if line.lstrip().startswith("[")), None)
+    if start is None:
+        return []
+    return json.loads("\n".join(out.stdout.splitlines()[start:]))
 
 
-def xcom(dag_id: str, run_id: str, task_id: str, env: dict[str, str]):
-    db = Path(env["AIRFLOW_HOME"]) / "airflow.db"
-    with sqlite3.connect(db) as conn:
-        row = conn.execute(
-            "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = ? AND key = 'return_value'",
-            (dag_id, run_id, task_id),
-        ).fetchone()
-    return json.loads(row[0]) if row else None
+def run_outputs(dag_id: str, run_id: str, stack: dict[str, str]) -> tuple[str, dict]:
+    """The run's report URI and its metrics.json, where the training tasks put them (S3)."""
+    sys.path.insert(0, str(REPO / "plugins"))
+    from kubetrain.s3_layout import S3Layout
+
+    run = S3Layout(training_bucket=stack.get("KUBETRAIN_TRAINING_BUCKET") or "training").run(dag_id, run_id)
+    obj = _s3(stack).get_object(Bucket=run.bucket, Key=run.key("output", "metrics.json"))
+    return f"{run.uri}/report/report.html", json.loads(obj["Body"].read())
 
 
 def run_demo(name: str) -> int:
     demo = DEMOS[name]
     stack = stack_env()
     env = airflow_env(stack)
+    publish_dev_images(stack)
     upload_dataset(demo, stack)
     log = DEMO_DIR / f"{demo.dag_id}.log"
     print(f"running {demo.dag_id} with `airflow dags test` (log: {log.relative_to(REPO)}) ...", flush=True)
+    before = {r["run_id"] for r in dag_runs(demo.dag_id, env)}
     start = time.monotonic()
     with open(log, "w") as out:
         proc = subprocess.Popen(
@@ -134,24 +171,23 @@ def run_demo(name: str) -> int:
             if _worth_showing(line):
                 print("  " + _short(line), flush=True)
         rc = proc.wait()
-    run_id, state = latest_run(demo.dag_id, env)
+    runs = [r for r in dag_runs(demo.dag_id, env) if r["run_id"] not in before]
+    if not runs:
+        print(f"error: `airflow dags test` recorded no run of {demo.dag_id}; see {log}", file=sys.stderr)
+        return 1
+    run_id, state = runs[-1]["run_id"], runs[-1]["state"]
     print(f"{demo.dag_id} run {run_id}: {state} in {time.monotonic() - start:.0f} s", flush=True)
     if rc or state != "success":
         print(f"error: the run did not succeed; see {log}", file=sys.stderr)
         return 1
-    report = xcom(demo.dag_id, run_id, "report", env) or {}
-    report_uri = report.get("report_uri")
-    if not report_uri:
-        print("error: the report task returned no report_uri", file=sys.stderr)
-        return 1
+    report_uri, metrics = run_outputs(demo.dag_id, run_id, stack)
     local = DEMO_DIR / f"report-{name}.html"
     _download(report_uri, local, stack)
-    metrics = {k: v for k, v in report.items() if k not in ("report_uri", "report_url")}
-    print("\nmetrics: " + json.dumps(metrics, default=str))
+    summary = {k: metrics.get(k) for k in ("trainer", "monitor", "final", "best", "epochs", "steps", "wall_time_s")}
+    print("\nmetrics: " + json.dumps(summary, default=str))
     print(f"report:  {report_uri}")
     print(f"         copied to {local} (open it in a browser: the plots are inlined)")
-    if report.get("report_url"):
-        print(f"         or {report['report_url']} while the dev stack runs")
+    print("         or from the report task's \"Training report\" link in `make airflow`")
     return 0
 
 
@@ -173,18 +209,21 @@ def _short(line: str) -> str:
     return text[:160]
 
 
-def _download(uri: str, path: Path, stack: dict[str, str]) -> None:
+def _s3(stack: dict[str, str]):
     import boto3
 
-    bucket, _, key = uri[len("s3://"):].partition("/")
-    s3 = boto3.client(
+    return boto3.client(
         "s3",
         endpoint_url=stack["KUBETRAIN_S3_ENDPOINT"],
         aws_access_key_id=stack["KUBETRAIN_S3_ACCESS_KEY_ID"],
         aws_secret_access_key=stack["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
         region_name="us-east-1",
     )
-    s3.download_file(bucket, key, str(path))
+
+
+def _download(uri: str, path: Path, stack: dict[str, str]) -> None:
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    _s3(stack).download_file(bucket, key, str(path))
 
 
 def run_ui(port: int) -> int:
@@ -199,6 +238,7 @@ def run_ui(port: int) -> int:
         if sock.connect_ex(("127.0.0.1", port)) == 0:
             print(f"error: port {port} is in use; choose another with KUBETRAIN_AIRFLOW_PORT=PORT or --port", file=sys.stderr)
             return 1
+    publish_dev_images(stack)
     for demo in DEMOS.values():
         upload_dataset(demo, stack)
     # Cron schedules stay off unless asked for: unpausing a DAG would otherwise start a run for

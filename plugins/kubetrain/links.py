@@ -1,8 +1,16 @@
-"""The "Training report" button on a ReportOperator task instance in the Airflow UI."""
+"""The "Training report" button on a ReportOperator task instance, served by the Airflow API server.
+
+The report lives in the run's prefix of the training bucket, which no browser should read
+directly: the bucket stays private, and S3 may not even be reachable from the user's
+network (MinIO on a compose network, a VPC endpoint). The link therefore points at
+``/kubetrain/reports/<dag_id>/<bucket>/<key>`` on the Airflow API server, which the user's
+browser reaches by definition (the link is clicked in its UI). The route (:mod:`kubetrain.api`)
+checks the viewer's Airflow login and their read access to the DAG, and streams the file from
+S3 with the API server's connection; the link never expires and holds no credential.
+"""
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
@@ -13,25 +21,28 @@ if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
 
 REPORT_URL_XCOM_KEY = "report_url"
+URL_PREFIX = "/kubetrain"
+REPORTS_PATH = "/reports"
 
 
-def report_url(bucket: str, key: str, *, endpoint_url: str | None = None, region: str | None = None) -> str:
-    """A browser URL for an object of the report.
+def api_base_url() -> str:
+    """The API server's public base URL (``[api] base_url``), without a trailing '/'; empty when unset."""
+    from airflow.configuration import conf
 
-    ``KUBETRAIN_S3_PUBLIC_URL`` (e.g. a MinIO console or a reverse proxy) wins, then the S3
-    connection's own endpoint (path-style ``<endpoint>/<bucket>/<key>``); on AWS itself the
-    object's page in the S3 console, which works for anyone logged in to the account.
+    return (conf.get("api", "base_url", fallback="") or "").rstrip("/")
 
-    :param bucket: bucket of the object.
-    :param key: key of the object.
-    :param endpoint_url: the S3 endpoint of the Airflow connection, if it has one.
-    :param region: AWS region, for the console URL.
+
+def report_url(dag_id: str, bucket: str, key: str, *, base_url: str | None = None) -> str:
+    """The browser URL of a report file, on the Airflow API server.
+
+    :param dag_id: the DAG the report belongs to (the viewer needs read access to it).
+    :param bucket: bucket of the file.
+    :param key: key of the file.
+    :param base_url: the API server's public URL (default ``[api] base_url``; empty: a path on
+        the UI's own origin).
     """
-    base = os.environ.get("KUBETRAIN_S3_PUBLIC_URL") or endpoint_url
-    if base:
-        return f"{base.rstrip('/')}/{bucket}/{quote(key)}"
-    region_part = f"region={quote(region)}&" if region else ""
-    return f"https://s3.console.aws.amazon.com/s3/object/{bucket}?{region_part}prefix={quote(key, safe='')}"
+    base = api_base_url() if base_url is None else base_url.rstrip("/")
+    return f"{base}{URL_PREFIX}{REPORTS_PATH}/{quote(dag_id, safe='')}/{quote(bucket, safe='')}/{quote(key)}"
 
 
 class ReportLink(BaseOperatorLink):
@@ -40,7 +51,7 @@ class ReportLink(BaseOperatorLink):
     name = "Training report"
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        from airflow.providers.common.compat.sdk import XCom
+        from airflow.sdk.execution_time.xcom import XCom
 
         url = XCom.get_value(ti_key=ti_key, key=REPORT_URL_XCOM_KEY)
         return url if isinstance(url, str) else ""

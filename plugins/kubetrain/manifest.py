@@ -13,9 +13,12 @@ import posixpath
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubetrain.s3_layout import check_name, parse_s3_uri, s3_uri, utc_stamp
+
+if TYPE_CHECKING:
+    from kubetrain.run_store import RunStore
 
 KIND = "kubetrain/dataset-manifest"
 FORMAT_VERSION = 1
@@ -84,36 +87,30 @@ def dataset_name_from_uri(uri: str) -> str:
         ) from exc
 
 
-def list_source_objects(client: Any, uri: str) -> tuple[str, list[ManifestObject]]:
-    """Resolve a dataset URI to its objects with a boto3 S3 client.
+def list_source_objects(store: RunStore, uri: str) -> tuple[str, list[ManifestObject]]:
+    """Resolve a dataset URI to its objects.
 
     ``s3://bucket/prefix/`` lists every object below the prefix (paths relative to it);
     ``s3://bucket/key`` is that single object when it exists (path: its base name), else the
     prefix ``key/``.
 
-    :param client: a boto3 S3 client.
+    :param store: the S3 store (:class:`kubetrain.run_store.RunStore`).
     :param uri: the dataset URI.
     :return: the normalised source URI and the objects sorted by path.
     :raises DatasetNotFoundError: when nothing is there, naming the URI.
     """
     bucket, key = parse_s3_uri(uri)
     if key and not key.endswith("/"):
-        head = _head(client, bucket, key)
+        head = store.head(bucket, key)
         if head is not None:
-            obj = ManifestObject(
-                bucket, key, posixpath.basename(key), int(head["ContentLength"]), head["ETag"]
-            )
+            obj = ManifestObject(bucket, key, posixpath.basename(key), int(head["ContentLength"]), head["ETag"])
             return s3_uri(bucket, key), [obj]
         key += "/"
     objects = []
-    paginator = client.get_paginator("list_objects_v2")
-    for page in paginator.paginate(Bucket=bucket, Prefix=key):
-        for item in page.get("Contents", []):
-            if item["Key"].endswith("/"):
-                continue  # "folder" placeholder objects made by consoles carry no data
-            objects.append(
-                ManifestObject(bucket, item["Key"], item["Key"][len(key) :], int(item["Size"]), item["ETag"])
-            )
+    for item in store.list(bucket, key):
+        if item["Key"].endswith("/"):
+            continue  # "folder" placeholder objects made by consoles carry no data
+        objects.append(ManifestObject(bucket, item["Key"], item["Key"][len(key) :], int(item["Size"]), item["ETag"]))
     if not objects:
         raise DatasetNotFoundError(
             f"nothing to stage at {uri}: no object with that key and no objects under s3://{bucket}/{key}"
@@ -171,14 +168,3 @@ def check_manifest(manifest: Any) -> dict[str, Any]:
         if field not in manifest:
             raise ValueError(f"dataset manifest lacks the field {field!r}")
     return manifest
-
-
-def _head(client: Any, bucket: str, key: str) -> dict[str, Any] | None:
-    from botocore.exceptions import ClientError
-
-    try:
-        return client.head_object(Bucket=bucket, Key=key)
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-            return None
-        raise

@@ -2,6 +2,10 @@
 
     stage_dataset -> check_new -> train -> report -> promote -> record
 
+Each task hands its results to the next as typed XComs (``task.output[...]``): the staged
+version and manifest, the training image pinned by digest and the fingerprint, the run URI,
+whether the run beats the promoted model, what was promoted.
+
 Training DAG files hold their own Params and trainer arguments and call
 :func:`training_pipeline` inside their ``with DAG(...)`` block; this module holds the
 wiring so that the DAG files stay thin.
@@ -17,19 +21,14 @@ from typing import Any
 
 from airflow.sdk import Param
 
+from kubetrain.defaults import DEFAULT_ARGS
 from kubetrain.operators.dedupe import RecordTrainingOperator, SkipIfTrainedOperator
+from kubetrain.operators.promote import PromoteModelOperator
 from kubetrain.operators.report import ReportOperator
 from kubetrain.operators.stage import StageDatasetOperator, dataset_asset
-from kubetrain.operators.sync import SyncCheckpointsOperator
 from kubetrain.operators.training import TrainingPodOperator
 
-STAGE_XCOM = "ti.xcom_pull(task_ids='stage_dataset')"
-
-DEFAULT_ARGS: dict[str, Any] = {
-    "owner": "kubetrain",
-    "retries": 2,
-    "retry_delay": timedelta(seconds=int(os.environ.get("KUBETRAIN_RETRY_DELAY_SECONDS", "30"))),
-}
+__all__ = ["DEFAULT_ARGS", "TrainingTasks", "common_params", "schedule", "training_pipeline"]
 
 
 def schedule(dataset_uri: str, cron_env: str, default_cron: str | None):
@@ -71,7 +70,46 @@ def common_params(*, dataset_uri: str, model: str, gpus: int = 1, cpu: str = "2"
             description="Name under which the model is promoted: s3://<training bucket>/models/<name>/.",
             section="Data",
         ),
-        "gpus": Param(gpus, type="integer", minimum=0, maximum=8, title="GPUs", description="nvidia.com/gpu per pod.", section="Resources"),
+        "gpus": Param(
+            gpus, type="integer", minimum=0, maximum=8, title="GPUs", description="GPUs per pod, requested as the GPU resource.",
+            section="Resources",
+        ),
+        "gpu_resource": Param(
+            None,
+            type=["null", "string"],
+            pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+            title="GPU resource",
+            description="Extended resource GPUs are requested as, e.g. nvidia.com/mig-1g.10gb; empty: the deployment's "
+            "(KUBETRAIN_GPU_RESOURCE, default nvidia.com/gpu).",
+            section="Cluster",
+        ),
+        "node_selector": Param(
+            None,
+            type=["null", "object"],
+            additionalProperties={"type": "string"},
+            title="Node selector",
+            description='Node labels the pod must match, e.g. {"gpu-type": "a100"}; empty: the deployment\'s '
+            "(KUBETRAIN_NODE_SELECTOR).",
+            section="Cluster",
+        ),
+        "tolerations": Param(
+            None,
+            type=["null", "array"],
+            items={"type": "object"},
+            title="Tolerations",
+            description='Extra tolerations, e.g. [{"key": "spot", "operator": "Exists"}]; GPU pods always tolerate their '
+            "GPU taint. Empty: the deployment's (KUBETRAIN_TOLERATIONS).",
+            section="Cluster",
+        ),
+        "image_pull_secrets": Param(
+            None,
+            type=["null", "array"],
+            items={"type": "string"},
+            title="Image pull secrets",
+            description="docker-registry Secrets for a private registry; empty: the deployment's "
+            "(KUBETRAIN_IMAGE_PULL_SECRETS).",
+            section="Cluster",
+        ),
         "cpu": Param(
             cpu, type="string", pattern=r"^[0-9]+(\.[0-9]+)?m?$", title="CPU", description="CPU request and limit, e.g. 2 or 500m.", section="Resources"
         ),
@@ -96,7 +134,8 @@ def common_params(*, dataset_uri: str, model: str, gpus: int = 1, cpu: str = "2"
             None,
             type=["null", "string"],
             title="Training image",
-            description="Image reference; empty: the image the build_trainer_image DAG published last.",
+            description="Image reference; empty: the image the build_trainer_image DAG published last. Runs pin it to "
+            "its digest.",
             section="Resources",
         ),
         "promote": Param(
@@ -126,7 +165,7 @@ class TrainingTasks:
     check: SkipIfTrainedOperator
     train: TrainingPodOperator
     report: ReportOperator
-    promote: SyncCheckpointsOperator
+    promote: PromoteModelOperator
     record: RecordTrainingOperator
 
 
@@ -152,32 +191,50 @@ def training_pipeline(
     :param train_kwargs: more TrainingPodOperator arguments.
     """
     stage = StageDatasetOperator(task_id="stage_dataset", source_uri="{{ params.dataset_uri }}", outlets=[])
-    version = "{{ " + STAGE_XCOM + "['version'] }}"
-    check = SkipIfTrainedOperator(task_id="check_new", dataset_version=version)
+    check = SkipIfTrainedOperator(
+        task_id="check_new", dataset_version=stage.output["version"], image="{{ params.image or '' }}"
+    )
     train = TrainingPodOperator(
         task_id="train",
         pool="gpu",
-        image="{{ params.image or '' }}",
+        image=check.output["image"],
         cmds=cmds if isinstance(cmds, str) else list(cmds),
         arguments=arguments if isinstance(arguments, str) else list(arguments),
-        dataset_manifest="{{ " + STAGE_XCOM + "['manifest_uri'] }}",
-        dataset_version=version,
+        dataset_manifest=stage.output["manifest_uri"],
+        dataset_version=stage.output["version"],
         experiment="{{ params.experiment or '' }}",
         gpus="{{ params.gpus }}",
+        gpu_resource="{{ params.gpu_resource or '' }}",
+        node_selector="{{ params.node_selector | tojson }}",
+        tolerations="{{ params.tolerations | tojson }}",
+        image_pull_secrets="{{ params.image_pull_secrets | tojson }}",
         cpu="{{ params.cpu }}",
         memory="{{ params.memory }}",
         sync_interval="{{ params.sync_interval }}",
         execution_timeout=execution_timeout,
         **train_kwargs,
     )
-    report = ReportOperator(task_id="report", model="{{ params.model_name }}", title=title, require_metrics=require_metrics)
-    promote = SyncCheckpointsOperator(
+    report = ReportOperator(
+        task_id="report",
+        run_uri=train.output["run_uri"],
+        model="{{ params.model_name }}",
+        title=title,
+        require_metrics=require_metrics,
+    )
+    promote = PromoteModelOperator(
         task_id="promote",
+        run_uri=train.output["run_uri"],
         model="{{ params.model_name }}",
         promote="{{ params.promote }}",
-        is_better="{{ ti.xcom_pull(task_ids='report')['better_than_promoted'] }}",
+        is_better=report.output["better_than_promoted"],
         keep_checkpoints=keep_checkpoints,
     )
-    record = RecordTrainingOperator(task_id="record", dataset_version=version)
+    record = RecordTrainingOperator(
+        task_id="record",
+        fingerprint=check.output["fingerprint"],
+        dataset_version=stage.output["version"],
+        image=check.output["image"],
+        promotion=promote.output,
+    )
     stage >> check >> train >> report >> promote >> record
     return TrainingTasks(stage, check, train, report, promote, record)

@@ -20,7 +20,6 @@ privilege escalation or capabilities, and has requests and limits.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from decimal import Decimal
 
 from kubernetes.client import models as k8s
 
+from kubetrain import settings
 from kubetrain.s3_layout import DEFAULT_S3_SECRET
 
 DATA_DIR = "/data"
@@ -37,8 +37,8 @@ CACHE_DIR = "/cache"
 BASE_CONTAINER = "base"
 STAGE_IN_CONTAINER = "stage-in"
 SYNC_CONTAINER = "checkpoint-sync"
-DEFAULT_REGISTRY = "localhost:5000"
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = settings.SETTINGS["gpu_resource"].default
+IMAGE_REPOSITORIES = {"trainer": "kubetrain/trainer", "sync": "kubetrain/sync"}
 LABEL_PREFIX = "kubetrain.io/"
 
 STAGE_IN_COMMAND = ("python", "-m", "trainer.sync", "stage-in")
@@ -49,6 +49,7 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_EXTENDED_RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
 def label_value(value: str) -> str:
@@ -91,26 +92,25 @@ def _dns_name(what: str, value: str, *, subdomain: bool = False) -> str:
     return value
 
 
-def resolve_image(explicit: str | None, *, variable: str, env: str, repository: str) -> str:
-    """Return the image reference to run: explicit, else Variable, else env, else the local registry.
+def resolve_image(explicit: str | None, kind: str = "trainer") -> str:
+    """Return the image reference to run: explicit, else the deployment's setting, else the registry's ``latest``.
 
-    Called when a task runs, never at parse time.
+    Called when a task runs, never at parse time. The reference may still carry a tag;
+    :func:`kubetrain.images.pin_image` turns it into the digest that runs.
 
-    :param explicit: the operator's argument, used when set.
-    :param variable: Airflow Variable set by the image build DAG (e.g. ``kubetrain_trainer_image``).
-    :param env: environment variable (e.g. ``KUBETRAIN_TRAINER_IMAGE``).
-    :param repository: repository in the registry (e.g. ``kubetrain/trainer``); the registry
-        is ``KUBETRAIN_REGISTRY`` or ``localhost:5000`` and the tag ``latest``.
+    :param explicit: the operator's argument (or a Param), used when set.
+    :param kind: ``"trainer"`` or ``"sync"``: the setting ``<kind>_image`` (the Variable
+        ``kubetrain_<kind>_image`` that the build DAG sets, or ``KUBETRAIN_<KIND>_IMAGE``), else
+        ``<registry>/kubetrain/<kind>:latest`` with the setting ``registry``.
     """
-    if explicit:
-        return explicit
-    from airflow.sdk import Variable
-
-    image = Variable.get(variable, default=None) or os.environ.get(env)
-    if image:
-        return str(image).strip()
-    registry = os.environ.get("KUBETRAIN_REGISTRY") or DEFAULT_REGISTRY
-    return f"{registry}/{repository}:latest"
+    if kind not in IMAGE_REPOSITORIES:
+        raise ValueError(f"unknown image kind {kind!r}: expected one of {', '.join(IMAGE_REPOSITORIES)}")
+    if explicit and str(explicit).strip():
+        return str(explicit).strip()
+    configured = settings.get(f"{kind}_image")
+    if configured:
+        return configured
+    return f"{settings.get('registry')}/{IMAGE_REPOSITORIES[kind]}:latest"
 
 
 def code_version_of(image: str) -> str:
@@ -133,7 +133,9 @@ class TrainingPodConfig:
     :param dataset_manifest: ``s3://`` URI of the staged dataset manifest, or ``None`` (no dataset).
     :param dataset_version: the manifest's version.
     :param code_version: recorded by trainers in params.json (default: the image tag or digest).
-    :param gpus: number of ``nvidia.com/gpu`` (request == limit).
+    :param gpus: number of GPUs (request == limit), requested as ``gpu_resource``.
+    :param gpu_resource: the extended resource GPUs are requested as: ``nvidia.com/gpu``, a MIG
+        profile (``nvidia.com/mig-1g.10gb``), ``amd.com/gpu``, ...
     :param cpu: CPU request of the base container; ``cpu_limit`` defaults to it.
     :param memory: memory request of the base container; ``memory_limit`` defaults to it.
     :param s3_secret: Secret with the AWS_* variables for the sync containers; ``None`` for
@@ -141,7 +143,7 @@ class TrainingPodConfig:
     :param service_account_name: service account of the pod.
     :param image_pull_secrets: names of registry Secrets.
     :param node_selector: node labels the pod must match.
-    :param tolerations: extra tolerations (GPU pods always tolerate the nvidia.com/gpu taint).
+    :param tolerations: extra tolerations (GPU pods always tolerate their GPU vendor's taint).
     :param run_as_user: numeric non-root user of every container.
     :param sync_interval: seconds between checkpoint-sync passes.
     :param sync_quiet: seconds a file must be unmodified before it is uploaded.
@@ -162,6 +164,7 @@ class TrainingPodConfig:
     dataset_version: str | None = None
     code_version: str | None = None
     gpus: int = 0
+    gpu_resource: str = GPU_RESOURCE
     cpu: str = "1"
     memory: str = "2Gi"
     cpu_limit: str | None = None
@@ -180,6 +183,7 @@ class TrainingPodConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    namespace: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("image", "sync_image"):
@@ -201,6 +205,14 @@ class TrainingPodConfig:
                 f"dataset_manifest={self.dataset_manifest!r} is not valid: expected an s3:// URI of a manifest"
             )
         object.__setattr__(self, "gpus", _count("gpus", self.gpus, minimum=0))
+        if not isinstance(self.gpu_resource, str) or not _EXTENDED_RESOURCE.match(self.gpu_resource):
+            raise ValueError(
+                f"gpu_resource={self.gpu_resource!r} is not an extended resource name: expected e.g. "
+                "nvidia.com/gpu, nvidia.com/mig-1g.10gb or amd.com/gpu"
+            )
+        object.__setattr__(self, "tolerations", tuple(_toleration(t) for t in self.tolerations))
+        if self.namespace is not None:
+            _dns_name("namespace", self.namespace)
         object.__setattr__(self, "run_as_user", _count("run_as_user", self.run_as_user, minimum=1))
         object.__setattr__(self, "sync_interval", _count("sync_interval", self.sync_interval, minimum=1))
         object.__setattr__(self, "sync_quiet", _count("sync_quiet", self.sync_quiet, minimum=0))
@@ -302,7 +314,7 @@ def base_resources(config: TrainingPodConfig) -> k8s.V1ResourceRequirements:
     requests = {"cpu": str(config.cpu), "memory": str(config.memory)}
     limits = {"cpu": str(config.cpu_limit or config.cpu), "memory": str(config.memory_limit or config.memory)}
     if config.gpus:
-        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(config.gpus)
+        requests[config.gpu_resource] = limits[config.gpu_resource] = str(config.gpus)
     return k8s.V1ResourceRequirements(requests=requests, limits=limits)
 
 
@@ -319,11 +331,38 @@ def sync_resources() -> k8s.V1ResourceRequirements:
     )
 
 
-def gpu_tolerations(gpus: int) -> list[k8s.V1Toleration]:
-    """GPU node pools are usually tainted ``nvidia.com/gpu:NoSchedule``; GPU pods tolerate it."""
+def gpu_tolerations(gpus: int, gpu_resource: str = GPU_RESOURCE) -> list[k8s.V1Toleration]:
+    """The taints GPU node pools carry, tolerated by GPU pods.
+
+    Pools are tainted with the GPU vendor's ``<domain>/gpu`` (``nvidia.com/gpu``, ``amd.com/gpu``)
+    or with the resource name itself; a pod that requests a MIG profile such as
+    ``nvidia.com/mig-1g.10gb`` tolerates both.
+    """
     if not gpus:
         return []
-    return [k8s.V1Toleration(key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")]
+    keys = [gpu_resource]
+    vendor = f"{gpu_resource.split('/', 1)[0]}/gpu"
+    if vendor not in keys:
+        keys.append(vendor)
+    return [k8s.V1Toleration(key=key, operator="Exists", effect="NoSchedule") for key in keys]
+
+
+def _toleration(value: k8s.V1Toleration | Mapping[str, object]) -> k8s.V1Toleration:
+    if isinstance(value, k8s.V1Toleration):
+        return value
+    if isinstance(value, Mapping):
+        fields = {"tolerationSeconds": "toleration_seconds"}
+        return k8s.V1Toleration(**{fields.get(k, k): v for k, v in value.items()})
+    raise ValueError(f"toleration {value!r} is not a V1Toleration or a mapping of its fields")
+
+
+def pod_tolerations(config: TrainingPodConfig) -> list[k8s.V1Toleration] | None:
+    """The GPU tolerations and the extra ones, each once."""
+    found: list[k8s.V1Toleration] = []
+    for toleration in [*gpu_tolerations(config.gpus, config.gpu_resource), *config.tolerations]:
+        if toleration not in found:
+            found.append(toleration)
+    return found or None
 
 
 def contract_env(config: TrainingPodConfig) -> list[k8s.V1EnvVar]:
@@ -449,7 +488,7 @@ def training_pod(
 
     :param config: the pod's settings.
     :param name: pod name (the KubernetesPodOperator sets its own when ``None``).
-    :param namespace: namespace (the connection's when ``None``).
+    :param namespace: namespace (default: ``config.namespace``; the connection's when both are ``None``).
     """
     annotations = {"kubetrain.io/run-uri": config.run_uri, **config.annotations}
     if config.dataset_manifest:
@@ -458,7 +497,10 @@ def training_pod(
         api_version="v1",
         kind="Pod",
         metadata=k8s.V1ObjectMeta(
-            name=name, namespace=namespace, labels=pod_labels(config), annotations=annotations
+            name=name,
+            namespace=namespace or config.namespace,
+            labels=pod_labels(config),
+            annotations=annotations,
         ),
         spec=k8s.V1PodSpec(
             restart_policy="Never",
@@ -472,7 +514,7 @@ def training_pod(
             image_pull_secrets=[k8s.V1LocalObjectReference(name=s) for s in config.image_pull_secrets]
             or None,
             node_selector=dict(config.node_selector) if config.node_selector else None,
-            tolerations=gpu_tolerations(config.gpus) + list(config.tolerations) or None,
+            tolerations=pod_tolerations(config),
             termination_grace_period_seconds=config.termination_grace_period,
         ),
     )

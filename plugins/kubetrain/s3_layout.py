@@ -16,24 +16,25 @@
 try number, so a retried training task finds its own checkpoints. Mapped tasks (a sweep) get
 ``<run>/trials/<trial>`` so that parallel pods never share a prefix.
 
-Buckets come from the Airflow Variables ``kubetrain_datasets_bucket`` and
-``kubetrain_training_bucket``, else the environment variables ``KUBETRAIN_DATASETS_BUCKET`` and
-``KUBETRAIN_TRAINING_BUCKET``, else ``datasets`` and ``training``. They are looked up when a
-task runs, never when a DAG file is parsed.
+Buckets are the settings ``datasets_bucket`` and ``training_bucket`` (:mod:`kubetrain.settings`:
+the Airflow Variables ``kubetrain_datasets_bucket`` and ``kubetrain_training_bucket``, else
+``KUBETRAIN_DATASETS_BUCKET`` and ``KUBETRAIN_TRAINING_BUCKET``, else ``datasets`` and
+``training``). They are looked up when a task runs, never when a DAG file is parsed.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-DEFAULT_DATASETS_BUCKET = "datasets"
-DEFAULT_TRAINING_BUCKET = "training"
+from kubetrain import settings
+
+DEFAULT_DATASETS_BUCKET = settings.SETTINGS["datasets_bucket"].default
+DEFAULT_TRAINING_BUCKET = settings.SETTINGS["training_bucket"].default
 # the Secret whose AWS_* keys give pods their S3 access (include/devstack creates it)
-DEFAULT_S3_SECRET = "kubetrain-s3"
+DEFAULT_S3_SECRET = settings.SETTINGS["s3_secret"].default
 AREAS = ("checkpoints", "output", "sync", "report")
 
 _SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
@@ -41,21 +42,6 @@ _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,98}[a-z0-9])?$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _VERSION = re.compile(r"^[0-9a-f]{16}$")
 _PASS_KEY = re.compile(r"(?:^|/)pass-(\d{8})\.json$")
-
-
-def setting(variable: str, env: str, default: str) -> str:
-    """Return an environment choice: Airflow Variable, else environment variable, else default.
-
-    :param variable: name of the Airflow Variable.
-    :param env: name of the environment variable.
-    :param default: value when neither is set.
-    """
-    from airflow.sdk import Variable
-
-    value = Variable.get(variable, default=None)
-    if value in (None, ""):
-        value = os.environ.get(env) or default
-    return str(value).strip()
 
 
 def check_bucket(bucket: str) -> str:
@@ -199,10 +185,8 @@ class S3Layout:
     ) -> S3Layout:
         """The layout of this deployment; explicit arguments beat Variables and environment."""
         return cls(
-            datasets_bucket=datasets_bucket
-            or setting("kubetrain_datasets_bucket", "KUBETRAIN_DATASETS_BUCKET", DEFAULT_DATASETS_BUCKET),
-            training_bucket=training_bucket
-            or setting("kubetrain_training_bucket", "KUBETRAIN_TRAINING_BUCKET", DEFAULT_TRAINING_BUCKET),
+            datasets_bucket=datasets_bucket or settings.get("datasets_bucket"),
+            training_bucket=training_bucket or settings.get("training_bucket"),
         )
 
     # -- datasets ------------------------------------------------------------------------------

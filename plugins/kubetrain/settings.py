@@ -27,11 +27,13 @@ class Setting:
         variable ``KUBETRAIN_<NAME>``.
     :param default: value when neither is set ("" means unset).
     :param description: one sentence for README's table and ``.env.example``.
+    :param param: the training DAGs' Param that overrides it for one run, if any.
     """
 
     name: str
     default: str
     description: str
+    param: str | None = None
 
     @property
     def env(self) -> str:
@@ -62,24 +64,34 @@ SETTINGS: dict[str, Setting] = {
             "image_pull_secrets",
             "",
             "Comma-separated docker-registry Secrets for pulling the trainer and sync images.",
+            param="image_pull_secrets",
         ),
-        Setting("node_selector", "", "Node labels training pods must match: k=v,k2=v2 or a JSON object."),
+        Setting(
+            "node_selector",
+            "",
+            "Node labels training pods must match: k=v,k2=v2 or a JSON object.",
+            param="node_selector",
+        ),
         Setting(
             "tolerations",
             "",
             'Extra tolerations of training pods, a JSON list such as [{"key": "spot", "operator": "Exists"}].',
+            param="tolerations",
         ),
         Setting(
             "gpu_resource",
             "nvidia.com/gpu",
             "Extended resource that GPUs are requested as (nvidia.com/gpu, a MIG profile such as "
-            "nvidia.com/mig-1g.10gb, amd.com/gpu, ...).",
+            "nvidia.com/mig-1g.10gb, amd.com/gpu, ...); GPU pods tolerate its vendor's taint.",
+            param="gpu_resource",
         ),
         Setting("registry", "localhost:5000", "Registry that holds the trainer and sync images."),
         Setting(
             "trainer_image",
             "",
-            "Trainer image; empty: the one build_trainer_image published last, else <registry>/kubetrain/trainer:latest.",
+            "Trainer image; empty: the one build_trainer_image published last, else <registry>/kubetrain/trainer:latest. "
+            "Runs pin it to its digest.",
+            param="image",
         ),
         Setting(
             "sync_image",
@@ -91,6 +103,20 @@ SETTINGS: dict[str, Setting] = {
         Setting("training_bucket", "training", "Bucket of manifests, runs, reports and promoted models."),
     )
 }
+
+def markdown_table() -> str:
+    """README's settings table, generated from :data:`SETTINGS`."""
+    rows = [
+        "| setting | environment variable | Airflow Variable | default | Param of a run | what it is |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in SETTINGS.values():
+        default = f"`{s.default}`" if s.default else "(empty)"
+        param = f"`{s.param}`" if s.param else "-"
+        what = s.description.replace("<", "&lt;").replace(">", "&gt;")
+        rows.append(f"| {s.name} | `{s.env}` | `{s.variable}` | {default} | {param} | {what} |")
+    return "\n".join(rows)
+
 
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 

@@ -137,6 +137,14 @@ def make_airflow_home(tmp: Path) -> Path:
     return tmp
 
 
+@pytest.fixture(scope="session", autouse=True)
+def dev_images(devstack) -> dict[str, str]:
+    """The trainer and sync images in the dev stack's registry: training tasks run them by digest."""
+    from include.demo import publish_dev_images
+
+    return publish_dev_images(devstack.env())
+
+
 @pytest.fixture(scope="session")
 def airflow(devstack, tmp_path_factory) -> AirflowRunner:
     """Runs the project's DAGs (dags/) against the dev stack."""

@@ -93,7 +93,7 @@ def kill_training_pod_once_trained(core, dag_id: str, stop: threading.Event, kil
         time.sleep(0.5)
 
 
-def test_image_classifier_survives_a_killed_pod_and_promotes(airflow, core, s3, digits):
+def test_image_classifier_survives_a_killed_pod_and_promotes(airflow, core, s3, digits, devstack, dev_images):
     dag_id = "train_image_classifier"
     conf = {"dataset_uri": digits, "model_name": "e2e-digits", "epochs": 6, "image_size": 32, "batch_size": 64, "sync_interval": 2}
     stop, killed = threading.Event(), []
@@ -119,6 +119,14 @@ def test_image_classifier_survives_a_killed_pod_and_promotes(airflow, core, s3, 
     prefix = run_uri.removeprefix("s3://training/")
     metrics = read_json(s3, f"{prefix}/output/metrics.json")
     assert metrics["resumed_from_step"] > 0, "the retried pod started from scratch"
+    # The pod ran the trainer image pinned to the digest the registry held at submit time, and
+    # the run's records say so: params.json and the train-once marker, never the `latest` tag.
+    digest = dev_images["kubetrain/trainer"]
+    pinned = f"{devstack.env()['KUBETRAIN_REGISTRY']}/kubetrain/trainer@{digest}"
+    params = read_json(s3, f"{prefix}/output/params.json")
+    assert (params["image"], params["code_version"]) == (pinned, digest)
+    record = read_json(s3, run.xcom("record")["marker"].removeprefix("s3://training/"))
+    assert record["image"] == pinned and record["model_version"] == read_json(s3, "models/e2e-digits/latest")["version"]
     assert metrics["epochs"] == 6 and metrics["final"]["val_accuracy"] > 0.3
     history = s3.get_object(Bucket="training", Key=f"{prefix}/output/history.csv")["Body"].read().decode().splitlines()
     assert len(history) == 1 + 6, "history.csv must hold one row per epoch across both pods"
@@ -160,7 +168,8 @@ def test_custom_container_without_s3_code_keeps_its_checkpoints(airflow, core, s
     conf = {
         "dataset_uri": digits,
         "model_name": "e2e-custom",
-        "image": "python:3.11-slim",
+        # Pinned by digest: the image is not in the dev stack's registry, and a run never records a tag.
+        "image": "python:3.11-slim@sha256:" + "5" * 64,
         "command": ["python", "-c"],
         "args": [script],
         "cpu": "1",

@@ -2,7 +2,7 @@
 
 Log in with the generated password, open train_image_classifier, trigger it from the trigger
 form with one Param changed (epochs), follow the run to success, and follow the report
-task's "Training report" link to the HTML report in the embedded S3. Screenshots of each
+task's "Training report" link to the HTML report, served by the Airflow API server from S3. Screenshots of each
 step are kept in the test's tmp dir.
 """
 
@@ -13,6 +13,8 @@ import re
 import secrets
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from urllib.parse import quote, unquote, urlparse
 
@@ -88,6 +90,15 @@ def page(tmp_path):
             yield context.new_page()
         finally:
             context.close()
+
+
+def anonymous_status(url: str) -> int:
+    """The HTTP status a request without the UI's session cookie gets."""
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 def shot(page, tmp_path: Path, name: str) -> None:
@@ -172,17 +183,19 @@ def test_trigger_from_the_form_and_follow_the_report_link(ui, page, tmp_path):
     assert value["report_uri"] == f"s3://{run_location.bucket}/{report_key}"
     assert href == value["report_url"]
     parsed = urlparse(href)
-    s3_endpoint = urlparse(ui.stack_env["KUBETRAIN_S3_ENDPOINT"])
-    assert (parsed.scheme, parsed.netloc) == (s3_endpoint.scheme, s3_endpoint.netloc), href
-    assert unquote(parsed.path) == f"/{run_location.bucket}/{report_key}", href
+    assert (parsed.scheme, parsed.netloc) == (urlparse(ui.url).scheme, urlparse(ui.url).netloc), href
+    assert unquote(parsed.path) == f"/kubetrain/reports/{DAG_ID}/{run_location.bucket}/{report_key}", href
     assert value["epochs"] == epochs  # what the trainer ran, as metrics.json reports it
 
-    # The link opens the report itself: HTML from the embedded S3 that names this run. The
-    # browser holds no S3 credentials, so the object must be readable as a plain GET.
+    # The link opens the report itself through the Airflow API server, with the viewer's login:
+    # the browser needs neither S3 credentials nor a readable bucket.
     response = page.request.get(href)
     assert response.ok, f"the Training report link {href} answered {response.status} to the browser"
     assert response.headers["content-type"].startswith("text/html"), response.headers
+    assert "default-src 'none'" in response.headers["content-security-policy"]
     assert run_location.uri in response.text()
+    status = anonymous_status(href)
+    assert status in (401, 403), f"the report was served to a request without an Airflow login ({status})"
     if link.get_attribute("target") == "_blank":
         with page.context.expect_page() as opened:
             link.click()

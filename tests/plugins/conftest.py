@@ -48,3 +48,14 @@ def client(s3_server, monkeypatch):
     for name in ("KUBETRAIN_TRAINING_BUCKET", "AIRFLOW_VAR_KUBETRAIN_TRAINING_BUCKET", "KUBETRAIN_S3_PUBLIC_URL"):
         monkeypatch.delenv(name, raising=False)
     return s3_client(s3_server)
+
+
+@pytest.fixture
+def store(client):
+    """The RunStore of the operators, on the test server (through Airflow's ``aws_default``)."""
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    from kubetrain.run_store import RunStore
+    from kubetrain.s3_layout import S3Layout
+
+    return RunStore(S3Hook(aws_conn_id="aws_default"), S3Layout())

@@ -41,8 +41,8 @@ def expected_version(objects: list[tuple[str, int, str]]) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
-def test_manifest_of_a_prefix(client, dataset):
-    source, objects = list_source_objects(client, f"s3://datasets/{dataset}/")
+def test_manifest_of_a_prefix(store, client, dataset):
+    source, objects = list_source_objects(store, f"s3://datasets/{dataset}/")
     manifest = build_manifest(dataset, source, objects)
 
     heads = {
@@ -68,44 +68,44 @@ def test_manifest_of_a_prefix(client, dataset):
     assert manifest["created_at"].endswith("Z")
 
 
-def test_prefix_without_trailing_slash_is_the_same_dataset(client, dataset):
-    with_slash = build_manifest(dataset, *list_source_objects(client, f"s3://datasets/{dataset}/"))
-    without = build_manifest(dataset, *list_source_objects(client, f"s3://datasets/{dataset}"))
+def test_prefix_without_trailing_slash_is_the_same_dataset(store, client, dataset):
+    with_slash = build_manifest(dataset, *list_source_objects(store, f"s3://datasets/{dataset}/"))
+    without = build_manifest(dataset, *list_source_objects(store, f"s3://datasets/{dataset}"))
     assert without["version"] == with_slash["version"]
     assert without["source"] == with_slash["source"]
 
 
-def test_version_is_stable_and_follows_content(client, dataset):
+def test_version_is_stable_and_follows_content(store, client, dataset):
     uri = f"s3://datasets/{dataset}/"
-    first = build_manifest(dataset, *list_source_objects(client, uri))
-    again = build_manifest(dataset, *list_source_objects(client, uri))
+    first = build_manifest(dataset, *list_source_objects(store, uri))
+    again = build_manifest(dataset, *list_source_objects(store, uri))
     assert again["version"] == first["version"]
 
     client.put_object(
         Bucket="datasets", Key=f"{dataset}/train.csv", Body=b"x,y\n1,2\n3,5\n"
     )  # same size, new bytes
-    changed = build_manifest(dataset, *list_source_objects(client, uri))
+    changed = build_manifest(dataset, *list_source_objects(store, uri))
     assert changed["version"] != first["version"]
 
     client.put_object(Bucket="datasets", Key=f"{dataset}/extra.txt", Body=b"more")
-    grown = build_manifest(dataset, *list_source_objects(client, uri))
+    grown = build_manifest(dataset, *list_source_objects(store, uri))
     assert grown["version"] not in (first["version"], changed["version"])
     assert len(grown["objects"]) == 3
 
 
-def test_single_archive(client):
+def test_single_archive(store, client):
     key = f"archives/digits-{uuid.uuid4().hex[:6]}.tar.gz"
     client.put_object(Bucket="datasets", Key=key, Body=b"\x1f\x8b not really gzip")
-    source, objects = list_source_objects(client, f"s3://datasets/{key}")
+    source, objects = list_source_objects(store, f"s3://datasets/{key}")
     assert source == f"s3://datasets/{key}"
     assert [(o.key, o.path) for o in objects] == [(key, key.rsplit("/", 1)[1])]
     assert dataset_name_from_uri(f"s3://datasets/{key}") == key.rsplit("/", 1)[1].removesuffix(".tar.gz")
 
 
-def test_missing_dataset_names_the_uri(client):
+def test_missing_dataset_names_the_uri(store, client):
     uri = f"s3://datasets/nothing-{uuid.uuid4().hex[:8]}/"
     with pytest.raises(DatasetNotFoundError, match=f"nothing to stage at {uri}"):
-        list_source_objects(client, uri)
+        list_source_objects(store, uri)
 
 
 def test_paths_that_leave_the_data_directory_are_refused():
@@ -131,20 +131,20 @@ def test_reader_refuses_unknown_kind_and_version(change, message):
         check_manifest({**manifest, **change})
 
 
-def test_manifest_matches_the_pod_side_schema(client, dataset):
+def test_manifest_matches_the_pod_side_schema(store, client, dataset):
     if not SCHEMA.exists():
         pytest.skip(f"{SCHEMA.relative_to(REPO)} is not in the tree yet")
     import jsonschema
 
-    manifest = build_manifest(dataset, *list_source_objects(client, f"s3://datasets/{dataset}/"))
+    manifest = build_manifest(dataset, *list_source_objects(store, f"s3://datasets/{dataset}/"))
     jsonschema.validate(json.loads(dumps(manifest)), json.loads(SCHEMA.read_text()))
 
 
-def test_pod_side_reader_accepts_the_manifest(client, dataset):
+def test_pod_side_reader_accepts_the_manifest(store, client, dataset):
     """The stage-in tool (trainer environment) loads what the Airflow side writes, version included."""
     if not TRAINER_PYTHON.exists():
         pytest.skip("trainer/.venv is not installed")
-    manifest = build_manifest(dataset, *list_source_objects(client, f"s3://datasets/{dataset}/"))
+    manifest = build_manifest(dataset, *list_source_objects(store, f"s3://datasets/{dataset}/"))
     script = (
         "import json, sys\n"
         "from trainer.sync.manifest import DatasetManifest\n"

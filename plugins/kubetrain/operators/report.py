@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
-
 from kubetrain.links import REPORT_URL_XCOM_KEY, ReportLink, report_url
+from kubetrain.operators.base import RunOperator
 from kubetrain.report.inputs import (
     ReportInputs,
     compare,
@@ -18,46 +16,19 @@ from kubetrain.report.inputs import (
     parse_metrics,
     parse_samples,
 )
-from kubetrain.s3_layout import RunLocation, S3Layout, check_name, run_from_context, s3_uri
+from kubetrain.run_store import parse_bool
+from kubetrain.s3_layout import RunLocation, check_name, s3_uri
 
 if TYPE_CHECKING:
-    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
     from airflow.sdk import Context
 
-CONTENT_TYPES = {
-    ".html": "text/html; charset=utf-8",
-    ".md": "text/markdown; charset=utf-8",
-    ".png": "image/png",
-}
+RESULT_KEYS = (
+    "run_uri", "report_uri", "report_url", "trainer", "monitor", "monitor_mode", "value", "final", "best", "epochs",
+    "steps", "wall_time_s", "examples_per_s", "better_than_promoted", "promoted_metric", "promoted_version",
+)  # fmt: skip
 
 
-def _read(client: Any, bucket: str, key: str) -> bytes | None:
-    from botocore.exceptions import ClientError
-
-    try:
-        return client.get_object(Bucket=bucket, Key=key)["Body"].read()
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-            return None
-        raise
-
-
-def promoted_metrics(client: Any, layout: S3Layout, model: str) -> tuple[str | None, dict[str, Any] | None]:
-    """``(version, metrics.json)`` of the promoted version of ``model``; ``(None, None)`` if none is promoted."""
-    pointer_key = layout.model_latest_key(model)
-    raw = _read(client, layout.training_bucket, pointer_key)
-    if raw is None:
-        return None, None
-    pointer = parse_json(s3_uri(layout.training_bucket, pointer_key), raw)
-    version = pointer.get("version") if isinstance(pointer, dict) else None
-    if not isinstance(version, str) or not version:
-        raise ValueError(f"{s3_uri(layout.training_bucket, pointer_key)} names no version: {raw[:200]!r}")
-    metrics_raw = _read(client, layout.training_bucket, layout.model_prefix(model, version) + "metrics.json")
-    metrics = parse_json("the promoted metrics.json", metrics_raw) if metrics_raw is not None else {}
-    return version, metrics if isinstance(metrics, dict) else {}
-
-
-class ReportOperator(BaseOperator):
+class ReportOperator(RunOperator):
     """Render a training run's report into ``<run>/report/`` and compare it with the promoted model.
 
     Reads ``output/metrics.json`` (required), ``history.csv``, ``params.json`` and, when
@@ -70,7 +41,8 @@ class ReportOperator(BaseOperator):
     Returns (XCom) a compact dict: ``run_uri``, ``report_uri``, ``report_url``, ``trainer``,
     ``monitor``, ``monitor_mode``, ``value``, ``final``, ``best``, ``epochs``, ``steps``,
     ``wall_time_s``, ``examples_per_s``, ``better_than_promoted``, ``promoted_metric``,
-    ``promoted_version``. The task instance gets a "Training report" link.
+    ``promoted_version``; each key is also its own XCom, for typed hand-offs such as
+    ``report.output["better_than_promoted"]``. The task instance gets a "Training report" link.
 
     :param model: model name to compare with (``None``: no comparison). (templated)
     :param compare_on: ``"final"`` (the exported model's values) or ``"best"`` (best epoch).
@@ -83,7 +55,7 @@ class ReportOperator(BaseOperator):
     :param aws_conn_id: Airflow connection for S3.
     """
 
-    template_fields: Sequence[str] = ("model", "title", "run_uri", "trial", "training_bucket", "require_metrics")
+    template_fields: Sequence[str] = (*RunOperator.template_fields, "model", "title", "require_metrics")
     operator_extra_links = (ReportLink(),)
     ui_color = "#fdf5e6"
 
@@ -93,34 +65,21 @@ class ReportOperator(BaseOperator):
         model: str | None = None,
         compare_on: str = "final",
         title: str | None = None,
-        run_uri: str | None = None,
-        trial: str | None = None,
-        training_bucket: str | None = None,
         require_metrics: bool | str = True,
-        aws_conn_id: str | None = "aws_default",
+        multiple_outputs: bool = True,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(multiple_outputs=multiple_outputs, **kwargs)
         self.require_metrics = require_metrics
         self.model = model
         self.compare_on = compare_on
         self.title = title
-        self.run_uri = run_uri
-        self.trial = trial
-        self.training_bucket = training_bucket
-        self.aws_conn_id = aws_conn_id
 
-    @cached_property
-    def hook(self) -> S3Hook:
-        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
-        return S3Hook(aws_conn_id=self.aws_conn_id)
-
-    def load_inputs(self, client: Any, run: RunLocation) -> ReportInputs:
+    def load_inputs(self, run: RunLocation) -> ReportInputs:
         """Read and check the run's output files."""
 
         def read(name: str) -> bytes | None:
-            return _read(client, run.bucket, run.key("output", name))
+            return self.store.read(run.bucket, run.key("output", name))
 
         raw_metrics = read("metrics.json")
         if raw_metrics is None:
@@ -147,39 +106,24 @@ class ReportOperator(BaseOperator):
 
         if self.compare_on not in ("final", "best"):
             raise ValueError(f"compare_on={self.compare_on!r} is not valid: expected 'final' or 'best'")
-        client = self.hook.get_conn()
-        layout = S3Layout.from_environment(training_bucket=self.training_bucket)
-        run = run_from_context(
-            context, run_uri=self.run_uri, trial=self.trial, training_bucket=self.training_bucket
-        )
-        if str(self.require_metrics).lower() in ("false", "0", "no") and (
-            _read(client, run.bucket, run.key("output", "metrics.json")) is None
+        run = self.run_location(context)
+        if not parse_bool("require_metrics", self.require_metrics) and (
+            self.store.head(run.bucket, run.key("output", "metrics.json")) is None
         ):
             # A third-party container need not write metrics: nothing to report or compare.
             self.log.info("No metrics.json in %s/output/: no report for this run", run.uri)
-            return {"run_uri": run.uri, "report_uri": None, "report_url": None, "better_than_promoted": None}
-        inputs = self.load_inputs(client, run)
+            return {**dict.fromkeys(RESULT_KEYS), "run_uri": run.uri}
+        inputs = self.load_inputs(run)
         metrics = inputs.metrics
 
         if self.model:
-            version, promoted = promoted_metrics(client, layout, check_name("model", self.model))
+            version, promoted = self.store.promoted_metrics(check_name("model", self.model))
             inputs.comparison = compare(metrics, promoted, version, on=self.compare_on)
             self.log.info("Comparison with the promoted %s: %s", self.model, inputs.comparison.reason)
 
         files = render_report(inputs)
-        for name, body in files.items():
-            content_type = CONTENT_TYPES.get(name[name.rfind(".") :], "application/octet-stream")
-            client.put_object(
-                Bucket=run.bucket, Key=run.key("report", name), Body=body, ContentType=content_type
-            )
-        report_key = run.key("report", "report.html")
-        report_uri = s3_uri(run.bucket, report_key)
-        url = report_url(
-            run.bucket,
-            report_key,
-            endpoint_url=self.hook.conn_config.endpoint_url,
-            region=self.hook.conn_region_name,
-        )
+        report_uri = self.store.write_report(run, files)
+        url = report_url(context["ti"].dag_id, run.bucket, run.key("report", "report.html"))
         context["ti"].xcom_push(key=REPORT_URL_XCOM_KEY, value=url)
         self.log.info("Report written to %s (%d files): %s", report_uri, len(files), url)
 

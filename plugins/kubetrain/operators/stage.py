@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Asset, BaseOperator
+from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowSkipException
 
-from kubetrain.manifest import (
-    build_manifest,
-    check_manifest,
-    dataset_name_from_uri,
-    dumps,
-    list_source_objects,
-)
-from kubetrain.s3_layout import S3Layout, check_name, parse_s3_uri
+from kubetrain.manifest import build_manifest, dataset_name_from_uri, list_source_objects
+from kubetrain.operators.base import RunStoreOperator
+from kubetrain.s3_layout import check_name, parse_s3_uri
 
 if TYPE_CHECKING:
-    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
     from airflow.sdk import Context
 
 
@@ -34,7 +26,7 @@ def dataset_asset(source_uri: str) -> Asset:
     return Asset(name=source_uri, uri=f"x-s3://{bucket}/{key}", group="dataset")
 
 
-class StageDatasetOperator(BaseOperator):
+class StageDatasetOperator(RunStoreOperator):
     """Resolve a dataset URI to a snapshot manifest at ``s3://<training>/manifests/<dataset>/<version>.json``.
 
     The source is an S3 prefix (``s3://datasets/digits/``) or a single object, typically an
@@ -43,7 +35,8 @@ class StageDatasetOperator(BaseOperator):
     first. The task emits an event for the dataset's Asset whose extra carries the version and
     the manifest URI.
 
-    Returns (XCom) ``{"dataset", "version", "manifest_uri", "objects", "total_bytes", "new"}``.
+    Returns (XCom) ``{"dataset", "version", "manifest_uri", "objects", "total_bytes", "new"}``;
+    each key is also its own XCom, for typed hand-offs such as ``stage.output["version"]``.
 
     :param source_uri: the dataset's S3 URI. (templated)
     :param dataset: dataset name (default: derived from the URI). (templated)
@@ -53,7 +46,7 @@ class StageDatasetOperator(BaseOperator):
     :param aws_conn_id: Airflow connection for S3.
     """
 
-    template_fields: Sequence[str] = ("source_uri", "dataset", "training_bucket")
+    template_fields: Sequence[str] = (*RunStoreOperator.template_fields, "source_uri", "dataset")
     ui_color = "#e8f4fa"
 
     def __init__(
@@ -62,44 +55,27 @@ class StageDatasetOperator(BaseOperator):
         source_uri: str,
         dataset: str | None = None,
         skip_if_unchanged: bool = False,
-        training_bucket: str | None = None,
-        aws_conn_id: str | None = "aws_default",
+        multiple_outputs: bool = True,
         **kwargs: Any,
     ) -> None:
         # A literal URI names its Asset at parse time; a templated one needs explicit outlets.
         if "outlets" not in kwargs and "{{" not in source_uri:
             kwargs["outlets"] = [dataset_asset(source_uri)]
-        super().__init__(**kwargs)
+        super().__init__(multiple_outputs=multiple_outputs, **kwargs)
         self.source_uri = source_uri
         self.dataset = dataset
         self.skip_if_unchanged = skip_if_unchanged
-        self.training_bucket = training_bucket
-        self.aws_conn_id = aws_conn_id
-
-    @cached_property
-    def hook(self) -> S3Hook:
-        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
-        return S3Hook(aws_conn_id=self.aws_conn_id)
 
     def execute(self, context: Context) -> dict[str, Any]:
-        client = self.hook.get_conn()
-        dataset = (
-            check_name("dataset", self.dataset) if self.dataset else dataset_name_from_uri(self.source_uri)
-        )
-        layout = S3Layout.from_environment(training_bucket=self.training_bucket)
-
-        source, objects = list_source_objects(client, self.source_uri)
+        dataset = check_name("dataset", self.dataset) if self.dataset else dataset_name_from_uri(self.source_uri)
+        source, objects = list_source_objects(self.store, self.source_uri)
         manifest = build_manifest(dataset, source, objects)
         version = manifest["version"]
-        key = layout.manifest_key(dataset, version)
-        manifest_uri = layout.manifest_uri(dataset, version)
+        manifest_uri = self.store.layout.manifest_uri(dataset, version)
 
-        existing = self._read_existing(client, layout.training_bucket, key)
+        existing = self.store.staged_manifest(dataset, version)
         if existing is None:
-            client.put_object(
-                Bucket=layout.training_bucket, Key=key, Body=dumps(manifest), ContentType="application/json"
-            )
+            self.store.stage_manifest(manifest)
             self.log.info(
                 "Staged %s (%d objects, %d bytes) as %s",
                 source,
@@ -124,25 +100,6 @@ class StageDatasetOperator(BaseOperator):
         }
         self._emit_asset_event(context, source, result)
         return result
-
-    def _read_existing(self, client: Any, bucket: str, key: str) -> dict[str, Any] | None:
-        from botocore.exceptions import ClientError
-
-        try:
-            client.head_object(Bucket=bucket, Key=key)
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise
-        # The key is derived from the content, so an existing object is the same snapshot;
-        # it is still read back to refuse a foreign or corrupt file under our name.
-        body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
-        try:
-            return check_manifest(json.loads(body))
-        except ValueError as exc:
-            raise ValueError(
-                f"s3://{bucket}/{key} exists but is not a valid dataset manifest: {exc}"
-            ) from exc
 
     def _emit_asset_event(self, context: Context, source: str, result: dict[str, Any]) -> None:
         outlets = [o for o in (self.outlets or []) if isinstance(o, Asset)]

@@ -3,108 +3,47 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
+from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.sdk.exceptions import AirflowException
+from kubernetes.client import models as k8s
 
-from kubetrain.s3_layout import DEFAULT_S3_SECRET, run_from_context
+from kubetrain import pod_spec, settings
+from kubetrain.hooks.registry import RegistryHook
+from kubetrain.images import pin_image
+from kubetrain.pod_startup import (
+    STARTUP_FAILURES,
+    ImagePullError,
+    PodStartup,
+    PodStartupTimeout,
+    PodUnschedulableError,
+    StageInError,
+    failure_from_event,
+)
+from kubetrain.s3_layout import RunLocation, S3Layout, run_from_context
+from kubetrain.triggers.pod import TrainingPodTrigger
 
 if TYPE_CHECKING:
-    import jinja2
     from airflow.sdk import Context
-    from kubernetes.client import models as k8s
 
-    from kubetrain import pod_spec
-    from kubetrain.operators._training_pod import TrainingPod
+__all__ = [
+    "ImagePullError",
+    "PodStartupTimeout",
+    "PodUnschedulableError",
+    "StageInError",
+    "TrainingPodOperator",
+    "string_list",
+]
 
-# The arguments of KubernetesPodOperator (cncf-kubernetes 10.25), so that a DAG can pass any
-# of them while its file never imports that operator; tests/plugins/test_training_pod.py
-# checks both lists against the installed provider.
-POD_OPERATOR_ARGUMENTS = frozenset(
-    """
-    kubernetes_conn_id namespace image name random_name_suffix cmds arguments ports volume_mounts
-    volumes env_vars env_from secrets in_cluster cluster_context labels reattach_on_restart durable
-    startup_timeout_seconds startup_check_interval_seconds schedule_timeout_seconds get_logs
-    base_container_name base_container_status_polling_interval init_container_logs container_logs
-    image_pull_policy annotations container_resources affinity config_file runtime_class_name
-    node_selector image_pull_secrets service_account_name automount_service_account_token hostnetwork
-    host_aliases tolerations security_context container_security_context
-    xcom_sidecar_container_security_context dnspolicy dns_config hostname subdomain schedulername
-    full_pod_spec init_containers log_events_on_failure log_events_on_startup do_xcom_push
-    pod_template_file pod_template_dict priority_class_name pod_runtime_info_envs
-    termination_grace_period configmaps skip_on_exit_code deferrable poll_interval
-    log_pod_spec_on_failure on_finish_action on_kill_action is_delete_operator_pod
-    termination_message_policy active_deadline_seconds callbacks progress_callback logging_interval
-    trigger_kwargs container_name_log_prefix_enabled log_formatter
-    """.split()
-)
-POD_OPERATOR_TEMPLATE_FIELDS: tuple[str, ...] = (
-    "image",
-    "name",
-    "hostname",
-    "cmds",
-    "annotations",
-    "arguments",
-    "env_vars",
-    "labels",
-    "config_file",
-    "pod_template_file",
-    "pod_template_dict",
-    "namespace",
-    "container_resources",
-    "volumes",
-    "volume_mounts",
-    "cluster_context",
-    "env_from",
-    "configmaps",
-    "node_selector",
-    "kubernetes_conn_id",
-    "base_container_name",
-    "trigger_kwargs",
-)
-# Template fields inside Kubernetes objects, as KubernetesPodOperator renders them, keyed by
-# class name so that nothing needs the kubernetes client to decide.
-_NESTED_TEMPLATE_FIELDS = {
-    "V1EnvVar": ("value", "name"),
-    "V1ResourceRequirements": ("limits", "requests"),
-    "V1Volume": ("name", "persistent_volume_claim", "config_map"),
-    "V1VolumeMount": ("name", "sub_path"),
-    "V1PersistentVolumeClaimVolumeSource": ("claim_name",),
-    "V1ConfigMapVolumeSource": ("name",),
-    "V1EnvFromSource": ("config_map_ref",),
-    "V1ConfigMapEnvSource": ("name",),
-}
 # Parts of the pod that kubetrain.pod_spec owns; the base class must not set them a second
-# time, or its values would replace ours when the two are reconciled.
+# time, or its values would replace the contract's when the two are reconciled.
 _OWNED = ("container_resources", "security_context", "container_security_context", "full_pod_spec")
-
-
-class PodUnschedulableError(AirflowException):
-    """The training pod stayed Pending because no node can take it (e.g. no free GPU)."""
-
-
-def scheduling_problem(pod: k8s.V1Pod | None, events: Sequence[Any] = ()) -> str | None:
-    """Why a Pending pod was not scheduled, from its FailedScheduling events or PodScheduled condition.
-
-    :param pod: the pod as last read from the API.
-    :param events: the pod's events (``CoreV1Event``), oldest first.
-    :return: ``"FailedScheduling: <scheduler message>"``, or ``None`` when the pod was scheduled.
-    """
-    status = getattr(pod, "status", None)
-    if status is None or status.phase not in (None, "Pending"):
-        return None
-    conditions = status.conditions or []
-    if any(c.type == "PodScheduled" and c.status == "True" for c in conditions):
-        return None
-    for event in reversed(list(events)):
-        if event.reason == "FailedScheduling" and event.message:
-            return f"FailedScheduling: {event.message}"
-    for condition in conditions:
-        if condition.type == "PodScheduled" and condition.status == "False" and condition.message:
-            return f"{condition.reason or 'Unschedulable'}: {condition.message}"
-    return None
+_EMPTY = (None, "", "null", "None", [], {}, ())
 
 
 def string_list(name: str, value: Any) -> list[str] | None:
@@ -130,7 +69,29 @@ def string_list(name: str, value: Any) -> list[str] | None:
     return [str(v) for v in value]
 
 
-class TrainingPodOperator(BaseOperator):
+def _json_or_text(value: Any) -> Any:
+    """A rendered template that holds JSON (``{{ params.x | tojson }}``) as its value; other text as is."""
+    if isinstance(value, str) and value.strip()[:1] in ("[", "{", "n"):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    """Secret names from a list (of names or V1LocalObjectReference), a JSON array or ``a,b``."""
+    value = _json_or_text(value)
+    if value in _EMPTY:
+        return ()
+    if isinstance(value, str):
+        return settings.parse_list("image_pull_secrets", value)
+    if isinstance(value, list | tuple):
+        return tuple(getattr(v, "name", v) for v in value if getattr(v, "name", v))
+    raise ValueError(f"image_pull_secrets {value!r} is not a list of Secret names: expected e.g. ['regcred']")
+
+
+class TrainingPodOperator(KubernetesPodOperator):
     """Run a training container in a pod built by :mod:`kubetrain.pod_spec`.
 
     The pod gets the stage-in init container, the checkpoint-sync native sidecar and the base
@@ -139,35 +100,48 @@ class TrainingPodOperator(BaseOperator):
     ``/trials/<trial>`` for sweeps): the same for every try, so a retried task resumes from its
     checkpoints. The run URI is pushed as XCom ``run_uri``.
 
-    The pod is run by a KubernetesPodOperator (:class:`kubetrain.operators._training_pod.TrainingPod`)
-    that this task builds when it runs, so that a DAG file parses without loading the Kubernetes
-    clients; every KubernetesPodOperator argument is accepted and passed on. By default the task
-    defers while the pod runs, streams the base container's logs and deletes the pod when it
-    ends, success or failure. A pod that cannot be scheduled (no node with a free GPU) fails after
-    ``schedule_timeout_seconds`` with the scheduler's FailedScheduling message in the error.
+    Both images are pinned to their digest in the registry when the pod is submitted
+    (:func:`kubetrain.images.pin_image`), so the pod, ``KUBETRAIN_IMAGE`` and
+    ``KUBETRAIN_CODE_VERSION`` name exactly what ran. The deployment's settings
+    (:mod:`kubetrain.settings`: namespace, S3 Secret, service account, image pull secrets,
+    node selector, tolerations, GPU resource) apply where an argument is not given.
 
-    Images are resolved when the task runs: ``image`` else Variable ``kubetrain_trainer_image``
-    else env ``KUBETRAIN_TRAINER_IMAGE`` else ``<KUBETRAIN_REGISTRY>/kubetrain/trainer:latest``;
-    the sync image likewise (``kubetrain_sync_image``, ``KUBETRAIN_SYNC_IMAGE``, ``kubetrain/sync``).
+    Start-up has its own budgets (:mod:`kubetrain.pod_startup`): ``schedule_timeout_seconds``
+    to find a node, ``startup_timeout_seconds`` for each image pull, ``stage_in_timeout_seconds``
+    for the dataset download. A pod that no node can take fails at once, without retries, with
+    the scheduler's reason (:class:`PodUnschedulableError`), unless an autoscaler is adding a
+    node; so does an image that cannot be pulled (:class:`ImagePullError`).
 
-    :param image: training image (default: see above). (templated)
-    :param sync_image: image of the stage-in and checkpoint-sync containers. (templated)
+    By default the task defers while the pod runs, streams the base container's logs and
+    deletes the pod when it ends, success or failure.
+
+    :param image: training image (default: the setting ``trainer_image``, else
+        ``<registry>/kubetrain/trainer:latest``). (templated)
+    :param sync_image: image of the stage-in and checkpoint-sync containers (default: the setting
+        ``sync_image``, else ``<registry>/kubetrain/sync:latest``). (templated)
+    :param registry_conn_id: registry connection used to resolve digests of the configured registry's images.
     :param cmds: base container command. (templated)
     :param arguments: base container arguments. (templated)
-    :param dataset_manifest: ``s3://`` URI of the staged manifest, e.g. from StageDatasetOperator's XCom. (templated)
+    :param dataset_manifest: ``s3://`` URI of the staged manifest, e.g. ``stage.output["manifest_uri"]``. (templated)
     :param dataset_version: version of that manifest. (templated)
     :param experiment: experiment name, a pod label. (templated)
     :param trial: sweep trial name; mapped tasks default to their map index. (templated)
     :param run_uri: explicit run URI instead of the layout's. (templated)
-    :param code_version: recorded in params.json (default: image tag or digest). (templated)
-    :param gpus: ``nvidia.com/gpu`` count, request == limit. (templated)
+    :param code_version: recorded in params.json (default: the image digest). (templated)
+    :param gpus: GPU count, request == limit. (templated)
+    :param gpu_resource: extended resource GPUs are requested as (default: the setting). (templated)
     :param cpu: CPU request of the base container. (templated)
     :param memory: memory request of the base container. (templated)
     :param cpu_limit: CPU limit (default: the request). (templated)
     :param memory_limit: memory limit (default: the request). (templated)
-    :param s3_secret: Secret with the AWS_* variables; ``None`` for workload identity. (templated)
-    :param image_pull_secrets: registry Secret names (list or comma-separated).
-    :param tolerations: extra tolerations; GPU pods always tolerate ``nvidia.com/gpu:NoSchedule``.
+    :param s3_secret: Secret with the AWS_* variables (default: the setting); ``""`` for workload
+        identity, which needs a service account. (templated)
+    :param service_account_name: service account of the pod (default: the setting). (templated)
+    :param image_pull_secrets: registry Secret names: a list, ``a,b`` or a JSON array (default: the setting). (templated)
+    :param node_selector: node labels: a dict, ``k=v,k2=v2`` or a JSON object (default: the setting). (templated)
+    :param tolerations: extra tolerations: V1Toleration objects, dicts or a JSON list (default: the
+        setting); GPU pods always tolerate their GPU vendor's taint. (templated)
+    :param namespace: namespace of the pod (default: the setting ``namespace``). (templated)
     :param container_user: numeric non-root user of all containers (default 10001, the user of the trainer and sync
         images); not Airflow's own ``run_as_user``, which names the Unix user that runs the task.
     :param sync_interval: seconds between checkpoint uploads. (templated)
@@ -177,12 +151,16 @@ class TrainingPodOperator(BaseOperator):
     :param scratch_size_limit: sizeLimit of the emptyDir volumes.
     :param training_bucket: training bucket (default: the deployment's). (templated)
     :param extra_env: plain environment for the base container (no secrets). (templated)
-    :param kwargs: BaseOperator arguments (task_id, pool, retries, ...) and everything
-        KubernetesPodOperator accepts (namespace, kubernetes_conn_id, ...).
+    :param startup_timeout_seconds: seconds for each image pull phase (sync image, training image).
+    :param stage_in_timeout_seconds: seconds the stage-in container may download the dataset.
+    :param schedule_timeout_seconds: seconds to find a node while an autoscaler adds one.
+    :param unschedulable_grace_seconds: seconds an unschedulable pod waits for an autoscaler before it fails.
+    :param kwargs: everything KubernetesPodOperator and BaseOperator accept (kubernetes_conn_id,
+        env_vars, labels, pool, retries, ...).
     """
 
     template_fields: Sequence[str] = (
-        *POD_OPERATOR_TEMPLATE_FIELDS,
+        *KubernetesPodOperator.template_fields,
         "sync_image",
         "dataset_manifest",
         "dataset_version",
@@ -191,22 +169,27 @@ class TrainingPodOperator(BaseOperator):
         "run_uri",
         "code_version",
         "gpus",
+        "gpu_resource",
         "cpu",
         "memory",
         "cpu_limit",
         "memory_limit",
         "s3_secret",
+        "service_account_name",
+        "image_pull_secrets",
+        "tolerations",
         "training_bucket",
         "extra_env",
         "sync_interval",
     )
-    template_fields_renderers = {"env_vars": "py", "extra_env": "py"}
+    template_fields_renderers = {**KubernetesPodOperator.template_fields_renderers, "extra_env": "py"}
 
     def __init__(
         self,
         *,
         image: str | None = None,
         sync_image: str | None = None,
+        registry_conn_id: str = RegistryHook.default_conn_name,
         dataset_manifest: str | None = None,
         dataset_version: str | None = None,
         experiment: str | None = None,
@@ -214,13 +197,16 @@ class TrainingPodOperator(BaseOperator):
         run_uri: str | None = None,
         code_version: str | None = None,
         gpus: int | str = 0,
+        gpu_resource: str | None = None,
         cpu: str = "1",
         memory: str = "2Gi",
         cpu_limit: str | None = None,
         memory_limit: str | None = None,
-        s3_secret: str | None = DEFAULT_S3_SECRET,
+        s3_secret: str | None = None,
+        service_account_name: str | None = None,
         image_pull_secrets: list[str] | str | None = None,
-        tolerations: list[k8s.V1Toleration] | None = None,
+        node_selector: dict[str, str] | str | None = None,
+        tolerations: list[k8s.V1Toleration] | list[dict[str, Any]] | str | None = None,
         container_user: int = 10001,
         sync_interval: int | str = 30,
         sync_quiet: int = 2,
@@ -229,22 +215,22 @@ class TrainingPodOperator(BaseOperator):
         scratch_size_limit: str | None = None,
         training_bucket: str | None = None,
         extra_env: dict[str, str] | None = None,
+        startup_timeout_seconds: int = 600,
+        stage_in_timeout_seconds: int = 3600,
+        schedule_timeout_seconds: int = 900,
+        unschedulable_grace_seconds: int = 60,
         deferrable: bool = True,
         on_finish_action: str = "delete_pod",
         get_logs: bool = True,
-        startup_timeout_seconds: int = 600,
-        schedule_timeout_seconds: int = 300,
         termination_message_policy: str = "FallbackToLogsOnError",
-        do_xcom_push: bool = False,
         **kwargs: Any,
     ) -> None:
         for owned in _OWNED:
             if owned in kwargs:
                 raise ValueError(f"TrainingPodOperator builds {owned} itself: remove the {owned}= argument")
-        pod_kwargs = {name: kwargs.pop(name) for name in list(kwargs) if name in POD_OPERATOR_ARGUMENTS}
-        super().__init__(do_xcom_push=do_xcom_push, **kwargs)
-        pod_kwargs.update(
+        super().__init__(
             image=image,
+            service_account_name=service_account_name,
             deferrable=deferrable,
             on_finish_action=on_finish_action,
             get_logs=get_logs,
@@ -252,15 +238,16 @@ class TrainingPodOperator(BaseOperator):
             schedule_timeout_seconds=schedule_timeout_seconds,
             # A crashed trainer's last log lines become the task's error message.
             termination_message_policy=termination_message_policy,
+            termination_grace_period=sync_grace_period_seconds,
+            **kwargs,
         )
-        # Every pod argument is an attribute, as on the pod operator itself, so that the
-        # template fields among them render here and show in the UI's rendered view.
-        for name in POD_OPERATOR_TEMPLATE_FIELDS:
-            setattr(self, name, None)
-        for name, value in pod_kwargs.items():
-            setattr(self, name, value)
-        self._pod_arguments = tuple(pod_kwargs)
+        # Settings the base class would convert when the DAG is parsed; here they are
+        # template fields (a Param may set them) and become Kubernetes objects when the pod is built.
+        self.image_pull_secrets = image_pull_secrets
+        self.node_selector = node_selector
+        self.tolerations = tolerations
         self.sync_image = sync_image
+        self.registry_conn_id = registry_conn_id
         self.dataset_manifest = dataset_manifest
         self.dataset_version = dataset_version
         self.experiment = experiment
@@ -268,17 +255,12 @@ class TrainingPodOperator(BaseOperator):
         self.run_uri = run_uri
         self.code_version = code_version
         self.gpus = gpus
+        self.gpu_resource = gpu_resource
         self.cpu = cpu
         self.memory = memory
         self.cpu_limit = cpu_limit
         self.memory_limit = memory_limit
         self.s3_secret = s3_secret
-        self.training_image_pull_secrets = (
-            [s.strip() for s in image_pull_secrets.split(",") if s.strip()]
-            if isinstance(image_pull_secrets, str)
-            else list(image_pull_secrets or [])
-        )
-        self.extra_tolerations = list(tolerations or [])
         self.container_user = container_user
         self.sync_interval = sync_interval
         self.sync_quiet = sync_quiet
@@ -287,85 +269,39 @@ class TrainingPodOperator(BaseOperator):
         self.scratch_size_limit = scratch_size_limit
         self.training_bucket = training_bucket
         self.extra_env = extra_env or {}
-        self._pod: TrainingPod | None = None
+        self.stage_in_timeout_seconds = stage_in_timeout_seconds
+        self.unschedulable_grace_seconds = unschedulable_grace_seconds
+        self._startup_failure: AirflowException | None = None
 
-    def _render_nested_template_fields(
-        self, content: Any, context: Context, jinja_env: jinja2.Environment, seen_oids: set[int]
-    ) -> None:
-        fields = _NESTED_TEMPLATE_FIELDS.get(type(content).__name__)
-        if fields and id(content) not in seen_oids:
-            seen_oids.add(id(content))
-            self._do_render_template_fields(content, fields, context, jinja_env, seen_oids)
-            return
-        super()._render_nested_template_fields(content, context, jinja_env, seen_oids)
+    # -- the pod -----------------------------------------------------------------------------
 
-    def pod_operator(self) -> TrainingPod:
-        """A new KubernetesPodOperator for this task, from its (rendered) arguments."""
-        from kubetrain.operators._training_pod import TrainingPod
+    def pod_config(self, context: Context | None, *, pin: bool = True) -> pod_spec.TrainingPodConfig:
+        """The pod's settings for the task instance in ``context``: settings read and images resolved now.
 
-        kwargs = {name: getattr(self, name) for name in self._pod_arguments}
-        self._pod = TrainingPod(training=self, **kwargs)
-        return self._pod
-
-    def execute(self, context: Context) -> Any:
-        pod = self.pod_operator()
-        # Run it as the task runner runs an operator, so that it does not warn of being
-        # called from outside the runner.
-        from airflow.sdk.bases.operator import ExecutorSafeguard
-
-        return pod.execute(context, **{f"{type(pod).__name__}__sentinel": ExecutorSafeguard.sentinel_value})
-
-    def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
-        """Where the deferred task resumes: the pod ended, or its logs are due."""
-        return self.pod_operator().trigger_reentry(context, event)
-
-    def execute_complete(self, context: Context, event: dict[str, Any], **kwargs: Any) -> Any:
-        return self.trigger_reentry(context, event)
-
-    def on_kill(self) -> None:
-        if self._pod is not None:
-            self._pod.on_kill()
-
-    def build_pod_request_obj(self, context: Context | None = None, *, dry_run: bool = False) -> k8s.V1Pod:
-        """The pod this task asks for (see KubernetesPodOperator.build_pod_request_obj)."""
-        return self.pod_operator().build_pod_request_obj(context, dry_run=dry_run)
-
-    def dry_run(self) -> None:
-        self.pod_operator().dry_run()
-
-    def pod_config(self, context: Context | None) -> pod_spec.TrainingPodConfig:
-        """The pod's settings for the task instance in ``context`` (images resolved now)."""
-        from kubetrain import pod_spec
-
+        :param context: the task's context; ``None`` for a dry run (run ``dry-run``).
+        :param pin: resolve the images to their digests in the registry.
+        """
         if context is not None:
             run = run_from_context(
                 context, run_uri=self.run_uri, trial=self.trial, training_bucket=self.training_bucket
             )
             run_id = context["run_id"]
-        else:  # dry_run() renders the pod without a task instance
-            from kubetrain.s3_layout import RunLocation, S3Layout
-
-            run = (
-                RunLocation.from_uri(self.run_uri) if self.run_uri else S3Layout().run(self.dag_id, "dry-run")
-            )
+        else:
+            run = RunLocation.from_uri(self.run_uri) if self.run_uri else S3Layout().run(self.dag_id, "dry-run")
             run_id = "dry-run"
-        image = pod_spec.resolve_image(
-            self.image,
-            variable="kubetrain_trainer_image",
-            env="KUBETRAIN_TRAINER_IMAGE",
-            repository="kubetrain/trainer",
-        )
-        sync_image = pod_spec.resolve_image(
-            self.sync_image,
-            variable="kubetrain_sync_image",
-            env="KUBETRAIN_SYNC_IMAGE",
-            repository="kubetrain/sync",
-        )
+        image = pod_spec.resolve_image(self.image, "trainer")
+        sync_image = pod_spec.resolve_image(self.sync_image, "sync")
+        if pin:
+            image = pin_image(image, registry_conn_id=self.registry_conn_id)
+            sync_image = pin_image(sync_image, registry_conn_id=self.registry_conn_id)
         labels = {"kubetrain.io/dag-id": self.dag_id, "kubetrain.io/run-id": run_id}
         if self.experiment:
             labels["kubetrain.io/experiment"] = self.experiment
         if self.trial not in (None, ""):
             labels["kubetrain.io/trial"] = str(self.trial)
+        s3_secret = settings.get("s3_secret") if self.s3_secret is None else self.s3_secret
+        tolerations = _json_or_text(self.tolerations)
+        node_selector = _json_or_text(self.node_selector)
         return pod_spec.TrainingPodConfig(
             image=image,
             sync_image=sync_image,
@@ -376,15 +312,26 @@ class TrainingPodOperator(BaseOperator):
             dataset_version=self.dataset_version or None,
             code_version=self.code_version or None,
             gpus=self.gpus,
+            gpu_resource=self.gpu_resource or settings.get("gpu_resource"),
             cpu=self.cpu,
             memory=self.memory,
             cpu_limit=self.cpu_limit or None,
             memory_limit=self.memory_limit or None,
-            s3_secret=self.s3_secret or None,
-            service_account_name=getattr(self, "service_account_name", None),
-            image_pull_secrets=tuple(self.training_image_pull_secrets),
-            node_selector=self.node_selector or None,
-            tolerations=tuple(self.extra_tolerations),
+            s3_secret=s3_secret or None,
+            service_account_name=self.service_account_name or settings.get("service_account") or None,
+            image_pull_secrets=_names(self.image_pull_secrets) or _names(settings.get("image_pull_secrets")),
+            node_selector=(
+                settings.parse_node_selector(node_selector)
+                if node_selector not in _EMPTY
+                else settings.parse_node_selector(settings.get("node_selector"))
+            )
+            or None,
+            tolerations=tuple(
+                tolerations if isinstance(tolerations, list) else settings.parse_tolerations(tolerations)
+            )
+            if tolerations not in _EMPTY
+            else tuple(settings.parse_tolerations(settings.get("tolerations"))),
+            namespace=self.namespace or settings.get("namespace"),
             run_as_user=self.container_user,
             sync_interval=self.sync_interval,
             sync_quiet=self.sync_quiet,
@@ -394,3 +341,88 @@ class TrainingPodOperator(BaseOperator):
             env=dict(self.extra_env),
             labels=labels,
         )
+
+    def build_pod_request_obj(self, context: Context | None = None, *, dry_run: bool = False) -> k8s.V1Pod:
+        config = self.pod_config(context, pin=not dry_run)
+        # The contract pod is the template; the base class adds its name, task labels and any
+        # extra env, volumes or secrets passed to the operator. Its own fields that overlap the
+        # contract are set to the contract's values, so that reconciling the two changes nothing.
+        template = pod_spec.training_pod(config)
+        self.full_pod_spec = template
+        self.image = config.image
+        self.cmds = list(config.command or [])
+        self.arguments = list(config.args or [])
+        self.namespace = config.namespace
+        self.service_account_name = config.service_account_name
+        self.image_pull_secrets = template.spec.image_pull_secrets or []
+        self.node_selector = template.spec.node_selector or {}
+        self.tolerations = template.spec.tolerations or []
+        if context is not None:
+            context["ti"].xcom_push(key="run_uri", value=config.run_uri)
+        self.log.info(
+            "Training pod: image %s, run %s, %d x %s", config.image, config.run_uri, config.gpus, config.gpu_resource
+        )
+        return super().build_pod_request_obj(context, dry_run=dry_run)
+
+    # -- start-up ----------------------------------------------------------------------------
+
+    def pod_startup(self) -> PodStartup:
+        """The start-up judge with this task's budgets."""
+        return PodStartup(
+            schedule_timeout=self.schedule_timeout_seconds,
+            unschedulable_grace=self.unschedulable_grace_seconds,
+            startup_timeout=self.startup_timeout_seconds,
+            stage_in_timeout=self.stage_in_timeout_seconds,
+            stage_in_container=pod_spec.STAGE_IN_CONTAINER,
+        )
+
+    def await_pod_start(self, pod: k8s.V1Pod) -> None:
+        """Wait until the pod runs, each start-up phase within its budget (the task is not deferred)."""
+        startup = self.pod_startup()
+        try:
+            while True:
+                remote = self.pod_manager.read_pod(pod)
+                events = self.pod_manager.read_pod_events(pod).items if startup.needs_events(remote) else []
+                if startup.observe(remote, events or [], datetime.now(UTC)):
+                    return
+                time.sleep(self.startup_check_interval_seconds)
+        except STARTUP_FAILURES as exc:
+            self._startup_failure = exc
+            raise
+
+    def defer(self, *, trigger: Any, method_name: str, kwargs: dict[str, Any] | None = None, timeout: Any = None) -> None:
+        """Defer as the base class does, with its pod trigger extended by kubetrain's start-up phases."""
+        if type(trigger) is KubernetesPodTrigger:
+            _, arguments = trigger.serialize()
+            trigger = TrainingPodTrigger(
+                **arguments,
+                stage_in_timeout=self.stage_in_timeout_seconds,
+                unschedulable_grace=self.unschedulable_grace_seconds,
+                stage_in_container=pod_spec.STAGE_IN_CONTAINER,
+            )
+        super().defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
+
+    def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
+        self._startup_failure = failure_from_event(event)
+        try:
+            return super().trigger_reentry(context, event)
+        except AirflowException as exc:
+            if self._startup_failure is None or isinstance(exc, STARTUP_FAILURES):
+                raise
+            raise self._startup_failure from exc
+
+    def cleanup(
+        self,
+        pod: k8s.V1Pod,
+        remote_pod: k8s.V1Pod,
+        xcom_result: dict | None = None,
+        context: Context | None = None,
+    ) -> None:
+        # The base class deletes the pod that never started and fails with "Pod ... returned a
+        # failure"; the start-up failure says why, and its class says whether to retry.
+        try:
+            super().cleanup(pod=pod, remote_pod=remote_pod, xcom_result=xcom_result, context=context)
+        except AirflowException as exc:
+            if self._startup_failure is None or isinstance(exc, STARTUP_FAILURES):
+                raise
+            raise self._startup_failure from exc

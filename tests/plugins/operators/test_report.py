@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import airflow  # noqa: F401  (importing Airflow puts its plugins folder on sys.path)
 import pytest
 
-from kubetrain.links import REPORT_URL_XCOM_KEY, ReportLink, report_url
+from kubetrain.links import REPORT_URL_XCOM_KEY, ReportLink
 from kubetrain.operators.report import ReportOperator
 from kubetrain.report.inputs import compare, parse_history, parse_metrics
 from kubetrain.s3_layout import S3Layout
@@ -97,7 +97,8 @@ def classifier_run(client, value: float = 0.80) -> Run:
     )
 
 
-def test_report_files_and_metrics(client, s3_server):
+def test_report_files_and_metrics(client, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example/")
     run = classifier_run(client)
     result, xcom = run.execute()
 
@@ -119,7 +120,7 @@ def test_report_files_and_metrics(client, s3_server):
     assert result["monitor"] == "val_accuracy" and result["value"] == 0.80
     assert result["final"]["loss"] == 0.61 and result["epochs"] == 3
     assert result["better_than_promoted"] is None  # no model named: no comparison
-    expected_url = f"{s3_server.endpoint}/training/{run.location.prefix}/report/report.html"
+    expected_url = f"https://airflow.example/kubetrain/reports/{run.dag_id}/training/{run.location.prefix}/report/report.html"
     assert result["report_url"] == xcom[REPORT_URL_XCOM_KEY] == expected_url
     json.dumps(result)  # XCom-serialisable as is
 
@@ -213,32 +214,6 @@ def test_compare_on_best():
     assert compare(new, old, "v1", on="best").better is True
 
 
-@pytest.mark.parametrize(
-    ("env", "endpoint", "region", "expected"),
-    [
-        (
-            "https://minio.example/browse",
-            "http://127.0.0.1:9000",
-            None,
-            "https://minio.example/browse/training/runs/a%2Bb/report.html",
-        ),
-        (None, "http://127.0.0.1:9000/", None, "http://127.0.0.1:9000/training/runs/a%2Bb/report.html"),
-        (
-            None,
-            None,
-            "eu-west-1",
-            "https://s3.console.aws.amazon.com/s3/object/training?region=eu-west-1&prefix=runs%2Fa%2Bb%2Freport.html",
-        ),
-    ],
-)
-def test_report_url(monkeypatch, env, endpoint, region, expected):
-    if env:
-        monkeypatch.setenv("KUBETRAIN_S3_PUBLIC_URL", env)
-    else:
-        monkeypatch.delenv("KUBETRAIN_S3_PUBLIC_URL", raising=False)
-    assert report_url("training", "runs/a+b/report.html", endpoint_url=endpoint, region=region) == expected
-
-
 def test_plugin_registers_the_report_link():
     from airflow import plugins_manager
 
@@ -246,3 +221,7 @@ def test_plugin_registers_the_report_link():
     links = [link for link in plugins_manager.get_operator_extra_links() if isinstance(link, ReportLink)]
     assert [link.name for link in links] == ["Training report"]
     assert [link.name for link in ReportOperator.operator_extra_links] == ["Training report"]
+    apps = plugins_manager.get_fastapi_plugins()[0]
+    assert [(a["url_prefix"], type(a["app"]).__name__) for a in apps if a["url_prefix"] == "/kubetrain"] == [
+        ("/kubetrain", "ReportsApp")
+    ]

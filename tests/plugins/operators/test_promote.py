@@ -1,36 +1,35 @@
-"""SyncCheckpointsOperator against the S3 test server: verification, promotion, pruning."""
+"""PromoteModelOperator against the S3 test server: verification, the deferred wait, promotion, pruning."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import threading
 import uuid
+import warnings
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
 import airflow  # noqa: F401  (importing Airflow puts its plugins folder on sys.path)
 import pytest
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
-from kubetrain.operators.sync import (
-    SyncCheckpointsOperator,
-    SyncVerificationError,
-    check_final_pass,
-    checkpoint_group,
-)
+from kubetrain.operators.promote import PromoteModelOperator
+from kubetrain.run_store import FinalPassPending, SyncVerificationError, checkpoint_group
 from kubetrain.s3_layout import S3Layout
+from kubetrain.triggers.sync import FinalSyncPassTrigger
 
 RUN_AFTER = datetime(2026, 11, 22, 4, 0, tzinfo=UTC)
-PASS_SCHEMA = Path(__file__).resolve().parents[2] / "trainer" / "sync" / "schemas" / "sync-pass.v1.json"
+PASS_SCHEMA = Path(__file__).resolve().parents[3] / "trainer" / "sync" / "schemas" / "sync-pass.v1.json"
 
 
 def check_schema(document: dict) -> None:
     """Pass manifests, ours and the test's stand-ins for the sidecar's, follow the pod side's schema."""
-    if PASS_SCHEMA.exists():
-        import jsonschema
+    import jsonschema
 
-        jsonschema.validate(document, json.loads(PASS_SCHEMA.read_text()))
+    jsonschema.validate(document, json.loads(PASS_SCHEMA.read_text()))
 
 
 class Run:
@@ -93,12 +92,17 @@ class Run:
     def read(self, key: str) -> bytes:
         return self.client.get_object(Bucket="training", Key=key)["Body"].read()
 
-    def execute(self, **kwargs):
+    def context(self) -> dict:
+        ti = SimpleNamespace(dag_id=self.dag_id, task_id="promote", map_index=-1, try_number=1)
+        return {"ti": ti, "run_id": self.run_id, "dag_run": SimpleNamespace(run_after=RUN_AFTER)}
+
+    def operator(self, **kwargs) -> PromoteModelOperator:
         kwargs.setdefault("final_pass_timeout", 0)
-        op = SyncCheckpointsOperator(task_id="sync", model=self.model, **kwargs)
-        ti = SimpleNamespace(dag_id=self.dag_id, task_id="sync", map_index=-1, try_number=1)
-        context = {"ti": ti, "run_id": self.run_id, "dag_run": SimpleNamespace(run_after=RUN_AFTER)}
-        return op, op.execute(context)
+        return PromoteModelOperator(task_id="promote", model=self.model, **kwargs)
+
+    def execute(self, **kwargs):
+        op = self.operator(**kwargs)
+        return op, op.execute(self.context())
 
 
 @pytest.fixture
@@ -108,17 +112,13 @@ def run(client):
 
 def test_promotes_the_model_with_latest_written_last(run):
     run.standard()
-    op = SyncCheckpointsOperator(task_id="sync", model=run.model, keep_checkpoints=None)
+    op = run.operator(keep_checkpoints=None)
     writes: list[tuple[str, str]] = []
     op.hook.conn.meta.events.register(
         "before-parameter-build.s3",
         lambda model, params, **_: writes.append((model.name, params.get("Key", ""))),
     )
-    context = {
-        "ti": SimpleNamespace(dag_id=run.dag_id, task_id="sync", map_index=-1, try_number=1),
-        "run_id": run.run_id,
-        "dag_run": SimpleNamespace(run_after=RUN_AFTER),
-    }
+    context = run.context()
     result = op.execute(context)
 
     version = result["model_version"]
@@ -144,14 +144,14 @@ def test_promotes_the_model_with_latest_written_last(run):
     assert [k for k in run.keys(f"models/{run.model}/") if not k.endswith("/latest")] == run.keys(prefix)
 
 
-def test_complete_pass_is_verified_with_and_without_sha_metadata(run, client):
+def test_complete_pass_is_verified_with_and_without_sha_metadata(run, store):
     files = run.standard()
-    number, _, document = check_final_pass(client, run.location)
-    assert number == 2 and len(document["files"]) == len(files)
+    final = store.final_pass(run.location)
+    assert final.number == 2 and len(final.files) == len(files)
 
 
-def test_missing_manifest_fails(run):
-    with pytest.raises(SyncVerificationError, match=f"no sync pass manifest under {run.location.uri}/sync/"):
+def test_missing_manifest_is_pending_not_wrong(run):
+    with pytest.raises(FinalPassPending, match=f"no sync pass manifest under {run.location.uri}/sync/"):
         run.execute()
 
 
@@ -162,29 +162,66 @@ def test_incomplete_final_pass_fails_naming_the_file(run):
     )
     with pytest.raises(
         SyncVerificationError, match=r"pass-00000003\.json is incomplete: output/model\.keras: timed out"
-    ):
+    ) as info:
         run.execute()
+    assert isinstance(info.value, AirflowFailException)  # retrying cannot make S3 match
     assert run.keys(f"models/{run.model}/") == []
 
 
-def test_pass_that_is_not_final_fails(run):
+def test_pass_that_is_not_final_is_pending(run):
     files = run.standard()
     run.commit(3, files, final=False)
-    with pytest.raises(SyncVerificationError, match=r"\(pass 3\) is not final"):
+    with pytest.raises(FinalPassPending, match=r"\(pass 3\) is not final"):
         run.execute()
 
 
-def test_a_final_pass_that_lands_late_is_waited_for(run):
-    """The sidecar's shutdown pass may land just after the training task ends."""
+def first_event(trigger):
+    async def run():
+        async for event in trigger.run():
+            return event.payload
+
+    return asyncio.run(run())
+
+
+def test_a_final_pass_that_lands_late_is_waited_for_in_the_triggerer(run):
+    """The sidecar's shutdown pass may land after the training task ends: the task defers, it does not sleep."""
     files = run.standard()
     run.commit(3, files, final=False)
-    timer = threading.Timer(1.5, run.commit, args=(4, files))
+    op = run.operator(final_pass_timeout=60, poll_interval=0.2)
+    context = run.context()
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    classpath, kwargs = deferred.value.trigger.serialize()
+    assert classpath == "kubetrain.triggers.sync.FinalSyncPassTrigger"
+    assert kwargs == {"run_uri": run.location.uri, "aws_conn_id": "aws_default", "timeout": 60, "poll_interval": 0.2}
+    trigger = FinalSyncPassTrigger(**kwargs)  # as the triggerer builds it from plain arguments
+
+    landed = threading.Event()
+
+    def land():
+        run.commit(4, files)
+        landed.set()
+
+    timer = threading.Timer(1.0, land)
     timer.start()
     try:
-        _, result = run.execute(final_pass_timeout=30)
+        event = first_event(trigger)
     finally:
         timer.join()
-    assert result["sync_pass"] == 4
+    assert landed.is_set() and event == {"status": "final", "pass": 4}
+    result = getattr(op, deferred.value.method_name)(context, event)
+    assert result["sync_pass"] == 4 and result["promoted"] is True
+
+
+def test_a_final_pass_that_never_lands_fails_after_the_wait(run):
+    files = run.standard()
+    run.commit(3, files, final=False)
+    event = first_event(FinalSyncPassTrigger(run_uri=run.location.uri, aws_conn_id="aws_default", timeout=0.5, poll_interval=0.1))
+    assert event["status"] == "timeout" and "the newest pass is 3, not final" in event["message"]
+    op = run.operator()
+    with pytest.raises(SyncVerificationError, match="no final sync pass under .* within 0.5 s"):
+        op.execute_complete(run.context(), event)
+    assert run.keys(f"models/{run.model}/") == []
 
 
 def test_size_mismatch_fails(run):
@@ -215,7 +252,7 @@ def test_missing_file_fails(run, client):
         run.execute()
 
 
-def test_pruning_keeps_the_newest_prefixes_and_records_a_pass(run, client):
+def test_pruning_keeps_the_newest_prefixes_and_records_a_pass(run, store):
     run.standard()
     _, result = run.execute(keep_checkpoints=1, promote="never")
 
@@ -225,10 +262,10 @@ def test_pruning_keeps_the_newest_prefixes_and_records_a_pass(run, client):
         prefix + p for p in ("checkpoint", "ckpt-5.data-00000-of-00001", "ckpt-5.index")
     ]
     assert result["pruned"] == 8 and result["sync_pass"] == 3
-    number, _, document = check_final_pass(client, run.location)  # the newest pass matches S3 again
-    assert number == 3
-    check_schema(document)
-    assert sorted(f["path"] for f in document["files"] if f["area"] == "checkpoints") == [
+    final = store.final_pass(run.location)  # the newest pass matches S3 again
+    assert final.number == 3
+    check_schema(final.document)
+    assert sorted(f["path"] for f in final.files if f["area"] == "checkpoints") == [
         "checkpoint",
         "ckpt-5.data-00000-of-00001",
         "ckpt-5.index",
@@ -250,7 +287,7 @@ def test_pruning_keeps_everything_the_pass_lists_when_k_covers_it(run):
     assert result["sync_pass"] == 2  # nothing listed was deleted: no new pass
 
 
-@pytest.mark.parametrize(("is_better", "promoted"), [(False, False), ("True", True), ("false", False)])
+@pytest.mark.parametrize(("is_better", "promoted"), [(False, False), (True, True)])
 def test_promotion_gated_on_the_report(run, is_better, promoted):
     run.standard()
     _, result = run.execute(promote="if_better", is_better=is_better, keep_checkpoints=None)
@@ -263,6 +300,7 @@ def test_promotion_gated_on_the_report(run, is_better, promoted):
     [
         ({"promote": "sometimes"}, "promote='sometimes' is not valid"),
         ({"promote": "if_better"}, "promote='if_better' needs is_better"),
+        ({"promote": "if_better", "is_better": None}, "promote='if_better' needs is_better"),
         ({"promote": "if_better", "is_better": "maybe"}, "is_better='maybe' is not a boolean"),
         ({"keep_checkpoints": -2}, "keep_checkpoints=-2 is not valid"),
     ],
@@ -289,3 +327,16 @@ def test_bad_settings_fail_before_touching_s3(run, kwargs, message):
 )
 def test_checkpoint_groups(path, group):
     assert checkpoint_group(path) == group
+
+
+def test_the_old_name_still_works_with_a_deprecation_warning(run):
+    from kubetrain.operators.sync import SyncCheckpointsOperator
+
+    run.standard()
+    with pytest.warns(DeprecationWarning, match="SyncCheckpointsOperator is deprecated.*PromoteModelOperator"):
+        op = SyncCheckpointsOperator(task_id="sync", model=run.model, final_pass_timeout=0)
+    assert isinstance(op, PromoteModelOperator)
+    assert op.execute(run.context())["promoted"] is True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        run.operator()  # the new name warns about nothing

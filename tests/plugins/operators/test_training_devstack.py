@@ -1,6 +1,6 @@
 """The four operators in a row on the dev stack: a real pod with the pod-side sync tool.
 
-stage -> train (deferred, as by default) -> report -> sync/promote/prune, with a small
+stage -> train (deferred, as by default) -> report -> promote (verify, promote, prune), with a small
 script as the training container. It checks the contract between the pod this side builds
 and what the stage-in and checkpoint-sync containers do with it.
 """
@@ -19,10 +19,11 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import TaskDeferred
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
+from include.demo import publish_dev_images
 from include.devstack.stack import NAMESPACE
+from kubetrain.operators.promote import PromoteModelOperator
 from kubetrain.operators.report import ReportOperator
 from kubetrain.operators.stage import StageDatasetOperator
-from kubetrain.operators.sync import SyncCheckpointsOperator
 from kubetrain.operators.training import TrainingPodOperator
 
 TRAIN_SCRIPT = r"""
@@ -55,8 +56,9 @@ class TaskInstance:
 @pytest.mark.timeout(180)
 def test_stage_train_report_promote_on_the_dev_stack(devstack, monkeypatch):
     env = devstack.env()
-    for name in ("AIRFLOW_CONN_AWS_DEFAULT", "KUBETRAIN_REGISTRY"):
+    for name in ("AIRFLOW_CONN_AWS_DEFAULT", "KUBETRAIN_REGISTRY", "AIRFLOW_CONN_KUBETRAIN_REGISTRY_DEFAULT"):
         monkeypatch.setenv(name, env[name])
+    images = publish_dev_images(env)
     # In-process, the kubeconfig goes by the connection: the kubernetes client read $KUBECONFIG
     # when it was imported, before this test could set it.
     monkeypatch.delenv("KUBECONFIG", raising=False)
@@ -88,8 +90,8 @@ def test_stage_train_report_promote_on_the_dev_stack(devstack, monkeypatch):
     with DAG(f"devstack_{uuid.uuid4().hex[:8]}", schedule=None) as dag:
         train = TrainingPodOperator(
             task_id="train",
-            image="kubetrain/trainer:latest",
-            sync_image="kubetrain/sync:latest",
+            image=f"{env['KUBETRAIN_REGISTRY']}/kubetrain/trainer:latest",
+            sync_image=f"{env['KUBETRAIN_REGISTRY']}/kubetrain/sync:latest",
             cmds=["python", "-c", TRAIN_SCRIPT],
             dataset_manifest=staged["manifest_uri"],
             dataset_version=staged["version"],
@@ -120,13 +122,16 @@ def test_stage_train_report_promote_on_the_dev_stack(devstack, monkeypatch):
     assert event["status"] == "success", event
     getattr(train, deferred.value.method_name)(context, event)
     run_uri = ti.xcom["run_uri"]
+    # The pod ran the images pinned to their digests at submit time.
+    assert train.image == f"{env['KUBETRAIN_REGISTRY']}/kubetrain/trainer@{images['kubetrain/trainer']}"
     prefix = run_uri.removeprefix("s3://training/")
 
-    report = ReportOperator(task_id="report", model=model).execute(context)
+    report = ReportOperator(task_id="report", run_uri=run_uri, model=model).execute(context)
     assert report["better_than_promoted"] is True and report["value"] == 0.75 and report["steps"] == 3
 
-    result = SyncCheckpointsOperator(
-        task_id="sync",
+    result = PromoteModelOperator(
+        task_id="promote",
+        run_uri=run_uri,
         model=model,
         promote="if_better",
         is_better=report["better_than_promoted"],
@@ -144,7 +149,7 @@ def test_stage_train_report_promote_on_the_dev_stack(devstack, monkeypatch):
     left = s3.list_objects_v2(Bucket="training", Prefix=f"{prefix}/checkpoints/").get("Contents", [])
     assert sorted(o["Key"].rsplit("/", 1)[1] for o in left) == ["ckpt-3.data-00000-of-00001", "ckpt-3.index"]
     assert s3.head_object(Bucket="training", Key=f"{prefix}/report/report.html")["ContentLength"] > 1000
-    pods = train.pod_operator().client.list_namespaced_pod(
+    pods = train.client.list_namespaced_pod(
         NAMESPACE, label_selector=f"kubetrain.io/dag-id={dag.dag_id}"
     ).items
     assert [p.metadata.name for p in pods if not p.metadata.deletion_timestamp] == []

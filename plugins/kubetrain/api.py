@@ -1,0 +1,88 @@
+"""kubetrain's routes on the Airflow API server: training reports, read from S3 for a logged-in viewer.
+
+Mounted at ``/kubetrain`` by the kubetrain plugin. ``GET /kubetrain/reports/<dag_id>/<bucket>/<key>``
+answers with a report file of a run of that DAG when the viewer's Airflow session (the UI's
+cookie, or a Bearer token) may read the DAG's runs. Only files of the report area of that
+DAG's runs in the training bucket are served: ``runs/<dag_id>/.../report/<file>``.
+
+The report's HTML is served from Airflow's own origin, so it goes out with a Content Security
+Policy that allows no scripts, no network access and no forms: it is a sandboxed document
+whose only content is what the report renderer wrote (inline styles and data: images).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import Any
+
+from kubetrain.run_store import CONTENT_TYPES
+
+REPORT_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; sandbox"
+_REPORT_KEY = re.compile(r"^runs/(?P<dag>[^/]+)/(?:[^/]+/)+report/[^/]+$")
+
+
+def allowed_report_key(dag_id: str, bucket: str, key: str) -> bool:
+    """Whether ``s3://bucket/key`` is a report file of a run of ``dag_id`` in the training bucket."""
+    from kubetrain.s3_layout import S3Layout, safe_segment
+
+    if bucket != S3Layout.from_environment().training_bucket:
+        return False
+    if posixpath.normpath(key) != key or any(part in ("", ".", "..") for part in key.split("/")):
+        return False
+    match = _REPORT_KEY.match(key)
+    return bool(match) and match.group("dag") == safe_segment(dag_id)
+
+
+def create_app() -> Any:
+    """The FastAPI app of kubetrain's routes (imported only by the API server, on first use)."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.core_api.security import requires_access_dag
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+    from fastapi import Depends, FastAPI, HTTPException, Response
+
+    from kubetrain.run_store import RunStore
+    from kubetrain.s3_layout import S3Layout
+
+    app = FastAPI(title="kubetrain", description="Training reports of kubetrain's DAGs, read from S3.")
+
+    @app.get(
+        "/reports/{dag_id}/{bucket}/{key:path}",
+        dependencies=[Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.RUN))],
+        response_class=Response,
+    )
+    def report(dag_id: str, bucket: str, key: str) -> Response:
+        if not allowed_report_key(dag_id, bucket, key):
+            raise HTTPException(status_code=404, detail=f"s3://{bucket}/{key} is not a report of {dag_id}")
+        store = RunStore(S3Hook(aws_conn_id="aws_default"), S3Layout.from_environment())
+        body = store.read(bucket, key)
+        if body is None:
+            raise HTTPException(status_code=404, detail=f"no report at s3://{bucket}/{key}")
+        suffix = key[key.rfind(".") :]
+        return Response(
+            body,
+            media_type=CONTENT_TYPES.get(suffix, "application/octet-stream"),
+            headers={
+                "Content-Security-Policy": REPORT_CSP,
+                "X-Content-Type-Options": "nosniff",
+                "Cache-Control": "private, max-age=60",
+            },
+        )
+
+    return app
+
+
+class ReportsApp:
+    """An ASGI app that builds :func:`create_app` on its first request.
+
+    The plugin is loaded by every Airflow component; only the API server ever calls this, so
+    only it imports FastAPI and the API server's security module.
+    """
+
+    def __init__(self) -> None:
+        self._app: Any = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if self._app is None:
+            self._app = create_app()
+        await self._app(scope, receive, send)

@@ -1,0 +1,92 @@
+"""Which images a training run uses: the configured reference, pinned to its digest in the registry.
+
+A tag such as ``latest`` moves; a run must record, and run, what the tag named when the run
+was submitted. :func:`pin_image` asks the registry for the digest behind a tag, so that the
+pod spec, the train-once fingerprint and the report all name ``<repository>@sha256:...``.
+
+Images in the configured registry (setting ``registry``, or the host of the registry
+connection) are looked up with the registry connection's credentials
+(:class:`~kubetrain.hooks.registry.RegistryHook`); images elsewhere anonymously, the way a
+node pulls a public image. A reference that already carries a digest is used as it is, with
+no registry call. When the registry cannot say, the task fails naming the image: a run never
+falls back to a tag silently.
+"""
+
+from __future__ import annotations
+
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowNotFoundException
+
+from kubetrain import settings
+
+DOCKER_HUB = "docker.io"
+DOCKER_HUB_API = "registry-1.docker.io"
+_LOOPBACK = ("localhost", "127.0.0.1", "[::1]")
+
+
+class ImageResolutionError(AirflowException):
+    """The registry could not be asked for an image's digest (unreachable, or an unexpected answer)."""
+
+
+class ImageNotFoundError(AirflowFailException):
+    """The registry has no such image, or refuses to show it; a retry would not change that."""
+
+
+def has_digest(image: str) -> bool:
+    return "@sha256:" in image
+
+
+def pin_image(image: str, *, registry_conn_id: str | None = None) -> str:
+    """``image`` as ``<registry>/<repository>@sha256:<digest>``, the digest its tag names now.
+
+    :param image: an image reference; one with a digest is returned unchanged.
+    :param registry_conn_id: the registry connection for images in the configured registry
+        (default ``kubetrain_registry_default``).
+    :raises ImageNotFoundError: the registry has no such tag or refuses the credentials.
+    :raises ImageResolutionError: the registry cannot be reached.
+    """
+    from kubetrain.hooks.registry import RegistryHook
+    from kubetrain.imagebuild.oci import ManifestNotFound, RegistryAuthError, RegistryClient, RegistryError
+    from kubetrain.imagebuild.reference import parse_reference
+
+    if has_digest(image):
+        parse_reference(image)  # refuse a malformed reference before it reaches a pod
+        return image
+    ref = parse_reference(image, default_registry=DOCKER_HUB)
+    repository = ref.repository
+    host = ref.registry
+    if host == DOCKER_HUB:
+        host = DOCKER_HUB_API
+        if "/" not in repository:
+            repository = f"library/{repository}"
+    tag = ref.tag or "latest"
+    hook = RegistryHook(registry_conn_id or RegistryHook.default_conn_name)
+    try:
+        connection_registry = hook.registry
+    except AirflowNotFoundException:  # no registry connection: every registry is asked anonymously
+        connection_registry = None
+    configured = {settings.get("registry"), connection_registry}
+    try:
+        if ref.registry in configured and connection_registry is not None:
+            where = f"registry {connection_registry} (connection {hook.registry_conn_id!r})"
+            client = hook.get_conn()
+        else:
+            where = f"registry {host}"
+            client = RegistryClient(host, insecure=host.split(":")[0] in _LOOPBACK, timeout=30)
+        with client:
+            digest = client.manifest_digest(repository, tag)
+    except (ManifestNotFound, RegistryAuthError) as exc:
+        raise ImageNotFoundError(f"cannot resolve image {image} to a digest: {exc}") from exc
+    except RegistryError as exc:
+        raise ImageResolutionError(
+            f"cannot resolve image {image} to a digest: {exc}; a run records the digest it ran, never a "
+            "moving tag: make the registry reachable, or give the image by digest (<image>@sha256:...)"
+        ) from exc
+    if digest is None:
+        raise ImageNotFoundError(
+            f"image {image} is not in {where}: build and push it (the build_trainer_image DAG), or set "
+            "the image to one that exists"
+        )
+    name = image.strip()
+    if ":" in name.rsplit("/", 1)[-1]:
+        name = name.rsplit(":", 1)[0]  # the tag goes: the digest says it all, and a tag beside it misleads
+    return f"{name}@{digest}"

@@ -1,0 +1,175 @@
+"""After training: verify the sidecar's final sync pass, promote the model, prune old checkpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from kubetrain.operators.base import RunOperator
+from kubetrain.run_store import FinalPassPending, SyncPass, SyncVerificationError, parse_bool
+from kubetrain.s3_layout import RunLocation, check_name, model_version
+from kubetrain.triggers.sync import FinalSyncPassTrigger
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+PROMOTE_CHOICES = ("always", "if_better", "never")
+
+
+class PromoteModelOperator(RunOperator):
+    """Verify a run's final checkpoint-sync pass, promote its model and prune old checkpoints.
+
+    Fails, naming the problem, when the newest ``sync/pass-*.json`` of the run is incomplete
+    or lists a file that is not in S3 with its size and SHA-256. When the sidecar's final pass
+    has not landed yet (it runs as the pod shuts down), the task defers to a
+    :class:`~kubetrain.triggers.sync.FinalSyncPassTrigger` instead of waiting in its worker slot.
+    Then, as ``promote`` says, it copies the output files to ``models/<model>/<version>/`` and
+    writes the ``models/<model>/latest`` pointer last. Finally it deletes all but the newest
+    ``keep_checkpoints`` checkpoint prefixes and, when that removed files the final pass lists,
+    records the pruned set as the next pass, so the newest manifest always matches S3.
+
+    Returns (XCom) ``{"run_uri", "sync_pass", "files", "bytes", "promoted", "model_uri",
+    "model_version", "pruned"}``; each key is also its own XCom.
+
+    :param model: model name under ``models/``. (templated)
+    :param promote: ``"always"``, ``"if_better"`` (needs ``is_better``) or ``"never"``. (templated)
+    :param is_better: whether the run beats the promoted model: ``report.output["better_than_promoted"]``. (templated)
+    :param model_version: version to promote as (default: the DAG run's time and a hash of the run URI). (templated)
+    :param keep_checkpoints: checkpoint prefixes to keep per family; ``None`` keeps all. (templated)
+    :param verify_checksums: also compare SHA-256 (reads objects that carry no sha256 metadata).
+    :param final_pass_timeout: seconds to wait (deferred) for the sidecar's final pass to land.
+    :param poll_interval: seconds between looks for it.
+    :param run_uri: the run, e.g. ``train.output["run_uri"]``. (templated)
+    :param trial: sweep trial, as given to the TrainingPodOperator. (templated)
+    :param training_bucket: training bucket (default: the deployment's). (templated)
+    :param aws_conn_id: Airflow connection for S3.
+    """
+
+    template_fields: Sequence[str] = (
+        *RunOperator.template_fields,
+        "model",
+        "promote",
+        "is_better",
+        "model_version",
+        "keep_checkpoints",
+    )
+    ui_color = "#eef7e8"
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        promote: str = "always",
+        is_better: bool | None = None,
+        model_version: str | None = None,
+        keep_checkpoints: int | str | None = 3,
+        verify_checksums: bool = True,
+        final_pass_timeout: float = 300,
+        poll_interval: float = 2,
+        multiple_outputs: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(multiple_outputs=multiple_outputs, **kwargs)
+        self.model = model
+        self.promote = promote
+        self.is_better = is_better
+        self.model_version = model_version
+        self.keep_checkpoints = keep_checkpoints
+        self.verify_checksums = verify_checksums
+        self.final_pass_timeout = final_pass_timeout
+        self.poll_interval = poll_interval
+
+    def decisions(self) -> tuple[bool, int | None]:
+        """``(promote?, checkpoint prefixes to keep)``, checked before anything is touched."""
+        check_name("model", self.model)
+        if self.promote not in PROMOTE_CHOICES:
+            raise ValueError(f"promote={self.promote!r} is not valid: expected one of {', '.join(PROMOTE_CHOICES)}")
+        promote = self.promote == "always"
+        if self.promote == "if_better":
+            if self.is_better is None:
+                raise ValueError(
+                    "promote='if_better' needs is_better, e.g. is_better=report.output['better_than_promoted'] "
+                    "(the report compared nothing: did the run write metrics.json?)"
+                )
+            promote = parse_bool("is_better", self.is_better)
+        keep = self.keep_checkpoints
+        if keep in (None, ""):
+            return promote, None
+        try:
+            keep = int(keep)
+        except (TypeError, ValueError):
+            keep = -1
+        if keep < 0:
+            raise ValueError(f"keep_checkpoints={self.keep_checkpoints!r} is not valid: expected an integer >= 0 or None")
+        return promote, keep
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        self.decisions()
+        run = self.run_location(context)
+        try:
+            final = self.store.final_pass(run, checksums=self.verify_checksums)
+        except FinalPassPending as exc:
+            if self.final_pass_timeout <= 0:
+                raise
+            self.log.info("Waiting, deferred, for the sidecar's final sync pass: %s", exc)
+            self.defer(
+                trigger=FinalSyncPassTrigger(
+                    run_uri=run.uri, aws_conn_id=self.aws_conn_id, timeout=self.final_pass_timeout,
+                    poll_interval=self.poll_interval,
+                ),  # fmt: skip
+                method_name="execute_complete",
+                timeout=timedelta(seconds=self.final_pass_timeout + 60),
+            )
+        return self.finish(context, run, final)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """Resume when the final pass has landed (or the wait ended without it)."""
+        run = self.run_location(context)
+        if event.get("status") != "final":
+            raise SyncVerificationError(event.get("message") or f"no final sync pass for {run.uri}: {event}")
+        try:
+            final = self.store.final_pass(run, checksums=self.verify_checksums)
+        except FinalPassPending as exc:  # a newer, unfinished pass appeared: another pod writes here
+            raise SyncVerificationError(f"{exc} (after a final pass had landed)") from exc
+        return self.finish(context, run, final)
+
+    def finish(self, context: Context, run: RunLocation, final: SyncPass) -> dict[str, Any]:
+        promote, keep = self.decisions()
+        files = final.files
+        self.log.info("Final sync pass %s verified: %d files", final.uri, len(files))
+        result: dict[str, Any] = {
+            "run_uri": run.uri,
+            "sync_pass": final.number,
+            "files": len(files),
+            "bytes": sum(int(f.get("size") or 0) for f in files),
+            "promoted": False,
+            "model_uri": None,
+            "model_version": None,
+            "pruned": 0,
+        }
+        if promote:
+            version = self.model_version or model_version(run, _run_time(context))
+            pointer = self.store.promote(run, model=self.model, version=version, sync_pass=final)
+            self.log.info("Promoted %s as %s (latest)", run.uri, pointer["uri"])
+            result.update(promoted=True, model_uri=pointer["uri"], model_version=version)
+        else:
+            self.log.info("Not promoting %s (promote=%s, is_better=%s)", run.uri, self.promote, self.is_better)
+
+        if keep is not None:
+            deleted, remaining = self.store.prune(run, files, keep)
+            result["pruned"] = len(deleted)
+            self.log.info("Pruned %d checkpoint objects, keeping the newest %d prefixes", len(deleted), keep)
+            if len(remaining) != len(files):
+                recorded = self.store.record_pass(run, final, remaining, writer=f"airflow:{self.dag_id}/{self.task_id}")
+                result["sync_pass"] = recorded.number
+        return result
+
+
+def _run_time(context: Context) -> datetime:
+    dag_run = context.get("dag_run")
+    for name in ("run_after", "logical_date", "start_date"):
+        value = getattr(dag_run, name, None)
+        if value is not None:
+            return value
+    return datetime.now(UTC)

@@ -1,0 +1,241 @@
+"""How a training pod gets from created to running, phase by phase, and when to give up.
+
+A training pod starts in four phases, each with its own budget, so that a 10 GB dataset
+being staged never looks like a hung image pull::
+
+    scheduling   until PodScheduled       schedule_timeout; an unschedulable pod fails fast
+    start-up     until stage-in runs      startup_timeout: the sync image is pulled
+    stage-in     until stage-in ends      stage_in_timeout: the dataset is downloaded
+    start-up     until the pod runs       startup_timeout again: the sidecar starts and the
+                                          training image is pulled
+
+:class:`PodStartup` judges one observation of the pod (and, while it is unscheduled, its
+events) at a time; the synchronous operator and the deferred trigger feed it the same way.
+The clock of each phase starts at the pod's own timestamps (creation, PodScheduled, the
+stage-in container's start and end), so a restarted triggerer does not reset it.
+
+A failure is an exception class, never a message to parse: :class:`PodUnschedulableError`
+and :class:`ImagePullError` fail the task without retries (a retry would wait for the same
+missing node or image), :class:`PodStartupTimeout` and :class:`StageInError` may be retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+# Events of autoscalers that have asked for a node for the pod (cluster-autoscaler, Karpenter).
+SCALE_UP_REASONS = ("TriggeredScaleUp", "Nominated")
+# Waiting reasons that no amount of waiting fixes.
+FATAL_WAITING_REASONS = ("InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError")
+PULL_WAITING_REASONS = ("ErrImagePull", "ImagePullBackOff")
+EVENT_KEY = "kubetrain_startup"
+
+
+class PodStartupTimeout(AirflowException):
+    """The pod did not reach the next start-up phase within its budget (retried like any failure)."""
+
+
+class StageInError(PodStartupTimeout):
+    """The stage-in container failed or ran past ``stage_in_timeout``."""
+
+
+class PodUnschedulableError(AirflowFailException):
+    """No node can take the pod (e.g. no free GPU); the scheduler's reason is in the message.
+
+    Not retried: a retry would wait for the same node again.
+    """
+
+
+class ImagePullError(AirflowFailException):
+    """An image of the pod cannot be pulled, or a container cannot be created from it; not retried."""
+
+
+FAILURES: dict[str, type[AirflowException]] = {
+    "unschedulable": PodUnschedulableError,
+    "image": ImagePullError,
+    "stage_in": StageInError,
+    "timeout": PodStartupTimeout,
+}
+STARTUP_FAILURES = tuple(FAILURES.values())
+
+
+def failure_kind(exc: BaseException) -> str:
+    """The name under which a start-up failure travels in a trigger event."""
+    for kind, cls in FAILURES.items():
+        if type(exc) is cls:
+            return kind
+    raise TypeError(f"{type(exc).__name__} is not a pod start-up failure")
+
+
+def failure_from_event(event: dict[str, Any]) -> AirflowException | None:
+    """The start-up failure a :class:`~kubetrain.triggers.pod.TrainingPodTrigger` event reports, if any."""
+    kind = event.get(EVENT_KEY)
+    if kind is None:
+        return None
+    cls = FAILURES.get(kind)
+    if cls is None:
+        raise ValueError(f"unknown pod start-up failure {kind!r} in a trigger event: expected one of {', '.join(FAILURES)}")
+    return cls(str(event.get("message") or kind))
+
+
+def _timestamp(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _condition(pod: Any, kind: str) -> Any:
+    for condition in getattr(pod.status, "conditions", None) or []:
+        if condition.type == kind:
+            return condition
+    return None
+
+
+def _container_status(pod: Any, name: str) -> Any:
+    for status in getattr(pod.status, "init_container_statuses", None) or []:
+        if status.name == name:
+            return status
+    return None
+
+
+def _waiting(pod: Any) -> list[tuple[str, str, str]]:
+    """``(container, reason, message)`` of every container that waits, init containers first."""
+    found = []
+    for status in [*(pod.status.init_container_statuses or []), *(pod.status.container_statuses or [])]:
+        waiting = getattr(status.state, "waiting", None) if status.state else None
+        if waiting is not None and waiting.reason:
+            found.append((status.name, waiting.reason, waiting.message or ""))
+    return found
+
+
+@dataclass
+class PodStartup:
+    """Judge a starting pod: :meth:`observe` returns True once it runs, else raises when it never will.
+
+    :param schedule_timeout: seconds from creation until a node is found while an autoscaler
+        adds one (a ``TriggeredScaleUp`` event), or while no verdict is given yet.
+    :param unschedulable_grace: seconds a pod may stay unschedulable with no autoscaler
+        coming to help before it fails.
+    :param startup_timeout: seconds for each start-up phase: pulling the sync image (until
+        the stage-in container runs), then starting the sidecar and pulling the training image.
+    :param stage_in_timeout: seconds the stage-in container may run.
+    :param stage_in_container: name of the stage-in init container.
+    """
+
+    schedule_timeout: float
+    unschedulable_grace: float
+    startup_timeout: float
+    stage_in_timeout: float
+    stage_in_container: str = "stage-in"
+    first_seen: dict[str, datetime] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("schedule_timeout", "unschedulable_grace", "startup_timeout", "stage_in_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name}={value!r} is not valid: expected a number of seconds > 0")
+
+    def _since(self, key: str, stated: Any, now: datetime) -> float:
+        """Seconds since the pod's own timestamp, else since this watcher first saw the phase."""
+        start = _timestamp(stated) or self.first_seen.setdefault(key, now)
+        return (now - start).total_seconds()
+
+    def needs_events(self, pod: Any) -> bool:
+        """Whether :meth:`observe` wants the pod's events with this observation (only while unscheduled)."""
+        scheduled = _condition(pod, "PodScheduled")
+        return pod.status.phase in (None, "Pending") and not (scheduled and scheduled.status == "True")
+
+    def observe(self, pod: Any, events: Iterable[Any] = (), now: datetime | None = None) -> bool:
+        """Return True when the pod has left ``Pending``, False to keep waiting; raise when it cannot start.
+
+        :param pod: the pod as just read from the API (``kubernetes`` or ``kubernetes_asyncio`` model).
+        :param events: its events, oldest first (only looked at while it is unscheduled).
+        :param now: the current time (UTC).
+        """
+        now = now or datetime.now(UTC)
+        name = pod.metadata.name
+        phase = pod.status.phase
+        stage_in = _container_status(pod, self.stage_in_container)
+        terminated = getattr(stage_in.state, "terminated", None) if stage_in and stage_in.state else None
+        if terminated is not None and terminated.exit_code not in (0, None):
+            detail = (terminated.message or terminated.reason or "").strip()
+            raise StageInError(
+                f"the {self.stage_in_container} container of pod {name} exited with {terminated.exit_code}"
+                + (f": {detail}" if detail else "")
+            )
+        if phase not in (None, "Pending", "Unknown"):
+            return True
+        waiting = _waiting(pod)
+        for container, reason, message in waiting:
+            if reason in FATAL_WAITING_REASONS:
+                raise ImagePullError(f"container {container} of pod {name} cannot start: {reason}: {message}".rstrip(": "))
+
+        scheduled = _condition(pod, "PodScheduled")
+        if not (scheduled and scheduled.status == "True"):
+            self._check_scheduling(pod, scheduled, list(events), now)
+            return False
+
+        if stage_in is not None and terminated is None:
+            running = getattr(stage_in.state, "running", None) if stage_in.state else None
+            if running is None:
+                waited = self._since("pull", scheduled.last_transition_time, now)
+                self._check_pull(name, waited, "the stage-in container to start (sync image pull)", waiting)
+                return False
+            if self._since("stage-in", running.started_at, now) > self.stage_in_timeout:
+                raise StageInError(
+                    f"the {self.stage_in_container} container of pod {name} ran longer than "
+                    f"stage_in_timeout={self.stage_in_timeout:g} s: the dataset did not finish downloading"
+                )
+            return False
+        since = terminated.finished_at if terminated is not None else scheduled.last_transition_time
+        waited = self._since("start", since, now)
+        self._check_pull(name, waited, "the training container to start (training image pull)", waiting)
+        return False
+
+    def _check_scheduling(self, pod: Any, scheduled: Any, events: list[Any], now: datetime) -> None:
+        name = pod.metadata.name
+        reason = None
+        if scheduled is not None and scheduled.status == "False" and scheduled.reason == "Unschedulable":
+            reason = scheduled.message or "Unschedulable"
+        for event in reversed(events):
+            if event.reason == "FailedScheduling" and event.message:
+                reason = event.message
+                break
+        scaling_up = any(event.reason in SCALE_UP_REASONS for event in events)
+        waited = self._since("created", pod.metadata.creation_timestamp, now)
+        if reason is not None and not scaling_up:
+            stuck = self._since("unschedulable", scheduled.last_transition_time if scheduled else None, now)
+            if stuck >= self.unschedulable_grace:
+                raise PodUnschedulableError(
+                    f"pod {name} cannot be scheduled: FailedScheduling: {reason} (no autoscaler added a node "
+                    f"within {self.unschedulable_grace:g} s)"
+                )
+        if waited >= self.schedule_timeout:
+            if reason is not None:
+                raise PodUnschedulableError(
+                    f"pod {name} was not scheduled within {self.schedule_timeout:g} s: FailedScheduling: {reason}"
+                )
+            raise PodStartupTimeout(f"pod {name} was not scheduled within {self.schedule_timeout:g} s")
+
+    def _check_pull(self, name: str, waited: float, what: str, waiting: list[tuple[str, str, str]]) -> None:
+        if waited < self.startup_timeout:
+            return
+        # ErrImagePull and ImagePullBackOff that outlast the budget mean the image is not
+        # coming: the kubelet has retried the pull all along.
+        failure: type[AirflowException] = PodStartupTimeout
+        detail = ""
+        for container, reason, message in waiting:
+            detail = f": container {container} is {reason}: {message}".rstrip(": ")
+            if reason in PULL_WAITING_REASONS:
+                failure = ImagePullError
+        raise failure(f"pod {name} waited longer than startup_timeout={self.startup_timeout:g} s for {what}{detail}")

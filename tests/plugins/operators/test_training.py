@@ -1,0 +1,496 @@
+"""TrainingPodOperator: the pod it asks for, the settings and images it resolves, and how a pod that cannot start fails."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import subprocess
+import uuid
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
+from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
+from airflow.sdk import DAG, BaseOperator
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+from imagebuild_support import push_busybox_base, start_registry
+from kubernetes.client import ApiClient
+from kubernetes.client import models as k8s
+from test_pod_spec import K8S_VERSION, policy_violations
+
+from include.devstack.stack import AIRFLOW_PYTHON, REPO, free_port, wait_http
+from kubetrain import pod_spec, settings
+from kubetrain.images import ImageNotFoundError, ImageResolutionError
+from kubetrain.operators.training import PodUnschedulableError, TrainingPodOperator
+from kubetrain.triggers.pod import TrainingPodTrigger
+
+RUN_ID = "manual__2026-11-22T04:00:00.123456+00:00"
+SECRET_VALUE = "sEcReT-value-that-must-not-leak-42"
+TRAINER = "registry.example/kubetrain/trainer@sha256:" + "a" * 64
+SYNC = "registry.example/kubetrain/sync@sha256:" + "b" * 64
+
+
+class TaskInstance:
+    """The parts of a running task instance that the operator reads."""
+
+    def __init__(self, dag_id: str, task_id: str, try_number: int = 1, map_index: int = -1) -> None:
+        self.dag_id, self.task_id, self.try_number, self.map_index = dag_id, task_id, try_number, map_index
+        self.xcom: dict[str, object] = {}
+
+    def xcom_push(self, key: str, value: object) -> None:
+        self.xcom[key] = value
+
+
+def context_for(operator, try_number: int = 1, map_index: int = -1, **params) -> dict:
+    ti = TaskInstance(operator.dag_id, operator.task_id, try_number, map_index)
+    return {
+        "ti": ti,
+        "task_instance": ti,
+        "run_id": RUN_ID,
+        "dag": operator.dag,
+        "params": {"gpus": 2, "epochs": 5, **params},
+    }
+
+
+def kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": "default"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture
+def airflow_env(tmp_path, monkeypatch):
+    """A Kubernetes connection (building a pod reads the kubeconfig, nothing is contacted) and clean settings."""
+    config = kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:9")
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KUBERNETES_DEFAULT",
+        json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(config), "namespace": "default"}}),
+    )
+    for setting in settings.SETTINGS.values():
+        monkeypatch.delenv(setting.env, raising=False)
+        monkeypatch.delenv(f"AIRFLOW_VAR_{setting.variable.upper()}", raising=False)
+    monkeypatch.delenv("AIRFLOW_CONN_KUBETRAIN_REGISTRY_DEFAULT", raising=False)
+    # Credentials in the Airflow worker's environment must never end up in the pod.
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_VALUE)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIA" + SECRET_VALUE[:12])
+    return monkeypatch
+
+
+def operator(**kwargs) -> TrainingPodOperator:
+    kwargs.setdefault("image", TRAINER)
+    kwargs.setdefault("sync_image", SYNC)
+    with DAG("train_digits", schedule=None):
+        return TrainingPodOperator(
+            task_id="train",
+            cmds=["python", "-m", "trainer.image_classifier"],
+            arguments=["--epochs", "{{ params.epochs }}"],
+            dataset_manifest="s3://training/manifests/digits/3f2a9c0d1e4b5a69.json",
+            dataset_version="3f2a9c0d1e4b5a69",
+            experiment="digits",
+            **kwargs,
+        )
+
+
+def build(op: TrainingPodOperator, context: dict) -> dict:
+    op.render_template_fields(context)
+    return ApiClient().sanitize_for_serialization(op.build_pod_request_obj(context))
+
+
+def env_of(container: dict) -> dict[str, str | None]:
+    return {e["name"]: e.get("value") for e in container.get("env") or []}
+
+
+def test_is_a_kubernetes_pod_operator_with_training_defaults():
+    op = operator()
+    assert isinstance(op, KubernetesPodOperator)
+    assert op.deferrable is True
+    assert op.on_finish_action.value == "delete_pod"
+    assert op.get_logs is True
+    assert op.do_xcom_push is False
+    assert op.termination_message_policy == "FallbackToLogsOnError"
+    assert (op.startup_timeout_seconds, op.stage_in_timeout_seconds) == (600, 3600)
+    assert set(KubernetesPodOperator.template_fields) <= set(TrainingPodOperator.template_fields)
+    with pytest.raises(ValueError, match="builds container_resources itself"):
+        operator(container_resources=k8s.V1ResourceRequirements(limits={"cpu": "1"}))
+    with pytest.raises(TypeError, match="no_such_argument"):
+        operator(no_such_argument=1)
+
+
+def test_operator_pod_validates_and_follows_the_policy(airflow_env):
+    op = operator(gpus="{{ params.gpus }}", image_pull_secrets="regcred", namespace="training")
+    context = context_for(op)
+    pod = build(op, context)
+
+    assert kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    assert policy_violations(pod, secret_values=(SECRET_VALUE,)) == []
+    base = pod["spec"]["containers"][0]
+    assert base["args"] == ["--epochs", "5"]
+    assert base["resources"]["limits"]["nvidia.com/gpu"] == base["resources"]["requests"]["nvidia.com/gpu"] == "2"
+    assert pod["metadata"]["namespace"] == "training"
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 300
+    assert base["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    labels = pod["metadata"]["labels"]
+    assert labels["kubetrain.io/dag-id"] == "train_digits" and labels["kubetrain.io/experiment"] == "digits"
+    assert labels["kubetrain.io/run-id"].startswith("manual__2026-11-22T04-00-00.123456-00-00-")
+    env = env_of(base)
+    assert env["KUBETRAIN_RUN_URI"] == context["ti"].xcom["run_uri"]
+    assert env["KUBETRAIN_RUN_URI"].startswith("s3://training/runs/train_digits/manual__2026-11-22T04_00_00.123456_00_00-")
+    assert (base["image"], env["KUBETRAIN_IMAGE"], env["KUBETRAIN_CODE_VERSION"]) == (TRAINER, TRAINER, "sha256:" + "a" * 64)
+
+
+def test_run_uri_is_the_same_for_every_try_and_differs_per_trial(airflow_env):
+    def run_uri(**kwargs):
+        op = operator()
+        return env_of(build(op, context_for(op, **kwargs))["spec"]["containers"][0])["KUBETRAIN_RUN_URI"]
+
+    first = run_uri(try_number=1)
+    assert run_uri(try_number=3) == first
+    assert run_uri(map_index=2) == first + "/trials/2"
+
+
+# -- settings: each deployment setting reaches its pod field; an argument (or Param) beats it ---------------
+
+
+SETTING_CASES = [
+    ("namespace", "ml-training", lambda pod: pod["metadata"]["namespace"], "ml-training"),
+    (
+        "s3_secret",
+        "minio-creds",
+        lambda pod: [c["envFrom"] for c in pod["spec"]["initContainers"]],
+        [[{"secretRef": {"name": "minio-creds"}}]] * 2,
+    ),
+    ("service_account", "trainer-sa", lambda pod: pod["spec"]["serviceAccountName"], "trainer-sa"),
+    (
+        "image_pull_secrets",
+        "regcred, mirror",
+        lambda pod: pod["spec"]["imagePullSecrets"],
+        [{"name": "regcred"}, {"name": "mirror"}],
+    ),
+    ("node_selector", "pool=gpu,zone=a", lambda pod: pod["spec"]["nodeSelector"], {"pool": "gpu", "zone": "a"}),
+    (
+        "tolerations",
+        '[{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]',
+        lambda pod: pod["spec"]["tolerations"],
+        [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "spot", "operator": "Exists", "effect": "NoSchedule"},
+        ],
+    ),
+    (
+        "gpu_resource",
+        "amd.com/gpu",
+        lambda pod: (pod["spec"]["containers"][0]["resources"]["limits"], pod["spec"]["tolerations"]),
+        (
+            {"cpu": "1", "memory": "2Gi", "amd.com/gpu": "1"},
+            [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        ),
+    ),
+    (
+        "gpu_resource",
+        "nvidia.com/mig-1g.10gb",
+        lambda pod: (pod["spec"]["containers"][0]["resources"]["requests"], [t["key"] for t in pod["spec"]["tolerations"]]),
+        (
+            {"cpu": "1", "memory": "2Gi", "nvidia.com/mig-1g.10gb": "1"},
+            ["nvidia.com/mig-1g.10gb", "nvidia.com/gpu"],
+        ),
+    ),
+    ("trainer_image", TRAINER.replace("a" * 64, "c" * 64), lambda pod: pod["spec"]["containers"][0]["image"], TRAINER.replace("a" * 64, "c" * 64)),
+    ("sync_image", SYNC.replace("b" * 64, "d" * 64), lambda pod: pod["spec"]["initContainers"][1]["image"], SYNC.replace("b" * 64, "d" * 64)),
+    ("training_bucket", "ml-runs", lambda pod: env_of(pod["spec"]["containers"][0])["KUBETRAIN_RUN_URI"].split("/")[2], "ml-runs"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "value", "field", "expected"), SETTING_CASES, ids=[f"{c[0]}={c[1]}" for c in SETTING_CASES])
+@pytest.mark.parametrize("source", ["env", "variable"])
+def test_each_setting_reaches_the_pod(airflow_env, name, value, field, expected, source):
+    setting = settings.SETTINGS[name]
+    if source == "env":
+        airflow_env.setenv(setting.env, value)
+    else:
+        airflow_env.setenv(f"AIRFLOW_VAR_{setting.variable.upper()}", value)
+    images = {"image": None if name == "trainer_image" else TRAINER, "sync_image": None if name == "sync_image" else SYNC}
+    op = operator(gpus=1, **images)
+    pod = build(op, context_for(op))
+    assert field(pod) == expected
+    assert kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+
+
+def test_workload_identity_setting(airflow_env):
+    airflow_env.setenv("KUBETRAIN_S3_SECRET", "")
+    airflow_env.setenv("KUBETRAIN_SERVICE_ACCOUNT", "irsa-trainer")
+    op = operator()
+    pod = build(op, context_for(op))
+    assert not any(c.get("envFrom") for c in pod["spec"]["initContainers"] + pod["spec"]["containers"])
+    assert pod["spec"]["serviceAccountName"] == "irsa-trainer"
+    assert pod["spec"]["automountServiceAccountToken"] is True
+
+    airflow_env.delenv("KUBETRAIN_SERVICE_ACCOUNT")
+    with pytest.raises(ValueError, match="workload identity.*needs service_account_name"):
+        build(operator(), context_for(op))
+
+
+def test_run_arguments_from_params_beat_the_settings(airflow_env):
+    airflow_env.setenv("KUBETRAIN_NODE_SELECTOR", "pool=cpu")
+    airflow_env.setenv("KUBETRAIN_IMAGE_PULL_SECRETS", "deployment-cred")
+    airflow_env.setenv("KUBETRAIN_GPU_RESOURCE", "nvidia.com/gpu")
+    op = operator(
+        gpus="{{ params.gpus }}",
+        node_selector="{{ params.node_selector | tojson }}",
+        tolerations="{{ params.tolerations | tojson }}",
+        image_pull_secrets="{{ params.image_pull_secrets | tojson }}",
+        gpu_resource="{{ params.gpu_resource or '' }}",
+    )
+    params = {
+        "node_selector": {"gpu-type": "a100"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+        "image_pull_secrets": ["run-cred"],
+        "gpu_resource": "nvidia.com/mig-3g.40gb",
+    }
+    pod = build(op, context_for(op, **params))
+    assert pod["spec"]["nodeSelector"] == {"gpu-type": "a100"}
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "run-cred"}]
+    assert [t["key"] for t in pod["spec"]["tolerations"]] == ["nvidia.com/mig-3g.40gb", "nvidia.com/gpu", "dedicated"]
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-3g.40gb"] == "2"
+
+    # Params left empty (null) fall back to the deployment's settings.
+    empty = {"node_selector": None, "tolerations": None, "image_pull_secrets": None, "gpu_resource": None}
+    op = operator(
+        node_selector="{{ params.node_selector | tojson }}",
+        tolerations="{{ params.tolerations | tojson }}",
+        image_pull_secrets="{{ params.image_pull_secrets | tojson }}",
+        gpu_resource="{{ params.gpu_resource or '' }}",
+    )
+    pod = build(op, context_for(op, **empty))
+    assert pod["spec"]["nodeSelector"] == {"pool": "cpu"}
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "deployment-cred"}]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("KUBETRAIN_NODE_SELECTOR", "pool", "node_selector item 'pool' is not key=value"),
+        ("KUBETRAIN_TOLERATIONS", '[{"key": "a", "operator": "Maybe"}]', "operator must be Equal or Exists"),
+        ("KUBETRAIN_GPU_RESOURCE", "gpu", "gpu_resource='gpu' is not an extended resource name"),
+        ("KUBETRAIN_NAMESPACE", "ML_Training", "namespace 'ML_Training' is not a valid DNS-1123 label"),
+    ],
+)
+def test_bad_settings_fail_before_any_pod_is_created(airflow_env, name, value, message):
+    airflow_env.setenv(name, value)
+    op = operator(gpus=1)
+    with pytest.raises(ValueError, match=message):
+        build(op, context_for(op))
+
+
+def test_bad_resources_fail_before_any_pod_is_created(airflow_env):
+    op = operator(memory="lots")
+    with pytest.raises(ValueError, match="memory='lots' is not a Kubernetes quantity"):
+        build(op, context_for(op))
+
+
+def test_image_precedence(airflow_env):
+    assert pod_spec.resolve_image(None, "trainer") == "localhost:5000/kubetrain/trainer:latest"
+    airflow_env.setenv("KUBETRAIN_REGISTRY", "127.0.0.1:5123")
+    assert pod_spec.resolve_image(None, "sync") == "127.0.0.1:5123/kubetrain/sync:latest"
+    airflow_env.setenv("KUBETRAIN_TRAINER_IMAGE", "127.0.0.1:5123/kubetrain/trainer:env")
+    assert pod_spec.resolve_image(None, "trainer") == "127.0.0.1:5123/kubetrain/trainer:env"
+    # Environment-backed Variables win over the environment, as the build DAG's Variable does.
+    airflow_env.setenv("AIRFLOW_VAR_KUBETRAIN_TRAINER_IMAGE", "127.0.0.1:5123/kubetrain/trainer:variable")
+    assert pod_spec.resolve_image(None, "trainer") == "127.0.0.1:5123/kubetrain/trainer:variable"
+    assert pod_spec.resolve_image("example.org/explicit:1", "trainer") == "example.org/explicit:1"
+    with pytest.raises(ValueError, match="unknown image kind 'builder'"):
+        pod_spec.resolve_image(None, "builder")
+
+
+# -- images are pinned to the digest the registry has when the pod is submitted -----------------------------
+
+
+@pytest.fixture
+def registry(tmp_path, airflow_env):
+    reg = start_registry(tmp_path / "registry")
+    try:
+        yield reg
+    finally:
+        reg.stop()
+
+
+def test_images_are_pinned_to_their_digest_when_the_task_runs(registry, airflow_env, tmp_path):
+    client = registry.client()
+    first = push_busybox_base(client, "kubetrain/trainer", "build", tmp_path / "t1")
+    sync = push_busybox_base(client, "kubetrain/sync", "latest", tmp_path / "s1")
+    for name, value in registry.conn_env("kubetrain_registry_default").items():
+        airflow_env.setenv(name, value)
+    airflow_env.setenv("KUBETRAIN_REGISTRY", registry.host)
+    op = operator(image=None, sync_image=None)  # created before the image is published, as at parse time
+    airflow_env.setenv("AIRFLOW_VAR_KUBETRAIN_TRAINER_IMAGE", f"{registry.host}/kubetrain/trainer:build")
+
+    pod = build(op, context_for(op))
+    base, stage_in = pod["spec"]["containers"][0], pod["spec"]["initContainers"][0]
+    assert base["image"] == f"{registry.host}/kubetrain/trainer@{first}"
+    assert stage_in["image"] == f"{registry.host}/kubetrain/sync@{sync}"
+    assert env_of(base)["KUBETRAIN_IMAGE"] == base["image"] and env_of(base)["KUBETRAIN_CODE_VERSION"] == first
+
+    # The tag moves: the next run pins the new image.
+    second = push_busybox_base(
+        client, "kubetrain/trainer", "build", tmp_path / "t2", extra_layers=[_layer(tmp_path / "extra")]
+    )
+    assert second != first
+    op = operator(image=None, sync_image=None)
+    assert build(op, context_for(op))["spec"]["containers"][0]["image"] == f"{registry.host}/kubetrain/trainer@{second}"
+
+    with pytest.raises(ImageNotFoundError, match=rf"{registry.host}/kubetrain/trainer:gone is not in registry"):
+        build(operator(image=f"{registry.host}/kubetrain/trainer:gone"), context_for(op))
+
+
+def _layer(path: Path):
+    from kubetrain.imagebuild.layer import write_layer
+    from kubetrain.imagebuild.oci import OCI_LAYER_GZIP
+
+    path.mkdir()
+    (path / "code.py").write_text("print('new code')\n")
+    return write_layer(path, path.with_suffix(".tar.gz")).blob(OCI_LAYER_GZIP)
+
+
+def test_an_unreachable_registry_fails_naming_the_image_and_a_digest_needs_no_registry(airflow_env):
+    port = free_port()  # nothing listens here
+    image = f"127.0.0.1:{port}/kubetrain/trainer:latest"
+    op = operator(image=image)
+    with pytest.raises(ImageResolutionError, match=rf"cannot resolve image {image} to a digest.*@sha256"):
+        build(op, context_for(op))
+    pinned = f"127.0.0.1:{port}/kubetrain/trainer@sha256:" + "e" * 64
+    op = operator(image=pinned)
+    assert build(op, context_for(op))["spec"]["containers"][0]["image"] == pinned
+
+
+# -- the provider's methods this subclass overrides or calls, pinned to the signatures it relies on ---------
+
+
+def test_provider_methods_the_subclass_relies_on():
+    def parameters(function) -> list[str]:
+        return list(inspect.signature(function).parameters)
+
+    assert parameters(KubernetesPodOperator.build_pod_request_obj) == ["self", "context", "dry_run"]
+    assert parameters(KubernetesPodOperator.await_pod_start) == ["self", "pod"]
+    assert parameters(KubernetesPodOperator.cleanup) == ["self", "pod", "remote_pod", "xcom_result", "context"]
+    assert parameters(KubernetesPodOperator.trigger_reentry) == ["self", "context", "event"]
+    assert parameters(BaseOperator.defer) == ["self", "trigger", "method_name", "kwargs", "timeout"]
+    assert parameters(PodManager.read_pod) == ["self", "pod"]
+    assert parameters(PodManager.read_pod_events)[:2] == ["self", "pod"]
+    # The pod operator defers on a plain KubernetesPodTrigger, which the subclass extends.
+    assert "KubernetesPodTrigger(" in inspect.getsource(KubernetesPodOperator.invoke_defer_method)
+    classpath, kwargs = KubernetesPodTrigger(
+        pod_name="p", pod_namespace="n", trigger_start_time=None, base_container_name="base"
+    ).serialize()
+    assert classpath == "airflow.providers.cncf.kubernetes.triggers.pod.KubernetesPodTrigger"
+    assert set(kwargs) <= set(inspect.signature(KubernetesPodTrigger.__init__).parameters)
+    # The trigger reads the pod and its events through its hook.
+    assert inspect.signature(KubernetesPodTrigger.hook.func).return_annotation in ("AsyncKubernetesHook", AsyncKubernetesHook)
+    assert parameters(AsyncKubernetesHook.get_pod)[:3] == ["self", "name", "namespace"]
+    assert parameters(AsyncKubernetesHook.get_pod_events)[:3] == ["self", "name", "namespace"]
+
+
+def test_trigger_serializes_to_plain_arguments_and_back():
+    trigger = TrainingPodTrigger(
+        pod_name="p", pod_namespace="n", trigger_start_time=None, base_container_name="base",
+        startup_timeout=120, schedule_timeout=600, stage_in_timeout=3600, unschedulable_grace=30,
+    )  # fmt: skip
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "kubetrain.triggers.pod.TrainingPodTrigger"
+    again = TrainingPodTrigger(**kwargs)
+    assert again.serialize() == (classpath, kwargs)
+    startup = again.startup()
+    assert (startup.stage_in_timeout, startup.unschedulable_grace, startup.startup_timeout) == (3600, 30, 120)
+
+
+# -- against the dev stack's Kubernetes API, with no GPU to give -------------------------------------------
+
+
+@pytest.fixture
+def gpu_less_cluster(tmp_path, airflow_env):
+    port = free_port()
+    log = tmp_path / "kubeapi.log"
+    argv = [str(AIRFLOW_PYTHON), "-m", "include.devstack.kubeapi", "--host", "127.0.0.1", "--port", str(port)]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [*argv, "--state-dir", str(tmp_path / "kube"), "--strict-gpu"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/version", 60, proc, log)
+        config = kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}")
+        airflow_env.setenv(
+            "AIRFLOW_CONN_KUBERNETES_DEFAULT",
+            json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(config), "namespace": "default"}}),
+        )
+        from kubernetes import client
+        from kubernetes import config as kube_config
+
+        yield client.CoreV1Api(kube_config.new_client_from_config(str(config)))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _pods_left(api) -> list[str]:
+    pods = api.list_namespaced_pod("default", label_selector="kubetrain.io/dag-id=train_digits").items
+    return [p.metadata.name for p in pods if not p.metadata.deletion_timestamp]
+
+
+def _unschedulable(**kwargs) -> TrainingPodOperator:
+    # No autoscaler will come: the pod fails after the grace, long before the schedule timeout.
+    return operator(
+        gpus=1, namespace="default", unschedulable_grace_seconds=2, startup_check_interval_seconds=1, **kwargs
+    )
+
+
+@pytest.mark.timeout(120)
+def test_unschedulable_pod_fails_once_with_the_scheduler_message(gpu_less_cluster):
+    op = _unschedulable(deferrable=False)
+    context = context_for(op)
+    op.render_template_fields(context)
+    with pytest.raises(PodUnschedulableError, match=r"cannot be scheduled: FailedScheduling: .*nvidia\.com/gpu") as info:
+        op.execute(context)
+    assert isinstance(info.value, AirflowFailException)  # not retried
+    assert _pods_left(gpu_less_cluster) == []  # deleted on failure
+
+
+@pytest.mark.timeout(120)
+def test_unschedulable_pod_fails_once_with_the_scheduler_message_when_deferred(gpu_less_cluster):
+    op = _unschedulable()
+    context = context_for(op)
+    op.render_template_fields(context)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, TrainingPodTrigger) and trigger.unschedulable_grace == 2
+    trigger = TrainingPodTrigger(**trigger.serialize()[1])  # as the triggerer builds it
+
+    async def first_event():
+        async for event in trigger.run():
+            return event.payload
+
+    event = asyncio.run(first_event())
+    assert (event["status"], event["kubetrain_startup"]) == ("timeout", "unschedulable"), event
+    with pytest.raises(PodUnschedulableError, match=r"FailedScheduling: .*nvidia\.com/gpu"):
+        getattr(op, deferred.value.method_name)(context, event)
+    assert _pods_left(gpu_less_cluster) == []
+
+
+def test_dry_run_needs_no_registry_or_cluster(airflow_env, capsys):
+    op = operator(image=f"127.0.0.1:{free_port()}/kubetrain/trainer:{uuid.uuid4().hex[:6]}")
+    op.dry_run()
+    assert "kind: Pod" in capsys.readouterr().out
