@@ -2,8 +2,10 @@
 
 Faults, chosen per request with a seeded generator: a 503 SlowDown or a 500
 InternalError answered by the proxy itself, a connection reset before the response, and a
-connection reset half-way through the response body. The proxy also records every
-request (method, path, status, body bytes relayed) so tests can count GETs.
+connection reset half-way through the response body. ``first_gets`` injects given kinds in
+turn into the first object GETs, so a test sees each of them whatever the timing; ``stall``
+holds requests without an answer (a server or network that hangs). The proxy also records
+every request (method, path, status, body bytes relayed) so tests can count GETs.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ class FaultProxy:
         always_fail: every request whose path contains this text gets a 503 (a persistent fault).
         corrupt: GET responses whose path contains this text arrive with one body byte flipped
             (headers intact), as a faulty network or disk would deliver them.
+        first_gets: fault kinds given in turn to the first GETs of object data (a
+            ``reset-body`` waits for a response that has a body to cut).
+        stall: ``stall(method, path)`` is called before a request is relayed; while it returns
+            True the request gets no answer (the proxy holds the connection open).
     """
 
     def __init__(
@@ -51,6 +57,8 @@ class FaultProxy:
         drop_headers: tuple[str, ...] = (),
         always_fail: str | None = None,
         corrupt: str | None = None,
+        first_gets: tuple[str, ...] = (),
+        stall=None,
     ) -> None:
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname, parts.port)
@@ -58,6 +66,9 @@ class FaultProxy:
         self.drop_headers = {h.lower() for h in drop_headers}
         self.always_fail = always_fail
         self.corrupt = corrupt
+        self._script = list(first_gets)
+        self.stall = stall
+        self.stalled = threading.Event()  # set once a request has been held
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.records: list[Record] = []
@@ -98,8 +109,10 @@ class FaultProxy:
                 return
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
-    def _fault(self) -> str:
+    def _fault(self, method: str, path: str) -> str:
         with self._lock:
+            if self._script and method == "GET" and "?" not in path:
+                return self._script.pop(0)
             r = self._rng.random()
         if r >= self.fail_rate:
             return ""
@@ -116,7 +129,13 @@ class FaultProxy:
                     return
                 request_line, headers = head
                 method, path, _ = request_line.split(" ", 2)
-                fault = "503" if self.always_fail and self.always_fail in path else self._fault()
+                if self.stall is not None and self.stall(method, path):
+                    self._record(method, path, 0, 0, "stall")
+                    self.stalled.set()
+                    while self.stall(method, path) and not self._closed.wait(0.05):
+                        pass
+                    return
+                fault = "503" if self.always_fail and self.always_fail in path else self._fault(method, path)
                 expect = headers.pop("expect", None)
                 for name in self.drop_headers:
                     headers.pop(name, None)
@@ -155,6 +174,10 @@ class FaultProxy:
                     self._record(method, path, status, len(resp_body) // 2, fault)
                     _reset(client)
                     return
+                if fault == "reset-body":  # nothing to cut here: the next GET gets it
+                    with self._lock:
+                        self._script.insert(0, fault)
+                    fault = ""
                 client.sendall(raw)
                 self._record(method, path, status, len(resp_body), fault if fault == "corrupt" else "")
                 if resp_headers.get("connection", "").lower() == "close":
