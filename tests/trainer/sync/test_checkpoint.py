@@ -85,7 +85,7 @@ def _check_bytes(s3, manifest: dict) -> None:
         obj = s3.get_object(Bucket="training", Key=f["key"])
         body = obj["Body"].read()
         assert len(body) == f["size"] and hashlib.sha256(body).hexdigest() == f["sha256"], f["key"]
-        assert obj["Metadata"]["sha256"] == f["sha256"]
+        assert {k.lower(): v for k, v in obj["Metadata"].items()}["sha256"] == f["sha256"]
 
 
 def test_final_pass_on_sigterm_lists_only_complete_files(s3_server, s3, tmp_path):
