@@ -324,11 +324,11 @@ def main(argv: list[str] | None = None) -> int:
             ),
         )
         code = sidecar.run(stopped=EARLY_SIGTERM.is_set())
-        if sidecar.abandoned:
-            # uploads still hanging after the grace period must not hold the exit
-            sys.stderr.flush()
-            os._exit(code)
-        return code
+        # S3 calls abandoned on SIGTERM or at the end of the grace period may still hang in
+        # their threads (bounded by their timeouts): they must not hold the exit
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     except SyncError as exc:
         log(f"{label}: ERROR: {exc}")
         return 1
