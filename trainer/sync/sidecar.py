@@ -282,8 +282,7 @@ class Sidecar:
         began = time.monotonic()
         found = self.scan()
         now = time.time()
-        todo = []
-        deferred = set()
+        candidates = []
         for ident, path in sorted(found.items()):
             try:
                 st = Stat.of(path)
@@ -292,15 +291,21 @@ class Sidecar:
             entry = self.entries.get(ident)
             if entry is not None and entry.stat == st:
                 continue
-            recent = now - st.mtime_ns / 1e9 < cfg.quiet
-            if recent and not final and ident not in self.deferred:
-                deferred.add(ident)  # the next pass takes it if it holds still around its upload
-                continue
-            todo.append((ident, path, recent))
-        self.deferred = deferred
-        # files that disappeared are no longer part of the set
-        for ident in [i for i in self.entries if i not in found]:
-            del self.entries[ident]
+            candidates.append((ident, path, now - st.mtime_ns / 1e9 < cfg.quiet))
+        recent = {ident for ident, _, is_recent in candidates if is_recent}
+        # A file still recent in the next pass is being rewritten faster than the quiet period
+        # (TensorFlow's `checkpoint` index is rewritten at every save): then this pass takes
+        # every recent file that holds still around its upload, so the index goes with the
+        # checkpoint files it names.
+        take_recent = final or bool(recent & self.deferred)
+        self.deferred = set() if take_recent else recent
+        todo = [c for c in candidates if take_recent or not c[2]]
+        # files that disappeared are no longer part of the set, unless this pass defers recent
+        # files: a deferred index may still name them, so the older set is kept whole (their
+        # objects stay in S3 until the run is cleaned up)
+        if not self.deferred:
+            for ident in [i for i in self.entries if i not in found]:
+                del self.entries[ident]
         number = self.next_pass
         if todo or final:
             nbytes = sum(_size(path) for _, path, _ in todo)
@@ -311,23 +316,30 @@ class Sidecar:
         errors: list[dict[str, str]] = []
         self.unsettled = False
         pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="put")
-        futures = {
-            pool.submit(self._sync_file, ident, path, recent, final): ident for ident, path, recent in todo
-        }
-        if deadline is None:
-            pending = set(futures)
-            while pending and not self.stop.is_set():
-                _, pending = wait(pending, timeout=0.2)
-            if pending:
-                pool.shutdown(wait=False, cancel_futures=True)
-                for fut in futures:  # what a cut-off upload may have replaced is listed no more
-                    self.entries.pop(futures[fut], None)
-                self.next_pass += 1
-                raise _Stopped()
-            done = set(futures)
-        else:
-            timeout = max(0.0, deadline - time.monotonic() - MANIFEST_RESERVE)
-            done, pending = wait(futures, timeout=timeout)
+        futures: dict = {}
+        batch = todo
+        # a file that changed during its upload is tried again (twice at most) in the same pass
+        for _ in range(3):
+            round_ = {pool.submit(self._sync_file, i, p, r, final): (i, p, r) for i, p, r in batch}
+            futures.update({fut: item[0] for fut, item in round_.items()})
+            if deadline is None:
+                pending = set(round_)
+                while pending and not self.stop.is_set():
+                    _, pending = wait(pending, timeout=0.2)
+                if pending:
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    for fut in futures:  # what a cut-off upload may have replaced is listed no more
+                        self.entries.pop(futures[fut], None)
+                    self.next_pass += 1
+                    raise _Stopped()
+            else:
+                timeout = max(0.0, deadline - time.monotonic() - MANIFEST_RESERVE)
+                _, pending = wait(round_, timeout=timeout)
+            batch = [item for fut, item in round_.items() if fut not in pending and fut.exception() is None and fut.result()]
+            if pending or not batch:
+                break
+        done = {fut for fut in futures if fut.done()}
+        pending = set(futures) - done
         for fut in done:
             area, rel = futures[fut]
             exc = fut.exception()
@@ -405,16 +417,18 @@ class Sidecar:
 
     # -- one file ------------------------------------------------------------------------
 
-    def _sync_file(self, ident: tuple[str, str], path: Path, recent: bool, final: bool) -> None:
+    def _sync_file(self, ident: tuple[str, str], path: Path, recent: bool, final: bool) -> bool:
+        """Upload one file; True when it changed while it was read or sent (then it is not listed)."""
         if self.stop.is_set() and not final:
-            return
+            return False
         try:
-            self._sync_existing(ident, path, recent, final)
+            return self._sync_existing(ident, path, recent, final)
         except FileNotFoundError:
             # deleted since the scan (trainers prune old checkpoints): no longer part of the set
             self.entries.pop(ident, None)
+            return False
 
-    def _sync_existing(self, ident: tuple[str, str], path: Path, recent: bool, final: bool) -> None:
+    def _sync_existing(self, ident: tuple[str, str], path: Path, recent: bool, final: bool) -> bool:
         area, rel = ident
         key = f"{self.config.run.key.rstrip('/')}/{area}/{rel}"
         began = time.monotonic()
@@ -428,7 +442,7 @@ class Sidecar:
                 sha = hashlib.sha256(data).hexdigest()
                 if entry is not None and entry.file.sha256 == sha:
                     self.entries[ident] = Entry(before, entry.file)  # touched, not changed
-                    return
+                    return False
                 md5 = hashlib.md5(data).hexdigest()
                 self._retry(lambda: self._put(key, data, sha, md5), f"s3://{self.config.run.bucket}/{key}")
             else:
@@ -437,7 +451,7 @@ class Sidecar:
                     raise _Changed()
                 if entry is not None and entry.file.sha256 == sha:
                     self.entries[ident] = Entry(before, entry.file)
-                    return
+                    return False
                 self._retry(
                     lambda: self._put_multipart(key, path, before.size, sha, part_md5s),
                     f"s3://{self.config.run.bucket}/{key}",
@@ -445,9 +459,9 @@ class Sidecar:
         except _Changed:
             self.unsettled = True
             log(f"checkpoint-sync: {area}/{rel} is still being written; not listed in this pass")
-            return
+            return True
         if recent:
-            # a file written just before SIGTERM (or one a periodic pass deferred before) is
+            # a file written just before SIGTERM (or in a pass that takes recent files) is
             # listed only if it then holds still
             time.sleep(max(0.0, self.config.settle - (time.monotonic() - began)))
         if Stat.of(path) != before:
@@ -455,10 +469,11 @@ class Sidecar:
             self.entries.pop(ident, None)
             self.unsettled = True
             log(f"checkpoint-sync: {area}/{rel} changed during its upload; not listed in this pass")
-            return
+            return True
         self.entries[ident] = Entry(before, PassFile(area, rel, key, before.size, sha))
         self.uploaded_files += 1
         self.uploaded_bytes += before.size
+        return False
 
     def _put(self, key: str, data: bytes, sha: str, md5: str) -> None:
         resp = self.s3.client.put_object(

@@ -45,8 +45,9 @@ class FaultProxy:
             (headers intact), as a faulty network or disk would deliver them.
         first_gets: fault kinds given in turn to the first GETs of object data (a
             ``reset-body`` waits for a response that has a body to cut).
-        stall: ``stall(method, path)`` is called before a request is relayed; while it returns
-            True the request gets no answer (the proxy holds the connection open).
+        stall: ``stall(method, path)`` is called once per request before it is relayed; when it
+            returns an event, the request gets no answer (the proxy holds the connection open)
+            until the event is set, and then the connection is closed.
     """
 
     def __init__(
@@ -129,10 +130,11 @@ class FaultProxy:
                     return
                 request_line, headers = head
                 method, path, _ = request_line.split(" ", 2)
-                if self.stall is not None and self.stall(method, path):
+                hold = self.stall(method, path) if self.stall is not None else None
+                if hold is not None:
                     self._record(method, path, 0, 0, "stall")
                     self.stalled.set()
-                    while self.stall(method, path) and not self._closed.wait(0.05):
+                    while not hold.wait(0.05) and not self._closed.is_set():
                         pass
                     return
                 fault = "503" if self.always_fail and self.always_fail in path else self._fault(method, path)
