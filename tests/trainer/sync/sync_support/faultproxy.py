@@ -14,7 +14,7 @@ import random
 import socket
 import struct
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 _ERROR_BODY = (
@@ -30,6 +30,7 @@ class Record:
     status: int
     body_bytes: int
     fault: str
+    headers: dict[str, str] = field(default_factory=dict)  # the request's, lower-case names
 
 
 class FaultProxy:
@@ -71,6 +72,7 @@ class FaultProxy:
         self.stall = stall
         self.stalled = threading.Event()  # set once a request has been held
         self._rng = random.Random(seed)
+        self._local = threading.local()
         self._lock = threading.Lock()
         self.records: list[Record] = []
         self._sock = socket.create_server(("127.0.0.1", 0))
@@ -129,6 +131,7 @@ class FaultProxy:
                 if head is None:
                     return
                 request_line, headers = head
+                self._local.headers = dict(headers)
                 method, path, _ = request_line.split(" ", 2)
                 hold = self.stall(method, path) if self.stall is not None else None
                 if hold is not None:
@@ -193,7 +196,7 @@ class FaultProxy:
 
     def _record(self, method: str, path: str, status: int, nbytes: int, fault: str) -> None:
         with self._lock:
-            self.records.append(Record(method, path, status, nbytes, fault))
+            self.records.append(Record(method, path, status, nbytes, fault, dict(self._local.headers)))
 
 
 def _read_head(reader) -> tuple[str, dict[str, str]] | None:
