@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                 part_size=args.part_size,
                 md5_max_size=args.md5_max_size,
             )
-            stage_in(S3(pool=max(10, args.workers)), cfg)
+            stage_in(S3(pool=max(10, args.workers), small_calls_on_crt=True), cfg)
             return 0
         if args.command == "restore":
             from trainer.sync.restore import restore
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             areas = args.area or ["checkpoints"]
             dirs = {"checkpoints": args.checkpoint_dir, "output": args.output_dir}
             restore(
-                S3(pool=max(10, args.workers)),
+                S3(pool=max(10, args.workers), small_calls_on_crt=True),
                 parse_s3_uri(args.run_uri, "KUBETRAIN_RUN_URI"),
                 {a: dirs[a] for a in areas},
                 workers=args.workers,

@@ -318,8 +318,9 @@ class Sidecar:
         pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="put")
         futures: dict = {}
         batch = todo
-        # a file that changed during its upload is tried again (twice at most) in the same pass
-        for _ in range(3):
+        # a file that changed during its upload is tried again (twice at most) in the same
+        # periodic pass; the final pass has its own, shorter, loop of passes (final_pass)
+        for _ in range(1 if final else 3):
             round_ = {pool.submit(self._sync_file, i, p, r, final): (i, p, r) for i, p, r in batch}
             futures.update({fut: item[0] for fut, item in round_.items()})
             if deadline is None:
