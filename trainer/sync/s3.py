@@ -99,6 +99,28 @@ def client_error(uri: S3Uri, exc: Exception) -> SyncError:
     return SyncError(f"{uri}: {exc}")
 
 
+def target_gbps() -> float:
+    """The CRT's throughput target: ``KUBETRAIN_S3_TARGET_GBPS``, else one Gbit/s per core, 1 to 10.
+
+    The CRT sizes its connections and its memory pool from it; a pool larger than the node's
+    cores can feed costs page faults for nothing (on 2 cores, 10 Gbit/s took twice the CPU
+    of 2 Gbit/s for a 1 GiB object; bench/README.md, "transfer").
+
+    Raises:
+        SyncError: the variable is not a number > 0.
+    """
+    raw = os.environ.get("KUBETRAIN_S3_TARGET_GBPS")
+    if not raw:
+        return float(min(10, max(1, os.cpu_count() or 1)))
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise SyncError(f"KUBETRAIN_S3_TARGET_GBPS={raw!r} is not valid: expected a number of Gbit/s > 0")
+    return value
+
+
 def max_attempts_from_env() -> int:
     """``AWS_MAX_ATTEMPTS`` (the standard variable), else the tool's default.
 
@@ -148,7 +170,7 @@ class S3:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._pool = pool
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the CRT client may create the botocore client (workload identity)
         self._client = None
         self._crt = None
         self._endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -270,7 +292,7 @@ class S3:
                     tls_mode=S3RequestTlsMode.ENABLED if parts.scheme == "https" else S3RequestTlsMode.DISABLED,
                     tls_connection_options=tls_options,
                     part_size=PART_SIZE,
-                    throughput_target_gbps=10.0,
+                    throughput_target_gbps=target_gbps(),
                     retry_config=S3RetryConfig(max_retries=self.max_attempts - 1),
                     connect_timeout_ms=int(self.connect_timeout * 1000),
                 )

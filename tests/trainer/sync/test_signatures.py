@@ -153,3 +153,37 @@ def test_every_pod_side_call_is_signed_right(s3_server, s3, tmp_path, monkeypatc
     assert any("range" in r.headers and "if-match" in r.headers for r in gets)
     assert any("x-amz-checksum-mode" in r.headers for r in gets)
     _check_all_signed_and_accepted(proxy.records)
+
+
+def test_credentials_from_botocore_s_chain_reach_the_crt(s3_server, s3, tmp_path):
+    """Without keys in the environment (workload identity, a credentials file), stage-in takes
+    botocore's credential chain and hands it to the CRT."""
+    s3.put_object(Bucket="datasets", Key="sig-chain/a.bin", Body=b"chain" * 1000)
+    uri = put_manifest(s3, dataset_manifest(s3, "datasets", "sig-chain/", "sig-chain"))
+    shared = tmp_path / "credentials"
+    shared.write_text(
+        f"[default]\naws_access_key_id = {s3_server.access_key_id}\n"
+        f"aws_secret_access_key = {s3_server.secret_access_key}\n"
+    )
+    env = {
+        "AWS_ENDPOINT_URL": s3_server.endpoint,
+        "AWS_DEFAULT_REGION": s3_server.region,
+        "AWS_SHARED_CREDENTIALS_FILE": str(shared),
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+    }
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    import subprocess
+    import sys
+
+    from sync_support import REPO
+
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer.sync", "stage-in", "--manifest", uri, "--data-dir", str(tmp_path / "d")],
+        cwd=REPO,
+        env={**clean, "PYTHONPATH": str(REPO), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "d" / "a.bin").read_bytes() == b"chain" * 1000
