@@ -368,11 +368,14 @@ class S3:
             on_progress: with ``to_file``, called with the number of bytes each time some arrive.
         """
         from awscrt.http import HttpHeaders, HttpRequest
-        from awscrt.s3 import S3RequestType
+        from awscrt.s3 import S3FileIoOptions, S3RequestType
 
         crt = self._crt_client()
         host, path = self._address(bucket, key)
         headers = [("host", host), ("content-length", "0")]
+        # written as it arrives, with direct I/O where the file system has it (the CRT falls back
+        # where it has not): the page cache's copy and write-back cost more than the download
+        fio = S3FileIoOptions(should_stream=True, direct_io=True) if to_file else None
         if if_match:
             headers.append(("if-match", if_match))
         if checksum_mode:
@@ -385,6 +388,7 @@ class S3:
             on_headers=handle.headers,
             on_body=handle.body if to_file is None else None,
             recv_filepath=to_file,
+            fio_options=fio,
             on_progress=on_progress,
             on_done=handle.done,
         )
