@@ -174,3 +174,15 @@ def test_work_lost_to_a_kill_is_bounded_by_the_sync_interval(s3_server, s3, tmp_
     # steps of 0.3 s: what the last interval, one quiet deferral and the pass in flight can hold
     print(json.dumps({"killed_at_step": killed_at, "resumed_at_step": resumed, "steps_lost": lost}))
     assert lost <= 3 * (interval + 1 + 0.5) / 0.3 + 1, lines.text()
+
+
+def test_every_sidecar_call_has_timeouts_and_bounded_retries(s3_server, monkeypatch):
+    from trainer.sync.s3 import CONNECT_TIMEOUT, READ_TIMEOUT, S3
+
+    for name, value in {**s3_server.env(), "AWS_MAX_ATTEMPTS": "3"}.items():
+        monkeypatch.setenv(name, value)
+    s3 = S3()  # as the sidecar makes it: every call through botocore
+    config = s3.client.meta.config
+    assert (config.connect_timeout, config.read_timeout) == (CONNECT_TIMEOUT, READ_TIMEOUT)
+    assert config.retries["total_max_attempts"] == 3 and not s3.small_calls_on_crt
+    assert CONNECT_TIMEOUT <= 10 and READ_TIMEOUT <= 30
