@@ -3,8 +3,9 @@
 tests/trainer runs under trainer/.venv, everything else under .venv; this file must
 import in both, so it starts servers as subprocesses instead of importing them.
 
-* ``s3_server``: a fresh S3 server (moto, from .venv) on a free loopback port, with the
-  ``datasets`` and ``training`` buckets, for the whole session.
+* ``s3_server``: a fresh S3 server (the dev stack's, include/devstack/s3.py) on a free
+  loopback port over a temporary directory, with the ``datasets`` and ``training`` buckets
+  and a generated key pair that it verifies on every request, for the whole session.
 * ``devstack``: the whole dev stack (S3, registry, Kubernetes API). When the environment
   already names a running stack (``KUBETRAIN_STACK_DIR``, as ``make test`` sets it), that
   stack is reused; otherwise one is started under a temporary directory and stopped at
@@ -25,7 +26,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `include` and `trainer` import from the repository root
 
-from include.devstack.stack import AIRFLOW_PYTHON, BUCKETS, Stack, free_port, wait_bucket, wait_http  # noqa: E402
+from include.devstack.stack import BUCKETS, Stack, free_port, wait_http  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,13 @@ class S3Server:
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory) -> S3Server:
     port = free_port()
-    log = tmp_path_factory.mktemp("s3") / "s3.log"
-    server = S3Server(f"http://127.0.0.1:{port}", "kt" + secrets.token_hex(8), secrets.token_urlsafe(30))
+    root = tmp_path_factory.mktemp("s3")
+    log = root / "s3.log"
+    server = S3Server(f"http://127.0.0.1:{port}", "kt" + secrets.token_hex(8), secrets.token_hex(20))
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [str(AIRFLOW_PYTHON), "-m", "include.devstack.s3", "--port", str(port)],
+            [sys.executable, "-m", "include.devstack.s3", "--port", str(port), "--data-dir", str(root / "data"),
+             "--buckets", *BUCKETS],
             cwd=REPO,
             env={
                 **os.environ,
@@ -63,9 +66,7 @@ def s3_server(tmp_path_factory) -> S3Server:
             stderr=subprocess.STDOUT,
         )
     try:
-        wait_http(f"{server.endpoint}/moto-api/", 60, proc, log)
-        for bucket in BUCKETS:
-            wait_bucket(server.endpoint, bucket, 30)
+        wait_http(f"{server.endpoint}/", 60, proc, log)  # the buckets exist before it answers
         yield server
     finally:
         proc.terminate()

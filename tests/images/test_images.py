@@ -64,7 +64,7 @@ def test_sync_image_runs_the_transfer_tool(stack_images, image_builder):
     lines = image_builder.run_in_image(stack_images["sync"].local, ["python3", "-m", "trainer.sync", "stage-in", "--help"])
     assert any("--verify {auto,md5,size}" in line for line in lines), lines  # the last lines of stage-in --help
     # botocore and the CRT import inside the image: the package's engine is there, not only its CLI
-    probe = "import awscrt, botocore, boto3, os; print('engine', botocore.__version__, os.getuid())"
+    probe = "import awscrt, botocore, s3transfer, os; print('engine', botocore.__version__, os.getuid())"
     lines = image_builder.run_in_image(stack_images["sync"].local, ["python3", "-c", probe])
     assert lines[-1] == "engine 1.44.5 10001"
 

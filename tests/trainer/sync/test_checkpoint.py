@@ -28,6 +28,36 @@ def _run_uri() -> tuple[str, str]:
     return f"s3://training/{key}", key
 
 
+class _Lines:
+    """The sidecar's output, line by line as it comes, to wait on (no sleeps)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.lines: list[str] = []
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self.thread.start()
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            with self.cond:
+                self.lines.append(line)
+                self.cond.notify_all()
+        with self.cond:
+            self.lines.append("")  # end of output
+            self.cond.notify_all()
+
+    def wait(self, text: str, timeout: float = 60, count: int = 1) -> None:
+        """Wait until ``count`` lines containing ``text`` have been written."""
+        with self.cond:
+            if not self.cond.wait_for(
+                lambda: sum(text in x for x in self.lines) >= count or "" in self.lines, timeout
+            ) or sum(text in x for x in self.lines) < count:
+                raise AssertionError(f"the sidecar never wrote {text!r}:\n{self.text()}")
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
 def _sidecar(env: dict[str, str], run: str, ck: Path, out: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [
@@ -85,7 +115,7 @@ def _check_bytes(s3, manifest: dict) -> None:
         obj = s3.get_object(Bucket="training", Key=f["key"])
         body = obj["Body"].read()
         assert len(body) == f["size"] and hashlib.sha256(body).hexdigest() == f["sha256"], f["key"]
-        assert obj["Metadata"]["sha256"] == f["sha256"]
+        assert {k.lower(): v for k, v in obj["Metadata"].items()}["sha256"] == f["sha256"]
 
 
 def test_final_pass_on_sigterm_lists_only_complete_files(s3_server, s3, tmp_path):
@@ -107,18 +137,19 @@ def test_final_pass_on_sigterm_lists_only_complete_files(s3_server, s3, tmp_path
         assert first["complete"] and not first["final"]
         # a checkpoint file being written when SIGTERM arrives
         partial = ck / "ckpt-2.data-00000-of-00001"
-        stop_writing = threading.Event()
+        stop_writing, writing = threading.Event(), threading.Event()
 
         def writer() -> None:
             with open(partial, "wb") as f:
                 while not stop_writing.is_set():
                     f.write(os.urandom(4096))
                     f.flush()
-                    time.sleep(0.02)
+                    writing.set()
+                    stop_writing.wait(0.02)  # the pace of a slow writer
 
         thread = threading.Thread(target=writer)
         thread.start()
-        time.sleep(0.3)
+        assert writing.wait(30)
         output = _stop(proc)
         stop_writing.set()
         thread.join()
@@ -173,9 +204,13 @@ def test_sync_survives_faults_and_a_new_sidecar_continues(s3_server, s3, tmp_pat
         # a new pod's sidecar continues the numbering and uploads nothing already there
         proxy.records.clear()
         proc = _sidecar(env, run, ck, out, "--interval", "0.3", "--quiet", "0")
+        lines = _Lines(proc)
         try:
-            time.sleep(1.5)
-            output = _stop(proc)
+            lines.wait(f"continuing after pass {final['pass']}")
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(20)
+            lines.thread.join(10)
+            output = lines.text()
         finally:
             proc.kill()
         assert proc.returncode == 0, output

@@ -2,8 +2,10 @@
 
 Faults, chosen per request with a seeded generator: a 503 SlowDown or a 500
 InternalError answered by the proxy itself, a connection reset before the response, and a
-connection reset half-way through the response body. The proxy also records every
-request (method, path, status, body bytes relayed) so tests can count GETs.
+connection reset half-way through the response body. ``first_gets`` injects given kinds in
+turn into the first object GETs, so a test sees each of them whatever the timing; ``stall``
+holds requests without an answer (a server or network that hangs). The proxy also records
+every request (method, path, status, body bytes relayed) so tests can count GETs.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import random
 import socket
 import struct
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 _ERROR_BODY = (
@@ -28,6 +30,7 @@ class Record:
     status: int
     body_bytes: int
     fault: str
+    headers: dict[str, str] = field(default_factory=dict)  # the request's, lower-case names
 
 
 class FaultProxy:
@@ -41,6 +44,11 @@ class FaultProxy:
         always_fail: every request whose path contains this text gets a 503 (a persistent fault).
         corrupt: GET responses whose path contains this text arrive with one body byte flipped
             (headers intact), as a faulty network or disk would deliver them.
+        first_gets: fault kinds given in turn to the first GETs of object data (a
+            ``reset-body`` waits for a response that has a body to cut).
+        stall: ``stall(method, path)`` is called once per request before it is relayed; when it
+            returns an event, the request gets no answer (the proxy holds the connection open)
+            until the event is set, and then the connection is closed.
     """
 
     def __init__(
@@ -51,6 +59,8 @@ class FaultProxy:
         drop_headers: tuple[str, ...] = (),
         always_fail: str | None = None,
         corrupt: str | None = None,
+        first_gets: tuple[str, ...] = (),
+        stall=None,
     ) -> None:
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname, parts.port)
@@ -58,7 +68,11 @@ class FaultProxy:
         self.drop_headers = {h.lower() for h in drop_headers}
         self.always_fail = always_fail
         self.corrupt = corrupt
+        self._script = list(first_gets)
+        self.stall = stall
+        self.stalled = threading.Event()  # set once a request has been held
         self._rng = random.Random(seed)
+        self._local = threading.local()
         self._lock = threading.Lock()
         self.records: list[Record] = []
         self._sock = socket.create_server(("127.0.0.1", 0))
@@ -98,8 +112,10 @@ class FaultProxy:
                 return
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
-    def _fault(self) -> str:
+    def _fault(self, method: str, path: str) -> str:
         with self._lock:
+            if self._script and method == "GET" and "?" not in path:
+                return self._script.pop(0)
             r = self._rng.random()
         if r >= self.fail_rate:
             return ""
@@ -115,8 +131,16 @@ class FaultProxy:
                 if head is None:
                     return
                 request_line, headers = head
+                self._local.headers = dict(headers)
                 method, path, _ = request_line.split(" ", 2)
-                fault = "503" if self.always_fail and self.always_fail in path else self._fault()
+                hold = self.stall(method, path) if self.stall is not None else None
+                if hold is not None:
+                    self._record(method, path, 0, 0, "stall")
+                    self.stalled.set()
+                    while not hold.wait(0.05) and not self._closed.is_set():
+                        pass
+                    return
+                fault = "503" if self.always_fail and self.always_fail in path else self._fault(method, path)
                 expect = headers.pop("expect", None)
                 for name in self.drop_headers:
                     headers.pop(name, None)
@@ -155,6 +179,10 @@ class FaultProxy:
                     self._record(method, path, status, len(resp_body) // 2, fault)
                     _reset(client)
                     return
+                if fault == "reset-body":  # nothing to cut here: the next GET gets it
+                    with self._lock:
+                        self._script.insert(0, fault)
+                    fault = ""
                 client.sendall(raw)
                 self._record(method, path, status, len(resp_body), fault if fault == "corrupt" else "")
                 if resp_headers.get("connection", "").lower() == "close":
@@ -168,7 +196,7 @@ class FaultProxy:
 
     def _record(self, method: str, path: str, status: int, nbytes: int, fault: str) -> None:
         with self._lock:
-            self.records.append(Record(method, path, status, nbytes, fault))
+            self.records.append(Record(method, path, status, nbytes, fault, dict(self._local.headers)))
 
 
 def _read_head(reader) -> tuple[str, dict[str, str]] | None:
