@@ -10,6 +10,9 @@ import in both, so it starts servers as subprocesses instead of importing them.
   already names a running stack (``KUBETRAIN_STACK_DIR``, as ``make test`` sets it), that
   stack is reused; otherwise one is started under a temporary directory and stopped at
   the end of the session.
+* ``moto_server``: moto's S3 server (no buckets, any credentials), for the S3 features the dev
+  stack's server lacks (include/devstack/S3.md): folder-marker keys, ``<md5>-<parts>``
+  multipart ETags, ``If-Match``, stored checksums.
 """
 
 from __future__ import annotations
@@ -124,3 +127,43 @@ def stack_images(devstack):
         base="debian", rootfs=IMAGE_ROOTFS,
     )  # fmt: skip
     return {"trainer": trainer, "sync": sync}
+
+
+@dataclass(frozen=True)
+class MotoServer:
+    endpoint: str
+    access_key_id: str
+    secret_access_key: str
+    region: str = "us-east-1"
+
+    def env(self) -> dict[str, str]:
+        """Standard AWS variables that boto3 and the transfer tool read."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+            "AWS_DEFAULT_REGION": self.region,
+        }
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory) -> MotoServer:
+    port = free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    server = MotoServer(f"http://127.0.0.1:{port}", "kt" + secrets.token_hex(8), secrets.token_hex(20))
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(REPO / ".venv" / "bin" / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_http(f"{server.endpoint}/moto-api/", 60, proc, log)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
