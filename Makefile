@@ -31,7 +31,7 @@ export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION := False
 export TF_CPP_MIN_LOG_LEVEL := 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help setup test test-airflow test-trainer lint demo demo-dialogue airflow stack-up stack-down bench lock clean \
+.PHONY: help setup test test-airflow test-trainer lint demo demo-dialogue airflow stack-up stack-images stack-down bench lock clean \
 	images images-base
 
 help:
@@ -164,13 +164,18 @@ stack-up: setup
 stack-down:
 	@if [ -x $(VENV)/bin/python ]; then $(VENV)/bin/python -m include.devstack down; fi
 
-demo: setup stack-up
+# The dev stack's registry gets the CPU trainer and sync images, built here from their Dockerfiles on
+# the Debian-made base: its kubelet, like a cluster's, runs only images that are in the registry.
+stack-images: stack-up $(IMAGE_ROOTFS)
+	set -a; . .stack/env; set +a; $(MAKE) --no-print-directory images IMAGE_BASE=debian
+
+demo: setup stack-images
 	$(VENV)/bin/python -m include.demo image_classifier
 
-demo-dialogue: setup stack-up
+demo-dialogue: setup stack-images
 	$(VENV)/bin/python -m include.demo dialogue
 
-airflow: setup stack-up
+airflow: setup stack-images
 	$(VENV)/bin/python -m include.demo ui
 
 # -- benchmarks ----------------------------------------------------------------------------

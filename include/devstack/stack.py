@@ -99,10 +99,10 @@ class Stack:
 
     state_dir: Path
     strict_gpu: bool = False
-    # the local kubelet refuses what a real one refuses (runAsNonRoot with a root image): KUBETRAIN_STRICT=1
-    strict: bool = False
-    # images under the stack's registry must be in it (ErrImagePull otherwise): KUBETRAIN_REGISTRY_CHECK=1
-    registry_check: bool = False
+    # the local kubelet refuses what a real one refuses (runAsNonRoot with a root image); KUBETRAIN_STRICT=0 is lenient
+    strict: bool = True
+    # images under the stack's registry must be in it (ErrImagePull otherwise), as on a cluster; KUBETRAIN_REGISTRY_CHECK=0 turns it off
+    registry_check: bool = True
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
@@ -281,6 +281,8 @@ class Stack:
             "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(aws_conn),
             "AIRFLOW_CONN_KUBETRAIN_REGISTRY_DEFAULT": json.dumps(registry_conn),
             "KUBETRAIN_REGISTRY": state["registry"],
+            # The node has no GPU: training pods run the CPU variant that `make stack-images` pushes.
+            "KUBETRAIN_TRAINER_IMAGE": f"{state['registry']}/kubetrain/trainer:latest-cpu",
             "KUBETRAIN_S3_ENDPOINT": s3["endpoint"],
             "KUBETRAIN_S3_ACCESS_KEY_ID": s3["access_key_id"],
             "KUBETRAIN_S3_SECRET_ACCESS_KEY": s3["secret_access_key"],
@@ -350,8 +352,8 @@ def _kill_group(pid: int, grace: float = 10.0) -> bool:
     return True
 
 
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "") not in ("", "0", "false")
+def _flag(name: str, default: bool = False) -> bool:
+    return os.environ.get(name, "1" if default else "") not in ("", "0", "false", "no")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -368,14 +370,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--strict",
-        action="store_true",
-        default=_flag("KUBETRAIN_STRICT"),
+        action=argparse.BooleanOptionalAction,
+        default=_flag("KUBETRAIN_STRICT", default=True),
         help="the local kubelet refuses what a real one refuses: runAsNonRoot with an image that runs as root",
     )
     parser.add_argument(
         "--registry-check",
-        action="store_true",
-        default=_flag("KUBETRAIN_REGISTRY_CHECK"),
+        action=argparse.BooleanOptionalAction,
+        default=_flag("KUBETRAIN_REGISTRY_CHECK", default=True),
         help="an image under the stack's registry that is not in it fails to pull (ErrImagePull), as on a cluster",
     )
     args = parser.parse_args(argv)
