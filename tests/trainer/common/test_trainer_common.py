@@ -19,9 +19,9 @@ from include.sample_data import digits as digits_data
 from trainer.common.config import parse_config
 from trainer.common.contract import EXIT_PREEMPTED, json_safe, write_csv_atomic, write_json_atomic
 from trainer.dialogue.train import DialogueConfig
-from trainer.image_classifier import ClassifierConfig
+from trainer.image_classifier.config import ClassifierConfig
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DIRS = {"data_dir": "/data", "checkpoint_dir": "/checkpoints", "output_dir": "/output"}
 
 
@@ -89,7 +89,7 @@ def test_help_documents_exit_codes_and_every_flag():
 
 
 def test_trainer_package_and_data_modules_do_not_load_tensorflow():
-    code = ("import sys, trainer, trainer.image_classifier, trainer.dialogue.train, trainer.dialogue.data; "
+    code = ("import sys, trainer, trainer.image_classifier, trainer.image_classifier.train, trainer.image_classifier.data, trainer.dialogue.train, trainer.dialogue.data; "
             "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

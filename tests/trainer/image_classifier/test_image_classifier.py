@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 
 from include.sample_data import digits as digits_data
-from trainer import image_classifier
 from trainer.common.contract import EXIT_DATAERR, EXIT_NOINPUT, EXIT_PREEMPTED, EXIT_USAGE
+from trainer.image_classifier import data as image_data
+from trainer.image_classifier import model as image_model
+from trainer.image_classifier import train as image_classifier
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 STEP_LINE = re.compile(r"INFO step (\d+) epoch \d+/\d+ batch \d+/\d+ loss ([0-9.]+)")
 SMALL = ["--image-size", "32", "--batch-size", "32"]
 # Keras converts tensors with np.array(x) internally, which NumPy 2 flags on every call.
@@ -245,7 +247,7 @@ def test_mobilenet_without_weights_starts_from_random_weights(tmp_path, caplog):
     caplog.set_level(logging.INFO)
     config = image_classifier.ClassifierConfig(data_dir="d", checkpoint_dir="c", output_dir="o",
                                                model="mobilenet_v2", alpha=0.35, image_size=32)
-    model = image_classifier.build_model(config, num_classes=4)
+    model = image_model.build_model(config, num_classes=4)
     assert "no --weights given: MobileNetV2 starts from random weights (weights are never downloaded)" in caplog.text
     assert model.output.shape == (None, 4) and model.count_params() > 400_000
 
@@ -301,9 +303,9 @@ def test_bad_flag_is_refused_with_exit_2(tmp_path, capsys):
 
 def test_split_is_seeded_and_stratified():
     files = [(f"{label}/{i}.png", label) for label in range(3) for i in range(10)]
-    train_a, val_a = image_classifier.split_files(files, 0.2, seed=1)
-    train_b, val_b = image_classifier.split_files(files, 0.2, seed=1)
-    _, val_c = image_classifier.split_files(files, 0.2, seed=2)
+    train_a, val_a = image_data.split_files(files, 0.2, seed=1)
+    train_b, val_b = image_data.split_files(files, 0.2, seed=1)
+    _, val_c = image_data.split_files(files, 0.2, seed=2)
     assert (train_a, val_a) == (train_b, val_b) and val_a != val_c
     assert sorted(label for _, label in val_a) == [0, 0, 1, 1, 2, 2]
     assert sorted(train_a + val_a) == sorted(files)

@@ -20,7 +20,7 @@ from trainer.dialogue import train as dialogue_train
 from trainer.dialogue.data import load_pairs, read_cornell, read_jsonl, read_tsv
 from trainer.dialogue.tokenizer import WordTokenizer
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CORNELL = Path(__file__).parent / "fixtures" / "cornell"
 TINY = ["--num-layers", "1", "--num-heads", "2", "--hidden-size", "32", "--ff-size", "64",
         "--max-input-length", "12", "--max-output-length", "12", "--warmup-steps", "30"]
