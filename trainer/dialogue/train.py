@@ -187,7 +187,8 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
     log.info("split: %d training and %d validation pairs (seed %d)", len(train_pairs), len(val_pairs), config.seed)
     tokenizer = get_tokenizer(config, train_pairs, checkpoint_dir)
     tokenizer.save(output_dir / TOKENIZER_FILE)
-    write_params(output_dir, TRAINER, config.hyperparameters(), RunInfo.from_env(), sources=data.sources)
+    run = RunInfo.from_env()
+    write_params(output_dir, TRAINER, config.hyperparameters(), run, sources=data.sources)
 
     import keras
     import numpy as np
@@ -227,18 +228,15 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
             dropout=config.dropout,
         )
         schedule = WarmupSchedule(config.hidden_size, config.warmup_steps, config.learning_rate_scale)
-        # global_clipnorm clips after loss-scale unscaling, so it also holds with mixed precision.
-        optimizer = runtime.wrap_optimizer(
-            keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9, global_clipnorm=config.clip_norm)
-        )
+        # The training loop applies global_clipnorm to the all-replica gradient, after
+        # loss-scale unscaling.
+        optimizer = keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9,
+                                          global_clipnorm=config.clip_norm)
     log.info("transformer: %d parameters", model.count_params())
 
     sampler = Sampler(GreedyDecoder(model, config.max_output_length, tokenizer.bos_id, tokenizer.eos_id),
                       tokenizer, val_data, config.num_samples, output_dir / "samples.json")
 
-    def on_step(step: int) -> None:
-        if step % config.sample_every_steps == 0:
-            sampler(step)
 
     def check_resume(extra: dict[str, Any]) -> None:
         saved = extra.get("vocabulary_size")
@@ -249,7 +247,8 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
         trainer=TRAINER, config=config, runtime=runtime, model=model, optimizer=optimizer,
         compute_fn=seq2seq_sums, train_dataset_fn=train_dataset, val_dataset=val_dataset,
         steps_per_epoch=steps_per_epoch, global_batch_size=batch, stop=stop,
-        extra_state={"vocabulary_size": tokenizer.size}, check_resume=check_resume, on_step=on_step,
+        extra_state={"vocabulary_size": tokenizer.size}, check_resume=check_resume, on_step=sampler,
+        on_step_every=config.sample_every_steps, dataset_version=run.dataset_version,
     )
     result = loop.run(history_path=output_dir / "history.csv")
     if sampler.last_step != result.steps:
@@ -258,7 +257,7 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
     export_saved_model(model, output_dir)
     write_json_atomic(output_dir / "metrics.json", metrics_document(
         trainer=TRAINER, task="seq2seq", metric="accuracy", result=result, runtime=runtime,
-        skipped_files=0, skipped_records=data.skipped, train_examples=len(train_pairs),
+        config=config, skipped_files=0, skipped_records=data.skipped, train_examples=len(train_pairs),
         val_examples=len(val_pairs), vocabulary_size=tokenizer.size,
     ))
     log.info("done: %d steps, val_loss %.4f; outputs in %s", result.steps,

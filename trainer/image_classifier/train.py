@@ -64,7 +64,7 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
     pipeline = ImagePipeline(train_files, val_files, config)
     with runtime.strategy.scope():
         model = build_model(config, len(folder.class_names))
-        optimizer = runtime.wrap_optimizer(keras.optimizers.Adam(config.learning_rate))
+        optimizer = keras.optimizers.Adam(config.learning_rate)
 
     def check_resume(extra: dict[str, Any]) -> None:
         saved = extra.get("classes")
@@ -77,7 +77,7 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
         compute_fn=classification_sums, train_dataset_fn=pipeline.train_dataset,
         val_dataset=pipeline.val_dataset(), steps_per_epoch=len(train_files) // config.batch_size,
         global_batch_size=config.batch_size, stop=stop, extra_state={"classes": folder.class_names},
-        check_resume=check_resume,
+        check_resume=check_resume, dataset_version=run.dataset_version,
     )
     result = loop.run(history_path=output_dir / "history.csv")
 
@@ -93,11 +93,12 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
     # metrics.json comes last: its presence tells readers the run's outputs are complete.
     write_json_atomic(output_dir / "metrics.json", metrics_document(
         trainer=TRAINER, task="classification", metric="accuracy", result=result, runtime=runtime,
-        skipped_files=len(folder.skipped), classes=folder.class_names,
+        config=config, skipped_files=len(folder.skipped), classes=folder.class_names,
         train_examples=len(train_files), val_examples=len(val_files),
     ))
-    log.info("done: %d steps, val_accuracy %.4f; outputs in %s", result.steps,
-             result.history[-1]["val_accuracy"] if result.history else float("nan"), output_dir)
+    log.info("done: %d steps; exported epoch %s, val_accuracy %.4f; outputs in %s", result.steps,
+             (result.exported or {}).get("epoch"), (result.exported or {}).get("val_accuracy", float("nan")),
+             output_dir)
 
 
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
