@@ -30,7 +30,11 @@ class ClassifierConfig(TrainerConfig):
     augment: bool = option(False, "random shifts, brightness and contrast on training images")
     flip: bool = option(False, "random left-right flips on training images (not for digits or text)")
     cache: bool = option(True, "keep decoded images in memory after the first epoch")
-    shuffle_buffer: int = option(10000, "shuffle buffer in images")
+    shuffle_buffer: int = option(
+        0, "images in the shuffle buffer of the cached training split (0: all of them, an exact shuffle; the "
+        "buffer refers to the cached images, it does not copy them). Without --cache every epoch reads the files "
+        "in a new seeded order instead", metavar="N",
+    )
     verify_workers: int = option(8, "threads that check the image files before training")
 
     def __post_init__(self) -> None:
@@ -41,8 +45,8 @@ class ClassifierConfig(TrainerConfig):
         require(isinstance(self.filters, int) and 1 <= self.filters <= 1024, "filters", self.filters,
                 "an integer from 1 to 1024")
         require(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "a fraction in [0, 1)")
-        require(isinstance(self.shuffle_buffer, int) and self.shuffle_buffer >= 1, "shuffle_buffer",
-                self.shuffle_buffer, "an integer >= 1")
+        require(isinstance(self.shuffle_buffer, int) and self.shuffle_buffer >= 0, "shuffle_buffer",
+                self.shuffle_buffer, "an integer >= 0 (0: the whole training split)")
         require(isinstance(self.verify_workers, int) and 1 <= self.verify_workers <= 256, "verify_workers",
                 self.verify_workers, "an integer from 1 to 256")
         if self.model == "mobilenet_v2":

@@ -141,13 +141,28 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch * 7_919 + 1) % (2**31 - 1)
 
 
+def file_order(seed: int, epoch: int | None, n: int) -> list[int]:
+    """A seeded permutation of ``n`` files: the cache's order (``epoch`` None) or one epoch's."""
+    import numpy as np
+
+    key = [seed, 0x5EED] if epoch is None else [seed, 0x5EED, epoch]
+    return np.random.default_rng(key).permutation(n).tolist()
+
+
 class ImagePipeline:
     """tf.data input: parallel decode, in-memory cache, seeded per-epoch shuffle, prefetch.
+
+    The scan lists files class by class. Shuffling that list only through a buffer smaller
+    than the split fills the first batches of every epoch from the first classes, so the
+    files are put in a seeded random order before anything is decoded or cached. With the
+    cache, each epoch then shuffles the cached images with a buffer of the whole split by
+    default (an exact shuffle, cheap because the buffer refers to the cached tensors);
+    without it, each epoch reads the files in its own seeded order.
 
     Args:
         train: training (path, label) pairs.
         val: validation (path, label) pairs.
-        config: image size, channels, batch size, augmentation and cache flags.
+        config: image size, channels, batch size, augmentation, cache and shuffle flags.
     """
 
     def __init__(self, train: Sequence[tuple[str, int]], val: Sequence[tuple[str, int]],
@@ -159,8 +174,14 @@ class ImagePipeline:
         self.size = config.image_size
         self.train_count = len(train)
         self.val_count = len(val)
-        self.train_base = self._decoded(train)
+        self.train_items = [train[i] for i in file_order(config.seed, None, len(train))]
+        self.train_base = self._decoded(self.train_items)
         self.val_base = self._decoded(val)
+
+    def shuffle_buffer(self) -> int:
+        """Images in the per-epoch shuffle buffer of the cached split."""
+        n = max(1, self.train_count)
+        return n if self.config.shuffle_buffer == 0 else min(self.config.shuffle_buffer, n)
 
     def _decoded(self, items: Sequence[tuple[str, int]]) -> tf.data.Dataset:
         tf = self.tf
@@ -202,8 +223,10 @@ class ImagePipeline:
         tf = self.tf
         batch = self.config.batch_size
         seed = epoch_seed(self.config.seed, epoch)
-        ds = self.train_base.shuffle(min(self.config.shuffle_buffer, max(1, self.train_count)), seed=seed,
-                                     reshuffle_each_iteration=False)
+        if self.config.cache:
+            ds = self.train_base.shuffle(self.shuffle_buffer(), seed=seed, reshuffle_each_iteration=False)
+        else:
+            ds = self._decoded([self.train_items[i] for i in file_order(self.config.seed, epoch, self.train_count)])
         if self.config.augment:
             # Numbering the elements before skipping keeps each image's augmentation seed
             # tied to its position in the epoch, so a resumed epoch augments identically.
