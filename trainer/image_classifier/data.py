@@ -60,6 +60,10 @@ def check_image(path: str) -> str | None:
         # verify() checks structure only; decoding catches truncated pixel data too.
         with Image.open(path) as image:
             image.load()
+    except Image.DecompressionBombError as exc:
+        # Pillow refuses to decode images above twice Image.MAX_IMAGE_PIXELS: one such file
+        # (or a crafted header) would otherwise take the memory of the whole pod.
+        return f"decompression bomb: {exc}"
     except UnidentifiedImageError:
         return "not an image"
     except (OSError, SyntaxError, ValueError) as exc:
@@ -176,7 +180,8 @@ class ImagePipeline:
         self.val_count = len(val)
         self.train_items = [train[i] for i in file_order(config.seed, None, len(train))]
         self.train_base = self._decoded(self.train_items)
-        self.val_base = self._decoded(val)
+        self.val_items = list(val)
+        self.val_base = self._decoded(self.val_items)
 
     def shuffle_buffer(self) -> int:
         """Images in the per-epoch shuffle buffer of the cached split."""
@@ -203,6 +208,30 @@ class ImagePipeline:
         # changed since or that Pillow reads and TensorFlow does not.
         ds = ds.ignore_errors(log_warning=True)
         return ds.cache() if self.config.cache else ds
+
+    def dropped_files(self) -> list[str]:
+        """Files of either split that TensorFlow could not decode, although the scan read them.
+
+        ``ignore_errors`` drops such files from the pipeline without a count. Counting the
+        elements of each split finds out how many: from memory when the cache is complete
+        (the usual case at the end of training), else by decoding once more. Only when the
+        counts fall short is every file decoded one by one to name the culprits.
+        """
+        tf = self.tf
+
+        def count(ds: tf.data.Dataset) -> int:
+            return int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+
+        missing = (self.train_count - count(self.train_base)) + (self.val_count - count(self.val_base))
+        if missing <= 0:
+            return []
+        bad = []
+        for path, _ in [*self.train_items, *self.val_items]:
+            try:
+                tf.io.decode_image(tf.io.read_file(path), channels=self.config.channels, expand_animations=False)
+            except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError, tf.errors.UnimplementedError):
+                bad.append(path)
+        return bad
 
     def _augment(self, image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
         tf = self.tf

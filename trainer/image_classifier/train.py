@@ -14,6 +14,7 @@ nothing is ever downloaded, and without the flag the network starts from random 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -90,10 +91,17 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
     })
     save_keras_model(model, output_dir)
     export_saved_model(model, output_dir)
+    dropped = pipeline.dropped_files()
+    if dropped:
+        root = str(folder.root)
+        log.warning("TensorFlow could not decode %d file(s) that Pillow read; they were left out: %s%s",
+                    len(dropped), "; ".join(os.path.relpath(p, root) for p in dropped[:10]),
+                    " ..." if len(dropped) > 10 else "")
     # metrics.json comes last: its presence tells readers the run's outputs are complete.
     write_json_atomic(output_dir / "metrics.json", metrics_document(
         trainer=TRAINER, task="classification", metric="accuracy", result=result, runtime=runtime,
-        config=config, skipped_files=len(folder.skipped), classes=folder.class_names,
+        config=config, skipped_files=len(folder.skipped) + len(dropped), undecodable_files=len(dropped),
+        classes=folder.class_names,
         train_examples=len(train_files), val_examples=len(val_files),
     ))
     log.info("done: %d steps; exported epoch %s, val_accuracy %.4f; outputs in %s", result.steps,

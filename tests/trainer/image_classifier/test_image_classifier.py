@@ -243,6 +243,23 @@ def test_mobilenet_uses_only_local_weights(tmp_path, small_zip):
     assert head.shape == (base.output.shape[-1], 10)
 
 
+def test_files_tensorflow_cannot_decode_are_skipped_and_counted(tmp_path, caplog, small_zip):
+    from PIL import Image
+
+    caplog.set_level(logging.INFO)
+    data = extract(small_zip, tmp_path / "data")
+    seven = data / "digits" / "7"
+    # Pillow reads 1-bit BMPs; TensorFlow's BMP decoder refuses them.
+    Image.open(next(seven.glob("*.png"))).convert("1").save(seven / "one_bit.bmp")
+    rc = image_classifier.main([*dirs(tmp_path, data), "--image-size", "16", "--batch-size", "16", "--max-steps",
+                                "2", "--log-every-steps", "100"])
+    assert rc == 0, caplog.text[-3000:]
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["undecodable_files"] == 1
+    assert metrics["skipped_files"] == 4 + 1  # the generator's four broken files, and the BMP
+    assert "TensorFlow could not decode 1 file(s) that Pillow read; they were left out: 7/one_bit.bmp" in caplog.text
+
+
 def test_mobilenet_without_weights_starts_from_random_weights(tmp_path, caplog):
     caplog.set_level(logging.INFO)
     config = image_classifier.ClassifierConfig(data_dir="d", checkpoint_dir="c", output_dir="o",

@@ -1,7 +1,10 @@
-"""The classifier's input side: class balance from the first batch on."""
+"""The classifier's input side: class balance from the first batch on, the folder scan's refusals and
+counts, decompression bombs, and files TensorFlow drops."""
 
 from __future__ import annotations
 
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +12,7 @@ import pytest
 from PIL import Image
 
 from trainer.image_classifier.config import ClassifierConfig
-from trainer.image_classifier.data import ImagePipeline, scan_image_folder, split_files
+from trainer.image_classifier.data import ImagePipeline, check_image, scan_image_folder, split_files
 
 PER_CLASS = 300
 
@@ -50,3 +53,28 @@ def test_the_first_batches_and_each_half_epoch_mix_the_classes(tmp_path, two_cla
     assert not np.array_equal(first, second)  # each epoch has its own order
     np.testing.assert_array_equal(first, epoch_labels(pipeline, 0))  # ... which is a function of the epoch
 
+
+def png_header_only(path: Path, width: int, height: int) -> Path:
+    """A PNG whose header claims width x height pixels, with one row of data: what a decompression
+    bomb looks like to a reader before it decodes."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+                     + chunk(b"IEND", b""))
+    return path
+
+
+def test_a_decompression_bomb_is_skipped_and_counted(tmp_path, two_classes):
+    bomb = png_header_only(tmp_path / "bomb.png", 30_000, 30_000)
+    assert check_image(str(bomb)).startswith("decompression bomb: Image size (900000000 pixels) exceeds")
+    data = tmp_path / "data"
+    for name in ("cat", "dog"):
+        (data / name).mkdir(parents=True)
+        for src in sorted((two_classes / name).iterdir())[:5]:
+            (data / name / src.name).write_bytes(src.read_bytes())
+    (data / "dog" / "huge.png").write_bytes(bomb.read_bytes())
+    folder = scan_image_folder(data)
+    assert len(folder.files) == 10
+    assert [(path, why.split(":")[0]) for path, why in folder.skipped] == [("dog/huge.png", "decompression bomb")]
