@@ -117,6 +117,7 @@ class _Timing:
     all_steps: int = 0
     all_examples: float = 0.0
     all_input_wait_s: float = 0.0
+    input_timed: bool = True
 
     def add(self, seconds: float, steps: int, examples: float, input_wait_s: float) -> None:
         self.all_s += seconds
@@ -138,12 +139,14 @@ class _Timing:
         steps = self.steady_steps if steady else self.all_steps
         examples = self.steady_examples if steady else self.all_examples
         wait = self.steady_input_wait_s if steady else self.all_input_wait_s
+        timed = self.input_timed
         return {
             "examples_per_s": round(examples / seconds, 2) if seconds > 0 else 0.0,
             "step_time_s": round(seconds / steps, 6) if steps else None,
-            "input_wait_s": round(wait, 3),
-            "compute_s": round(max(0.0, seconds - wait), 3),
-            "input_wait_fraction": round(wait / seconds, 4) if seconds > 0 else None,
+            # Not measured under --deterministic: TensorFlow then refuses its timestamp op.
+            "input_wait_s": round(wait, 3) if timed else None,
+            "compute_s": round(max(0.0, seconds - wait), 3) if timed else None,
+            "input_wait_fraction": round(wait / seconds, 4) if timed and seconds > 0 else None,
             "startup_s": round(self.startup_s, 3) if self.startup_s is not None else None,
             "timed_steps": steps,
             "steady_state": steady,
@@ -251,8 +254,9 @@ class TrainingLoop:
         self.runner = StepRunner(
             strategy=runtime.strategy, model=model, optimizer=optimizer, compute_fn=compute_fn,
             global_batch_size=global_batch_size, mixed_precision=runtime.mixed_precision,
-            jit_compile=config.jit_compile,
+            jit_compile=config.jit_compile, time_input=not runtime.deterministic,
         )
+        self._timing.input_timed = self.runner.time_input
         # Keras keeps the state of its dropout and augmentation generators in variables
         # that TensorFlow's object graph does not reach; naming them here checkpoints the
         # random streams too, so a resumed run draws the masks it would have drawn.
@@ -598,14 +602,15 @@ class TrainingLoop:
         w = counters.window
         total_epochs = self.config.epochs
         rate = w["examples"] / self._window_s if self._window_s > 0 else 0.0
-        wait = self._window_wait_s / self._window_s if self._window_s > 0 else 0.0
+        wait = self._window_wait_s / self._window_s if self._window_s > 0 and self.runner.time_input else math.nan
         lr = self._learning_rate()
         log.info(
             "step %d epoch %d/%d batch %d/%d loss %.4f %s %.4f (epoch mean loss %.4f) lr %.3g examples/s %.1f "
-            "input wait %.0f%%",
+            "input wait %s",
             self.step, self.epoch + 1, total_epochs, self.batch_in_epoch, self.steps_per_epoch,
             _ratio(w["loss_sum"], w["examples"]), self.metric, _ratio(w["correct"], w["count"]),
-            _ratio(self.sums["loss_sum"], self.sums["examples"]), lr, rate, 100 * wait,
+            _ratio(self.sums["loss_sum"], self.sums["examples"]), lr, rate,
+            f"{wait:.0%}" if math.isfinite(wait) else "not measured",
         )
         self.summaries.scalars("train", self.step, {
             "loss": _ratio(w["loss_sum"], w["examples"]),
@@ -696,6 +701,8 @@ class TrainingLoop:
             reason = ("early stopping" if self.stopped_early else
                       "end of epoch" if finished_epoch else "--max-steps reached")
             self.save(reason)
+            if self.on_step is not None and self.step % self.on_step_every == 0:
+                self.on_step(self.step)  # a hook step that ends an epoch runs after the close
         if history_path is not None:
             self.write_history(history_path)
         self.summaries.close()

@@ -137,12 +137,15 @@ class StepRunner:
         global_batch_size: examples per step over all replicas.
         mixed_precision: scale the loss dynamically (float16 compute).
         jit_compile: compile the forward and backward pass with XLA.
+        time_input: measure the time spent waiting for input (``tf.timestamp``, which
+            TensorFlow refuses to run when op determinism is on).
     """
 
     def __init__(self, *, strategy: tf.distribute.Strategy, model: keras.Model,
                  optimizer: keras.optimizers.Optimizer, compute_fn: ComputeFn, global_batch_size: int,
-                 mixed_precision: bool, jit_compile: bool = False) -> None:
+                 mixed_precision: bool, jit_compile: bool = False, time_input: bool = True) -> None:
         self.strategy = strategy
+        self.time_input = time_input
         self.model = model
         self.optimizer = optimizer
         self.compute_fn = compute_fn
@@ -182,6 +185,7 @@ class StepRunner:
         variables = model.trainable_variables
         loss_scale, clipping = self.loss_scale, self.clipping
         gradients = tf.function(self._gradients, jit_compile=True) if self.jit_compile else self._gradients
+        time_input = self.time_input
 
         def replica_step(batch: Any) -> tuple[dict[str, tf.Tensor], list[tf.Tensor]]:
             sums, grads = gradients(batch)
@@ -232,12 +236,16 @@ class StepRunner:
             done = tf.constant(0, tf.int32)
             more = tf.constant(True)
             while done < k and more:
-                started = tf.timestamp()
-                with tf.control_dependencies([started]):
+                if time_input:
+                    started = tf.timestamp()
+                    with tf.control_dependencies([started]):
+                        optional = iterator.get_next_as_optional()
+                        more = optional.has_value()
+                    with tf.control_dependencies([more]):
+                        self.input_wait.assign_add(tf.timestamp() - started)
+                else:
                     optional = iterator.get_next_as_optional()
                     more = optional.has_value()
-                with tf.control_dependencies([more]):
-                    self.input_wait.assign_add(tf.timestamp() - started)
                 if more:
                     one_step(optional.get_value())
                     done += 1
