@@ -46,6 +46,11 @@ DIRS = {"data_dir": "/data", "checkpoint_dir": "/checkpoints", "output_dir": "/o
         (DialogueConfig, {"max_output_length": 1}, "--max-output-length must be an integer from 2 to 1024, got 1"),
         (DialogueConfig, {"clip_norm": -1.0}, "--clip-norm must be a number > 0, got -1.0"),
         (DialogueConfig, {"warmup_steps": 0}, "--warmup-steps must be an integer >= 1, got 0"),
+        (ClassifierConfig, {"steps_per_execution": 0}, "--steps-per-execution must be an integer from 1 to 10000, "
+         "got 0"),
+        (ClassifierConfig, {"patience": -1}, "--patience must be an integer >= 0, got -1"),
+        (ClassifierConfig, {"shuffle_buffer": -1}, "--shuffle-buffer must be an integer >= 0 (0: the whole training"),
+        (DialogueConfig, {"monitor": "loss"}, "--monitor must be one of val_accuracy, val_loss, got 'loss'"),
     ],
 )
 def test_config_refuses_bad_value_by_name(cls, values, message):
