@@ -563,7 +563,7 @@ class TrainingLoop:
         header = history_header(self.metric)
         write_csv_atomic(path, header, ([_csv_value(row[h]) for h in header] for row in self.history))
 
-    def _sync(self, planned: int) -> Counters:
+    def _sync(self) -> Counters:
         """Wait for the queued steps, account for them and check that they stayed finite."""
         counters = self.runner.read()
         now = time.perf_counter()
@@ -587,8 +587,8 @@ class TrainingLoop:
             raise TrainingDiverged(
                 f"training diverged at step {bad_step} (epoch {self.epoch + 1}): {what} "
                 f"({counters.nonfinite_loss} step(s) with a non-finite loss, {counters.nonfinite_grads} with a "
-                f"non-finite gradient since step {before}); those updates were skipped and nothing after step "
-                f"{before} was saved. {self._last_finite_checkpoint()} Lower --learning-rate, clip the gradients "
+                f"non-finite gradient since step {before}); those updates were skipped and no checkpoint was "
+                f"written after them. {self._last_finite_checkpoint()} Lower --learning-rate, clip the gradients "
                 "or check the data; a rerun resumes from that checkpoint and is likely to diverge again"
             )
         if counters.nonfinite_grads:
@@ -647,7 +647,7 @@ class TrainingLoop:
             planned += steps
             if planned < target and planned < self._next_log and not self.stop.requested:
                 continue
-            self._sync(planned)
+            self._sync()
             ended = self.step < planned or self.batch_in_epoch >= self.steps_per_epoch
             closing = ended or self._max_reached()
             if self.stop.requested:
