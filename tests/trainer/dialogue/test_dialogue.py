@@ -20,7 +20,7 @@ from trainer.dialogue import train as dialogue_train
 from trainer.dialogue.data import load_pairs, read_cornell, read_jsonl, read_tsv
 from trainer.dialogue.tokenizer import WordTokenizer
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CORNELL = Path(__file__).parent / "fixtures" / "cornell"
 TINY = ["--num-layers", "1", "--num-heads", "2", "--hidden-size", "32", "--ff-size", "64",
         "--max-input-length", "12", "--max-output-length", "12", "--warmup-steps", "30"]
@@ -138,7 +138,34 @@ def test_trains_on_chatterbot_pairs_and_writes_the_contract_files(tmp_path):
     decoder[:, 0] = tokenizer.bos_id
     logits = np.asarray(model({"encoder_tokens": encoder, "decoder_tokens": decoder}))
     assert logits.shape == (2, 12, 1500) and np.isfinite(logits).all()
-    assert (out / "saved_model" / "1" / "saved_model.pb").exists()
+
+    # The SavedModel answers questions by itself: a process with TensorFlow and no line of
+    # this project's code gives the replies that the Python tokenizer and decoder give.
+    questions = ["What is AI?", "What language are you written in?", "tell me a joke", "Héllo, WORLD!!", ""]
+    served = subprocess.run([sys.executable, "-c", SERVE, str(out / "saved_model" / "1"), json.dumps(questions)],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert served.returncode == 0, served.stderr[-3000:]
+    replies = json.loads(served.stdout.strip().splitlines()[-1])
+    from trainer.dialogue.model import GreedyDecoder
+
+    ids = np.zeros((len(questions), 12), np.int32)
+    for i, question in enumerate(questions):
+        encoded = tokenizer.encode(question, 12)
+        ids[i, : len(encoded)] = encoded
+    decoded = GreedyDecoder(model, 12, tokenizer.bos_id, tokenizer.eos_id)(ids)
+    assert replies == [tokenizer.decode(row) for row in decoded]
+    assert any(replies), replies
+
+
+# Run in a fresh interpreter: only TensorFlow, no tokenizer, no model code of this project.
+SERVE = """
+import json, sys
+import tensorflow as tf
+loaded = tf.saved_model.load(sys.argv[1])
+out = loaded.signatures["generate"](text=tf.constant(json.loads(sys.argv[2])))
+assert not [m for m in sys.modules if m == "trainer" or m.startswith(("trainer.", "include."))]
+print(json.dumps([r.decode("utf-8") for r in out["reply"].numpy()]))
+"""
 
 
 @pytest.mark.slow

@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 
 from include.sample_data import digits as digits_data
-from trainer import image_classifier
 from trainer.common.contract import EXIT_DATAERR, EXIT_NOINPUT, EXIT_PREEMPTED, EXIT_USAGE
+from trainer.image_classifier import data as image_data
+from trainer.image_classifier import model as image_model
+from trainer.image_classifier import train as image_classifier
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 STEP_LINE = re.compile(r"INFO step (\d+) epoch \d+/\d+ batch \d+/\d+ loss ([0-9.]+)")
 SMALL = ["--image-size", "32", "--batch-size", "32"]
 # Keras converts tensors with np.array(x) internally, which NumPy 2 flags on every call.
@@ -98,7 +100,13 @@ def test_trains_on_digits_and_writes_the_contract_files(tmp_path, digits_zip):
     assert [int(r["epoch"]) for r in rows] == [1, 2]
     assert int(rows[-1]["step"]) == metrics["steps"]
     assert float(rows[1]["loss"]) < float(rows[0]["loss"])
-    assert abs(float(rows[-1]["val_accuracy"]) - metrics["final"]["val_accuracy"]) < 1e-5
+    best = max(rows, key=lambda r: float(r["val_accuracy"]))
+    assert abs(float(best["val_accuracy"]) - metrics["final"]["val_accuracy"]) < 1e-5  # "final": the exported model
+    assert metrics["best"]["epoch"] == int(best["epoch"]) == metrics["exported"]["epoch"]
+    assert abs(float(rows[-1]["val_accuracy"]) - metrics["last"]["val_accuracy"]) < 1e-5
+    assert metrics["input_wait_s"] >= 0 and metrics["compute_s"] > 0 and metrics["step_time_s"] > 0
+    assert metrics["steps_per_execution"] == 1 and metrics["jit_compile"] is False
+    assert {p.name for p in (out / "tensorboard").iterdir()} == {"train", "validation"}
 
     params = json.loads((out / "params.json").read_text())
     assert params["dataset_version"] == "3f2a9c0d1e4b5a69"
@@ -118,19 +126,27 @@ def test_trains_on_digits_and_writes_the_contract_files(tmp_path, digits_zip):
     assert (tmp_path / "ckpt" / f"ckpt-{metrics['steps']}.index").exists()
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")], "temporary files left in OUTPUT_DIR"
 
-    # model.keras and the SavedModel give the same probabilities on real validation images.
+    # model.keras and the SavedModel hold the best epoch's weights: on the run's validation split
+    # (the same seeded split, the same decoding) both score the best epoch's val_accuracy.
     import keras
     import numpy as np
     import tensorflow as tf
-    from PIL import Image
 
-    images = sorted((data / "digits" / "3").glob("*.png"))[:4]
-    x = np.stack([np.asarray(Image.open(p).convert("RGB"), np.float32) for p in images])
-    probs = np.asarray(keras.saving.load_model(out / "model.keras")(x))
+    config = image_classifier.ClassifierConfig(data_dir=str(data), checkpoint_dir=str(tmp_path / "c"),
+                                               output_dir=str(tmp_path / "o"), image_size=32, batch_size=32)
+    folder = image_data.scan_image_folder(data)
+    train_files, val_files = image_data.split_files(folder.files, config.validation_split, config.seed)
+    val = image_data.ImagePipeline(train_files, val_files, config).val_dataset()
+    model = keras.saving.load_model(out / "model.keras")
     loaded = tf.saved_model.load(str(out / "saved_model" / "1"))  # keep a reference: it owns the variables
-    served = np.asarray(loaded.serve(x))
-    assert probs.shape == (4, 10) and np.allclose(probs.sum(axis=1), 1.0, atol=1e-3)
-    assert np.abs(probs - served).max() < 1e-4
+    hits = {"keras": 0, "saved_model": 0}
+    for x, y in val:
+        probs, served = np.asarray(model(x)), np.asarray(loaded.serve(x))
+        assert np.allclose(probs.sum(axis=1), 1.0, atol=1e-3) and np.abs(probs - served).max() < 1e-4
+        hits["keras"] += int((probs.argmax(1) == y.numpy()).sum())
+        hits["saved_model"] += int((served.argmax(1) == y.numpy()).sum())
+    for name, correct in hits.items():
+        assert correct / len(val_files) == pytest.approx(metrics["best"]["val_accuracy"], abs=1e-9), name
 
 
 @pytest.mark.slow
@@ -241,11 +257,56 @@ def test_mobilenet_uses_only_local_weights(tmp_path, small_zip):
     assert head.shape == (base.output.shape[-1], 10)
 
 
+def test_files_tensorflow_cannot_decode_are_skipped_and_counted(tmp_path, caplog, small_zip):
+    from PIL import Image
+
+    caplog.set_level(logging.INFO)
+    data = extract(small_zip, tmp_path / "data")
+    seven = data / "digits" / "7"
+    # Pillow reads 1-bit BMPs; TensorFlow's BMP decoder refuses them.
+    Image.open(next(seven.glob("*.png"))).convert("1").save(seven / "one_bit.bmp")
+    rc = image_classifier.main([*dirs(tmp_path, data), "--image-size", "16", "--batch-size", "16", "--max-steps",
+                                "2", "--log-every-steps", "100"])
+    assert rc == 0, caplog.text[-3000:]
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["undecodable_files"] == 1
+    assert metrics["skipped_files"] == 4 + 1  # the generator's four broken files, and the BMP
+    assert "TensorFlow could not decode 1 file(s) that Pillow read; they were left out: 7/one_bit.bmp" in caplog.text
+
+
+def test_deterministic_runs_repeat_bit_for_bit(tmp_path, small_zip):
+    import numpy as np
+
+    data = extract(small_zip, tmp_path / "data")
+    results = []
+    for run in ("a", "b"):
+        args = ["--data-dir", str(data), "--checkpoint-dir", str(tmp_path / run / "ckpt"), "--output-dir",
+                str(tmp_path / run / "out"), "--image-size", "16", "--batch-size", "16", "--epochs", "2",
+                "--augment", "--deterministic", "--steps-per-execution", "4", "--log-every-steps", "100"]
+        proc = run_classifier(args)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "; deterministic ops" in proc.stderr
+        metrics = json.loads((tmp_path / run / "out" / "metrics.json").read_text())
+        assert metrics["deterministic"] is True and metrics["steps_per_execution"] == 4
+        assert metrics["input_wait_s"] is None  # TensorFlow refuses its timestamp op under op determinism
+        results.append((metrics, (tmp_path / run / "out" / "history.csv").read_text()))
+    (first, history_a), (second, history_b) = results
+    assert first["final"] == second["final"] and first["last"] == second["last"]
+    strip = [line.rsplit(",", 1)[0] for line in history_a.splitlines()]  # all but wall_time_s
+    assert strip == [line.rsplit(",", 1)[0] for line in history_b.splitlines()]
+    import tensorflow as tf
+
+    a, b = (tf.train.load_checkpoint(str(tmp_path / run / "ckpt" / f"ckpt-{first['steps']}")) for run in "ab")
+    for name in a.get_variable_to_shape_map():
+        if "trainer_state" not in name and "save_counter" not in name:
+            assert np.array_equal(a.get_tensor(name), b.get_tensor(name)), name
+
+
 def test_mobilenet_without_weights_starts_from_random_weights(tmp_path, caplog):
     caplog.set_level(logging.INFO)
     config = image_classifier.ClassifierConfig(data_dir="d", checkpoint_dir="c", output_dir="o",
                                                model="mobilenet_v2", alpha=0.35, image_size=32)
-    model = image_classifier.build_model(config, num_classes=4)
+    model = image_model.build_model(config, num_classes=4)
     assert "no --weights given: MobileNetV2 starts from random weights (weights are never downloaded)" in caplog.text
     assert model.output.shape == (None, 4) and model.count_params() > 400_000
 
@@ -301,9 +362,9 @@ def test_bad_flag_is_refused_with_exit_2(tmp_path, capsys):
 
 def test_split_is_seeded_and_stratified():
     files = [(f"{label}/{i}.png", label) for label in range(3) for i in range(10)]
-    train_a, val_a = image_classifier.split_files(files, 0.2, seed=1)
-    train_b, val_b = image_classifier.split_files(files, 0.2, seed=1)
-    _, val_c = image_classifier.split_files(files, 0.2, seed=2)
+    train_a, val_a = image_data.split_files(files, 0.2, seed=1)
+    train_b, val_b = image_data.split_files(files, 0.2, seed=1)
+    _, val_c = image_data.split_files(files, 0.2, seed=2)
     assert (train_a, val_a) == (train_b, val_b) and val_a != val_c
     assert sorted(label for _, label in val_a) == [0, 0, 1, 1, 2, 2]
     assert sorted(train_a + val_a) == sorted(files)

@@ -19,9 +19,9 @@ from include.sample_data import digits as digits_data
 from trainer.common.config import parse_config
 from trainer.common.contract import EXIT_PREEMPTED, json_safe, write_csv_atomic, write_json_atomic
 from trainer.dialogue.train import DialogueConfig
-from trainer.image_classifier import ClassifierConfig
+from trainer.image_classifier.config import ClassifierConfig
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DIRS = {"data_dir": "/data", "checkpoint_dir": "/checkpoints", "output_dir": "/output"}
 
 
@@ -46,6 +46,11 @@ DIRS = {"data_dir": "/data", "checkpoint_dir": "/checkpoints", "output_dir": "/o
         (DialogueConfig, {"max_output_length": 1}, "--max-output-length must be an integer from 2 to 1024, got 1"),
         (DialogueConfig, {"clip_norm": -1.0}, "--clip-norm must be a number > 0, got -1.0"),
         (DialogueConfig, {"warmup_steps": 0}, "--warmup-steps must be an integer >= 1, got 0"),
+        (ClassifierConfig, {"steps_per_execution": 0}, "--steps-per-execution must be an integer from 1 to 10000, "
+         "got 0"),
+        (ClassifierConfig, {"patience": -1}, "--patience must be an integer >= 0, got -1"),
+        (ClassifierConfig, {"shuffle_buffer": -1}, "--shuffle-buffer must be an integer >= 0 (0: the whole training"),
+        (DialogueConfig, {"monitor": "loss"}, "--monitor must be one of val_accuracy, val_loss, got 'loss'"),
     ],
 )
 def test_config_refuses_bad_value_by_name(cls, values, message):
@@ -89,7 +94,7 @@ def test_help_documents_exit_codes_and_every_flag():
 
 
 def test_trainer_package_and_data_modules_do_not_load_tensorflow():
-    code = ("import sys, trainer, trainer.image_classifier, trainer.dialogue.train, trainer.dialogue.data; "
+    code = ("import sys, trainer, trainer.image_classifier, trainer.image_classifier.train, trainer.image_classifier.data, trainer.dialogue.train, trainer.dialogue.data; "
             "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
