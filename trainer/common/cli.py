@@ -47,8 +47,9 @@ def run(train: Callable[[StopRequest], None]) -> int:
     stop = StopRequest().install()
     try:
         train(stop)
-    except Preempted:
-        log.warning("stopped by SIGTERM after checkpointing; exit code %d: run again to resume", EXIT_PREEMPTED)
+    except Preempted as exc:
+        log.warning("%s; exit code %d: run again to resume", str(exc) or "stopped by SIGTERM after checkpointing",
+                    EXIT_PREEMPTED)
         return EXIT_PREEMPTED
     except UsageError as exc:
         log.error("%s", exc)

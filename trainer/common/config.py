@@ -24,6 +24,8 @@ C = TypeVar("C", bound="TrainerConfig")
 
 # Validation metrics a run can monitor, and whether larger is better.
 MONITORS = {"val_accuracy": "max", "val_loss": "min"}
+# Distribution strategies (trainer/README.md, "Several workers").
+STRATEGIES = ("auto", "mirrored", "multi_worker", "parameter_server")
 
 
 def option(default: Any, help: str, *, choices: Sequence[Any] | None = None, hyper: bool = True,
@@ -99,6 +101,11 @@ class TrainerConfig:
         "bit for bit, at a cost in speed on GPUs (see trainer/README.md)",
     )
     tensorboard: bool = option(True, "write TensorBoard event files to OUTPUT_DIR/tensorboard", hyper=False)
+    strategy: str = option(
+        "auto", "distribution over devices and pods: auto (MirroredStrategy over this pod's devices, "
+        "multi_worker when TF_CONFIG names several workers, parameter_server when it names parameter servers), "
+        "mirrored, multi_worker or parameter_server", choices=STRATEGIES, hyper=False,
+    )
 
     def __post_init__(self) -> None:
         for name, env in CONTRACT_DIRS.items():
@@ -127,6 +134,7 @@ class TrainerConfig:
         require(isinstance(self.steps_per_execution, int) and 1 <= self.steps_per_execution <= 10_000,
                 "steps_per_execution", self.steps_per_execution, "an integer from 1 to 10000")
         require(self.monitor in MONITORS, "monitor", self.monitor, f"one of {', '.join(MONITORS)}")
+        require(self.strategy in STRATEGIES, "strategy", self.strategy, f"one of {', '.join(STRATEGIES)}")
         require(isinstance(self.patience, int) and self.patience >= 0, "patience", self.patience,
                 "an integer >= 0")
 

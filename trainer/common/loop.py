@@ -24,6 +24,16 @@ damaged or missing is skipped in favour of the one before it. A checkpoint writt
 another batch size, for another dataset version, or with another number of batches per
 epoch is refused: its position in the epoch means nothing for this data.
 
+Several workers (``--strategy multi_worker``) train in lock step. Only the chief writes
+CHECKPOINT_DIR and OUTPUT_DIR; the other workers write their checkpoint copies (TensorFlow's
+multi-worker rule: every worker saves, because a save may reduce across workers) to a
+scratch directory that nothing syncs, and restore from CHECKPOINT_DIR, which every replica's
+stage-in fills with the chief's checkpoints. The workers agree at every point where the host
+waits for the device: SIGTERM on any worker stops all of them at the same step, each with
+its checkpoint, and a resume that finds the workers at different steps stops before the first
+step. Each worker reads its share of every global batch (data sharding), so a step sees the
+same examples as on one pod.
+
 The input pipeline skips the batches already consumed in the current epoch: each epoch's
 order depends only on (seed, epoch), so the resumed epoch sees exactly the remaining
 batches, and augmentation draws from stateless generators keyed by position.
@@ -40,7 +50,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
+import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -222,7 +235,15 @@ class TrainingLoop:
         self.on_step_every = (on_step_every or 1) if on_step is not None else None
         self.dataset_version = dataset_version
         self.checkpoint_dir = Path(config.checkpoint_dir)
-        self.summaries = Summaries(config.output_dir, enabled=config.tensorboard)
+        self.is_chief = runtime.is_chief
+        # Where this process writes checkpoints: CHECKPOINT_DIR on the chief, a scratch
+        # directory that nothing syncs on the other workers (it restores from CHECKPOINT_DIR).
+        self.write_dir = self.checkpoint_dir
+        if not self.is_chief:
+            self.write_dir = Path(tempfile.mkdtemp(
+                prefix=f"kubetrain-{runtime.cluster.task_type}-{runtime.cluster.task_index}-checkpoints-"))
+            weakref.finalize(self, shutil.rmtree, str(self.write_dir), True)
+        self.summaries = Summaries(config.output_dir, enabled=config.tensorboard and self.is_chief)
 
         self.step = 0
         self.epoch = 0  # epochs completed; the one in progress has this 0-based index
@@ -275,6 +296,11 @@ class TrainingLoop:
             parts["loss_scale"] = self.runner.loss_scale.checkpoint()
         self.checkpoint = tf.train.Checkpoint(**parts)
         self.manager = tf.train.CheckpointManager(
+            self.checkpoint, str(self.write_dir), max_to_keep=config.keep_checkpoints,
+            checkpoint_name=CHECKPOINT_NAME,
+        )
+        # The checkpoints to resume from: the chief's, in CHECKPOINT_DIR, on every worker.
+        self.restore_manager = self.manager if self.is_chief else tf.train.CheckpointManager(
             self.checkpoint, str(self.checkpoint_dir), max_to_keep=config.keep_checkpoints,
             checkpoint_name=CHECKPOINT_NAME,
         )
@@ -282,7 +308,7 @@ class TrainingLoop:
         # Two: the best recorded in the newest training checkpoint survives a newer best
         # written just before a crash.
         self._best_manager = tf.train.CheckpointManager(
-            self._best_checkpoint, str(self.checkpoint_dir / BEST_DIR), max_to_keep=2,
+            self._best_checkpoint, str(self.write_dir / BEST_DIR), max_to_keep=2,
             checkpoint_name=CHECKPOINT_NAME,
         )
 
@@ -346,9 +372,9 @@ class TrainingLoop:
         self.last_saved_step = self.step
         self.last_saved_path = path
         # The JSON mirror is written strictly after the checkpoint it describes.
-        write_json_atomic(self.checkpoint_dir / STATE_FILE, state)
-        log.info("checkpoint %s written (%s; epoch %d, batch %d)", Path(path).name, reason, self.epoch + 1,
-                 self.batch_in_epoch)
+        write_json_atomic(self.write_dir / STATE_FILE, state)
+        log.info("checkpoint %s written (%s; epoch %d, batch %d)%s", Path(path).name, reason, self.epoch + 1,
+                 self.batch_in_epoch, "" if self.is_chief else f" to the scratch directory {self.write_dir}")
         return path
 
     def _last_finite_checkpoint(self) -> str:
@@ -359,7 +385,7 @@ class TrainingLoop:
 
     def restore(self) -> bool:
         """Restore the newest usable checkpoint from CHECKPOINT_DIR; False when there is none."""
-        candidates = list(reversed(self.manager.checkpoints))
+        candidates = list(reversed(self.restore_manager.checkpoints))
         if not candidates:
             log.info("no checkpoint in %s: starting at step 0", self.checkpoint_dir)
             return False
@@ -537,7 +563,8 @@ class TrainingLoop:
             return
         # Closing the epoch of a restored SIGTERM checkpoint again must not rewrite a file
         # the sidecar may already have uploaded: the same step's weights are the same.
-        if (self.checkpoint_dir / BEST_DIR / f"{CHECKPOINT_NAME}-{self.step}.index").exists():
+        if any((d / BEST_DIR / f"{CHECKPOINT_NAME}-{self.step}.index").exists()
+               for d in (self.write_dir, self.checkpoint_dir)):
             return
         self._best_manager.save(checkpoint_number=self.step)
 
@@ -547,7 +574,10 @@ class TrainingLoop:
             return False
         if self.history and self.history[-1].get("step") == self.best["step"]:
             return True  # the model already holds them
-        path = self.checkpoint_dir / BEST_DIR / f"{CHECKPOINT_NAME}-{self.best['step']}"
+        name = f"{CHECKPOINT_NAME}-{self.best['step']}"
+        # Written by this process, or by an earlier one of the run (restored into CHECKPOINT_DIR).
+        path = next((d / BEST_DIR / name for d in (self.write_dir, self.checkpoint_dir)
+                     if (d / BEST_DIR / f"{name}.index").exists()), self.write_dir / BEST_DIR / name)
         try:
             self._best_checkpoint.restore(str(path)).assert_existing_objects_matched()
         except (tf.errors.NotFoundError, tf.errors.DataLossError, AssertionError, ValueError) as exc:
@@ -559,7 +589,9 @@ class TrainingLoop:
         return True
 
     def write_history(self, path: Path) -> None:
-        """history.csv: one row per epoch, earlier processes of the run included."""
+        """history.csv: one row per epoch, earlier processes of the run included (the chief only)."""
+        if not self.is_chief:
+            return
         header = history_header(self.metric)
         write_csv_atomic(path, header, ([_csv_value(row[h]) for h in header] for row in self.history))
 
@@ -627,11 +659,45 @@ class TrainingLoop:
         self._first_log = False
         self._next_log = _next_multiple(self.step, self.config.log_every_steps)
 
+    def _all_sum(self, value: float) -> float:
+        """The sum of ``value`` over every replica of every worker (a collective: all workers call it)."""
+        strategy = self.runtime.strategy
+        local = tf.constant(float(value), tf.float64)
+        per_replica = strategy.run(lambda: tf.identity(local))
+        return float(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None))
+
+    def _stop_agreed(self) -> bool:
+        """Whether to stop now: SIGTERM here, or, with several workers, on any of them."""
+        if not self.runtime.multi_worker:
+            return self.stop.requested
+        stop = self._all_sum(1.0 if self.stop.requested else 0.0) > 0
+        if stop and not self.stop.requested:
+            log.warning("another worker received SIGTERM: checkpointing at step %d with it, then exiting", self.step)
+        return stop
+
+    def _check_same_step(self) -> None:
+        """Every worker must resume from the chief's checkpoint: the same step, hence the same data position.
+
+        A worker whose stage-in ran before the chief's last checkpoint reached S3 restored an
+        older one; all workers then stop (exit 75) so that the engine starts them again.
+        """
+        chief_replicas = self._all_sum(1.0 if self.is_chief else 0.0)
+        chief_step = self._all_sum(float(self.step) if self.is_chief else 0.0) / max(chief_replicas, 1.0)
+        differ = self._all_sum(0.0 if self.step == chief_step else 1.0)
+        if differ:
+            raise ReplicasDisagree(
+                f"this worker restored step {self.step} but the chief step {chief_step:.0f}: a replica's stage-in "
+                "ran before the chief's newest checkpoint reached S3. Every worker stops before training so that "
+                "they start again and all restore the chief's newest checkpoint"
+            )
+        if self.step:
+            log.info("all %d worker(s) resume from the chief's checkpoint at step %d", self.runtime.workers, self.step)
+
     def _train_epoch(self) -> bool:
         """Train until the epoch ends, ``--max-steps``, or SIGTERM; True when the epoch was completed."""
         strategy = self.runtime.strategy
         config = self.config
-        dataset = self.train_dataset_fn(self.epoch, self.batch_in_epoch)
+        dataset = shard_by_data(self.train_dataset_fn(self.epoch, self.batch_in_epoch))
         iterator = iter(strategy.experimental_distribute_dataset(dataset))
         self.runner.set_epoch_sums(self.sums)
         planned = self.step
@@ -645,12 +711,14 @@ class TrainingLoop:
                 self._segment_started = time.perf_counter()
             self.runner.run(iterator, steps)
             planned += steps
-            if planned < target and planned < self._next_log and not self.stop.requested:
+            # Several workers see SIGTERM only at the points they all reach (the agreement below).
+            local_stop = self.stop.requested and not self.runtime.multi_worker
+            if planned < target and planned < self._next_log and not local_stop:
                 continue
             self._sync()
             ended = self.step < planned or self.batch_in_epoch >= self.steps_per_epoch
             closing = ended or self._max_reached()
-            if self.stop.requested:
+            if self._stop_agreed():
                 self.save("SIGTERM" + (", epoch not yet closed" if closing else ""))
                 raise Preempted()
             if closing:
@@ -677,6 +745,8 @@ class TrainingLoop:
         ``--restore-best`` (the default), else the last ones.
         """
         self.restore()
+        if self.runtime.multi_worker:
+            self._check_same_step()
         self._first_log = True
         self._window_examples_seen = 0.0
         pending = self._close_pending()
@@ -691,7 +761,7 @@ class TrainingLoop:
             # A partial row was written when --max-steps stopped mid-epoch; the epoch goes on now.
             self.history = [row for row in self.history if not row.get("partial")]
         while not self._finished():
-            if self.stop.requested:
+            if self._stop_agreed():
                 self.save("SIGTERM")
                 raise Preempted()
             finished_epoch = self._train_epoch()
@@ -724,6 +794,22 @@ class TrainingLoop:
             stopped_early=self.stopped_early,
             throughput=throughput,
         )
+
+
+class ReplicasDisagree(Preempted):
+    """The workers restored different checkpoints; every worker exits 75 to be started again."""
+
+
+def shard_by_data(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """Shard by element, so that each worker reads its part of every global batch.
+
+    Keras' inputs are tensors and files read by ``map``, which TensorFlow's file-based
+    auto-sharding cannot split; sharding the batches keeps each step's examples those of a
+    single pod. Without several workers the option changes nothing.
+    """
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options)
 
 
 def metrics_document(*, trainer: str, task: str, metric: str, result: LoopResult, runtime: Runtime,
@@ -759,6 +845,9 @@ def metrics_document(*, trainer: str, task: str, metric: str, result: LoopResult
         "startup_s": result.throughput.get("startup_s"),
         "devices": runtime.devices,
         "replicas": runtime.replicas,
+        "strategy": runtime.mode,
+        "workers": runtime.workers,
+        "parameter_servers": runtime.cluster.parameter_servers,
         "mixed_precision": runtime.mixed_precision,
         "deterministic": runtime.deterministic,
         "skipped_files": skipped_files,

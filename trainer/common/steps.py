@@ -279,7 +279,10 @@ class StepRunner:
 
     def evaluate(self, dataset: tf.data.Dataset) -> dict[str, float]:
         """Sums over the whole (validation) dataset; one device-to-host copy."""
-        iterator = iter(self.strategy.experimental_distribute_dataset(dataset))
+        options = tf.data.Options()
+        # Each worker evaluates its share of every batch (see trainer.common.loop.shard_by_data).
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+        iterator = iter(self.strategy.experimental_distribute_dataset(dataset.with_options(options)))
         values = self._eval_all(iterator).numpy()
         return dict(zip(SUM_KEYS, map(float, values), strict=True))
 

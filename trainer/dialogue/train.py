@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.common import cli
+from trainer.common.cluster import placement, serves_only
 from trainer.common.config import TrainerConfig, option, parse_config, require
 from trainer.common.contract import (
     DataError,
@@ -127,7 +128,7 @@ def encode_pairs(pairs: Sequence[tuple[str, str]], tokenizer: WordTokenizer, max
 class Sampler:
     """Logs greedy replies to fixed validation questions and keeps the latest ones."""
 
-    def __init__(self, decoder: Any, tokenizer: WordTokenizer, data: Encoded, count: int, path: Path) -> None:
+    def __init__(self, decoder: Any, tokenizer: WordTokenizer, data: Encoded, count: int, path: Path | None) -> None:
         self.decoder, self.tokenizer, self.path = decoder, tokenizer, path
         self.inputs = data.encoder[:count]
         self.pairs = data.pairs[:count]
@@ -135,6 +136,9 @@ class Sampler:
         self.last_step: int | None = None
 
     def __call__(self, step: int) -> None:
+        if self.path is None:  # a worker other than the chief: it samples nothing and writes nothing
+            self.last_step = step
+            return
         replies = self.decoder(self.inputs)
         for (question, reference), ids in zip(self.pairs, replies, strict=True):
             reply = self.tokenizer.decode(ids)
@@ -146,7 +150,7 @@ class Sampler:
 
 
 def get_tokenizer(config: DialogueConfig, train_pairs: Sequence[tuple[str, str]], checkpoint_dir: Path,
-                  ) -> WordTokenizer:
+                  save: bool = True) -> WordTokenizer:
     """The tokenizer of the training pairs; when resuming, it must equal the checkpointed run's.
 
     Building it again from the same pairs and flags gives the same token ids (ties are
@@ -169,7 +173,8 @@ def get_tokenizer(config: DialogueConfig, train_pairs: Sequence[tuple[str, str]]
             raise DataError(_vocabulary_changed(difference))
         log.info("resuming: the training pairs give the checkpointed run's tokenizer (%d tokens)", tokenizer.size)
     else:
-        tokenizer.save(saved)
+        if save:  # the chief's copy; the other workers build the same one and write nothing
+            tokenizer.save(saved)
         log.info("tokenizer built from the training pairs: %d tokens", tokenizer.size)
     return tokenizer
 
@@ -181,7 +186,17 @@ def _vocabulary_changed(difference: str) -> str:
 
 
 def train(config: DialogueConfig, stop: StopRequest) -> None:
-    """Run the whole training job described by ``config``."""
+    """Run the whole training job described by ``config``.
+
+    With several workers every worker runs this; only the chief writes CHECKPOINT_DIR and
+    OUTPUT_DIR. In parameter-server mode the worker and ps replicas only serve the chief.
+    """
+    cluster, mode = placement(config.strategy)
+    if serves_only(cluster, mode):
+        from trainer.common.runtime import serve
+
+        return serve(cluster, stop)
+    chief = cluster.is_chief
     data_dir = check_data_dir(config.data_dir)
     checkpoint_dir = prepare_dir(config.checkpoint_dir, "CHECKPOINT_DIR")
     output_dir = prepare_dir(config.output_dir, "OUTPUT_DIR")
@@ -194,10 +209,11 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
         raise DataError(f"{len(train_pairs)} training pairs are fewer than --batch-size {config.batch_size}; "
                         "lower --batch-size or add data")
     log.info("split: %d training and %d validation pairs (seed %d)", len(train_pairs), len(val_pairs), config.seed)
-    tokenizer = get_tokenizer(config, train_pairs, checkpoint_dir)
-    tokenizer.save(output_dir / TOKENIZER_FILE)
+    tokenizer = get_tokenizer(config, train_pairs, checkpoint_dir, save=chief)
     run = RunInfo.from_env()
-    write_params(output_dir, TRAINER, config.hyperparameters(), run, sources=data.sources)
+    if chief:
+        tokenizer.save(output_dir / TOKENIZER_FILE)
+        write_params(output_dir, TRAINER, config.hyperparameters(), run, sources=data.sources)
 
     import keras
     import numpy as np
@@ -245,7 +261,8 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
     log.info("transformer: %d parameters", model.count_params())
 
     sampler = Sampler(GreedyDecoder(model, config.max_output_length, tokenizer.bos_id, tokenizer.eos_id),
-                      tokenizer, val_data, config.num_samples, output_dir / "samples.json")
+                      tokenizer, val_data, config.num_samples,
+                      output_dir / "samples.json" if chief else None)
 
 
     def check_resume(extra: dict[str, Any]) -> None:
@@ -268,6 +285,9 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
         on_step_every=config.sample_every_steps, dataset_version=run.dataset_version,
     )
     result = loop.run(history_path=output_dir / "history.csv")
+    if not chief:
+        log.info("done: %d steps; the chief writes the outputs", result.steps)
+        return
     if sampler.last_step != result.steps:
         sampler(result.steps)
     save_keras_model(model, output_dir)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainer.common import cli
+from trainer.common.cluster import placement, serves_only
 from trainer.common.config import parse_config
 from trainer.common.contract import (
     DataError,
@@ -40,7 +41,17 @@ TRAINER = "image_classifier"
 
 
 def train(config: ClassifierConfig, stop: StopRequest) -> None:
-    """Run the whole training job described by ``config``."""
+    """Run the whole training job described by ``config``.
+
+    With several workers every worker runs this; only the chief writes CHECKPOINT_DIR and
+    OUTPUT_DIR. In parameter-server mode the worker and ps replicas only serve the chief.
+    """
+    cluster, mode = placement(config.strategy)
+    if serves_only(cluster, mode):
+        from trainer.common.runtime import serve
+
+        return serve(cluster, stop)
+    chief = cluster.is_chief
     data_dir = check_data_dir(config.data_dir)
     prepare_dir(config.checkpoint_dir, "CHECKPOINT_DIR")
     output_dir = prepare_dir(config.output_dir, "OUTPUT_DIR")
@@ -53,7 +64,8 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
                         "lower --batch-size or add images")
     log.info("split: %d training and %d validation images (seed %d)", len(train_files), len(val_files), config.seed)
     run = RunInfo.from_env()
-    write_params(output_dir, TRAINER, config.hyperparameters(), run, classes=folder.class_names)
+    if chief:
+        write_params(output_dir, TRAINER, config.hyperparameters(), run, classes=folder.class_names)
 
     import keras  # noqa: F401  (imported here: TensorFlow loads only once the flags and data are fine)
 
@@ -81,6 +93,10 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
         check_resume=check_resume, dataset_version=run.dataset_version,
     )
     result = loop.run(history_path=output_dir / "history.csv")
+    if not chief:
+        # The model is exported from the chief's weights; every worker holds the same ones.
+        log.info("done: %d steps; the chief writes the outputs", result.steps)
+        return
 
     write_json_atomic(output_dir / "confusion_matrix.json", {
         "classes": folder.class_names,

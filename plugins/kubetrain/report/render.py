@@ -53,6 +53,8 @@ def summary_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
         ("wall_time_s", "Wall time (s)"),
         ("examples_per_s", "Examples per second"),
         ("devices", "Devices"),
+        ("workers", "Workers"),
+        ("strategy", "Distribution"),
         ("skipped_files", "Skipped input files"),
     ):
         if key in m:
