@@ -177,6 +177,7 @@ def training_pipeline(
     keep_checkpoints: int = 3,
     require_metrics: bool | str = True,
     execution_timeout: timedelta = timedelta(hours=24),
+    train_operator: type[TrainingPodOperator] = TrainingPodOperator,
     **train_kwargs: Any,
 ) -> TrainingTasks:
     """Create the shared task chain in the current DAG context.
@@ -188,13 +189,15 @@ def training_pipeline(
     :param keep_checkpoints: checkpoint sets kept in S3 after the run.
     :param require_metrics: whether a run without OUTPUT_DIR/metrics.json fails the report (templated).
     :param execution_timeout: limit of the training task.
-    :param train_kwargs: more TrainingPodOperator arguments.
+    :param train_operator: the training task's class: :class:`TrainingPodOperator`, or a subclass such as
+        :class:`~kubetrain.operators.distributed.DistributedTrainingOperator` (several workers).
+    :param train_kwargs: more arguments of ``train_operator``.
     """
     stage = StageDatasetOperator(task_id="stage_dataset", source_uri="{{ params.dataset_uri }}", outlets=[])
     check = SkipIfTrainedOperator(
         task_id="check_new", dataset_version=stage.output["version"], image="{{ params.image or '' }}"
     )
-    train = TrainingPodOperator(
+    train = train_operator(
         task_id="train",
         pool="gpu",
         image=check.output["image"],

@@ -539,3 +539,62 @@ def training_pod(
             termination_grace_period_seconds=config.termination_grace_period,
         ),
     )
+
+
+# -- replicas of a multi-worker job (kubetrain.distributed) ---------------------------------------
+
+
+def replica_pod_template(
+    config: TrainingPodConfig,
+    *,
+    sync: bool,
+    env: Mapping[str, str] | None = None,
+    ports: Sequence[k8s.V1ContainerPort] = (),
+    labels: Mapping[str, str] | None = None,
+    subdomain: str | None = None,
+    restart_policy: str = "Never",
+    container_name: str = BASE_CONTAINER,
+) -> k8s.V1PodTemplateSpec:
+    """The pod template of one replica of a multi-worker job: the training pod contract per replica.
+
+    Every replica gets the stage-in init container (the dataset, and the run's checkpoints, which
+    are the chief's: only the chief syncs), the base container with ``env`` added (the cluster
+    variables) and ``ports``; only the chief (``sync``) gets the checkpoint-sync sidecar.
+
+    :param config: the replica's settings (its role's resources).
+    :param sync: whether this replica's pod has the checkpoint-sync sidecar (the chief).
+    :param env: plain variables added to the base container.
+    :param ports: container ports of the base container (the TensorFlow server's).
+    :param labels: labels added to the pod's.
+    :param subdomain: the headless Service the pod's hostname lives under.
+    :param restart_policy: the pod's restart policy.
+    :param container_name: the base container's name (a TFJob's must be ``tensorflow``).
+    """
+    base = base_container(config)
+    base.name = container_name
+    base.env = [*(base.env or []), *(k8s.V1EnvVar(name=k, value=str(v)) for k, v in (env or {}).items())]
+    base.ports = list(ports) or None
+    init = [stage_in_container(config)] + ([checkpoint_sync_container(config)] if sync else [])
+    annotations = {"kubetrain.io/run-uri": config.run_uri, **config.annotations}
+    if config.dataset_manifest:
+        annotations["kubetrain.io/dataset-manifest"] = config.dataset_manifest
+    return k8s.V1PodTemplateSpec(
+        metadata=k8s.V1ObjectMeta(
+            labels={**pod_labels(config), **{k: label_value(v) for k, v in (labels or {}).items()}},
+            annotations=annotations,
+        ),
+        spec=k8s.V1PodSpec(
+            restart_policy=restart_policy,
+            init_containers=init,
+            containers=[base],
+            volumes=scratch_volumes(config),
+            security_context=pod_security_context(config),
+            service_account_name=config.service_account_name,
+            automount_service_account_token=bool(config.service_account_name and config.s3_secret is None),
+            image_pull_secrets=[k8s.V1LocalObjectReference(name=s) for s in config.image_pull_secrets] or None,
+            node_selector=dict(config.node_selector) if config.node_selector else None,
+            tolerations=pod_tolerations(config),
+            termination_grace_period_seconds=config.termination_grace_period,
+            subdomain=subdomain,
+        ),
+    )
