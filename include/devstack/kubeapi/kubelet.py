@@ -298,6 +298,18 @@ class PodWorker:
     async def schedule(self) -> bool:
         wanted = gpu_request(self.spec)
         self.publish()
+        # An extended resource the node does not advertise at all (amd.com/gpu, a MIG profile, ...) is
+        # never satisfied, as on a real scheduler; nvidia.com/gpu keeps the GPU rules below.
+        missing = unadvertised_resources(self.spec)
+        if missing:
+            message = (f"0/1 nodes are available: 1 Insufficient {missing[0]}. preemption: 0/1 nodes are available: "
+                       "1 No preemption victims found for incoming pod.")
+            self.scheduled = False
+            self.sched_message = message
+            self.event("Warning", "FailedScheduling", message, component="default-scheduler")
+            self.publish()
+            await self.stop_event.wait()
+            return False
         while True:
             if self.stopping:
                 return False
@@ -791,6 +803,18 @@ def container_gpus(spec: dict) -> int:
         "nvidia.com/gpu"
     )
     return int(parse_quantity(value)) if value is not None else 0
+
+
+def unadvertised_resources(spec: dict) -> list[str]:
+    """Extended resources (``domain/name``) that containers request but the node never has (not nvidia.com/gpu)."""
+    found = []
+    for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+        res = c.get("resources") or {}
+        for name in {**(res.get("requests") or {}), **(res.get("limits") or {})}:
+            if "/" in name and name != "nvidia.com/gpu" and not name.startswith(("kubernetes.io/", "hugepages-")) \
+                    and name not in found:
+                found.append(name)
+    return found
 
 
 def gpu_request(spec: dict) -> int:
