@@ -99,7 +99,7 @@ def validate_tfjob(body: dict[str, Any]) -> None:
     schema = tfjob_schema()
     permissive = {"$defs": {}, **_without_k8s(schema)}
     jsonschema.validate(body, permissive)
-    for path, kind, value in _k8s_leaves(schema, body, "tfjob"):
+    for _path, kind, value in _k8s_leaves(schema, body, "tfjob"):
         if kind == "V1PodTemplateSpec":
             kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
                                           "template": value}, K8S_VERSION, strict=True)

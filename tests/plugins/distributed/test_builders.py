@@ -9,13 +9,12 @@ import airflow  # noqa: F401  (puts the plugins folder on sys.path)
 import jsonschema
 import kubernetes_validate
 import pytest
+from distributed_schemas import validate_k8s, validate_tfjob, validate_trainer
 
 from kubetrain import pod_spec
 from kubetrain.distributed import builders
 from kubetrain.distributed.backends import BackendUnavailableError, choose_backend
 from kubetrain.distributed.spec import DistributedSpec
-
-from distributed_schemas import validate_k8s, validate_tfjob, validate_trainer
 
 CONFIG = pod_spec.TrainingPodConfig(
     image="r.example/kubetrain/trainer@sha256:" + "a" * 64,
