@@ -2,6 +2,7 @@
 
     python -m include.demo image_classifier   # digits classifier through `airflow dags test`
     python -m include.demo dialogue           # dialogue Transformer likewise
+    python -m include.demo distributed        # the digits classifier on 2 workers (MultiWorkerMirroredStrategy)
     python -m include.demo ui                 # the Airflow UI, demo datasets uploaded
 
 Runs in the Airflow environment (.venv) against a running dev stack (`make stack-up`).
@@ -40,6 +41,15 @@ DEMOS = {
         generator="include.sample_data.digits",
         filename="digits.zip",
         conf={"dataset_uri": "s3://datasets/digits/", "epochs": 4, "batch_size": 64, "image_size": 32},
+    ),
+    "distributed": Demo(
+        dag_id="train_image_classifier_distributed",
+        dataset="digits",
+        generator="include.sample_data.digits",
+        filename="digits.zip",
+        # The dev stack has no GPU: each of the 2 workers trains on one CPU.
+        conf={"dataset_uri": "s3://datasets/digits/", "epochs": 3, "batch_size": 64, "image_size": 32, "workers": 2,
+              "gpus": 0, "cpu": "1", "memory": "2Gi"},
     ),
     "dialogue": Demo(
         dag_id="train_dialogue_transformer",
@@ -180,8 +190,10 @@ def _worth_showing(line: str) -> bool:
     """The lines a newcomer follows: tasks ending, the trainer's epochs, errors."""
     if "[DAG TEST] end task" in line or "Marking run" in line:
         return True
-    if "[base] logs:" in line:
-        return any(k in line for k in (" INFO epoch ", "resumed from", " INFO done:", "ERROR"))
+    if "[base] logs:" in line or "[chief " in line:
+        return any(k in line for k in (" INFO epoch ", "resumed from", " INFO done:", "ERROR", "collective ring"))
+    if "Distributed training:" in line:
+        return True
     return any(k in line for k in ("FailedScheduling", "Promoted s3://", "Report written", "[error"))
 
 
@@ -190,6 +202,8 @@ def _short(line: str) -> str:
     text = line.rstrip()
     if "[base] logs: " in text:
         text = "trainer: " + text.split("[base] logs: ", 1)[1]
+    elif "[chief " in text:
+        text = "chief: " + text.split("] ", 1)[1] if "] " in text.split("[chief ", 1)[1] else text
     text = text.split(" [airflow.", 1)[0].split(" loc=", 1)[0]
     return text[:160]
 

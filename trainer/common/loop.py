@@ -275,7 +275,7 @@ class TrainingLoop:
         self.runner = StepRunner(
             strategy=runtime.strategy, model=model, optimizer=optimizer, compute_fn=compute_fn,
             global_batch_size=global_batch_size, mixed_precision=runtime.mixed_precision,
-            jit_compile=config.jit_compile, time_input=not runtime.deterministic,
+            jit_compile=config.jit_compile, time_input=not runtime.deterministic, coordinator=runtime.coordinator,
         )
         self._timing.input_timed = self.runner.time_input
         # Keras keeps the state of its dropout and augmentation generators in variables
@@ -720,7 +720,11 @@ class TrainingLoop:
         strategy = self.runtime.strategy
         config = self.config
         dataset = shard_by_data(self.train_dataset_fn(self.epoch, self.batch_in_epoch))
-        iterator = iter(strategy.experimental_distribute_dataset(dataset))
+        if self.runtime.coordinator is not None:
+            # The chief reads the input and hands each step its batch (trainer.common.steps).
+            iterator = iter(dataset)
+        else:
+            iterator = iter(strategy.experimental_distribute_dataset(dataset))
         self.runner.set_epoch_sums(self.sums)
         planned = self.step
         epoch_end = self.step + (self.steps_per_epoch - self.batch_in_epoch)

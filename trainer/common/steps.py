@@ -15,6 +15,11 @@ One training step, on every replica at once:
    ``clipvalue``, taken over from it: Keras would apply them to each replica's share);
 5. the optimizer update.
 
+In parameter-server mode (a ClusterCoordinator) the chief reads the input and schedules each
+step, with its batch, on whichever worker is free; the step's variables live on the parameter
+servers and the workers update them asynchronously; the bookkeeping variables live there too,
+so the chief reads them after ``coordinator.join()``. Evaluation runs on the chief itself.
+
 Keras' ``LossScaleOptimizer`` checks the gradients of replica 0 only, before the
 all-reduce, and its optimizers clip before the all-reduce; both are replaced here.
 
@@ -26,6 +31,7 @@ epoch, so the training loop needs no device-to-host copy per step.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -139,12 +145,17 @@ class StepRunner:
         jit_compile: compile the forward and backward pass with XLA.
         time_input: measure the time spent waiting for input (``tf.timestamp``, which
             TensorFlow refuses to run when op determinism is on).
+        coordinator: the ClusterCoordinator in parameter-server mode.
     """
 
     def __init__(self, *, strategy: tf.distribute.Strategy, model: keras.Model,
                  optimizer: keras.optimizers.Optimizer, compute_fn: ComputeFn, global_batch_size: int,
-                 mixed_precision: bool, jit_compile: bool = False, time_input: bool = True) -> None:
+                 mixed_precision: bool, jit_compile: bool = False, time_input: bool = True,
+                 coordinator: Any = None) -> None:
         self.strategy = strategy
+        self.coordinator = coordinator
+        # With a coordinator the chief hands each step its batch: there is no input wait to time on the worker.
+        time_input = time_input and coordinator is None
         self.time_input = time_input
         self.model = model
         self.optimizer = optimizer
@@ -156,14 +167,16 @@ class StepRunner:
         with strategy.scope():
             self.loss_scale = DynamicLossScale() if mixed_precision else None
         # Bookkeeping lives outside the strategy scope: one copy, written in cross-replica context.
-        self.epoch_sums = tf.Variable(tf.zeros([len(SUM_KEYS)], tf.float64), trainable=False, name="epoch_sums")
-        self.window = tf.Variable(tf.zeros([len(WINDOW_KEYS)], tf.float64), trainable=False, name="window")
+        # With parameter servers it lives on them, where the workers' steps can reach it.
+        with strategy.scope() if coordinator is not None else contextlib.nullcontext():
+            self.epoch_sums = tf.Variable(tf.zeros([len(SUM_KEYS)], tf.float64), trainable=False, name="epoch_sums")
+            self.window = tf.Variable(tf.zeros([len(WINDOW_KEYS)], tf.float64), trainable=False, name="window")
+            self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_run")
+            self.nonfinite_loss = tf.Variable(0, dtype=tf.int64, trainable=False, name="nonfinite_loss_steps")
+            self.nonfinite_grads = tf.Variable(0, dtype=tf.int64, trainable=False, name="nonfinite_gradient_steps")
+            self.first_nonfinite = tf.Variable(-1, dtype=tf.int64, trainable=False, name="first_nonfinite_step")
+            self.input_wait = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="input_wait_s")
         self.eval_sums = tf.Variable(tf.zeros([len(SUM_KEYS)], tf.float64), trainable=False, name="eval_sums")
-        self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_run")
-        self.nonfinite_loss = tf.Variable(0, dtype=tf.int64, trainable=False, name="nonfinite_loss_steps")
-        self.nonfinite_grads = tf.Variable(0, dtype=tf.int64, trainable=False, name="nonfinite_gradient_steps")
-        self.first_nonfinite = tf.Variable(-1, dtype=tf.int64, trainable=False, name="first_nonfinite_step")
-        self.input_wait = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="input_wait_s")
         self._train_chunk = self._make_train_chunk()
         self._eval_all = self._make_eval()
 
@@ -231,6 +244,9 @@ class StepRunner:
             self.epoch_sums.assign_add(step_sums)
             self.window.assign_add(tf.concat([step_sums, tf.stack([norm, tf.cast(apply, tf.float64)])], 0))
 
+        # Parameter-server mode: one step per scheduled call, its batch sent by the chief.
+        self._scheduled_step = tf.function(one_step, reduce_retracing=True)
+
         @tf.function(reduce_retracing=True)
         def train_chunk(iterator: Any, k: tf.Tensor) -> tf.Tensor:
             done = tf.constant(0, tf.int32)
@@ -255,6 +271,17 @@ class StepRunner:
 
     def _make_eval(self) -> Callable[[Any], tf.Tensor]:
         strategy, model, compute_fn = self.strategy, self.model, self.compute_fn
+        if self.coordinator is not None:
+            @tf.function(reduce_retracing=True)
+            def eval_on_chief(dataset: Any) -> tf.Tensor:
+                # The chief evaluates by itself, reading the variables from the parameter servers.
+                self.eval_sums.assign(tf.zeros_like(self.eval_sums))
+                for batch in dataset:
+                    sums = compute_fn(model, batch, False)
+                    self.eval_sums.assign_add(tf.cast(tf.stack([sums[k] for k in SUM_KEYS]), tf.float64))
+                return self.eval_sums.read_value()
+
+            return eval_on_chief
 
         def replica_eval(batch: Any) -> dict[str, tf.Tensor]:
             sums = compute_fn(model, batch, False)
@@ -275,10 +302,20 @@ class StepRunner:
 
     def run(self, iterator: Any, steps: int) -> None:
         """Queue up to ``steps`` training steps (fewer when the iterator ends); does not wait for them."""
+        if self.coordinator is not None:
+            for _ in range(steps):
+                batch = next(iterator, None)
+                if batch is None:
+                    return
+                self.coordinator.schedule(self._scheduled_step, args=(batch,))
+            return
         self._train_chunk(iterator, tf.constant(steps, tf.int32))
 
     def evaluate(self, dataset: tf.data.Dataset) -> dict[str, float]:
         """Sums over the whole (validation) dataset; one device-to-host copy."""
+        if self.coordinator is not None:
+            values = self._eval_all(dataset).numpy()
+            return dict(zip(SUM_KEYS, map(float, values), strict=True))
         options = tf.data.Options()
         # Each worker evaluates its share of every batch (see trainer.common.loop.shard_by_data).
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
@@ -291,6 +328,8 @@ class StepRunner:
 
     def read(self) -> Counters:
         """Wait for the queued steps and read what they left, resetting the per-read counters."""
+        if self.coordinator is not None:
+            self.coordinator.join()
         counters = Counters(
             steps=int(self.steps.numpy()),
             nonfinite_loss=int(self.nonfinite_loss.numpy()),
