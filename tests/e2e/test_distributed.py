@@ -90,8 +90,8 @@ class Watcher(threading.Thread):
                         pod.metadata.name, NAMESPACE, container="base")
                 except client.ApiException:
                     continue
-            chief_checkpointed = any("checkpoint ckpt-" in text and "every" in text for name, text in self.logs.items()
-                                     if "-chief-" in name)
+            chief_checkpointed = any("checkpoint ckpt-" in text and "INFO done:" not in text
+                                     for name, text in self.logs.items() if "-chief-" in name)
             if self.kill and not self.killed and chief_checkpointed:
                 for pod in pods:
                     labels = pod.metadata.labels or {}
@@ -103,7 +103,7 @@ class Watcher(threading.Thread):
 
 
 def test_two_workers_train_survive_a_killed_worker_and_promote(airflow, api, s3, digits, dev_images):
-    conf = {"dataset_uri": digits, "model_name": "e2e-distributed", "workers": 2, "epochs": 3, "image_size": 16,
+    conf = {"dataset_uri": digits, "model_name": "e2e-distributed", "workers": 2, "epochs": 15, "image_size": 16,
             "batch_size": 32, "checkpoint_every_steps": 4, "sync_interval": 2, "gpus": 0, "cpu": "1",
             "memory": "2Gi", "backend": "auto"}
     watcher = Watcher(api, kill=True)
@@ -133,6 +133,27 @@ def test_two_workers_train_survive_a_killed_worker_and_promote(airflow, api, s3,
     assert any("Workers" in line and "2" in line for line in report.splitlines()), report[:2000]
     promotion = run.xcom("promote")
     assert promotion and promotion.get("promoted"), promotion
+    assert_nothing_left(api)
+
+
+def test_parameter_servers_one_ps_two_workers_train_a_few_steps(airflow, api, s3, digits, dev_images):
+    conf = {"dataset_uri": digits, "model_name": "e2e-distributed-ps", "workers": 2, "ps_replicas": 1,
+            "max_steps": 12, "epochs": 1, "image_size": 16, "batch_size": 32, "checkpoint_every_steps": 6,
+            "gpus": 0, "cpu": "1", "memory": "2Gi", "ps_cpu": "500m", "ps_memory": "1Gi", "sync_interval": 2}
+    watcher = Watcher(api, kill=False)
+    watcher.start()
+    try:
+        run = airflow.dags_test(DAG, conf, **FAST)
+    finally:
+        watcher.stop.set()
+        watcher.join(10)
+    assert run.returncode == 0 and run.state() == "success", run.output[-5000:]
+    served = [n for n, t in watcher.logs.items() if "parameter-server mode:" in t and "serves at grpc://" in t]
+    assert sum("-worker-" in n for n in served) == 2 and sum("-ps-" in n for n in served) == 1, sorted(watcher.logs)
+    prefix = run.xcom("train", key="run_uri").removeprefix("s3://training/")
+    metrics = json.loads(s3.get_object(Bucket="training", Key=f"{prefix}/output/metrics.json")["Body"].read())
+    assert (metrics["strategy"], metrics["workers"], metrics["parameter_servers"]) == ("parameter_server", 2, 1)
+    assert metrics["steps"] == 12
     assert_nothing_left(api)
 
 

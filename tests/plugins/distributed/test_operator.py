@@ -1,0 +1,53 @@
+"""DistributedTrainingOperator's own logic: replica counts from Params, job names, the trigger's round trip."""
+
+from __future__ import annotations
+
+import re
+
+import airflow  # noqa: F401  (puts the plugins folder on sys.path)
+import pytest
+
+from kubetrain.operators.distributed import DistributedTrainingOperator, job_name
+from kubetrain.triggers.distributed import DistributedJobTrigger
+
+
+def test_job_names_are_dns_labels_with_room_for_role_and_index():
+    name = job_name("train_image_classifier_distributed", "manual__2026-11-23T09:29:18.477510+00:00", 3)
+    assert re.fullmatch(r"kt-train-image-classi-[0-9a-f]{8}-3", name)
+    assert len(f"{name}-worker-0-63") <= 63
+    assert job_name("d", "run-a", 1) != job_name("d", "run-b", 1) != job_name("d", "run-a", 2)
+
+
+def test_params_become_the_replica_spec_and_the_single_pod_resources_are_the_workers():
+    op = DistributedTrainingOperator(task_id="t", workers="3", ps_replicas="0", gpus="2", cpu="4", memory="8Gi")
+    spec = op.distributed_spec()
+    assert spec.replicas() == {"chief": 1, "worker": 2}
+    assert spec.resources("worker").gpus == 2 and spec.resources("chief").cpu == "4"
+    ps = DistributedTrainingOperator(task_id="t", workers=2, ps_replicas=1, gpus=1, gpus_per_ps="0").distributed_spec()
+    assert ps.replicas() == {"chief": 1, "worker": 2, "ps": 1}
+    assert ps.resources("ps").gpus == 0 and ps.resources("chief").gpus == 0
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"workers": "0"}, "workers='0' is not valid: expected an integer from 1 to 64"),
+    ({"ps_replicas": 20}, "ps_replicas=20 is not valid: expected an integer from 0 to 16"),
+])
+def test_a_bad_replica_count_fails_before_anything_is_created(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        DistributedTrainingOperator(task_id="t", **kwargs).distributed_spec()
+    assert message in str(err.value)
+
+
+def test_the_trigger_serializes_to_plain_arguments():
+    trigger = DistributedJobTrigger(
+        backend="indexed_job", name="kt-x-1", namespace="kubetrain",
+        resources=[["v1", "Service", "services", "kt-x-1"], ["batch/v1", "Job", "jobs", "kt-x-1-chief"]],
+        roles=["chief", "worker"], container="base", pod_selector="kubetrain.io/distributed-job=kt-x-1",
+        deadline=123.0, startup={"schedule_timeout": 900, "unschedulable_grace": 60, "startup_timeout": 600,
+                                 "stage_in_timeout": 3600, "stage_in_container": "stage-in"},
+        kubernetes_conn_id="kubernetes_default",
+    )
+    path, kwargs = trigger.serialize()
+    assert path == "kubetrain.triggers.distributed.DistributedJobTrigger"
+    again = DistributedJobTrigger(**kwargs)
+    assert again.serialize() == (path, kwargs)
