@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +80,7 @@ def serve(cluster: ClusterInfo, stop: StopRequest) -> None:
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=cluster.task_type, task_index=cluster.task_index,
                                   protocol=resolver.rpc_layer or "grpc", start=True)
+    keep_sigterm_handler()
     log.info("parameter-server mode: %s serves at %s until the chief has finished", cluster.describe(), server.target)
     while not stop.requested:
         time.sleep(0.5)
@@ -158,7 +160,22 @@ def configure(config: TrainerConfig) -> Runtime:
                       deterministic=config.deterministic, cluster=cluster, mode=mode, coordinator=coordinator)
     if runtime.multi_worker:
         check_collectives(runtime)
+    if mode != "mirrored":
+        keep_sigterm_handler()
     return runtime
+
+
+def keep_sigterm_handler() -> None:
+    """Put the trainer's SIGTERM handler back in place.
+
+    TensorFlow's coordination service installs a SIGTERM handler of its own in C++ when a
+    multi-worker cluster starts (its preemption notifier), which replaces Python's: the trainer
+    would no longer see SIGTERM, checkpoint and exit 75. Registering the Python handler again
+    restores it (the training loop's agreement between workers replaces the notifier).
+    """
+    handler = signal.getsignal(signal.SIGTERM)
+    if callable(handler):
+        signal.signal(signal.SIGTERM, handler)
 
 
 def check_collectives(runtime: Runtime) -> None:
