@@ -103,7 +103,7 @@ class Watcher(threading.Thread):
 
 
 def test_two_workers_train_survive_a_killed_worker_and_promote(airflow, api, s3, digits, dev_images):
-    conf = {"dataset_uri": digits, "model_name": "e2e-distributed", "workers": 2, "epochs": 15, "image_size": 16,
+    conf = {"dataset_uri": digits, "model_name": "e2e-distributed", "workers": 2, "epochs": 8, "image_size": 16,
             "batch_size": 32, "checkpoint_every_steps": 4, "sync_interval": 2, "gpus": 0, "cpu": "1",
             "memory": "2Gi", "backend": "auto"}
     watcher = Watcher(api, kill=True)

@@ -182,8 +182,11 @@ class DistributedTrainingOperator(TrainingPodOperator):
     def execute_complete(self, context: Context, event: dict[str, Any], resources: list[list[str]] | None = None,
                          cluster: dict[str, list[str]] | None = None, spec: str | None = None) -> dict[str, Any]:
         namespace = event["namespace"]
+        resources = resources or event.get("resources") or []
+        if spec is None:
+            spec = self.distributed_spec().describe()
         try:
-            delete_sync(self.hook, namespace, resources or [], self.log)
+            delete_sync(self.hook, namespace, resources, self.log)
             self._wait_pods_gone(namespace, f"{builders.JOB_LABEL}={event['name']}")
         except Exception as exc:  # the outcome of training matters more than a failed clean-up
             self.log.warning("Cleaning up %s failed: %s", event["name"], exc)

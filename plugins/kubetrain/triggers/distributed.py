@@ -186,7 +186,10 @@ class DistributedJobTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         judges: dict[str, PodStartup] = {}
-        base = {"name": self.name, "namespace": self.namespace, "backend": self.backend}
+        # The objects to delete travel in the event too: `airflow dags test` resumes the task with the event
+        # alone, without the kwargs given to defer().
+        base = {"name": self.name, "namespace": self.namespace, "backend": self.backend,
+                "resources": [list(r) for r in self.resources]}
         while True:
             try:
                 pods = await self.pods()
