@@ -63,19 +63,22 @@ class LogKeeper(threading.Thread):
 
         self.core = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
         self.logs: dict[str, str] = {}
+        self.errors: list[str] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.is_set():
             try:
                 pods = self.core.list_namespaced_pod(NAMESPACE, label_selector=f"kubetrain.io/dag-id={DAG}").items
-            except Exception:  # the API is busy; look again
+            except Exception as exc:  # the API is busy; look again
+                self.errors.append(repr(exc)[:300])
                 pods = []
             for pod in pods:
                 try:
                     self.logs[pod.metadata.name] = self.core.read_namespaced_pod_log(pod.metadata.name, NAMESPACE,
                                                                                      container="base")
-                except Exception:
+                except Exception as exc:
+                    self.errors.append(repr(exc)[:300])
                     continue
             time.sleep(1.0)
 
@@ -109,7 +112,10 @@ def run_once(workers: int, env: dict[str, str], home: Path, stack_env: dict[str,
         if match:
             first_steps[pod] = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=UTC)
     if len(first_steps) < workers:
-        raise SystemExit(f"found the first step of {len(first_steps)} of {workers} replicas in their logs")
+        for pod, text in keeper.logs.items():
+            print(f"--- {pod}\n{text[-1500:]}")
+        raise SystemExit(f"found the first step of {len(first_steps)} of {workers} replicas in their logs "
+                         f"(logs kept: {sorted(keeper.logs)}; errors: {keeper.errors[-3:]})")
     return {
         "workers": workers,
         "examples_per_s": metrics["examples_per_s"],

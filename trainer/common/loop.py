@@ -295,6 +295,11 @@ class TrainingLoop:
         if self.runner.loss_scale is not None:
             parts["loss_scale"] = self.runner.loss_scale.checkpoint()
         self.checkpoint = tf.train.Checkpoint(**parts)
+        # Parameter-server mode: the variables live on the ps replicas, whose shards TensorFlow would
+        # write to (and merge on) their own disks; every replica has a disk of its own, so all the I/O
+        # goes through the chief, which alone owns CHECKPOINT_DIR.
+        self._io = (tf.train.CheckpointOptions(experimental_io_device="/job:chief/replica:0/task:0/device:CPU:0")
+                    if runtime.coordinator is not None else None)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, str(self.write_dir), max_to_keep=config.keep_checkpoints,
             checkpoint_name=CHECKPOINT_NAME,
@@ -368,7 +373,7 @@ class TrainingLoop:
         self._epoch_var.assign(self.epoch)
         self._batch_var.assign(self.batch_in_epoch)
         self._state_var.assign(json.dumps(json_safe(state)))
-        path = self.manager.save(checkpoint_number=self.step)
+        path = self.manager.save(checkpoint_number=self.step, options=self._io)
         self.last_saved_step = self.step
         self.last_saved_path = path
         # The JSON mirror is written strictly after the checkpoint it describes.
@@ -394,7 +399,7 @@ class TrainingLoop:
             return False
         for path in candidates:
             try:
-                status = self.checkpoint.restore(path)
+                status = self.checkpoint.restore(path, options=self._io)
                 status.assert_existing_objects_matched()
             except (tf.errors.NotFoundError, tf.errors.DataLossError, tf.errors.OutOfRangeError) as exc:
                 log.warning("checkpoint %s is unusable (%s): trying the one before it", Path(path).name,
@@ -569,7 +574,7 @@ class TrainingLoop:
         if any((d / BEST_DIR / f"{CHECKPOINT_NAME}-{self.step}.index").exists()
                for d in (self.write_dir, self.checkpoint_dir)):
             return
-        self._best_manager.save(checkpoint_number=self.step)
+        self._best_manager.save(checkpoint_number=self.step, options=self._io)
 
     def restore_best_weights(self) -> bool:
         """Load the best epoch's weights into the model; False (and the last weights kept) when unavailable."""
@@ -582,7 +587,7 @@ class TrainingLoop:
         path = next((d / BEST_DIR / name for d in (self.write_dir, self.checkpoint_dir)
                      if (d / BEST_DIR / f"{name}.index").exists()), self.write_dir / BEST_DIR / name)
         try:
-            self._best_checkpoint.restore(str(path)).assert_existing_objects_matched()
+            self._best_checkpoint.restore(str(path), options=self._io).assert_existing_objects_matched()
         except (tf.errors.NotFoundError, tf.errors.DataLossError, AssertionError, ValueError) as exc:
             log.warning("the best epoch's weights (%s) cannot be read (%s): exporting the last epoch's weights",
                         path, str(exc).splitlines()[0][:200])
