@@ -75,8 +75,9 @@ class LogKeeper(threading.Thread):
                 pods = []
             for pod in pods:
                 try:
-                    self.logs[pod.metadata.name] = self.core.read_namespaced_pod_log(pod.metadata.name, NAMESPACE,
-                                                                                     container="base")
+                    # The raw body: the client's own decoding of a log is not the text the pod wrote.
+                    self.logs[pod.metadata.name] = self.core.read_namespaced_pod_log(
+                        pod.metadata.name, NAMESPACE, container="base", _preload_content=False).data.decode()
                 except Exception as exc:
                     self.errors.append(repr(exc)[:300])
                     continue
