@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from imagebuild_support import push_busybox_base, skopeo_pull, start_registry, tags
 
 from include.devstack.stack import free_port
 from kubetrain.imagebuild.builders import BuildError
 from kubetrain.imagebuild.oci import RegistryAuthError, RegistryUnreachable
 from kubetrain.operators.build import BuildImageOperator
+from tests.plugins.imagebuild.support import push_busybox_base, skopeo_pull, start_registry, tags
 
 DOCKERFILE = """\
 ARG BASE

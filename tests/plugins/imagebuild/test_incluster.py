@@ -11,7 +11,6 @@ import tarfile
 import boto3
 import kubernetes_validate
 import pytest
-from imagebuild_support import REPO  # noqa: F401  (puts plugins/ on sys.path)
 from kubernetes.client import ApiClient
 
 from kubetrain.imagebuild.builders import PushTarget

@@ -15,7 +15,7 @@ from kubetrain.imagebuild.builders import BuildError, PushTarget
 from kubetrain.imagebuild.oci import RegistryClient
 from kubetrain.imagebuild.products import SYNC, ImagePublisher
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NON_ROOT = re.compile(r"^[1-9]\d*:[1-9]\d*$")
 
 

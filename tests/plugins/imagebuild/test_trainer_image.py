@@ -6,9 +6,9 @@ import importlib.util
 import json
 
 import pytest
-from imagebuild_support import REPO, push_busybox_base, skopeo_pull, start_registry, tags
 
 from kubetrain.imagebuild.trainer_image import IMAGE_VARIABLE, SOURCE_VARIABLE
+from tests.plugins.imagebuild.support import REPO, push_busybox_base, skopeo_pull, start_registry, tags
 
 REPOSITORY = "dagtest/trainer"
 
