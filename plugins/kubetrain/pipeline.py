@@ -22,7 +22,7 @@ from typing import Any
 from airflow.sdk import Param
 
 from kubetrain.defaults import DEFAULT_ARGS
-from kubetrain.operators.dedupe import RecordTrainingOperator, SkipIfTrainedOperator
+from kubetrain.operators.dedupe import RecordFailedRun, RecordTrainingOperator, SkipIfTrainedOperator
 from kubetrain.operators.promote import PromoteModelOperator
 from kubetrain.operators.report import ReportOperator
 from kubetrain.operators.stage import StageDatasetOperator, dataset_asset
@@ -190,6 +190,10 @@ def training_pipeline(
     :param execution_timeout: limit of the training task.
     :param train_kwargs: more TrainingPodOperator arguments.
     """
+    # A run that fails in training, report or promotion is recorded too (status failed, the error).
+    record_failure = RecordFailedRun(stage_task_id="stage_dataset", check_task_id="check_new")
+    own_callbacks = train_kwargs.pop("on_failure_callback", None) or []
+    own_callbacks = list(own_callbacks) if isinstance(own_callbacks, list | tuple) else [own_callbacks]
     stage = StageDatasetOperator(task_id="stage_dataset", source_uri="{{ params.dataset_uri }}", outlets=[])
     check = SkipIfTrainedOperator(
         task_id="check_new", dataset_version=stage.output["version"], image="{{ params.image or '' }}"
@@ -212,6 +216,7 @@ def training_pipeline(
         memory="{{ params.memory }}",
         sync_interval="{{ params.sync_interval }}",
         execution_timeout=execution_timeout,
+        on_failure_callback=[record_failure, *own_callbacks],
         **train_kwargs,
     )
     report = ReportOperator(
@@ -220,6 +225,7 @@ def training_pipeline(
         model="{{ params.model_name }}",
         title=title,
         require_metrics=require_metrics,
+        on_failure_callback=[record_failure],
     )
     promote = PromoteModelOperator(
         task_id="promote",
@@ -228,6 +234,7 @@ def training_pipeline(
         promote="{{ params.promote }}",
         is_better=report.output["better_than_promoted"],
         keep_checkpoints=keep_checkpoints,
+        on_failure_callback=[record_failure],
     )
     record = RecordTrainingOperator(
         task_id="record",
@@ -235,6 +242,9 @@ def training_pipeline(
         dataset_version=stage.output["version"],
         image=check.output["image"],
         promotion=promote.output,
+        report=report.output,
+        run_uri=train.output["run_uri"],
+        dataset_manifest=stage.output["manifest_uri"],
     )
     stage >> check >> train >> report >> promote >> record
     return TrainingTasks(stage, check, train, report, promote, record)

@@ -259,7 +259,9 @@ def promotion_reason(
     if other_version is None:
         if promoted:
             return "promoted: promote=if_better and no version was promoted before"
-        return f"not promoted: promote=if_better and this run has no {monitor or 'metric'} to compare"
+        if this is None:
+            return f"not promoted: promote=if_better and this run has no {monitor or 'metric'} to compare"
+        return f"not promoted: promote=if_better and {this} was not better than the promoted model"
     if this is None:
         return f"not promoted: promote=if_better and this run has no {monitor or 'metric'} to compare with {other}"
     if other_value is None:
