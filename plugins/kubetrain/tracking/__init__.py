@@ -18,9 +18,10 @@ registered model whose source is the promoted S3 prefix, with the ``champion`` a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from kubetrain.run_store import RunStore
@@ -54,10 +55,7 @@ class TrackingSettings:
     @property
     def public_uri(self) -> str:
         """The URI without credentials, for logs and links."""
-        parts = urlsplit(self.uri)
-        host = parts.hostname or ""
-        netloc = host + (f":{parts.port}" if parts.port else "")
-        return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+        return re.sub(r"//[^/@]*@", "//", self.uri).rstrip("/")
 
     def __repr__(self) -> str:
         return f"TrackingSettings(uri={self.public_uri!r})"
