@@ -21,6 +21,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
+# This module is imported only by the API server (kubetrain.api.create_app), where FastAPI is;
+# the routes' annotations name these types, so they are module-level names.
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi.responses import HTMLResponse
+
 from kubetrain.ui.queries import (
     PAGE_SIZE,
     NotVisible,
@@ -93,17 +98,15 @@ def varied_params(runs: list[dict[str, Any]]) -> list[str]:
 def create_router() -> Any:
     """The routes of the Training page, as a FastAPI router for kubetrain's app."""
     from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.core_api.security import GetUserDep
+    from airflow.api_fastapi.core_api.security import get_user
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-    from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
-    from fastapi.responses import HTMLResponse
 
     from kubetrain.run_store import RunStore
     from kubetrain.s3_layout import S3Layout
 
     router = APIRouter(prefix=PREFIX)
 
-    def queries(user: GetUserDep) -> TrainingQueries:
+    def queries(user: Any = Depends(get_user)) -> TrainingQueries:  # noqa: B008
         readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
         store = RunStore(S3Hook(aws_conn_id="aws_default"), S3Layout.from_environment())
         return TrainingQueries(store, readable)
