@@ -24,6 +24,7 @@ BENCHES = {
     "image_update": (AIRFLOW, "bench_image_update.py", "code-only image update: append layer vs. buildah build"),
     "dag_parse": (AIRFLOW, "bench_dag_parse.py", "DAG file parse time: (a) warm, as the DAG processor parses, (b) cold import"),
     "orchestration": (AIRFLOW, "bench_orchestration.py", "orchestration overhead of the demo DAG"),
+    "runs_page": (AIRFLOW, "bench_runs_page.py", "the Training page's API with 10,000 run records"),
 }
 
 HEADER = """# Benchmarks

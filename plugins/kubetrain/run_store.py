@@ -441,7 +441,9 @@ class RunStore:
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise ValueError(f"{s3_uri(bucket, key)} is not valid JSON: {exc}") from exc
 
-        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(keys)))) as pool:
+        # no more threads than the client keeps connections (botocore's max_pool_connections, 10 by default)
+        pool_size = getattr(client.meta.config, "max_pool_connections", None) or 10
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, pool_size, len(keys)))) as pool:
             return list(pool.map(one, keys))
 
     def list_keys(

@@ -179,7 +179,7 @@ def create_router() -> Any:
             comparison = q.compare(run)
         except (QueryError, NotVisible) as exc:
             return error_page(request, q, exc)
-        labels = [_label(r) for r in comparison.runs]
+        labels = _labels(len(comparison.runs))
         chart = curves_svg(labels, comparison.histories)
         missing = [label for label, h in zip(labels, comparison.histories, strict=True) if h is None]
         return page(request, q, "compare.html", title=f"{len(labels)} runs compared", comparison=comparison,
@@ -267,11 +267,9 @@ def create_router() -> Any:
     return router
 
 
-def _label(run: dict[str, Any]) -> str:
-    label = run["run_id"]
-    if len(label) > 28:
-        label = label[:12] + "…" + label[-12:]
-    return label + (f" #{run['trial']}" if run.get("trial") else "")
+def _labels(count: int) -> list[str]:
+    """Short names of compared runs on the chart and in the tables: A, B, C, ..."""
+    return [chr(ord("A") + i) for i in range(count)]
 
 
 def _files(q: TrainingQueries, record: dict[str, Any], limit: int = 500) -> tuple[list[dict[str, Any]], bool]:

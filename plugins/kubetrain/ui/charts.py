@@ -48,14 +48,18 @@ def curves_svg(labels: list[str], histories: list[History | None]) -> str | None
                     continue
                 xs, ys = history.series(name)
                 if xs:
-                    axes.plot(xs, ys, style, color=color, marker="o", markersize=3, label=f"{label} ({suffix})")
+                    axes.plot(xs, ys, style, color=color, marker="o", markersize=3, label=f"{label} {suffix}")
         axes.set_title(title)
         axes.set_xlabel("epoch")
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.grid(True, alpha=0.3)
-    handles, names = axes_list[0].get_legend_handles_labels()
-    if handles:
-        figure.legend(handles, names, loc="outside lower center", ncols=min(4, len(handles)), fontsize="small")
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=COLORS[i % len(COLORS)], marker="o", markersize=3, label=label)
+               for i, (label, history) in enumerate(zip(labels, histories, strict=True)) if history is not None]  # fmt: skip
+    handles += [Line2D([], [], color="#555555", linestyle="-", label="training"),
+                Line2D([], [], color="#555555", linestyle="--", label="validation")]  # fmt: skip
+    figure.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize="small", frameon=False)
     buffer = io.StringIO()
     figure.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None})
     svg = buffer.getvalue()
