@@ -337,6 +337,13 @@ class MlflowTracker:
                 "name": name, "source": promotion["model_uri"], "run_id": run_id,
                 "tags": [_tag("kubetrain.version", promotion["version"]), _tag("kubetrain.reason", promotion["reason"])],
             })["model_version"]["version"])  # fmt: skip
+        # Runs of one model may finish out of order: only the version that models/<model>/latest names
+        # becomes the champion (a later promotion's record step moves the alias on).
+        pointer = self.store.promoted_pointer(name)
+        if pointer is not None and pointer.get("version") != promotion["version"]:
+            self.log.info("MLflow version %s of %s registered; the champion stays with the promoted %s",
+                          version, name, pointer.get("version"))  # fmt: skip
+            return version
         client.call("POST", "registered-models/alias", {"name": name, "alias": CHAMPION_ALIAS, "version": version})
         self.log.info("MLflow registered model %s version %s is the %s (%s)", name, version, CHAMPION_ALIAS, promotion["model_uri"])
         return version

@@ -16,6 +16,7 @@ auth manager's list of DAGs the viewer may read decides which runs exist for the
 
 from __future__ import annotations
 
+import threading
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -106,10 +107,20 @@ def create_router() -> Any:
 
     router = APIRouter(prefix=PREFIX)
 
+    local = threading.local()
+
+    def run_store() -> RunStore:
+        # One store per worker thread, kept across requests: its boto3 client keeps its connections
+        # (a page reads 50 records in parallel), and boto3 resources are not shared between threads.
+        layout = S3Layout.from_environment()
+        store = getattr(local, "store", None)
+        if store is None or store.layout != layout:
+            store = local.store = RunStore(S3Hook(aws_conn_id="aws_default", config={"max_pool_connections": 16}), layout)
+        return store
+
     def queries(user: Any = Depends(get_user)) -> TrainingQueries:  # noqa: B008
         readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
-        store = RunStore(S3Hook(aws_conn_id="aws_default"), S3Layout.from_environment())
-        return TrainingQueries(store, readable)
+        return TrainingQueries(run_store(), readable)
 
     def base_of(request: Request) -> str:
         return request.scope.get("root_path", "").rstrip("/") + PREFIX
@@ -214,7 +225,7 @@ def create_router() -> Any:
             found = q.runs(run_filter(model, dag_id, dataset_version, status), after=after or None, limit=limit)
         except QueryError as exc:
             raise api_error(exc) from None
-        return {"runs": found.runs, "next_after": found.next_after}
+        return {"runs": found.runs, "next_after": found.next_after, "scanned": found.scanned, "searched_all": found.searched_all}
 
     @router.get("/api/models")
     def models_api(q: TrainingQueries = Q) -> dict[str, Any]:

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 SCAN_CHUNK = 1000
+# A filtered list reads at most this many index keys per request (5 ListObjectsV2 requests), then
+# offers to search on from where it stopped: a rare filter never makes one request slow.
+MAX_SCAN = 5000
 COMPARE_MIN, COMPARE_MAX = 2, 5
 _REF = re.compile(r"^(?P<dag>[A-Za-z0-9._-]+)/(?P<run>[A-Za-z0-9._-]+)(?:/trials/(?P<trial>[A-Za-z0-9._-]+))?$")
 
@@ -85,8 +88,16 @@ def parse_ref(ref: str) -> tuple[str, str, str]:
 
 @dataclass
 class RunsPage:
+    """One page of runs; ``next_after`` continues it (``None``: no older run matches).
+
+    ``scanned`` index keys were read; ``searched_all`` is false when the scan stopped at
+    :data:`MAX_SCAN` keys before the page was full (then ``next_after`` searches on).
+    """
+
     runs: list[dict[str, Any]]
     next_after: str | None
+    scanned: int = 0
+    searched_all: bool = True
 
 
 @dataclass
@@ -121,20 +132,21 @@ class TrainingQueries:
 
     # -- runs ----------------------------------------------------------------------------------
 
-    def _entries(self, prefix: str, after: str | None) -> Iterator[IndexEntry]:
-        """Index entries under ``prefix`` after the key ``after``, listed 1000 at a time."""
+    def _entries(self, prefix: str, after: str | None, first: int = SCAN_CHUNK) -> Iterator[IndexEntry]:
+        """Index entries under ``prefix`` after the key ``after``: ``first`` keys, then 1000 per request."""
+        chunk = first
         while True:
-            keys = self.store.list_keys(self.bucket, prefix, start_after=after, max_keys=SCAN_CHUNK)
+            keys = self.store.list_keys(self.bucket, prefix, start_after=after, max_keys=chunk)
             for key in keys:
                 try:
                     yield IndexEntry.parse(key)
                 except ValueError:
                     continue  # not an entry of this format
-            if len(keys) < SCAN_CHUNK:
+            if len(keys) < chunk:
                 return
-            after = keys[-1]
+            after, chunk = keys[-1], SCAN_CHUNK
 
-    def runs(self, filt: RunFilter, *, after: str | None = None, limit: int = PAGE_SIZE) -> RunsPage:
+    def runs(self, filt: RunFilter, *, after: str | None = None, limit: int = PAGE_SIZE, max_scan: int = MAX_SCAN) -> RunsPage:
         """Runs newest first (by the DAG run's time), ``limit`` of them after the index key ``after``."""
         if not 1 <= limit <= MAX_PAGE_SIZE:
             raise QueryError(f"limit={limit} is not valid: expected 1 to {MAX_PAGE_SIZE}")
@@ -143,16 +155,29 @@ class TrainingQueries:
             raise QueryError(f"after={after!r} is not a key of the run index {prefix}")
         picked: list[IndexEntry] = []
         more = False
-        for entry in self._entries(prefix, after):
+        scanned = 0
+        last: str | None = None
+        # Without filters on the keys nearly every key is a row: list one page's worth first.
+        first = limit + 1 if not (filt.dag_id or filt.dataset_version or filt.status) else SCAN_CHUNK
+        for entry in self._entries(prefix, after, first):
+            if scanned == max_scan:
+                break
+            scanned += 1
+            last = entry.key
             if entry.dag not in self.readable or not filt.matches(entry):
                 continue
             if len(picked) == limit:
                 more = True
                 break
             picked.append(entry)
+        else:
+            last = None  # the index ends here
+        stopped = scanned == max_scan and not more and last is not None
         records = self.store.read_many(self.bucket, [e.key for e in picked])
         runs = [self._row(r, e.key) for r, e in zip(records, picked, strict=True) if isinstance(r, dict)]
-        return RunsPage(runs, picked[-1].key if more and picked else None)
+        if more:
+            return RunsPage(runs, picked[-1].key, scanned)
+        return RunsPage(runs, last if stopped else None, scanned, searched_all=not stopped)
 
     def _row(self, record: dict[str, Any], key: str | None = None) -> dict[str, Any]:
         record = dict(record)

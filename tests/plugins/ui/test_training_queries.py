@@ -135,3 +135,14 @@ def test_trials_rank_failed_last_and_respect_the_sweep_objective():
     better = make_record(run_id="a", trial="1", value=0.4, sweep={"id": "s", "trial": "1", "objective": {"name": "val_loss", "mode": "min", "value": 0.1}})
     failed = make_record(run_id="a", trial="2", status="failed", value=None)
     assert [r["trial"] for r in rank_trials([failed, ok, better])] == ["1", "0", "2"]
+
+
+def test_a_filter_reads_a_bounded_number_of_keys_and_searches_on(store, seeded):
+    q = TrainingQueries(store, ALL_DAGS)
+    filt = RunFilter(model=seeded["digits"], status="failed")
+    first = q.runs(filt, max_scan=2)  # the newest two: secret_dag's run 7 (not readable) and run 4 (succeeded)
+    assert first.runs == [] and first.scanned == 2 and first.searched_all is False and first.next_after
+    second = q.runs(filt, after=first.next_after, max_scan=2)
+    assert ids(second.runs) == ["3"] and second.searched_all is False
+    rest = q.runs(filt, after=second.next_after)
+    assert rest.runs == [] and rest.searched_all is True and rest.next_after is None
