@@ -140,7 +140,7 @@ def test_the_training_page_lists_compares_and_ranks_the_runs(runs, page, tmp_pat
     page.get_by_role("link", name="Training").first.click()
     page.wait_for_url("**/plugin/training**")
     frame = page.frame_locator("iframe[title='Training']")
-    expect(frame.get_by_role("heading", name="Training runs")).to_be_visible()
+    expect(frame.get_by_role("heading", name="Training runs")).to_be_visible(timeout=30_000)
     frame.locator("select[name=model]").select_option(MODEL)
     frame.get_by_role("button", name="Filter").click()
     rows = frame.locator("table.runs tbody tr")
@@ -156,7 +156,8 @@ def test_the_training_page_lists_compares_and_ranks_the_runs(runs, page, tmp_pat
     frame.locator(f"tr[data-ref='{record_ref(a)}'] input[name=run]").check()
     frame.locator(f"tr[data-ref='{record_ref(b)}'] input[name=run]").check()
     frame.get_by_role("button", name="Compare selected").click()
-    expect(frame.get_by_role("heading", name="2 runs compared")).to_be_visible()
+    # the API server's first chart imports matplotlib: give it time on a loaded machine
+    expect(frame.get_by_role("heading", name="2 runs compared")).to_be_visible(timeout=90_000)
     expect(frame.locator("figure.chart svg")).to_be_visible()
     epochs = frame.locator("table.params tr", has=frame.locator("th", has_text=re.compile(r"^epochs")))
     expect(epochs.first).to_have_class(re.compile(r"\bdiffers\b"))
@@ -166,7 +167,7 @@ def test_the_training_page_lists_compares_and_ranks_the_runs(runs, page, tmp_pat
 
     # The model's leaderboard marks A's version; its link opens the DAG run in Airflow, around the page.
     frame.get_by_role("link", name=MODEL).first.click()
-    expect(frame.get_by_role("heading", name=f"Model {MODEL}")).to_be_visible()
+    expect(frame.get_by_role("heading", name=f"Model {MODEL}")).to_be_visible(timeout=30_000)
     promoted_row = frame.locator("table.leaderboard tr.is-promoted")
     expect(promoted_row).to_have_count(1)
     expect(promoted_row).to_contain_text(a["run_id"])

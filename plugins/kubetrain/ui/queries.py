@@ -355,7 +355,8 @@ def _canonical(value: Any) -> str:
 
 
 def param_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows ``{"name", "source", "values", "differs"}``: the trainer's hyperparameters first, then the other Params."""
+    """Rows ``{"name", "source", "values", "differs"}``: those that differ first; within each, the trainer's
+    hyperparameters, then the run's other Params."""
     rows = []
     seen: set[str] = set()
     for source in ("hyperparameters", "params"):
@@ -373,4 +374,5 @@ def param_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "name": name, "source": source, "values": values,
                 "differs": len({_canonical(v) for v in values}) > 1,
             })  # fmt: skip
-    return rows
+    # what differs first: with a trainer's dozens of hyperparameters, the differences are the point
+    return sorted(rows, key=lambda row: not row["differs"])
