@@ -152,3 +152,24 @@ def airflow(devstack, tmp_path_factory) -> AirflowRunner:
     )
     runner.cli("pools", "set", "--include-deferred", "gpu", "4", "GPU training pods")
     return runner
+
+
+@pytest.fixture(scope="session")
+def airflow_ui(devstack, tmp_path_factory):
+    """Airflow as `make airflow` starts it (API server, scheduler, DAG processor, triggerer) on the
+    dev stack, in a private home, DAGs paused at creation: one for the session's browser tests.
+    A test that unpauses a DAG or sets a Variable puts it back when it is done."""
+    from include.airflow_ui import AirflowUI
+    from include.devstack.stack import free_port
+
+    seed_db = Path(os.environ.get("AIRFLOW_HOME", REPO / ".airflow")) / "airflow.db"
+    with AirflowUI(
+        tmp_path_factory.mktemp("airflow-ui") / "airflow",
+        devstack.env(),
+        port=free_port(),
+        seed_db=seed_db,
+        paused_at_creation=True,
+        env={"KUBETRAIN_IMAGE_CLASSIFIER_CRON": "", "KUBETRAIN_IMAGE_BUILD_CRON": "", "KUBETRAIN_RETRY_DELAY_SECONDS": "5"},
+    ) as ui:
+        ui.wait_dags(["train_image_classifier"])
+        yield ui

@@ -1,8 +1,8 @@
 """The Training page in the Airflow UI, and the same runs in MLflow, after two real training runs.
 
-`make airflow`'s Airflow (api-server, scheduler, DAG processor, triggerer) on the dev stack,
-with an MLflow tracking server beside it (SQLite, artifacts in the stack's S3) named in
-KUBETRAIN_MLFLOW_TRACKING_URI. Two runs of train_image_classifier train a fresh model name on a
+The session's `make airflow` Airflow (api-server, scheduler, DAG processor, triggerer) on the
+dev stack, shared with the other browser tests, with an MLflow tracking server beside it (SQLite,
+artifacts in the stack's S3) named in the Variable kubetrain_mlflow_tracking_uri. Two runs of train_image_classifier train a fresh model name on a
 small digits dataset at once: A (2 epochs, promote=always) and B (3 epochs, promote=never).
 
 Then, in headless Chromium: the "Training" entry of the Airflow navigation opens the page,
@@ -28,21 +28,19 @@ from urllib.parse import quote
 import pytest
 import requests
 
-from include.airflow_ui import AirflowUI
 from include.devstack.mlflow_server import MLFLOW, MlflowServer
-from include.devstack.stack import free_port
 from kubetrain.s3_layout import S3Layout
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER_PYTHON = REPO / "trainer" / ".venv" / "bin" / "python"
-SEED_DB = Path(os.environ.get("AIRFLOW_HOME", REPO / ".airflow")) / "airflow.db"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]  # fmt: skip
 DAG_ID = "train_image_classifier"
 MODEL = f"digits-page-{secrets.token_hex(3)}"
+TRACKING_VARIABLE = "kubetrain_mlflow_tracking_uri"
 
 
 @pytest.fixture(scope="module")
@@ -70,14 +68,12 @@ def stack(devstack, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def runs(stack):
-    """Airflow as `make airflow` starts it, logging to MLflow; runs A and B trained, both finished."""
-    with AirflowUI(
-        stack["work"] / "airflow", stack["env"], port=free_port(), seed_db=SEED_DB, paused_at_creation=True,
-        env={"KUBETRAIN_IMAGE_CLASSIFIER_CRON": "", "KUBETRAIN_IMAGE_BUILD_CRON": "", "KUBETRAIN_RETRY_DELAY_SECONDS": "5",
-             "KUBETRAIN_MLFLOW_TRACKING_URI": stack["mlflow"].url},
-    ) as airflow:  # fmt: skip
-        airflow.wait_dags([DAG_ID])
+def runs(stack, airflow_ui):
+    """The session's Airflow (`make airflow`) logging to MLflow; runs A and B trained, both finished."""
+    airflow = airflow_ui
+    # the setting's Variable: the running Airflow logs to this MLflow server from the next task on
+    airflow.api("POST", "/variables", {"key": TRACKING_VARIABLE, "value": stack["mlflow"].url})
+    try:
         airflow.set_paused(DAG_ID, False)
         common = {"dataset_uri": stack["dataset_uri"], "model_name": MODEL, "image_size": 16, "batch_size": 32}
         run_a = airflow.trigger(DAG_ID, {**common, "epochs": 2, "promote": "always"})
@@ -94,6 +90,10 @@ def runs(stack):
             return json.loads(stack["s3"].get_object(Bucket="training", Key=key)["Body"].read())
 
         yield {"airflow": airflow, "a": record(run_a), "b": record(run_b)}
+    finally:
+        # the next browser test finds the DAG paused and runs untracked, as the session started them
+        airflow.set_paused(DAG_ID, True)
+        airflow.api("DELETE", f"/variables/{TRACKING_VARIABLE}")
 
 
 @pytest.fixture

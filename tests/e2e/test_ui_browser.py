@@ -8,7 +8,6 @@ step are kept in the test's tmp dir.
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import subprocess
@@ -20,15 +19,12 @@ from urllib.parse import quote, unquote, urlparse
 
 import pytest
 
-from include.airflow_ui import AirflowUI
-from include.devstack.stack import free_port
 from kubetrain.s3_layout import S3Layout
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER_PYTHON = REPO / "trainer" / ".venv" / "bin" / "python"
-SEED_DB = Path(os.environ.get("AIRFLOW_HOME", REPO / ".airflow")) / "airflow.db"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -38,8 +34,8 @@ DAG_ID = "train_image_classifier"
 
 
 @pytest.fixture(scope="module")
-def ui(devstack, tmp_path_factory):
-    """Airflow as `make airflow` starts it, in a private home, with a small digits dataset uploaded."""
+def ui(airflow_ui, devstack, tmp_path_factory):
+    """The session's Airflow (`make airflow`), with a small digits dataset uploaded."""
     import boto3
 
     stack_env = devstack.env()
@@ -59,16 +55,7 @@ def ui(devstack, tmp_path_factory):
         region_name="us-east-1",
     )
     s3.upload_file(str(archive), "datasets", "digits/digits.zip")
-    with AirflowUI(
-        work / "airflow",
-        stack_env,
-        port=free_port(),
-        seed_db=SEED_DB,
-        paused_at_creation=True,
-        env={"KUBETRAIN_IMAGE_CLASSIFIER_CRON": "", "KUBETRAIN_IMAGE_BUILD_CRON": "", "KUBETRAIN_RETRY_DELAY_SECONDS": "5"},
-    ) as airflow:
-        airflow.wait_dags([DAG_ID])
-        yield airflow
+    yield airflow_ui
 
 
 @pytest.fixture
