@@ -478,7 +478,17 @@ class TrainingLoop:
         return self.config.max_steps is not None and self.step >= self.config.max_steps
 
     def _finished(self) -> bool:
-        return self.epoch >= self.config.epochs or self._max_reached() or self.stopped_early is not None
+        return (self.epoch >= self.config.epochs or self._max_reached() or self.stopped_early is not None
+                or self._stop_file_seen())
+
+    def _stop_file_seen(self) -> bool:
+        """Whether the sweep's sidecar asked this run to stop (``KUBETRAIN_STOP_FILE``): early stopping."""
+        request = self.stop.stop_file_request()
+        if request is not None and self.stopped_early is None:
+            self.stopped_early = {"epoch": self.epoch + (1 if self.batch_in_epoch else 0), "step": self.step,
+                                  "by": "stop file", "monitor": self.monitor, "request": request}
+            log.info("early stopping requested through the stop file at step %d", self.step)
+        return request is not None
 
     def _learning_rate(self) -> float:
         return to_float(self.optimizer.learning_rate)
@@ -653,6 +663,8 @@ class TrainingLoop:
             if self.stop.requested:
                 self.save("SIGTERM" + (", epoch not yet closed" if closing else ""))
                 raise Preempted()
+            if not ended and self._stop_file_seen():
+                return False  # closed as a partial epoch, then the run ends
             if closing:
                 if ended and self.batch_in_epoch == 0:
                     raise UsageError(
