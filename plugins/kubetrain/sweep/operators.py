@@ -254,7 +254,8 @@ class SuggestTrialsOperator(SweepStoreOperator):
 
     A point already finished in this run, or trained before with the same fingerprint (DAG,
     dataset version, image digest, every training Param with the point's values) and recorded
-    in ``trained/<dag>/trials/``, starts no pod: its record is reused. The points asked for are
+    in ``trained/<dag>/trials/``, starts no pod: its record is reused (unless the ``force`` Param
+    is set; a point finished earlier in this run is never trained again). The points asked for are
     written to ``<sweep>/sweep/rounds/<round>.json``.
 
     Returns (XCom) the round's ``expand_kwargs`` entries for its training task, one per trial
@@ -340,7 +341,8 @@ class SuggestTrialsOperator(SweepStoreOperator):
             if number in done:
                 self.log.info("Trial %d %s: finished earlier in this run", number, point)
                 continue
-            reused = self.reuse(context, sweep, plan, number, point, fp)
+            # force (the training Param): train every point again, whatever was trained before
+            reused = None if params.get("force") else self.reuse(context, sweep, plan, number, point, fp)
             if reused is not None:
                 item["reused_from"] = reused
                 continue
