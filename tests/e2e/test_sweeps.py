@@ -128,7 +128,11 @@ class PodWatch:
             self.stop.wait(0.5)
 
 
-def test_grid_sweep_a_killed_trial_promotion_median_stopping_and_reuse(sweeps_airflow, core, s3, digits):
+# the grid sweep's conf and trials, for the median stopping test that reuses them
+GRID: dict = {}
+
+
+def test_grid_sweep_a_killed_trial_promotion_and_reuse(sweeps_airflow, core, s3, digits):
     conf = {
         "dataset_uri": digits,
         "model_name": "e2e-sweep-digits",
@@ -199,7 +203,13 @@ def test_grid_sweep_a_killed_trial_promotion_median_stopping_and_reuse(sweeps_ai
     assert [t["reused_from"]["run_uri"] for t in again_record["trials"]] == [trials[n]["run_uri"] for n in range(4)]
     assert [t["objective"]["value"] for t in again_record["trials"]] == [trials[n]["objective"]["value"] for n in range(4)]
     assert again_record["promotion"]["promoted"] is False  # not better than itself
+    GRID.update(conf=conf, trials=trials)
 
+
+def test_median_stopping_stops_a_bad_learning_rate(sweeps_airflow, core, s3):
+    if not GRID:
+        pytest.skip("needs the trials of the grid sweep above")
+    conf, trials = GRID["conf"], GRID["trials"]
     # median stopping: a learning rate of 1.0 next to the good 0.001. The good points were trained
     # above and are reused (finished trials from the start, whatever order the trials run in),
     # so the bad ones fall below the median after start_step and stop; nothing is retried.
