@@ -213,7 +213,7 @@ def write(raw: dict) -> int:
         "|---|" + "---|" * len(off["phases"]),
         *(f"| {r['name']} | " + " | ".join(f"{v:.1f}" for v in r["phases"].values()) + " |" for r in (off, med)),
         "",
-        "Sweep wall: first trial queued to last trial done; ideal: the trainers' summed wall time / parallel_trials. "
+        "Sweep wall: first trial started to last trial done; ideal: the trainers' summed wall time / parallel_trials. "
         "Targets: at most 10 s per trial beyond its training and a wall time within 1.3x of the ideal.",
     ]
     print("\n".join(lines))

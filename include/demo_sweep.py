@@ -90,10 +90,10 @@ def main() -> int:
 
     s3 = _s3(stack)
     sweep = S3Layout(training_bucket=stack.get("KUBETRAIN_TRAINING_BUCKET") or "training").run(DAG_ID, run_id)
-    record = json.loads(s3.get_object(Bucket=sweep.bucket, Key=sweep.key("sweep", "sweep.json"))["Body"].read())
+    record = json.loads(s3.get_object(Bucket=sweep.bucket, Key=f"{sweep.prefix}/sweep/sweep.json")["Body"].read())
     local = DEMO_DIR / "sweep-leaderboard"
     local.mkdir(exist_ok=True)
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=sweep.bucket, Prefix=sweep.key("report") + "/")
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=sweep.bucket, Prefix=f"{sweep.prefix}/report/")
     for key in (o["Key"] for page in pages for o in page.get("Contents", [])):
         s3.download_file(sweep.bucket, key, str(local / key.rsplit("/", 1)[1]))
 
@@ -111,7 +111,7 @@ def main() -> int:
     print(f"promotion:   {json.dumps(record.get('promotion'), default=str)}")
     print(f"leaderboard: {record['report_uri']}")
     print(f"             copied to {local / 'report.html'} (open it in a browser: the plots are inlined)")
-    print(f"sweep record: s3://{sweep.bucket}/{sweep.key('sweep', 'sweep.json')}")
+    print(f"sweep record: s3://{sweep.bucket}/{sweep.prefix}/sweep/sweep.json")
     return 0
 
 
