@@ -2,7 +2,7 @@
 
 One grid sweep of the digits classifier carries most scenarios (4 batch sizes, a killed trial
 that resumes, the best trial promoted, the re-run that starts no pod, then median stopping of
-a learning rate of 1.0 next to the trials already trained); a sweep
+a learning rate of 1e-6 next to the trials already trained); a sweep
 of a third-party container (a plain Python script) covers tpe's two rounds and the
 ``--name=value`` hyperparameters; invalid spaces are refused before any pod.
 """
@@ -210,21 +210,21 @@ def test_median_stopping_stops_a_bad_learning_rate(sweeps_airflow, core, s3):
     if not GRID:
         pytest.skip("needs the trials of the grid sweep above")
     conf, trials = GRID["conf"], GRID["trials"]
-    # median stopping: a learning rate of 1.0 next to the good 0.001. The good points were trained
+    # median stopping: a learning rate of 1e-6 (the model barely moves) next to the good 0.001. The good points were trained
     # above and are reused (finished trials from the start, whatever order the trials run in),
     # so the bad ones fall below the median after start_step and stop; nothing is retried.
     median = {
         **conf,
-        "space": {"batch_size": [16, 32], "learning_rate": [0.001, 1.0]},
+        "space": {"batch_size": [16, 32], "learning_rate": [0.001, 0.000001]},
         "early_stopping": {"rule": "median", "min_trials": 2, "start_step": 2},
     }
     stop = sweeps_airflow.dags_test(DAG_ID, median, **FAST)
     assert stop.returncode == 0 and stop.state() == "success", stop.output[-6000:]
     stop_record = read_json(s3, f"{S3Layout().run(DAG_ID, stop.run_id).prefix}/sweep/sweep.json")
-    by_lr = {lr: [t for t in stop_record["trials"] if t["params"]["learning_rate"] == lr] for lr in (0.001, 1.0)}
+    by_lr = {lr: [t for t in stop_record["trials"] if t["params"]["learning_rate"] == lr] for lr in (0.001, 0.000001)}
     assert sorted(t["reused_from"]["run_uri"] for t in by_lr[0.001]) == sorted(trials[n]["run_uri"] for n in (0, 1))
-    assert len(by_lr[1.0]) == 2
-    for trial in by_lr[1.0]:
+    assert len(by_lr[0.000001]) == 2
+    for trial in by_lr[0.000001]:
         assert trial["status"] == "success" and trial["stopped_early"], trial
         decision = trial["early_stop"]
         assert decision["rule"] == "median" and decision["step"] >= 2 and decision["best"] < decision["median"]
