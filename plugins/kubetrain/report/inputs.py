@@ -198,3 +198,5 @@ class ReportInputs:
     comparison: Comparison | None = None
     title: str | None = None
     notes: list[str] = field(default_factory=list)
+    # Facts about how the run ran that a reader must see first (e.g. a GPU request served on CPU).
+    warnings: list[str] = field(default_factory=list)
