@@ -318,6 +318,16 @@ class TrainingLoop:
 
     # -- the loop ----------------------------------------------------------------------
 
+    def _eta(self, seconds_per_step: float) -> str:
+        """Training time left at the current step time (evaluation and checkpoints not counted)."""
+        total = self.config.epochs * self.steps_per_epoch
+        if self.config.max_steps is not None:
+            total = min(total, self.config.max_steps)
+        left = max(0, total - self.step) * seconds_per_step
+        if left >= 3600:
+            return f"{int(left // 3600)}h{int(left % 3600 // 60):02d}m"
+        return f"{int(left // 60)}m{int(left % 60):02d}s"
+
     def _max_reached(self) -> bool:
         return self.config.max_steps is not None and self.step >= self.config.max_steps
 
@@ -360,6 +370,7 @@ class TrainingLoop:
         strategy = self.runtime.strategy
         train_seconds = 0.0
         examples = 0.0
+        steps_run = 0
         first_logged = False
         total_epochs = self.config.epochs
         if self.epoch >= total_epochs or self._max_reached():
@@ -377,6 +388,7 @@ class TrainingLoop:
                 started = time.perf_counter()
                 sums = {k: float(v) for k, v in self._train_step(batch).items()}
                 train_seconds += time.perf_counter() - started
+                steps_run += 1
                 self.step += 1
                 self.batch_in_epoch += 1
                 examples += sums["examples"]
@@ -386,12 +398,13 @@ class TrainingLoop:
                     first_logged = True
                     log.info(
                         "step %d epoch %d/%d batch %d/%d loss %.4f %s %.4f (epoch mean loss %.4f) lr %.3g "
-                        "examples/s %.1f",
+                        "examples/s %.1f eta %s",
                         self.step, self.epoch + 1, total_epochs, self.batch_in_epoch, self.steps_per_epoch,
                         _ratio(sums["loss_sum"], sums["examples"]), self.metric,
                         _ratio(sums["correct"], sums["count"]),
                         _ratio(self.sums["loss_sum"], self.sums["examples"]), self._learning_rate(),
                         examples / train_seconds if train_seconds else 0.0,
+                        self._eta(train_seconds / steps_run),
                     )
                 if self.on_step is not None:
                     self.on_step(self.step)
