@@ -14,6 +14,7 @@ from airflow.sdk.exceptions import AirflowException
 from kubernetes.client import models as k8s
 
 from kubetrain import pod_spec, settings
+from kubetrain.doc_md import class_doc_md
 from kubetrain.hooks.registry import RegistryHook
 from kubetrain.images import pin_image
 from kubetrain.pod_startup import (
@@ -249,6 +250,7 @@ class TrainingPodOperator(KubernetesPodOperator):
         for owned in _OWNED:
             if owned in kwargs:
                 raise ValueError(f"TrainingPodOperator builds {owned} itself: remove the {owned}= argument")
+        kwargs.setdefault("doc_md", class_doc_md(type(self)))
         super().__init__(
             image=image,
             service_account_name=service_account_name,
