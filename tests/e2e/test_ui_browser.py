@@ -122,6 +122,17 @@ def test_trigger_from_the_form_and_follow_the_report_link(ui, page, tmp_path):
     assert final["state"] == "success", f"run {run_id} ended {final['state']}: {states}; errors: {errors}"
     assert ui.api("GET", f"/dags/{DAG_ID}")["is_paused"] is False, "the form's unpause box did not unpause the DAG"
 
+    # The report task's documentation (its task page's "Documentation") is its operator's docstring.
+    page.goto(f"{ui.url}/dags/{DAG_ID}/tasks/report")
+    page.get_by_role("button", name="Documentation").click()
+    docs = page.get_by_role("dialog")
+    expect(docs.get_by_text("Task Documentation")).to_be_visible()
+    expect(docs.get_by_text(re.compile(r"Render a training run's report into"))).to_be_visible()
+    expect(docs.get_by_text("Arguments", exact=True)).to_be_visible()
+    shot(page, tmp_path, "5-report-task-docs")
+    page.keyboard.press("Escape")
+    expect(docs).to_be_hidden()
+
     # The run as the UI shows it; from there the report task, its Details tab and the extra link.
     run_path = f"/dags/{DAG_ID}/runs/{quote(run_id, safe='')}"
     page.goto(ui.url + run_path)
@@ -132,7 +143,7 @@ def test_trigger_from_the_form_and_follow_the_report_link(ui, page, tmp_path):
     page.get_by_role("link", name="Details", exact=True).click()
     link = page.get_by_role("link", name="Training report")
     expect(link).to_be_visible()
-    shot(page, tmp_path, "5-report-task")
+    shot(page, tmp_path, "6-report-task")
     href = link.get_attribute("href")
 
     report = ui.api("GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/report/xcomEntries/return_value")
@@ -177,4 +188,4 @@ def test_trigger_from_the_form_and_follow_the_report_link(ui, page, tmp_path):
     assert [e for e in train_log["content"] if isinstance(e, dict) and e.get("event") == notes["value"][0]], (
         "the GPU line is not in the train task's log"
     )
-    report_page.screenshot(path=str(tmp_path / "6-report.png"), full_page=True)
+    report_page.screenshot(path=str(tmp_path / "7-report.png"), full_page=True)
