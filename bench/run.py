@@ -20,6 +20,7 @@ TRAINER = REPO / "trainer" / ".venv" / "bin" / "python"
 # name -> (interpreter, script, what it measures)
 BENCHES = {
     "input_pipeline": (TRAINER, "bench_input_pipeline.py", "image input pipeline vs. the naive one (examples/s)"),
+    "train_step": (TRAINER, "bench_train_step.py", "training step time: steps per execution 1 vs 16, XLA off/on"),
     "transfer": (TRAINER, "bench_transfer.py", "S3 stage-in vs. s5cmd and awscli (wall time, client CPU/GB)"),
     "image_update": (AIRFLOW, "bench_image_update.py", "code-only image update: append layer vs. buildah build"),
     "dag_parse": (AIRFLOW, "bench_dag_parse.py", "DAG file parse time: (a) warm, as the DAG processor parses, (b) cold import"),

@@ -63,43 +63,28 @@ def stack_env() -> dict[str, str]:
     return stack.env()
 
 
-DEV_IMAGES = {
-    "kubetrain/trainer": ["python"],
-    "kubetrain/sync": ["python", "-m", "trainer.sync"],
-}
+def require_images(stack: dict[str, str]) -> dict[str, str]:
+    """The trainer and sync images the dev stack's pods run, by digest; exit if one is not pushed.
 
-
-def publish_dev_images(stack: dict[str, str], work: Path | None = None) -> dict[str, str]:
-    """Publish ``kubetrain/trainer:latest`` and ``kubetrain/sync:latest`` to the dev stack's registry.
-
-    Training tasks pin their images to the digest the registry holds, as on a cluster, so the
-    registry must hold them. Each is an OCI image whose one layer is the ``trainer/`` package
-    (at ``/app/trainer``, user 10001); the dev stack runs it in the trainer environment (see
-    include/devstack/images.json). A tag that already exists is left alone (a real build, e.g.
-    from the build_trainer_image DAG, wins). Returns ``{repository: digest}``.
+    ``make demo`` pushes them first (``make stack-images``: built from trainer/Dockerfile and
+    trainer/Dockerfile.sync); the stack's kubelet, like a cluster's, runs only images that are in
+    its registry. Returns ``{reference: digest}``.
     """
-    import tempfile
-
     sys.path.insert(0, str(REPO / "plugins"))
-    from kubetrain.imagebuild.layer import write_layer
-    from kubetrain.imagebuild.oci import OCI_LAYER_GZIP, RegistryClient, push_image
+    from kubetrain.imagebuild.oci import RegistryClient
+    from kubetrain.imagebuild.reference import parse_reference
 
     registry = stack["KUBETRAIN_REGISTRY"]
+    wanted = [stack.get("KUBETRAIN_TRAINER_IMAGE") or f"{registry}/kubetrain/trainer:latest",
+              stack.get("KUBETRAIN_SYNC_IMAGE") or f"{registry}/kubetrain/sync:latest"]  # fmt: skip
     digests = {}
-    with RegistryClient(registry, insecure=True, timeout=30) as client, tempfile.TemporaryDirectory() as tmp:
-        for repository, command in DEV_IMAGES.items():
-            digest = client.manifest_digest(repository, "latest")
+    with RegistryClient(registry, insecure=True, timeout=30) as client:
+        for image in wanted:
+            ref = parse_reference(image, default_registry=registry)
+            digest = client.manifest_digest(ref.repository, ref.digest or ref.tag)
             if digest is None:
-                layer = write_layer(REPO / "trainer", Path(work or tmp) / f"{repository.replace('/', '-')}.tar.gz",
-                                    dest="/app/trainer")  # fmt: skip
-                config = {
-                    "architecture": "amd64",
-                    "os": "linux",
-                    "config": {"User": "10001", "WorkingDir": "/app", "Env": ["PYTHONPATH=/app"], "Cmd": command},
-                }
-                digest = push_image(client, repository, "latest", [layer.blob(OCI_LAYER_GZIP)], config)
-                print(f"published {registry}/{repository}:latest ({digest})", flush=True)
-            digests[repository] = digest
+                raise SystemExit(f"error: {image} is not in the dev stack's registry: run `make stack-images` (make demo does)")
+            digests[image] = digest
     return digests
 
 
@@ -133,6 +118,8 @@ def dag_runs(dag_id: str, env: dict[str, str]) -> list[dict]:
         [str(AIRFLOW), "dags", "list-runs", dag_id, "-o", "json"], cwd=REPO, env=env, capture_output=True, text=True
     )
     if out.returncode:
+        if "does not exist in 'dag' table" in out.stderr:
+            return []  # a fresh metadata database: the DAG is recorded by its first run
         raise SystemExit(f"error: airflow dags list-runs {dag_id} failed: {out.stderr[-1000:]}")
     # Airflow may log warnings before the JSON document.
     start = next((i for i, line in enumerate(out.stdout.splitlines()) if line.lstrip().startswith("[")), None)
@@ -155,7 +142,7 @@ def run_demo(name: str) -> int:
     demo = DEMOS[name]
     stack = stack_env()
     env = airflow_env(stack)
-    publish_dev_images(stack)
+    require_images(stack)
     upload_dataset(demo, stack)
     log = DEMO_DIR / f"{demo.dag_id}.log"
     print(f"running {demo.dag_id} with `airflow dags test` (log: {log.relative_to(REPO)}) ...", flush=True)
@@ -238,7 +225,7 @@ def run_ui(port: int) -> int:
         if sock.connect_ex(("127.0.0.1", port)) == 0:
             print(f"error: port {port} is in use; choose another with KUBETRAIN_AIRFLOW_PORT=PORT or --port", file=sys.stderr)
             return 1
-    publish_dev_images(stack)
+    require_images(stack)
     for demo in DEMOS.values():
         upload_dataset(demo, stack)
     # Cron schedules stay off unless asked for: unpausing a DAG would otherwise start a run for

@@ -3,12 +3,16 @@
 tests/trainer runs under trainer/.venv, everything else under .venv; this file must
 import in both, so it starts servers as subprocesses instead of importing them.
 
-* ``s3_server``: a fresh S3 server (moto, from .venv) on a free loopback port, with the
-  ``datasets`` and ``training`` buckets, for the whole session.
+* ``s3_server``: a fresh S3 server (the dev stack's, include/devstack/s3.py) on a free
+  loopback port over a temporary directory, with the ``datasets`` and ``training`` buckets
+  and a generated key pair that it verifies on every request, for the whole session.
 * ``devstack``: the whole dev stack (S3, registry, Kubernetes API). When the environment
   already names a running stack (``KUBETRAIN_STACK_DIR``, as ``make test`` sets it), that
   stack is reused; otherwise one is started under a temporary directory and stopped at
   the end of the session.
+* ``moto_server``: moto's S3 server (no buckets, any credentials), for the S3 features the dev
+  stack's server lacks (include/devstack/S3.md): folder-marker keys, ``<md5>-<parts>``
+  multipart ETags, ``If-Match``, stored checksums.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `include` and `trainer` import from the repository root
 
-from include.devstack.stack import AIRFLOW_PYTHON, BUCKETS, Stack, free_port, wait_bucket, wait_http  # noqa: E402
+from include.devstack.stack import BUCKETS, Stack, free_port, wait_http  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -48,11 +52,13 @@ class S3Server:
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory) -> S3Server:
     port = free_port()
-    log = tmp_path_factory.mktemp("s3") / "s3.log"
-    server = S3Server(f"http://127.0.0.1:{port}", "kt" + secrets.token_hex(8), secrets.token_urlsafe(30))
+    root = tmp_path_factory.mktemp("s3")
+    log = root / "s3.log"
+    server = S3Server(f"http://127.0.0.1:{port}", "kt" + secrets.token_hex(8), secrets.token_hex(20))
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [str(AIRFLOW_PYTHON), "-m", "include.devstack.s3", "--port", str(port)],
+            [sys.executable, "-m", "include.devstack.s3", "--port", str(port), "--data-dir", str(root / "data"),
+             "--buckets", *BUCKETS],
             cwd=REPO,
             env={
                 **os.environ,
@@ -63,9 +69,7 @@ def s3_server(tmp_path_factory) -> S3Server:
             stderr=subprocess.STDOUT,
         )
     try:
-        wait_http(f"{server.endpoint}/moto-api/", 60, proc, log)
-        for bucket in BUCKETS:
-            wait_bucket(server.endpoint, bucket, 30)
+        wait_http(f"{server.endpoint}/", 60, proc, log)  # the buckets exist before it answers
         yield server
     finally:
         proc.terminate()
@@ -82,8 +86,8 @@ def devstack(tmp_path_factory) -> Stack:
     if existing and (Path(existing) / "state.json").exists():
         yield Stack(Path(existing))
         return
-    # strict: the local kubelet refuses what a real one refuses (runAsNonRoot with an image that runs as root)
-    stack = Stack(tmp_path_factory.mktemp("stack"), strict=True)
+    # strict, and images of its registry must be in it: the local kubelet refuses what a real one refuses
+    stack = Stack(tmp_path_factory.mktemp("stack"))
     stack.up()
     try:
         yield stack
@@ -123,3 +127,43 @@ def stack_images(devstack):
         base="debian", rootfs=IMAGE_ROOTFS,
     )  # fmt: skip
     return {"trainer": trainer, "sync": sync}
+
+
+@dataclass(frozen=True)
+class MotoServer:
+    endpoint: str
+    access_key_id: str
+    secret_access_key: str
+    region: str = "us-east-1"
+
+    def env(self) -> dict[str, str]:
+        """Standard AWS variables that boto3 and the transfer tool read."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+            "AWS_DEFAULT_REGION": self.region,
+        }
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory) -> MotoServer:
+    port = free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    server = MotoServer(f"http://127.0.0.1:{port}", "kt" + secrets.token_hex(8), secrets.token_hex(20))
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(REPO / ".venv" / "bin" / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_http(f"{server.endpoint}/moto-api/", 60, proc, log)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -3,7 +3,8 @@
 The stack is three servers on 127.0.0.1, each a background process of its own session
 so that it outlives the ``make`` call that started it:
 
-* ``s3``: moto's S3-protocol server, with the ``datasets`` and ``training`` buckets;
+* ``s3``: rclone's S3 server over ``<state dir>/s3`` (include/devstack/S3.md), with the
+  ``datasets`` and ``training`` buckets; it keeps its objects and its key pair across restarts;
 * ``registry``: Debian's ``docker-registry`` (the CNCF distribution registry);
 * ``kubeapi``: include/devstack/kubeapi, a local Kubernetes API server that runs pod
   containers as local processes.
@@ -55,18 +56,22 @@ def free_port(preferred: int | None = None) -> int:
     raise StackError("no free port on 127.0.0.1")
 
 
-def wait_bucket(endpoint: str, bucket: str, timeout: float) -> None:
-    """Wait until ``bucket`` exists on the S3 server at ``endpoint`` (HEAD answers 200)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{bucket}", method="HEAD"), timeout=2).close()
-            return
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise StackError(f"bucket {bucket} did not appear on {endpoint} within {timeout:.0f} s")
-        time.sleep(0.1)
+def s3_keys(state_dir: Path) -> tuple[str, str]:
+    """The stack's S3 key pair: generated on the first start, then kept (``s3-keys.json``, mode 0600),
+    so that objects, Airflow connections and shells that sourced ``env`` stay valid across restarts."""
+    path = state_dir / "s3-keys.json"
+    try:
+        keys = json.loads(path.read_text())
+        return keys["access_key_id"], keys["secret_access_key"]
+    except FileNotFoundError:
+        pass
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StackError(f"{path} is not a key pair written by the stack ({exc}): remove it to generate a new one") from exc
+    access_key, secret_key = "kt" + secrets.token_hex(8), secrets.token_hex(20)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"access_key_id": access_key, "secret_access_key": secret_key}, f)
+    return access_key, secret_key
 
 
 def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
@@ -94,10 +99,10 @@ class Stack:
 
     state_dir: Path
     strict_gpu: bool = False
-    # the local kubelet refuses what a real one refuses (runAsNonRoot with a root image): KUBETRAIN_STRICT=1
-    strict: bool = False
-    # images under the stack's registry must be in it (ErrImagePull otherwise): KUBETRAIN_REGISTRY_CHECK=1
-    registry_check: bool = False
+    # the local kubelet refuses what a real one refuses (runAsNonRoot with a root image); KUBETRAIN_STRICT=0 is lenient
+    strict: bool = True
+    # images under the stack's registry must be in it (ErrImagePull otherwise), as on a cluster; KUBETRAIN_REGISTRY_CHECK=0 turns it off
+    registry_check: bool = True
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
@@ -138,8 +143,7 @@ class Stack:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.chmod(0o700)  # it holds the generated S3 credentials
         ports = {name: free_port(int(os.environ.get(f"KUBETRAIN_{name.upper()}_PORT", default))) for name, default in DEFAULT_PORTS.items()}
-        access_key = "kt" + secrets.token_hex(8)
-        secret_key = secrets.token_urlsafe(30)
+        access_key, secret_key = s3_keys(self.state_dir)
         state: dict = {"ports": ports, "components": {}, "strict_gpu": self.strict_gpu, "strict": self.strict,
                        "registry_check": self.registry_check}
         try:
@@ -167,15 +171,19 @@ class Stack:
         return state
 
     def _start_s3(self, state: dict, port: int, access_key: str, secret_key: str) -> None:
+        data_dir = self.state_dir / "s3"
         proc, log = self._spawn(
             "s3",
-            [str(AIRFLOW_PYTHON), "-m", "include.devstack.s3", "--port", str(port), "--buckets", *BUCKETS],
+            [
+                sys.executable, "-m", "include.devstack.s3", "--port", str(port),
+                "--data-dir", str(data_dir), "--buckets", *BUCKETS,
+            ],
             env={"KUBETRAIN_S3_ACCESS_KEY_ID": access_key, "KUBETRAIN_S3_SECRET_ACCESS_KEY": secret_key},
-        )
-        wait_http(f"http://127.0.0.1:{port}/moto-api/", 60, proc, log)
-        for bucket in BUCKETS:
-            wait_bucket(f"http://127.0.0.1:{port}", bucket, 30)
-        state["components"]["s3"] = {"pid": proc.pid, "port": port, "log": str(log)}
+        )  # fmt: skip
+        # every bucket is a directory that exists before the server starts: once it answers
+        # (403 to this unsigned request), it serves them
+        wait_http(f"http://127.0.0.1:{port}/", 60, proc, log)
+        state["components"]["s3"] = {"pid": proc.pid, "port": port, "log": str(log), "data_dir": str(data_dir)}
 
     def _start_registry(self, state: dict, port: int) -> None:
         from include.devstack import registry
@@ -273,6 +281,8 @@ class Stack:
             "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(aws_conn),
             "AIRFLOW_CONN_KUBETRAIN_REGISTRY_DEFAULT": json.dumps(registry_conn),
             "KUBETRAIN_REGISTRY": state["registry"],
+            # The node has no GPU: training pods run the CPU variant that `make stack-images` pushes.
+            "KUBETRAIN_TRAINER_IMAGE": f"{state['registry']}/kubetrain/trainer:latest-cpu",
             "KUBETRAIN_S3_ENDPOINT": s3["endpoint"],
             "KUBETRAIN_S3_ACCESS_KEY_ID": s3["access_key_id"],
             "KUBETRAIN_S3_SECRET_ACCESS_KEY": s3["secret_access_key"],
@@ -342,8 +352,8 @@ def _kill_group(pid: int, grace: float = 10.0) -> bool:
     return True
 
 
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "") not in ("", "0", "false")
+def _flag(name: str, default: bool = False) -> bool:
+    return os.environ.get(name, "1" if default else "") not in ("", "0", "false", "no")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -360,14 +370,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--strict",
-        action="store_true",
-        default=_flag("KUBETRAIN_STRICT"),
+        action=argparse.BooleanOptionalAction,
+        default=_flag("KUBETRAIN_STRICT", default=True),
         help="the local kubelet refuses what a real one refuses: runAsNonRoot with an image that runs as root",
     )
     parser.add_argument(
         "--registry-check",
-        action="store_true",
-        default=_flag("KUBETRAIN_REGISTRY_CHECK"),
+        action=argparse.BooleanOptionalAction,
+        default=_flag("KUBETRAIN_REGISTRY_CHECK", default=True),
         help="an image under the stack's registry that is not in it fails to pull (ErrImagePull), as on a cluster",
     )
     args = parser.parse_args(argv)

@@ -38,7 +38,6 @@ BASE_CONTAINER = "base"
 STAGE_IN_CONTAINER = "stage-in"
 SYNC_CONTAINER = "checkpoint-sync"
 GPU_RESOURCE = settings.SETTINGS["gpu_resource"].default
-IMAGE_REPOSITORIES = {"trainer": "kubetrain/trainer", "sync": "kubetrain/sync"}
 LABEL_PREFIX = "kubetrain.io/"
 
 STAGE_IN_COMMAND = ("python", "-m", "trainer.sync", "stage-in")
@@ -101,16 +100,19 @@ def resolve_image(explicit: str | None, kind: str = "trainer") -> str:
     :param explicit: the operator's argument (or a Param), used when set.
     :param kind: ``"trainer"`` or ``"sync"``: the setting ``<kind>_image`` (the Variable
         ``kubetrain_<kind>_image`` that the build DAG sets, or ``KUBETRAIN_<KIND>_IMAGE``), else
-        ``<registry>/kubetrain/<kind>:latest`` with the setting ``registry``.
+        the default name of :func:`kubetrain.imagebuild.products.default_image` in the setting
+        ``registry`` (``<registry>/kubetrain/trainer:latest``, ``<registry>/kubetrain/sync:latest``).
     """
-    if kind not in IMAGE_REPOSITORIES:
-        raise ValueError(f"unknown image kind {kind!r}: expected one of {', '.join(IMAGE_REPOSITORIES)}")
+    from kubetrain.imagebuild.products import DEFAULT_PRODUCTS, default_image
+
+    if kind not in DEFAULT_PRODUCTS:
+        raise ValueError(f"unknown image kind {kind!r}: expected one of {', '.join(DEFAULT_PRODUCTS)}")
     if explicit and str(explicit).strip():
         return str(explicit).strip()
     configured = settings.get(f"{kind}_image")
     if configured:
         return configured
-    return f"{settings.get('registry')}/{IMAGE_REPOSITORIES[kind]}:latest"
+    return default_image(kind, settings.get("registry"))
 
 
 def code_version_of(image: str) -> str:
@@ -415,14 +417,35 @@ def stage_in_container(config: TrainingPodConfig) -> k8s.V1Container:
     )
 
 
-def sync_grace(termination_grace_period: int) -> int:
-    """Seconds the sidecar's final pass may take: the pod's grace period less a margin.
+# One termination grace period covers the trainer's SIGTERM checkpoint and, after it, the
+# sidecar's final pass (native sidecars get SIGTERM only once the main container has exited):
+# the trainer may take a quarter of it (at most 60 s), the sidecar the rest less a margin
+# for its pass manifest before the kubelet's SIGKILL (trainer/sync/README.md).
+TRAINER_SHARE_MAX = 60
+SYNC_MARGIN = 10
+# what the final pass needs besides the upload: start-up listing, settle, the manifest
+FINAL_PASS_FIXED = 5
 
-    The margin lets the sidecar write its pass manifest before the kubelet's SIGKILL.
-    """
-    if termination_grace_period > 30:
-        return termination_grace_period - 15
-    return max(1, termination_grace_period // 2)
+
+def sync_grace(termination_grace_period: int) -> int:
+    """Seconds the sidecar's final pass may take, counted from its own SIGTERM."""
+    trainer_share = min(TRAINER_SHARE_MAX, termination_grace_period // 4)
+    return max(1, termination_grace_period - trainer_share - SYNC_MARGIN)
+
+
+def grace_period_for(checkpoint_bytes: int, sync_bytes_per_second: float = 20e6) -> int:
+    """The smallest pod grace period (at least 30 s) whose final pass uploads a checkpoint of
+    ``checkpoint_bytes`` at ``sync_bytes_per_second`` (a conservative rate of one sidecar to S3)."""
+    if checkpoint_bytes < 0 or not sync_bytes_per_second > 0:
+        raise ValueError(
+            f"checkpoint_bytes={checkpoint_bytes!r} and sync_bytes_per_second={sync_bytes_per_second!r}: "
+            "expected a size >= 0 and a rate > 0"
+        )
+    need = -(-checkpoint_bytes // int(sync_bytes_per_second)) + FINAL_PASS_FIXED
+    grace = 30
+    while sync_grace(grace) < need:
+        grace += 1
+    return grace
 
 
 def checkpoint_sync_container(config: TrainingPodConfig) -> k8s.V1Container:

@@ -254,7 +254,9 @@ class RunStore:
                 continue
             if not checksums or not entry.get("sha256"):
                 continue
-            actual = (head.get("Metadata") or {}).get("sha256") or self.sha256(run.bucket, key)
+            # Metadata names come back as the server keeps them: MinIO and rclone say "Sha256".
+            metadata = {name.lower(): value for name, value in (head.get("Metadata") or {}).items()}
+            actual = metadata.get("sha256") or self.sha256(run.bucket, key)
             if actual != entry["sha256"]:
                 problems.append(f"{where}: sha256 in S3 is {actual}, the manifest says {entry['sha256']}")
         return problems

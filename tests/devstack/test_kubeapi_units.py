@@ -429,9 +429,9 @@ def test_run_as_non_root_verification(pod_sc, container_sc, user, problem):
 def test_stack_passes_its_strictness_to_the_local_api(tmp_path):
     from include.devstack.stack import Stack
 
-    plain = Stack(tmp_path).kubeapi_argv(6443, 5000)
+    plain = Stack(tmp_path, strict=False, registry_check=False).kubeapi_argv(6443, 5000)
     assert "--strict" not in plain and "--registry" not in plain
-    argv = Stack(tmp_path, strict=True, registry_check=True).kubeapi_argv(6443, 5000)
+    argv = Stack(tmp_path).kubeapi_argv(6443, 5000)  # strict and checking the registry by default
     assert "--strict" in argv and argv[argv.index("--registry") + 1] == "127.0.0.1:5000"
 
 

@@ -139,11 +139,10 @@ def make_airflow_home(tmp: Path) -> Path:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def dev_images(devstack) -> dict[str, str]:
-    """The trainer and sync images in the dev stack's registry: training tasks run them by digest."""
-    from include.demo import publish_dev_images
-
-    return publish_dev_images(devstack.env())
+def dev_images(stack_images) -> dict[str, str]:
+    """The trainer and sync images in the dev stack's registry, built from their Dockerfiles
+    (``stack_images``): training tasks run them by digest. ``{repository: digest}``."""
+    return {image.repository: image.digest for image in stack_images.values()}
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 EPOCHS = 1000  # far more than the test waits for: the run is stopped once the log has shown its lines
 MAX_DELAY_S = 30
 STEP = re.compile(
-    r"\[base\] .*\bstep (\d+) epoch (\d+)/(\d+) batch (\d+)/(\d+) loss [0-9.]+ .*examples/s [0-9.]+ eta \d+[hm]\d\d[ms]"
+    r"\[base\] .*\bstep (\d+) epoch (\d+)/(\d+) batch (\d+)/(\d+) loss [0-9.]+ .*examples/s [0-9.]+ input wait .*? eta \d+[hm]\d\d[ms]"
 )
 
 

@@ -28,9 +28,8 @@ TRAINER_PYTHON = REPO / "trainer" / ".venv" / "bin" / "python"
 
 @pytest.fixture
 def dataset(client):
-    """A small dataset under a unique prefix: two files, a nested one and a folder marker."""
+    """A small dataset under a unique prefix: two files, one of them nested."""
     name = f"ds-{uuid.uuid4().hex[:8]}"
-    client.put_object(Bucket="datasets", Key=f"{name}/", Body=b"")
     client.put_object(Bucket="datasets", Key=f"{name}/train.csv", Body=b"x,y\n1,2\n3,4\n")
     client.put_object(Bucket="datasets", Key=f"{name}/images/0/a.png", Body=b"\x89PNG fake but bytes")
     return name
@@ -55,7 +54,7 @@ def test_manifest_of_a_prefix(store, client, dataset):
     assert [o["path"] for o in manifest["objects"]] == [
         "images/0/a.png",
         "train.csv",
-    ]  # the folder marker is skipped
+    ]
     for obj in manifest["objects"]:
         head = heads[obj["key"]]
         assert obj["bucket"] == "datasets"
@@ -160,3 +159,29 @@ def test_pod_side_reader_accepts_the_manifest(store, client, dataset):
         manifest["total_bytes"],
         ["images/0/a.png", "train.csv"],
     ]
+
+
+def test_folder_markers_are_not_dataset_files(moto_server, monkeypatch):
+    """The S3 console's "create folder" leaves a ``name/`` object; it is no file of the dataset.
+
+    The dev stack's server cannot store such keys (include/devstack/S3.md), so this runs on moto.
+    """
+    import boto3
+
+    from kubetrain.run_store import RunStore
+    from kubetrain.s3_layout import S3Layout
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_AWS_MOTO",
+        json.dumps({"conn_type": "aws", "login": moto_server.access_key_id, "password": moto_server.secret_access_key,
+                    "extra": {"endpoint_url": moto_server.endpoint, "region_name": moto_server.region}}),
+    )  # fmt: skip
+    s3 = boto3.client("s3", **{k: v for k, v in {
+        "endpoint_url": moto_server.endpoint, "aws_access_key_id": moto_server.access_key_id,
+        "aws_secret_access_key": moto_server.secret_access_key, "region_name": moto_server.region}.items()})  # fmt: skip
+    s3.create_bucket(Bucket="markers")
+    for key, body in (("ds/", b""), ("ds/images/", b""), ("ds/images/a.png", b"png bytes"), ("ds/train.csv", b"x\n")):
+        s3.put_object(Bucket="markers", Key=key, Body=body)
+    store = RunStore(S3Hook(aws_conn_id="aws_moto"), S3Layout())
+    _, objects = list_source_objects(store, "s3://markers/ds/")
+    assert sorted(o.key for o in objects) == ["ds/images/a.png", "ds/train.csv"]

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from trainer.common.contract import (
     EXIT_DATAERR,
+    EXIT_DIVERGED,
     EXIT_FAILURE,
     EXIT_NOINPUT,
     EXIT_OK,
@@ -17,6 +18,7 @@ from trainer.common.contract import (
     DataError,
     NoInputError,
     Preempted,
+    TrainingDiverged,
     UsageError,
 )
 from trainer.common.signals import StopRequest
@@ -57,6 +59,9 @@ def run(train: Callable[[StopRequest], None]) -> int:
     except DataError as exc:
         log.error("%s", exc)
         return EXIT_DATAERR
+    except TrainingDiverged as exc:
+        log.error("%s", exc)
+        return EXIT_DIVERGED
     except KeyboardInterrupt:
         log.error("interrupted")
         return 130

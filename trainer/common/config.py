@@ -22,6 +22,9 @@ from trainer.common.contract import CONTRACT_DIRS, EXIT_CODES_EPILOG
 
 C = TypeVar("C", bound="TrainerConfig")
 
+# Validation metrics a run can monitor, and whether larger is better.
+MONITORS = {"val_accuracy": "max", "val_loss": "min"}
+
 
 def option(default: Any, help: str, *, choices: Sequence[Any] | None = None, hyper: bool = True,
            metavar: str | None = None) -> Any:
@@ -78,6 +81,24 @@ class TrainerConfig:
         "(exercises multi-device training without GPUs; 0: off)",
         metavar="N",
     )
+    steps_per_execution: int = option(
+        1, "training steps per call into the compiled step function; the host reads results only when it logs, "
+        "checkpoints, samples or ends an epoch (8-32 keeps a GPU busy with small steps)", metavar="K",
+    )
+    jit_compile: bool = option(False, "compile the forward and backward pass with XLA")
+    monitor: str = option("val_accuracy", "validation metric that picks the best epoch and drives --patience",
+                          choices=MONITORS)
+    patience: int = option(
+        0, "stop after N epochs without improvement of --monitor (0: never stop early)", metavar="N"
+    )
+    restore_best: bool = option(
+        True, "export the weights of the best epoch by --monitor, not those of the last epoch"
+    )
+    deterministic: bool = option(
+        False, "deterministic TensorFlow ops (tf.config.experimental.enable_op_determinism): reruns repeat "
+        "bit for bit, at a cost in speed on GPUs (see trainer/README.md)",
+    )
+    tensorboard: bool = option(True, "write TensorBoard event files to OUTPUT_DIR/tensorboard", hyper=False)
 
     def __post_init__(self) -> None:
         for name, env in CONTRACT_DIRS.items():
@@ -103,6 +124,16 @@ class TrainerConfig:
                 "log_every_steps", self.log_every_steps, "an integer >= 1")
         require(isinstance(self.virtual_cpus, int) and 0 <= self.virtual_cpus <= 64,
                 "virtual_cpus", self.virtual_cpus, "an integer from 0 to 64")
+        require(isinstance(self.steps_per_execution, int) and 1 <= self.steps_per_execution <= 10_000,
+                "steps_per_execution", self.steps_per_execution, "an integer from 1 to 10000")
+        require(self.monitor in MONITORS, "monitor", self.monitor, f"one of {', '.join(MONITORS)}")
+        require(isinstance(self.patience, int) and self.patience >= 0, "patience", self.patience,
+                "an integer >= 0")
+
+    @property
+    def monitor_mode(self) -> str:
+        """``max`` for accuracy, ``min`` for loss."""
+        return MONITORS[self.monitor]
 
     def hyperparameters(self) -> dict[str, Any]:
         """Every hyperparameter by field name, as recorded in params.json."""

@@ -22,6 +22,7 @@ from typing import Any
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2  # a bad flag or a bad combination of flags (argparse's own convention)
+EXIT_DIVERGED = 3  # the loss or the weights stopped being finite; the last finite checkpoint is kept
 EXIT_DATAERR = 65  # EX_DATAERR: the data is unusable (empty, one class, no parsable pairs)
 EXIT_NOINPUT = 66  # EX_NOINPUT: DATA_DIR is missing or cannot be read
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM after writing a checkpoint; rerun to resume
@@ -30,7 +31,10 @@ EXIT_CODES_EPILOG = f"""\
 exit codes:
   {EXIT_OK:<3} training finished; OUTPUT_DIR holds the contract files
   {EXIT_FAILURE:<3} unexpected error
-  {EXIT_USAGE:<3} bad flag value or combination (the message names it)
+  {EXIT_USAGE:<3} bad flag value or combination (the message names it), or a checkpoint in
+      CHECKPOINT_DIR that does not fit them (other model, batch size or dataset version)
+  {EXIT_DIVERGED:<3} training diverged: a NaN or infinite loss, gradient or weight; nothing after
+      the last finite checkpoint was saved (lower the learning rate, clip, check the data)
   {EXIT_DATAERR:<3} unusable data (empty, a single class, no parsable pairs, ...)
   {EXIT_NOINPUT:<3} DATA_DIR missing or unreadable
   {EXIT_PREEMPTED:<3} SIGTERM received: a checkpoint was written; run again with the same
@@ -55,6 +59,10 @@ class DataError(ValueError):
 
 class NoInputError(OSError):
     """DATA_DIR is missing or unreadable (exit code 66)."""
+
+
+class TrainingDiverged(ArithmeticError):
+    """The loss, the gradients or the weights stopped being finite (exit code 3)."""
 
 
 class Preempted(Exception):

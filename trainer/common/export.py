@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import keras
 
@@ -28,18 +30,32 @@ def save_keras_model(model: keras.Model, output_dir: Path) -> Path:
     return target
 
 
-def export_saved_model(model: keras.Model, output_dir: Path) -> Path:
+def input_signature(model: keras.Model) -> list[Any]:
+    """The model's inputs as ``tf.TensorSpec`` (a dict for dict inputs), batch dimension free."""
+    import tensorflow as tf
+
+    return [keras.tree.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype, name=t.name), model.input)]
+
+
+def export_saved_model(model: keras.Model, output_dir: Path,
+                       add_endpoints: Callable[[keras.export.ExportArchive], None] | None = None) -> Path:
     """OUTPUT_DIR/saved_model/1/: a SavedModel with a ``serve`` signature for TF Serving.
 
     TF Serving loads numbered version directories under a model base path, so the
-    directory OUTPUT_DIR/saved_model is what a serving config points at.
+    directory OUTPUT_DIR/saved_model is what a serving config points at. ``serve`` (also
+    ``serving_default``) is the model's forward pass; ``add_endpoints`` may register
+    more signatures on the same archive (the dialogue trainer's ``generate``).
     """
     target = output_dir / "saved_model"
     tmp = temp_path_for(target)
     if tmp.exists():
         shutil.rmtree(tmp)
     try:
-        model.export(str(tmp / SAVED_MODEL_VERSION), format="tf_saved_model", verbose=False)
+        archive = keras.export.ExportArchive()
+        archive.track_and_add_endpoint("serve", model, input_signature(model))
+        if add_endpoints is not None:
+            add_endpoints(archive)
+        archive.write_out(str(tmp / SAVED_MODEL_VERSION), verbose=False)
         replace_dir_atomic(tmp, target)
     finally:
         if tmp.exists():

@@ -1,20 +1,38 @@
 """The custom training loop shared by the trainers, with checkpoints and resume.
 
 What a checkpoint holds (``tf.train.Checkpoint`` under ``tf.train.CheckpointManager``):
-the model, the optimizer (slots, iteration count, loss scale), the global step, the
-epoch, the number of batches already consumed in that epoch, and the trainer state as a
-JSON string (history so far, the current epoch's running sums, task data such as class
-names). The same state is mirrored to ``CHECKPOINT_DIR/trainer_state.json`` after each
-checkpoint for readers that do not load TensorFlow.
+the model, the optimizer (slots, iteration count), the loss scale with
+``--mixed-precision``, Keras' random generators, the global step, the epoch, the number
+of batches already consumed in that epoch, and the trainer state as a JSON string
+(history so far, the current epoch's running sums, the best epoch, the dataset version,
+task data such as class names). The same state is mirrored to
+``CHECKPOINT_DIR/trainer_state.json`` after each checkpoint for readers that do not load
+TensorFlow. ``CHECKPOINT_DIR/best/`` holds the model weights of the best epoch so far.
+
+Checkpoints are named by step (``ckpt-<step>``) and a file once written is never written
+again: the checkpoint-sync sidecar uploads them while training runs. A step therefore
+gets at most one checkpoint, taken after everything that happens at that step: when a
+periodic save falls on the last step of an epoch (or on ``--max-steps``), the save waits
+for the epoch to be closed (validation, history row) and is the end-of-epoch checkpoint.
+Only SIGTERM on such a step saves before the close, because the grace period may not
+cover a validation pass; resuming from that checkpoint closes the epoch first.
 
 Resume restores the newest checkpoint listed in the ``checkpoint`` index file, which
 TensorFlow rewrites atomically only after the checkpoint's data and index files are
 complete, so a half-written checkpoint is never chosen. A checkpoint whose files are
-damaged or missing is skipped in favour of the one before it.
+damaged or missing is skipped in favour of the one before it. A checkpoint written with
+another batch size, for another dataset version, or with another number of batches per
+epoch is refused: its position in the epoch means nothing for this data.
 
 The input pipeline skips the batches already consumed in the current epoch: each epoch's
 order depends only on (seed, epoch), so the resumed epoch sees exactly the remaining
 batches, and augmentation draws from stateless generators keyed by position.
+
+Steps run ``--steps-per-execution`` at a time on the device (``trainer.common.steps``);
+the host waits for them only at a log line, a checkpoint, a step hook, SIGTERM and the
+end of an epoch. Those points are also where the NaN guard looks: a non-finite loss (or
+a non-finite gradient without loss scaling, or weights that stopped being finite) stops
+the run with ``TrainingDiverged`` before anything after it is saved.
 """
 
 from __future__ import annotations
@@ -32,9 +50,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer.common.config import TrainerConfig
+from trainer.common.config import MONITORS, TrainerConfig
 from trainer.common.contract import (
     Preempted,
+    TrainingDiverged,
     UsageError,
     json_safe,
     write_csv_atomic,
@@ -42,6 +61,8 @@ from trainer.common.contract import (
 )
 from trainer.common.runtime import Runtime, to_float
 from trainer.common.signals import StopRequest
+from trainer.common.steps import SUM_KEYS, ComputeFn, Counters, StepRunner
+from trainer.common.summaries import Summaries
 
 log = logging.getLogger("kubetrain.trainer")
 
@@ -49,14 +70,13 @@ STATE_FILE = "trainer_state.json"
 STATE_KIND = "kubetrain/trainer-state"
 STATE_FORMAT_VERSION = 1
 CHECKPOINT_NAME = "ckpt"
-SUM_KEYS = ("loss_sum", "examples", "correct", "count")
+BEST_DIR = "best"
 
-# compute_fn(model, batch, training) -> per-replica sums: loss_sum (sum of per-example
-# losses), examples, correct and count (the metric's numerator and denominator).
-ComputeFn = Callable[[keras.Model, Any, bool], dict[str, tf.Tensor]]
 # train_dataset_fn(epoch, skip_batches) -> batched dataset for that epoch, minus the
 # first skip_batches batches.
 DatasetFn = Callable[[int, int], tf.data.Dataset]
+
+__all__ = ["SUM_KEYS", "ComputeFn", "DatasetFn", "LoopResult", "TrainingLoop", "history_header", "metrics_document"]
 
 
 def history_header(metric: str) -> list[str]:
@@ -74,6 +94,67 @@ class LoopResult:
     wall_time_s: float
     examples_per_s: float
     extra_state: dict[str, Any] = field(default_factory=dict)
+    monitor: str = "val_accuracy"
+    monitor_mode: str = "max"
+    best: dict[str, Any] | None = None  # epoch, step and value of the best epoch
+    exported: dict[str, Any] | None = None  # the history row whose weights the model holds now
+    restored_best: bool = False
+    stopped_early: dict[str, Any] | None = None
+    throughput: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Timing:
+    """Wall time of the training steps, split into the first stretch (tracing, compilation,
+    first input fill) and the steady state, and input wait versus compute."""
+
+    startup_s: float | None = None
+    steady_s: float = 0.0
+    steady_steps: int = 0
+    steady_examples: float = 0.0
+    steady_input_wait_s: float = 0.0
+    all_s: float = 0.0
+    all_steps: int = 0
+    all_examples: float = 0.0
+    all_input_wait_s: float = 0.0
+    input_timed: bool = True
+
+    def add(self, seconds: float, steps: int, examples: float, input_wait_s: float) -> None:
+        self.all_s += seconds
+        self.all_steps += steps
+        self.all_examples += examples
+        self.all_input_wait_s += input_wait_s
+        if self.startup_s is None:
+            self.startup_s = seconds
+            return
+        self.steady_s += seconds
+        self.steady_steps += steps
+        self.steady_examples += examples
+        self.steady_input_wait_s += input_wait_s
+
+    def report(self) -> dict[str, Any]:
+        # A run of one stretch has no steady state: its figures include the start-up.
+        steady = self.steady_steps > 0
+        seconds = self.steady_s if steady else self.all_s
+        steps = self.steady_steps if steady else self.all_steps
+        examples = self.steady_examples if steady else self.all_examples
+        wait = self.steady_input_wait_s if steady else self.all_input_wait_s
+        timed = self.input_timed
+        return {
+            "examples_per_s": round(examples / seconds, 2) if seconds > 0 else 0.0,
+            "step_time_s": round(seconds / steps, 6) if steps else None,
+            # Not measured under --deterministic: TensorFlow then refuses its timestamp op.
+            "input_wait_s": round(wait, 3) if timed else None,
+            "compute_s": round(max(0.0, seconds - wait), 3) if timed else None,
+            "input_wait_fraction": round(wait / seconds, 4) if timed and seconds > 0 else None,
+            "startup_s": round(self.startup_s, 3) if self.startup_s is not None else None,
+            "timed_steps": steps,
+            "steady_state": steady,
+        }
+
+
+def _next_multiple(step: int, every: int | None) -> float:
+    return (step // every + 1) * every if every else math.inf
 
 
 class TrainingLoop:
@@ -84,7 +165,8 @@ class TrainingLoop:
         config: the trainer's configuration.
         runtime: devices and strategy from ``runtime.configure``.
         model: the Keras model, built under ``runtime.strategy.scope()``.
-        optimizer: its optimizer, built under the same scope (wrapped for loss scaling).
+        optimizer: its optimizer, built under the same scope. Its clipping settings
+            (``global_clipnorm``, ``clipnorm``, ``clipvalue``) apply to the all-replica gradient.
         compute_fn: per-replica loss and metric sums for one batch.
         train_dataset_fn: the training batches of an epoch, minus a number already consumed.
         val_dataset: the validation batches.
@@ -94,7 +176,9 @@ class TrainingLoop:
         metric: name of the metric (``accuracy``).
         extra_state: task data stored with each checkpoint (e.g. class names).
         check_resume: called with the restored task data; raises if it does not fit.
-        on_step: called after every step with the global step number.
+        on_step: called with the global step at every multiple of ``on_step_every``.
+        on_step_every: the cadence of ``on_step`` (the step function stops there).
+        dataset_version: the version of the data in DATA_DIR; a checkpoint of another one is refused.
     """
 
     def __init__(
@@ -115,6 +199,8 @@ class TrainingLoop:
         extra_state: dict[str, Any] | None = None,
         check_resume: Callable[[dict[str, Any]], None] | None = None,
         on_step: Callable[[int], None] | None = None,
+        on_step_every: int | None = None,
+        dataset_version: str | None = None,
     ) -> None:
         self.trainer = trainer
         self.config = config
@@ -128,20 +214,34 @@ class TrainingLoop:
         self.global_batch_size = global_batch_size
         self.stop = stop
         self.metric = metric
+        self.monitor = config.monitor
+        self.monitor_mode = MONITORS[config.monitor]
         self.extra_state = dict(extra_state or {})
         self.check_resume = check_resume
         self.on_step = on_step
+        self.on_step_every = (on_step_every or 1) if on_step is not None else None
+        self.dataset_version = dataset_version
         self.checkpoint_dir = Path(config.checkpoint_dir)
+        self.summaries = Summaries(config.output_dir, enabled=config.tensorboard)
 
         self.step = 0
         self.epoch = 0  # epochs completed; the one in progress has this 0-based index
         self.batch_in_epoch = 0
         self.sums = dict.fromkeys(SUM_KEYS, 0.0)
         self.history: list[dict[str, Any]] = []
+        self.best: dict[str, Any] | None = None
+        self.stopped_early: dict[str, Any] | None = None
         self.wall_before = 0.0  # training wall time spent by earlier processes of this run
         self.resumed_from_step = 0
         self.last_saved_step: int | None = None
+        self.last_saved_path: str | None = None
         self._started = time.monotonic()
+        self._timing = _Timing()
+        self._window_s = 0.0
+        self._window_wait_s = 0.0
+        self._next_log = 0
+        self._segment_started: float | None = None
+        self._learning_rate_at_log: float | None = None
 
         # Counters live outside the strategy scope: they are bookkeeping, not replicated state.
         self._step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
@@ -151,12 +251,18 @@ class TrainingLoop:
         with runtime.strategy.scope():
             # Slot variables must exist before restoring, or their saved values are dropped.
             optimizer.build(model.trainable_variables)
+        self.runner = StepRunner(
+            strategy=runtime.strategy, model=model, optimizer=optimizer, compute_fn=compute_fn,
+            global_batch_size=global_batch_size, mixed_precision=runtime.mixed_precision,
+            jit_compile=config.jit_compile, time_input=not runtime.deterministic,
+        )
+        self._timing.input_timed = self.runner.time_input
         # Keras keeps the state of its dropout and augmentation generators in variables
         # that TensorFlow's object graph does not reach; naming them here checkpoints the
         # random streams too, so a resumed run draws the masks it would have drawn.
         rng = {f"generator_{i}": v for i, v in enumerate(
             v for v in model.variables if v.path.endswith("seed_generator_state"))}
-        self.checkpoint = tf.train.Checkpoint(
+        parts: dict[str, Any] = dict(
             model=model,
             optimizer=optimizer,
             rng=tf.train.Checkpoint(**rng),
@@ -165,55 +271,26 @@ class TrainingLoop:
             batch_in_epoch=self._batch_var,
             trainer_state=self._state_var,
         )
+        if self.runner.loss_scale is not None:
+            parts["loss_scale"] = self.runner.loss_scale.checkpoint()
+        self.checkpoint = tf.train.Checkpoint(**parts)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, str(self.checkpoint_dir), max_to_keep=config.keep_checkpoints,
             checkpoint_name=CHECKPOINT_NAME,
         )
-        self._train_step = self._make_train_step()
-        self._eval_step = self._make_eval_step()
+        self._best_checkpoint = tf.train.Checkpoint(model=model)
+        # Two: the best recorded in the newest training checkpoint survives a newer best
+        # written just before a crash.
+        self._best_manager = tf.train.CheckpointManager(
+            self._best_checkpoint, str(self.checkpoint_dir / BEST_DIR), max_to_keep=2,
+            checkpoint_name=CHECKPOINT_NAME,
+        )
 
-    # -- steps -------------------------------------------------------------------------
-
-    def _make_train_step(self) -> Callable[[Any], dict[str, tf.Tensor]]:
-        strategy = self.runtime.strategy
-        model, optimizer, compute_fn = self.model, self.optimizer, self.compute_fn
-        scale = 1.0 / self.global_batch_size
-
-        def replica_step(batch: Any) -> dict[str, tf.Tensor]:
-            with tf.GradientTape() as tape:
-                sums = compute_fn(model, batch, True)
-                # Dividing by the global batch makes the all-reduced gradient the mean over
-                # every replica's examples.
-                loss = tf.cast(sums["loss_sum"], tf.float32) * scale
-                scaled = optimizer.scale_loss(loss)
-            grads = tape.gradient(scaled, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            return sums
-
-        @tf.function(reduce_retracing=True)
-        def train_step(batch: Any) -> dict[str, tf.Tensor]:
-            per_replica = strategy.run(replica_step, args=(batch,))
-            return {k: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in per_replica.items()}
-
-        return train_step
-
-    def _make_eval_step(self) -> Callable[[Any], dict[str, tf.Tensor]]:
-        strategy = self.runtime.strategy
-        model, compute_fn = self.model, self.compute_fn
-
-        @tf.function(reduce_retracing=True)
-        def eval_step(batch: Any) -> dict[str, tf.Tensor]:
-            per_replica = strategy.run(lambda b: compute_fn(model, b, False), args=(batch,))
-            return {k: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in per_replica.items()}
-
-        return eval_step
+    # -- evaluation ----------------------------------------------------------------------
 
     def evaluate(self) -> tuple[float, float]:
         """Loss and metric over the validation split."""
-        totals = dict.fromkeys(SUM_KEYS, 0.0)
-        for batch in self.runtime.strategy.experimental_distribute_dataset(self.val_dataset):
-            for key, value in self._eval_step(batch).items():
-                totals[key] += float(value)
+        totals = self.runner.evaluate(self.val_dataset)
         return _ratio(totals["loss_sum"], totals["examples"]), _ratio(totals["correct"], totals["count"])
 
     # -- state -------------------------------------------------------------------------
@@ -233,8 +310,12 @@ class TrainingLoop:
             "epoch": self.epoch,
             "batch_in_epoch": self.batch_in_epoch,
             "steps_per_epoch": self.steps_per_epoch,
+            "global_batch_size": self.global_batch_size,
+            "dataset_version": self.dataset_version,
             "epoch_sums": self.sums,
             "history": self.history,
+            "best": self.best,
+            "stopped_early": self.stopped_early,
             "wall_time_s": round(self.wall_time(), 3),
             "hyperparameters": self.config.hyperparameters(),
             "extra": self.extra_state,
@@ -242,9 +323,20 @@ class TrainingLoop:
         }
 
     def save(self, reason: str) -> str | None:
-        """Write a checkpoint for the current step (once per step), then the state file."""
+        """Write the checkpoint of the current step, then the state file; once per step.
+
+        Raises:
+            TrainingDiverged: a weight is no longer finite; nothing is written.
+        """
         if self.last_saved_step == self.step:
             return None
+        broken = self.runner.variables_finite()
+        if broken:
+            raise TrainingDiverged(
+                f"training diverged by step {self.step}: {len(broken)} variable(s) hold NaN or infinite values "
+                f"({', '.join(broken[:5])}{' ...' if len(broken) > 5 else ''}); not checkpointed. "
+                f"{self._last_finite_checkpoint()}"
+            )
         state = self.state()
         self._step_var.assign(self.step)
         self._epoch_var.assign(self.epoch)
@@ -252,11 +344,18 @@ class TrainingLoop:
         self._state_var.assign(json.dumps(json_safe(state)))
         path = self.manager.save(checkpoint_number=self.step)
         self.last_saved_step = self.step
+        self.last_saved_path = path
         # The JSON mirror is written strictly after the checkpoint it describes.
         write_json_atomic(self.checkpoint_dir / STATE_FILE, state)
         log.info("checkpoint %s written (%s; epoch %d, batch %d)", Path(path).name, reason, self.epoch + 1,
                  self.batch_in_epoch)
         return path
+
+    def _last_finite_checkpoint(self) -> str:
+        if self.last_saved_path:
+            return (f"The last finite checkpoint, {Path(self.last_saved_path).name} (step {self.last_saved_step}), "
+                    f"stays in {self.checkpoint_dir}.")
+        return f"No checkpoint was written in {self.checkpoint_dir}."
 
     def restore(self) -> bool:
         """Restore the newest usable checkpoint from CHECKPOINT_DIR; False when there is none."""
@@ -280,19 +379,57 @@ class TrainingLoop:
                 ) from exc
             self._load_state(json.loads(self._state_var.numpy().decode("utf-8")))
             self.last_saved_step = self.step
+            self.last_saved_path = path
             log.info("resumed from %s: step %d, epoch %d, batch %d of %d in that epoch", Path(path).name,
                      self.step, self.epoch + 1, self.batch_in_epoch, self.steps_per_epoch)
             return True
         raise UsageError(f"no usable checkpoint in {self.checkpoint_dir}: every listed one is damaged")
+
+    def _changes(self, saved: dict[str, Any]) -> list[str]:
+        now = self.config.hyperparameters()
+        return [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(now) if saved.get(k) != now.get(k)]
 
     def _describe_changes(self) -> str:
         try:
             saved = json.loads((self.checkpoint_dir / STATE_FILE).read_text())["hyperparameters"]
         except (OSError, ValueError, KeyError, TypeError):
             return ""
-        now = self.config.hyperparameters()
-        changed = [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(now) if saved.get(k) != now.get(k)]
+        changed = self._changes(saved)
         return f" ({'; '.join(changed)})" if changed else ""
+
+    def _check_fits(self, state: dict[str, Any]) -> None:
+        """Refuse a checkpoint whose position in an epoch means something else for this run."""
+        hyper = state.get("hyperparameters") or {}
+        saved_batch = state.get("global_batch_size", hyper.get("batch_size"))
+        if saved_batch is not None and saved_batch != self.global_batch_size:
+            raise UsageError(
+                f"--batch-size {self.global_batch_size} differs from the checkpoint's {saved_batch} "
+                f"in {self.checkpoint_dir}: its step count, epoch position and learning-rate schedule are in "
+                f"batches of {saved_batch}. Resume with --batch-size {saved_batch}, or start a new run with an "
+                "empty --checkpoint-dir"
+            )
+        saved_version = state.get("dataset_version")
+        if saved_version and self.dataset_version and saved_version != self.dataset_version:
+            raise UsageError(
+                f"the checkpoint in {self.checkpoint_dir} was trained on dataset version {saved_version!r}, but "
+                f"this run's data is version {self.dataset_version!r} (KUBETRAIN_DATASET_VERSION): the split, "
+                "the epoch order and the position in the epoch would not carry over. Start a new run with an "
+                "empty --checkpoint-dir (a new Airflow run), or stage version "
+                f"{saved_version!r} again to finish this one"
+            )
+        if saved_version != self.dataset_version and not (saved_version and self.dataset_version):
+            log.warning("dataset version of the checkpoint %r, of this run %r: cannot tell whether the data "
+                        "changed", saved_version, self.dataset_version)
+        saved_steps = state.get("steps_per_epoch")
+        if saved_steps is not None and saved_steps != self.steps_per_epoch:
+            raise UsageError(
+                f"the checkpoint in {self.checkpoint_dir} was written with {saved_steps} batches per epoch but "
+                f"this data gives {self.steps_per_epoch} with --batch-size {self.global_batch_size}: the data "
+                "changed since it was written; use an empty --checkpoint-dir to start a new run"
+            )
+        changed = self._changes(hyper)
+        if changed:
+            log.info("resuming with changed settings: %s", "; ".join(changed))
 
     def _load_state(self, state: dict[str, Any]) -> None:
         if state.get("kind") != STATE_KIND or state.get("format_version") != STATE_FORMAT_VERSION:
@@ -300,6 +437,7 @@ class TrainingLoop:
                 f"checkpoint state of kind {state.get('kind')!r} format {state.get('format_version')!r} is not "
                 f"understood; expected {STATE_KIND!r} format {STATE_FORMAT_VERSION}"
             )
+        self._check_fits(state)
         if self.check_resume is not None:
             self.check_resume(state.get("extra", {}))
         self.step = int(self._step_var.numpy())
@@ -307,23 +445,43 @@ class TrainingLoop:
         self.batch_in_epoch = int(self._batch_var.numpy())
         self.sums = {k: float(state["epoch_sums"].get(k, 0.0)) for k in SUM_KEYS}
         self.history = list(state.get("history", []))
+        self.best = state.get("best")
+        self.stopped_early = state.get("stopped_early")
         self.wall_before = float(state.get("wall_time_s", 0.0))
         self._started = time.monotonic()
         self.resumed_from_step = self.step
-        if self.batch_in_epoch >= self.steps_per_epoch > 0:
+        if self.batch_in_epoch > self.steps_per_epoch > 0:
             raise UsageError(
                 f"the checkpoint is at batch {self.batch_in_epoch} of an epoch but this configuration has only "
                 f"{self.steps_per_epoch} batches per epoch: the data or --batch-size changed since it was written"
             )
 
+    def _close_pending(self) -> bool | None:
+        """After a restore: whether the checkpoint's epoch still needs closing (None: no), and if so, as partial.
+
+        SIGTERM on the last step of an epoch, or on the step that reaches ``--max-steps``,
+        checkpoints before the validation pass and the history row.
+        """
+        if self.batch_in_epoch <= 0:
+            return None
+        if self.history and self.history[-1].get("step") == self.step:
+            return None
+        if self.batch_in_epoch >= self.steps_per_epoch:
+            return False
+        if self._max_reached():
+            return True
+        return None
+
     # -- the loop ----------------------------------------------------------------------
 
-    def _eta(self, seconds_per_step: float) -> str:
-        """Training time left at the current step time (evaluation and checkpoints not counted)."""
+    def _eta(self) -> str:
+        """Training time left at the step time so far (evaluation and checkpoints not counted)."""
+        t = self._timing
+        seconds, steps = (t.steady_s, t.steady_steps) if t.steady_steps else (t.all_s, t.all_steps)
         total = self.config.epochs * self.steps_per_epoch
         if self.config.max_steps is not None:
             total = min(total, self.config.max_steps)
-        left = max(0, total - self.step) * seconds_per_step
+        left = max(0, total - self.step) * (seconds / steps if steps else 0.0)
         if left >= 3600:
             return f"{int(left // 3600)}h{int(left % 3600 // 60):02d}m"
         return f"{int(left // 60)}m{int(left % 60):02d}s"
@@ -331,8 +489,18 @@ class TrainingLoop:
     def _max_reached(self) -> bool:
         return self.config.max_steps is not None and self.step >= self.config.max_steps
 
+    def _finished(self) -> bool:
+        return self.epoch >= self.config.epochs or self._max_reached() or self.stopped_early is not None
+
     def _learning_rate(self) -> float:
         return to_float(self.optimizer.learning_rate)
+
+    def _improved(self, value: float) -> bool:
+        if value is None or not math.isfinite(value):
+            return False
+        if self.best is None or self.best.get("value") is None:
+            return True
+        return value > self.best["value"] if self.monitor_mode == "max" else value < self.best["value"]
 
     def _close_epoch(self, partial: bool) -> None:
         val_loss, val_metric = self.evaluate()
@@ -348,119 +516,268 @@ class TrainingLoop:
         }
         if partial:
             row["partial"] = True
-        else:
+        self.history.append(row)
+        value = row.get(self.monitor)
+        if self._improved(value):
+            self._save_best(row)
+        if not partial:
             self.epoch += 1
             self.batch_in_epoch = 0
             self.sums = dict.fromkeys(SUM_KEYS, 0.0)
-        self.history.append(row)
         log.info(
-            "epoch %d%s: loss %.4f %s %.4f val_loss %.4f val_%s %.4f",
+            "epoch %d%s: loss %.4f %s %.4f val_loss %.4f val_%s %.4f%s",
             row["epoch"], " (partial, --max-steps reached)" if partial else "", row["loss"], self.metric,
             row[self.metric], val_loss, self.metric, val_metric,
+            f" (best {self.monitor} so far)" if self.best and self.best["step"] == self.step else "",
         )
+        self.summaries.scalars("train", self.step, {f"epoch_{k}": row[k] for k in ("loss", self.metric)})
+        self.summaries.scalars("validation", self.step, {"epoch_loss": val_loss, f"epoch_{self.metric}": val_metric})
+        self.summaries.flush()
+        if not partial and self.config.patience and self.best is not None:
+            waited = row["epoch"] - self.best["epoch"]
+            if waited >= self.config.patience:
+                self.stopped_early = {"epoch": row["epoch"], "step": self.step, "best_epoch": self.best["epoch"],
+                                      "patience": self.config.patience, "monitor": self.monitor}
+                log.info("early stopping: %s has not improved for %d epoch(s) since epoch %d (--patience %d)",
+                         self.monitor, waited, self.best["epoch"], self.config.patience)
+
+    def _save_best(self, row: dict[str, Any]) -> None:
+        """Keep the weights of the best epoch so far in CHECKPOINT_DIR/best/ckpt-<step>."""
+        self.best = {"epoch": row["epoch"], "step": self.step, "value": row[self.monitor], "monitor": self.monitor,
+                     "row": dict(row)}
+        if not self.config.restore_best:
+            return
+        # Closing the epoch of a restored SIGTERM checkpoint again must not rewrite a file
+        # the sidecar may already have uploaded: the same step's weights are the same.
+        if (self.checkpoint_dir / BEST_DIR / f"{CHECKPOINT_NAME}-{self.step}.index").exists():
+            return
+        self._best_manager.save(checkpoint_number=self.step)
+
+    def restore_best_weights(self) -> bool:
+        """Load the best epoch's weights into the model; False (and the last weights kept) when unavailable."""
+        if self.best is None or not self.config.restore_best:
+            return False
+        if self.history and self.history[-1].get("step") == self.best["step"]:
+            return True  # the model already holds them
+        path = self.checkpoint_dir / BEST_DIR / f"{CHECKPOINT_NAME}-{self.best['step']}"
+        try:
+            self._best_checkpoint.restore(str(path)).assert_existing_objects_matched()
+        except (tf.errors.NotFoundError, tf.errors.DataLossError, AssertionError, ValueError) as exc:
+            log.warning("the best epoch's weights (%s) cannot be read (%s): exporting the last epoch's weights",
+                        path, str(exc).splitlines()[0][:200])
+            return False
+        log.info("restored the weights of epoch %d (step %d, %s %.4f), the best by %s", self.best["epoch"],
+                 self.best["step"], self.monitor, self.best["value"], self.monitor)
+        return True
 
     def write_history(self, path: Path) -> None:
         """history.csv: one row per epoch, earlier processes of the run included."""
         header = history_header(self.metric)
         write_csv_atomic(path, header, ([_csv_value(row[h]) for h in header] for row in self.history))
 
-    def run(self, history_path: Path | None = None) -> LoopResult:
-        """Train until ``--epochs`` or ``--max-steps``; raise ``Preempted`` after SIGTERM."""
-        self.restore()
-        strategy = self.runtime.strategy
-        train_seconds = 0.0
-        examples = 0.0
-        steps_run = 0
-        first_logged = False
+    def _sync(self) -> Counters:
+        """Wait for the queued steps, account for them and check that they stayed finite."""
+        counters = self.runner.read()
+        now = time.perf_counter()
+        seconds = now - self._segment_started if self._segment_started is not None else 0.0
+        self._segment_started = None
+        before = self.step
+        self.step += counters.steps
+        self.batch_in_epoch += counters.steps
+        self.sums = counters.epoch_sums
+        self._timing.add(seconds, counters.steps, counters.window["examples"] - self._window_examples_seen,
+                         counters.input_wait_s)
+        self._window_examples_seen = counters.window["examples"]
+        self._window_s += seconds
+        self._window_wait_s += counters.input_wait_s
+        if counters.nonfinite_loss or (counters.nonfinite_grads and (
+                counters.loss_scale is None or counters.loss_scale < 1.0)):
+            bad_step = before + max(1, counters.first_nonfinite)
+            what = ("the loss was NaN or infinite" if counters.nonfinite_loss else
+                    "the all-replica gradient was NaN or infinite"
+                    + (f" even with the loss scale down to {counters.loss_scale:g}" if counters.loss_scale else ""))
+            raise TrainingDiverged(
+                f"training diverged at step {bad_step} (epoch {self.epoch + 1}): {what} "
+                f"({counters.nonfinite_loss} step(s) with a non-finite loss, {counters.nonfinite_grads} with a "
+                f"non-finite gradient since step {before}); those updates were skipped and no checkpoint was "
+                f"written after them. {self._last_finite_checkpoint()} Lower --learning-rate, clip the gradients "
+                "or check the data; a rerun resumes from that checkpoint and is likely to diverge again"
+            )
+        if counters.nonfinite_grads:
+            log.info("mixed precision: %d step(s) with overflowing gradients skipped; loss scale now %g",
+                     counters.nonfinite_grads, counters.loss_scale)
+        if self.step >= self._next_log or self._first_log:
+            self._log_step(counters)
+        return counters
+
+    def _log_step(self, counters: Counters) -> None:
+        w = counters.window
         total_epochs = self.config.epochs
-        if self.epoch >= total_epochs or self._max_reached():
+        rate = w["examples"] / self._window_s if self._window_s > 0 else 0.0
+        wait = self._window_wait_s / self._window_s if self._window_s > 0 and self.runner.time_input else math.nan
+        lr = self._learning_rate()
+        log.info(
+            "step %d epoch %d/%d batch %d/%d loss %.4f %s %.4f (epoch mean loss %.4f) lr %.3g examples/s %.1f "
+            "input wait %s eta %s",
+            self.step, self.epoch + 1, total_epochs, self.batch_in_epoch, self.steps_per_epoch,
+            _ratio(w["loss_sum"], w["examples"]), self.metric, _ratio(w["correct"], w["count"]),
+            _ratio(self.sums["loss_sum"], self.sums["examples"]), lr, rate,
+            f"{wait:.0%}" if math.isfinite(wait) else "not measured", self._eta(),
+        )
+        self.summaries.scalars("train", self.step, {
+            "loss": _ratio(w["loss_sum"], w["examples"]),
+            self.metric: _ratio(w["correct"], w["count"]),
+            "learning_rate": lr,
+            "gradient_global_norm": _ratio(w["grad_norm_sum"], w["applied_steps"]),
+            "examples_per_s": rate,
+            "input_wait_fraction": wait,
+            **({"loss_scale": counters.loss_scale} if counters.loss_scale is not None else {}),
+        })
+        self.runner.reset_window()
+        self._window_examples_seen = 0.0
+        self._window_s = self._window_wait_s = 0.0
+        self._first_log = False
+        self._next_log = _next_multiple(self.step, self.config.log_every_steps)
+
+    def _train_epoch(self) -> bool:
+        """Train until the epoch ends, ``--max-steps``, or SIGTERM; True when the epoch was completed."""
+        strategy = self.runtime.strategy
+        config = self.config
+        dataset = self.train_dataset_fn(self.epoch, self.batch_in_epoch)
+        iterator = iter(strategy.experimental_distribute_dataset(dataset))
+        self.runner.set_epoch_sums(self.sums)
+        planned = self.step
+        epoch_end = self.step + (self.steps_per_epoch - self.batch_in_epoch)
+        while True:
+            target = min(epoch_end, config.max_steps or math.inf,
+                         _next_multiple(planned, config.checkpoint_every_steps),
+                         _next_multiple(planned, self.on_step_every))
+            steps = int(min(config.steps_per_execution, target - planned))
+            if self._segment_started is None:
+                self._segment_started = time.perf_counter()
+            self.runner.run(iterator, steps)
+            planned += steps
+            if planned < target and planned < self._next_log and not self.stop.requested:
+                continue
+            self._sync()
+            ended = self.step < planned or self.batch_in_epoch >= self.steps_per_epoch
+            closing = ended or self._max_reached()
+            if self.stop.requested:
+                self.save("SIGTERM" + (", epoch not yet closed" if closing else ""))
+                raise Preempted()
+            if closing:
+                if ended and self.batch_in_epoch == 0:
+                    raise UsageError(
+                        f"epoch {self.epoch + 1} produced no training batch: fewer training examples than "
+                        f"--batch-size {config.batch_size}"
+                    )
+                if self.step < planned:
+                    log.warning("epoch %d ended after %d of %d batches: the input pipeline dropped examples",
+                                self.epoch + 1, self.batch_in_epoch, self.steps_per_epoch)
+                return ended
+            every = config.checkpoint_every_steps
+            if every and self.step % every == 0:
+                self.save(f"every {every} steps")
+            if self.on_step is not None and self.step % self.on_step_every == 0:
+                self.on_step(self.step)
+            planned = self.step
+
+    def run(self, history_path: Path | None = None) -> LoopResult:
+        """Train until ``--epochs``, ``--max-steps`` or early stopping; raise ``Preempted`` after SIGTERM.
+
+        On return the model holds the weights to export: the best epoch's with
+        ``--restore-best`` (the default), else the last ones.
+        """
+        self.restore()
+        self._first_log = True
+        self._window_examples_seen = 0.0
+        pending = self._close_pending()
+        if pending is not None:
+            log.info("the checkpoint was taken before epoch %d was closed: closing it now", self.epoch + 1)
+            self._close_epoch(partial=pending)
+            if history_path is not None:
+                self.write_history(history_path)
+        if self._finished():
             log.info("training already finished at step %d: writing the outputs again", self.step)
         else:
             # A partial row was written when --max-steps stopped mid-epoch; the epoch goes on now.
             self.history = [row for row in self.history if not row.get("partial")]
-        while self.epoch < total_epochs and not self._max_reached():
+        while not self._finished():
             if self.stop.requested:
                 self.save("SIGTERM")
                 raise Preempted()
-            dataset = self.train_dataset_fn(self.epoch, self.batch_in_epoch)
-            finished_epoch = True
-            for batch in strategy.experimental_distribute_dataset(dataset):
-                started = time.perf_counter()
-                sums = {k: float(v) for k, v in self._train_step(batch).items()}
-                train_seconds += time.perf_counter() - started
-                steps_run += 1
-                self.step += 1
-                self.batch_in_epoch += 1
-                examples += sums["examples"]
-                for key in SUM_KEYS:
-                    self.sums[key] += sums[key]
-                if not first_logged or self.step % self.config.log_every_steps == 0:
-                    first_logged = True
-                    log.info(
-                        "step %d epoch %d/%d batch %d/%d loss %.4f %s %.4f (epoch mean loss %.4f) lr %.3g "
-                        "examples/s %.1f eta %s",
-                        self.step, self.epoch + 1, total_epochs, self.batch_in_epoch, self.steps_per_epoch,
-                        _ratio(sums["loss_sum"], sums["examples"]), self.metric,
-                        _ratio(sums["correct"], sums["count"]),
-                        _ratio(self.sums["loss_sum"], self.sums["examples"]), self._learning_rate(),
-                        examples / train_seconds if train_seconds else 0.0,
-                        self._eta(train_seconds / steps_run),
-                    )
-                if self.on_step is not None:
-                    self.on_step(self.step)
-                every = self.config.checkpoint_every_steps
-                if every and self.step % every == 0:
-                    self.save(f"every {every} steps")
-                if self.stop.requested:
-                    self.save("SIGTERM")
-                    raise Preempted()
-                if self._max_reached():
-                    finished_epoch = self.batch_in_epoch >= self.steps_per_epoch
-                    break
-            if self.batch_in_epoch == 0 and finished_epoch:
-                raise UsageError(
-                    f"epoch {self.epoch + 1} produced no training batch: fewer training examples than "
-                    f"--batch-size {self.config.batch_size}"
-                )
+            finished_epoch = self._train_epoch()
             self._close_epoch(partial=not finished_epoch)
             if history_path is not None:
                 self.write_history(history_path)
-            self.save("end of epoch" if finished_epoch else "--max-steps reached")
+            reason = ("early stopping" if self.stopped_early else
+                      "end of epoch" if finished_epoch else "--max-steps reached")
+            self.save(reason)
+            if self.on_step is not None and self.step % self.on_step_every == 0:
+                self.on_step(self.step)  # a hook step that ends an epoch runs after the close
         if history_path is not None:
             self.write_history(history_path)
+        self.summaries.close()
+        restored = self.restore_best_weights()
+        exported = self.best["row"] if restored and self.best else (self.history[-1] if self.history else None)
+        throughput = self._timing.report()
         return LoopResult(
             history=self.history,
             steps=self.step,
             resumed_from_step=self.resumed_from_step,
             wall_time_s=round(self.wall_time(), 3),
-            examples_per_s=round(examples / train_seconds, 2) if train_seconds else 0.0,
+            examples_per_s=throughput["examples_per_s"],
             extra_state=self.extra_state,
+            monitor=self.monitor,
+            monitor_mode=self.monitor_mode,
+            best=self.best,
+            exported=exported,
+            restored_best=restored,
+            stopped_early=self.stopped_early,
+            throughput=throughput,
         )
 
 
 def metrics_document(*, trainer: str, task: str, metric: str, result: LoopResult, runtime: Runtime,
-                     skipped_files: int = 0, **extra: Any) -> dict[str, Any]:
-    """metrics.json: final and best metrics, epochs, steps, time, throughput and devices."""
-    monitor = f"val_{metric}"
+                     skipped_files: int = 0, config: TrainerConfig | None = None, **extra: Any) -> dict[str, Any]:
+    """metrics.json: the exported model's metrics (``final``), the best and last epochs, steps,
+    time, throughput split into input wait and compute, and devices."""
+    monitor = result.monitor
+    keys = ("loss", metric, "val_loss", f"val_{metric}")
     last = result.history[-1] if result.history else {}
-    best_row = max(result.history, key=lambda r: r[monitor], default=None)
+    exported = result.exported or last
+    best = result.best or {}
     doc = {
         "trainer": trainer,
         "task": task,
         "monitor": monitor,
-        "monitor_mode": "max",
-        "final": {k: last.get(k) for k in ("loss", metric, "val_loss", monitor)},
-        "best": {monitor: best_row[monitor] if best_row else None, "epoch": best_row["epoch"] if best_row else None},
+        "monitor_mode": result.monitor_mode,
+        # "final" describes the model in OUTPUT_DIR: the best epoch's with --restore-best.
+        "final": {k: exported.get(k) for k in keys},
+        "best": {monitor: best.get("value"), "epoch": best.get("epoch"), "step": best.get("step")},
+        "last": {k: last.get(k) for k in keys},
+        "exported": {"epoch": exported.get("epoch"), "step": exported.get("step"),
+                     "restored_best": result.restored_best},
+        "stopped_early": result.stopped_early,
         "epochs": len(result.history),
         "steps": result.steps,
         "resumed_from_step": result.resumed_from_step,
         "wall_time_s": result.wall_time_s,
         "examples_per_s": result.examples_per_s,
+        "step_time_s": result.throughput.get("step_time_s"),
+        "input_wait_s": result.throughput.get("input_wait_s"),
+        "compute_s": result.throughput.get("compute_s"),
+        "input_wait_fraction": result.throughput.get("input_wait_fraction"),
+        "startup_s": result.throughput.get("startup_s"),
         "devices": runtime.devices,
         "replicas": runtime.replicas,
         "mixed_precision": runtime.mixed_precision,
+        "deterministic": runtime.deterministic,
         "skipped_files": skipped_files,
     }
+    if config is not None:
+        doc["steps_per_execution"] = config.steps_per_execution
+        doc["jit_compile"] = config.jit_compile
     doc.update(extra)
     return doc
 

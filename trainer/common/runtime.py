@@ -23,19 +23,16 @@ class Runtime:
         strategy: MirroredStrategy over several devices, else the default strategy.
         devices: the physical devices doing the work, e.g. ``/physical_device:GPU:0``.
         replicas: how many model replicas train in lock step.
-        mixed_precision: whether the mixed_float16 policy is active.
+        mixed_precision: whether the mixed_float16 policy is active; the training loop then
+            scales the loss dynamically (float16 gradients underflow).
+        deterministic: whether TensorFlow's ops run deterministically.
     """
 
     strategy: tf.distribute.Strategy
     devices: list[str]
     replicas: int
     mixed_precision: bool
-
-    def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
-        """Add dynamic loss scaling when mixed precision is on (float16 gradients underflow)."""
-        if self.mixed_precision:
-            return keras.optimizers.LossScaleOptimizer(optimizer)
-        return optimizer
+    deterministic: bool = False
 
 
 def configure(config: TrainerConfig) -> Runtime:
@@ -54,6 +51,10 @@ def configure(config: TrainerConfig) -> Runtime:
         # real footprint from whoever sizes the pod's requests.
         tf.config.experimental.set_memory_growth(gpu, True)
     keras.utils.set_random_seed(config.seed)
+    if config.deterministic:
+        # Ops without a deterministic kernel then raise instead of running; tf.data keeps its
+        # (already deterministic) element order.
+        tf.config.experimental.enable_op_determinism()
 
     if len(gpus) > 1:
         strategy: tf.distribute.Strategy = tf.distribute.MirroredStrategy()
@@ -76,14 +77,16 @@ def configure(config: TrainerConfig) -> Runtime:
         if not gpus:
             log.warning("mixed precision on CPU is supported but slow: float16 pays off on GPUs")
     log.info(
-        "devices: %s; strategy %s with %d replica(s)%s; precision %s",
+        "devices: %s; strategy %s with %d replica(s)%s; precision %s%s",
         ", ".join(devices),
         type(strategy).__name__,
         replicas,
         f" on {', '.join(strategy.extended.worker_devices)}" if replicas > 1 else "",
         keras.mixed_precision.dtype_policy().name,
+        "; deterministic ops" if config.deterministic else "",
     )
-    return Runtime(strategy=strategy, devices=devices, replicas=replicas, mixed_precision=config.mixed_precision)
+    return Runtime(strategy=strategy, devices=devices, replicas=replicas, mixed_precision=config.mixed_precision,
+                   deterministic=config.deterministic)
 
 
 def to_float(value: Any) -> float:

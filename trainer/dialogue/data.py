@@ -9,6 +9,11 @@
   (``characterID +++$+++ characterID +++$+++ movieID +++$+++ ['L1', 'L2', ...]``),
   Latin-1. Each pair of consecutive lines of a conversation is one pair.
 
+Every pair belongs to a group that the train/validation split keeps whole: a Cornell
+conversation (its consecutive pairs share lines, so splitting them would show the
+validation set's lines in training), a JSONL object's ``conversation``,
+``conversation_id`` or ``dialogue_id`` when it has one, else the pair alone.
+
 Records that cannot be parsed are skipped and counted, never fatal; no parsable pair at
 all is a ``DataError``.
 """
@@ -19,6 +24,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +38,7 @@ CORNELL_CONVERSATIONS = "movie_conversations.txt"
 CORNELL_ENCODING = "latin-1"
 QUESTION_KEYS = ("question", "input", "prompt")
 RESPONSE_KEYS = ("response", "reply", "answer")
+GROUP_KEYS = ("conversation", "conversation_id", "dialogue_id")
 FORMATS = ("auto", "tsv", "jsonl", "cornell")
 _LINE_ID = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 
@@ -42,13 +49,19 @@ class Pairs:
 
     Attributes:
         pairs: (question, response) tuples, in file order.
+        groups: for each pair, the conversation it comes from (the split keeps one whole).
         sources: the files read, relative to DATA_DIR.
         skipped: records that could not be parsed (bad lines, unknown line ids, empty text).
     """
 
     pairs: list[tuple[str, str]] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     skipped: int = 0
+
+    def add(self, question: str, response: str, group: str) -> None:
+        self.pairs.append((question, response))
+        self.groups.append(group)
 
 
 def _clean(text: str) -> str:
@@ -71,7 +84,7 @@ def read_tsv(path: Path) -> Pairs:
             if number == 1 and question.lower() in QUESTION_KEYS and response.lower() in RESPONSE_KEYS:
                 continue
             if question and response:
-                out.pairs.append((question, response))
+                out.add(question, response, f"{path.name}:{number}")
             else:
                 out.skipped += 1
     return out
@@ -81,7 +94,7 @@ def read_jsonl(path: Path) -> Pairs:
     """Pairs from a file of JSON objects, one per line."""
     out = Pairs(sources=[path.name])
     with open(path, encoding="utf-8") as lines:
-        for line in lines:
+        for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
@@ -95,8 +108,9 @@ def read_jsonl(path: Path) -> Pairs:
             question = next((record[k] for k in QUESTION_KEYS if isinstance(record.get(k), str)), "")
             response = next((record[k] for k in RESPONSE_KEYS if isinstance(record.get(k), str)), "")
             question, response = _clean(question), _clean(response)
+            group = next((record[k] for k in GROUP_KEYS if isinstance(record.get(k), str | int)), None)
             if question and response:
-                out.pairs.append((question, response))
+                out.add(question, response, f"{path.name}:{'c' + str(group) if group is not None else number}")
             else:
                 out.skipped += 1
     return out
@@ -121,7 +135,7 @@ def read_cornell(folder: Path) -> Pairs:
                 continue
             texts[fields[0].strip()] = _clean(fields[4])
     with open(folder / CORNELL_CONVERSATIONS, encoding=CORNELL_ENCODING, newline="") as lines:
-        for line in lines:
+        for number, line in enumerate(lines, 1):
             line = line.rstrip("\r\n")
             if not line.strip():
                 continue
@@ -136,7 +150,7 @@ def read_cornell(folder: Path) -> Pairs:
             for first, second in zip(ids, ids[1:], strict=False):
                 question, response = texts.get(first), texts.get(second)
                 if question and response:
-                    out.pairs.append((question, response))
+                    out.add(question, response, f"{CORNELL_CONVERSATIONS}:{number}")
                 else:
                     out.skipped += 1
     return out
@@ -213,6 +227,7 @@ def load_pairs(data_dir: Path, data_format: str = "auto", data_file: str | None 
         log.info("read %d pairs from %s (%s), skipped %d unparsable record(s)", len(part.pairs), path, fmt,
                  part.skipped)
         total.pairs.extend(part.pairs)
+        total.groups.extend(f"{path}:{g}" for g in part.groups)
         names = [path / s for s in part.sources] if path.is_dir() else [path]
         total.sources.extend(os.path.relpath(n, data_dir) for n in names)
         total.skipped += part.skipped
@@ -222,4 +237,38 @@ def load_pairs(data_dir: Path, data_format: str = "auto", data_file: str | None 
                         f"with {'/'.join(QUESTION_KEYS)} and {'/'.join(RESPONSE_KEYS)} keys, or Cornell files")
     if max_pairs is not None:
         total.pairs = total.pairs[:max_pairs]
+        total.groups = total.groups[:max_pairs]
     return total
+
+
+def split_pairs(pairs: Sequence[tuple[str, str]], fraction: float, seed: int, groups: Sequence[str] | None = None,
+                ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Seeded split by group: a conversation lands whole in training or in validation.
+
+    Groups are drawn in a seeded random order into validation until it holds
+    ``fraction`` of the pairs (at least one pair); training keeps at least one group.
+    With a single group there is nothing to keep apart: its last pairs validate.
+    """
+    import numpy as np
+
+    groups = list(groups) if groups is not None else [str(i) for i in range(len(pairs))]
+    if len(groups) != len(pairs):
+        raise ValueError(f"{len(groups)} groups for {len(pairs)} pairs")
+    members: dict[str, list[int]] = {}
+    for i, group in enumerate(groups):
+        members.setdefault(group, []).append(i)
+    target = min(len(pairs) - 1, max(1, round(len(pairs) * fraction)))
+    if len(members) == 1:
+        log.warning("all %d pairs come from one conversation: validating on its last %d pairs", len(pairs), target)
+        return list(pairs[: len(pairs) - target]), list(pairs[len(pairs) - target:])
+    names = list(members)
+    chosen: set[str] = set()
+    taken = 0
+    for k in np.random.default_rng(seed).permutation(len(names)):
+        if taken >= target or len(chosen) == len(names) - 1:
+            break
+        chosen.add(names[k])
+        taken += len(members[names[k]])
+    val = [pairs[i] for i, g in enumerate(groups) if g in chosen]
+    train = [pairs[i] for i, g in enumerate(groups) if g not in chosen]
+    return train, val

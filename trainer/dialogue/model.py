@@ -201,37 +201,59 @@ def seq2seq_sums(model: keras.Model, batch: Any, training: bool) -> dict[str, tf
     }
 
 
+def greedy_token_ids(model: keras.Model, encoder_tokens: tf.Tensor, max_output_length: int, bos_id: int,
+                     eos_id: int, banned: tuple[int, ...] = (0,)) -> tf.Tensor:
+    """Reply token ids by greedy decoding, in the graph: shape (batch, max_output_length).
+
+    Each step takes the most likely next token among those not ``banned`` (``<pad>``, and
+    ``<s>`` which only starts the decoder input); the rows that have produced ``</s>``
+    get ``<pad>`` from then on, and the loop ends once every row has. Written with
+    ``tf.while_loop`` rather than autograph, so that it also traces inside a SavedModel
+    endpoint.
+    """
+    encoder_tokens = tf.convert_to_tensor(encoder_tokens, tf.int32)
+    n = tf.shape(encoder_tokens)[0]
+    positions = tf.range(max_output_length)[None, :]
+    vocab_size = model.output.shape[-1]
+    penalty = tf.reduce_sum(tf.one_hot(list(banned), vocab_size, on_value=-1e9, off_value=0.0), axis=0)
+    decoder = tf.where(tf.equal(positions, 0), bos_id, tf.zeros([n, max_output_length], tf.int32))
+    replies = tf.zeros([n, max_output_length], tf.int32)
+    done = tf.zeros([n], tf.bool)
+
+    def more(t: tf.Tensor, decoder: tf.Tensor, replies: tf.Tensor, done: tf.Tensor) -> tf.Tensor:
+        return tf.logical_and(t < max_output_length, tf.logical_not(tf.reduce_all(done)))
+
+    def step(t: tf.Tensor, decoder: tf.Tensor, replies: tf.Tensor, done: tf.Tensor):
+        logits = model({"encoder_tokens": encoder_tokens, "decoder_tokens": decoder}, training=False)
+        scores = tf.cast(tf.gather(logits, t, axis=1), tf.float32) + penalty
+        token = tf.where(done, 0, tf.argmax(scores, axis=-1, output_type=tf.int32))
+        replies = tf.where(tf.equal(positions, t), token[:, None], replies)
+        decoder = tf.where(tf.equal(positions, t + 1), token[:, None], decoder)
+        return t + 1, decoder, replies, tf.logical_or(done, tf.equal(token, eos_id))
+
+    _, _, replies, _ = tf.while_loop(more, step, (tf.constant(0), decoder, replies, done))
+    return replies
+
+
 class GreedyDecoder:
-    """Generates replies token by token, always taking the most likely next token.
+    """Generates replies token by token, always taking the most likely allowed next token.
 
     Args:
         model: the Transformer from ``build_transformer``.
         max_output_length: decoder length the model was built with.
         bos_id: id of ``<s>``.
         eos_id: id of ``</s>``.
+        pad_id: id of ``<pad>``; neither it nor ``<s>`` is ever generated.
     """
 
-    def __init__(self, model: keras.Model, max_output_length: int, bos_id: int, eos_id: int) -> None:
+    def __init__(self, model: keras.Model, max_output_length: int, bos_id: int, eos_id: int, pad_id: int = 0) -> None:
         self.max_output_length, self.bos_id, self.eos_id = max_output_length, bos_id, eos_id
-        self._predict = tf.function(
-            lambda enc, dec: model({"encoder_tokens": enc, "decoder_tokens": dec}, training=False),
-            reduce_retracing=True,
+        max_input_length = model.input["encoder_tokens"].shape[1]
+        self._generate = tf.function(
+            lambda enc: greedy_token_ids(model, enc, max_output_length, bos_id, eos_id, banned=(pad_id, bos_id)),
+            input_signature=[tf.TensorSpec([None, max_input_length], tf.int32)],
         )
 
     def __call__(self, encoder_tokens: np.ndarray) -> np.ndarray:
         """Reply token ids, shape (batch, max_output_length), ``</s>``-terminated where it fits."""
-        n = encoder_tokens.shape[0]
-        decoder = np.zeros((n, self.max_output_length), dtype=np.int32)
-        decoder[:, 0] = self.bos_id
-        replies = np.zeros((n, self.max_output_length), dtype=np.int32)
-        done = np.zeros(n, dtype=bool)
-        for t in range(self.max_output_length):
-            logits = self._predict(tf.constant(encoder_tokens, tf.int32), tf.constant(decoder))
-            token = np.argmax(np.asarray(logits)[:, t, :], axis=-1).astype(np.int32)
-            replies[:, t] = np.where(done, 0, token)
-            done |= token == self.eos_id
-            if t + 1 < self.max_output_length:
-                decoder[:, t + 1] = replies[:, t]
-            if done.all():
-                break
-        return replies
+        return self._generate(tf.constant(encoder_tokens, tf.int32)).numpy()

@@ -7,6 +7,7 @@ alphabetically, so the same data always gives the same ids).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import Counter
@@ -82,6 +83,25 @@ class WordTokenizer:
                 text += " "
             text += word
         return text
+
+    def fingerprint(self) -> str:
+        """SHA-256 of what fixes the token ids: the vocabulary, the lower-casing and the split pattern."""
+        doc = json.dumps({"vocabulary": self.vocabulary, "lowercase": self.lowercase, "pattern": PATTERN},
+                         ensure_ascii=False, separators=(",", ":"))
+        return hashlib.sha256(doc.encode("utf-8")).hexdigest()
+
+    def difference(self, other: WordTokenizer) -> str:
+        """Where ``other`` differs from this tokenizer, in words (empty when they are the same)."""
+        if self.fingerprint() == other.fingerprint():
+            return ""
+        parts = [f"{self.size} vs {other.size} tokens"]
+        if self.lowercase != other.lowercase:
+            parts.append(f"lowercase {self.lowercase} vs {other.lowercase}")
+        for i, (a, b) in enumerate(zip(self.vocabulary, other.vocabulary, strict=False)):
+            if a != b:
+                parts.append(f"first difference at id {i}: {a!r} vs {b!r}")
+                break
+        return "; ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document that ``from_json`` reads back."""

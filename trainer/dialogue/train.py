@@ -2,11 +2,13 @@
 
 Trains an encoder-decoder Transformer to answer a question with a reply, from
 question/response pairs in DATA_DIR: TSV, JSONL, or the raw Cornell Movie-Dialogs files.
-A word tokenizer is built from the data and saved as JSON beside the model (and beside
-the checkpoints, so a resumed run keeps the same token ids). Learning rate: the warm-up
-schedule of "Attention Is All You Need"; gradients are clipped by their global norm.
+The validation split keeps each conversation whole. A word tokenizer is built from the
+training pairs and saved as JSON beside the model and the checkpoints; a resumed run
+checks that the data still gives the same one. Learning rate: the warm-up schedule of
+"Attention Is All You Need"; gradients are clipped by their global norm over all devices.
 Every --sample-every-steps steps the trainer logs greedy replies to a few validation
-questions and keeps the latest in OUTPUT_DIR/samples.json.
+questions and keeps the latest in OUTPUT_DIR/samples.json. The SavedModel answers a
+question by itself: its generate signature takes text and returns the reply.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from trainer.common.contract import (
     write_params,
 )
 from trainer.common.signals import StopRequest
-from trainer.dialogue.data import FORMATS, load_pairs
+from trainer.dialogue.data import FORMATS, load_pairs, split_pairs
 from trainer.dialogue.tokenizer import WordTokenizer
 
 log = logging.getLogger("kubetrain.trainer")
@@ -122,16 +124,6 @@ def encode_pairs(pairs: Sequence[tuple[str, str]], tokenizer: WordTokenizer, max
     return Encoded(encoder, decoder, target, list(pairs))
 
 
-def split_pairs(pairs: Sequence[tuple[str, str]], fraction: float, seed: int,
-                ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """Seeded split; the validation set keeps at least one pair, training at least one."""
-    import numpy as np
-
-    order = np.random.default_rng(seed).permutation(len(pairs))
-    n_val = min(len(pairs) - 1, max(1, round(len(pairs) * fraction)))
-    return [pairs[i] for i in order[n_val:]], [pairs[i] for i in order[:n_val]]
-
-
 class Sampler:
     """Logs greedy replies to fixed validation questions and keeps the latest ones."""
 
@@ -155,20 +147,37 @@ class Sampler:
 
 def get_tokenizer(config: DialogueConfig, train_pairs: Sequence[tuple[str, str]], checkpoint_dir: Path,
                   ) -> WordTokenizer:
-    """The checkpointed run's tokenizer when resuming, else a new one from the training pairs."""
-    saved = checkpoint_dir / TOKENIZER_FILE
-    if saved.exists() and (checkpoint_dir / "checkpoint").exists():
-        tokenizer = WordTokenizer.load(saved)
-        log.info("resuming: using the tokenizer saved with the checkpoints (%d tokens)", tokenizer.size)
-        return tokenizer
+    """The tokenizer of the training pairs; when resuming, it must equal the checkpointed run's.
+
+    Building it again from the same pairs and flags gives the same token ids (ties are
+    broken alphabetically), so a tokenizer that differs from the one saved beside the
+    checkpoints means that the data or the tokenizer flags changed: the checkpoint's
+    embeddings would then read other words, and resuming is refused.
+
+    Raises:
+        DataError: the tokenizer differs from the checkpointed run's.
+    """
     texts = (text for pair in train_pairs for text in pair)
     tokenizer = WordTokenizer.build(texts, config.vocab_size, config.min_count, config.lowercase)
     if tokenizer.size < 5:
         raise DataError(f"the training pairs yield only {tokenizer.size - 4} word(s) with --min-count "
                         f"{config.min_count}; nothing to learn")
-    tokenizer.save(saved)
-    log.info("tokenizer built from the training pairs: %d tokens", tokenizer.size)
+    saved = checkpoint_dir / TOKENIZER_FILE
+    if saved.exists() and (checkpoint_dir / "checkpoint").exists():
+        difference = WordTokenizer.load(saved).difference(tokenizer)
+        if difference:
+            raise DataError(_vocabulary_changed(difference))
+        log.info("resuming: the training pairs give the checkpointed run's tokenizer (%d tokens)", tokenizer.size)
+    else:
+        tokenizer.save(saved)
+        log.info("tokenizer built from the training pairs: %d tokens", tokenizer.size)
     return tokenizer
+
+
+def _vocabulary_changed(difference: str) -> str:
+    return (f"the checkpoint in CHECKPOINT_DIR was trained with another vocabulary than the training pairs give "
+            f"now ({difference}): the data, --vocab-size, --min-count or --lowercase changed since, and its "
+            "embeddings would read other words; use an empty --checkpoint-dir to start a new run")
 
 
 def train(config: DialogueConfig, stop: StopRequest) -> None:
@@ -180,14 +189,15 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
     if len(data.pairs) < 2:
         raise DataError(f"only {len(data.pairs)} question/response pair found; training and validation need at "
                         "least two")
-    train_pairs, val_pairs = split_pairs(data.pairs, config.validation_split, config.seed)
+    train_pairs, val_pairs = split_pairs(data.pairs, config.validation_split, config.seed, data.groups)
     if len(train_pairs) < config.batch_size:
         raise DataError(f"{len(train_pairs)} training pairs are fewer than --batch-size {config.batch_size}; "
                         "lower --batch-size or add data")
     log.info("split: %d training and %d validation pairs (seed %d)", len(train_pairs), len(val_pairs), config.seed)
     tokenizer = get_tokenizer(config, train_pairs, checkpoint_dir)
     tokenizer.save(output_dir / TOKENIZER_FILE)
-    write_params(output_dir, TRAINER, config.hyperparameters(), RunInfo.from_env(), sources=data.sources)
+    run = RunInfo.from_env()
+    write_params(output_dir, TRAINER, config.hyperparameters(), run, sources=data.sources)
 
     import keras
     import numpy as np
@@ -197,6 +207,7 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
     from trainer.common.loop import TrainingLoop, metrics_document
     from trainer.common.runtime import configure
     from trainer.dialogue.model import GreedyDecoder, WarmupSchedule, build_transformer, seq2seq_sums
+    from trainer.dialogue.serving import add_generate_endpoint
 
     runtime = configure(config)
     train_data = encode_pairs(train_pairs, tokenizer, config.max_input_length, config.max_output_length)
@@ -227,38 +238,44 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
             dropout=config.dropout,
         )
         schedule = WarmupSchedule(config.hidden_size, config.warmup_steps, config.learning_rate_scale)
-        # global_clipnorm clips after loss-scale unscaling, so it also holds with mixed precision.
-        optimizer = runtime.wrap_optimizer(
-            keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9, global_clipnorm=config.clip_norm)
-        )
+        # The training loop applies global_clipnorm to the all-replica gradient, after
+        # loss-scale unscaling.
+        optimizer = keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9,
+                                          global_clipnorm=config.clip_norm)
     log.info("transformer: %d parameters", model.count_params())
 
     sampler = Sampler(GreedyDecoder(model, config.max_output_length, tokenizer.bos_id, tokenizer.eos_id),
                       tokenizer, val_data, config.num_samples, output_dir / "samples.json")
 
-    def on_step(step: int) -> None:
-        if step % config.sample_every_steps == 0:
-            sampler(step)
 
     def check_resume(extra: dict[str, Any]) -> None:
-        saved = extra.get("vocabulary_size")
-        if saved is not None and saved != tokenizer.size:
-            raise DataError(f"the checkpoint was trained with {saved} tokens but the tokenizer has {tokenizer.size}")
+        # tokenizer.json may be missing or replaced: the fingerprint in the checkpoint decides.
+        saved = extra.get("vocabulary_fingerprint")
+        if saved is not None and saved != tokenizer.fingerprint():
+            raise DataError(_vocabulary_changed(
+                f"{extra.get('vocabulary_size')} vs {tokenizer.size} tokens, fingerprint {saved[:12]} vs "
+                f"{tokenizer.fingerprint()[:12]}"))
+        size = extra.get("vocabulary_size")
+        if size is not None and size != tokenizer.size:
+            raise DataError(_vocabulary_changed(f"{size} vs {tokenizer.size} tokens"))
 
     loop = TrainingLoop(
         trainer=TRAINER, config=config, runtime=runtime, model=model, optimizer=optimizer,
         compute_fn=seq2seq_sums, train_dataset_fn=train_dataset, val_dataset=val_dataset,
         steps_per_epoch=steps_per_epoch, global_batch_size=batch, stop=stop,
-        extra_state={"vocabulary_size": tokenizer.size}, check_resume=check_resume, on_step=on_step,
+        extra_state={"vocabulary_size": tokenizer.size, "vocabulary_fingerprint": tokenizer.fingerprint()},
+        check_resume=check_resume, on_step=sampler,
+        on_step_every=config.sample_every_steps, dataset_version=run.dataset_version,
     )
     result = loop.run(history_path=output_dir / "history.csv")
     if sampler.last_step != result.steps:
         sampler(result.steps)
     save_keras_model(model, output_dir)
-    export_saved_model(model, output_dir)
+    export_saved_model(model, output_dir, lambda archive: add_generate_endpoint(
+        archive, model, tokenizer, config.max_input_length, config.max_output_length))
     write_json_atomic(output_dir / "metrics.json", metrics_document(
         trainer=TRAINER, task="seq2seq", metric="accuracy", result=result, runtime=runtime,
-        skipped_files=0, skipped_records=data.skipped, train_examples=len(train_pairs),
+        config=config, skipped_files=0, skipped_records=data.skipped, train_examples=len(train_pairs),
         val_examples=len(val_pairs), vocabulary_size=tokenizer.size,
     ))
     log.info("done: %d steps, val_loss %.4f; outputs in %s", result.steps,
@@ -275,6 +292,8 @@ data (DATA_DIR, searched recursively unless --data-file is given):
 outputs (OUTPUT_DIR):
   metrics.json history.csv params.json model.keras saved_model/1/ tokenizer.json samples.json
   (accuracy is next-token accuracy over non-padding reply tokens)
+  saved_model/1/ has two signatures: serve (token ids -> next-token logits) and
+  generate (text -> reply: tokenizer, greedy decoding and detokenizer in the graph)
 """
 
 

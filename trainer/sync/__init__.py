@@ -9,8 +9,11 @@
 * ``restore``: download the files of the newest verified pass manifest.
 
 The formats it reads and writes are described in ``trainer/sync/README.md`` and, as JSON
-Schemas, in ``trainer/sync/schemas/``. The package needs only the standard library and
-botocore, so it runs in a small image of its own (``trainer/Dockerfile.sync``).
+Schemas, in ``trainer/sync/schemas/``. Besides the standard library the package needs
+botocore (listings, HEADs, manifests, the sidecar's uploads), awscrt (the AWS Common
+Runtime's S3 client for object data, and CRC32C/CRC64NVME) and s3transfer (workload-identity
+credentials for the CRT), with their dependencies, pinned in ``trainer/requirements-sync.txt``:
+what its small image (``trainer/Dockerfile.sync``) installs, and nothing else.
 """
 
 from __future__ import annotations

@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                 part_size=args.part_size,
                 md5_max_size=args.md5_max_size,
             )
-            stage_in(S3(pool=max(10, args.workers)), cfg)
+            stage_in(S3(pool=max(10, args.workers), small_calls_on_crt=True), cfg)
             return 0
         if args.command == "restore":
             from trainer.sync.restore import restore
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             areas = args.area or ["checkpoints"]
             dirs = {"checkpoints": args.checkpoint_dir, "output": args.output_dir}
             restore(
-                S3(pool=max(10, args.workers)),
+                S3(pool=max(10, args.workers), small_calls_on_crt=True),
                 parse_s3_uri(args.run_uri, "KUBETRAIN_RUN_URI"),
                 {a: dirs[a] for a in areas},
                 workers=args.workers,
@@ -324,11 +324,11 @@ def main(argv: list[str] | None = None) -> int:
             ),
         )
         code = sidecar.run(stopped=EARLY_SIGTERM.is_set())
-        if sidecar.abandoned:
-            # uploads still hanging after the grace period must not hold the exit
-            sys.stderr.flush()
-            os._exit(code)
-        return code
+        # S3 calls abandoned on SIGTERM or at the end of the grace period may still hang in
+        # their threads (bounded by their timeouts): they must not hold the exit
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     except SyncError as exc:
         log(f"{label}: ERROR: {exc}")
         return 1

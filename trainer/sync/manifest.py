@@ -194,6 +194,7 @@ class PassManifest:
     pod: str
     files: list[PassFile] = field(default_factory=list)
     errors: list[dict[str, str]] = field(default_factory=list)
+    timed_out: bool = False  # the final pass ran out of its grace period (then complete is false)
 
     @classmethod
     def from_json(cls, doc: Any, where: str) -> PassManifest:
@@ -233,6 +234,7 @@ class PassManifest:
             pod=_require(doc, "pod", str, where),
             files=files,
             errors=[e for e in errors if isinstance(e, dict)],
+            timed_out=_require(doc, "timed_out", bool, where) if "timed_out" in doc else False,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -248,4 +250,5 @@ class PassManifest:
             "pod": self.pod,
             "files": [f.to_json() for f in self.files],
             "errors": list(self.errors),
+            "timed_out": self.timed_out,
         }

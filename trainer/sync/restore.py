@@ -68,7 +68,8 @@ def _mismatch(s3: S3, bucket: str, f: PassFile) -> str | None:
         return f"s3://{bucket}/{f.key} cannot be read ({exc})"
     if head["ContentLength"] != f.size:
         return f"s3://{bucket}/{f.key} has {head['ContentLength']} bytes, the manifest says {f.size}"
-    stored = head.get("Metadata", {}).get(SHA256_METADATA)
+    # metadata names are case-insensitive: S3 sends them lower-case, MinIO and rclone capitalized
+    stored = {k.lower(): v for k, v in head.get("Metadata", {}).items()}.get(SHA256_METADATA)
     if stored is not None and stored != f.sha256:
         return f"s3://{bucket}/{f.key} holds content with sha256 {stored}, the manifest says {f.sha256}"
     return None

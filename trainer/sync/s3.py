@@ -1,33 +1,32 @@
-"""S3 access for the transfer tool.
+"""S3 access for the transfer tool, on two maintained engines that share one set of credentials.
 
-Two paths share one set of credentials:
+* ``S3.client``: a botocore client for everything but object data downloads: listings,
+  HEADs, small JSON objects and every upload of the sidecar. Every call has a connect
+  timeout, a read timeout and a bounded number of attempts (botocore's standard retries).
+* ``S3.get_object``: object data through the AWS Common Runtime's S3 client (awscrt), built
+  for throughput: its event loop, connection pool, SigV4 signing and retries are C, it
+  splits a large object into ranged GETs itself and hands the body over in object order,
+  so a download costs little more client CPU than s5cmd's (bench/README.md, "transfer").
 
-* ``S3.client``: a botocore client for control calls (list, head, small JSON objects,
-  uploads), with botocore's standard retries.
-* ``S3.get_range``: a lean GET path for object data. botocore spends about 2 ms of CPU
-  per call on its event machinery, which dominates when a dataset has thousands of small
-  objects; this path signs requests itself (SigV4), keeps one keep-alive connection per
-  worker thread (``trainer.sync.wire``) and reads bodies straight into caller-owned buffers.
+Both engines sign every header they send (``range``, ``if-match``, ``x-amz-checksum-mode``
+included), as AWS S3 requires of ``x-amz-*`` headers.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
-import random
 import threading
-import time
+import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from urllib.parse import quote, urlsplit
 
-from trainer.sync import wire
-
-EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
-# errno values after which a retry cannot help
-_RETRYABLE_STATUS = {429, 500, 502, 503, 504}
+# the sidecar's calls: a final pass has seconds, not minutes (trainer/sync/README.md)
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 20.0
+DEFAULT_ATTEMPTS = 5
+# the CRT's ranged GETs: objects up to this size are one request
+PART_SIZE = 8 * 1024 * 1024
 
 
 class SyncError(Exception):
@@ -73,103 +72,124 @@ class Refused(SyncError):
 
 
 class S3RequestError(SyncError):
-    """An S3 request failed with an HTTP status (after retries, where retrying made sense)."""
+    """An S3 request failed with an HTTP status (after the engine's retries)."""
 
     def __init__(self, uri: S3Uri, status: int, code: str, message: str = "") -> None:
         self.uri, self.status, self.code = uri, status, code
         super().__init__(f"{uri}: HTTP {status} {code}{': ' + message if message else ''}")
 
 
-def _error_code(body: bytes) -> tuple[str, str]:
-    text = body.decode("utf-8", "replace")
-
-    def tag(name: str) -> str:
-        start = text.find(f"<{name}>")
-        end = text.find(f"</{name}>")
-        return text[start + len(name) + 2 : end] if start >= 0 and end > start else ""
-
-    return tag("Code"), tag("Message")
+def error_code(body: bytes | None) -> tuple[str, str]:
+    """The ``Code`` and ``Message`` of an S3 error document (empty strings when there is none)."""
+    try:
+        root = ET.fromstring(body or b"")
+    except ET.ParseError:
+        return "", ""
+    return root.findtext("Code") or "", root.findtext("Message") or ""
 
 
-class _StaticCredentials:
-    """Keys from the standard AWS variables (what the ``kubetrain-s3`` Secret injects)."""
+def client_error(uri: S3Uri, exc: Exception) -> SyncError:
+    """A botocore exception as a ``SyncError`` naming the URI (``S3RequestError`` for an HTTP status)."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        meta = response.get("ResponseMetadata", {})
+        error = response.get("Error", {})
+        status = int(meta.get("HTTPStatusCode") or 0)
+        return S3RequestError(uri, status, error.get("Code", ""), error.get("Message", ""))
+    return SyncError(f"{uri}: {exc}")
 
-    def __init__(self, access_key: str, secret_key: str, token: str | None) -> None:
-        self.access_key, self.secret_key, self.token = access_key, secret_key, token
 
-    def get_frozen_credentials(self) -> _StaticCredentials:
-        return self
+def target_gbps() -> float:
+    """The CRT's throughput target: ``KUBETRAIN_S3_TARGET_GBPS``, else one Gbit/s per core, 1 to 10.
+
+    The CRT sizes its connections and its memory pool from it; a pool larger than the node's
+    cores can feed costs page faults for nothing (on 2 cores, 10 Gbit/s took twice the CPU
+    of 2 Gbit/s for a 1 GiB object; bench/README.md, "transfer").
+
+    Raises:
+        SyncError: the variable is not a number > 0.
+    """
+    raw = os.environ.get("KUBETRAIN_S3_TARGET_GBPS")
+    if not raw:
+        return float(min(10, max(1, os.cpu_count() or 1)))
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise SyncError(f"KUBETRAIN_S3_TARGET_GBPS={raw!r} is not valid: expected a number of Gbit/s > 0")
+    return value
+
+
+def max_attempts_from_env() -> int:
+    """``AWS_MAX_ATTEMPTS`` (the standard variable), else the tool's default.
+
+    Raises:
+        SyncError: the variable is not a whole number >= 1.
+    """
+    raw = os.environ.get("AWS_MAX_ATTEMPTS")
+    if not raw:
+        return DEFAULT_ATTEMPTS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise SyncError(f"AWS_MAX_ATTEMPTS={raw!r} is not valid: expected a whole number >= 1")
+    return value
 
 
 class S3:
     """S3 access from a pod: standard AWS variables or workload identity, never literals.
 
-    With keys in the environment and an endpoint or region set, the data path needs no
-    botocore at all (importing it costs about 0.4 s of CPU); botocore's client, for
-    listings and uploads, and its credential chain, for workload identity, load on demand.
-
     Args:
-        max_attempts: attempts per request, for transient errors (5xx, 429, resets);
-            default: the standard ``AWS_MAX_ATTEMPTS`` variable, else 8.
-        pool: connections botocore may keep open (the data path keeps one per thread).
-        read_timeout: seconds without data before a connection counts as dead.
+        max_attempts: attempts per request, for transient errors (5xx, 429, resets, timeouts);
+            default: the standard ``AWS_MAX_ATTEMPTS`` variable, else 5.
+        pool: connections botocore may keep open.
+        connect_timeout: seconds to open a connection.
+        read_timeout: seconds without data before a botocore request counts as failed.
+        small_calls_on_crt: send ``get_bytes`` and ``head`` through the CRT as well, so that a
+            stage-in with keys in the environment never imports botocore (0.5 CPU-seconds, a
+            fifth of a small dataset's whole download). The sidecar keeps them on botocore,
+            whose read timeout the CRT does not have.
     """
 
     def __init__(
-        self, *, max_attempts: int | None = None, pool: int = 32, read_timeout: float = 60.0
+        self,
+        *,
+        max_attempts: int | None = None,
+        pool: int = 32,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        read_timeout: float = READ_TIMEOUT,
+        small_calls_on_crt: bool = False,
     ) -> None:
-        if max_attempts is None:
-            try:
-                max_attempts = max(1, int(os.environ.get("AWS_MAX_ATTEMPTS") or 8))
-            except ValueError as exc:
-                raise SyncError(
-                    f"AWS_MAX_ATTEMPTS={os.environ['AWS_MAX_ATTEMPTS']!r} is not a whole number"
-                ) from exc
-        self.max_attempts = max_attempts
+        self.max_attempts = max_attempts or max_attempts_from_env()
+        self.small_calls_on_crt = small_calls_on_crt and bool(
+            os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY")
+        )
+        self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._pool = pool
+        self._lock = threading.RLock()  # the CRT client may create the botocore client (workload identity)
         self._client = None
-        self._client_lock = threading.Lock()
+        self._crt = None
         self._endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        key_id, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
-        if key_id and secret and (self._endpoint or region):
-            self._credentials = _StaticCredentials(key_id, secret, os.environ.get("AWS_SESSION_TOKEN"))
-            self.region = region or "us-east-1"
-            endpoint = self._endpoint or f"https://s3.{self.region}.amazonaws.com"
-        else:
-            client = self.client
-            self._credentials = self._session.get_credentials()
-            self.region = client.meta.region_name or "us-east-1"
-            endpoint = client.meta.endpoint_url
-        parts = urlsplit(endpoint)
-        self._scheme = parts.scheme
-        self._host = parts.hostname or ""
-        self._port = parts.port or (443 if parts.scheme == "https" else 80)
-        self._netloc = parts.netloc
-        self._path_prefix = parts.path.rstrip("/")
-        self._virtual = not self._endpoint and self._host.endswith("amazonaws.com")
-        self._local = threading.local()
-        self._ssl = None
-        if self._scheme == "https":
-            import ssl  # only for https endpoints: it takes a tenth of the start-up
 
-            self._ssl = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
-        self._key_cache: tuple[str, str, bytes] | None = None
+    # -- botocore --------------------------------------------------------------------------
 
     @property
     def client(self):
-        """botocore's S3 client, created on first use, with botocore's standard retries."""
-        with self._client_lock:
+        """botocore's S3 client, created on first use."""
+        with self._lock:
             if self._client is None:
                 import botocore.config
                 import botocore.session
 
                 self._session = botocore.session.get_session()
                 config = botocore.config.Config(
-                    retries={"mode": "standard", "max_attempts": self.max_attempts},
+                    retries={"mode": "standard", "total_max_attempts": self.max_attempts},
                     max_pool_connections=self._pool,
-                    connect_timeout=10,
+                    connect_timeout=self.connect_timeout,
                     read_timeout=self.read_timeout,
                     # flexible checksums use aws-chunked bodies that some S3-compatible servers
                     # reject; the tool verifies content itself (ETag, sha256 metadata)
@@ -181,40 +201,102 @@ class S3:
             return self._client
 
     def get_bytes(self, bucket: str, key: str) -> bytes:
-        """A small object's whole content (a manifest), retrying transient errors and broken bodies.
+        """A small object's whole content (a manifest).
 
         Raises:
             S3RequestError: an HTTP error such as 404 or 403.
             SyncError: the request kept failing.
         """
         uri = S3Uri(bucket, key)
+        if self.small_calls_on_crt:
+            return self._crt_call("GET", bucket, key, [])[2]
+        from botocore.exceptions import IncompleteReadError, ResponseStreamingError
 
-        return self._request("GET", uri, "", {}, lambda resp: resp.read())
+        # botocore retries a request until its headers arrive, not a body cut short after them
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            except (IncompleteReadError, ResponseStreamingError) as exc:
+                if attempt == self.max_attempts:
+                    raise SyncError(f"{uri}: the body broke off {attempt} times: {exc}") from exc
+            except Exception as exc:
+                raise client_error(uri, exc) from exc
+        raise AssertionError("not reached")
 
     def head(
         self, bucket: str, key: str, part_number: int | None = None, *, checksum_mode: bool = False
     ) -> dict[str, str]:
-        """The response headers of a HEAD (of one part, with ``part_number``), lower-cased names.
+        """The response headers of a HEAD (of one part, with ``part_number``), lower-case names.
 
         ``checksum_mode`` asks for the object's stored checksum (``x-amz-checksum-*``).
+
+        Raises:
+            S3RequestError: an HTTP error such as 404 or 403.
         """
-        query = f"partNumber={part_number}" if part_number else ""
-        extra = {"x-amz-checksum-mode": "ENABLED"} if checksum_mode else {}
-        return self._request(
-            "HEAD", S3Uri(bucket, key), query, extra, lambda resp: {k.lower(): v for k, v in resp.getheaders()}
-        )
+        if self.small_calls_on_crt:
+            extra = [("x-amz-checksum-mode", "ENABLED")] if checksum_mode else []
+            query = f"partNumber={part_number}" if part_number else ""
+            return self._crt_call("HEAD", bucket, key, extra, query)[1]
+        kwargs: dict = {"Bucket": bucket, "Key": key}
+        if part_number:
+            kwargs["PartNumber"] = part_number
+        if checksum_mode:
+            kwargs["ChecksumMode"] = "ENABLED"
+        try:
+            resp = self.client.head_object(**kwargs)
+        except Exception as exc:
+            raise client_error(S3Uri(bucket, key), exc) from exc
+        return {k.lower(): v for k, v in resp["ResponseMetadata"]["HTTPHeaders"].items()}
 
-    # -- signing ---------------------------------------------------------------------------
+    # -- AWS Common Runtime ----------------------------------------------------------------
 
-    def _signing_key(self, secret: str, day: str) -> bytes:
-        cached = self._key_cache
-        if cached and cached[0] == secret and cached[1] == day:
-            return cached[2]
-        key = ("AWS4" + secret).encode()
-        for part in (day, self.region, "s3", "aws4_request"):
-            key = hmac.new(key, part.encode(), hashlib.sha256).digest()
-        self._key_cache = (secret, day, key)
-        return key
+    def _crt_client(self):
+        with self._lock:
+            if self._crt is None:
+                from awscrt.auth import AwsCredentialsProvider
+                from awscrt.io import ClientBootstrap, DefaultHostResolver, EventLoopGroup
+                from awscrt.s3 import S3Client, S3RequestTlsMode, S3RetryConfig
+
+                key_id, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+                if key_id and secret:
+                    provider = AwsCredentialsProvider.new_static(
+                        key_id, secret, os.environ.get("AWS_SESSION_TOKEN") or None
+                    )
+                    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+                else:  # workload identity: botocore's credential chain, refreshed as it expires
+                    from s3transfer.crt import BotocoreCRTCredentialsWrapper
+
+                    client = self.client
+                    provider = BotocoreCRTCredentialsWrapper(
+                        self._session.get_credentials()
+                    ).to_crt_credentials_provider()
+                    region = client.meta.region_name or "us-east-1"
+                endpoint = self._endpoint or f"https://s3.{region}.amazonaws.com"
+                parts = urlsplit(endpoint)
+                self.region = region
+                self._netloc = parts.netloc
+                self._path_prefix = parts.path.rstrip("/")
+                self._virtual = not self._endpoint
+                tls_options = None
+                if parts.scheme == "https" and os.environ.get("AWS_CA_BUNDLE"):
+                    from awscrt.io import ClientTlsContext, TlsContextOptions
+
+                    tls = TlsContextOptions()
+                    tls.override_default_trust_store_from_path(ca_filepath=os.environ["AWS_CA_BUNDLE"])
+                    tls_options = ClientTlsContext(tls).new_connection_options()
+                elg = EventLoopGroup(min(4, os.cpu_count() or 1))
+                self._crt = S3Client(
+                    bootstrap=ClientBootstrap(elg, DefaultHostResolver(elg)),
+                    region=region,
+                    credential_provider=provider,
+                    tls_mode=S3RequestTlsMode.ENABLED if parts.scheme == "https" else S3RequestTlsMode.DISABLED,
+                    tls_connection_options=tls_options,
+                    part_size=PART_SIZE,
+                    throughput_target_gbps=target_gbps(),
+                    retry_config=S3RetryConfig(max_retries=self.max_attempts - 1),
+                    connect_timeout_ms=int(self.connect_timeout * 1000),
+                )
+            return self._crt
 
     def _address(self, bucket: str, key: str) -> tuple[str, str]:
         """Host header and request path for an object."""
@@ -222,179 +304,152 @@ class S3:
             return f"{bucket}.{self._netloc}", f"{self._path_prefix}/{quote(key, safe='/~')}"
         return self._netloc, f"{self._path_prefix}/{bucket}/{quote(key, safe='/~')}"
 
-    def _signed_headers(
-        self, method: str, host: str, path: str, query: str, extra: dict[str, str]
-    ) -> dict[str, str]:
-        now = datetime.now(UTC)
-        amz_date = now.strftime("%Y%m%dT%H%M%SZ")
-        headers = {"host": host, "x-amz-content-sha256": EMPTY_SHA256, "x-amz-date": amz_date}
-        creds = self._credentials.get_frozen_credentials() if self._credentials else None
-        if creds is None:
-            return {**headers, **extra}
-        if creds.token:
-            headers["x-amz-security-token"] = creds.token
-        names = sorted(headers)
-        canonical = "\n".join(
-            [method, path, query, *(f"{n}:{headers[n]}" for n in names), "", ";".join(names), EMPTY_SHA256]
+    def _crt_call(
+        self, method: str, bucket: str, key: str, extra: list[tuple[str, str]], query: str = ""
+    ) -> tuple[int, dict[str, str], bytes]:
+        """One plain request through the CRT (retried by it): status, lower-cased headers, body."""
+        from awscrt.http import HttpHeaders, HttpRequest
+        from awscrt.s3 import S3RequestType
+
+        crt = self._crt_client()
+        host, path = self._address(bucket, key)
+        got: dict = {"status": 0, "headers": {}}
+        body = bytearray()
+
+        def on_headers(status_code, headers, **_kwargs) -> None:
+            got["status"], got["headers"] = status_code, {k.lower(): v for k, v in headers}
+
+        def on_body(chunk, offset, **_kwargs) -> None:
+            body[offset : offset + len(chunk)] = chunk
+
+        handle = _Download(S3Uri(bucket, key), None, lambda c, o: None)
+        handle.request = crt.make_request(
+            type=S3RequestType.DEFAULT,
+            request=HttpRequest(
+                method, f"{path}?{query}" if query else path, HttpHeaders([("host", host), ("content-length", "0"), *extra])
+            ),
+            operation_name="HeadObject" if method == "HEAD" else "GetObject",
+            on_headers=on_headers,
+            on_body=on_body,
+            on_done=handle.done,
         )
-        day = amz_date[:8]
-        scope = f"{day}/{self.region}/s3/aws4_request"
-        to_sign = f"AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
-        signature = hmac.new(self._signing_key(creds.secret_key, day), to_sign.encode(), hashlib.sha256)
-        headers["authorization"] = (
-            f"AWS4-HMAC-SHA256 Credential={creds.access_key}/{scope}, "
-            f"SignedHeaders={';'.join(names)}, Signature={signature.hexdigest()}"
-        )
-        return {**headers, **extra}
+        handle.wait()
+        return got["status"], got["headers"], bytes(body)
 
-    # -- data path -------------------------------------------------------------------------
-
-    def _connection(self) -> wire.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = wire.Connection(self._host, self._port, timeout=self.read_timeout, context=self._ssl)
-            self._local.conn = conn
-        return conn
-
-    def _drop_connection(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
-
-    def _backoff(self, uri: S3Uri, attempt: int, exc: BaseException, limit: int | None = None) -> None:
-        self._drop_connection()
-        if attempt >= (limit or self.max_attempts):
-            raise SyncError(f"{uri}: giving up after {attempt} attempts: {exc}") from exc
-        time.sleep(min(5.0, 0.05 * 2**attempt) * (0.5 + random.random()))
-
-    def _request(
-        self, method: str, uri: S3Uri, query: str, extra: dict[str, str], handle: Callable, attempts: int = 0
-    ):
-        """One request with retries: ``handle(response)`` reads a 2xx response; errors raise."""
-        host, path = self._address(uri.bucket, uri.key)
-        target = f"{path}?{query}" if query else path
-        attempt = 0
-        while True:
-            attempt += 1
-            conn = self._connection()
-            try:
-                headers = self._signed_headers(method, host, path, query, extra)
-                headers["accept-encoding"] = "identity"
-                try:
-                    conn.request(method, target, headers)
-                except ValueError as exc:  # a header value with a line break (from a manifest)
-                    raise SyncError(f"{uri}: refusing to send the request: {exc}") from None
-                resp = conn.getresponse()
-                if resp.status >= 300:
-                    body = resp.read()
-                    code, message = _error_code(body)
-                    if resp.status in _RETRYABLE_STATUS or code in ("RequestTimeout", "SlowDown"):
-                        raise _Transient(f"HTTP {resp.status} {code}")
-                    raise S3RequestError(uri, resp.status, code or resp.reason, message)
-                if method == "GET" and resp.framed_by_close:
-                    # S3 frames every body; one that ends where the connection does cannot be
-                    # told from one cut short
-                    resp.close()
-                    raise _Transient(f"HTTP {resp.status} without Content-Length")
-                return handle(resp)
-            except (_Transient, OSError) as exc:
-                self._backoff(uri, attempt, exc, attempts)
-
-    def get_range(
+    def get_object(
         self,
         bucket: str,
         key: str,
-        buf: memoryview,
-        start: int,
         *,
         if_match: str | None = None,
-        whole: bool = False,
         checksum_mode: bool = False,
-        on_headers: Callable[[wire.Response], None] | None = None,
-        length: int | None = None,
-        sink: Callable[[int, memoryview], None] | None = None,
-    ) -> None:
-        """Fill ``buf`` with the object's bytes from offset ``start``, retrying transient errors.
+        on_headers: Callable[[int, dict[str, str]], None] | None = None,
+        on_body: Callable[[memoryview, int], None] | None = None,
+        to_file: str | None = None,
+        on_progress: Callable[[int], None] | None = None,
+    ):
+        """Start a download of a whole object; returns a handle with ``wait()`` and ``cancel()``.
 
-        A failure part-way through a body resumes at the first byte not yet received, so a
-        retry never re-reads what is already in ``buf``.
+        The body arrives in object order as ``on_body(chunk, offset)``, in ranged GETs of
+        ``PART_SIZE`` that the engine retries and sends in parallel; every request carries
+        ``If-Match`` (the engine adds the first response's ETag to the later ranges itself).
 
         Args:
             bucket: bucket name.
             key: object key.
-            buf: where the bytes go; its length is the number of bytes wanted.
-            start: offset of the first byte in the object.
             if_match: ETag the object must still have (a changed object fails with 412).
-            whole: ``buf`` is the whole object: ask without a Range header, which also
-                checks that the object's length equals ``len(buf)``.
-            checksum_mode: ask for the object's stored checksum (sent with whole objects only).
-            on_headers: called with each successful response before its body is read; a
-                ``SyncError`` it raises ends the download (no retry).
-            length: with ``sink``, the number of bytes wanted.
-            sink: streams the body instead: ``buf`` is then a scratch buffer, refilled and
-                handed to ``sink(offset, chunk)`` (object offset) while it is still in the CPU's
-                cache; a ``Refused`` it raises ends the download.
+            checksum_mode: ask for the object's stored checksum (``x-amz-checksum-*``).
+            on_headers: called with the status and the (lower-cased) headers of the first
+                response; a ``SyncError`` it raises ends the download.
+            on_body: called with each piece of the body and its offset in the object; a
+                ``SyncError`` it raises ends the download.
+            to_file: instead of ``on_body``, the engine writes the object into this file itself
+                (no copy of the body through Python: about half the client CPU of a large object).
+            on_progress: with ``to_file``, called with the number of bytes each time some arrive.
+        """
+        from awscrt.http import HttpHeaders, HttpRequest
+        from awscrt.s3 import S3FileIoOptions, S3RequestType
+
+        crt = self._crt_client()
+        host, path = self._address(bucket, key)
+        headers = [("host", host), ("content-length", "0")]
+        # written as it arrives, with direct I/O where the file system has it (the CRT falls back
+        # where it has not): the page cache's copy and write-back cost more than the download
+        fio = S3FileIoOptions(should_stream=True, direct_io=True) if to_file else None
+        if if_match:
+            headers.append(("if-match", if_match))
+        if checksum_mode:
+            headers.append(("x-amz-checksum-mode", "ENABLED"))
+        handle = _Download(S3Uri(bucket, key), on_headers, on_body)
+        handle.request = crt.make_request(
+            type=S3RequestType.GET_OBJECT,
+            request=HttpRequest("GET", path, HttpHeaders(headers)),
+            operation_name="GetObject",
+            on_headers=handle.headers,
+            on_body=handle.body if to_file is None else None,
+            recv_filepath=to_file,
+            fio_options=fio,
+            on_progress=on_progress,
+            on_done=handle.done,
+        )
+        return handle
+
+
+class _Download:
+    """One CRT GET: keeps the first error a callback raised, and the outcome."""
+
+    def __init__(self, uri: S3Uri, on_headers, on_body) -> None:
+        self.uri = uri
+        self._on_headers, self._on_body = on_headers, on_body
+        self.error: BaseException | None = None
+        self.request = None
+        self._seen_headers = False
+
+    def headers(self, status_code: int, headers: list[tuple[str, str]], **_kwargs) -> None:
+        if self._seen_headers or self.error is not None or self._on_headers is None or status_code >= 300:
+            return
+        self._seen_headers = True
+        try:
+            self._on_headers(status_code, {k.lower(): v for k, v in headers})
+        except BaseException as exc:  # noqa: BLE001 - kept, then raised by wait()
+            self._fail(exc)
+
+    def body(self, chunk: bytes, offset: int, **_kwargs) -> None:
+        if self.error is not None:
+            return
+        try:
+            self._on_body(memoryview(chunk), offset)
+        except BaseException as exc:  # noqa: BLE001 - kept, then raised by wait()
+            self._fail(exc)
+
+    def done(self, error=None, status_code=None, error_body=None, **_kwargs) -> None:
+        if error is not None and self.error is None:
+            if status_code:
+                code, message = error_code(error_body)
+                self.error = S3RequestError(self.uri, status_code, code or "HTTPError", message)
+            else:
+                self.error = SyncError(f"{self.uri}: {getattr(error, 'name', '')} {error}".strip())
+
+    def _fail(self, exc: BaseException) -> None:
+        self.error = exc
+        if self.request is not None:
+            self.request.cancel()
+
+    def cancel(self) -> None:
+        if self.request is not None:
+            self.request.cancel()
+
+    def wait(self) -> None:
+        """Wait for the end of the download.
 
         Raises:
-            S3RequestError: an HTTP error that is not transient, or a transient one that
-                outlived the retries.
-            SyncError: the connection kept failing, or the object is shorter than expected.
+            S3RequestError: an HTTP error after the engine's retries.
+            SyncError: what a callback raised, or a connection that kept failing.
         """
-        uri = S3Uri(bucket, key)
-        want = len(buf) if sink is None else length
-        done = 0
-        attempt = 0
-        while True:
-            extra: dict[str, str] = {}
-            if not (whole and done == 0):
-                extra["range"] = f"bytes={start + done}-{start + want - 1}"
-            if if_match:
-                extra["if-match"] = if_match
-            if checksum_mode:
-                extra["x-amz-checksum-mode"] = "ENABLED"
-
-            def fill(resp: wire.Response) -> None:
-                nonlocal done
-                length = int(resp.getheader("content-length", "-1"))
-                if length != want - done:
-                    resp.close()
-                    self._drop_connection()
-                    raise Refused(
-                        f"{uri}: the server sent {length} bytes where {want - done} were expected "
-                        f"(object size differs from the manifest?)"
-                    )
-                if on_headers is not None:
-                    try:
-                        on_headers(resp)
-                    except SyncError:
-                        resp.close()
-                        self._drop_connection()
-                        raise
-                if sink is not None:
-                    while done < want:
-                        n = resp.readinto(buf[: min(len(buf), want - done)])
-                        if not n:
-                            raise wire.ProtocolError(f"the body ended {want - done} bytes early")
-                        sink(start + done, buf[:n])
-                        done += n
-                    return
-                while done < want:
-                    n = resp.readinto(buf[done:])
-                    if not n:
-                        raise wire.ProtocolError(f"the body ended {want - done} bytes early")
-                    done += n
-
-            try:
-                # one attempt at a time: a retry must ask only for the bytes still missing
-                self._request("GET", uri, "", extra, fill, attempts=1)
-                return
-            except (S3RequestError, Refused):
-                raise
-            except SyncError as exc:
-                attempt += 1
-                self._backoff(uri, attempt, exc.__cause__ or exc)
-
-
-class _Transient(Exception):
-    """A response that asks the client to try again."""
+        try:
+            self.request.finished_future.result()
+        except Exception:  # the error is recorded by done() with its status
+            if self.error is None:
+                raise SyncError(f"{self.uri}: the download failed") from None
+        if self.error is not None:
+            raise self.error

@@ -12,7 +12,16 @@ against that first read before the (atomic) completion. A file that changes whil
 being uploaded is not listed by that pass.
 
 On SIGTERM a final pass runs without the quiet period; a file modified within the quiet
-period must then stay unchanged for ``settle`` seconds around its upload to be listed.
+period must then stay unchanged for ``settle`` seconds around its upload to be listed. A
+periodic pass does the same for a file that an earlier pass deferred as recent, so a file
+that is rewritten more often than the quiet period (TensorFlow's ``checkpoint`` index) is
+not left out of every pass.
+
+SIGTERM never waits for S3: a periodic pass (or the start-up listing) still waiting on a
+request is abandoned and the final pass starts at once. Every S3 call has connect and read
+timeouts and bounded retries (``trainer.sync.s3``), and the final pass ends at ``grace``
+seconds whatever S3 does: a pass that ran out of time says so in its manifest
+(``complete: false``, ``timed_out: true``), which readers and the promote step refuse.
 """
 
 from __future__ import annotations
@@ -45,6 +54,12 @@ TEMPORARY = re.compile(r"(\.tmp|_temp|\.partial$|\.part$|~$|^\.#|\.swp$|^\.kubet
 # Extra final passes for files caught mid-write (a trainer checkpointing on its own SIGTERM);
 # bounded, so a file written without end cannot hold the pod's termination.
 FINAL_PASS_RETRIES = 3
+# seconds of the grace period kept for the final manifest after the uploads
+MANIFEST_RESERVE = 2.0
+
+
+class _Stopped(Exception):
+    """SIGTERM arrived while a periodic pass was waiting on S3."""
 
 
 def now_iso() -> str:
@@ -124,16 +139,38 @@ class Sidecar:
         self.uploaded_bytes = 0
         self.abandoned = False  # uploads still running when the grace period ended
         self.unsettled = False  # a pass found files still being written
+        self.started = False  # the run's pass numbers are known
+        self.deferred: set[tuple[str, str]] = set()  # recent files an earlier pass left for later
+        self._background = ThreadPoolExecutor(2, thread_name_prefix="s3")  # calls SIGTERM may abandon
 
     # -- start ---------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def _until_stop(self, call, deadline: float | None = None):
+        """``call()`` in a background thread; its result, unless SIGTERM (or ``deadline``) comes first.
+
+        Raises:
+            _Stopped: SIGTERM arrived (without a deadline) or the deadline passed; the call
+                goes on in the background, bounded by the S3 timeouts.
+        """
+        future = self._background.submit(call)
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise _Stopped()
+            try:
+                return future.result(timeout=0.1 if left is None else min(0.1, left))
+            except TimeoutError:
+                if deadline is None and self.stop.is_set():
+                    raise _Stopped() from None
+
+    def start(self, deadline: float | None = None) -> None:
         """Continue the run's pass numbers and adopt the files the newest manifest already has."""
-        numbers = list_passes(self.s3, self.config.run)
+        numbers = self._until_stop(lambda: list_passes(self.s3, self.config.run), deadline)
         self.next_pass = (numbers[-1] + 1) if numbers else 1
+        self.started = True
         if not numbers:
             return
-        newest = load_pass(self.s3, self.config.run, numbers[-1])
+        newest = self._until_stop(lambda: load_pass(self.s3, self.config.run, numbers[-1]), deadline)
         adopted = 0
         for f in newest.files:
             path = self.config.dirs.get(f.area, Path("/nonexistent")) / f.path
@@ -169,27 +206,43 @@ class Sidecar:
             f"checkpoint-sync: {', '.join(f'{a}={d}' for a, d in cfg.dirs.items())} -> {cfg.run} "
             f"every {cfg.interval:g}s (quiet {cfg.quiet:g}s, grace {cfg.grace:g}s)"
         )
-        try:
-            self.start()
-        except SyncError as exc:
-            log(f"checkpoint-sync: WARNING: {exc}; starting at pass {self.next_pass}")
         while not self.stop.is_set():
             try:
+                if not self.started:
+                    self.start()
                 self.run_pass(final=False)
+            except _Stopped:
+                log("checkpoint-sync: SIGTERM while waiting on S3: that pass is abandoned")
+                break
             except Exception as exc:  # the sidecar outlives any single failed pass
-                log(f"checkpoint-sync: ERROR: pass failed: {exc}")
+                log(f"checkpoint-sync: ERROR: pass {self.next_pass} failed: {exc}")
             self.stop.wait(cfg.interval)
-        log("checkpoint-sync: SIGTERM: running the final pass")
+        return self.final_pass()
+
+    def final_pass(self) -> int:
+        """The pass on SIGTERM, within ``grace`` seconds whatever S3 does; the exit status."""
+        cfg = self.config
         deadline = time.monotonic() + cfg.grace
+        log(f"checkpoint-sync: SIGTERM: final pass, {cfg.grace:g}s at most")
+        written = None
         try:
+            if not self.started:
+                self.start(deadline=deadline - MANIFEST_RESERVE)
             written = self.run_pass(final=True, deadline=deadline)
             # A trainer that checkpoints on its own SIGTERM may still be writing: go again
             # while files were caught mid-write, so its last checkpoint makes the final pass.
             for _ in range(FINAL_PASS_RETRIES):
-                if not self.unsettled or time.monotonic() + cfg.settle + 1.0 >= deadline:
+                if not self.unsettled or time.monotonic() + cfg.settle + MANIFEST_RESERVE >= deadline:
                     break
                 time.sleep(cfg.settle)
                 written = self.run_pass(final=True, deadline=deadline) or written
+        except _Stopped:
+            self.abandoned = True
+            log(
+                f"checkpoint-sync: ERROR: final pass failed: S3 did not answer within the grace period "
+                f"({cfg.grace:g}s); no final manifest"
+            )
+            return 1
         except Exception as exc:
             log(f"checkpoint-sync: ERROR: final pass failed: {exc}")
             return 1
@@ -217,12 +270,19 @@ class Sidecar:
         return found
 
     def run_pass(self, *, final: bool, deadline: float | None = None) -> PassManifest | None:
-        """One pass; returns the manifest it wrote, or None when nothing changed."""
+        """One pass; returns the manifest it wrote, or None when nothing changed.
+
+        Raises:
+            _Stopped: SIGTERM arrived during a periodic pass (its uploads are abandoned, and
+                its pass number is not used again), or the final pass's deadline passed
+                before its manifest was written.
+        """
         cfg = self.config
         started = now_iso()
+        began = time.monotonic()
         found = self.scan()
         now = time.time()
-        todo = []
+        candidates = []
         for ident, path in sorted(found.items()):
             try:
                 st = Stat.of(path)
@@ -231,21 +291,56 @@ class Sidecar:
             entry = self.entries.get(ident)
             if entry is not None and entry.stat == st:
                 continue
-            recent = now - st.mtime_ns / 1e9 < cfg.quiet
-            if recent and not final:
-                continue
-            todo.append((ident, path, recent))
-        # files that disappeared are no longer part of the set
-        for ident in [i for i in self.entries if i not in found]:
-            del self.entries[ident]
+            candidates.append((ident, path, now - st.mtime_ns / 1e9 < cfg.quiet))
+        recent = {ident for ident, _, is_recent in candidates if is_recent}
+        # A file still recent in the next pass is being rewritten faster than the quiet period
+        # (TensorFlow's `checkpoint` index is rewritten at every save): then this pass takes
+        # every recent file that holds still around its upload, so the index goes with the
+        # checkpoint files it names.
+        take_recent = final or bool(recent & self.deferred)
+        self.deferred = set() if take_recent else recent
+        todo = [c for c in candidates if take_recent or not c[2]]
+        # files that disappeared are no longer part of the set, unless this pass defers recent
+        # files: a deferred index may still name them, so the older set is kept whole (their
+        # objects stay in S3 until the run is cleaned up)
+        if not self.deferred:
+            for ident in [i for i in self.entries if i not in found]:
+                del self.entries[ident]
+        number = self.next_pass
+        if todo or final:
+            nbytes = sum(_size(path) for _, path, _ in todo)
+            log(
+                f"checkpoint-sync: {'final ' if final else ''}pass {number} started: {len(todo)} files "
+                f"({human_bytes(nbytes)}) to upload"
+            )
         errors: list[dict[str, str]] = []
         self.unsettled = False
         pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="put")
-        futures = {
-            pool.submit(self._sync_file, ident, path, recent, final): ident for ident, path, recent in todo
-        }
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic() - 1.0)
-        done, pending = wait(futures, timeout=timeout)
+        futures: dict = {}
+        batch = todo
+        # a file that changed during its upload is tried again (twice at most) in the same
+        # periodic pass; the final pass has its own, shorter, loop of passes (final_pass)
+        for _ in range(1 if final else 3):
+            round_ = {pool.submit(self._sync_file, i, p, r, final): (i, p, r) for i, p, r in batch}
+            futures.update({fut: item[0] for fut, item in round_.items()})
+            if deadline is None:
+                pending = set(round_)
+                while pending and not self.stop.is_set():
+                    _, pending = wait(pending, timeout=0.2)
+                if pending:
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    for fut in futures:  # what a cut-off upload may have replaced is listed no more
+                        self.entries.pop(futures[fut], None)
+                    self.next_pass += 1
+                    raise _Stopped()
+            else:
+                timeout = max(0.0, deadline - time.monotonic() - MANIFEST_RESERVE)
+                _, pending = wait(round_, timeout=timeout)
+            batch = [item for fut, item in round_.items() if fut not in pending and fut.exception() is None and fut.result()]
+            if pending or not batch:
+                break
+        done = {fut for fut in futures if fut.done()}
+        pending = set(futures) - done
         for fut in done:
             area, rel = futures[fut]
             exc = fut.exception()
@@ -257,20 +352,18 @@ class Sidecar:
             errors.append({"area": area, "path": rel, "error": "not uploaded before the grace period ended"})
             log(f"checkpoint-sync: ERROR: {area}/{rel} not uploaded before the grace period ended")
         pool.shutdown(wait=not pending, cancel_futures=True)
-        self.abandoned = bool(pending)
+        self.abandoned = self.abandoned or bool(pending)
         # a failed or unfinished upload may have replaced the bytes at its key: list it no more
         for fut in [*pending, *(f for f in done if f.exception() is not None)]:
             self.entries.pop(futures[fut], None)
-        if todo:
-            log(
-                f"checkpoint-sync: {'final ' if final else ''}pass: {len(todo) - len(errors)}/{len(todo)} files synced"
-            )
         files = sorted((e.file for e in self.entries.values()), key=lambda f: (f.area, f.path))
         fingerprint = self._fingerprint(errors)
         if not final and fingerprint == self.last_written:
+            if todo:
+                log(f"checkpoint-sync: pass {number}: nothing changed in S3's copy; no manifest")
             return None
         manifest = PassManifest(
-            number=self.next_pass,
+            number=number,
             final=final,
             complete=not errors,
             started_at=started,
@@ -278,26 +371,37 @@ class Sidecar:
             pod=cfg.pod,
             files=files,
             errors=errors,
+            timed_out=bool(pending),
         )
-        self._write_manifest(manifest)
+        self.next_pass += 1  # used even if the write below fails: a late write cannot clash
+        self._write_manifest(manifest, deadline)
         self.last_written = fingerprint
-        self.next_pass += 1
+        uploaded = sum(1 for f in done if f.exception() is None)
+        log(
+            f"checkpoint-sync: {'final ' if final else ''}pass {number} committed in "
+            f"{time.monotonic() - began:.1f}s: {uploaded}/{len(todo)} files uploaded, {len(files)} listed "
+            f"({human_bytes(sum(f.size for f in files))}), "
+            + ("complete" if manifest.complete else f"INCOMPLETE: {len(errors)} errors")
+            + (" (ran out of the grace period)" if pending else "")
+        )
         return manifest
 
-    def _write_manifest(self, manifest: PassManifest) -> None:
+    def _write_manifest(self, manifest: PassManifest, deadline: float | None) -> None:
         key = pass_key(self.config.run.key, manifest.number)
         body = json.dumps(manifest.to_json(), indent=1).encode()
-        self._retry(
-            lambda: self.s3.client.put_object(
-                Bucket=self.config.run.bucket, Key=key, Body=body, ContentType="application/json"
-            ),
-            f"s3://{self.config.run.bucket}/{key}",
-        )
-        state = "complete" if manifest.complete else f"INCOMPLETE ({len(manifest.errors)} errors)"
-        log(
-            f"checkpoint-sync: pass {manifest.number} committed{' (final)' if manifest.final else ''}: "
-            f"{len(manifest.files)} files, {state}"
-        )
+
+        def put() -> None:
+            self._retry(
+                lambda: self.s3.client.put_object(
+                    Bucket=self.config.run.bucket, Key=key, Body=body, ContentType="application/json"
+                ),
+                f"s3://{self.config.run.bucket}/{key}",
+            )
+
+        if deadline is None:
+            self._until_stop(put)
+        else:  # the final manifest: until the end of the grace period, not beyond
+            self._until_stop(put, deadline)
 
     def _retry(self, call, what: str):
         delay = 0.2
@@ -314,16 +418,18 @@ class Sidecar:
 
     # -- one file ------------------------------------------------------------------------
 
-    def _sync_file(self, ident: tuple[str, str], path: Path, recent: bool, final: bool) -> None:
+    def _sync_file(self, ident: tuple[str, str], path: Path, recent: bool, final: bool) -> bool:
+        """Upload one file; True when it changed while it was read or sent (then it is not listed)."""
         if self.stop.is_set() and not final:
-            return
+            return False
         try:
-            self._sync_existing(ident, path, recent, final)
+            return self._sync_existing(ident, path, recent, final)
         except FileNotFoundError:
             # deleted since the scan (trainers prune old checkpoints): no longer part of the set
             self.entries.pop(ident, None)
+            return False
 
-    def _sync_existing(self, ident: tuple[str, str], path: Path, recent: bool, final: bool) -> None:
+    def _sync_existing(self, ident: tuple[str, str], path: Path, recent: bool, final: bool) -> bool:
         area, rel = ident
         key = f"{self.config.run.key.rstrip('/')}/{area}/{rel}"
         began = time.monotonic()
@@ -337,7 +443,7 @@ class Sidecar:
                 sha = hashlib.sha256(data).hexdigest()
                 if entry is not None and entry.file.sha256 == sha:
                     self.entries[ident] = Entry(before, entry.file)  # touched, not changed
-                    return
+                    return False
                 md5 = hashlib.md5(data).hexdigest()
                 self._retry(lambda: self._put(key, data, sha, md5), f"s3://{self.config.run.bucket}/{key}")
             else:
@@ -346,7 +452,7 @@ class Sidecar:
                     raise _Changed()
                 if entry is not None and entry.file.sha256 == sha:
                     self.entries[ident] = Entry(before, entry.file)
-                    return
+                    return False
                 self._retry(
                     lambda: self._put_multipart(key, path, before.size, sha, part_md5s),
                     f"s3://{self.config.run.bucket}/{key}",
@@ -354,19 +460,21 @@ class Sidecar:
         except _Changed:
             self.unsettled = True
             log(f"checkpoint-sync: {area}/{rel} is still being written; not listed in this pass")
-            return
-        if final and recent:
-            # a file written just before SIGTERM is listed only if it then holds still
+            return True
+        if recent:
+            # a file written just before SIGTERM (or in a pass that takes recent files) is
+            # listed only if it then holds still
             time.sleep(max(0.0, self.config.settle - (time.monotonic() - began)))
         if Stat.of(path) != before:
             # the key now holds a consistent but possibly half-written snapshot: list nothing
             self.entries.pop(ident, None)
             self.unsettled = True
             log(f"checkpoint-sync: {area}/{rel} changed during its upload; not listed in this pass")
-            return
+            return True
         self.entries[ident] = Entry(before, PassFile(area, rel, key, before.size, sha))
         self.uploaded_files += 1
         self.uploaded_bytes += before.size
+        return False
 
     def _put(self, key: str, data: bytes, sha: str, md5: str) -> None:
         resp = self.s3.client.put_object(
@@ -403,6 +511,13 @@ class Sidecar:
             except Exception as exc:
                 log(f"checkpoint-sync: WARNING: could not abort the multipart upload of {key}: {exc}")
             raise
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path, follow_symlinks=False).st_size
+    except OSError:
+        return 0
 
 
 def _part_size(size: int) -> int:

@@ -1,15 +1,15 @@
 """Concurrent, verified downloads into local files.
 
-Small objects are fetched with one GET each, straight into a buffer of their exact size.
-Large objects are split into ranged GETs written in place with ``os.pwrite`` into a
-preallocated file. Every byte that is checked is hashed once, while it is in memory: ranges
-are fed to the hash of their segment in offset order (a segment is the whole object, or one
-part of a multipart upload, whose MD5s make up the ETag), so nothing is read back from disk.
+Each object is one download of the AWS Common Runtime's S3 client (``S3.get_object``), which
+fetches it in ranged GETs of 8 MiB (in parallel for a large object) and hands the body over
+in object order. Every piece is written in place with ``os.pwrite`` and, when the object is
+checked by a hash, fed to that hash while it is in memory, so nothing is read back from disk.
+A segment is the whole object, or one part of a multipart upload, whose MD5s make up the ETag.
 
 What is checked (``verify``):
 
 * always: the size, and that every response is the manifest's version of the object
-  (``If-Match`` on each request, and the ETag of each response);
+  (``If-Match`` on each request, and the ETag of the response);
 * ``auto`` (the default): the content against the store's own full-object checksum
   (``x-amz-checksum-crc64nvme``/``crc32c``/``crc32``/``sha1``/``sha256``, which S3 keeps
   for new objects) when it keeps one; otherwise the MD5 of the content against the ETag, for
@@ -30,20 +30,15 @@ import re
 import threading
 import zlib
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainer.sync.progress import Progress, log
-from trainer.sync.s3 import S3, Refused, S3RequestError, S3Uri, SyncError
+from trainer.sync.s3 import PART_SIZE, S3, Refused, S3RequestError, S3Uri, SyncError
 
 MiB = 1024 * 1024
-RANGE_SIZE = 8 * MiB  # ranges that are hashed are held whole in memory until their turn
-# ranges that are not hashed stream to the file through a small buffer, so they can be long:
-# fewer requests cost the server less (against s3rver, 64 MiB ranges instead of 8 MiB cut the
-# server's CPU for a 1 GiB object by a fifth), as long as every worker still gets a range
-MAX_STREAM_RANGE = 64 * MiB
-CHUNK_SIZE = 256 * 1024  # streamed ranges pass through a buffer this size, small enough to stay in cache
+RANGE_SIZE = PART_SIZE  # an object up to this size is one GET (with its store checksum, if any)
 DEFAULT_MD5_MAX_SIZE = 64 * MiB
 VERIFY_MODES = ("auto", "md5", "size")
 # store checksums, cheapest to compute first
@@ -168,11 +163,11 @@ class Download:
     verified_by: str = ""
     digest: str = ""  # md5 (single-part ETag) or sha256 of the whole object, when computed
     _segments: list[_Segment] = field(default_factory=list, repr=False)
-    _remaining: int = 0
     _fd: int = -1
+    _next: int = 0
+    _to_file: bool = False  # nothing to hash: the engine writes the file itself
     _etag_is_md5: bool = True
     _md5_allowed: bool = True
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def uri(self) -> S3Uri:
@@ -180,80 +175,19 @@ class Download:
 
 
 class _Segment:
-    """A hash over ``[start, start + length)`` of an object, fed in offset order.
+    """A hash over ``[start, start + length)`` of an object; the body arrives in offset order."""
 
-    Workers hand over their range and go on downloading; whichever worker finds the hash
-    idle becomes the hasher and drains every contiguous buffer, outside the lock, so that
-    hashing overlaps the downloads. At most ``window`` buffers wait out of order; a worker
-    whose range is the next one needed never waits.
-    """
-
-    def __init__(self, start: int, length: int, new_hash: Callable[[], object], window: int = 8) -> None:
+    def __init__(self, start: int, length: int, new_hash: Callable[[], object]) -> None:
         self.start, self.length = start, length
         self.hash = new_hash()
-        self.next = start
-        self.pending: dict[int, tuple[memoryview, bool, Callable[[], None] | None]] = {}
-        self.lock = threading.Lock()
-        self.hashing = False
-        self.slots = threading.Semaphore(window)
-
-    def feed(self, offset: int, data: memoryview, release: Callable[[], None] | None = None) -> None:
-        """Hash ``data`` (at ``offset``) in its turn; ``release()`` once it has been hashed."""
-        held = False
-        while True:
-            with self.lock:
-                if offset == self.next:
-                    break
-            if self.slots.acquire(timeout=0.05):
-                held = True
-                break
-        with self.lock:
-            self.pending[offset] = (data, held, release)
-            if self.hashing:
-                return
-            self.hashing = True
-        while True:
-            with self.lock:
-                item = self.pending.pop(self.next, None)
-                if item is None:
-                    self.hashing = False
-                    return
-            chunk, chunk_held, chunk_release = item
-            self.hash.update(chunk)
-            with self.lock:
-                self.next += len(chunk)
-            if chunk_held:
-                self.slots.release()
-            if chunk_release is not None:
-                chunk_release()
-
-
-class _Buffers:
-    """Range buffers used again and again: a fresh 8 MiB buffer costs a page fault per 4 KiB
-    and a zero fill, a tenth of the CPU of the whole download."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.free: list[bytearray] = []
-        self.lock = threading.Lock()
-
-    def get(self) -> bytearray:
-        with self.lock:
-            if self.free:
-                return self.free.pop()
-        return bytearray(self.size)
-
-    def put(self, buf: bytearray) -> None:
-        with self.lock:
-            self.free.append(buf)
 
 
 class Downloader:
-    """Fetch many objects with a pool of threads; the first failure stops the rest.
+    """Fetch many objects, ``workers`` at a time; the first failure stops the rest.
 
     Args:
         s3: the S3 access object.
-        workers: concurrent requests.
+        workers: objects in flight at once (the engine adds ranged GETs within large ones).
         progress: counts objects and bytes.
         verify: ``auto``, ``md5`` or ``size`` (see the module docstring); a sha256 given by
             the caller is always checked.
@@ -280,9 +214,6 @@ class Downloader:
         self.verify = verify
         self.part_size = part_size
         self.md5_max_size = md5_max_size
-        self._buffers = _Buffers(RANGE_SIZE)
-        self._chunks = _Buffers(CHUNK_SIZE)
-        self._failed = threading.Event()
         self._made_dirs: set[Path] = set()
 
     def run(self, items: list[Download]) -> None:
@@ -291,53 +222,79 @@ class Downloader:
         Raises:
             SyncError: naming the object or file that failed.
         """
-        with ThreadPoolExecutor(self.workers, thread_name_prefix="get") as pool:
-            futures = []
-            try:
-                for d in items:
-                    d._md5_allowed = self.verify == "md5" or (
-                        self.verify == "auto" and d.size <= self.md5_max_size
-                    )
-                if self.verify == "auto":
-                    # objects fetched in ranges: the store's checksum comes from a HEAD
-                    ranged = [d for d in items if d.etag and not d.sha256 and d.size > RANGE_SIZE]
-                    for d, checksum in zip(ranged, pool.map(self._store_checksum, ranged), strict=True):
-                        d.checksum = checksum
-                multipart = [
-                    d
-                    for d in items
-                    if d.etag
-                    and _MULTI.fullmatch(strip_etag(d.etag))
-                    and d._md5_allowed
-                    and not d.checksum
-                    and self.verify != "size"
-                ]
-                for d, part_size in zip(multipart, pool.map(self._part_size, multipart), strict=True):
-                    d.part_size, d.part_size_known = part_size
-                for d in items:
-                    for task in self._plan(d):
-                        futures.append(pool.submit(self._guard, task))
-                done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-                errors = [f.exception() for f in done if f.exception() is not None]
-                if errors:
-                    self._failed.set()
-                    wait(futures)
-                    raise errors[0]
-            except BaseException:
-                self._failed.set()
-                for d in items:
-                    if d._fd >= 0:
-                        os.close(d._fd)
-                        d._fd = -1
-                for d in items:
-                    d.dest.unlink(missing_ok=True)
-                raise
+        slots = threading.Semaphore(self.workers)
+        running: list[tuple[Download, object]] = []
+        failed: list[BaseException] = []
+        try:
+            for d in items:
+                d._md5_allowed = self.verify == "md5" or (self.verify == "auto" and d.size <= self.md5_max_size)
+            self._plan_ranged(items)
+            for d in items:
+                while not slots.acquire(timeout=0.5):
+                    # a failure elsewhere stops the queue
+                    failed.extend(e for e in self._reap(running, slots, block=False) if e)
+                    if failed:
+                        raise failed[0]
+                self._plan(d)
+                handle = self._start(d, slots) if d.size else _EmptyObject(self, d, slots)
+                running.append((d, handle))
+                failed.extend(e for e in self._reap(running, slots, block=False) if e)
+                if failed:
+                    raise failed[0]
+            failed.extend(e for e in self._reap(running, slots, block=True) if e)
+            if failed:
+                raise failed[0]
+        except BaseException:
+            for _, handle in running:
+                handle.cancel()
+            for _, handle in running:
+                try:
+                    handle.wait()
+                except BaseException:  # noqa: BLE001 - the first failure is the one raised
+                    pass
+            for d in items:
+                if d._fd >= 0:
+                    os.close(d._fd)
+                    d._fd = -1
+                d.dest.unlink(missing_ok=True)
+            raise
 
-    def _guard(self, task: Callable[[], None]) -> None:
-        if not self._failed.is_set():
-            task()
+    def _reap(self, running: list, slots: threading.Semaphore, *, block: bool) -> list[BaseException | None]:
+        """Finish the downloads that are done (all of them with ``block``); their errors."""
+        errors: list[BaseException | None] = []
+        keep = []
+        for d, handle in running:
+            if not block and not handle.request.finished_future.done():
+                keep.append((d, handle))
+                continue
+            try:
+                self._finish(d, handle)
+                errors.append(None)
+            except BaseException as exc:  # noqa: BLE001 - the caller raises the first one
+                errors.append(exc)
+        running[:] = keep
+        return errors
 
     # -- planning ------------------------------------------------------------------------
+
+    def _plan_ranged(self, items: list[Download]) -> None:
+        """HEADs that objects fetched in several ranges need: their store checksum, or their part size."""
+        with ThreadPoolExecutor(min(self.workers, 16), thread_name_prefix="head") as pool:
+            if self.verify == "auto":
+                ranged = [d for d in items if d.etag and not d.sha256 and d.size > RANGE_SIZE]
+                for d, checksum in zip(ranged, pool.map(self._store_checksum, ranged), strict=True):
+                    d.checksum = checksum
+            multipart = [
+                d
+                for d in items
+                if d.etag
+                and _MULTI.fullmatch(strip_etag(d.etag))
+                and d._md5_allowed
+                and not d.checksum
+                and self.verify != "size"
+            ]
+            for d, part_size in zip(multipart, pool.map(self._part_size, multipart), strict=True):
+                d.part_size, d.part_size_known = part_size
 
     def _part_size(self, d: Download) -> tuple[int, bool]:
         """Ask S3 for part 1's length; fall back to inferring it from size and part count."""
@@ -354,79 +311,6 @@ class Downloader:
             log(f"part size of {d.uri} not available from the server ({type(exc).__name__}); inferring it")
         return infer_part_size(d.size, parts), False
 
-    def _plan(self, d: Download) -> list[Callable[[], None]]:
-        etag = strip_etag(d.etag) if d.etag else ""
-        multi = _MULTI.fullmatch(etag)
-        new_hash: Callable[[], object] | None = None
-        if d.sha256:
-            d.verified_by = "size+sha256"
-            new_hash = checksum_factory("sha256")
-        elif self.verify == "size":
-            d.verified_by = "size"
-        elif d.checksum:
-            d.verified_by = f"size+etag+{d.checksum[0]}(store)"
-            new_hash = checksum_factory(d.checksum[0])
-        elif not d._md5_allowed:
-            d.verified_by = f"size+etag (no store checksum; no MD5 above {self.md5_max_size:,} bytes)"
-        elif _SINGLE.fullmatch(etag):
-            d.verified_by = "size+md5(etag)"
-            new_hash = hashlib.md5
-        elif multi and d.part_size:
-            how = "known" if d.part_size_known else "inferred"
-            d.verified_by = f"size+multipart-md5(etag, {how} part size {d.part_size})"
-            new_hash = hashlib.md5
-        else:
-            d.verified_by = "size+etag" if etag else "size"
-        md5_parts = multi and d.part_size and new_hash is hashlib.md5
-        if md5_parts:
-            bounds = [(s, min(d.part_size, d.size - s)) for s in range(0, d.size, d.part_size)] or [(0, 0)]
-        else:
-            bounds = [(0, d.size)]
-        d._segments = [_Segment(s, n, new_hash) for s, n in bounds] if new_hash else []
-        step = RANGE_SIZE if new_hash else self._stream_range(d.size)
-        ranges = [(s + o, min(step, n - o)) for s, n in bounds for o in range(0, max(n, 1), step)]
-        if d.dest.parent not in self._made_dirs:
-            d.dest.parent.mkdir(parents=True, exist_ok=True)
-            self._made_dirs.add(d.dest.parent)
-        if len(ranges) == 1 and d.size <= RANGE_SIZE:  # a larger one streams, even as one range
-            d._remaining = 1
-            return [lambda: self._whole(d)]
-        d._remaining = len(ranges)
-        d._fd = _open_for_write(d.dest)
-        try:
-            os.posix_fallocate(d._fd, 0, d.size)
-        except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-                raise _write_error(d.dest, exc, d.size) from exc
-            os.ftruncate(d._fd, d.size)
-        return [lambda s=s, n=n: self._range(d, s, n) for s, n in ranges]
-
-    def _stream_range(self, size: int) -> int:
-        """Range length for an object that is not hashed: one range per worker, whole MiB,
-        between ``RANGE_SIZE`` and ``MAX_STREAM_RANGE``."""
-        share = -(-size // self.workers)
-        return min(MAX_STREAM_RANGE, max(RANGE_SIZE, -(-share // MiB) * MiB))
-
-    # -- work ----------------------------------------------------------------------------
-
-    def _headers(self, d: Download, *, whole: bool) -> Callable:
-        def check(resp) -> None:
-            # a server that ignores If-Match still names the version it sends
-            sent = resp.getheader("etag")
-            if sent and d.etag and strip_etag(sent) != strip_etag(d.etag):
-                raise Refused(
-                    f"{d.uri}: ETag mismatch: the server sent ETag {sent}, the manifest says {d.etag} "
-                    f"(the object changed since the manifest was written); refused"
-                )
-            # with SSE-KMS or SSE-C, S3's ETag is not the MD5 of the content
-            sse = resp.getheader("x-amz-server-side-encryption", "")
-            if sse.startswith("aws:kms") or resp.getheader("x-amz-server-side-encryption-customer-algorithm"):
-                d._etag_is_md5 = False
-            if whole and self.verify == "auto" and not d.sha256:
-                d.checksum = store_checksum({k.lower(): v for k, v in resp.getheaders()})
-
-        return check
-
     def _store_checksum(self, d: Download) -> tuple[str, str] | None:
         """The store's full-object checksum of a ranged object, from a HEAD (None if it keeps none)."""
         try:
@@ -441,94 +325,123 @@ class Downloader:
             )
         return store_checksum(head)
 
-    def _whole(self, d: Download) -> None:
-        buf = bytearray(d.size)
-        view = memoryview(buf)
-        self._get(d, view, 0, whole=True)
-        if d.checksum:  # the store keeps a checksum: it replaces the MD5
-            d._segments = [_Segment(0, d.size, checksum_factory(d.checksum[0]))]
+    def _hash_for(self, d: Download) -> Callable[[], object] | None:
+        etag = strip_etag(d.etag) if d.etag else ""
+        if d.sha256:
+            d.verified_by = "size+sha256"
+            return checksum_factory("sha256")
+        if self.verify == "size":
+            d.verified_by = "size"
+            return None
+        if d.checksum:
             d.verified_by = f"size+etag+{d.checksum[0]}(store)"
-        if d._segments:
-            d._segments[0].feed(0, view)
-        try:
-            fd = _open_for_write(d.dest)
-            try:
-                _pwrite_all(fd, view, 0)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise _write_error(d.dest, exc, d.size) from exc
-        self.progress.add(nbytes=d.size)
-        self._finish(d)
+            return checksum_factory(d.checksum[0])
+        if not d._md5_allowed:
+            d.verified_by = f"size+etag (no store checksum; no MD5 above {self.md5_max_size:,} bytes)"
+            return None
+        if _SINGLE.fullmatch(etag):
+            d.verified_by = "size+md5(etag)"
+            return hashlib.md5
+        if _MULTI.fullmatch(etag) and d.part_size:
+            how = "known" if d.part_size_known else "inferred"
+            d.verified_by = f"size+multipart-md5(etag, {how} part size {d.part_size})"
+            return hashlib.md5
+        d.verified_by = "size+etag" if etag else "size"
+        return None
 
-    def _range(self, d: Download, start: int, length: int) -> None:
-        if not d._segments:
-            self._stream(d, start, length)
+    def _plan(self, d: Download) -> None:
+        new_hash = self._hash_for(d)
+        multi = d.etag and _MULTI.fullmatch(strip_etag(d.etag))
+        if multi and d.part_size and new_hash is hashlib.md5:
+            bounds = [(s, min(d.part_size, d.size - s)) for s in range(0, d.size, d.part_size)] or [(0, 0)]
         else:
-            self._hashed_range(d, start, length)
-        self.progress.add(nbytes=length)
-        with d._lock:
-            d._remaining -= 1
-            last = d._remaining == 0
-        if last:
-            os.close(d._fd)
-            d._fd = -1
-            self._finish(d)
+            bounds = [(0, d.size)]
+        d._segments = [_Segment(s, n, new_hash) for s, n in bounds] if new_hash else []
+        if d.dest.parent not in self._made_dirs:
+            d.dest.parent.mkdir(parents=True, exist_ok=True)
+            self._made_dirs.add(d.dest.parent)
+        d._next = 0
+        d._to_file = not d._segments and d.size > RANGE_SIZE
+        if not d._to_file:
+            d._fd = _open_for_write(d.dest)
 
-    def _stream(self, d: Download, start: int, length: int) -> None:
-        """A range that is not hashed: each chunk goes to the file as soon as it arrives."""
-        scratch = self._chunks.get()
+    # -- work ----------------------------------------------------------------------------
 
-        def sink(offset: int, chunk: memoryview) -> None:
+    def _start(self, d: Download, slots: threading.Semaphore):
+        def on_headers(status: int, headers: dict[str, str]) -> None:
+            # a server that ignores If-Match still names the version it sends
+            sent = headers.get("etag")
+            if sent and d.etag and strip_etag(sent) != strip_etag(d.etag):
+                raise Refused(
+                    f"{d.uri}: ETag mismatch: the server sent ETag {sent}, the manifest says {d.etag} "
+                    f"(the object changed since the manifest was written); refused"
+                )
+            total = _object_size(headers)
+            if total is not None and total != d.size:
+                raise Refused(
+                    f"{d.uri}: the server has {total} bytes where the manifest says {d.size} "
+                    f"(object size differs from the manifest); refused"
+                )
+            # with SSE-KMS or SSE-C, S3's ETag is not the MD5 of the content
+            sse = headers.get("x-amz-server-side-encryption", "")
+            if sse.startswith("aws:kms") or headers.get("x-amz-server-side-encryption-customer-algorithm"):
+                d._etag_is_md5 = False
+            if whole and self.verify == "auto" and not d.sha256 and not d.checksum:
+                checksum = store_checksum(headers)
+                if checksum:  # the store keeps a checksum: it replaces the MD5
+                    d.checksum = checksum
+                    d._segments = [_Segment(0, d.size, checksum_factory(checksum[0]))]
+                    d.verified_by = f"size+etag+{checksum[0]}(store)"
+
+        def on_body(chunk: memoryview, offset: int) -> None:
+            if offset != d._next or offset + len(chunk) > d.size:
+                raise SyncError(f"{d.uri}: body piece at offset {offset} out of order or past the size {d.size}")
             try:
                 _pwrite_all(d._fd, chunk, offset)
             except OSError as exc:
                 raise _write_error(d.dest, exc, d.size) from exc
+            for seg in d._segments:
+                lo, hi = max(seg.start, offset), min(seg.start + seg.length, offset + len(chunk))
+                if lo < hi:
+                    seg.hash.update(chunk[lo - offset : hi - offset])
+            d._next = offset + len(chunk)
+            self.progress.add(nbytes=len(chunk))
 
-        self._get(d, memoryview(scratch), start, whole=False, length=length, sink=sink)
-        self._chunks.put(scratch)
+        def on_progress(nbytes: int) -> None:
+            d._next += nbytes
+            self.progress.add(nbytes=nbytes)
 
-    def _hashed_range(self, d: Download, start: int, length: int) -> None:
-        """A range held whole until the hash of its segment takes it, in offset order."""
-        buf = self._buffers.get()
-        view = memoryview(buf)[:length]
-        self._get(d, view, start, whole=False)
+        whole = d.size <= RANGE_SIZE
+        handle = self.s3.get_object(
+            d.bucket,
+            d.key,
+            if_match=d.etag or None,
+            checksum_mode=whole and self.verify == "auto" and not d.sha256,
+            on_headers=on_headers,
+            on_body=None if d._to_file else on_body,
+            to_file=str(d.dest) if d._to_file else None,
+            on_progress=on_progress if d._to_file else None,
+        )
+        handle.request.finished_future.add_done_callback(lambda _f: slots.release())
+        return handle
+
+    def _finish(self, d: Download, handle) -> None:
         try:
-            _pwrite_all(d._fd, view, start)
-        except OSError as exc:
-            raise _write_error(d.dest, exc, d.size) from exc
-        for seg in d._segments:
-            if seg.start <= start < seg.start + seg.length:
-                seg.feed(start, view, release=lambda: self._buffers.put(buf))
-                break
-
-    def _get(
-        self,
-        d: Download,
-        view: memoryview,
-        start: int,
-        *,
-        whole: bool,
-        length: int | None = None,
-        sink: Callable[[int, memoryview], None] | None = None,
-    ) -> None:
-        try:
-            self.s3.get_range(
-                d.bucket,
-                d.key,
-                view,
-                start,
-                if_match=d.etag if d.etag else None,
-                whole=whole,
-                checksum_mode=whole and self.verify == "auto" and not d.sha256,
-                on_headers=self._headers(d, whole=whole) if d.etag else None,
-                length=length,
-                sink=sink,
-            )
+            handle.wait()
         except S3RequestError as exc:
-            if exc.status == 200 and not whole:
-                raise SyncError(f"{d.uri} is shorter than the manifest's size {d.size}") from exc
             raise self._explain(d, exc) from exc
+        finally:
+            if d._fd >= 0:
+                os.close(d._fd)
+                d._fd = -1
+        if d._to_file:
+            try:
+                d._next = d.dest.stat().st_size
+            except OSError as exc:
+                raise _write_error(d.dest, exc, d.size) from exc
+        if d._next != d.size:
+            raise SyncError(f"{d.uri} is shorter than the manifest's size {d.size}: {d._next} bytes arrived")
+        self._check(d)
 
     def _explain(self, d: Download, exc: S3RequestError) -> Exception:
         if exc.status == 404:
@@ -542,7 +455,7 @@ class Downloader:
             return SyncError(f"{d.uri} is shorter than the manifest's size {d.size}")
         return exc
 
-    def _finish(self, d: Download) -> None:
+    def _check(self, d: Download) -> None:
         if d.checksum and d._segments:
             algorithm, want = d.checksum
             got = base64.b64encode(d._segments[0].hash.digest()).decode()
@@ -581,6 +494,54 @@ class Downloader:
                     f'{d.uri}: ETag mismatch: content hashes to "{got}", expected {d.etag}{hint}; refused'
                 )
         self.progress.add(objects=1)
+
+
+class _EmptyObject:
+    """An empty object: one GET through botocore (a ranged GET, as the CRT sends, gets 416 from S3)."""
+
+    def __init__(self, downloader: Downloader, d: Download, slots: threading.Semaphore) -> None:
+        from concurrent.futures import Future
+
+        self.request = type("Done", (), {"finished_future": Future()})()
+        self.error: BaseException | None = None
+        try:
+            s3 = downloader.s3
+            if s3.small_calls_on_crt:
+                _, headers, data = s3._crt_call("GET", d.bucket, d.key, [("if-match", d.etag)] if d.etag else [])
+                sent = headers.get("etag")
+            else:
+                kwargs = {"Bucket": d.bucket, "Key": d.key, **({"IfMatch": d.etag} if d.etag else {})}
+                resp = s3.client.get_object(**kwargs)
+                data, sent = resp["Body"].read(), resp.get("ETag")
+            if sent and d.etag and strip_etag(sent) != strip_etag(d.etag):
+                raise Refused(f"{d.uri}: ETag mismatch: the server sent ETag {sent}, the manifest says {d.etag}; refused")
+            if data:
+                raise Refused(f"{d.uri}: the server has {len(data)} bytes where the manifest says 0; refused")
+            for seg in d._segments:
+                seg.hash.update(b"")
+        except Exception as exc:  # noqa: BLE001 - raised by wait()
+            from trainer.sync.s3 import client_error
+
+            self.error = exc if isinstance(exc, SyncError) else client_error(d.uri, exc)
+        self.request.finished_future.set_result(None)
+        slots.release()
+
+    def cancel(self) -> None:
+        pass
+
+    def wait(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+def _object_size(headers: dict[str, str]) -> int | None:
+    """The whole object's size from a response: the total of a Content-Range, else the Content-Length."""
+    content_range = headers.get("content-range", "")
+    if "/" in content_range:
+        total = content_range.rpartition("/")[2]
+        return int(total) if total.isdigit() else None
+    length = headers.get("content-length", "")
+    return int(length) if length.isdigit() else None
 
 
 def _open_for_write(path: Path) -> int:

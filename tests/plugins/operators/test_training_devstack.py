@@ -19,7 +19,6 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import TaskDeferred
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
-from include.demo import publish_dev_images
 from include.devstack.stack import NAMESPACE
 from kubetrain.operators.promote import PromoteModelOperator
 from kubetrain.operators.report import ReportOperator
@@ -53,12 +52,11 @@ class TaskInstance:
         self.xcom[key] = value
 
 
-@pytest.mark.timeout(180)
-def test_stage_train_report_promote_on_the_dev_stack(devstack, monkeypatch):
+def test_stage_train_report_promote_on_the_dev_stack(devstack, stack_images, monkeypatch):
     env = devstack.env()
     for name in ("AIRFLOW_CONN_AWS_DEFAULT", "KUBETRAIN_REGISTRY", "AIRFLOW_CONN_KUBETRAIN_REGISTRY_DEFAULT"):
         monkeypatch.setenv(name, env[name])
-    images = publish_dev_images(env)
+    images = {image.repository: image.digest for image in stack_images.values()}
     # In-process, the kubeconfig goes by the connection: the kubernetes client read $KUBECONFIG
     # when it was imported, before this test could set it.
     monkeypatch.delenv("KUBECONFIG", raising=False)
@@ -90,7 +88,7 @@ def test_stage_train_report_promote_on_the_dev_stack(devstack, monkeypatch):
     with DAG(f"devstack_{uuid.uuid4().hex[:8]}", schedule=None) as dag:
         train = TrainingPodOperator(
             task_id="train",
-            image=f"{env['KUBETRAIN_REGISTRY']}/kubetrain/trainer:latest",
+            image=env["KUBETRAIN_TRAINER_IMAGE"],
             sync_image=f"{env['KUBETRAIN_REGISTRY']}/kubetrain/sync:latest",
             cmds=["python", "-c", TRAIN_SCRIPT],
             dataset_manifest=staged["manifest_uri"],

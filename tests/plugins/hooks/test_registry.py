@@ -1,0 +1,108 @@
+"""RegistryHook: connection parsing, precedence of arguments over extras, contradictions, auth files."""
+
+from __future__ import annotations
+
+import base64
+import json
+import stat
+
+import pytest
+
+from kubetrain.hooks.registry import RegistryHook
+from tests.plugins.imagebuild.support import start_registry
+
+
+def set_conn(monkeypatch, conn_id: str, **conn) -> str:
+    conn.setdefault("conn_type", "kubetrain_registry")
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(conn))
+    return conn_id
+
+
+@pytest.mark.parametrize(
+    ("conn", "hook_args", "expected"),
+    [
+        ({"host": "registry.example.com"}, {}, ("registry.example.com", False, True, None)),
+        ({"host": "127.0.0.1", "port": 5000, "extra": {"insecure": True}}, {}, ("127.0.0.1:5000", True, True, None)),
+        ({"host": "http://reg.local:5000"}, {}, ("reg.local:5000", True, True, None)),
+        ({"host": "https://reg.example.com/"}, {}, ("reg.example.com", False, True, None)),
+        ({"host": "reg.example.com", "extra": {"insecure": "true"}}, {"insecure": False},
+         ("reg.example.com", False, True, None)),
+        ({"host": "reg.example.com", "extra": {"tls_verify": "false"}}, {}, ("reg.example.com", False, False, None)),
+        ({"host": "reg.example.com", "extra": {"tls_verify": False}}, {"tls_verify": True},
+         ("reg.example.com", False, True, None)),
+        ({"conn_type": "docker", "host": "ghcr.io", "login": "bot", "password": "pat"}, {},
+         ("ghcr.io", False, True, None)),
+    ],
+)  # fmt: skip
+def test_settings(monkeypatch, conn, hook_args, expected):
+    hook = RegistryHook(set_conn(monkeypatch, "reg_case", **conn), **hook_args)
+    s = hook.settings
+    assert (s.registry, s.insecure, s.tls_verify, s.ca_bundle) == expected
+
+
+def test_explicit_token_beats_extra_and_never_shows_in_repr(monkeypatch):
+    hook = RegistryHook(set_conn(monkeypatch, "reg_tok", host="r.example.com", extra={"token": "from-extra"}),
+                        token="from-arg")  # fmt: skip
+    assert hook.settings.token == "from-arg"
+    assert "from-arg" not in repr(hook.settings)
+    assert hook.docker_config() == {"auths": {"r.example.com": {"registrytoken": "from-arg"}}}
+
+
+@pytest.mark.parametrize(
+    ("conn", "hook_args", "message"),
+    [
+        ({"host": "r.example.com", "extra": {"insecure": True, "ca_bundle": "/etc/ssl/ca.pem"}}, {},
+         r"insecure=True \(plain HTTP\) cannot be combined with ca_bundle='/etc/ssl/ca.pem'"),
+        ({"host": "r.example.com", "extra": {"ca_bundle": "/etc/ssl/ca.pem"}}, {"tls_verify": False},
+         "tls_verify=False cannot be combined with ca_bundle='/etc/ssl/ca.pem'"),
+        ({"host": "r.example.com", "password": "p", "login": "u", "extra": {"token": "t"}}, {},
+         "token cannot be combined with a password"),
+        ({"host": "https://r.example.com"}, {"insecure": True},
+         "host 'https://r.example.com' says HTTPS but the insecure argument says insecure=True"),
+        ({"host": "http://r.example.com", "extra": {"insecure": False}}, {},
+         "host 'http://r.example.com' says HTTP but the insecure extra says insecure=False"),
+        ({"host": "r.example.com", "extra": {"insecure": "maybe"}}, {}, "invalid insecure 'maybe': expected true or false"),
+        ({"host": ""}, {}, "connection 'reg_bad' has no host"),
+        ({"host": "r.example.com", "extra": {"ca_bundle": "/nonexistent/ca.pem"}}, {},
+         "ca_bundle '/nonexistent/ca.pem' does not exist"),
+        ({"host": "r.example.com", "extra": {"timeout": -1}}, {}, "invalid timeout -1.0"),
+    ],
+)  # fmt: skip
+def test_contradictions_fail_loudly(monkeypatch, conn, hook_args, message):
+    hook = RegistryHook(set_conn(monkeypatch, "reg_bad", **conn), **hook_args)
+    with pytest.raises(ValueError, match=message):
+        hook.settings  # noqa: B018
+
+
+def test_ca_bundle_is_used_for_verification(monkeypatch, tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    hook = RegistryHook(set_conn(monkeypatch, "reg_ca", host="r.example.com", extra={"ca_bundle": str(ca)}))
+    assert hook.settings.verify == str(ca)
+    assert hook.get_conn().base_url == "https://r.example.com"
+
+
+def test_authfile_is_private_and_holds_basic_auth(monkeypatch, tmp_path):
+    hook = RegistryHook(set_conn(monkeypatch, "reg_auth", host="127.0.0.1", port=5000, login="ci", password="pw"))
+    path = hook.write_authfile(tmp_path / "auth" / "auth.json")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    auth = json.loads(path.read_text())["auths"]["127.0.0.1:5000"]["auth"]
+    assert base64.b64decode(auth).decode() == "ci:pw"
+
+
+def test_authfile_refuses_a_token(monkeypatch, tmp_path):
+    hook = RegistryHook(set_conn(monkeypatch, "reg_t", host="r.example.com", extra={"token": "t"}))
+    with pytest.raises(ValueError, match="buildah needs a login and password"):
+        hook.write_authfile(tmp_path / "auth.json")
+
+
+def test_test_connection_against_htpasswd_registry(monkeypatch, tmp_path):
+    reg = start_registry(tmp_path / "reg", users={"ci": "good"})
+    try:
+        base = {"host": "127.0.0.1", "port": reg.port, "login": "ci", "extra": {"insecure": True}}
+        ok, message = RegistryHook(set_conn(monkeypatch, "reg_live", password="good", **base)).test_connection()
+        assert ok, message
+        ok, message = RegistryHook(set_conn(monkeypatch, "reg_live", password="bad", **base)).test_connection()
+        assert not ok and "refused the credentials of user 'ci'" in message and "bad" not in message
+    finally:
+        reg.stop()

@@ -1,0 +1,82 @@
+"""The classifier network, its per-batch sums for the training loop, and the confusion matrix."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from trainer.common.contract import UsageError
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
+
+    from trainer.image_classifier.config import ClassifierConfig
+
+log = logging.getLogger("kubetrain.trainer")
+
+
+def build_model(config: ClassifierConfig, num_classes: int) -> keras.Model:
+    """The classifier: pixel values 0-255 in, class probabilities out."""
+    import keras
+
+    size, channels = config.image_size, config.channels
+    inputs = keras.Input((size, size, channels), name="image")
+    if config.model == "cnn":
+        x = keras.layers.Rescaling(1.0 / 255.0)(inputs)
+        for block in range(3):
+            x = keras.layers.Conv2D(config.filters * 2**block, 3, padding="same", use_bias=False)(x)
+            # Momentum 0.9 rather than 0.99: short runs must still end with usable
+            # moving statistics for inference.
+            x = keras.layers.BatchNormalization(momentum=0.9)(x)
+            x = keras.layers.ReLU()(x)
+            x = keras.layers.MaxPooling2D()(x) if block < 2 else keras.layers.GlobalAveragePooling2D()(x)
+    else:
+        x = keras.layers.Rescaling(1.0 / 127.5, offset=-1.0)(inputs)  # MobileNetV2 expects [-1, 1]
+        if config.weights:
+            log.info("MobileNetV2 starts from the local weights file %s", config.weights)
+        else:
+            log.info("no --weights given: MobileNetV2 starts from random weights (weights are never downloaded)")
+        try:
+            base = keras.applications.MobileNetV2(input_shape=(size, size, 3), include_top=False,
+                                                  weights=config.weights, alpha=config.alpha, pooling="avg")
+        except (ValueError, OSError) as exc:
+            raise UsageError(f"--weights {config.weights!r} cannot be loaded into MobileNetV2 "
+                             f"(alpha {config.alpha}, include_top=False): {exc}") from exc
+        frozen = bool(config.weights) and config.freeze_base
+        base.trainable = not frozen
+        # A frozen base runs its batch-norm layers in inference mode, keeping the loaded statistics.
+        x = base(x, training=False) if frozen else base(x)
+    x = keras.layers.Dropout(config.dropout, seed=config.seed)(x)
+    outputs = keras.layers.Dense(num_classes, activation="softmax", dtype="float32", name="probabilities")(x)
+    return keras.Model(inputs, outputs, name=f"{config.model}_classifier")
+
+
+def classification_sums(model: keras.Model, batch: Any, training: bool) -> dict[str, tf.Tensor]:
+    """Per-replica loss and accuracy sums for a batch of (images, labels)."""
+    import keras
+    import tensorflow as tf
+
+    images, labels = batch
+    probs = model(images, training=training)
+    losses = keras.losses.sparse_categorical_crossentropy(labels, probs)
+    predicted = tf.argmax(probs, axis=-1, output_type=labels.dtype)
+    n = tf.cast(tf.shape(labels)[0], tf.float32)
+    return {
+        "loss_sum": tf.reduce_sum(tf.cast(losses, tf.float32)),
+        "examples": n,
+        "correct": tf.reduce_sum(tf.cast(tf.equal(predicted, labels), tf.float32)),
+        "count": n,
+    }
+
+
+def confusion_matrix(model: keras.Model, dataset: tf.data.Dataset, num_classes: int) -> list[list[int]]:
+    """Counts of (true class, predicted class) over ``dataset``."""
+    import numpy as np
+    import tensorflow as tf
+
+    predict = tf.function(lambda x: tf.argmax(model(x, training=False), axis=-1, output_type=tf.int32))
+    matrix = np.zeros((num_classes, num_classes), dtype=np.int64)
+    for images, labels in dataset:
+        np.add.at(matrix, (labels.numpy(), predict(images).numpy()), 1)
+    return matrix.tolist()

@@ -1,0 +1,132 @@
+"""Image classifier trainer: ``python -m trainer.image_classifier``.
+
+Reads a directory of class folders from DATA_DIR (the extracted dataset; one top-level
+folder holding the class folders is detected and entered), skips and counts files that
+are not readable images, splits the rest into seeded, stratified training and validation
+sets, and trains a small CNN or a MobileNetV2 (``--model mobilenet_v2``) with a cached,
+prefetched tf.data pipeline. Writes the pod contract's outputs to OUTPUT_DIR, plus
+confusion_matrix.json (rows: true class, columns: predicted class, on the validation set).
+
+Transfer learning uses MobileNetV2 weights only from a local file (``--weights PATH``);
+nothing is ever downloaded, and without the flag the network starts from random weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from trainer.common import cli
+from trainer.common.config import parse_config
+from trainer.common.contract import (
+    DataError,
+    RunInfo,
+    check_data_dir,
+    prepare_dir,
+    write_json_atomic,
+    write_params,
+)
+from trainer.common.signals import StopRequest
+from trainer.image_classifier.config import ClassifierConfig
+from trainer.image_classifier.data import ImagePipeline, scan_image_folder, split_files
+from trainer.image_classifier.model import build_model, classification_sums, confusion_matrix
+
+log = logging.getLogger("kubetrain.trainer")
+
+TRAINER = "image_classifier"
+
+
+def train(config: ClassifierConfig, stop: StopRequest) -> None:
+    """Run the whole training job described by ``config``."""
+    data_dir = check_data_dir(config.data_dir)
+    prepare_dir(config.checkpoint_dir, "CHECKPOINT_DIR")
+    output_dir = prepare_dir(config.output_dir, "OUTPUT_DIR")
+    folder = scan_image_folder(data_dir, config.verify_workers)
+    train_files, val_files = split_files(folder.files, config.validation_split, config.seed)
+    if not val_files:
+        raise DataError("the validation split is empty: every class has a single image")
+    if len(train_files) < config.batch_size:
+        raise DataError(f"{len(train_files)} training images are fewer than --batch-size {config.batch_size}; "
+                        "lower --batch-size or add images")
+    log.info("split: %d training and %d validation images (seed %d)", len(train_files), len(val_files), config.seed)
+    run = RunInfo.from_env()
+    write_params(output_dir, TRAINER, config.hyperparameters(), run, classes=folder.class_names)
+
+    import keras  # noqa: F401  (imported here: TensorFlow loads only once the flags and data are fine)
+
+    from trainer.common.export import export_saved_model, save_keras_model
+    from trainer.common.loop import TrainingLoop, metrics_document
+    from trainer.common.runtime import configure
+
+    runtime = configure(config)
+    pipeline = ImagePipeline(train_files, val_files, config)
+    with runtime.strategy.scope():
+        model = build_model(config, len(folder.class_names))
+        optimizer = keras.optimizers.Adam(config.learning_rate)
+
+    def check_resume(extra: dict[str, Any]) -> None:
+        saved = extra.get("classes")
+        if saved is not None and saved != folder.class_names:
+            raise DataError(f"the checkpoint in CHECKPOINT_DIR was trained on classes {saved} but DATA_DIR now "
+                            f"holds {folder.class_names}; use an empty --checkpoint-dir for a new run")
+
+    loop = TrainingLoop(
+        trainer=TRAINER, config=config, runtime=runtime, model=model, optimizer=optimizer,
+        compute_fn=classification_sums, train_dataset_fn=pipeline.train_dataset,
+        val_dataset=pipeline.val_dataset(), steps_per_epoch=len(train_files) // config.batch_size,
+        global_batch_size=config.batch_size, stop=stop, extra_state={"classes": folder.class_names},
+        check_resume=check_resume, dataset_version=run.dataset_version,
+    )
+    result = loop.run(history_path=output_dir / "history.csv")
+
+    write_json_atomic(output_dir / "confusion_matrix.json", {
+        "classes": folder.class_names,
+        "matrix": confusion_matrix(model, pipeline.val_dataset(), len(folder.class_names)),
+        "split": "validation",
+        "rows": "true class",
+        "columns": "predicted class",
+    })
+    save_keras_model(model, output_dir)
+    export_saved_model(model, output_dir)
+    dropped = pipeline.dropped_files()
+    if dropped:
+        root = str(folder.root)
+        log.warning("TensorFlow could not decode %d file(s) that Pillow read; they were left out: %s%s",
+                    len(dropped), "; ".join(os.path.relpath(p, root) for p in dropped[:10]),
+                    " ..." if len(dropped) > 10 else "")
+    # metrics.json comes last: its presence tells readers the run's outputs are complete.
+    write_json_atomic(output_dir / "metrics.json", metrics_document(
+        trainer=TRAINER, task="classification", metric="accuracy", result=result, runtime=runtime,
+        config=config, skipped_files=len(folder.skipped) + len(dropped), undecodable_files=len(dropped),
+        classes=folder.class_names,
+        train_examples=len(train_files), val_examples=len(val_files),
+    ))
+    log.info("done: %d steps; exported epoch %s, val_accuracy %.4f; outputs in %s", result.steps,
+             (result.exported or {}).get("epoch"), (result.exported or {}).get("val_accuracy", float("nan")),
+             output_dir)
+
+
+DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
+EPILOG = """\
+data layout:
+  DATA_DIR/<class>/<image>   or   DATA_DIR/<one folder>/<class>/<image>
+  PNG, JPEG, GIF, BMP and WEBP files are used; anything else is skipped and counted.
+
+outputs (OUTPUT_DIR):
+  metrics.json history.csv params.json model.keras saved_model/1/ confusion_matrix.json
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse flags, train, and return the exit code."""
+    cli.setup_logging()
+    config = parse_config(ClassifierConfig, argv, prog="python -m trainer.image_classifier",
+                          description=DESCRIPTION, epilog=EPILOG)
+    return cli.run(lambda stop: train(config, stop))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
