@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from kubernetes.client import models as k8s
 
 from kubetrain import pod_spec, settings
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NOTES_XCOM_KEY",
+    "NO_RETRY_EXIT_CODES",
     "ImagePullError",
     "PodStartupTimeout",
     "PodUnschedulableError",
@@ -51,6 +52,13 @@ _OWNED = ("container_resources", "security_context", "container_security_context
 _EMPTY = (None, "", "null", "None", [], {}, ())
 # XCom of the lines a run's report shows at the top (e.g. a GPU request served on CPU).
 NOTES_XCOM_KEY = "notes"
+# Exit codes of the training container that a retry would only repeat (trainer/common/contract.py);
+# any other failure, 75 (stopped by SIGTERM after a checkpoint) included, is retried.
+NO_RETRY_EXIT_CODES = {
+    2: "bad parameters: a bad flag value or combination, or a checkpoint that does not fit them",
+    3: "training diverged: the loss or the weights stopped being finite (the last finite checkpoint is kept)",
+    65: "unusable data (empty, a single class, no parsable pairs, ...)",
+}
 
 
 def string_list(name: str, value: Any) -> list[str] | None:
@@ -129,6 +137,11 @@ class TrainingPodOperator(KubernetesPodOperator):
     the dev stack, runs the pod anyway) is logged in one line and pushed, with any other line
     the run's report should show, as XCom ``notes`` (a list of strings).
 
+    A training container that exits with a code that says a retry would fail the same way (2 bad
+    parameters, 3 training diverged, 65 unusable data: :data:`NO_RETRY_EXIT_CODES`) fails the
+    task without retries; any other failure, 75 (stopped by SIGTERM after a checkpoint)
+    included, is retried as usual and the next try resumes from the checkpoints.
+
     :param image: training image (default: the setting ``trainer_image``, else
         ``<registry>/kubetrain/trainer:latest``). (templated)
     :param sync_image: image of the stage-in and checkpoint-sync containers (default: the setting
@@ -202,6 +215,8 @@ class TrainingPodOperator(KubernetesPodOperator):
         "sync_interval",
     )
     template_fields_renderers = {**KubernetesPodOperator.template_fields_renderers, "extra_env": "py"}
+    # Exit codes of the training container that fail the task without retries, with their meaning.
+    no_retry_exit_codes: dict[int, str] = NO_RETRY_EXIT_CODES
 
     def __init__(
         self,
@@ -488,6 +503,25 @@ class TrainingPodOperator(KubernetesPodOperator):
         try:
             super().cleanup(pod=pod, remote_pod=remote_pod, xcom_result=xcom_result, context=context)
         except AirflowException as exc:
-            if self._startup_failure is None or isinstance(exc, STARTUP_FAILURES):
+            if isinstance(exc, STARTUP_FAILURES):
                 raise
-            raise self._startup_failure from exc
+            if self._startup_failure is not None:
+                raise self._startup_failure from exc
+            final = self._no_retry_failure(remote_pod)
+            if final is None:
+                raise
+            raise final from exc
+
+    def _no_retry_failure(self, remote_pod: k8s.V1Pod) -> AirflowFailException | None:
+        """The failure that ends the task without retries, when the training container's exit code says so."""
+        statuses = (remote_pod.status.container_statuses if remote_pod.status else None) or []
+        status = next((s for s in statuses if s.name == self.base_container_name), None)
+        terminated = status.state.terminated if status is not None and status.state else None
+        if terminated is None or terminated.exit_code not in self.no_retry_exit_codes:
+            return None
+        code = terminated.exit_code
+        return AirflowFailException(
+            f"the {self.base_container_name} container of pod {remote_pod.metadata.name} exited with {code}: "
+            f"{self.no_retry_exit_codes[code]}; not retried, a retry would fail the same way "
+            "(its last lines are in the log above)"
+        )

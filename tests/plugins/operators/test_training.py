@@ -517,3 +517,22 @@ def test_dry_run_needs_no_registry_or_cluster(airflow_env, capsys):
     op = operator(image=f"127.0.0.1:{free_port()}/kubetrain/trainer:{uuid.uuid4().hex[:6]}")
     op.dry_run()
     assert "kind: Pod" in capsys.readouterr().out
+
+
+def test_exit_codes_that_fail_without_retries_are_the_trainers():
+    """The trainer's exit codes for bad parameters, divergence and unusable data; not 75, which resumes."""
+    import ast
+
+    from kubetrain.operators.training import NO_RETRY_EXIT_CODES
+
+    # The trainer's environment is not this one: its exit codes are read from its source.
+    tree = ast.parse((REPO / "trainer" / "common" / "contract.py").read_text())
+    codes = {
+        node.targets[0].id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id.startswith("EXIT_")
+        and isinstance(node.value, ast.Constant)
+    }  # fmt: skip
+    assert sorted(NO_RETRY_EXIT_CODES) == sorted([codes["EXIT_USAGE"], codes["EXIT_DIVERGED"], codes["EXIT_DATAERR"]])
+    assert codes["EXIT_PREEMPTED"] not in NO_RETRY_EXIT_CODES and codes["EXIT_FAILURE"] not in NO_RETRY_EXIT_CODES
+    assert TrainingPodOperator.no_retry_exit_codes is NO_RETRY_EXIT_CODES

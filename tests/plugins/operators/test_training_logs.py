@@ -20,10 +20,9 @@ import boto3
 import pytest
 import structlog
 from airflow.sdk import DAG
-from airflow.sdk.exceptions import AirflowException, TaskDeferred
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
-from include.demo import publish_dev_images
 from include.devstack.stack import NAMESPACE
 from kubetrain.operators.stage import StageDatasetOperator
 from kubetrain.operators.training import NOTES_XCOM_KEY, TrainingPodOperator
@@ -39,6 +38,12 @@ for n in range(1, 6):
 time.sleep(8)
 print("last line before exit", flush=True)
 sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+"""
+# Leaves at once with the exit code it is given.
+EXITING = r"""
+import sys
+print(f"leaving with exit code {sys.argv[1]}", flush=True)
+sys.exit(int(sys.argv[1]))
 """
 
 
@@ -81,11 +86,10 @@ class Records:
 
 
 @pytest.fixture
-def stack_env(devstack, monkeypatch):
+def stack_env(devstack, stack_images, monkeypatch):
     env = devstack.env()
     for name in ("AIRFLOW_CONN_AWS_DEFAULT", "KUBETRAIN_REGISTRY", "AIRFLOW_CONN_KUBETRAIN_REGISTRY_DEFAULT"):
         monkeypatch.setenv(name, env[name])
-    publish_dev_images(env)
     # In-process, the kubeconfig goes by the connection: the kubernetes client read $KUBECONFIG
     # when it was imported, before this test could set it.
     monkeypatch.delenv("KUBECONFIG", raising=False)
@@ -114,13 +118,15 @@ def staged(stack_env):
     )
 
 
-def ticking_pod(env: dict, staged: dict, *, exit_code: int = 0, gpus: int = 0) -> tuple[TrainingPodOperator, dict]:
+def ticking_pod(
+    env: dict, staged: dict, *, exit_code: int = 0, gpus: int = 0, script: str = TICKING, deferrable: bool = True
+) -> tuple[TrainingPodOperator, dict]:
     with DAG(f"logs_{uuid.uuid4().hex[:8]}", schedule=None) as dag:
         train = TrainingPodOperator(
             task_id="train",
-            image=f"{env['KUBETRAIN_REGISTRY']}/kubetrain/trainer:latest",
+            image=env["KUBETRAIN_TRAINER_IMAGE"],
             sync_image=f"{env['KUBETRAIN_REGISTRY']}/kubetrain/sync:latest",
-            cmds=["python", "-c", TICKING, str(exit_code)],
+            cmds=["python", "-c", script, str(exit_code)],
             dataset_manifest=staged["manifest_uri"],
             dataset_version=staged["version"],
             s3_secret=env["KUBETRAIN_S3_SECRET"],
@@ -133,7 +139,8 @@ def ticking_pod(env: dict, staged: dict, *, exit_code: int = 0, gpus: int = 0) -
             startup_check_interval_seconds=1,
             poll_interval=1,
             logging_interval=1,
-            retries=0,
+            retries=2,
+            deferrable=deferrable,
         )
     ti = TaskInstance(dag.dag_id, "train")
     context = {"ti": ti, "run_id": "manual__logs", "dag": dag, "dag_run": SimpleNamespace(run_after=datetime.now(UTC))}
@@ -207,10 +214,36 @@ def test_a_failed_pod_leaves_its_last_lines_states_and_events_in_the_log(stack_e
     assert event["status"] == "failed", event
     assert "[base] last line before exit" in records.lines()
 
-    with Records() as resumed, pytest.raises(AirflowException):
+    # Exit code 3 (training diverged) would fail again: the task fails without its retries, in words.
+    with Records() as resumed, pytest.raises(AirflowFailException) as failure:
         getattr(train, deferred.value.method_name)(context, event)
+    name = context["ti"].xcom["pod_name"]
+    assert str(failure.value).startswith(f"the base container of pod {name} exited with 3: training diverged"), failure.value
     text = "\n".join(resumed.lines())
     # The containers' states (the base container's exit code) and the pod's events.
     assert "Container 'base': state='TERMINATED', reason='Error', exit_code=3" in text, text[-3000:]
     assert "Pod Event: Scheduled - Successfully assigned" in text, text[-3000:]
     assert context["ti"].xcom[NOTES_XCOM_KEY] == []
+
+
+@pytest.mark.timeout(240)
+def test_a_pod_stopped_after_its_checkpoint_is_retried(stack_env, staged):
+    # 75: stopped by SIGTERM after writing a checkpoint; the next try resumes from it.
+    train, context = ticking_pod(stack_env, staged, exit_code=75, script=EXITING)
+    with pytest.raises(TaskDeferred) as deferred:
+        train.execute(context)
+    event = run_trigger(deferred.value.trigger, Records())
+    assert event["status"] == "failed", event
+    with Records(), pytest.raises(AirflowException) as failure:
+        getattr(train, deferred.value.method_name)(context, event)
+    assert not isinstance(failure.value, AirflowFailException), failure.value
+    assert "returned a failure" in str(failure.value), failure.value
+
+
+@pytest.mark.timeout(240)
+def test_unusable_data_fails_without_retries_when_not_deferred(stack_env, staged):
+    train, context = ticking_pod(stack_env, staged, exit_code=65, script=EXITING, deferrable=False)
+    with Records(), pytest.raises(AirflowFailException) as failure:
+        train.execute(context)
+    name = context["ti"].xcom["pod_name"]
+    assert str(failure.value).startswith(f"the base container of pod {name} exited with 65: unusable data"), failure.value
