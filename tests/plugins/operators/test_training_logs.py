@@ -164,7 +164,6 @@ def pod_of(train: TrainingPodOperator, context: dict):
     return train.client.read_namespaced_pod(name, NAMESPACE)
 
 
-@pytest.mark.timeout(240)
 def test_lines_of_every_container_reach_the_log_while_the_pod_runs(stack_env, staged):
     train, context = ticking_pod(stack_env, staged, gpus=1)
     with pytest.raises(TaskDeferred) as deferred:
@@ -204,7 +203,6 @@ def test_lines_of_every_container_reach_the_log_while_the_pod_runs(stack_env, st
     assert context["ti"].xcom[NOTES_XCOM_KEY] == notes
 
 
-@pytest.mark.timeout(240)
 def test_a_failed_pod_leaves_its_last_lines_states_and_events_in_the_log(stack_env, staged):
     train, context = ticking_pod(stack_env, staged, exit_code=3)
     with pytest.raises(TaskDeferred) as deferred:
@@ -226,7 +224,6 @@ def test_a_failed_pod_leaves_its_last_lines_states_and_events_in_the_log(stack_e
     assert context["ti"].xcom[NOTES_XCOM_KEY] == []
 
 
-@pytest.mark.timeout(240)
 def test_a_pod_stopped_after_its_checkpoint_is_retried(stack_env, staged):
     # 75: stopped by SIGTERM after writing a checkpoint; the next try resumes from it.
     train, context = ticking_pod(stack_env, staged, exit_code=75, script=EXITING)
@@ -240,7 +237,6 @@ def test_a_pod_stopped_after_its_checkpoint_is_retried(stack_env, staged):
     assert "returned a failure" in str(failure.value), failure.value
 
 
-@pytest.mark.timeout(240)
 def test_unusable_data_fails_without_retries_when_not_deferred(stack_env, staged):
     train, context = ticking_pod(stack_env, staged, exit_code=65, script=EXITING, deferrable=False)
     with Records(), pytest.raises(AirflowFailException) as failure:
