@@ -17,7 +17,6 @@ from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
 from airflow.sdk import DAG, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
-from imagebuild_support import push_busybox_base, start_registry
 from kubernetes.client import ApiClient
 from kubernetes.client import models as k8s
 from test_pod_spec import K8S_VERSION, policy_violations
@@ -27,6 +26,7 @@ from kubetrain import pod_spec, settings
 from kubetrain.images import ImageNotFoundError, ImageResolutionError
 from kubetrain.operators.training import PodUnschedulableError, TrainingPodOperator
 from kubetrain.triggers.pod import TrainingPodTrigger
+from tests.plugins.imagebuild.support import push_busybox_base, start_registry
 
 RUN_ID = "manual__2026-11-22T04:00:00.123456+00:00"
 SECRET_VALUE = "sEcReT-value-that-must-not-leak-42"
