@@ -1,24 +1,32 @@
 """
-### Build the trainer image
+### Build the trainer and sync images
 
-Keeps the training image in the private registry in step with the `trainer/` package,
-and publishes it for the training DAGs.
+Keeps both images of the training pods in the private registry in step with the `trainer/`
+package, and publishes them for the training DAGs.
 
-**Steps**: hash `trainer/` (without `.venv`, caches and tests); stop here when the code
-is what was published last. When the dependencies (`requirements*.txt`, the lock, the
-`Dockerfile`) changed, build `trainer/Dockerfile` in full with buildah and tag it
-`deps-<hash>`; otherwise append one layer holding the code to that image, without pulling
-it (seconds, kilobytes). Then point the Variable `kubetrain_trainer_image` at the new image
-**by digest**, move the `latest` tag, and emit an event on the `kubetrain_trainer_image`
-Asset. Training DAGs use that Variable by default.
+**Steps**: hash `trainer/` (without `.venv`, caches and tests) and `trainer/sync` with its
+`Dockerfile.sync` and `requirements-sync.txt`; stop here when both are what was published
+last. The **trainer**: when its dependencies (`requirements*.txt`, the lock, the `Dockerfile`,
+the build arguments) changed, build `trainer/Dockerfile` in full with buildah and tag it
+`deps-<hash>` (`deps-<hash>-cpu` for the CPU variant); otherwise append one layer holding the
+code to that image, without pulling it (seconds, kilobytes). The **sync image**: when its source
+changed, build `trainer/Dockerfile.sync` and tag it `src-<hash>` (a tag already in the registry
+is reused). Once **both** images are complete in the registry, move their release tags
+(`latest` and `latest-gpu`, or `latest-cpu`; `latest` for the sync image), point the Variables
+`kubetrain_trainer_image` and `kubetrain_sync_image` at them **by digest**, and emit events on
+the `kubetrain_trainer_image` and `kubetrain_sync_image` Assets. Training DAGs use those
+Variables by default. A failed build publishes nothing.
 
 **Runs** hourly (cron in `KUBETRAIN_IMAGE_BUILD_CRON`; empty for manual runs only) and
-when triggered. Params: `mode` (auto, full, append) and `force`.
+when triggered. Params: `variant` (gpu or cpu; default `KUBETRAIN_TRAINER_VARIANT`, else gpu),
+`mode` (auto, full, append) and `force`.
 
 **Settings**: registry connection `KUBETRAIN_REGISTRY_CONN_ID` (default
 `kubetrain_registry_default`); Variables `kubetrain_trainer_repository` (default
-`kubetrain/trainer`) and `kubetrain_trainer_code_dir` (where the code lands in the image,
-default `/app/trainer`); `KUBETRAIN_TRAINER_DIR` (default: `trainer/` next to `dags/`).
+`kubetrain/trainer`), `kubetrain_sync_repository` (default `kubetrain/sync`),
+`kubetrain_trainer_code_dir` (where the code lands in the image, default `/app/trainer`) and
+`kubetrain_image_build_args` (JSON, e.g. `{"trainer-gpu": {"BASE_IMAGE": "..."}, "sync": {...}}`:
+build arguments over the official bases); `KUBETRAIN_TRAINER_DIR` (default: `trainer/` next to `dags/`).
 """
 
 from __future__ import annotations
@@ -34,11 +42,14 @@ from kubetrain.operators.build import AppendLayerOperator, BuildImageOperator
 TRAINER_DIR = os.environ.get("KUBETRAIN_TRAINER_DIR") or str(Path(__file__).resolve().parents[1] / "trainer")
 REGISTRY_CONN_ID = os.environ.get("KUBETRAIN_REGISTRY_CONN_ID", "kubetrain_registry_default")
 SCHEDULE = os.environ.get("KUBETRAIN_IMAGE_BUILD_CRON", "@hourly") or None
+VARIANT = os.environ.get("KUBETRAIN_TRAINER_VARIANT") or "gpu"
 TRAINER_IMAGE = Asset("kubetrain_trainer_image")
+SYNC_IMAGE = Asset("kubetrain_sync_image")
 
-REPOSITORY = "{{ var.value.get('kubetrain_trainer_repository', 'kubetrain/trainer') }}"
-CODE_DIR = "{{ var.value.get('kubetrain_trainer_code_dir', '/app/trainer') }}"
 PLAN = "ti.xcom_pull(task_ids='plan')"
+REPOSITORY = f"{{{{ {PLAN}['trainer']['repository'] }}}}"
+SYNC_REPOSITORY = f"{{{{ {PLAN}['sync']['repository'] }}}}"
+CODE_DIR = "{{ var.value.get('kubetrain_trainer_code_dir', '/app/trainer') }}"
 
 
 @dag(
@@ -51,6 +62,10 @@ PLAN = "ti.xcom_pull(task_ids='plan')"
     default_args={"owner": "kubetrain", "retries": 2, "retry_delay": timedelta(seconds=30)},
     tags=["kubetrain", "image", "build"],
     params={
+        "variant": Param(
+            VARIANT, type="string", enum=["gpu", "cpu"], title="Trainer variant",
+            description="gpu: on the TensorFlow GPU base, tagged latest and latest-gpu; cpu: tagged latest-cpu.",
+        ),
         "mode": Param(
             "auto", type="string", enum=["auto", "full", "append"], title="Mode",
             description="auto: full build when the dependencies changed, else a code layer; full or append: force one.",
@@ -60,53 +75,84 @@ PLAN = "ti.xcom_pull(task_ids='plan')"
 )
 def build_trainer_image():
     @task.short_circuit
-    def plan(params: dict | None = None) -> dict | bool:
+    def plan(params: dict | None = None, ti=None) -> dict | bool:
         from airflow.sdk import Variable
 
-        from kubetrain.imagebuild.trainer_image import plan_trainer_image
+        from kubetrain.imagebuild.products import SYNC_REPOSITORY, TRAINER_REPOSITORY
+        from kubetrain.imagebuild.trainer_image import plan_images
 
-        repository = Variable.get("kubetrain_trainer_repository", default="kubetrain/trainer")
-        return plan_trainer_image(TRAINER_DIR, repository, registry_conn_id=REGISTRY_CONN_ID,
-                                  mode=params["mode"], force=params["force"])  # fmt: skip
+        planned = plan_images(
+            TRAINER_DIR,
+            trainer_repository=Variable.get("kubetrain_trainer_repository", default=TRAINER_REPOSITORY),
+            sync_repository=Variable.get("kubetrain_sync_repository", default=SYNC_REPOSITORY),
+            registry_conn_id=REGISTRY_CONN_ID,
+            variant=params["variant"],
+            mode=params["mode"],
+            force=params["force"],
+        )
+        if planned:  # the builds take their arguments as mappings, not as rendered text
+            for name in ("trainer", "sync"):
+                ti.xcom_push(key=f"{name}_build_args", value=planned[name]["build_args"])
+        return planned
+
+    planned = plan()
 
     @task.branch
-    def choose(planned: dict) -> str:
-        return "build_full" if planned["action"] == "full" else "append_code"
+    def choose(planned: dict) -> list[str]:
+        from kubetrain.imagebuild.trainer_image import build_tasks
+
+        return build_tasks(planned)
 
     build_full = BuildImageOperator(
         task_id="build_full",
         context=TRAINER_DIR,
         dockerfile="Dockerfile",
         repository=REPOSITORY,
-        tags=[f"{{{{ {PLAN}['base_tag'] }}}}"],
-        revision=f"{{{{ {PLAN}['revision'] or '' }}}}",
-        labels={"io.kubetrain.code.sha256": f"{{{{ {PLAN}['code_hash'] }}}}"},
+        tags=[f"{{{{ {PLAN}['trainer']['base_tag'] }}}}"],
+        build_args=planned["trainer_build_args"],
+        revision=f"{{{{ {PLAN}['trainer']['revision'] or '' }}}}",
+        labels={"io.kubetrain.code.sha256": f"{{{{ {PLAN}['trainer']['code_hash'] }}}}"},
         registry_conn_id=REGISTRY_CONN_ID,
         execution_timeout=timedelta(hours=2),
     )
     append_code = AppendLayerOperator(
         task_id="append_code",
-        base_image=f"{REPOSITORY}:{{{{ {PLAN}['base_tag'] }}}}",
+        base_image=f"{REPOSITORY}:{{{{ {PLAN}['trainer']['base_tag'] }}}}",
         repository=REPOSITORY,
         source=TRAINER_DIR,
         dest=CODE_DIR,
-        labels={"org.opencontainers.image.revision": f"{{{{ {PLAN}['revision'] or '' }}}}"},
+        labels={"org.opencontainers.image.revision": f"{{{{ {PLAN}['trainer']['revision'] or '' }}}}"},
         registry_conn_id=REGISTRY_CONN_ID,
         execution_timeout=timedelta(minutes=15),
     )
+    build_sync = BuildImageOperator(
+        task_id="build_sync",
+        context=TRAINER_DIR,
+        dockerfile="Dockerfile.sync",
+        repository=SYNC_REPOSITORY,
+        tags=[f"{{{{ {PLAN}['sync']['tag'] }}}}"],
+        build_args=planned["sync_build_args"],
+        revision=f"{{{{ {PLAN}['trainer']['revision'] or '' }}}}",
+        labels={"io.kubetrain.source.sha256": f"{{{{ {PLAN}['sync']['source_hash'] }}}}"},
+        registry_conn_id=REGISTRY_CONN_ID,
+        execution_timeout=timedelta(minutes=30),
+    )
 
-    @task(trigger_rule="none_failed_min_one_success", outlets=[TRAINER_IMAGE])
+    @task(trigger_rule="none_failed_min_one_success", outlets=[TRAINER_IMAGE, SYNC_IMAGE])
     def publish(planned: dict, ti=None, outlet_events=None) -> dict:
-        from kubetrain.imagebuild.trainer_image import publish_trainer_image
+        from kubetrain.imagebuild.trainer_image import publish_images
 
-        built = ti.xcom_pull(task_ids="build_full") or ti.xcom_pull(task_ids="append_code")
-        record = publish_trainer_image(planned, built, registry_conn_id=REGISTRY_CONN_ID)
-        outlet_events[TRAINER_IMAGE].extra = {"reference": record["reference"], "action": record["action"]}
+        built_trainer = ti.xcom_pull(task_ids="build_full") or ti.xcom_pull(task_ids="append_code")
+        record = publish_images(planned, built_trainer, ti.xcom_pull(task_ids="build_sync"),
+                                registry_conn_id=REGISTRY_CONN_ID)  # fmt: skip
+        for asset, name in ((TRAINER_IMAGE, "trainer"), (SYNC_IMAGE, "sync")):
+            outlet_events[asset].extra = {"reference": record[name]["reference"], "action": record[name]["action"]}
         return record
 
-    planned = plan()
-    choose(planned) >> [build_full, append_code]
-    [build_full, append_code] >> publish(planned)
+    chosen = choose(planned)
+    published = publish(planned)
+    chosen >> [build_full, append_code, build_sync, published]
+    [build_full, append_code, build_sync] >> published
 
 
 build_trainer_image()

@@ -118,6 +118,8 @@ def dag_runs(dag_id: str, env: dict[str, str]) -> list[dict]:
         [str(AIRFLOW), "dags", "list-runs", dag_id, "-o", "json"], cwd=REPO, env=env, capture_output=True, text=True
     )
     if out.returncode:
+        if "does not exist in 'dag' table" in out.stderr:
+            return []  # a fresh metadata database: the DAG is recorded by its first run
         raise SystemExit(f"error: airflow dags list-runs {dag_id} failed: {out.stderr[-1000:]}")
     # Airflow may log warnings before the JSON document.
     start = next((i for i, line in enumerate(out.stdout.splitlines()) if line.lstrip().startswith("[")), None)

@@ -38,7 +38,6 @@ BASE_CONTAINER = "base"
 STAGE_IN_CONTAINER = "stage-in"
 SYNC_CONTAINER = "checkpoint-sync"
 GPU_RESOURCE = settings.SETTINGS["gpu_resource"].default
-IMAGE_REPOSITORIES = {"trainer": "kubetrain/trainer", "sync": "kubetrain/sync"}
 LABEL_PREFIX = "kubetrain.io/"
 
 # Where the checkpoint-sync sidecar tells the trainer to stop (the median rule of a sweep):
@@ -105,16 +104,19 @@ def resolve_image(explicit: str | None, kind: str = "trainer") -> str:
     :param explicit: the operator's argument (or a Param), used when set.
     :param kind: ``"trainer"`` or ``"sync"``: the setting ``<kind>_image`` (the Variable
         ``kubetrain_<kind>_image`` that the build DAG sets, or ``KUBETRAIN_<KIND>_IMAGE``), else
-        ``<registry>/kubetrain/<kind>:latest`` with the setting ``registry``.
+        the default name of :func:`kubetrain.imagebuild.products.default_image` in the setting
+        ``registry`` (``<registry>/kubetrain/trainer:latest``, ``<registry>/kubetrain/sync:latest``).
     """
-    if kind not in IMAGE_REPOSITORIES:
-        raise ValueError(f"unknown image kind {kind!r}: expected one of {', '.join(IMAGE_REPOSITORIES)}")
+    from kubetrain.imagebuild.products import DEFAULT_PRODUCTS, default_image
+
+    if kind not in DEFAULT_PRODUCTS:
+        raise ValueError(f"unknown image kind {kind!r}: expected one of {', '.join(DEFAULT_PRODUCTS)}")
     if explicit and str(explicit).strip():
         return str(explicit).strip()
     configured = settings.get(f"{kind}_image")
     if configured:
         return configured
-    return f"{settings.get('registry')}/{IMAGE_REPOSITORIES[kind]}:latest"
+    return default_image(kind, settings.get("registry"))
 
 
 def code_version_of(image: str) -> str:

@@ -15,7 +15,7 @@ from kubernetes.client.rest import ApiException
 
 from include.devstack import registry as devstack_registry
 from include.devstack.stack import free_port, wait_http
-from tests.plugins.imagebuild_support import busybox_rootfs, go_arch, push_busybox_base
+from tests.plugins.imagebuild.support import busybox_rootfs, go_arch, push_busybox_base
 
 from .support import KubeApi, simple_pod, start_server, stop_server, wait_for
 

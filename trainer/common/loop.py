@@ -474,6 +474,18 @@ class TrainingLoop:
 
     # -- the loop ----------------------------------------------------------------------
 
+    def _eta(self) -> str:
+        """Training time left at the step time so far (evaluation and checkpoints not counted)."""
+        t = self._timing
+        seconds, steps = (t.steady_s, t.steady_steps) if t.steady_steps else (t.all_s, t.all_steps)
+        total = self.config.epochs * self.steps_per_epoch
+        if self.config.max_steps is not None:
+            total = min(total, self.config.max_steps)
+        left = max(0, total - self.step) * (seconds / steps if steps else 0.0)
+        if left >= 3600:
+            return f"{int(left // 3600)}h{int(left % 3600 // 60):02d}m"
+        return f"{int(left // 60)}m{int(left % 60):02d}s"
+
     def _max_reached(self) -> bool:
         return self.config.max_steps is not None and self.step >= self.config.max_steps
 
@@ -616,11 +628,11 @@ class TrainingLoop:
         lr = self._learning_rate()
         log.info(
             "step %d epoch %d/%d batch %d/%d loss %.4f %s %.4f (epoch mean loss %.4f) lr %.3g examples/s %.1f "
-            "input wait %s",
+            "input wait %s eta %s",
             self.step, self.epoch + 1, total_epochs, self.batch_in_epoch, self.steps_per_epoch,
             _ratio(w["loss_sum"], w["examples"]), self.metric, _ratio(w["correct"], w["count"]),
             _ratio(self.sums["loss_sum"], self.sums["examples"]), lr, rate,
-            f"{wait:.0%}" if math.isfinite(wait) else "not measured",
+            f"{wait:.0%}" if math.isfinite(wait) else "not measured", self._eta(),
         )
         self.summaries.scalars("train", self.step, {
             "loss": _ratio(w["loss_sum"], w["examples"]),

@@ -90,7 +90,8 @@ class BuildahBuilder:
         log: Callable[[str], None] = print,
         storage_driver: str = "vfs",
     ) -> None:
-        self.storage_root = Path(storage_root)
+        # absolute: buildah runs steps from other working directories, and TMPDIR must still resolve
+        self.storage_root = Path(storage_root).resolve()
         self.executable = shutil.which(executable) or executable
         self.log = log
         if storage_driver == "auto":

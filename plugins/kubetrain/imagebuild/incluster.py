@@ -1,10 +1,20 @@
-"""The in-cluster builder: a pod running rootless BuildKit on a build context taken from S3.
+"""The in-cluster builder: a pod that builds an image from a build context taken from S3.
 
 The Airflow worker packs the build context into a deterministic tarball and uploads it to
-S3; the pod fetches it with the AWS CLI (credentials from the S3 Secret), unpacks it, and
-runs ``buildctl-daemonless.sh`` with the Dockerfile frontend. The image is pushed by digest
-only (no tag), with registry credentials from a ``kubernetes.io/dockerconfigjson`` Secret;
-BuildKit's metadata file, which names the digest, becomes the pod's XCom result.
+S3; the pod fetches it with botocore in kubetrain's sync image (credentials from the S3
+Secret, or the pod's workload identity, exactly as training pods get them), unpacks it, and
+builds it with one of two tools:
+
+* ``buildkit`` (default): rootless BuildKit, ``buildctl-daemonless.sh`` with the Dockerfile
+  frontend; the image is pushed by digest only (no tag), and BuildKit's metadata file, which
+  names the digest, becomes the pod's XCom result;
+* ``buildah``: the official buildah image, rootless with chroot isolation and VFS storage, for
+  clusters where BuildKit's daemon is not wanted; the image is pushed under a staging tag that
+  the operator removes once the requested tags are moved, and the digest file written by
+  ``buildah push`` becomes the same XCom result.
+
+Registry credentials come from a ``kubernetes.io/dockerconfigjson`` Secret; no credential is
+in the pod spec.
 """
 
 from __future__ import annotations
@@ -22,13 +32,16 @@ from kubetrain.imagebuild.layer import LayerFile, write_layer
 from kubetrain.settings import SETTINGS
 
 BUILDKIT_IMAGE = "moby/buildkit:v0.23.2-rootless"
-FETCH_IMAGE = "amazon/aws-cli:2.27.0"
+BUILDAH_IMAGE = "quay.io/buildah/stable:v1.41"
 UNPACK_IMAGE = "busybox:1.37.0"
+TOOLS = ("buildkit", "buildah")
+STAGING_TAG_KEY = "kubetrain.staging_tag"
 CONTEXT_EXCLUDES: tuple[str, ...] = (".git", ".venv", "__pycache__", "*.pyc", ".pytest_cache", ".ruff_cache")
 
 WORKSPACE = "/workspace"
 XCOM_RESULT = "/airflow/xcom/return.json"  # KubernetesPodOperator's XCom sidecar reads this file
 BUILDKIT_HOME = "/home/user"  # the rootless image's user (uid 1000)
+BUILDAH_HOME = "/home/build"  # the buildah image's unprivileged user (uid 1000)
 METADATA_DIGEST = "containerimage.digest"
 _HOST_RE = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
 _S3_URI_RE = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/\S+$")
@@ -39,13 +52,45 @@ def write_context(context: Path, out: Path, excludes: Sequence[str] = CONTEXT_EX
     return write_layer(context, out, excludes=excludes)
 
 
+# Fetches s3://bucket/key to a file with botocore, which reads the pod's AWS_* variables (endpoint
+# included) or its workload identity; the URI and the path arrive as arguments, never as code.
+FETCH_SCRIPT = """\
+import sys, botocore.session
+bucket, key = sys.argv[1][len("s3://"):].split("/", 1)
+body = botocore.session.get_session().create_client("s3").get_object(Bucket=bucket, Key=key)["Body"]
+with open(sys.argv[2], "wb") as out:
+    for chunk in iter(lambda: body.read(1 << 20), b""):
+        out.write(chunk)
+"""
+
+# buildah: build the unpacked context, push under a staging tag, write the digest as the XCom result.
+# Build flags arrive as arguments ("$@"), the names as environment values: nothing is spliced into code.
+BUILDAH_SCRIPT = """\
+set -eu
+mkdir -p /workspace/tmp
+export TMPDIR=/workspace/tmp
+store="--root /workspace/storage --runroot /workspace/run --storage-driver vfs"
+buildah $store build --isolation chroot --tls-verify="$TLS_VERIFY" -f "/workspace/context/$DOCKERFILE" \\
+  -t "$IMAGE:$STAGING_TAG" "$@" /workspace/context
+buildah $store push --tls-verify="$TLS_VERIFY" --digestfile /workspace/digest "$IMAGE:$STAGING_TAG" \\
+  "docker://$IMAGE:$STAGING_TAG"
+printf '{"containerimage.digest": "%s", "kubetrain.staging_tag": "%s"}' "$(cat /workspace/digest)" \\
+  "$STAGING_TAG" > /airflow/xcom/return.json
+"""
+
+
 @dataclass(frozen=True)
 class InClusterSettings:
-    """Images, Secrets and resources of the builder pod."""
+    """Tool, images, Secrets and resources of the builder pod.
+
+    :param fetch_image: an image with Python 3 and botocore that fetches the context: kubetrain's
+        sync image (the operator's default), already pulled on nodes that ran training pods.
+    """
 
     namespace: str = SETTINGS["namespace"].default
-    builder_image: str = BUILDKIT_IMAGE
-    fetch_image: str = FETCH_IMAGE
+    tool: str = "buildkit"
+    builder_image: str = ""
+    fetch_image: str = ""
     unpack_image: str = UNPACK_IMAGE
     s3_secret: str | None = SETTINGS["s3_secret"].default
     registry_secret: str | None = "kubetrain-registry"
@@ -56,6 +101,12 @@ class InClusterSettings:
     active_deadline_seconds: int = 3600
 
     def __post_init__(self) -> None:
+        if self.tool not in TOOLS:
+            raise ValueError(f"invalid in-cluster build tool {self.tool!r}: expected one of {', '.join(TOOLS)}")
+        if not self.fetch_image:
+            raise ValueError("no fetch_image: expected an image with Python 3 and botocore, such as kubetrain's sync image")
+        if not self.builder_image:
+            object.__setattr__(self, "builder_image", BUILDKIT_IMAGE if self.tool == "buildkit" else BUILDAH_IMAGE)
         if not self.s3_secret and not self.service_account:
             raise ValueError("no s3_secret and no service_account: the builder pod could not fetch its context from S3")
         for name, value in (("namespace", self.namespace), ("s3_secret", self.s3_secret or "x"),
@@ -101,6 +152,20 @@ def buildkitd_config(target: PushTarget) -> str:
     return f'[registry."{target.registry}"]\n  http = {str(target.insecure).lower()}\n  insecure = true\n'
 
 
+def buildah_args(request: BuildRequest) -> list[str]:
+    """``buildah build`` flags of ``request`` (passed to :data:`BUILDAH_SCRIPT` as its arguments)."""
+    args = ["--format", request.image_format]
+    for name, value in request.build_args.items():
+        args += ["--build-arg", f"{name}={value}"]
+    for name, value in request.labels.items():
+        args += ["--label", f"{name}={value}"]
+    if request.target:
+        args += ["--target", request.target]
+    if request.platform:
+        args += ["--platform", request.platform]
+    return args
+
+
 def builder_pod(
     request: BuildRequest,
     target: PushTarget,
@@ -119,13 +184,15 @@ def builder_pod(
         raise ValueError(f"invalid context URI {context_uri!r}: expected s3://bucket/key")
     name = name or f"kubetrain-build-{secrets.token_hex(4)}"
     workspace = k8s.V1VolumeMount(name="workspace", mount_path=WORKSPACE)
-    toml = buildkitd_config(target)
+    buildah = settings.tool == "buildah"
+    toml = "" if buildah else buildkitd_config(target)
     flags = "--oci-worker-no-process-sandbox" + (f" --config={WORKSPACE}/buildkitd.toml" if toml else "")
 
     fetch = k8s.V1Container(
         name="fetch-context",
         image=settings.fetch_image,
-        args=["s3", "cp", "--only-show-errors", context_uri, f"{WORKSPACE}/context.tar.gz"],
+        command=["python3", "-c", FETCH_SCRIPT],
+        args=[context_uri, f"{WORKSPACE}/context.tar.gz"],
         env_from=[k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=settings.s3_secret))]
         if settings.s3_secret else None,
         volume_mounts=[workspace],
@@ -146,20 +213,31 @@ def builder_pod(
         volume_mounts=[workspace],
         security_context=k8s.V1SecurityContext(allow_privilege_escalation=False, run_as_non_root=True, run_as_user=1000),
     )
-    mounts = [
-        workspace,
-        k8s.V1VolumeMount(name="buildkitd", mount_path=f"{BUILDKIT_HOME}/.local/share/buildkit"),
-    ]
-    volumes = [
-        k8s.V1Volume(name="workspace", empty_dir=k8s.V1EmptyDirVolumeSource()),
-        k8s.V1Volume(name="buildkitd", empty_dir=k8s.V1EmptyDirVolumeSource()),
-    ]
-    env = [
-        k8s.V1EnvVar(name="BUILDKITD_FLAGS", value=flags),
-        k8s.V1EnvVar(name="DOCKER_CONFIG", value=f"{BUILDKIT_HOME}/.docker"),
-    ]
+    home = BUILDAH_HOME if buildah else BUILDKIT_HOME
+    mounts = [workspace]
+    if not buildah:
+        mounts.append(k8s.V1VolumeMount(name="buildkitd", mount_path=f"{BUILDKIT_HOME}/.local/share/buildkit"))
+    volumes = [k8s.V1Volume(name="workspace", empty_dir=k8s.V1EmptyDirVolumeSource())]
+    if not buildah:
+        volumes.append(k8s.V1Volume(name="buildkitd", empty_dir=k8s.V1EmptyDirVolumeSource()))
+    if buildah:
+        env = [
+            k8s.V1EnvVar(name="IMAGE", value=target.name),
+            k8s.V1EnvVar(name="STAGING_TAG", value=f"kubetrain-staging-{secrets.token_hex(6)}"),
+            k8s.V1EnvVar(name="DOCKERFILE", value=str(PurePosixPath(request.dockerfile))),
+            k8s.V1EnvVar(name="TLS_VERIFY", value=str(not (target.insecure or not target.tls_verify)).lower()),
+            k8s.V1EnvVar(name="BUILDAH_ISOLATION", value="chroot"),
+            k8s.V1EnvVar(name="HOME", value=home),
+        ]
+        if settings.registry_secret:
+            env.append(k8s.V1EnvVar(name="REGISTRY_AUTH_FILE", value=f"{home}/.docker/config.json"))
+    else:
+        env = [
+            k8s.V1EnvVar(name="BUILDKITD_FLAGS", value=flags),
+            k8s.V1EnvVar(name="DOCKER_CONFIG", value=f"{BUILDKIT_HOME}/.docker"),
+        ]
     if settings.registry_secret:
-        mounts.append(k8s.V1VolumeMount(name="registry-auth", mount_path=f"{BUILDKIT_HOME}/.docker", read_only=True))
+        mounts.append(k8s.V1VolumeMount(name="registry-auth", mount_path=f"{home}/.docker", read_only=True))
         volumes.append(
             k8s.V1Volume(
                 name="registry-auth",
@@ -169,12 +247,13 @@ def builder_pod(
                 ),
             )
         )
-    # Rootless BuildKit needs its own user namespace: unconfined seccomp/AppArmor, no privileged mode.
+    # Rootless BuildKit and rootless buildah need their own user namespace: unconfined
+    # seccomp/AppArmor, no privileged mode.
     build = k8s.V1Container(
         name="base",
         image=settings.builder_image,
-        command=["buildctl-daemonless.sh"],
-        args=buildctl_args(request, target),
+        command=["sh", "-c", BUILDAH_SCRIPT, "buildah-build"] if buildah else ["buildctl-daemonless.sh"],
+        args=buildah_args(request) if buildah else buildctl_args(request, target),
         env=env,
         volume_mounts=mounts,
         resources=k8s.V1ResourceRequirements(

@@ -1,14 +1,22 @@
-"""Decide how to bring the trainer image up to date: nothing, a code layer, or a full build.
+"""Decide how to bring the trainer and sync images up to date: nothing, a code layer, or a build.
 
-The code's identity is the content hash of the trainer package (what goes into the image);
-the dependencies' identity is the hash of the files that shape the base (requirements,
-lock, Dockerfile). A full build is tagged ``deps-<hash>`` and serves as the base that code
-layers are appended to, so the registry itself records which dependency sets exist.
+The trainer's code identity is the content hash of the trainer package (what goes into the
+image); its dependencies' identity is the hash of the files that shape the base (requirements,
+lock, Dockerfile) and of the build arguments. A full build is tagged ``deps-<hash>`` (``-cpu``
+for the CPU variant) and serves as the base that code layers are appended to, so the registry
+itself records which dependency sets exist.
+
+The sync image is small and holds only ``trainer/sync``: it is rebuilt whole when its source
+(the package, ``requirements-sync.txt``, ``Dockerfile.sync``, ``.dockerignore``) or its build
+arguments change, and tagged ``src-<hash>``; a tag already in the registry is reused, not rebuilt.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import subprocess
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -16,17 +24,51 @@ from typing import Any
 from kubetrain.imagebuild.layer import DEFAULT_EXCLUDES, files_hash, tree_hash
 
 MODES = ("auto", "full", "append")
+VARIANTS = ("gpu", "cpu")
 DEPS_PATTERNS = ("requirements*.txt", "requirements*.lock", "Dockerfile*", ".dockerignore")
+# The sync image's own inputs: they do not shape the trainer's base (its code hash covers them).
+SYNC_FILES = ("Dockerfile.sync", "requirements-sync.txt", ".dockerignore")
+SYNC_PACKAGE = "sync"
 
 
 def deps_files(trainer_dir: Path) -> list[Path]:
-    """The files whose change needs a full build."""
-    return sorted({p for pattern in DEPS_PATTERNS for p in trainer_dir.glob(pattern) if p.is_file()})
+    """The files whose change needs a full build of the trainer image."""
+    sync_only = set(SYNC_FILES) - {".dockerignore"}
+    return sorted({p for pattern in DEPS_PATTERNS for p in trainer_dir.glob(pattern)
+                   if p.is_file() and p.name not in sync_only})  # fmt: skip
 
 
-def base_tag(trainer_dir: Path) -> str:
-    """The tag of the full build for today's dependencies: ``deps-<16 hex>``."""
-    return f"deps-{files_hash(deps_files(trainer_dir))[:16]}"
+def _with_args(digest: str, build_args: Mapping[str, str] | None) -> str:
+    if not build_args:
+        return digest
+    return hashlib.sha256((digest + json.dumps(dict(build_args), sort_keys=True)).encode()).hexdigest()
+
+
+def check_variant(variant: str) -> str:
+    if variant not in VARIANTS:
+        raise ValueError(f"invalid variant {variant!r}: expected one of {', '.join(VARIANTS)}")
+    return variant
+
+
+def deps_hash(trainer_dir: Path, build_args: Mapping[str, str] | None = None) -> str:
+    """The trainer's dependency identity: its deps files and the build arguments."""
+    return _with_args(files_hash(deps_files(trainer_dir)), build_args)
+
+
+def base_tag(trainer_dir: Path, variant: str = "gpu", build_args: Mapping[str, str] | None = None) -> str:
+    """The tag of the full build for today's dependencies: ``deps-<16 hex>`` (``-cpu`` for the CPU variant)."""
+    suffix = "-cpu" if check_variant(variant) == "cpu" else ""
+    return f"deps-{deps_hash(trainer_dir, build_args)[:16]}{suffix}"
+
+
+def sync_source_hash(trainer_dir: Path, build_args: Mapping[str, str] | None = None) -> str:
+    """The sync image's identity: ``trainer/sync``, its requirements, Dockerfile and build arguments."""
+    package = trainer_dir / SYNC_PACKAGE
+    if not package.is_dir():
+        raise ValueError(f"{str(package)!r} does not exist: the sync image is built from trainer/sync")
+    files = files_hash([trainer_dir / name for name in SYNC_FILES])
+    return _with_args(hashlib.sha256(f"{files}\n{tree_hash(package, DEFAULT_EXCLUDES)}".encode()).hexdigest(),
+                      build_args)  # fmt: skip
 
 
 def git_revision(path: Path) -> str | None:
@@ -48,6 +90,7 @@ class ImagePlan:
     deps_hash: str
     base_tag: str
     revision: str | None = None
+    variant: str = "gpu"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,6 +103,8 @@ def plan_image(
     base_exists: bool,
     mode: str = "auto",
     force: bool = False,
+    variant: str = "gpu",
+    build_args: Mapping[str, str] | None = None,
 ) -> ImagePlan:
     """Compare the trainer package with what was published last.
 
@@ -68,17 +113,21 @@ def plan_image(
     :param base_exists: whether the registry holds the ``deps-<hash>`` base for today's dependencies.
     :param mode: 'auto' decides; 'full' or 'append' force that kind of build.
     :param force: build even when the code is unchanged.
-    :raises ValueError: for an unknown mode, a missing directory, or 'append' without a base.
+    :param variant: ``gpu`` or ``cpu``: which trainer base the full build and the code layer use.
+    :param build_args: the full build's build arguments (part of the base's identity).
+    :raises ValueError: for an unknown mode or variant, a missing directory, or 'append' without a base.
     """
     if mode not in MODES:
         raise ValueError(f"invalid mode {mode!r}: expected one of {', '.join(MODES)}")
     if not trainer_dir.is_dir():
         raise ValueError(f"trainer directory {str(trainer_dir)!r} does not exist")
+    check_variant(variant)
     code_hash = tree_hash(trainer_dir, DEFAULT_EXCLUDES)
-    deps_hash = files_hash(deps_files(trainer_dir))
-    tag = base_tag(trainer_dir)
-    common = {"code_hash": code_hash, "deps_hash": deps_hash, "base_tag": tag, "revision": git_revision(trainer_dir)}
-    unchanged = bool(previous) and previous.get("code_hash") == code_hash
+    tag = base_tag(trainer_dir, variant, build_args)
+    common = {"code_hash": code_hash, "deps_hash": deps_hash(trainer_dir, build_args), "base_tag": tag,
+              "revision": git_revision(trainer_dir), "variant": variant}  # fmt: skip
+    unchanged = (bool(previous) and previous.get("code_hash") == code_hash
+                 and previous.get("variant", "gpu") == variant and previous.get("deps_hash") == common["deps_hash"])  # fmt: skip
     if mode == "full":
         return ImagePlan("full", "a full build was asked for", **common)
     if mode == "append":
@@ -87,7 +136,53 @@ def plan_image(
                              "run with mode 'full' first")  # fmt: skip
         return ImagePlan("append", "a code layer was asked for", **common)
     if unchanged and not force:
-        return ImagePlan("skip", f"trainer code unchanged since the last build ({code_hash[:16]})", **common)
+        return ImagePlan("skip", f"trainer code unchanged since the last build ({code_hash[:16]}, {variant})", **common)
     if not base_exists:
         return ImagePlan("full", f"dependencies changed: no base image {tag} yet", **common)
     return ImagePlan("append", f"code changed, dependencies unchanged ({tag})", **common)
+
+
+@dataclass(frozen=True)
+class SyncPlan:
+    """``action`` is 'skip' (published already), 'reuse' (in the registry, not yet published) or 'build'."""
+
+    action: str
+    reason: str
+    source_hash: str
+    tag: str
+    digest: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def plan_sync_image(
+    trainer_dir: Path,
+    *,
+    previous: dict[str, Any] | None,
+    existing_digest: str | None,
+    force: bool = False,
+    build_args: Mapping[str, str] | None = None,
+) -> SyncPlan:
+    """Compare the sync image's source with what was published last and what the registry holds.
+
+    :param trainer_dir: the trainer directory (the build context, with ``sync/`` and ``Dockerfile.sync``).
+    :param previous: what the last successful run recorded for the sync image (``source_hash``), or None.
+    :param existing_digest: the digest the registry has for the ``src-<hash>`` tag of today's source, or None.
+    :param force: build even when the source is unchanged.
+    :param build_args: the build's arguments (part of the image's identity).
+    """
+    source = sync_source_hash(trainer_dir, build_args)
+    tag = sync_tag(trainer_dir, build_args)
+    if force:
+        return SyncPlan("build", "a build was asked for", source, tag)
+    if previous and previous.get("source_hash") == source:
+        return SyncPlan("skip", f"sync source unchanged since the last build ({source[:16]})", source, tag)
+    if existing_digest:
+        return SyncPlan("reuse", f"the registry already has {tag}", source, tag, existing_digest)
+    return SyncPlan("build", f"sync source changed: no image {tag} yet", source, tag)
+
+
+def sync_tag(trainer_dir: Path, build_args: Mapping[str, str] | None = None) -> str:
+    """The tag of the sync image built from today's source: ``src-<16 hex>``."""
+    return f"src-{sync_source_hash(trainer_dir, build_args)[:16]}"

@@ -100,9 +100,24 @@ def product(name: str) -> ImageProduct:
         raise ValueError(f"unknown image {name!r}: expected one of {', '.join(PRODUCTS)}") from None
 
 
+# What training pods run when no image is configured: the one definition of the default names,
+# used by pod_spec.resolve_image, the preflight, the build DAG and `make images`.
+DEFAULT_PRODUCTS: dict[str, ImageProduct] = {"trainer": TRAINER_GPU, "sync": SYNC}
+
+
+def default_image(kind: str, registry: str, tag: str = "latest") -> str:
+    """The reference pods use for image ``kind`` (``trainer`` or ``sync``) when none is configured.
+
+    :raises ValueError: for another kind, naming the known ones.
+    """
+    if kind not in DEFAULT_PRODUCTS:
+        raise ValueError(f"unknown image kind {kind!r}: expected one of {', '.join(DEFAULT_PRODUCTS)}")
+    return DEFAULT_PRODUCTS[kind].reference(registry, tag)
+
+
 def default_images(registry: str, tag: str = "latest") -> dict[str, str]:
     """The references training pods use by default: ``{"trainer": ..., "sync": ...}``."""
-    return {"trainer": TRAINER_GPU.reference(registry, tag), "sync": SYNC.reference(registry, tag)}
+    return {kind: default_image(kind, registry, tag) for kind in DEFAULT_PRODUCTS}
 
 
 def tensorflow_requirement(trainer_dir: Path) -> str:

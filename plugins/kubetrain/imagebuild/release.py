@@ -3,6 +3,7 @@
     PYTHONPATH=plugins python -m kubetrain.imagebuild.release --tag v1
     PYTHONPATH=plugins python -m kubetrain.imagebuild.release --base debian --rootfs .tools/images/bookworm-python.tar \\
         --images trainer-cpu,sync
+    PYTHONPATH=plugins python -m kubetrain.imagebuild.release --list     # the names it would push, nothing built
 
 The registry is the connection ``kubetrain_registry_default`` when it is defined (host,
 credentials, TLS settings), else the ``registry`` setting (``KUBETRAIN_REGISTRY``); a registry
@@ -46,6 +47,21 @@ def registry_target(registry: str | None, conn_id: str, authdir: Path, insecure:
     return PushTarget(registry, "", insecure=(host in LOOPBACK) if insecure is None else insecure)
 
 
+def list_images(images: str, tag: str, registry: str | None, conn_id: str) -> int:
+    """Print ``{"name", "references"}`` per image: where a release of ``tag`` would put it."""
+    try:
+        items = [product(name.strip()) for name in images.split(",") if name.strip()]
+        with tempfile.TemporaryDirectory(prefix="kubetrain-auth-") as tmp:
+            host = registry_target(registry, conn_id, Path(tmp), None).registry
+        for item in items:
+            refs = [f"{host}/{item.repository}:{t}" for t in item.tags(tag)]
+            print(json.dumps({"name": item.name, "references": refs}))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kubetrain.imagebuild.release", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -65,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layouts", type=Path, default=Path(".tools/images/oci"),
                         help="OCI layouts kept between pushes (default %(default)s)")
     parser.add_argument("--revision", help="source revision recorded in the images' labels")
+    parser.add_argument("--list", action="store_true", help="print the references each image would be pushed as; build nothing")
     args = parser.parse_args(argv)
+    if args.list:
+        return list_images(args.images, args.tag, args.registry, args.registry_conn_id)
 
     from kubetrain.imagebuild.buildah import BuildahBuilder
 

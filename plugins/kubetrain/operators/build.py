@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from kubetrain.doc_md import class_doc_md
 from kubetrain.hooks.registry import RegistryHook
 
 if TYPE_CHECKING:
@@ -66,7 +67,11 @@ class BuildImageOperator(BaseOperator):
     :param s3_secret: the Secret with the AWS variables for fetching the context (in-cluster;
         default: the ``s3_secret`` setting; none with workload identity, then the pod runs as the
         ``service_account`` setting).
-    :param builder_image: the rootless BuildKit image (in-cluster).
+    :param in_cluster_tool: ``buildkit`` (rootless BuildKit) or ``buildah`` (rootless buildah) in the
+        builder pod (in-cluster).
+    :param builder_image: the image of that tool (in-cluster; default: the tool's official image).
+    :param fetch_image: the image that fetches the context from S3, with Python 3 and botocore
+        (in-cluster; default: the sync image that training pods use).
     :param startup_timeout_seconds: how long the builder pod may stay pending (in-cluster).
     :param deferrable: wait for the builder pod in the triggerer, not in a worker slot (in-cluster).
     """
@@ -101,11 +106,14 @@ class BuildImageOperator(BaseOperator):
         cluster_registry: str | None = None,
         registry_secret: str | None = "kubetrain-registry",
         s3_secret: str | None = None,
+        in_cluster_tool: str = "buildkit",
         builder_image: str | None = None,
+        fetch_image: str | None = None,
         startup_timeout_seconds: int = 600,
         deferrable: bool = True,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("doc_md", class_doc_md(type(self)))  # the task's documentation in the UI
         super().__init__(**kwargs)
         if builder not in BUILDERS:
             raise ValueError(f"invalid builder {builder!r}: expected one of {', '.join(BUILDERS)}")
@@ -130,7 +138,9 @@ class BuildImageOperator(BaseOperator):
         self.cluster_registry = cluster_registry
         self.registry_secret = registry_secret
         self.s3_secret = s3_secret
+        self.in_cluster_tool = in_cluster_tool
         self.builder_image = builder_image
+        self.fetch_image = fetch_image
         self.startup_timeout_seconds = startup_timeout_seconds
         self.deferrable = deferrable
 
@@ -216,11 +226,13 @@ class BuildImageOperator(BaseOperator):
             return builder.build_and_push(request, replace(target, authfile=authfile))
 
     def _in_cluster_settings(self) -> InClusterSettings:
-        from kubetrain import settings
+        from kubetrain import pod_spec, settings
         from kubetrain.imagebuild.incluster import InClusterSettings
 
         return InClusterSettings(
             namespace=self.namespace or settings.get("namespace"),
+            tool=self.in_cluster_tool,
+            fetch_image=pod_spec.resolve_image(self.fetch_image, "sync"),
             s3_secret=self.s3_secret if self.s3_secret is not None else (settings.get("s3_secret") or None),
             registry_secret=self.registry_secret,
             service_account=settings.get("service_account") or None,
@@ -299,13 +311,14 @@ class BuildImageOperator(BaseOperator):
     @staticmethod
     def _builder_output(result: Any) -> BuildOutput:
         from kubetrain.imagebuild.builders import BuildError, BuildOutput
-        from kubetrain.imagebuild.incluster import METADATA_DIGEST
-        from kubetrain.imagebuild.reference import check_digest
+        from kubetrain.imagebuild.incluster import METADATA_DIGEST, STAGING_TAG_KEY
+        from kubetrain.imagebuild.reference import check_digest, check_tag
 
         digest = result.get(METADATA_DIGEST) if isinstance(result, dict) else None
         if not digest:
             raise BuildError(f"the builder pod finished without reporting an image digest (metadata: {result!r})")
-        return BuildOutput(check_digest(digest))
+        staging = result.get(STAGING_TAG_KEY)
+        return BuildOutput(check_digest(digest), check_tag(staging) if staging else None)
 
 
 def context_key(prefix: str, context: Context, digest: str) -> str:
@@ -363,6 +376,7 @@ class AppendLayerOperator(BaseOperator):
         registry_conn_id: str = RegistryHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("doc_md", class_doc_md(type(self)))  # the task's documentation in the UI
         super().__init__(**kwargs)
         self.base_image = base_image
         self.repository = repository

@@ -198,6 +198,8 @@ class ReportInputs:
     comparison: Comparison | None = None
     title: str | None = None
     notes: list[str] = field(default_factory=list)
+    # Facts about how the run ran that a reader must see first (e.g. a GPU request served on CPU).
+    warnings: list[str] = field(default_factory=list)
 
 
 def load_run_inputs(read, run_uri: str, *, title: str | None = None) -> ReportInputs | None:

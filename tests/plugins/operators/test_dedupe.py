@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException
-from imagebuild_support import push_busybox_base, start_registry
 
 from kubetrain.operators.dedupe import RecordTrainingOperator, SkipIfTrainedOperator, fingerprint
+from tests.plugins.imagebuild.support import push_busybox_base, start_registry
 
 IMAGE = "registry.example/kubetrain/trainer@sha256:" + "a" * 64
 

@@ -1,21 +1,33 @@
 """kubetrain's images, built from their Dockerfiles on the Debian-made base: they start, the
-trainer trains a step as the image's non-root user, and the registry holds what was pushed."""
+trainer trains a step as the image's non-root user, and the registry holds what was pushed.
+Their names are defined once (products.py) and every place that names them agrees."""
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 import struct
+import subprocess
 import zlib
 from pathlib import Path
 
 import pytest
 
+from kubetrain import pod_spec, settings
+from kubetrain.imagebuild import release
 from kubetrain.imagebuild.builders import BuildError, PushTarget
 from kubetrain.imagebuild.oci import RegistryClient
-from kubetrain.imagebuild.products import SYNC, ImagePublisher
+from kubetrain.imagebuild.products import (
+    SYNC,
+    TRAINER_CPU,
+    TRAINER_GPU,
+    ImagePublisher,
+    default_image,
+    default_images,
+)
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NON_ROOT = re.compile(r"^[1-9]\d*:[1-9]\d*$")
 
 
@@ -105,3 +117,72 @@ def test_a_broken_dockerfile_fails_before_anything_is_pushed(stack_images, image
                           base="debian", rootfs=REPO / ".tools" / "images" / "bookworm-python.tar")  # fmt: skip
     with RegistryClient(registry, insecure=True) as client:
         assert client.manifest_digest("broken/sync", "broken") is None
+
+
+# -- one definition of the default names ---------------------------------------------------------------------
+
+REGISTRY = "registry.example:5000"
+
+
+@pytest.fixture
+def no_configured_images(monkeypatch):
+    monkeypatch.setenv("KUBETRAIN_REGISTRY", REGISTRY)
+    for name in ("trainer_image", "sync_image"):
+        monkeypatch.delenv(settings.SETTINGS[name].env, raising=False)
+        monkeypatch.delenv(f"AIRFLOW_VAR_{settings.SETTINGS[name].variable.upper()}", raising=False)
+    monkeypatch.setattr(settings, "_variable", lambda name: None)  # no Variable of the local metadata DB
+
+
+def test_the_default_names(no_configured_images):
+    assert default_images(REGISTRY) == {"trainer": f"{REGISTRY}/kubetrain/trainer:latest",
+                                        "sync": f"{REGISTRY}/kubetrain/sync:latest"}  # fmt: skip
+    assert TRAINER_CPU.reference(REGISTRY) == f"{REGISTRY}/kubetrain/trainer:latest-cpu"
+    assert TRAINER_GPU.tags("v1") == ("v1", "v1-gpu") and SYNC.tags("v1") == ("v1",)
+    for kind in ("trainer", "sync"):
+        assert pod_spec.resolve_image(None, kind) == default_image(kind, REGISTRY)
+    with pytest.raises(ValueError, match="unknown image kind 'builder': expected one of trainer, sync"):
+        default_image("builder", REGISTRY)
+
+
+def test_settings_and_readme_describe_the_default_names():
+    readme = (REPO / "README.md").read_text()
+    for kind in ("trainer", "sync"):
+        name = default_image(kind, "<registry>")
+        assert name in settings.SETTINGS[f"{kind}_image"].description
+        assert name.replace("<", "&lt;").replace(">", "&gt;") in readme  # README's generated settings table
+
+
+def test_real_cluster_doc_names_the_images_as_built():
+    doc = (REPO / "docs" / "real-cluster.md").read_text()
+    table = {}
+    for repository, what, tags in re.findall(r"^\| `<registry>/([a-z/]+)`\s*([^|]*)\| (.*) \|$", doc, re.M):
+        table[(repository, what.strip())] = tuple(t.strip("` ") for t in tags.split(","))
+    def tags(product) -> tuple[str, ...]:
+        return tuple(t.replace("TAG", "<tag>") for t in product.tags("TAG"))
+
+    assert table == {
+        (TRAINER_GPU.repository, "(GPU, the default of training pods)"): tags(TRAINER_GPU),
+        (TRAINER_CPU.repository, "(CPU)"): tags(TRAINER_CPU),
+        (SYNC.repository, "(stage-in and checkpoint-sync)"): tags(SYNC),
+    }
+    assert f"KUBETRAIN_TRAINER_IMAGE={TRAINER_CPU.reference('<registry>')}" in doc
+
+
+def test_make_images_pushes_the_default_names(capsys):
+    """`make images` (as make would run it) lists the names that pods and the preflight use by default."""
+    out = subprocess.run(["make", "-n", "--no-print-directory", "images", "IMAGE_BASE=official"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    line = next(cmd for cmd in out.replace("\\\n", " ").splitlines() if "kubetrain.imagebuild.release" in cmd)
+    argv = shlex.split(line)
+    args = argv[argv.index("kubetrain.imagebuild.release") + 1:]
+    assert release.main([*args, "--registry", REGISTRY, "--list"]) == 0
+    pushed = {item["name"]: item["references"] for item in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert set(pushed) == {"trainer-gpu", "trainer-cpu", "sync"}
+    assert default_image("trainer", REGISTRY) in pushed["trainer-gpu"]
+    assert default_image("sync", REGISTRY) in pushed["sync"]
+    assert TRAINER_CPU.reference(REGISTRY) in pushed["trainer-cpu"]
+
+
+def test_dev_stack_runs_the_cpu_trainer_it_pushes(devstack):
+    registry = devstack.load_state()["registry"]
+    assert devstack.env()["KUBETRAIN_TRAINER_IMAGE"] == TRAINER_CPU.reference(registry)

@@ -8,7 +8,6 @@ import os
 import shutil
 
 import pytest
-from imagebuild_support import push_busybox_base, skopeo_pull, skopeo_raw_manifest, start_registry, tags
 
 from kubetrain.imagebuild.layer import write_layer
 from kubetrain.imagebuild.oci import (
@@ -19,6 +18,13 @@ from kubetrain.imagebuild.oci import (
     canonical_json,
 )
 from kubetrain.operators.build import AppendLayerOperator
+from tests.plugins.imagebuild.support import (
+    push_busybox_base,
+    skopeo_pull,
+    skopeo_raw_manifest,
+    start_registry,
+    tags,
+)
 
 UPLOADS = ("POST", "PUT", "PATCH")
 

@@ -11,14 +11,15 @@ import tarfile
 import boto3
 import kubernetes_validate
 import pytest
-from imagebuild_support import REPO  # noqa: F401  (puts plugins/ on sys.path)
 from kubernetes.client import ApiClient
 
+from kubetrain import pod_spec
 from kubetrain.imagebuild.builders import PushTarget
 from kubetrain.imagebuild.incluster import XCOM_RESULT, InClusterSettings
 from kubetrain.operators.build import BuildImageOperator, context_key
 
 K8S_VERSION = "1.33.0"
+SYNC_IMAGE = "registry.internal:5000/kubetrain/sync:latest"
 SECRET_VALUES = ("s3cr3t-registry-password", "AKIA-not-in-specs")
 
 
@@ -65,7 +66,8 @@ def test_pod_spec_builds_and_pushes_by_digest(registry_conn, context_dir):
     spec = body["spec"]
     assert [c["name"] for c in spec["initContainers"]] == ["fetch-context", "unpack-context"]
     fetch, unpack = spec["initContainers"]
-    assert fetch["args"][-2:] == ["s3://training/build-contexts/d/r/t/context-0123.tar.gz", "/workspace/context.tar.gz"]
+    assert fetch["args"] == ["s3://training/build-contexts/d/r/t/context-0123.tar.gz", "/workspace/context.tar.gz"]
+    assert fetch["command"][:2] == ["python3", "-c"] and fetch["image"] == pod_spec.resolve_image(None, "sync")
     assert fetch["envFrom"] == [{"secretRef": {"name": "kubetrain-s3"}}]
     (build,) = spec["containers"]
     assert build["name"] == "base" and build["image"].startswith("moby/buildkit:") and "rootless" in build["image"]
@@ -118,7 +120,36 @@ def test_bad_context_uri_is_refused(registry_conn, context_dir):
 
 
 def test_defaults_validate():
-    InClusterSettings()  # the shipped defaults must pass their own checks
+    # the shipped defaults must pass their own checks
+    assert InClusterSettings(fetch_image=SYNC_IMAGE).builder_image.startswith("moby/buildkit:")
+    assert InClusterSettings(tool="buildah", fetch_image=SYNC_IMAGE).builder_image.startswith("quay.io/buildah/stable:")
+    with pytest.raises(ValueError, match="invalid in-cluster build tool 'kaniko': expected one of buildkit, buildah"):
+        InClusterSettings(tool="kaniko", fetch_image=SYNC_IMAGE)
+    with pytest.raises(ValueError, match="no fetch_image: expected an image with Python 3 and botocore"):
+        InClusterSettings()
+
+
+def test_buildah_pod_builds_pushes_a_staging_tag_and_reports_the_digest(registry_conn, context_dir, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", SECRET_VALUES[1])
+    op = operator(context_dir, in_cluster_tool="buildah", fetch_image=SYNC_IMAGE)
+    body = pod_dict(op)
+    kubernetes_validate.validate(body, K8S_VERSION, strict=True)
+    text = json.dumps(body)
+    for secret in SECRET_VALUES:
+        assert secret not in text
+    (build,) = body["spec"]["containers"]
+    assert build["image"].startswith("quay.io/buildah/stable:") and build["command"][:2] == ["sh", "-c"]
+    assert "buildah $store push" in build["command"][2] and "/airflow/xcom/return.json" in build["command"][2]
+    args = build["args"]
+    assert args[:2] == ["--format", "oci"] and ["--build-arg", "PYTHON=3.11"] == args[2:4]
+    assert "--target" in args and args[args.index("--target") + 1] == "runtime"
+    assert "org.opencontainers.image.revision=abc" in args
+    env = {e["name"]: e["value"] for e in build["env"]}
+    assert env["IMAGE"] == "registry.internal:5000/kubetrain/trainer" and env["DOCKERFILE"] == "Dockerfile.gpu"
+    assert env["STAGING_TAG"].startswith("kubetrain-staging-") and env["TLS_VERIFY"] == "false"
+    assert env["REGISTRY_AUTH_FILE"] == "/home/build/.docker/config.json"
+    assert {v["name"] for v in body["spec"]["volumes"]} == {"workspace", "registry-auth"}
+    assert body["spec"]["initContainers"][0]["image"] == SYNC_IMAGE
 
 
 def test_context_upload_to_s3(s3_server, registry_conn, context_dir, monkeypatch):

@@ -8,7 +8,7 @@ import pytest
 
 from kubetrain.imagebuild.buildah import BuildahBuilder
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="session")

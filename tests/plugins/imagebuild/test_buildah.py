@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from imagebuild_support import push_busybox_base, skopeo_pull, start_registry, tags
 
 from include.devstack.stack import free_port
 from kubetrain.imagebuild.builders import BuildError
 from kubetrain.imagebuild.oci import RegistryAuthError, RegistryUnreachable
 from kubetrain.operators.build import BuildImageOperator
+from tests.plugins.imagebuild.support import push_busybox_base, skopeo_pull, start_registry, tags
 
 DOCKERFILE = """\
 ARG BASE
@@ -156,3 +156,15 @@ def test_auth_registry_bad_then_good_credentials(tmp_path, buildah_root, monkeyp
         assert fs["app/main.py"] == b"print('hello')\n"
     finally:
         reg.stop()
+
+
+def test_storage_root_is_absolute(tmp_path, monkeypatch):
+    """buildah runs steps from other working directories: a relative root would not resolve there."""
+    from pathlib import Path
+
+    from kubetrain.imagebuild.buildah import BuildahBuilder
+
+    monkeypatch.chdir(tmp_path)
+    builder = BuildahBuilder(Path(".tools/buildah"), storage_driver="vfs")
+    assert builder.storage_root == tmp_path / ".tools" / "buildah"
+    assert str(tmp_path) in builder._env()["TMPDIR"]

@@ -7,9 +7,9 @@ import json
 import stat
 
 import pytest
-from imagebuild_support import start_registry
 
 from kubetrain.hooks.registry import RegistryHook
+from tests.plugins.imagebuild.support import start_registry
 
 
 def set_conn(monkeypatch, conn_id: str, **conn) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from imagebuild_support import push_busybox_base, skopeo_pull, start_registry, start_token_registry
 
 from include.devstack.stack import free_port
 from kubetrain.imagebuild.oci import (
@@ -19,6 +18,12 @@ from kubetrain.imagebuild.oci import (
     select_platform,
 )
 from kubetrain.imagebuild.reference import parse_reference
+from tests.plugins.imagebuild.support import (
+    push_busybox_base,
+    skopeo_pull,
+    start_registry,
+    start_token_registry,
+)
 
 
 @pytest.fixture(scope="module")
