@@ -30,6 +30,7 @@ from pathlib import Path
 import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401
 from airflow.sdk import DAG
 
+from kubetrain.params import form_order
 from kubetrain.pipeline import DEFAULT_ARGS, SweepSettings, common_params, sweep_pipeline
 from kubetrain.sweep.space import tunable_schemas
 from kubetrain.sweep.trainers import DIALOGUE_TRANSFORMER as TRAINER
@@ -45,10 +46,10 @@ with DAG(
     catchup=False,
     default_args=DEFAULT_ARGS,
     tags=["kubetrain", "sweep", "nlp", "transformer"],
-    params={
+    params=form_order({
         **common_params(dataset_uri=DATASET, model="dialogue-transformer"),
         **TRAINING,
         **SWEEP.params(space={"hidden_size": [64, 128], "num_layers": {"low": 1, "high": 3, "type": "int"}, "dropout": [0.1, 0.2]}),
-    },
+    }),
 ) as dag:
     sweep_pipeline(SWEEP, title=f"{TRAINER.title} sweep", cmds=TRAINER.cmds, arguments=TRAINER.arguments)

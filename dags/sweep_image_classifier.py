@@ -40,6 +40,7 @@ from pathlib import Path
 import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401
 from airflow.sdk import DAG
 
+from kubetrain.params import form_order
 from kubetrain.pipeline import DEFAULT_ARGS, SweepSettings, common_params, sweep_pipeline
 from kubetrain.sweep.space import tunable_schemas
 from kubetrain.sweep.trainers import IMAGE_CLASSIFIER as TRAINER
@@ -55,10 +56,10 @@ with DAG(
     catchup=False,
     default_args=DEFAULT_ARGS,
     tags=["kubetrain", "sweep", "image-classification"],
-    params={
+    params=form_order({
         **common_params(dataset_uri=DATASET, model="image-classifier"),
         **TRAINING,
         **SWEEP.params(space={"learning_rate": {"low": 0.0003, "high": 0.01, "log": True}, "batch_size": [32, 64, 128]}),
-    },
+    }),
 ) as dag:
     sweep_pipeline(SWEEP, title=f"{TRAINER.title} sweep", cmds=TRAINER.cmds, arguments=TRAINER.arguments)
