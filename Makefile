@@ -31,12 +31,13 @@ export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION := False
 export TF_CPP_MIN_LOG_LEVEL := 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help setup test test-airflow test-trainer lint demo demo-dialogue airflow stack-up stack-images stack-down bench lock clean \
+.PHONY: help setup test test-airflow test-trainer lint demo demo-dialogue airflow stack-up stack-images stack-down bench lock clean demo-sweep \
 	images images-base mlflow-env
 
 help:
 	@echo "make demo        set up, start the dev stack and train a model end to end"
 	@echo "make test        set up and run the whole test suite (what CI runs)"
+	@echo "make demo-sweep  a small hyperparameter sweep end to end; prints the leaderboard's location"
 	@echo "make stack-up    start the dev stack in the background (.stack/env, .stack/kubeconfig); MLFLOW=1 adds MLflow"
 	@echo "make stack-down  stop it"
 	@echo "make airflow     the Airflow UI against the dev stack"
@@ -185,6 +186,9 @@ demo: setup stack-images
 
 demo-dialogue: setup stack-images
 	$(VENV)/bin/python -m include.demo dialogue
+
+demo-sweep: setup stack-images
+	$(VENV)/bin/python -m include.demo_sweep
 
 airflow: setup stack-images
 	$(VENV)/bin/python -m include.demo ui

@@ -27,8 +27,9 @@ from kubetrain.operators.promote import PromoteModelOperator
 from kubetrain.operators.report import ReportOperator
 from kubetrain.operators.stage import StageDatasetOperator, dataset_asset
 from kubetrain.operators.training import TrainingPodOperator
+from kubetrain.params import S3_URI, form_order
 
-__all__ = ["DEFAULT_ARGS", "TrainingTasks", "common_params", "schedule", "training_pipeline"]
+__all__ = ["DEFAULT_ARGS", "TrainingTasks", "common_params", "form_order", "schedule", "training_pipeline"]
 
 
 def schedule(dataset_uri: str, cron_env: str, default_cron: str | None):
@@ -51,13 +52,27 @@ def schedule(dataset_uri: str, cron_env: str, default_cron: str | None):
     return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=[asset])
 
 
-def common_params(*, dataset_uri: str, model: str, gpus: int = 1, cpu: str = "2", memory: str = "4Gi") -> dict[str, Param]:
-    """Params that every training DAG has: dataset, resources, image, promotion."""
-    return {
+def common_params(
+    *, dataset_uri: str, model: str, gpus: int = 1, cpu: str = "2", memory: str = "4Gi", **params: Param
+) -> dict[str, Param]:
+    """Params that every training DAG has (dataset, model name, resources, cluster, promotion), and the DAG's own.
+
+    The result is in the trigger form's order (:func:`kubetrain.params.form_order`): the DAG's
+    Training and Model Params first and open, then Data, Resources, Cluster and Promotion,
+    folded. A Param of the DAG's own replaces a common one of the same name.
+
+    :param dataset_uri: the default dataset, ``s3://<bucket>/<prefix>/`` or ``s3://<bucket>/<file>``.
+    :param model: the default model name (the name it is promoted as).
+    :param gpus: default GPUs per training pod.
+    :param cpu: default CPU request and limit.
+    :param memory: default memory request and limit.
+    :param params: the DAG's own Params, e.g. ``epochs=Param(5, type="integer", section="Training")``.
+    """
+    common = {
         "dataset_uri": Param(
             dataset_uri,
             type="string",
-            pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$",
+            format=S3_URI,
             title="Dataset",
             description="S3 prefix (s3://bucket/prefix/) or single archive (s3://bucket/data.zip) to train on.",
             section="Data",
@@ -68,7 +83,7 @@ def common_params(*, dataset_uri: str, model: str, gpus: int = 1, cpu: str = "2"
             pattern=r"^[a-z0-9]([a-z0-9._-]{0,98}[a-z0-9])?$",
             title="Model name",
             description="Name under which the model is promoted: s3://<training bucket>/models/<name>/.",
-            section="Data",
+            section="Model",
         ),
         "gpus": Param(
             gpus, type="integer", minimum=0, maximum=8, title="GPUs", description="GPUs per pod, requested as the GPU resource.",
@@ -157,6 +172,7 @@ def common_params(*, dataset_uri: str, model: str, gpus: int = 1, cpu: str = "2"
             section="Promotion",
         ),
     }
+    return form_order({**common, **params})
 
 
 @dataclass
@@ -225,6 +241,7 @@ def training_pipeline(
         model="{{ params.model_name }}",
         title=title,
         require_metrics=require_metrics,
+        notes=train.output["notes"],
         on_failure_callback=[record_failure],
     )
     promote = PromoteModelOperator(
@@ -248,3 +265,11 @@ def training_pipeline(
     )
     stage >> check >> train >> report >> promote >> record
     return TrainingTasks(stage, check, train, report, promote, record)
+
+
+# Sweeps (hyperparameter search over mapped training pods) share the stage and promotion steps;
+# their chain lives in kubetrain.sweep and is offered here beside training_pipeline.
+from kubetrain.sweep.config import SweepSettings  # noqa: E402
+from kubetrain.sweep.pipeline import SweepTasks, sweep_pipeline  # noqa: E402
+
+__all__ += ["SweepSettings", "SweepTasks", "sweep_pipeline"]

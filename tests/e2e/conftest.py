@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from ui_support import airflow_ui, chromium_page
 
 REPO = Path(__file__).resolve().parents[2]
 AIRFLOW = REPO / ".venv" / "bin" / "airflow"
@@ -155,21 +156,14 @@ def airflow(devstack, tmp_path_factory) -> AirflowRunner:
 
 
 @pytest.fixture(scope="session")
-def airflow_ui(devstack, tmp_path_factory):
-    """Airflow as `make airflow` starts it (API server, scheduler, DAG processor, triggerer) on the
-    dev stack, in a private home, DAGs paused at creation: one for the session's browser tests.
-    A test that unpauses a DAG or sets a Variable puts it back when it is done."""
-    from include.airflow_ui import AirflowUI
-    from include.devstack.stack import free_port
+def ui(devstack, tmp_path_factory):
+    """Airflow as `make airflow` starts it (ui_support.airflow_ui), shared by the session's UI tests."""
+    with airflow_ui(devstack.env(), tmp_path_factory.mktemp("ui")) as airflow:
+        yield airflow
 
-    seed_db = Path(os.environ.get("AIRFLOW_HOME", REPO / ".airflow")) / "airflow.db"
-    with AirflowUI(
-        tmp_path_factory.mktemp("airflow-ui") / "airflow",
-        devstack.env(),
-        port=free_port(),
-        seed_db=seed_db,
-        paused_at_creation=True,
-        env={"KUBETRAIN_IMAGE_CLASSIFIER_CRON": "", "KUBETRAIN_IMAGE_BUILD_CRON": "", "KUBETRAIN_RETRY_DELAY_SECONDS": "5"},
-    ) as ui:
-        ui.wait_dags(["train_image_classifier"])
-        yield ui
+
+@pytest.fixture
+def page(tmp_path):
+    """A headless Chromium page; its profile in the test's tmp dir."""
+    with chromium_page(tmp_path / "chromium-profile") as page:
+        yield page

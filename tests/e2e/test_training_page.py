@@ -68,9 +68,9 @@ def stack(devstack, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def runs(stack, airflow_ui):
+def runs(stack, ui):
     """The session's Airflow (`make airflow`) logging to MLflow; runs A and B trained, both finished."""
-    airflow = airflow_ui
+    airflow = ui
     # the setting's Variable: the running Airflow logs to this MLflow server from the next task on
     airflow.api("POST", "/variables", {"key": TRACKING_VARIABLE, "value": stack["mlflow"].url})
     try:
