@@ -35,14 +35,15 @@ export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION := False
 export TF_CPP_MIN_LOG_LEVEL := 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help setup test test-airflow test-trainer lint demo demo-dialogue demo-distributed airflow stack-up stack-images stack-down bench lock clean \
-	images images-base
+.PHONY: help setup test test-airflow test-trainer lint demo demo-dialogue demo-distributed airflow stack-up stack-images stack-down bench lock clean demo-sweep \
+	images images-base mlflow-env
 
 help:
 	@echo "make demo        set up, start the dev stack and train a model end to end"
 	@echo "make test        set up and run the whole test suite (what CI runs)"
 	@echo "make demo-distributed  the same classifier trained by 2 workers (multi-node training)"
-	@echo "make stack-up    start the dev stack in the background (.stack/env, .stack/kubeconfig)"
+	@echo "make demo-sweep  a small hyperparameter sweep end to end; prints the leaderboard's location"
+	@echo "make stack-up    start the dev stack in the background (.stack/env, .stack/kubeconfig); MLFLOW=1 adds MLflow"
 	@echo "make stack-down  stop it"
 	@echo "make airflow     the Airflow UI against the dev stack"
 	@echo "make images      build the trainer (GPU, CPU) and sync images, check them, push them to KUBETRAIN_REGISTRY"
@@ -85,6 +86,15 @@ $(TVENV)/.synced: trainer/requirements.lock | $(UV)
 	@[ -x $(TVENV)/bin/python ] || $(UV) venv --quiet --python $(PYTHON) $(TVENV)
 	$(UV) pip sync --quiet --python $(TVENV)/bin/python trainer/requirements.lock
 	@touch $@
+
+# The dev stack's MLflow tracking server in an environment of its own (its pins clash with Airflow's).
+MLFLOW_VENV := .tools/mlflow
+$(MLFLOW_VENV)/.synced: include/devstack/mlflow/requirements.lock | $(UV)
+	@[ -x $(MLFLOW_VENV)/bin/python ] || $(UV) venv --quiet --python $(PYTHON) $(MLFLOW_VENV)
+	$(UV) pip sync --quiet --python $(MLFLOW_VENV)/bin/python include/devstack/mlflow/requirements.lock
+	@touch $@
+
+mlflow-env: $(MLFLOW_VENV)/.synced
 
 $(AIRFLOW_HOME)/.migrated: $(VENV)/.synced
 	@mkdir -p $(AIRFLOW_HOME)
@@ -147,17 +157,18 @@ $(IMAGE_ROOTFS): | $(STAMPS)/apt
 lock: | $(UV)
 	$(UV) pip compile --quiet --python-version 3.11 requirements.txt -o requirements.lock
 	$(UV) pip compile --quiet --python-version 3.11 trainer/requirements.txt -o trainer/requirements.lock
+	$(UV) pip compile --quiet --python-version 3.11 include/devstack/mlflow/requirements.txt -o include/devstack/mlflow/requirements.lock
 
 # -- tests ---------------------------------------------------------------------------------
 
 # The suites start their own dev stack (tests/conftest.py), so a stack of yours keeps running.
-test: setup lint $(IMAGE_ROOTFS)
+test: setup lint $(IMAGE_ROOTFS) $(MLFLOW_VENV)/.synced
 	@rc=0; \
 	env -u KUBETRAIN_STACK_DIR $(VENV)/bin/pytest tests --ignore=tests/trainer || rc=$$?; \
 	env -u KUBETRAIN_STACK_DIR $(TVENV)/bin/pytest tests/trainer || rc=$$?; \
 	exit $$rc
 
-test-airflow: setup $(IMAGE_ROOTFS)
+test-airflow: setup $(IMAGE_ROOTFS) $(MLFLOW_VENV)/.synced
 	env -u KUBETRAIN_STACK_DIR $(VENV)/bin/pytest tests --ignore=tests/trainer
 
 test-trainer: setup
@@ -168,8 +179,9 @@ lint: $(VENV)/.synced
 
 # -- dev stack, demo, UI -------------------------------------------------------------------
 
-stack-up: setup
-	$(VENV)/bin/python -m include.devstack up
+MLFLOW ?=
+stack-up: setup $(if $(filter 1 true yes,$(MLFLOW)),$(MLFLOW_VENV)/.synced)
+	$(VENV)/bin/python -m include.devstack up $(if $(filter 1 true yes,$(MLFLOW)),--mlflow)
 
 stack-down:
 	@if [ -x $(VENV)/bin/python ]; then $(VENV)/bin/python -m include.devstack down; fi
@@ -188,6 +200,9 @@ demo-dialogue: setup stack-images
 # The digits classifier on 2 workers (Indexed Jobs + headless Service on the dev stack); prints the report's location.
 demo-distributed: setup stack-images
 	$(VENV)/bin/python -m include.demo distributed
+
+demo-sweep: setup stack-images
+	$(VENV)/bin/python -m include.demo_sweep
 
 airflow: setup stack-images
 	$(VENV)/bin/python -m include.demo ui

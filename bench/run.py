@@ -25,6 +25,9 @@ BENCHES = {
     "image_update": (AIRFLOW, "bench_image_update.py", "code-only image update: append layer vs. buildah build"),
     "dag_parse": (AIRFLOW, "bench_dag_parse.py", "DAG file parse time: (a) warm, as the DAG processor parses, (b) cold import"),
     "orchestration": (AIRFLOW, "bench_orchestration.py", "orchestration overhead of the demo DAG"),
+    "kill_soak": (AIRFLOW, "bench_kill_soak.py", "training runs killed at random points: resumed, steps lost, orphans"),
+    "sweep": (AIRFLOW, "bench_sweep.py", "16-trial random sweep with and without median stopping: compute saved, wall vs. ideal, per-trial overhead"),
+    "runs_page": (AIRFLOW, "bench_runs_page.py", "the Training page's API with 10,000 run records"),
     "distributed": (AIRFLOW, "bench_distributed.py", "the digits training with 1 and 2 workers on the dev stack"),
 }
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401
 from airflow.sdk import DAG, Param
 
-from kubetrain.pipeline import DEFAULT_ARGS, common_params, training_pipeline
+from kubetrain.pipeline import DEFAULT_ARGS, common_params, form_order, training_pipeline
 
 with DAG(
     dag_id=Path(__file__).stem,
@@ -34,7 +34,7 @@ with DAG(
     catchup=False,
     default_args=DEFAULT_ARGS,
     tags=["kubetrain", "training", "custom"],
-    params={
+    params=form_order({
         **common_params(dataset_uri="s3://datasets/digits/", model="custom-model", gpus=0),
         "promote": Param(
             "always", type="string", enum=["always", "if_better", "never"], title="Promote",
@@ -62,7 +62,7 @@ with DAG(
             description="Fail unless the container writes OUTPUT_DIR/metrics.json; without it the run gets no report.",
             section="Container",
         ),
-    },
+    }),
 ) as dag:
     training_pipeline(
         title="Custom training container",

@@ -24,7 +24,7 @@ from pathlib import Path
 import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401
 from airflow.sdk import DAG, Param
 
-from kubetrain.pipeline import DEFAULT_ARGS, common_params, schedule, training_pipeline
+from kubetrain.pipeline import DEFAULT_ARGS, common_params, form_order, schedule, training_pipeline
 
 DATASET = "s3://datasets/dialogue/"
 
@@ -36,7 +36,7 @@ with DAG(
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=["kubetrain", "training", "nlp", "transformer"],
-    params={
+    params=form_order({
         **common_params(dataset_uri=DATASET, model="dialogue-transformer"),
         "epochs": Param(20, type="integer", minimum=1, maximum=10000, title="Epochs", description="Passes over the pairs.", section="Training"),
         "max_steps": Param(
@@ -63,7 +63,7 @@ with DAG(
         "vocab_size": Param(
             8000, type="integer", minimum=16, maximum=200000, title="Vocabulary", description="Tokenizer vocabulary size.", section="Model",
         ),
-    },
+    }),
 ) as dag:
     training_pipeline(
         title="Dialogue Transformer",

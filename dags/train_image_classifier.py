@@ -27,7 +27,7 @@ from pathlib import Path
 import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401
 from airflow.sdk import DAG, Param
 
-from kubetrain.pipeline import DEFAULT_ARGS, common_params, schedule, training_pipeline
+from kubetrain.pipeline import DEFAULT_ARGS, common_params, form_order, schedule, training_pipeline
 
 DATASET = "s3://datasets/digits/"
 
@@ -39,7 +39,7 @@ with DAG(
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=["kubetrain", "training", "image-classification"],
-    params={
+    params=form_order({
         **common_params(dataset_uri=DATASET, model="image-classifier"),
         "architecture": Param(
             "cnn", type="string", enum=["cnn", "mobilenet_v2"], title="Architecture",
@@ -61,7 +61,7 @@ with DAG(
         "mixed_precision": Param(
             False, type="boolean", title="Mixed precision", description="float16 compute on GPUs that support it.", section="Training",
         ),
-    },
+    }),
 ) as dag:
     training_pipeline(
         title="Image classifier",

@@ -222,25 +222,51 @@ class AirflowUI:
         self.started_at = datetime.now(UTC)
         try:
             for name in COMPONENTS:
-                argv = [str(AIRFLOW), name]
-                if name == "api-server":
-                    argv += ["--host", self.host, "--port", str(self.port)]
-                with open(self.log_path(name), "ab") as out:
-                    self.procs[name] = subprocess.Popen(
-                        argv,
-                        cwd=REPO,
-                        env=env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,  # its own process group: stopped with everything it forks
-                        preexec_fn=_die_with_parent,
-                    )
+                self._spawn(name, env)
             self.wait_healthy(timeout)
             self.ensure_pool("gpu", self.pool_slots, "GPU training pods")
         except BaseException:
             self.stop()
             raise
+
+    def _spawn(self, name: str, env: Mapping[str, str]) -> None:
+        argv = [str(AIRFLOW), name]
+        if name == "api-server":
+            argv += ["--host", self.host, "--port", str(self.port)]
+        with open(self.log_path(name), "ab") as out:
+            self.procs[name] = subprocess.Popen(
+                argv,
+                cwd=REPO,
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stopped with everything it forks
+                preexec_fn=_die_with_parent,
+            )
+
+    def restart(self, component: str, *, sig: int = signal.SIGKILL, timeout: float = 180) -> None:
+        """Kill one component (its whole process group, task processes included) with ``sig`` and start
+        it again, as a supervisor restarts a crashed process; return once Airflow reports it healthy.
+
+        :param component: one of ``COMPONENTS``.
+        :param sig: the signal that ends it (SIGKILL: a crash, nothing is cleaned up).
+        :param timeout: seconds to wait for the new process to be healthy.
+        """
+        if component not in self.procs:
+            raise AirflowUIError(f"{component!r} is not a running component: expected one of {', '.join(self.procs)}")
+        proc = self.procs[component]
+        strays = _descendants({proc.pid})
+        _signal_group(proc.pid, sig)
+        for pid in strays:
+            _signal_pid(pid, sig)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        self._spawn(component, self.env())
+        self.wait_healthy(timeout)
 
     def stop(self, grace: float = 20) -> None:
         """SIGTERM every component's process group (and strays), SIGKILL what is left after ``grace`` s."""

@@ -185,6 +185,7 @@ def run_demo(name: str) -> int:
     print(f"report:  {report_uri}")
     print(f"         copied to {local} (open it in a browser: the plots are inlined)")
     print("         or from the report task's \"Training report\" link in `make airflow`")
+    print("run:     on the Training page of `make airflow`, and on its model's leaderboard")
     return 0
 
 
@@ -269,6 +270,7 @@ def run_ui(port: int) -> int:
         print(f"\nAirflow UI: {ui.url}  login: {ui.username} / {ui.password}", flush=True)
         print("  trigger train_image_classifier from its trigger form (the form unpauses it) and follow the run;", flush=True)
         print("  unpause watch_datasets to retrain when a new dataset version lands in s3://datasets/.", flush=True)
+        print("  Training (in the navigation) lists every run, `make demo`'s among them, and each model's leaderboard.", flush=True)
         print("  Ctrl-C stops Airflow (the dev stack keeps running: `make stack-down`).", flush=True)
         while True:
             ui.check_alive()

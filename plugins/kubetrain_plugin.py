@@ -1,4 +1,9 @@
-"""Airflow plugin of kubetrain: the "Training report" link and the API server route that serves reports."""
+"""Airflow plugin of kubetrain: the "Training report" link, the API server routes, and the Training page.
+
+The Training page is an external view of the Airflow UI (Airflow 3's plugin interface, stable
+since 3.1): a navigation entry whose page, served by kubetrain's FastAPI app on the API server,
+the UI shows in a frame at ``/plugin/training``.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,20 @@ from airflow.plugins_manager import AirflowPlugin
 from kubetrain.api import ReportsApp
 from kubetrain.links import URL_PREFIX, ReportLink
 
+TRAINING_VIEW = {
+    "name": "Training",
+    # Relative to the UI's base URL (its <base href>), so a deployment under a path prefix works too.
+    "href": URL_PREFIX.lstrip("/") + "/training/",
+    "url_route": "training",
+    "destination": "nav",
+    "nav_top_level": True,
+}
+
 
 class KubetrainPlugin(AirflowPlugin):
-    """Makes the "Training report" link of ReportOperator tasks known, and serves the reports it opens."""
+    """Makes the "Training report" link of ReportOperator tasks known, serves the reports it opens, adds the Training page."""
 
     name = "kubetrain"
     operator_extra_links = [ReportLink()]
-    fastapi_apps = [{"app": ReportsApp(), "url_prefix": URL_PREFIX, "name": "kubetrain training reports"}]
+    fastapi_apps = [{"app": ReportsApp(), "url_prefix": URL_PREFIX, "name": "kubetrain training reports and runs"}]
+    external_views = [TRAINING_VIEW]

@@ -1,6 +1,9 @@
-"""kubetrain's routes on the Airflow API server: training reports, read from S3 for a logged-in viewer.
+"""kubetrain's routes on the Airflow API server: training reports and the Training page, for a logged-in viewer.
 
-Mounted at ``/kubetrain`` by the kubetrain plugin. ``GET /kubetrain/reports/<dag_id>/<bucket>/<key>``
+Mounted at ``/kubetrain`` by the kubetrain plugin. ``/kubetrain/training/`` is the Training page
+(:mod:`kubetrain.ui.app`), which the plugin adds to the Airflow UI's navigation.
+
+``GET /kubetrain/reports/<dag_id>/<bucket>/<key>``
 answers with a report file of a run of that DAG when the viewer's Airflow session (the UI's
 cookie, or a Bearer token) may read the DAG's runs. Only files of the report area of that
 DAG's runs in the training bucket are served: ``runs/<dag_id>/.../report/<file>``.
@@ -39,12 +42,28 @@ def create_app() -> Any:
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
     from airflow.api_fastapi.core_api.security import requires_access_dag
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-    from fastapi import Depends, FastAPI, HTTPException, Response
+    from fastapi import Depends, FastAPI, HTTPException, Request, Response
+    from fastapi.exception_handlers import http_exception_handler
 
     from kubetrain.run_store import RunStore
     from kubetrain.s3_layout import S3Layout
+    from kubetrain.ui.app import create_router
 
-    app = FastAPI(title="kubetrain", description="Training reports of kubetrain's DAGs, read from S3.")
+    app = FastAPI(title="kubetrain", description="Training reports and the Training page of kubetrain's DAGs.")
+    app.include_router(create_router())
+
+    @app.exception_handler(HTTPException)
+    async def login_first(request: Request, exc: HTTPException) -> Response:
+        # A browser that opens a page without a login is sent to Airflow's, and back here after it.
+        if exc.status_code == 401 and _wants_html(request):
+            from airflow.api_fastapi.app import get_auth_manager
+            from fastapi.responses import RedirectResponse
+
+            here = request.url.path
+            if request.url.query:
+                here += "?" + request.url.query
+            return RedirectResponse(get_auth_manager().get_url_login(next_url=here), status_code=303)
+        return await http_exception_handler(request, exc)
 
     @app.get(
         "/reports/{dag_id}/{bucket}/{key:path}",
@@ -70,6 +89,13 @@ def create_app() -> Any:
         )
 
     return app
+
+
+def _wants_html(request: Any) -> bool:
+    """A page of the Training page asked for by a browser (not the JSON API, not a report file)."""
+    path = request.url.path
+    accept = request.headers.get("accept", "")
+    return "/training/" in path and "/training/api/" not in path and "text/html" in accept
 
 
 class ReportsApp:

@@ -22,13 +22,14 @@ from typing import Any
 from airflow.sdk import Param
 
 from kubetrain.defaults import DEFAULT_ARGS
-from kubetrain.operators.dedupe import RecordTrainingOperator, SkipIfTrainedOperator
+from kubetrain.operators.dedupe import RecordFailedRun, RecordTrainingOperator, SkipIfTrainedOperator
 from kubetrain.operators.promote import PromoteModelOperator
 from kubetrain.operators.report import ReportOperator
 from kubetrain.operators.stage import StageDatasetOperator, dataset_asset
 from kubetrain.operators.training import TrainingPodOperator
+from kubetrain.params import S3_URI, form_order
 
-__all__ = ["DEFAULT_ARGS", "TrainingTasks", "common_params", "schedule", "training_pipeline"]
+__all__ = ["DEFAULT_ARGS", "TrainingTasks", "common_params", "form_order", "schedule", "training_pipeline"]
 
 
 def schedule(dataset_uri: str, cron_env: str, default_cron: str | None):
@@ -51,13 +52,27 @@ def schedule(dataset_uri: str, cron_env: str, default_cron: str | None):
     return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=[asset])
 
 
-def common_params(*, dataset_uri: str, model: str, gpus: int = 1, cpu: str = "2", memory: str = "4Gi") -> dict[str, Param]:
-    """Params that every training DAG has: dataset, resources, image, promotion."""
-    return {
+def common_params(
+    *, dataset_uri: str, model: str, gpus: int = 1, cpu: str = "2", memory: str = "4Gi", **params: Param
+) -> dict[str, Param]:
+    """Params that every training DAG has (dataset, model name, resources, cluster, promotion), and the DAG's own.
+
+    The result is in the trigger form's order (:func:`kubetrain.params.form_order`): the DAG's
+    Training and Model Params first and open, then Data, Resources, Cluster and Promotion,
+    folded. A Param of the DAG's own replaces a common one of the same name.
+
+    :param dataset_uri: the default dataset, ``s3://<bucket>/<prefix>/`` or ``s3://<bucket>/<file>``.
+    :param model: the default model name (the name it is promoted as).
+    :param gpus: default GPUs per training pod.
+    :param cpu: default CPU request and limit.
+    :param memory: default memory request and limit.
+    :param params: the DAG's own Params, e.g. ``epochs=Param(5, type="integer", section="Training")``.
+    """
+    common = {
         "dataset_uri": Param(
             dataset_uri,
             type="string",
-            pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$",
+            format=S3_URI,
             title="Dataset",
             description="S3 prefix (s3://bucket/prefix/) or single archive (s3://bucket/data.zip) to train on.",
             section="Data",
@@ -68,7 +83,7 @@ def common_params(*, dataset_uri: str, model: str, gpus: int = 1, cpu: str = "2"
             pattern=r"^[a-z0-9]([a-z0-9._-]{0,98}[a-z0-9])?$",
             title="Model name",
             description="Name under which the model is promoted: s3://<training bucket>/models/<name>/.",
-            section="Data",
+            section="Model",
         ),
         "gpus": Param(
             gpus, type="integer", minimum=0, maximum=8, title="GPUs", description="GPUs per pod, requested as the GPU resource.",
@@ -157,6 +172,7 @@ def common_params(*, dataset_uri: str, model: str, gpus: int = 1, cpu: str = "2"
             section="Promotion",
         ),
     }
+    return form_order({**common, **params})
 
 
 @dataclass
@@ -193,6 +209,10 @@ def training_pipeline(
         :class:`~kubetrain.operators.distributed.DistributedTrainingOperator` (several workers).
     :param train_kwargs: more arguments of ``train_operator``.
     """
+    # A run that fails in training, report or promotion is recorded too (status failed, the error).
+    record_failure = RecordFailedRun(stage_task_id="stage_dataset", check_task_id="check_new")
+    own_callbacks = train_kwargs.pop("on_failure_callback", None) or []
+    own_callbacks = list(own_callbacks) if isinstance(own_callbacks, list | tuple) else [own_callbacks]
     stage = StageDatasetOperator(task_id="stage_dataset", source_uri="{{ params.dataset_uri }}", outlets=[])
     check = SkipIfTrainedOperator(
         task_id="check_new", dataset_version=stage.output["version"], image="{{ params.image or '' }}"
@@ -215,6 +235,7 @@ def training_pipeline(
         memory="{{ params.memory }}",
         sync_interval="{{ params.sync_interval }}",
         execution_timeout=execution_timeout,
+        on_failure_callback=[record_failure, *own_callbacks],
         **train_kwargs,
     )
     report = ReportOperator(
@@ -223,6 +244,8 @@ def training_pipeline(
         model="{{ params.model_name }}",
         title=title,
         require_metrics=require_metrics,
+        notes=train.output["notes"],
+        on_failure_callback=[record_failure],
     )
     promote = PromoteModelOperator(
         task_id="promote",
@@ -231,6 +254,7 @@ def training_pipeline(
         promote="{{ params.promote }}",
         is_better=report.output["better_than_promoted"],
         keep_checkpoints=keep_checkpoints,
+        on_failure_callback=[record_failure],
     )
     record = RecordTrainingOperator(
         task_id="record",
@@ -238,6 +262,17 @@ def training_pipeline(
         dataset_version=stage.output["version"],
         image=check.output["image"],
         promotion=promote.output,
+        report=report.output,
+        run_uri=train.output["run_uri"],
+        dataset_manifest=stage.output["manifest_uri"],
     )
     stage >> check >> train >> report >> promote >> record
     return TrainingTasks(stage, check, train, report, promote, record)
+
+
+# Sweeps (hyperparameter search over mapped training pods) share the stage and promotion steps;
+# their chain lives in kubetrain.sweep and is offered here beside training_pipeline.
+from kubetrain.sweep.config import SweepSettings  # noqa: E402
+from kubetrain.sweep.pipeline import SweepTasks, sweep_pipeline  # noqa: E402
+
+__all__ += ["SweepSettings", "SweepTasks", "sweep_pipeline"]

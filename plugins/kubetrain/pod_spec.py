@@ -40,6 +40,10 @@ SYNC_CONTAINER = "checkpoint-sync"
 GPU_RESOURCE = settings.SETTINGS["gpu_resource"].default
 LABEL_PREFIX = "kubetrain.io/"
 
+# Where the checkpoint-sync sidecar tells the trainer to stop (the median rule of a sweep):
+# trainer/sync/README.md, "Median stopping". The sidecar skips ".kubetrain-*" names when it syncs.
+STOP_FILE = f"{CHECKPOINT_DIR}/.kubetrain-stop"
+
 STAGE_IN_COMMAND = ("python", "-m", "trainer.sync", "stage-in")
 RESTORE_COMMAND = ("python", "-m", "trainer.sync", "restore")
 SYNC_COMMAND = ("python", "-m", "trainer.sync", "checkpoint-sync")
@@ -124,6 +128,46 @@ def code_version_of(image: str) -> str:
 
 
 @dataclass(frozen=True)
+class MedianStopping:
+    """Median early stopping of one trial of a sweep, done by its checkpoint-sync sidecar.
+
+    :param objective: the metric the trainer reports per epoch (a history.csv column, or a key of
+        OUTPUT_DIR/metrics.jsonl), e.g. ``val_accuracy``.
+    :param mode: ``max`` or ``min``: whether larger is better.
+    :param trials_uri: ``s3://`` prefix of the sweep's finished trial records.
+    :param min_trials: finished trials needed before any trial is stopped.
+    :param start_step: reports a trial makes before it may be stopped.
+    """
+
+    objective: str
+    mode: str
+    trials_uri: str
+    min_trials: int = 3
+    start_step: int = 4
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.objective, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]*$", self.objective):
+            raise ValueError(f"objective={self.objective!r} is not a metric name: expected e.g. 'val_accuracy'")
+        if self.mode not in ("max", "min"):
+            raise ValueError(f"mode={self.mode!r} is not valid: expected 'max' or 'min'")
+        if not isinstance(self.trials_uri, str) or not self.trials_uri.startswith("s3://") or not self.trials_uri.endswith("/"):
+            raise ValueError(f"trials_uri={self.trials_uri!r} is not valid: expected an s3:// prefix ending in '/'")
+        object.__setattr__(self, "min_trials", _count("min_trials", self.min_trials, minimum=1))
+        object.__setattr__(self, "start_step", _count("start_step", self.start_step, minimum=1))
+
+    def env(self) -> dict[str, str]:
+        """The checkpoint-sync sidecar's variables for the rule."""
+        return {
+            "KUBETRAIN_EARLY_STOPPING": "median",
+            "KUBETRAIN_OBJECTIVE": self.objective,
+            "KUBETRAIN_OBJECTIVE_MODE": self.mode,
+            "KUBETRAIN_MEDIAN_MIN_TRIALS": str(self.min_trials),
+            "KUBETRAIN_MEDIAN_START_STEP": str(self.start_step),
+            "KUBETRAIN_SWEEP_TRIALS_URI": self.trials_uri,
+        }
+
+
+@dataclass(frozen=True)
 class TrainingPodConfig:
     """Everything that varies between training pods; checks itself on creation.
 
@@ -155,6 +199,7 @@ class TrainingPodConfig:
     :param env: extra environment of the base container (plain values only, never secrets).
     :param labels: pod labels (values are made label-safe).
     :param annotations: pod annotations.
+    :param early_stopping: median stopping by the sidecar (a sweep trial), or ``None``.
     """
 
     image: str
@@ -186,6 +231,7 @@ class TrainingPodConfig:
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     namespace: str | None = None
+    early_stopping: MedianStopping | None = None
 
     def __post_init__(self) -> None:
         for name in ("image", "sync_image"):
@@ -448,6 +494,14 @@ def grace_period_for(checkpoint_bytes: int, sync_bytes_per_second: float = 20e6)
     return grace
 
 
+def stop_env(config: TrainingPodConfig, *, rule: bool = True) -> list[k8s.V1EnvVar]:
+    """``KUBETRAIN_STOP_FILE`` (and, for the sidecar, the rule's settings) when the trial may be stopped early."""
+    if config.early_stopping is None:
+        return []
+    values = {"KUBETRAIN_STOP_FILE": STOP_FILE, **(config.early_stopping.env() if rule else {})}
+    return [k8s.V1EnvVar(name=k, value=v) for k, v in values.items()]
+
+
 def checkpoint_sync_container(config: TrainingPodConfig) -> k8s.V1Container:
     """Native sidecar (``restartPolicy: Always`` init container): upload checkpoints and output."""
     env = [
@@ -455,6 +509,7 @@ def checkpoint_sync_container(config: TrainingPodConfig) -> k8s.V1Container:
         k8s.V1EnvVar(name="KUBETRAIN_SYNC_INTERVAL", value=str(config.sync_interval)),
         k8s.V1EnvVar(name="KUBETRAIN_SYNC_QUIET", value=str(config.sync_quiet)),
         k8s.V1EnvVar(name="KUBETRAIN_SYNC_GRACE", value=str(sync_grace(config.termination_grace_period))),
+        *stop_env(config),
         # The pod name goes into every pass manifest.
         k8s.V1EnvVar(
             name="HOSTNAME",
@@ -468,9 +523,10 @@ def checkpoint_sync_container(config: TrainingPodConfig) -> k8s.V1Container:
         restart_policy="Always",
         env=env,
         env_from=s3_env_from(config),
-        # The sidecar only reads what the trainer writes.
+        # The sidecar only reads what the trainer writes; with early stopping it may also
+        # write the stop file into CHECKPOINT_DIR.
         volume_mounts=[
-            _mount("checkpoints", CHECKPOINT_DIR, read_only=True),
+            _mount("checkpoints", CHECKPOINT_DIR, read_only=config.early_stopping is None),
             _mount("output", OUTPUT_DIR, read_only=True),
         ],
         resources=sync_resources(),
@@ -480,7 +536,11 @@ def checkpoint_sync_container(config: TrainingPodConfig) -> k8s.V1Container:
 
 def base_container(config: TrainingPodConfig) -> k8s.V1Container:
     """The training container: the image and command, the contract's directories and environment."""
-    env = contract_env(config) + [k8s.V1EnvVar(name=k, value=str(v)) for k, v in config.env.items()]
+    env = (
+        contract_env(config)
+        + stop_env(config, rule=False)
+        + [k8s.V1EnvVar(name=k, value=str(v)) for k, v in config.env.items()]
+    )
     return k8s.V1Container(
         name=BASE_CONTAINER,
         image=config.image,

@@ -239,3 +239,73 @@ class PodStartup:
             if reason in PULL_WAITING_REASONS:
                 failure = ImagePullError
         raise failure(f"pod {name} waited longer than startup_timeout={self.startup_timeout:g} s for {what}{detail}")
+
+
+# -- after start-up --------------------------------------------------------------------------
+
+GPU_NOT_AVAILABLE = "GPUNotAvailable"
+NOTES_KEY = "kubetrain_notes"
+
+
+def started_containers(pod: Any) -> list[str]:
+    """Names of the containers (init containers first) that have started, so their log can be read."""
+    names = []
+    status = pod.status
+    for item in [*(getattr(status, "init_container_statuses", None) or []), *(getattr(status, "container_statuses", None) or [])]:
+        state = item.state
+        if state is not None and (state.running is not None or state.terminated is not None):
+            names.append(item.name)
+    return names
+
+
+def _quantity(value: Any) -> int:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def requested_gpus(pod: Any, gpu_resource: str) -> int:
+    """The number of ``gpu_resource`` that the pod's containers ask for (limits; requests where no limit)."""
+    total = 0
+    for container in getattr(pod.spec, "containers", None) or []:
+        resources = container.resources
+        if resources is None:
+            continue
+        limits = resources.limits or {}
+        requests = resources.requests or {}
+        total += _quantity(limits.get(gpu_resource, requests.get(gpu_resource, 0)))
+    return total
+
+
+def gpu_served_on_cpu(pod: Any, gpu_resource: str, events: Iterable[Any] = (), node: Any = None) -> str | None:
+    """One line saying that the pod's GPU request was served on CPU, or None when it was not.
+
+    A real cluster never starts a GPU pod on a node without GPUs; a development cluster such
+    as kubetrain's dev stack does, and says so: its node reports no ``gpu_resource`` in its
+    capacity, and the pod gets a ``GPUNotAvailable`` event. Either is enough.
+
+    :param pod: the scheduled pod.
+    :param gpu_resource: the extended resource GPUs are requested as (``nvidia.com/gpu``, ...).
+    :param events: the pod's events.
+    :param node: the node the pod runs on, when it could be read (reading nodes needs a cluster role).
+    """
+    wanted = requested_gpus(pod, gpu_resource)
+    if not wanted:
+        return None
+    node_name = getattr(pod.spec, "node_name", None) or "its node"
+    if node is not None:
+        status = node.status
+        capacity = (getattr(status, "allocatable", None) or getattr(status, "capacity", None) or {}) if status else {}
+        if _quantity(capacity.get(gpu_resource, 0)) == 0:
+            return (
+                f"GPU request served on CPU: pod {pod.metadata.name} asked for {wanted} {gpu_resource}, but node "
+                f"{node_name} has none (its capacity lists no {gpu_resource}), so it trains on CPU"
+            )
+    for event in events:
+        if event.reason == GPU_NOT_AVAILABLE:
+            return (
+                f"GPU request served on CPU: pod {pod.metadata.name} asked for {wanted} {gpu_resource}, but node "
+                f"{node_name} gave it none (event {GPU_NOT_AVAILABLE}), so it trains on CPU"
+            )
+    return None

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from kubetrain.s3_layout import RunLocation, S3Layout, check_name, s3_uri, utc_stamp
+from kubetrain.s3_layout import RunLocation, S3Layout, check_name, s3_uri, safe_segment, utc_stamp
 
 if TYPE_CHECKING:
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
@@ -416,3 +416,152 @@ class RunStore:
 
         key = self.layout.manifest_key(manifest["dataset"], manifest["version"])
         return self.write(self.layout.training_bucket, key, dumps(manifest))
+
+    # -- run records, their indexes and the promotion history ----------------------------------------
+
+    def read_many(self, bucket: str, keys: Sequence[str], *, workers: int = 16) -> list[Any | None]:
+        """The JSON documents at ``keys``, read in parallel, in the order given (``None`` where missing).
+
+        Uses the hook's boto3 client (``hook.conn``), which threads may share (boto3 resources,
+        which ``get_key`` uses, may not).
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        if not keys:
+            return []
+        client = self.hook.conn
+
+        def one(key: str) -> Any | None:
+            try:
+                body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            except Exception as exc:
+                if is_missing_key(exc):
+                    return None
+                raise
+            try:
+                return json.loads(body)
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ValueError(f"{s3_uri(bucket, key)} is not valid JSON: {exc}") from exc
+
+        # no more threads than the client keeps connections (botocore's max_pool_connections, 10 by default)
+        pool_size = getattr(client.meta.config, "max_pool_connections", None) or 10
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, pool_size, len(keys)))) as pool:
+            return list(pool.map(one, keys))
+
+    def list_keys(
+        self, bucket: str, prefix: str, *, start_after: str | None = None, max_keys: int | None = None
+    ) -> list[str]:
+        """Keys under ``prefix`` in key order, after ``start_after``, at most ``max_keys`` (one request per 1000)."""
+        return self.hook.list_keys(
+            bucket_name=bucket, prefix=prefix, start_after_key=start_after, max_items=max_keys, page_size=1000
+        )
+
+    def list_prefixes(self, bucket: str, prefix: str) -> list[str]:
+        """The "folders" right below ``prefix`` (with their trailing '/')."""
+        return self.hook.list_prefixes(bucket_name=bucket, prefix=prefix, delimiter="/") or []
+
+    def run_record(self, run: RunLocation) -> dict[str, Any] | None:
+        """The record of a run, or ``None`` when it has none."""
+        record = self.read_json(run.bucket, self.layout.run_record_key(run))
+        return record if isinstance(record, dict) else None
+
+    def write_run_record(self, record: dict[str, Any]) -> str:
+        """Write a run record and its index copies; return the record's URI.
+
+        Writing the same run again (a retried record step, a cleared and re-run DAG run) replaces
+        its index entries: the copies of the previous record under other names (another status,
+        value or dataset version) are deleted after the new ones are written, so the run is
+        never missing from the indexes and never listed twice.
+        """
+        from kubetrain.run_record import check_document, record_keys
+
+        check_document(record)
+        run = RunLocation.from_uri(record["run_uri"])
+        bucket = self.layout.training_bucket
+        if run.bucket != bucket:
+            raise ValueError(f"run {run.uri} is not in the training bucket {bucket}: its record would not be indexed")
+        previous = self.run_record(run)
+        keys = record_keys(self.layout, record)
+        body = (json.dumps(record, indent=1, sort_keys=False) + "\n").encode()
+        # The run's own key last: a reader of the previous record still finds its stale copies to delete.
+        for key in [*keys[1:], keys[0]]:
+            self.write(bucket, key, body, content_type="application/json")
+        if previous is not None:
+            try:
+                stale = set(record_keys(self.layout, previous)) - set(keys)
+            except (KeyError, ValueError, TypeError):
+                stale = set()  # a record of an older format: its copies cannot be named
+            if stale:
+                self.hook.delete_objects(bucket, sorted(stale))
+        return s3_uri(bucket, keys[0])
+
+    def record_promotion(self, event: dict[str, Any]) -> str:
+        """Append a promotion to its model's history; return its URI."""
+        from kubetrain.run_record import check_document, promotion_name
+
+        check_document(event, "promotion")
+        key = self.layout.promotions_prefix(event["model"]) + promotion_name(event)
+        return self.write(self.layout.training_bucket, key, json.dumps(event, indent=1) + "\n", content_type="application/json")
+
+    def promotions(self, model: str, *, limit: int = 50) -> list[dict[str, Any]]:
+        """The newest ``limit`` promotions of ``model``, newest first."""
+        bucket = self.layout.training_bucket
+        keys = self.list_keys(bucket, self.layout.promotions_prefix(model), max_keys=limit)
+        return [doc for doc in self.read_many(bucket, keys) if isinstance(doc, dict)]
+
+    def has_promotion(self, model: str, version: str, *, newest: int = 100) -> bool:
+        """Whether one of the newest ``newest`` promotions of ``model`` is of ``version``."""
+        from kubetrain.run_record import SEPARATOR
+
+        suffix = f"{SEPARATOR}{safe_segment(version)}.json"
+        keys = self.list_keys(self.layout.training_bucket, self.layout.promotions_prefix(model), max_keys=newest)
+        return any(key.endswith(suffix) for key in keys)
+
+    def promoted_pointer(self, model: str) -> dict[str, Any] | None:
+        """The ``models/<model>/latest`` pointer, or ``None`` when nothing is promoted."""
+        pointer = self.read_json(self.layout.training_bucket, self.layout.model_latest_key(check_name("model", model)))
+        return pointer if isinstance(pointer, dict) else None
+
+    def resumed_from_step(self, run: RunLocation) -> int | None:
+        """The step the run's last pod resumed from, from its sync pass manifests; 0 when it started fresh.
+
+        For containers that do not say so in metrics.json. Pass numbers continue across the pods
+        of a run and pods follow each other, so the last pod's first pass is found by a binary
+        search over the pass manifests (a few reads, however long the run); the pass before it
+        is what that pod restored, and its newest checkpoint is the step it resumed from.
+        ``None`` when the run has no pass manifests, or the previous pod's last pass lists no
+        numbered checkpoint.
+        """
+        numbers = sorted(
+            n for item in self.list(run.bucket, run.area_prefix("sync")) if (n := RunLocation.pass_number(item["Key"])) is not None
+        )
+        if not numbers:
+            return None
+        pods: dict[int, str] = {}
+
+        def pod(index: int) -> str:
+            if index not in pods:
+                document = self.read_json(run.bucket, run.pass_key(numbers[index]))
+                pods[index] = str((document or {}).get("pod") or "") if isinstance(document, dict) else ""
+            return pods[index]
+
+        last = len(numbers) - 1
+        while last > 0 and pod(last).startswith("airflow:"):  # passes the promote step rewrote after pruning
+            last -= 1
+        trainer_pod = pod(last)
+        low, high = 0, last
+        while low < high:
+            middle = (low + high) // 2
+            if pod(middle) == trainer_pod:
+                high = middle
+            else:
+                low = middle + 1
+        if low == 0:
+            return 0
+        before = self.read_json(run.bucket, run.pass_key(numbers[low - 1]))
+        steps = [
+            group[1]
+            for entry in (before or {}).get("files") or []
+            if entry.get("area") == "checkpoints" and (group := checkpoint_group(str(entry.get("path"))))
+        ]
+        return max(steps) if steps else None

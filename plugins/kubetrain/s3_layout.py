@@ -11,6 +11,10 @@
     s3://<training bucket>/models/<model>/<version>/           promoted models
     s3://<training bucket>/models/<model>/latest               pointer to the promoted version
     s3://<training bucket>/trained/<dag_id>/<fingerprint>.json  "trained once" markers
+    s3://<training bucket>/runs/<dag_id>/<run>/run-record.json  the run's record (kubetrain.run_record)
+    s3://<training bucket>/index/<model or _all>/<entry>.json   copies of run records, newest first
+    s3://<training bucket>/leaderboard/<model>/<metric>/<entry>.json  copies, best first
+    s3://<training bucket>/promotions/<model>/<entry>.json      promotion history, newest first
 
 ``<run>`` is the Airflow run id made S3-safe by :func:`safe_segment`; it does not contain the
 try number, so a retried training task finds its own checkpoints. Mapped tasks (a sweep) get
@@ -36,6 +40,8 @@ DEFAULT_TRAINING_BUCKET = settings.SETTINGS["training_bucket"].default
 # the Secret whose AWS_* keys give pods their S3 access (include/devstack creates it)
 DEFAULT_S3_SECRET = settings.SETTINGS["s3_secret"].default
 AREAS = ("checkpoints", "output", "sync", "report")
+# the run index of every model; model names start with a letter or digit, so this is none of them
+ALL_MODELS = "_all"
 
 _SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,98}[a-z0-9])?$")
@@ -216,6 +222,23 @@ class S3Layout:
         if not re.fullmatch(r"[0-9a-f]{8,64}", fingerprint or ""):
             raise ValueError(f"fingerprint {fingerprint!r} is not valid: expected 8-64 lower-case hex digits")
         return f"trained/{safe_segment(dag_id)}/{fingerprint}.json"
+
+    def run_record_key(self, run: RunLocation) -> str:
+        """Key of a run's record (written by the pipeline's record step)."""
+        return f"{run.prefix}/run-record.json"
+
+    def run_index_prefix(self, model: str | None = None) -> str:
+        """Key prefix (with '/') of the run index of ``model``, or of every model (``None``)."""
+        return f"index/{check_name('model', model) if model is not None else ALL_MODELS}/"
+
+    def leaderboard_prefix(self, model: str, metric: str | None = None) -> str:
+        """Key prefix (with '/') of a model's leaderboard entries (of one metric, when given)."""
+        prefix = f"leaderboard/{check_name('model', model)}/"
+        return prefix + (f"{safe_segment(metric)}/" if metric is not None else "")
+
+    def promotions_prefix(self, model: str) -> str:
+        """Key prefix (with '/') of the promotion history of ``model``."""
+        return f"promotions/{check_name('model', model)}/"
 
     # -- models --------------------------------------------------------------------------------
 

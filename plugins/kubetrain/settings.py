@@ -101,6 +101,12 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting("datasets_bucket", "datasets", "Bucket of the users' datasets."),
         Setting("training_bucket", "training", "Bucket of manifests, runs, reports and promoted models."),
+        Setting(
+            "mlflow_tracking_uri",
+            "",
+            "MLflow tracking server that every training run is also logged to (e.g. http://mlflow:5000); "
+            "empty: the mlflow_default connection if there is one, else no MLflow.",
+        ),
     )
 }
 

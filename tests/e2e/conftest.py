@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from ui_support import airflow_ui, chromium_page
 
 REPO = Path(__file__).resolve().parents[2]
 AIRFLOW = REPO / ".venv" / "bin" / "airflow"
@@ -152,3 +153,17 @@ def airflow(devstack, tmp_path_factory) -> AirflowRunner:
     )
     runner.cli("pools", "set", "--include-deferred", "gpu", "4", "GPU training pods")
     return runner
+
+
+@pytest.fixture(scope="session")
+def ui(devstack, tmp_path_factory):
+    """Airflow as `make airflow` starts it (ui_support.airflow_ui), shared by the session's UI tests."""
+    with airflow_ui(devstack.env(), tmp_path_factory.mktemp("ui")) as airflow:
+        yield airflow
+
+
+@pytest.fixture
+def page(tmp_path):
+    """A headless Chromium page; its profile in the test's tmp dir."""
+    with chromium_page(tmp_path / "chromium-profile") as page:
+        yield page

@@ -32,6 +32,9 @@ def written_by_pod_spec() -> dict[str, list[str]]:
         dataset_version="0123456789abcdef",
         cache_claim="dataset-cache",
         gpus=1,
+        early_stopping=pod_spec.MedianStopping(
+            objective="val_accuracy", mode="max", trials_uri="s3://training/runs/sweep_x/manual__1/sweep/trials/"
+        ),
     )
     pod = pod_spec.training_pod(config)
     found: dict[str, list[str]] = {}

@@ -17,6 +17,7 @@ from kubetrain.pod_startup import (
     StageInError,
     failure_from_event,
     failure_kind,
+    gpu_served_on_cpu,
 )
 
 T0 = datetime(2026, 11, 22, 4, 0, tzinfo=UTC)
@@ -155,3 +156,42 @@ def test_failures_travel_in_trigger_events_by_class():
 def test_budgets_must_be_positive(name):
     with pytest.raises(ValueError, match=f"{name}=0 is not valid"):
         startup(**{name: 0})
+
+
+# -- a GPU request served on CPU ---------------------------------------------------------------
+
+
+def gpu_pod(gpus: int, resource: str = "nvidia.com/gpu") -> k8s.V1Pod:
+    limits = {"cpu": "1", **({resource: str(gpus)} if gpus else {})}
+    return k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="train-abc"),
+        spec=k8s.V1PodSpec(
+            node_name="node-1",
+            containers=[k8s.V1Container(name="base", resources=k8s.V1ResourceRequirements(limits=limits, requests=limits))],
+        ),
+    )
+
+
+def node(**capacity: str) -> k8s.V1Node:
+    capacity = {"cpu": "2", "memory": "8Gi", **{k.replace("_", "."): v for k, v in capacity.items()}}
+    return k8s.V1Node(metadata=k8s.V1ObjectMeta(name="node-1"), status=k8s.V1NodeStatus(capacity=capacity))
+
+
+@pytest.mark.parametrize(
+    ("observed", "events", "on_node", "expected"),
+    [
+        (gpu_pod(1), [], node(), "node node-1 has none (its capacity lists no nvidia.com/gpu)"),
+        (gpu_pod(2), [event("GPUNotAvailable", "0 free")], None, "node node-1 gave it none (event GPUNotAvailable)"),
+        (gpu_pod(1), [event("Scheduled")], None, None),  # no node to read, no event: nothing is said
+        (gpu_pod(1), [], k8s.V1Node(status=k8s.V1NodeStatus(capacity={"nvidia.com/gpu": "4"})), None),
+        (gpu_pod(0), [event("GPUNotAvailable")], node(), None),  # no GPU asked for
+        (gpu_pod(1, "amd.com/gpu"), [], node(), None),  # another resource than the one GPUs are requested as
+    ],
+)
+def test_gpu_served_on_cpu(observed, events, on_node, expected):
+    line = gpu_served_on_cpu(observed, "nvidia.com/gpu", events, on_node)
+    if expected is None:
+        assert line is None
+    else:
+        assert line.startswith("GPU request served on CPU: pod train-abc asked for ") and expected in line, line
+        assert "\n" not in line and line.endswith("so it trains on CPU")

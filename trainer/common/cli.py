@@ -14,6 +14,7 @@ from trainer.common.contract import (
     EXIT_NOINPUT,
     EXIT_OK,
     EXIT_PREEMPTED,
+    EXIT_STOPPED,
     EXIT_USAGE,
     DataError,
     NoInputError,
@@ -71,4 +72,7 @@ def run(train: Callable[[StopRequest], None]) -> int:
         return EXIT_FAILURE
     finally:
         stop.uninstall()
+    if stop.file_request is not None:
+        log.info("stopped on request (%s); exit code %d", stop.stop_file, EXIT_STOPPED)
+        return EXIT_STOPPED
     return EXIT_OK

@@ -26,6 +26,7 @@ EXIT_DIVERGED = 3  # the loss or the weights stopped being finite; the last fini
 EXIT_DATAERR = 65  # EX_DATAERR: the data is unusable (empty, one class, no parsable pairs)
 EXIT_NOINPUT = 66  # EX_NOINPUT: DATA_DIR is missing or cannot be read
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM after writing a checkpoint; rerun to resume
+EXIT_STOPPED = 79  # stopped on request (KUBETRAIN_STOP_FILE, a sweep's early stopping): outputs written
 
 EXIT_CODES_EPILOG = f"""\
 exit codes:
@@ -39,11 +40,14 @@ exit codes:
   {EXIT_NOINPUT:<3} DATA_DIR missing or unreadable
   {EXIT_PREEMPTED:<3} SIGTERM received: a checkpoint was written; run again with the same
       CHECKPOINT_DIR to resume from it (EX_TEMPFAIL, distinct from 143, death by SIGTERM)
+  {EXIT_STOPPED:<3} stopped on request: the file KUBETRAIN_STOP_FILE appeared (a sweep's median
+      stopping); a checkpoint and the contract files (the best epoch's model) were written
 
 environment (flags win over the environment):
   DATA_DIR, CHECKPOINT_DIR, OUTPUT_DIR   the pod contract directories
   KUBETRAIN_DATASET_VERSION              recorded in params.json
   KUBETRAIN_IMAGE, KUBETRAIN_CODE_VERSION  recorded in params.json
+  KUBETRAIN_STOP_FILE                    checked between steps; when it appears, stop (exit 79)
 """
 
 CONTRACT_DIRS = {"data_dir": "DATA_DIR", "checkpoint_dir": "CHECKPOINT_DIR", "output_dir": "OUTPUT_DIR"}

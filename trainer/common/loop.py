@@ -508,11 +508,33 @@ class TrainingLoop:
 
     # -- the loop ----------------------------------------------------------------------
 
+    def _eta(self) -> str:
+        """Training time left at the step time so far (evaluation and checkpoints not counted)."""
+        t = self._timing
+        seconds, steps = (t.steady_s, t.steady_steps) if t.steady_steps else (t.all_s, t.all_steps)
+        total = self.config.epochs * self.steps_per_epoch
+        if self.config.max_steps is not None:
+            total = min(total, self.config.max_steps)
+        left = max(0, total - self.step) * (seconds / steps if steps else 0.0)
+        if left >= 3600:
+            return f"{int(left // 3600)}h{int(left % 3600 // 60):02d}m"
+        return f"{int(left // 60)}m{int(left % 60):02d}s"
+
     def _max_reached(self) -> bool:
         return self.config.max_steps is not None and self.step >= self.config.max_steps
 
     def _finished(self) -> bool:
-        return self.epoch >= self.config.epochs or self._max_reached() or self.stopped_early is not None
+        return (self.epoch >= self.config.epochs or self._max_reached() or self.stopped_early is not None
+                or self._stop_file_seen())
+
+    def _stop_file_seen(self) -> bool:
+        """Whether the sweep's sidecar asked this run to stop (``KUBETRAIN_STOP_FILE``): early stopping."""
+        request = self.stop.stop_file_request()
+        if request is not None and self.stopped_early is None:
+            self.stopped_early = {"epoch": self.epoch + (1 if self.batch_in_epoch else 0), "step": self.step,
+                                  "by": "stop file", "monitor": self.monitor, "request": request}
+            log.info("early stopping requested through the stop file at step %d", self.step)
+        return request is not None
 
     def _learning_rate(self) -> float:
         return to_float(self.optimizer.learning_rate)
@@ -646,11 +668,11 @@ class TrainingLoop:
         lr = self._learning_rate()
         log.info(
             "step %d epoch %d/%d batch %d/%d loss %.4f %s %.4f (epoch mean loss %.4f) lr %.3g examples/s %.1f "
-            "input wait %s",
+            "input wait %s eta %s",
             self.step, self.epoch + 1, total_epochs, self.batch_in_epoch, self.steps_per_epoch,
             _ratio(w["loss_sum"], w["examples"]), self.metric, _ratio(w["correct"], w["count"]),
             _ratio(self.sums["loss_sum"], self.sums["examples"]), lr, rate,
-            f"{wait:.0%}" if math.isfinite(wait) else "not measured",
+            f"{wait:.0%}" if math.isfinite(wait) else "not measured", self._eta(),
         )
         self.summaries.scalars("train", self.step, {
             "loss": _ratio(w["loss_sum"], w["examples"]),
@@ -752,6 +774,8 @@ class TrainingLoop:
             if self._stop_agreed():
                 self.save("SIGTERM" + (", epoch not yet closed" if closing else ""))
                 raise Preempted()
+            if not ended and self._stop_file_seen():
+                return False  # closed as a partial epoch, then the run ends
             if closing:
                 if ended and self.batch_in_epoch == 0:
                     raise UsageError(

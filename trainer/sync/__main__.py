@@ -237,6 +237,33 @@ def build_parser() -> argparse.ArgumentParser:
         conv=_seconds,
         default=25.0,
     )
+    o.add(
+        "--early-stopping",
+        "KUBETRAIN_EARLY_STOPPING",
+        "stop this sweep trial early by a rule: median (README, 'Median stopping')",
+        choices=["off", "median"],
+        default="off",
+    )
+    o.add("--objective", "KUBETRAIN_OBJECTIVE", "median stopping: the metric of history.csv or metrics.jsonl")
+    o.add(
+        "--objective-mode", "KUBETRAIN_OBJECTIVE_MODE", "median stopping: max or min", choices=["max", "min"], default="max"
+    )
+    o.add(
+        "--min-trials",
+        "KUBETRAIN_MEDIAN_MIN_TRIALS",
+        "median stopping: finished trials needed first",
+        conv=_positive_int,
+        default=3,
+    )
+    o.add(
+        "--start-step",
+        "KUBETRAIN_MEDIAN_START_STEP",
+        "median stopping: reports before a trial may be stopped",
+        conv=_positive_int,
+        default=4,
+    )
+    o.add("--trials-uri", "KUBETRAIN_SWEEP_TRIALS_URI", "median stopping: s3:// prefix of the finished trial records")
+    o.add("--stop-file", "KUBETRAIN_STOP_FILE", "median stopping: the file that tells the trainer to stop", conv=Path)
     _common(o, 8)
 
     p = sub.add_parser(
@@ -265,6 +292,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(o, default_workers())
     return parser
+
+
+def _median_stopper(s3: Any, args: argparse.Namespace) -> Any:
+    """The sidecar's median early stopping, when KUBETRAIN_EARLY_STOPPING is median; refuses missing settings."""
+    if args.early_stopping != "median":
+        return None
+    from trainer.sync.median import MedianRule, MedianStopper
+
+    missing = [flag for flag, value in (("--objective", args.objective), ("--trials-uri", args.trials_uri),
+                                        ("--stop-file", args.stop_file)) if not value]  # fmt: skip
+    if missing:
+        raise SyncError(f"median stopping needs {', '.join(missing)} (or their KUBETRAIN_* variables)")
+    try:
+        rule = MedianRule(args.objective, args.objective_mode, args.min_trials, args.start_step)
+    except ValueError as exc:
+        raise SyncError(str(exc)) from None
+    trials = parse_s3_uri(args.trials_uri, "KUBETRAIN_SWEEP_TRIALS_URI")
+    log(
+        f"checkpoint-sync: median stopping of {rule.objective} ({rule.mode}) after {rule.start_step} reports, "
+        f"once {rule.min_trials} trials of {trials} have finished"
+    )
+    return MedianStopper(
+        s3, rule, run=parse_s3_uri(args.run_uri, "KUBETRAIN_RUN_URI"), trials=trials, output_dir=args.output_dir,
+        stop_file=args.stop_file,
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,8 +363,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from trainer.sync.sidecar import Sidecar, SyncConfig
 
+        s3 = S3(pool=max(10, args.workers))
         sidecar = Sidecar(
-            S3(pool=max(10, args.workers)),
+            s3,
             SyncConfig(
                 run=parse_s3_uri(args.run_uri, "KUBETRAIN_RUN_URI"),
                 dirs={"checkpoints": args.checkpoint_dir, "output": args.output_dir},
@@ -322,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                 grace=args.grace,
                 workers=args.workers,
             ),
+            stopper=_median_stopper(s3, args),
         )
         code = sidecar.run(stopped=EARLY_SIGTERM.is_set())
         # S3 calls abandoned on SIGTERM or at the end of the grace period may still hang in

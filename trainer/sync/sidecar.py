@@ -40,6 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from trainer.sync.manifest import PassFile, PassManifest, pass_key
+from trainer.sync.median import MedianStopper
 from trainer.sync.progress import human_bytes, log
 from trainer.sync.restore import SHA256_METADATA, list_passes, load_pass
 from trainer.sync.s3 import S3, S3Uri, SyncError
@@ -56,6 +57,8 @@ TEMPORARY = re.compile(r"(\.tmp|_temp|\.partial$|\.part$|~$|^\.#|\.swp$|^\.kubet
 FINAL_PASS_RETRIES = 3
 # seconds of the grace period kept for the final manifest after the uploads
 MANIFEST_RESERVE = 2.0
+# seconds between looks at the trial's reports when it may be stopped early (a stat of two files)
+STOP_CHECK_INTERVAL = 1.0
 
 
 class _Stopped(Exception):
@@ -126,11 +129,13 @@ class Sidecar:
     Args:
         s3: S3 access.
         config: the sidecar's settings.
+        stopper: median early stopping of a sweep trial, checked between passes.
     """
 
-    def __init__(self, s3: S3, config: SyncConfig) -> None:
+    def __init__(self, s3: S3, config: SyncConfig, stopper: MedianStopper | None = None) -> None:
         self.s3 = s3
         self.config = config
+        self.stopper = stopper  # a sweep trial's median early stopping (trainer.sync.median)
         self.stop = threading.Event()
         self.entries: dict[tuple[str, str], Entry] = {}
         self.next_pass = 1
@@ -216,8 +221,27 @@ class Sidecar:
                 break
             except Exception as exc:  # the sidecar outlives any single failed pass
                 log(f"checkpoint-sync: ERROR: pass {self.next_pass} failed: {exc}")
-            self.stop.wait(cfg.interval)
+            self.wait(cfg.interval)
         return self.final_pass()
+
+    def wait(self, seconds: float) -> None:
+        """Wait for the next pass (or SIGTERM); meanwhile apply the early-stopping rule, if any."""
+        if self.stopper is None:
+            self.stop.wait(seconds)
+            return
+        deadline = time.monotonic() + seconds
+        while not self.stop.is_set():
+            if self.stopper.decision is None:
+                try:
+                    self._until_stop(self.stopper.check)
+                except _Stopped:
+                    return
+                except Exception as exc:  # a rule that cannot be applied now never stops the sync
+                    log(f"checkpoint-sync: WARNING: median stopping not checked: {exc}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self.stop.wait(min(left, STOP_CHECK_INTERVAL))
 
     def final_pass(self) -> int:
         """The pass on SIGTERM, within ``grace`` seconds whatever S3 does; the exit status."""

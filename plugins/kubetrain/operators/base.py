@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from kubetrain.doc_md import class_doc_md
 from kubetrain.run_store import RunStore
 from kubetrain.s3_layout import RunLocation, S3Layout, run_from_context
 
@@ -26,6 +27,7 @@ class RunStoreOperator(BaseOperator):
     template_fields: Sequence[str] = ("training_bucket",)
 
     def __init__(self, *, training_bucket: str | None = None, aws_conn_id: str | None = "aws_default", **kwargs: Any) -> None:
+        kwargs.setdefault("doc_md", class_doc_md(type(self)))  # the task's documentation in the UI
         super().__init__(**kwargs)
         self.training_bucket = training_bucket
         self.aws_conn_id = aws_conn_id

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from kubetrain.doc_md import class_doc_md
 from kubetrain.hooks.registry import RegistryHook
 
 if TYPE_CHECKING:
@@ -112,6 +113,7 @@ class BuildImageOperator(BaseOperator):
         deferrable: bool = True,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("doc_md", class_doc_md(type(self)))  # the task's documentation in the UI
         super().__init__(**kwargs)
         if builder not in BUILDERS:
             raise ValueError(f"invalid builder {builder!r}: expected one of {', '.join(BUILDERS)}")
@@ -374,6 +376,7 @@ class AppendLayerOperator(BaseOperator):
         registry_conn_id: str = RegistryHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("doc_md", class_doc_md(type(self)))  # the task's documentation in the UI
         super().__init__(**kwargs)
         self.base_image = base_image
         self.repository = repository

@@ -29,8 +29,12 @@ class PromoteModelOperator(RunOperator):
     ``keep_checkpoints`` checkpoint prefixes and, when that removed files the final pass lists,
     records the pruned set as the next pass, so the newest manifest always matches S3.
 
+    Each promotion is appended to the model's history (``promotions/<model>/``: when, which
+    run, by which rule and why), which the Training page shows.
+
     Returns (XCom) ``{"run_uri", "sync_pass", "files", "bytes", "promoted", "model_uri",
-    "model_version", "pruned"}``; each key is also its own XCom.
+    "model_version", "pruned"}``, and after a promotion ``"reason"`` and ``"previous_version"``;
+    each key is also its own XCom.
 
     :param model: model name under ``models/``. (templated)
     :param promote: ``"always"``, ``"if_better"`` (needs ``is_better``) or ``"never"``. (templated)
@@ -150,9 +154,11 @@ class PromoteModelOperator(RunOperator):
         }
         if promote:
             version = self.model_version or model_version(run, _run_time(context))
+            previous_version, previous_metrics = self.store.promoted_metrics(self.model)
             pointer = self.store.promote(run, model=self.model, version=version, sync_pass=final)
             self.log.info("Promoted %s as %s (latest)", run.uri, pointer["uri"])
             result.update(promoted=True, model_uri=pointer["uri"], model_version=version)
+            result.update(self.record_promotion(context, run, pointer, previous_version, previous_metrics))
         else:
             self.log.info("Not promoting %s (promote=%s, is_better=%s)", run.uri, self.promote, self.is_better)
 
@@ -164,6 +170,59 @@ class PromoteModelOperator(RunOperator):
                 recorded = self.store.record_pass(run, final, remaining, writer=f"airflow:{self.dag_id}/{self.task_id}")
                 result["sync_pass"] = recorded.number
         return result
+
+
+    def record_promotion(
+        self,
+        context: Context,
+        run: RunLocation,
+        pointer: dict[str, Any],
+        previous_version: str | None,
+        previous_metrics: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        """Append the promotion to the model's history (``promotions/<model>/``): when, which run, by which rule, why.
+
+        Returns ``{"reason", "previous_version"}`` for the task's result.
+        """
+        from kubetrain.run_record import promotion_event, promotion_reason
+
+        metrics = self.store.read_json(run.bucket, run.key("output", "metrics.json"))
+        metrics = metrics if isinstance(metrics, dict) else {}
+        monitor, mode = metrics.get("monitor"), metrics.get("monitor_mode")
+
+        def value_in(doc: dict[str, Any] | None) -> Any:
+            final = (doc or {}).get("final")
+            return final.get(monitor) if isinstance(final, dict) and monitor else None
+
+        value, previous_value = value_in(metrics), value_in(previous_metrics)
+        again = previous_version == pointer["version"]  # a retried task promoted the same version again
+        if again:
+            previous_version = previous_value = None
+        reason = promotion_reason(
+            rule=self.promote, promoted=True, monitor=monitor, mode=mode,
+            value=value if isinstance(value, int | float) else None, other_version=previous_version,
+            other_value=previous_value if isinstance(previous_value, int | float) else None,
+        )  # fmt: skip
+        ti = context["ti"]
+        event = promotion_event(
+            model=self.model, version=pointer["version"], model_uri=pointer["uri"], dag_id=ti.dag_id,
+            run_id=context["run_id"], trial=self.trial if self.trial not in (None, "") else _map_index(ti),
+            run_uri=run.uri, rule=self.promote, reason=reason, monitor=monitor,
+            value=value if isinstance(value, int | float) else None, previous_version=previous_version,
+            previous_value=previous_value if isinstance(previous_value, int | float) else None,
+            promoted_at=pointer.get("promoted_at"),
+        )  # fmt: skip
+        if again and self.store.has_promotion(self.model, pointer["version"]):
+            self.log.info("Promotion history already lists version %s", pointer["version"])
+        else:
+            uri = self.store.record_promotion(event)
+            self.log.info("Promotion history: %s (%s)", uri, reason)
+        return {"reason": reason, "previous_version": previous_version}
+
+
+def _map_index(ti: Any) -> str | None:
+    index = getattr(ti, "map_index", -1)
+    return str(index) if isinstance(index, int) and index >= 0 else None
 
 
 def _run_time(context: Context) -> datetime:

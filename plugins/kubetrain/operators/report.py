@@ -28,6 +28,17 @@ RESULT_KEYS = (
 )  # fmt: skip
 
 
+def note_lines(notes: Any) -> list[str]:
+    """The report's top lines from a list of strings, one string, or nothing."""
+    if notes in (None, "", "None", "[]"):
+        return []
+    if isinstance(notes, str):
+        return [notes]
+    if isinstance(notes, Sequence):
+        return [str(n) for n in notes if n not in (None, "")]
+    raise ValueError(f"notes {notes!r} is not a list of lines: expected e.g. train.output['notes']")
+
+
 class ReportOperator(RunOperator):
     """Render a training run's report into ``<run>/report/`` and compare it with the promoted model.
 
@@ -51,11 +62,13 @@ class ReportOperator(RunOperator):
     :param trial: sweep trial, as given to the TrainingPodOperator. (templated)
     :param require_metrics: fail when the run left no metrics.json (default); when false, such a
         run gets no report and no comparison. (templated)
+    :param notes: lines the report shows at the top, e.g. the training task's XCom ``notes``
+        (``train.output["notes"]``: a GPU request served on CPU). (templated)
     :param training_bucket: training bucket (default: the deployment's). (templated)
     :param aws_conn_id: Airflow connection for S3.
     """
 
-    template_fields: Sequence[str] = (*RunOperator.template_fields, "model", "title", "require_metrics")
+    template_fields: Sequence[str] = (*RunOperator.template_fields, "model", "title", "require_metrics", "notes")
     operator_extra_links = (ReportLink(),)
     ui_color = "#fdf5e6"
 
@@ -66,10 +79,12 @@ class ReportOperator(RunOperator):
         compare_on: str = "final",
         title: str | None = None,
         require_metrics: bool | str = True,
+        notes: Sequence[str] | str | None = None,
         multiple_outputs: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(multiple_outputs=multiple_outputs, **kwargs)
+        self.notes = notes
         self.require_metrics = require_metrics
         self.model = model
         self.compare_on = compare_on
@@ -114,6 +129,7 @@ class ReportOperator(RunOperator):
             self.log.info("No metrics.json in %s/output/: no report for this run", run.uri)
             return {**dict.fromkeys(RESULT_KEYS), "run_uri": run.uri}
         inputs = self.load_inputs(run)
+        inputs.warnings.extend(note_lines(self.notes))
         metrics = inputs.metrics
 
         if self.model:

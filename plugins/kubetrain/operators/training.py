@@ -10,13 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from kubernetes.client import models as k8s
 
 from kubetrain import pod_spec, settings
+from kubetrain.doc_md import class_doc_md
 from kubetrain.hooks.registry import RegistryHook
 from kubetrain.images import pin_image
 from kubetrain.pod_startup import (
+    NOTES_KEY,
     STARTUP_FAILURES,
     ImagePullError,
     PodStartup,
@@ -24,14 +26,18 @@ from kubetrain.pod_startup import (
     PodUnschedulableError,
     StageInError,
     failure_from_event,
+    gpu_served_on_cpu,
+    requested_gpus,
 )
 from kubetrain.s3_layout import RunLocation, S3Layout, run_from_context
-from kubetrain.triggers.pod import TrainingPodTrigger
+from kubetrain.triggers.pod import LOGS_FLUSHED_KEY, TrainingPodTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 __all__ = [
+    "NOTES_XCOM_KEY",
+    "NO_RETRY_EXIT_CODES",
     "ImagePullError",
     "PodStartupTimeout",
     "PodUnschedulableError",
@@ -44,6 +50,15 @@ __all__ = [
 # time, or its values would replace the contract's when the two are reconciled.
 _OWNED = ("container_resources", "security_context", "container_security_context", "full_pod_spec")
 _EMPTY = (None, "", "null", "None", [], {}, ())
+# XCom of the lines a run's report shows at the top (e.g. a GPU request served on CPU).
+NOTES_XCOM_KEY = "notes"
+# Exit codes of the training container that a retry would only repeat (trainer/common/contract.py);
+# any other failure, 75 (stopped by SIGTERM after a checkpoint) included, is retried.
+NO_RETRY_EXIT_CODES = {
+    2: "bad parameters: a bad flag value or combination, or a checkpoint that does not fit them",
+    3: "training diverged: the loss or the weights stopped being finite (the last finite checkpoint is kept)",
+    65: "unusable data (empty, a single class, no parsable pairs, ...)",
+}
 
 
 def string_list(name: str, value: Any) -> list[str] | None:
@@ -112,8 +127,20 @@ class TrainingPodOperator(KubernetesPodOperator):
     the scheduler's reason (:class:`PodUnschedulableError`), unless an autoscaler is adding a
     node; so does an image that cannot be pulled (:class:`ImagePullError`).
 
-    By default the task defers while the pod runs, streams the base container's logs and
-    deletes the pod when it ends, success or failure.
+    By default the task defers while the pod runs and deletes the pod when it ends, success or
+    failure. While it is deferred, the lines of the stage-in, checkpoint-sync and training
+    containers reach the task log every ``logging_interval`` seconds, each marked by its
+    container (:class:`~kubetrain.triggers.pod.TrainingPodTrigger`); a failed pod's last lines,
+    its containers' states and its events are logged when it ends.
+
+    A GPU request that the cluster served on CPU (a development cluster without GPUs, such as
+    the dev stack, runs the pod anyway) is logged in one line and pushed, with any other line
+    the run's report should show, as XCom ``notes`` (a list of strings).
+
+    A training container that exits with a code that says a retry would fail the same way (2 bad
+    parameters, 3 training diverged, 65 unusable data: :data:`NO_RETRY_EXIT_CODES`) fails the
+    task without retries; any other failure, 75 (stopped by SIGTERM after a checkpoint)
+    included, is retried as usual and the next try resumes from the checkpoints.
 
     :param image: training image (default: the setting ``trainer_image``, else
         ``<registry>/kubetrain/trainer:latest``). (templated)
@@ -155,6 +182,11 @@ class TrainingPodOperator(KubernetesPodOperator):
     :param stage_in_timeout_seconds: seconds the stage-in container may download the dataset.
     :param schedule_timeout_seconds: seconds to find a node while an autoscaler adds one.
     :param unschedulable_grace_seconds: seconds an unschedulable pod waits for an autoscaler before it fails.
+    :param logging_interval: seconds between reads of the pod's logs while the task is deferred
+        (the provider's argument; ``None``: every line arrives when the pod ends). The task log
+        is at most this, plus ``poll_interval``, behind ``kubectl logs``.
+    :param log_containers: containers whose lines go to the task log besides the training container
+        (default: the stage-in and checkpoint-sync containers).
     :param kwargs: everything KubernetesPodOperator and BaseOperator accept (kubernetes_conn_id,
         env_vars, labels, pool, retries, ...).
     """
@@ -183,6 +215,8 @@ class TrainingPodOperator(KubernetesPodOperator):
         "sync_interval",
     )
     template_fields_renderers = {**KubernetesPodOperator.template_fields_renderers, "extra_env": "py"}
+    # Exit codes of the training container that fail the task without retries, with their meaning.
+    no_retry_exit_codes: dict[int, str] = NO_RETRY_EXIT_CODES
 
     def __init__(
         self,
@@ -222,18 +256,24 @@ class TrainingPodOperator(KubernetesPodOperator):
         deferrable: bool = True,
         on_finish_action: str = "delete_pod",
         get_logs: bool = True,
+        logging_interval: int | None = 15,
+        log_containers: Sequence[str] = (pod_spec.STAGE_IN_CONTAINER, pod_spec.SYNC_CONTAINER),
+        log_events_on_failure: bool = True,
         termination_message_policy: str = "FallbackToLogsOnError",
         **kwargs: Any,
     ) -> None:
         for owned in _OWNED:
             if owned in kwargs:
                 raise ValueError(f"TrainingPodOperator builds {owned} itself: remove the {owned}= argument")
+        kwargs.setdefault("doc_md", class_doc_md(type(self)))
         super().__init__(
             image=image,
             service_account_name=service_account_name,
             deferrable=deferrable,
             on_finish_action=on_finish_action,
             get_logs=get_logs,
+            logging_interval=logging_interval,
+            log_events_on_failure=log_events_on_failure,
             startup_timeout_seconds=startup_timeout_seconds,
             schedule_timeout_seconds=schedule_timeout_seconds,
             # A crashed trainer's last log lines become the task's error message.
@@ -271,7 +311,9 @@ class TrainingPodOperator(KubernetesPodOperator):
         self.extra_env = extra_env or {}
         self.stage_in_timeout_seconds = stage_in_timeout_seconds
         self.unschedulable_grace_seconds = unschedulable_grace_seconds
+        self.log_containers = list(log_containers)
         self._startup_failure: AirflowException | None = None
+        self._notes: list[str] = []
 
     # -- the pod -----------------------------------------------------------------------------
 
@@ -359,6 +401,7 @@ class TrainingPodOperator(KubernetesPodOperator):
         self.tolerations = template.spec.tolerations or []
         if context is not None:
             context["ti"].xcom_push(key="run_uri", value=config.run_uri)
+            context["ti"].xcom_push(key=NOTES_XCOM_KEY, value=[])
         self.log.info(
             "Training pod: image %s, run %s, %d x %s", config.image, config.run_uri, config.gpus, config.gpu_resource
         )
@@ -384,14 +427,39 @@ class TrainingPodOperator(KubernetesPodOperator):
                 remote = self.pod_manager.read_pod(pod)
                 events = self.pod_manager.read_pod_events(pod).items if startup.needs_events(remote) else []
                 if startup.observe(remote, events or [], datetime.now(UTC)):
-                    return
+                    break
                 time.sleep(self.startup_check_interval_seconds)
         except STARTUP_FAILURES as exc:
             self._startup_failure = exc
             raise
+        self._check_gpus(remote)
+
+    def _gpu_resource(self) -> str:
+        return str(self.gpu_resource or settings.get("gpu_resource"))
+
+    def _check_gpus(self, remote: k8s.V1Pod) -> None:
+        """Log, and keep for the report, that the pod's GPU request was served on CPU."""
+        gpu_resource = self._gpu_resource()
+        if not requested_gpus(remote, gpu_resource):
+            return
+        try:
+            events = self.pod_manager.read_pod_events(remote).items or []
+        except Exception as exc:
+            self.log.debug("Could not read the events of pod %s: %s", remote.metadata.name, exc)
+            events = []
+        node = None
+        if remote.spec.node_name:
+            try:
+                node = self.client.read_node(remote.spec.node_name)
+            except Exception as exc:  # reading nodes needs a cluster role that a namespace's Role does not give
+                self.log.debug("Could not read node %s: %s", remote.spec.node_name, exc)
+        note = gpu_served_on_cpu(remote, gpu_resource, events, node)
+        if note:
+            self.log.warning("%s", note)
+            self._notes.append(note)
 
     def defer(self, *, trigger: Any, method_name: str, kwargs: dict[str, Any] | None = None, timeout: Any = None) -> None:
-        """Defer as the base class does, with its pod trigger extended by kubetrain's start-up phases."""
+        """Defer as the base class does, with its pod trigger extended by kubetrain's start-up phases and logs."""
         if type(trigger) is KubernetesPodTrigger:
             _, arguments = trigger.serialize()
             trigger = TrainingPodTrigger(
@@ -399,17 +467,27 @@ class TrainingPodOperator(KubernetesPodOperator):
                 stage_in_timeout=self.stage_in_timeout_seconds,
                 unschedulable_grace=self.unschedulable_grace_seconds,
                 stage_in_container=pod_spec.STAGE_IN_CONTAINER,
+                log_containers=self.log_containers,
+                gpu_resource=self._gpu_resource(),
             )
         super().defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
 
     def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
         self._startup_failure = failure_from_event(event)
+        self._notes = [str(note) for note in event.get(NOTES_KEY) or []]
+        # The trigger read every container's log to its end: reading the training container's
+        # log again from the last interval would repeat its last lines.
+        get_logs = self.get_logs
+        if event.get(LOGS_FLUSHED_KEY):
+            self.get_logs = False
         try:
             return super().trigger_reentry(context, event)
         except AirflowException as exc:
             if self._startup_failure is None or isinstance(exc, STARTUP_FAILURES):
                 raise
             raise self._startup_failure from exc
+        finally:
+            self.get_logs = get_logs
 
     def cleanup(
         self,
@@ -418,11 +496,32 @@ class TrainingPodOperator(KubernetesPodOperator):
         xcom_result: dict | None = None,
         context: Context | None = None,
     ) -> None:
+        if context is not None:
+            context["ti"].xcom_push(key=NOTES_XCOM_KEY, value=list(self._notes))
         # The base class deletes the pod that never started and fails with "Pod ... returned a
         # failure"; the start-up failure says why, and its class says whether to retry.
         try:
             super().cleanup(pod=pod, remote_pod=remote_pod, xcom_result=xcom_result, context=context)
         except AirflowException as exc:
-            if self._startup_failure is None or isinstance(exc, STARTUP_FAILURES):
+            if isinstance(exc, STARTUP_FAILURES):
                 raise
-            raise self._startup_failure from exc
+            if self._startup_failure is not None:
+                raise self._startup_failure from exc
+            final = self._no_retry_failure(remote_pod)
+            if final is None:
+                raise
+            raise final from exc
+
+    def _no_retry_failure(self, remote_pod: k8s.V1Pod) -> AirflowFailException | None:
+        """The failure that ends the task without retries, when the training container's exit code says so."""
+        statuses = (remote_pod.status.container_statuses if remote_pod.status else None) or []
+        status = next((s for s in statuses if s.name == self.base_container_name), None)
+        terminated = status.state.terminated if status is not None and status.state else None
+        if terminated is None or terminated.exit_code not in self.no_retry_exit_codes:
+            return None
+        code = terminated.exit_code
+        return AirflowFailException(
+            f"the {self.base_container_name} container of pod {remote_pod.metadata.name} exited with {code}: "
+            f"{self.no_retry_exit_codes[code]}; not retried, a retry would fail the same way "
+            "(its last lines are in the log above)"
+        )

@@ -198,3 +198,30 @@ class ReportInputs:
     comparison: Comparison | None = None
     title: str | None = None
     notes: list[str] = field(default_factory=list)
+    # Facts about how the run ran that a reader must see first (e.g. a GPU request served on CPU).
+    warnings: list[str] = field(default_factory=list)
+
+
+def load_run_inputs(read, run_uri: str, *, title: str | None = None) -> ReportInputs | None:
+    """A run's report inputs from its output files, or ``None`` when it wrote no metrics.json.
+
+    :param read: ``read(name) -> bytes | None``: a file of the run's output area, ``None`` when missing.
+    :param run_uri: the run, for the report.
+    :param title: report title.
+    """
+    raw_metrics = read("metrics.json")
+    if raw_metrics is None:
+        return None
+    inputs = ReportInputs(run_uri=run_uri, metrics=parse_metrics(raw_metrics), title=title)
+    if (raw := read("history.csv")) is not None:
+        inputs.history = parse_history(raw)
+    else:
+        inputs.notes.append("history.csv is missing: no curves")
+    if (raw := read("params.json")) is not None:
+        params = parse_json("params.json", raw)
+        inputs.params = params if isinstance(params, dict) else None
+    if (raw := read("confusion_matrix.json")) is not None:
+        inputs.confusion = parse_confusion(raw)
+    if (raw := read("samples.json")) is not None:
+        inputs.samples = parse_samples(raw)
+    return inputs

@@ -18,6 +18,7 @@ h1 { font-size: 1.5rem; } h2 { font-size: 1.2rem; margin-top: 2rem; border-botto
 table { border-collapse: collapse; margin: 0.5rem 0; } td, th { border: 1px solid #ddd; padding: 0.25rem 0.6rem; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; } code { font-size: 0.9em; } figure { margin: 1rem 0; } img { max-width: 100%; }
 .better { color: #1a7f37; font-weight: bold; } .worse { color: #9a6700; font-weight: bold; }
+.warning { background: #fff8c5; border: 1px solid #d4a72c; padding: 0.4rem 0.6rem; }
 """
 
 
@@ -91,6 +92,7 @@ def render_html(inputs: ReportInputs, plots: dict[str, tuple[str, bytes]]) -> st
         f"<title>{e(title)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>{e(title)}</h1>",
     ]
+    parts += [f'<p class="warning">{e(w)}</p>' for w in inputs.warnings]
     comparison = _comparison_text(inputs)
     if comparison:
         css = "better" if inputs.comparison and inputs.comparison.better else "worse"
@@ -143,6 +145,8 @@ def render_markdown(inputs: ReportInputs, plots: dict[str, tuple[str, bytes]]) -
     """A Markdown summary; plots are referenced as the PNG files next to it."""
     title = inputs.title or f"Training report: {inputs.metrics.get('trainer') or 'run'}"
     lines = [f"# {_md(title)}", ""]
+    for warning in inputs.warnings:
+        lines += [f"> **{_md(warning)}**", ""]
     comparison = _comparison_text(inputs)
     if comparison:
         lines += [f"**This model is {_md(comparison)}.**", ""]

@@ -1,16 +1,132 @@
-"""The trigger that follows a deferred training pod: kubetrain's start-up phases, then the provider's wait."""
+"""The trigger that follows a deferred training pod: kubetrain's start-up phases, then the provider's wait.
+
+While the task is deferred, the pod's log lines reach the task log through the triggerer, as
+the provider's ``logging_interval`` does it for the base container: every ``logging_interval``
+seconds the trigger reads what each container wrote since its last read and logs it, each
+line marked by its container (``[stage-in] ...``, ``[checkpoint-sync] ...``, ``[base] ...``).
+When the pod ends, the trigger reads the rest of every container's log before it hands the
+task back, so a failed pod's last lines are in the log however it failed.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+import math
+import time
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from typing import Any
 
 from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
+from airflow.providers.cncf.kubernetes.utils.pod_manager import AsyncPodManager, parse_log_line
 from airflow.triggers.base import TriggerEvent
 
-from kubetrain.pod_startup import EVENT_KEY, STARTUP_FAILURES, PodStartup, failure_kind
+from kubetrain.pod_startup import (
+    EVENT_KEY,
+    NOTES_KEY,
+    STARTUP_FAILURES,
+    PodStartup,
+    failure_kind,
+    gpu_served_on_cpu,
+    requested_gpus,
+    started_containers,
+)
+
+# The trigger read every container's log to its end before it handed the task back: the task
+# need not read the base container's log again.
+LOGS_FLUSHED_KEY = "kubetrain_logs_flushed"
+# Each read asks for a little more than the time since the last line it logged (clock skew
+# between Airflow and the cluster); lines already logged are recognised by their timestamps.
+READ_OVERLAP = timedelta(seconds=10)
+
+
+class PodLogFollower(AsyncPodManager):
+    """The provider's :class:`AsyncPodManager`, whose periodic log read covers every container of the pod.
+
+    :meth:`fetch_container_logs_before_current_sec` is what the provider's trigger calls every
+    ``logging_interval`` seconds for the base container; here it reads the ``containers``
+    first (those that have started), then the base container. Each line is logged once: the
+    follower keeps, per container, the timestamp of the last line it logged and how many
+    lines carried that timestamp.
+
+    :param async_hook: the trigger's hook.
+    :param containers: containers whose lines go to the task log besides the base container.
+    """
+
+    def __init__(self, async_hook: Any, *, containers: Sequence[str] = ()) -> None:
+        super().__init__(async_hook=async_hook)
+        self.kube = async_hook
+        self.containers = tuple(containers)
+        self.last_line: dict[str, tuple[datetime, int]] = {}
+
+    async def fetch_container_logs_before_current_sec(
+        self, pod: Any, container_name: str, since_time: datetime | None = None
+    ) -> datetime:
+        now = datetime.now(UTC)
+        await self.follow(pod, [*self.containers, container_name], since_time=since_time)
+        return now
+
+    async def follow(self, pod: Any, containers: Sequence[str], since_time: datetime | None = None) -> int:
+        """Log the lines ``containers`` wrote since their last read; return how many were logged.
+
+        Containers that have not started are skipped (their log cannot be read yet).
+
+        :param pod: the pod as last read.
+        :param containers: container names, in the order their lines are logged.
+        :param since_time: where to start for a container read for the first time (``None``: its whole log).
+        """
+        started = started_containers(pod)
+        logged = 0
+        for name in dict.fromkeys(containers):
+            if name not in started:
+                continue
+            last = self.last_line.get(name)
+            start = last[0] if last else since_time
+            since_seconds = None
+            if start is not None:
+                since_seconds = max(1, math.ceil((datetime.now(UTC) - start + READ_OVERLAP).total_seconds()))
+            try:
+                lines = await self.kube.read_logs(
+                    name=pod.metadata.name,
+                    namespace=pod.metadata.namespace,
+                    container_name=name,
+                    since_seconds=since_seconds,
+                )
+            except Exception as exc:  # a log read must never fail the wait for the pod
+                self.log.warning("Could not read the log of container %s of pod %s: %s", name, pod.metadata.name, exc)
+                continue
+            logged += await asyncio.to_thread(self._log_lines, name, lines)
+        return logged
+
+    def _log_lines(self, container: str, lines: Sequence[str]) -> int:
+        last_time, seen_at_last = self.last_line.get(container, (None, 0))
+        skip_at_last = seen_at_last
+        logged = 0
+        emitting = False
+        for line in lines:
+            stamp, message = parse_log_line(line)
+            if stamp is None:  # not a timestamped line: the continuation of the one before
+                if emitting:
+                    self.log.info("[%s] %s", container, line.rstrip("\n"))
+                continue
+            stamp = stamp.astimezone(UTC)
+            emitting = False
+            if last_time is not None and stamp < last_time:
+                continue
+            if last_time is not None and stamp == last_time:
+                if skip_at_last:
+                    skip_at_last -= 1
+                    continue
+                seen_at_last += 1
+            else:
+                last_time, seen_at_last, skip_at_last = stamp, 1, 0
+            self.log.info("[%s] %s", container, message)
+            emitting = True
+            logged += 1
+        if last_time is not None:
+            self.last_line[container] = (last_time, seen_at_last)
+        return logged
 
 
 class TrainingPodTrigger(KubernetesPodTrigger):
@@ -20,9 +136,17 @@ class TrainingPodTrigger(KubernetesPodTrigger):
     yields one ``timeout`` event whose ``kubetrain_startup`` names the failure class. Once
     the pod runs, the provider's trigger waits for its base container as usual.
 
+    With ``logging_interval`` (seconds), the lines of the base container and of ``log_containers``
+    reach the task log while the task is deferred, from the stage-in on (:class:`PodLogFollower`);
+    without it, they all arrive when the pod ends. The event the task resumes with says that
+    the logs were read to their end (``kubetrain_logs_flushed``), and carries the lines the
+    task should record (``kubetrain_notes``), such as a GPU request served on CPU.
+
     :param stage_in_timeout: seconds the stage-in container may run.
     :param unschedulable_grace: seconds an unschedulable pod waits for an autoscaler.
     :param stage_in_container: name of the stage-in init container.
+    :param log_containers: containers whose log lines go to the task log besides the base container.
+    :param gpu_resource: the extended resource the pod's GPUs are requested as.
     :param kwargs: KubernetesPodTrigger arguments.
     """
 
@@ -32,12 +156,17 @@ class TrainingPodTrigger(KubernetesPodTrigger):
         stage_in_timeout: float,
         unschedulable_grace: float,
         stage_in_container: str = "stage-in",
+        log_containers: Sequence[str] = (),
+        gpu_resource: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.stage_in_timeout = stage_in_timeout
         self.unschedulable_grace = unschedulable_grace
         self.stage_in_container = stage_in_container
+        self.log_containers = list(log_containers)
+        self.gpu_resource = gpu_resource
+        self.notes: list[str] = []
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         _, kwargs = super().serialize()
@@ -45,8 +174,14 @@ class TrainingPodTrigger(KubernetesPodTrigger):
             stage_in_timeout=self.stage_in_timeout,
             unschedulable_grace=self.unschedulable_grace,
             stage_in_container=self.stage_in_container,
+            log_containers=list(self.log_containers),
+            gpu_resource=self.gpu_resource,
         )
         return f"{type(self).__module__}.{type(self).__qualname__}", kwargs
+
+    @cached_property
+    def pod_manager(self) -> PodLogFollower:
+        return PodLogFollower(self.hook, containers=self.log_containers)
 
     def startup(self) -> PodStartup:
         return PodStartup(
@@ -59,6 +194,8 @@ class TrainingPodTrigger(KubernetesPodTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         startup = self.startup()
+        pod = None
+        logs_due = time.monotonic() + self.logging_interval if self.logging_interval else None
         try:
             while True:
                 pod = await self.hook.get_pod(name=self.pod_name, namespace=self.pod_namespace)
@@ -66,23 +203,74 @@ class TrainingPodTrigger(KubernetesPodTrigger):
                 if startup.needs_events(pod):
                     listing = await self.hook.get_pod_events(name=self.pod_name, namespace=self.pod_namespace)
                     events = list(listing.items or [])
-                if startup.observe(pod, events, datetime.now(UTC)):
+                started = startup.observe(pod, events, datetime.now(UTC))
+                if self.get_logs and logs_due is not None and time.monotonic() >= logs_due:
+                    await self.pod_manager.follow(pod, self.log_containers, since_time=self.last_log_time)
+                    logs_due = time.monotonic() + self.logging_interval
+                if started:
                     break
                 await asyncio.sleep(self.startup_check_interval)
         except STARTUP_FAILURES as exc:
             self.log.warning("Pod %s/%s cannot start: %s", self.pod_namespace, self.pod_name, exc)
-            yield TriggerEvent(
-                {
-                    "status": "timeout",
-                    "namespace": self.pod_namespace,
-                    "name": self.pod_name,
-                    "message": str(exc),
-                    EVENT_KEY: failure_kind(exc),
-                    **self.trigger_kwargs,
-                }
-            )
+            payload = {
+                "status": "timeout",
+                "namespace": self.pod_namespace,
+                "name": self.pod_name,
+                "message": str(exc),
+                EVENT_KEY: failure_kind(exc),
+                **self.trigger_kwargs,
+            }
+            self._fired_event = True
+            yield TriggerEvent(await self._finish(payload))
             return
         except Exception as exc:  # the provider's own wait below reads the pod again and reports errors
             self.log.warning("Could not follow the start-up of pod %s/%s: %s", self.pod_namespace, self.pod_name, exc)
+        else:
+            await self._check_gpus(pod)
         async for event in super().run():
-            yield event
+            yield TriggerEvent(await self._finish(dict(event.payload)))
+
+    async def _check_gpus(self, pod: Any) -> None:
+        """Log, once, that the pod's GPU request was served on CPU (only a development cluster does that)."""
+        if not self.gpu_resource or pod is None or not requested_gpus(pod, self.gpu_resource):
+            return
+        try:
+            listing = await self.hook.get_pod_events(name=self.pod_name, namespace=self.pod_namespace)
+            events = list(listing.items or [])
+        except Exception as exc:
+            self.log.debug("Could not read the events of pod %s: %s", self.pod_name, exc)
+            events = []
+        node = await self._read_node(getattr(pod.spec, "node_name", None))
+        note = gpu_served_on_cpu(pod, self.gpu_resource, events, node)
+        if note:
+            self.log.warning("%s", note)
+            self.notes.append(note)
+
+    async def _read_node(self, name: str | None) -> Any:
+        if not name:
+            return None
+        from kubernetes_asyncio.client import CoreV1Api
+
+        try:
+            async with self.hook.get_conn() as connection:
+                return await CoreV1Api(connection).read_node(name)
+        except Exception as exc:  # reading nodes needs a cluster role that a namespace's Role does not give
+            self.log.debug("Could not read node %s: %s", name, exc)
+            return None
+
+    async def _finish(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The event's payload, once every container's log has been read to its end."""
+        if self.notes:
+            payload[NOTES_KEY] = list(self.notes)
+        if not self.get_logs:
+            return payload
+        try:
+            pod = await self.hook.get_pod(name=self.pod_name, namespace=self.pod_namespace)
+        except Exception as exc:
+            self.log.warning("Could not read pod %s/%s for its last log lines: %s", self.pod_namespace, self.pod_name, exc)
+            return payload
+        await self.pod_manager.follow(
+            pod, [*self.log_containers, self.base_container_name], since_time=self.last_log_time
+        )
+        payload[LOGS_FLUSHED_KEY] = True
+        return payload

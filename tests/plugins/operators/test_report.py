@@ -225,3 +225,23 @@ def test_plugin_registers_the_report_link():
     assert [(a["url_prefix"], type(a["app"]).__name__) for a in apps if a["url_prefix"] == "/kubetrain"] == [
         ("/kubetrain", "ReportsApp")
     ]
+
+
+def test_the_training_task_notes_open_the_report(client):
+    note = (
+        "GPU request served on CPU: pod train-abc asked for 1 nvidia.com/gpu, but node kubetrain-dev has none "
+        "(its capacity lists no nvidia.com/gpu), so it trains on CPU"
+    )
+    run = classifier_run(client)
+    run.execute(notes=[note])
+    html = run.read("report.html")[0].decode()
+    # One line, right under the title, before the comparison and the summary.
+    assert html.index(f'<p class="warning">{note}</p>') < html.index("<h2>Summary</h2>")
+    assert html.index("<h1>") < html.index('class="warning"')
+    assert f"> **{note}**" in run.read("report.md")[0].decode()
+    # No notes (the XCom of a run on GPUs is an empty list): no warning line.
+    quiet = classifier_run(client)
+    quiet.execute(notes=[])
+    assert b'class="warning"' not in quiet.read("report.html")[0]
+    with pytest.raises(ValueError, match="notes 3 is not a list of lines"):
+        classifier_run(client).execute(notes=3)

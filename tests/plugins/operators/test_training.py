@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
-from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
+from airflow.providers.cncf.kubernetes.utils.pod_manager import AsyncPodManager, PodManager, parse_log_line
 from airflow.sdk import DAG, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from kubernetes.client import ApiClient
@@ -123,6 +124,11 @@ def test_is_a_kubernetes_pod_operator_with_training_defaults():
     assert op.do_xcom_push is False
     assert op.termination_message_policy == "FallbackToLogsOnError"
     assert (op.startup_timeout_seconds, op.stage_in_timeout_seconds) == (600, 3600)
+    # The task log follows the pod while the task is deferred (at most ~17 s behind), and a
+    # failed pod's container states and events are logged.
+    assert (op.logging_interval, op.poll_interval) == (15, 2)
+    assert op.log_containers == ["stage-in", "checkpoint-sync"]
+    assert op.log_events_on_failure is True
     assert set(KubernetesPodOperator.template_fields) <= set(TrainingPodOperator.template_fields)
     with pytest.raises(ValueError, match="builds container_resources itself"):
         operator(container_resources=k8s.V1ResourceRequirements(limits={"cpu": "1"}))
@@ -402,17 +408,34 @@ def test_provider_methods_the_subclass_relies_on():
     assert inspect.signature(KubernetesPodTrigger.hook.func).return_annotation in ("AsyncKubernetesHook", AsyncKubernetesHook)
     assert parameters(AsyncKubernetesHook.get_pod)[:3] == ["self", "name", "namespace"]
     assert parameters(AsyncKubernetesHook.get_pod_events)[:3] == ["self", "name", "namespace"]
+    # Logs of a deferred pod: the provider's trigger reads the base container's log every
+    # logging_interval through its pod manager, which TrainingPodTrigger replaces with one that
+    # reads every container; the task, when it resumes, reads the base container's log again
+    # only with get_logs.
+    assert isinstance(inspect.getattr_static(KubernetesPodTrigger, "pod_manager"), functools.cached_property)
+    assert parameters(AsyncPodManager.fetch_container_logs_before_current_sec) == [
+        "self", "pod", "container_name", "since_time"
+    ]
+    assert "self.pod_manager.fetch_container_logs_before_current_sec(" in inspect.getsource(KubernetesPodTrigger)
+    assert parameters(AsyncKubernetesHook.read_logs) == ["self", "name", "namespace", "container_name", "since_seconds"]
+    assert "if self.get_logs:" in inspect.getsource(KubernetesPodOperator.trigger_reentry)
+    assert parameters(parse_log_line) == ["line"]
 
 
 def test_trigger_serializes_to_plain_arguments_and_back():
     trigger = TrainingPodTrigger(
         pod_name="p", pod_namespace="n", trigger_start_time=None, base_container_name="base",
         startup_timeout=120, schedule_timeout=600, stage_in_timeout=3600, unschedulable_grace=30,
+        logging_interval=15, log_containers=["stage-in", "checkpoint-sync"], gpu_resource="nvidia.com/gpu",
     )  # fmt: skip
     classpath, kwargs = trigger.serialize()
     assert classpath == "kubetrain.triggers.pod.TrainingPodTrigger"
+    json.dumps({k: v for k, v in kwargs.items() if k != "trigger_start_time"})  # plain arguments
     again = TrainingPodTrigger(**kwargs)
     assert again.serialize() == (classpath, kwargs)
+    assert (again.logging_interval, again.log_containers, again.gpu_resource) == (
+        15, ["stage-in", "checkpoint-sync"], "nvidia.com/gpu"
+    )
     startup = again.startup()
     assert (startup.stage_in_timeout, startup.unschedulable_grace, startup.startup_timeout) == (3600, 30, 120)
 
@@ -494,3 +517,22 @@ def test_dry_run_needs_no_registry_or_cluster(airflow_env, capsys):
     op = operator(image=f"127.0.0.1:{free_port()}/kubetrain/trainer:{uuid.uuid4().hex[:6]}")
     op.dry_run()
     assert "kind: Pod" in capsys.readouterr().out
+
+
+def test_exit_codes_that_fail_without_retries_are_the_trainers():
+    """The trainer's exit codes for bad parameters, divergence and unusable data; not 75, which resumes."""
+    import ast
+
+    from kubetrain.operators.training import NO_RETRY_EXIT_CODES
+
+    # The trainer's environment is not this one: its exit codes are read from its source.
+    tree = ast.parse((REPO / "trainer" / "common" / "contract.py").read_text())
+    codes = {
+        node.targets[0].id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id.startswith("EXIT_")
+        and isinstance(node.value, ast.Constant)
+    }  # fmt: skip
+    assert sorted(NO_RETRY_EXIT_CODES) == sorted([codes["EXIT_USAGE"], codes["EXIT_DIVERGED"], codes["EXIT_DATAERR"]])
+    assert codes["EXIT_PREEMPTED"] not in NO_RETRY_EXIT_CODES and codes["EXIT_FAILURE"] not in NO_RETRY_EXIT_CODES
+    assert TrainingPodOperator.no_retry_exit_codes is NO_RETRY_EXIT_CODES

@@ -82,6 +82,9 @@ def test_trains_on_digits_and_writes_the_contract_files(tmp_path, digits_zip):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "skipped 4 file(s) that are not readable images" in proc.stderr
     assert "devices: /physical_device:CPU:0" in proc.stderr
+    # Every step line says how much training is left, at the step time so far.
+    etas = [int(m) * 60 + int(s) for m, s in re.findall(r"examples/s [0-9.]+ input wait [^\n]*? eta (\d+)m(\d\d)s$", proc.stderr, re.M)]
+    assert len(etas) == len(step_losses(proc.stderr)) > 2 and etas[-1] <= etas[0], etas
 
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["trainer"] == "image_classifier" and metrics["task"] == "classification"

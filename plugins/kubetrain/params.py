@@ -1,0 +1,108 @@
+"""Params of training DAGs: the trigger form's order, and a dataset URI check that explains itself.
+
+**Order.** Airflow 3's trigger form shows Params in the order a DAG lists them, grouped by
+their ``section``, the groups in the order of their first Param. Only the Params without a
+section are open when the form opens (under "Run Parameters"); every named section starts
+folded, and no Param attribute opens it. :func:`form_order` therefore puts the sections people
+change most (:data:`OPEN_SECTIONS`: Container, Training, Model) first and open, by dropping their
+``section``, and the others after them, folded, in :data:`FOLDED_SECTIONS` order.
+
+**Dataset URIs.** The API server checks a submitted form against each Param's JSON schema
+(jsonschema, with its format checker) and answers a bad value with the schema's error. A
+``pattern`` error quotes the regular expression; a ``format`` error names the format instead.
+:data:`S3_URI` is a format whose name says, in words, what is expected, checked by
+:func:`kubetrain.s3_layout.parse_s3_uri`, the check the stage task applies too::
+
+    'datasets/digits' is not a 'S3 URI: s3://<bucket>/<prefix>/ or s3://<bucket>/<file>'
+
+jsonschema lets a format be registered only on its ``FormatChecker`` class for the checkers
+that Airflow creates; importing :mod:`kubetrain` registers it (the kubetrain plugin loads the
+package in the API server, a DAG file in the DAG processor and the worker). Where it is not
+registered, jsonschema skips the unknown format, and the stage task still refuses the URI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from jsonschema import FormatChecker
+
+from kubetrain.s3_layout import parse_s3_uri
+
+if TYPE_CHECKING:
+    from airflow.sdk import Param
+
+__all__ = ["FOLDED_SECTIONS", "OPEN_SECTIONS", "S3_URI", "form_order", "is_s3_uri"]
+
+OPEN_SECTIONS = ("Container", "Training", "Model")
+FOLDED_SECTIONS = ("Data", "Resources", "Cluster", "Promotion")
+S3_URI = "S3 URI: s3://<bucket>/<prefix>/ or s3://<bucket>/<file>"
+
+
+def is_s3_uri(value: object) -> bool:
+    """Whether ``value`` is ``s3://<bucket>/...`` with a valid bucket name (non-strings are another check's)."""
+    if not isinstance(value, str):
+        return True
+    try:
+        parse_s3_uri(value)
+    except ValueError:
+        return False
+    return value.startswith("s3://") and "/" in value[len("s3://") :]
+
+
+def register_formats() -> None:
+    """Make the format checkers jsonschema creates (Airflow's among them) check :data:`S3_URI`."""
+    FormatChecker.checkers[S3_URI] = (is_s3_uri, ())
+
+
+def _section(param: Any) -> str | None:
+    schema = getattr(param, "schema", None)
+    section = schema.get("section") if isinstance(schema, dict) else None
+    return section if isinstance(section, str) and section else None
+
+
+def _unsectioned(param: Param) -> Param:
+    from airflow.sdk import Param
+
+    schema = {k: v for k, v in param.schema.items() if k != "section"}
+    return Param(param.value, param.description, source=param.source, schema=schema)
+
+
+def form_order(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` in the order of the trigger form: Training, Model and Container open, then the rest folded.
+
+    Params of :data:`OPEN_SECTIONS` (and those with no section) come first, in that section
+    order, and lose their ``section`` so that the form shows them open; the others follow in
+    :data:`FOLDED_SECTIONS` order, then any other section in the order it first appears, each
+    Param in its DAG's order. Plain values (not Params) count as open.
+
+    :param params: a DAG's Params by name.
+    """
+    first_seen: dict[str | None, int] = {}
+    for param in params.values():
+        first_seen.setdefault(_section(param), len(first_seen))
+
+    def rank(item: tuple[int, tuple[str, Any]]) -> tuple[int, int, int]:
+        position, (_, param) = item
+        section = _section(param)
+        if section is None:
+            group = (0, len(OPEN_SECTIONS))
+        elif section in OPEN_SECTIONS:
+            group = (0, OPEN_SECTIONS.index(section))
+        elif section in FOLDED_SECTIONS[:2]:
+            group = (1, FOLDED_SECTIONS.index(section))
+        elif section in FOLDED_SECTIONS:
+            group = (3, FOLDED_SECTIONS.index(section))
+        else:  # a section of the DAG's own: after Data and Resources, before Cluster and Promotion
+            group = (2, first_seen[section])
+        return (*group, position)
+
+    ordered = sorted(enumerate(params.items()), key=rank)
+    return {
+        name: _unsectioned(param) if _section(param) in OPEN_SECTIONS else param
+        for _, (name, param) in ordered
+    }
+
+
+register_formats()

@@ -1,0 +1,209 @@
+"""A sweep DAG's fixed settings, its Params, and the check of a run's settings (the plan).
+
+Light at import (DAG files build their Params from it at parse time): Airflow's Param and
+the space module only.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from airflow.sdk import Param
+
+from kubetrain.sweep.space import ALGORITHMS, SpaceError, check_settings, parse_space, space_param_schema
+
+# Params of a sweep that say how to search, not what one trial trains: never part of a trial's fingerprint.
+SWEEP_PARAMS = ("space", "algorithm", "max_trials", "parallel_trials", "seed", "objective", "early_stopping")
+EARLY_STOPPING_RULES = ("off", "median")
+_METRIC = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
+
+
+def parallel_choices(bound: int) -> tuple[int, ...]:
+    """The ``parallel_trials`` a DAG offers: powers of two below ``bound``, and ``bound``."""
+    if bound < 1:
+        raise ValueError(f"max_parallel_trials={bound!r} is not valid: expected an integer >= 1")
+    choices = {bound}
+    power = 1
+    while power < bound:
+        choices.add(power)
+        power *= 2
+    return tuple(sorted(choices))
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """What a sweep DAG fixes when it is parsed.
+
+    :param tunable: the hyperparameters the space may name, each with its Param's JSON schema
+        (values are checked against it); ``None`` accepts any name (a container that reads its
+        hyperparameters as ``--name=value`` arguments, see ``hyperparameter_args``).
+    :param objective: the default objective: the trainer's monitored metric and ``max``/``min``.
+    :param max_parallel_trials: the most trials of one sweep that run at once. Airflow's
+        ``max_active_tis_per_dagrun`` is fixed when the DAG is parsed, so the ``parallel_trials``
+        Param chooses among static variants (:func:`parallel_choices`); the ``gpu`` pool bounds
+        the GPU pods of every DAG together.
+    :param rounds: tpe rounds unrolled in the DAG (grid and random use the first only).
+    :param hyperparameter_args: append each trial's values to the container's arguments as
+        ``--name=value`` (for a container whose argument templates do not read ``params``).
+    """
+
+    tunable: Mapping[str, Mapping[str, Any] | None] | None
+    objective: tuple[str, str] = ("val_accuracy", "max")
+    max_parallel_trials: int = 4
+    rounds: int = 4
+    hyperparameter_args: bool = False
+
+    def __post_init__(self) -> None:
+        parallel_choices(self.max_parallel_trials)
+        if not isinstance(self.rounds, int) or self.rounds < 1:
+            raise ValueError(f"rounds={self.rounds!r} is not valid: expected an integer >= 1")
+        if self.objective[1] not in ("max", "min") or not _METRIC.match(self.objective[0]):
+            raise ValueError(f"objective={self.objective!r} is not valid: expected (metric name, 'max' or 'min')")
+
+    @property
+    def parallel_choices(self) -> tuple[int, ...]:
+        return parallel_choices(self.max_parallel_trials)
+
+    def params(
+        self,
+        *,
+        space: Mapping[str, Any],
+        algorithm: str = "random",
+        max_trials: int = 8,
+        parallel_trials: int | None = None,
+        min_trials: int = 3,
+        start_step: int = 4,
+    ) -> dict[str, Param]:
+        """The sweep's Params (section "Sweep"), with these defaults."""
+        tunable = sorted(self.tunable) if self.tunable is not None else None
+        names = f" ({', '.join(tunable)})" if tunable else " (any name; each trial gets --name=value arguments)"
+        return {
+            "space": Param(
+                dict(space),
+                **space_param_schema(tunable),
+                title="Search space",
+                description="Per hyperparameter" + names + ': a list of values, {"choices": [...]}, or a range '
+                '{"low": 0.0001, "high": 0.1, "log": true, "step": null, "type": "float"}. A hyperparameter of '
+                "the space overrides its fixed Param in every trial.",
+                section="Sweep",
+            ),
+            "algorithm": Param(
+                algorithm, type="string", enum=list(ALGORITHMS), title="Algorithm",
+                description="grid: every point of the space (each hyperparameter a list, choices or a stepped "
+                "range); random: max_trials points drawn with the seed; tpe: Bayesian search (Optuna's TPE) "
+                "in rounds of parallel_trials trials, each round learning from the trials before it.",
+                section="Sweep",
+            ),
+            "max_trials": Param(
+                max_trials, type="integer", minimum=1, maximum=1000, title="Max trials",
+                description="Trials at most; a grid larger than this is refused.", section="Sweep",
+            ),
+            "parallel_trials": Param(
+                parallel_trials or self.max_parallel_trials, type="integer", enum=list(self.parallel_choices),
+                title="Parallel trials",
+                description=f"Trials that run at once (at most {self.max_parallel_trials}, this DAG's bound; the "
+                "gpu pool bounds all GPU pods). tpe asks for this many per round.",
+                section="Sweep",
+            ),
+            "seed": Param(
+                0, type="integer", minimum=0, maximum=2**31 - 1, title="Seed",
+                description="Seed of random and tpe: the same space, seed and data give the same trials.",
+                section="Sweep",
+            ),
+            "objective": Param(
+                {"metric": self.objective[0], "mode": self.objective[1]},
+                type="object",
+                properties={
+                    "metric": {"type": "string", "pattern": _METRIC.pattern},
+                    "mode": {"type": "string", "enum": ["max", "min"]},
+                },
+                required=["metric", "mode"],
+                additionalProperties=False,
+                title="Objective",
+                description="The metric that ranks trials (a history.csv column or metrics.jsonl key, e.g. "
+                f"val_accuracy) and whether larger is better; default: the trainer's monitor, {self.objective[0]}.",
+                section="Sweep",
+            ),
+            "early_stopping": Param(
+                {"rule": "off", "min_trials": min_trials, "start_step": start_step},
+                type="object",
+                properties={
+                    "rule": {"type": "string", "enum": list(EARLY_STOPPING_RULES)},
+                    "min_trials": {"type": "integer", "minimum": 1},
+                    "start_step": {"type": "integer", "minimum": 1},
+                },
+                required=["rule"],
+                additionalProperties=False,
+                title="Early stopping",
+                description="median: stop a trial whose best objective after start_step reports is worse than "
+                "the median of the finished trials' running averages at the same report (Katib's medianstop), "
+                "once min_trials trials have finished.",
+                section="Sweep",
+            ),
+        }  # fmt: skip
+
+    def plan(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Check a run's sweep settings and size its rounds; :class:`SpaceError` names the bad field.
+
+        :param params: the run's Params.
+        """
+        space = parse_space(params.get("space"), tunable=self.tunable)
+        algorithm = params.get("algorithm")
+        max_trials = params.get("max_trials")
+        parallel = params.get("parallel_trials")
+        seed = params.get("seed", 0)
+        check_settings(space, algorithm=algorithm, max_trials=max_trials, parallel_trials=parallel)
+        if parallel not in self.parallel_choices:
+            raise SpaceError(
+                "parallel_trials",
+                f"{parallel!r} is not offered by this DAG: expected one of {list(self.parallel_choices)} "
+                f"(its bound is {self.max_parallel_trials})",
+            )
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise SpaceError("seed", f"{seed!r} is not an integer >= 0")
+        objective = params.get("objective") or {}
+        metric, mode = objective.get("metric"), objective.get("mode")
+        if not isinstance(metric, str) or not _METRIC.match(metric):
+            raise SpaceError("objective.metric", f"{metric!r} is not a metric name, e.g. 'val_accuracy'")
+        if mode not in ("max", "min"):
+            raise SpaceError("objective.mode", f"{mode!r} is not valid: expected 'max' or 'min'")
+        early = dict(params.get("early_stopping") or {"rule": "off"})
+        rule = early.get("rule", "off")
+        if rule not in EARLY_STOPPING_RULES:
+            raise SpaceError("early_stopping.rule", f"{rule!r} is not a rule: expected one of {', '.join(EARLY_STOPPING_RULES)}")
+        for key, default in (("min_trials", 3), ("start_step", 4)):
+            value = early.setdefault(key, default)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SpaceError(f"early_stopping.{key}", f"{value!r} is not an integer >= 1")
+        if algorithm == "grid":
+            sizes = [space.grid_size()]
+        elif algorithm == "random":
+            sizes = [max_trials]
+        else:
+            count = math.ceil(max_trials / parallel)
+            if count > self.rounds:
+                raise SpaceError(
+                    "max_trials",
+                    f"tpe runs at most {self.rounds} rounds of parallel_trials ({parallel}) trials in this DAG, "
+                    f"{self.rounds * parallel} trials, fewer than max_trials {max_trials}: raise parallel_trials "
+                    "or lower max_trials",
+                )
+            sizes = [parallel] * (count - 1) + [max_trials - parallel * (count - 1)]
+        return {
+            "space": space.to_json(),
+            "algorithm": algorithm,
+            "max_trials": max_trials,
+            "parallel_trials": parallel,
+            "seed": seed,
+            "objective": {"metric": metric, "mode": mode},
+            "early_stopping": early,
+            "rounds": sizes,
+        }
+
+    def fixed_params(self, params: Mapping[str, Any], exclude: Sequence[str]) -> dict[str, Any]:
+        """The run's Params that every trial trains with (the sweep's own Params left out)."""
+        return {k: v for k, v in params.items() if k not in SWEEP_PARAMS and k not in exclude}

@@ -1,0 +1,160 @@
+"""The task chain of a sweep DAG, built by one function beside the single-run ``training_pipeline``.
+
+::
+
+    stage_dataset -> plan -> round_0.suggest -> round_0.train_<p>_at_a_time  (the trials, mapped)
+                          -> round_1.suggest -> round_1.train                (tpe rounds)
+                          -> ...             -> leaderboard -> promote -> record
+
+One staged snapshot of the dataset serves every trial. Each trial is a mapped
+:class:`~kubetrain.sweep.operators.TrialPodOperator` (a KubernetesPodOperator) in the ``gpu``
+pool with its own run prefix ``runs/<dag>/<run>/trials/<n>/``. Airflow fixes a task's
+``max_active_tis_per_dagrun`` when the DAG is parsed, so round 0 has one training task per
+value the ``parallel_trials`` Param offers (1, 2, 4, ... up to the DAG's bound), each with that
+bound; the plan task skips all but the one the run asked for. Later rounds (tpe) ask for ``parallel_trials`` trials each, so they never
+run more at once. The ``gpu`` pool bounds the GPU pods of every DAG together.
+
+A trial that fails (after its retries) does not stop the sweep: the next round and the
+leaderboard run when every trial before them is done, and the leaderboard ranks the trials
+that have a result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import TaskGroup
+
+from kubetrain.operators.promote import PromoteModelOperator
+from kubetrain.operators.stage import StageDatasetOperator
+from kubetrain.sweep.config import SweepSettings
+from kubetrain.sweep.operators import (
+    PlanSweepOperator,
+    RecordSweepOperator,
+    SuggestTrialsOperator,
+    SweepReportOperator,
+    TrialPodOperator,
+)
+
+__all__ = ["SweepTasks", "sweep_pipeline"]
+
+
+@dataclass
+class SweepTasks:
+    stage: StageDatasetOperator
+    plan: PlanSweepOperator
+    suggest: list[SuggestTrialsOperator]
+    trials: list[list[Any]]  # per round, its mapped training task(s)
+    leaderboard: SweepReportOperator
+    promote: PromoteModelOperator
+    record: RecordSweepOperator
+
+
+def sweep_pipeline(
+    settings: SweepSettings,
+    *,
+    cmds: Sequence[str] | str,
+    arguments: Sequence[str] | str,
+    title: str,
+    keep_checkpoints: int = 3,
+    execution_timeout: timedelta = timedelta(hours=24),
+    **train_kwargs: Any,
+) -> SweepTasks:
+    """Create a sweep's task chain in the current DAG context.
+
+    The DAG's Params must hold those of :meth:`SweepSettings.params`, ``common_params`` and the
+    trainer's training Params (the fixed values of every trial).
+
+    :param settings: the sweep's fixed settings (tunable hyperparameters, default objective,
+        bound of parallel trials, tpe rounds).
+    :param cmds: the base container's command, or a template that renders a JSON array.
+    :param arguments: argument templates, rendered per trial with ``params`` overridden by the
+        trial's hyperparameters (``{{ params.learning_rate }}``) and ``trial`` (``number``,
+        ``params``); or a template that renders a JSON array (``{{ params.args | tojson }}``).
+    :param title: report title.
+    :param keep_checkpoints: checkpoint sets kept in S3 after promotion (of the best trial).
+    :param execution_timeout: limit of each trial.
+    :param train_kwargs: more TrialPodOperator arguments.
+    """
+    stage = StageDatasetOperator(task_id="stage_dataset", source_uri="{{ params.dataset_uri }}", outlets=[])
+    plan = PlanSweepOperator(
+        task_id="plan",
+        settings=settings,
+        dataset_version=stage.output["version"],
+        dataset_manifest=stage.output["manifest_uri"],
+        image="{{ params.image or '' }}",
+        title=title,
+    )
+    trial_kwargs: dict[str, Any] = dict(
+        pool="gpu",
+        image=plan.output["image"],
+        cmds=cmds if isinstance(cmds, str) else list(cmds),
+        dataset_manifest=stage.output["manifest_uri"],
+        dataset_version=stage.output["version"],
+        sweep=plan.output["trial_settings"],
+        experiment="{{ params.experiment or '' }}",
+        gpus="{{ params.gpus }}",
+        gpu_resource="{{ params.gpu_resource or '' }}",
+        node_selector="{{ params.node_selector | tojson }}",
+        tolerations="{{ params.tolerations | tojson }}",
+        image_pull_secrets="{{ params.image_pull_secrets | tojson }}",
+        cpu="{{ params.cpu }}",
+        memory="{{ params.memory }}",
+        sync_interval="{{ params.sync_interval }}",
+        execution_timeout=execution_timeout,
+        map_index_template="trial {{ task.trial }}",
+        **train_kwargs,
+    )
+    suggests: list[SuggestTrialsOperator] = []
+    rounds: list[list[Any]] = []
+    previous: Any = plan
+    for number in range(settings.rounds):
+        with TaskGroup(f"round_{number}", tooltip=f"Round {number} of the sweep's trials"):
+            suggest = SuggestTrialsOperator(
+                task_id="suggest",
+                round=number,
+                argument_templates=arguments if isinstance(arguments, str) else list(arguments),
+                hyperparameter_args=settings.hyperparameter_args,
+                dataset_version=stage.output["version"],
+                image=plan.output["image"],
+                # a failed trial does not stop the sweep: the next round runs once the last one is done
+                trigger_rule="all_success" if number == 0 else "all_done",
+            )
+            if number == 0:
+                tasks = [
+                    TrialPodOperator.partial(
+                        task_id=f"train_{p}_at_a_time", max_active_tis_per_dagrun=p, sweep_round=0, **trial_kwargs
+                    ).expand_kwargs(suggest.output)
+                    for p in settings.parallel_choices
+                ]
+                plan.variant_tasks = {p: task.task_id for p, task in zip(settings.parallel_choices, tasks, strict=True)}
+            else:
+                tasks = [
+                    TrialPodOperator.partial(
+                        task_id="train", max_active_tis_per_dagrun=settings.max_parallel_trials, sweep_round=number,
+                        **trial_kwargs,
+                    ).expand_kwargs(suggest.output)
+                ]  # fmt: skip
+        previous >> suggest
+        suggests.append(suggest)
+        rounds.append(tasks)
+        previous = tasks
+    leaderboard = SweepReportOperator(
+        task_id="leaderboard", model="{{ params.model_name }}", title=title, trigger_rule="all_done"
+    )
+    previous >> leaderboard
+    promote = PromoteModelOperator(
+        task_id="promote",
+        run_uri=leaderboard.output["best_run_uri"],
+        model="{{ params.model_name }}",
+        promote="{{ params.promote }}",
+        is_better=leaderboard.output["better_than_promoted"],
+        keep_checkpoints=keep_checkpoints,
+    )
+    record = RecordSweepOperator(task_id="record", leaderboard=leaderboard.output, promotion=promote.output)
+    stage >> plan
+    leaderboard >> promote >> record
+    return SweepTasks(stage, plan, suggests, rounds, leaderboard, promote, record)

@@ -1,0 +1,298 @@
+"""Sweeps end to end through `airflow dags test` against the dev stack: real pods, real TensorFlow.
+
+One grid sweep of the digits classifier carries most scenarios (4 batch sizes, a killed trial
+that resumes, the best trial promoted, the re-run that starts no pod, then median stopping of
+a learning rate of 1e-6 next to the trials already trained); a sweep
+of a third-party container (a plain Python script) covers tpe's two rounds and the
+``--name=value`` hyperparameters; invalid spaces are refused before any pod.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+from kubernetes import client, config
+
+from include.devstack.stack import NAMESPACE
+from kubetrain.s3_layout import S3Layout
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+TRAINER_PYTHON = REPO / "trainer" / ".venv" / "bin" / "python"
+FAST = {"KUBETRAIN_RETRY_DELAY_SECONDS": "1"}
+DAG_ID = "sweep_image_classifier"
+CUSTOM_DAG_ID = "sweep_custom_script"
+
+
+@pytest.fixture(scope="module")
+def s3(devstack):
+    env = devstack.env()
+    return boto3.client(
+        "s3",
+        endpoint_url=env["KUBETRAIN_S3_ENDPOINT"],
+        aws_access_key_id=env["KUBETRAIN_S3_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
+        region_name="us-east-1",
+    )
+
+
+@pytest.fixture(scope="module")
+def core(devstack) -> client.CoreV1Api:
+    return client.CoreV1Api(config.new_client_from_config(config_file=devstack.env()["KUBECONFIG"]))
+
+
+@pytest.fixture(scope="module")
+def digits(s3, tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("data") / "digits.zip"
+    subprocess.run([str(TRAINER_PYTHON), "-m", "include.sample_data.digits", "--out", str(path)], cwd=REPO, check=True)
+    s3.upload_file(str(path), "datasets", "e2e-sweep-digits/digits.zip")
+    return "s3://datasets/e2e-sweep-digits/"
+
+
+@pytest.fixture(scope="module")
+def sweeps_airflow(airflow, tmp_path_factory):
+    """The session's Airflow runner over a dags folder of the project's DAGs plus a third-party sweep."""
+    folder = tmp_path_factory.mktemp("sweep-dags")
+    for name in ("sweep_image_classifier.py",):
+        shutil.copy(REPO / "dags" / name, folder / name)
+    shutil.copy(Path(__file__).parent / "sweep_dags" / f"{CUSTOM_DAG_ID}.py", folder / f"{CUSTOM_DAG_ID}.py")
+    return type(airflow)(airflow.home, airflow.stack_env, folder)
+
+
+def keys(s3, prefix: str, bucket: str = "training") -> list[str]:
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+
+def read_json(s3, key: str, bucket: str = "training"):
+    return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+
+
+def pods(core, dag_id: str) -> list:
+    return core.list_namespaced_pod(NAMESPACE, label_selector=f"kubetrain.io/dag-id={dag_id}").items
+
+
+def assert_no_pods_left(core, dag_id: str) -> None:
+    deadline = time.monotonic() + 60
+    while pods(core, dag_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert [p.metadata.name for p in pods(core, dag_id)] == [], f"pods left behind by {dag_id}"
+
+
+class PodWatch:
+    """Records every pod of a DAG that appears, and kills one trial's pod once after its first epoch checkpoint."""
+
+    def __init__(self, core, dag_id: str, kill_trial: str | None):
+        self.core, self.dag_id, self.kill_trial = core, dag_id, kill_trial
+        self.seen: set[str] = set()
+        self.killed: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(10)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                found = pods(self.core, self.dag_id)
+            except Exception:
+                found = []
+            for pod in found:
+                self.seen.add(pod.metadata.name)
+                labels = pod.metadata.labels or {}
+                if (self.killed or self.kill_trial is None or labels.get("kubetrain.io/trial") != self.kill_trial
+                        or pod.metadata.deletion_timestamp or pod.status.phase != "Running"):  # fmt: skip
+                    continue
+                try:
+                    log = self.core.read_namespaced_pod_log(pod.metadata.name, NAMESPACE, container="base")
+                except client.ApiException:
+                    continue
+                if "checkpoint ckpt-" in log and "end of epoch" in log:
+                    self.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE)
+                    self.killed.append(pod.metadata.name)
+            self.stop.wait(0.5)
+
+
+# the grid sweep's conf and trials, for the median stopping test that reuses them
+GRID: dict = {}
+
+
+def test_grid_sweep_a_killed_trial_promotion_and_reuse(sweeps_airflow, core, s3, digits):
+    conf = {
+        "dataset_uri": digits,
+        "model_name": "e2e-sweep-digits",
+        "epochs": 4,
+        "image_size": 16,
+        "learning_rate": 0.001,
+        "cpu": "1",
+        "memory": "2Gi",
+        "sync_interval": 2,
+        "space": {"batch_size": [16, 32, 64, 128]},
+        "algorithm": "grid",
+        "max_trials": 4,
+        "parallel_trials": 2,
+        "early_stopping": {"rule": "off"},
+    }
+    with PodWatch(core, DAG_ID, kill_trial="0") as watch:
+        run = sweeps_airflow.dags_test(DAG_ID, conf, **FAST)
+    assert run.returncode == 0 and run.state() == "success", run.output[-6000:]
+    states = run.task_states()
+    assert {k: v for k, v in states.items() if "train" in k} == {
+        "round_0.train_1_at_a_time": "skipped",
+        "round_0.train_2_at_a_time[0]": "success",
+        "round_0.train_2_at_a_time[1]": "success",
+        "round_0.train_2_at_a_time[2]": "success",
+        "round_0.train_2_at_a_time[3]": "success",
+        "round_0.train_4_at_a_time": "skipped",
+        "round_1.train": "skipped",
+        "round_2.train": "skipped",
+        "round_3.train": "skipped",
+    }, states
+    for task in ("stage_dataset", "plan", "round_0.suggest", "leaderboard", "promote", "record"):
+        assert states[task] == "success", (task, states)
+    assert watch.killed, "the trial's pod was never killed: the test did not exercise resume"
+
+    sweep = S3Layout().run(DAG_ID, run.run_id).prefix
+    record = read_json(s3, f"{sweep}/sweep/sweep.json")
+    assert record["kind"] == "kubetrain/sweep" and record["algorithm"] == "grid"
+    assert record["space"] == {"batch_size": {"choices": [16, 32, 64, 128]}}
+    assert record["dataset"]["version"] and "@sha256:" in record["image"]
+    trials = {t["number"]: t for t in record["trials"]}
+    assert sorted(trials) == [0, 1, 2, 3]
+    assert [trials[n]["params"] for n in range(4)] == [{"batch_size": b} for b in (16, 32, 64, 128)]
+    assert all(t["status"] == "success" and not t["stopped_early"] and t["reports"] == 4 for t in trials.values()), trials
+
+    # the killed trial resumed from its checkpoint, on a second try
+    killed = read_json(s3, f"{sweep}/sweep/trials/0.json")
+    assert killed["resumed_from_step"] > 0 and killed["timing"]["try_number"] == 2
+
+    # the best trial is promoted, with the leaderboard linking every trial's report
+    best = max((t for t in trials.values()), key=lambda t: t["objective"]["value"])
+    assert record["best"]["best_trial"] == best["trial"]
+    latest = read_json(s3, "models/e2e-sweep-digits/latest")
+    assert latest["run_uri"] == best["run_uri"] and record["promotion"]["promoted"] is True
+    html = s3.get_object(Bucket="training", Key=f"{sweep}/report/report.html")["Body"].read().decode()
+    assert "data:image/png;base64," in html and "parallel_coordinates.png" in html
+    for trial in trials.values():
+        assert trial["report_url"] and trial["report_url"] in html
+        assert trial["report_url"].startswith(f"/kubetrain/reports/{DAG_ID}/training/")
+    assert_no_pods_left(core, DAG_ID)
+
+    # the same sweep again: every trial is reused by fingerprint, no pod starts
+    with PodWatch(core, DAG_ID, kill_trial=None) as again_watch:
+        again = sweeps_airflow.dags_test(DAG_ID, conf, **FAST)
+    assert again.returncode == 0 and again.state() == "success", again.output[-4000:]
+    assert again_watch.seen == set(), f"the re-run started pods: {again_watch.seen}"
+    assert again.task_states()["round_0.train_2_at_a_time"] == "skipped"
+    again_record = read_json(s3, f"{S3Layout().run(DAG_ID, again.run_id).prefix}/sweep/sweep.json")
+    assert [t["reused_from"]["run_uri"] for t in again_record["trials"]] == [trials[n]["run_uri"] for n in range(4)]
+    assert [t["objective"]["value"] for t in again_record["trials"]] == [trials[n]["objective"]["value"] for n in range(4)]
+    assert again_record["promotion"]["promoted"] is False  # not better than itself
+    GRID.update(conf=conf, trials=trials)
+
+
+def test_median_stopping_stops_a_bad_learning_rate(sweeps_airflow, core, s3):
+    if not GRID:
+        pytest.skip("needs the trials of the grid sweep above")
+    conf, trials = GRID["conf"], GRID["trials"]
+    # median stopping: a learning rate of 1e-6 (the model barely moves) next to the good 0.001. The good points were trained
+    # above and are reused (finished trials from the start, whatever order the trials run in),
+    # so the bad ones fall below the median after start_step and stop; nothing is retried.
+    median = {
+        **conf,
+        "space": {"batch_size": [16, 32], "learning_rate": [0.001, 0.000001]},
+        "early_stopping": {"rule": "median", "min_trials": 2, "start_step": 2},
+    }
+    stop = sweeps_airflow.dags_test(DAG_ID, median, **FAST)
+    assert stop.returncode == 0 and stop.state() == "success", stop.output[-6000:]
+    stop_record = read_json(s3, f"{S3Layout().run(DAG_ID, stop.run_id).prefix}/sweep/sweep.json")
+    by_lr = {lr: [t for t in stop_record["trials"] if t["params"]["learning_rate"] == lr] for lr in (0.001, 0.000001)}
+    assert sorted(t["reused_from"]["run_uri"] for t in by_lr[0.001]) == sorted(trials[n]["run_uri"] for n in (0, 1))
+    assert len(by_lr[0.000001]) == 2
+    for trial in by_lr[0.000001]:
+        assert trial["status"] == "success" and trial["stopped_early"], trial
+        decision = trial["early_stop"]
+        assert decision["rule"] == "median" and decision["step"] >= 2 and decision["best"] < decision["median"]
+        # decided before the last epoch; the epoch under way when the stop file appears is closed
+        assert decision["step"] < 4 and trial["reports"] <= 4
+        assert trial["exit_code"] == 79
+        assert trial["timing"]["try_number"] == 1  # a success, not retried
+    stop_states = stop.task_states()
+    stopped_tasks = [k for k in stop_states if k.startswith("round_0.train_2_at_a_time[")]
+    assert len(stopped_tasks) == 2 and all(stop_states[k] == "success" for k in stopped_tasks), stop_states
+    assert stop_record["best"]["best_run_uri"] == max(by_lr[0.001], key=lambda t: t["objective"]["value"])["run_uri"]
+    assert_no_pods_left(core, DAG_ID)
+
+
+def test_invalid_spaces_are_refused_before_any_pod(sweeps_airflow, core, digits):
+    # the Param's schema refuses an unknown hyperparameter: no run is created
+    run = sweeps_airflow.dags_test(DAG_ID, {"dataset_uri": digits, "space": {"momentum": [0.9]}}, **FAST)
+    assert run.returncode != 0 and run.run_id is None, run.output[-3000:]
+    assert "space" in run.output and "momentum" in run.output
+    # low > high passes the schema; the plan task refuses it, naming the field, and nothing trains
+    run = sweeps_airflow.dags_test(
+        DAG_ID, {"dataset_uri": digits, "space": {"learning_rate": {"low": 0.1, "high": 0.01}}}, **FAST
+    )
+    assert run.state() == "failed"
+    assert run.task_states()["plan"] == "failed" and run.try_numbers("plan") == 1  # not retried
+    assert "space.learning_rate: low 0.1 > high 0.01" in run.output
+    assert pods(core, DAG_ID) == []
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--"))
+    lr = float(args["lr"])
+    out = os.environ["OUTPUT_DIR"]
+    score = 1.0 - abs(lr - 0.01) * 10
+    with open(os.path.join(out, "metrics.jsonl"), "a") as f:
+        for step in range(1, 4):
+            f.write(json.dumps({"step": step, "score": score * step / 3}) + "\\n"); f.flush()
+    print(f"trial lr={lr} score={score:.4f}", flush=True)
+    """
+)
+
+
+def test_tpe_sweep_of_a_third_party_container_runs_two_rounds(sweeps_airflow, core, s3, digits):
+    conf = {
+        "dataset_uri": digits,
+        "model_name": "e2e-sweep-script",
+        "command": ["python", "-c", SCRIPT],
+        "args": [],
+        "space": {"lr": {"low": 0.0001, "high": 0.1, "log": True}},
+        "algorithm": "tpe",
+        "max_trials": 4,
+        "parallel_trials": 2,
+        "seed": 3,
+        "objective": {"metric": "score", "mode": "max"},
+    }
+    run = sweeps_airflow.dags_test(CUSTOM_DAG_ID, conf, **FAST)
+    assert run.returncode == 0 and run.state() == "success", run.output[-6000:]
+    states = run.task_states()
+    assert [states[f"round_0.train_2_at_a_time[{i}]"] for i in (0, 1)] == ["success"] * 2
+    assert [states[f"round_1.train[{i}]"] for i in (0, 1)] == ["success"] * 2
+    record = read_json(s3, f"{S3Layout().run(CUSTOM_DAG_ID, run.run_id).prefix}/sweep/sweep.json")
+    assert [(t["number"], t["round"]) for t in record["trials"]] == [(0, 0), (1, 0), (2, 1), (3, 1)]
+    for trial in record["trials"]:
+        lr = trial["params"]["lr"]
+        assert f"trial lr={lr} " in run.output  # the container got --lr=<value>
+        assert trial["objective"]["value"] == pytest.approx(1.0 - abs(lr - 0.01) * 10)
+    # round 1 was asked for after round 0 finished, from its results (tells are in the log)
+    assert "tpe round 1: the study is rebuilt from 2 earlier trial(s)" in run.output
+    assert_no_pods_left(core, CUSTOM_DAG_ID)

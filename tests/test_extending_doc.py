@@ -1,0 +1,46 @@
+"""docs/extending.md says what the repository holds: its DAG, its Dockerfile and its list of public names."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import kubetrain
+
+REPO = Path(__file__).resolve().parents[1]
+GUIDE = (REPO / "docs" / "extending.md").read_text()
+DAG_FILE = REPO / "dags" / "example_keras_model.py"
+
+
+def code_blocks(text: str, language: str = "") -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, re.S)
+
+
+def test_the_guides_dag_is_the_dag_file():
+    source = DAG_FILE.read_text()
+    code = source[source.index("from __future__ import annotations") :]
+    assert code_blocks(GUIDE, "python")[0] == code
+    assert len(code.strip().splitlines()) <= 40, "the guide promises a DAG of about 30 lines"
+
+
+def test_the_guides_dockerfile_is_the_example_image():
+    dockerfile = (REPO / "docs" / "examples" / "keras_model" / "Dockerfile").read_text()
+    instructions = [line for line in dockerfile.splitlines() if line and not line.startswith("#")]
+    for line in instructions:
+        assert f"    {line}\n" in GUIDE, line
+
+
+def test_the_public_names_are_the_packages():
+    table = GUIDE[GUIDE.index("## 6. Public API") : GUIDE.index("## 7.")]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    listed = {}
+    for row in rows:
+        names_cell, modules_cell = row.split("|")[1:3]
+        modules = [m.strip() for m in modules_cell.split(",")]
+        for name in re.findall(r"`(\w+)`", names_cell):
+            listed[name] = modules
+    assert sorted(listed) == sorted(kubetrain.__all__)
+    for name, modules in listed.items():
+        assert any(hasattr(importlib.import_module(m), name) for m in modules), (name, modules)
+        assert getattr(kubetrain, name) is not None

@@ -1,0 +1,160 @@
+"""Median early stopping by the checkpoint-sync sidecar: the rule, and a third-party trainer stopped for real.
+
+The integration tests run the sidecar as a subprocess (as in a pod) against the S3 server
+that verifies signatures, beside a plain Python "trainer" that knows nothing of kubetrain but
+the documented contract: it appends one JSON object per step to OUTPUT_DIR/metrics.jsonl and
+looks for KUBETRAIN_STOP_FILE between steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from sync_support import REPO, s3_client
+from test_checkpoint import _Lines, _sidecar
+
+from trainer.sync.median import MedianRule, MedianStopper, parse_reports, report_values
+from trainer.sync.s3 import S3, parse_s3_uri
+
+
+@pytest.fixture(scope="module")
+def s3(s3_server):
+    return s3_client(s3_server)
+
+
+@pytest.mark.parametrize(
+    ("rule", "values", "finished", "stop"),
+    [
+        # running averages at report 2: 0.4, 0.6, 0.2 -> median 0.4
+        (MedianRule("acc", "max", 3, 2), [0.3, 0.35], [[0.2, 0.6, 0.9], [0.4, 0.8, 0.9], [0.1, 0.3, 0.5]], (2, 0.35, 0.4)),
+        (MedianRule("acc", "max", 3, 2), [0.3, 0.45], [[0.2, 0.6, 0.9], [0.4, 0.8, 0.9], [0.1, 0.3, 0.5]], None),
+        (MedianRule("acc", "max", 3, 2), [0.3, 0.4], [[0.2, 0.6, 0.9], [0.4, 0.8, 0.9], [0.1, 0.3, 0.5]], None),  # not strictly worse
+        (MedianRule("acc", "max", 3, 3), [0.1, 0.1], [[0.9, 0.9, 0.9]] * 3, None),  # before start_step
+        (MedianRule("acc", "max", 4, 1), [0.1], [[0.9]] * 3, None),  # fewer finished trials than min_trials
+        (MedianRule("acc", "max", 1, 1), [0.1], [[0.9], [], [0.8]], (1, 0.1, 0.85)),  # a trial without reports counts for nothing
+        # a finished trial with fewer reports than the step contributes the average of all of its reports
+        (MedianRule("acc", "max", 1, 3), [0.2, 0.3, 0.35], [[0.4, 0.6]], (3, 0.35, 0.5)),
+        # min: the best is the lowest, worse is above the median
+        (MedianRule("loss", "min", 2, 2), [2.0, 1.5], [[1.0, 0.5], [1.2, 0.8]], (2, 1.5, 0.875)),
+        (MedianRule("loss", "min", 2, 2), [2.0, 0.7], [[1.0, 0.5], [1.2, 0.8]], None),
+    ],
+)
+def test_the_rule_is_katibs_median_stop(rule, values, finished, stop):
+    decision = rule.decide(values, finished)
+    if stop is None:
+        assert decision is None
+    else:
+        assert (decision.step, decision.best, decision.median) == pytest.approx(stop)
+
+
+def test_reports_come_from_metrics_jsonl_else_history_csv():
+    jsonl = '{"step": 1, "score": 0.5}\n{"step": 2, "score": 0.7}\n{"step": 3, "sco'
+    assert report_values(parse_reports(jsonl, "epoch,score\n1,0.1\n"), "score") == [0.5, 0.7]  # torn last line dropped
+    assert report_values(parse_reports(None, "epoch,val_accuracy\n1,0.1\n2,\n3,0.3\n"), "val_accuracy") == [0.1, 0.3]
+    assert report_values(parse_reports(None, None), "val_accuracy") == []
+    with pytest.raises(ValueError, match="metrics.jsonl line 1 is not JSON"):
+        parse_reports("not json\n{}\n", None)
+
+
+def _finished_trials(s3, prefix: str, curves: list[list[float]], metric: str = "score") -> None:
+    """Records of finished trials as the Airflow side writes them (sweep/trials/<n>.json)."""
+    for number, curve in enumerate(curves):
+        record = {"kind": "kubetrain/sweep-trial", "number": number, "status": "success", "stopped_early": False,
+                  "history": [{"step": i + 1, metric: v} for i, v in enumerate(curve)]}  # fmt: skip
+        s3.put_object(Bucket="training", Key=f"{prefix}{number}.json", Body=json.dumps(record).encode())
+    # neither a failed trial nor one stopped early counts
+    s3.put_object(Bucket="training", Key=f"{prefix}{len(curves)}.json",
+                  Body=json.dumps({"status": "failed", "history": [{"score": 99}]}).encode())  # fmt: skip
+    s3.put_object(Bucket="training", Key=f"{prefix}{len(curves) + 1}.json",
+                  Body=json.dumps({"status": "success", "stopped_early": True, "history": [{"score": 99}]}).encode())  # fmt: skip
+
+
+THIRD_PARTY = textwrap.dedent(
+    """
+    import json, os, sys, time
+    out, stop = os.environ["OUTPUT_DIR"], os.environ["KUBETRAIN_STOP_FILE"]
+    score, steps = float(sys.argv[1]), int(sys.argv[2])
+    for step in range(1, steps + 1):
+        if os.path.exists(stop):
+            print(f"stop file seen before step {step}", flush=True)
+            sys.exit(79)
+        with open(os.path.join(out, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps({"step": step, "score": score}) + "\\n")
+        time.sleep(0.4)
+    print("finished", flush=True)
+    """
+)
+
+
+def _trial(s3_server, tmp_path: Path, score: float, steps: int, trials_prefix: str) -> tuple[int, str, str, str]:
+    """A third-party trainer and its sidecar with median stopping; (exit code, trainer output, sidecar output, run key)."""
+    key = f"runs/unit_median/{secrets.token_hex(5)}/trials/9"
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    ck.mkdir(parents=True)
+    out.mkdir(parents=True)
+    stop = ck / ".kubetrain-stop"
+    env = {
+        **s3_server.env(),
+        "KUBETRAIN_EARLY_STOPPING": "median",
+        "KUBETRAIN_OBJECTIVE": "score",
+        "KUBETRAIN_OBJECTIVE_MODE": "max",
+        "KUBETRAIN_MEDIAN_MIN_TRIALS": "2",
+        "KUBETRAIN_MEDIAN_START_STEP": "3",
+        "KUBETRAIN_SWEEP_TRIALS_URI": f"s3://training/{trials_prefix}",
+        "KUBETRAIN_STOP_FILE": str(stop),
+    }
+    sidecar = _sidecar(env, f"s3://training/{key}", ck, out, "--interval", "0.5", "--quiet", "0")
+    lines = _Lines(sidecar)
+    try:
+        lines.wait("median stopping of score")  # as in a pod, the sidecar runs before the trainer starts
+        trainer = subprocess.run(
+            [sys.executable, "-c", THIRD_PARTY, str(score), str(steps)],
+            env={**os.environ, "OUTPUT_DIR": str(out), "KUBETRAIN_STOP_FILE": str(stop)},
+            capture_output=True, text=True, timeout=120, cwd=REPO,
+        )  # fmt: skip
+    finally:
+        sidecar.terminate()
+        sidecar.wait(60)
+        lines.thread.join(10)
+    return trainer.returncode, trainer.stdout, lines.text(), key
+
+
+def test_a_third_party_trainer_below_the_median_is_stopped_after_start_step(s3_server, s3, tmp_path):
+    prefix = f"runs/unit_median/{secrets.token_hex(5)}/sweep/trials/"
+    _finished_trials(s3, prefix, [[0.6, 0.8, 0.9, 0.9], [0.5, 0.7, 0.8, 0.85]])
+    code, output, sidecar, key = _trial(s3_server, tmp_path, score=0.3, steps=40, trials_prefix=prefix)
+    assert code == 79, (output, sidecar)
+    step = int(output.split("stop file seen before step ")[1].split()[0])
+    decision = json.loads(s3.get_object(Bucket="training", Key=f"{key}/sync/early-stop.json")["Body"].read())
+    assert decision["rule"] == "median" and decision["finished_trials"] == 2
+    # decided after start_step (3 reports), at the first look (about a second), long before the end
+    assert 3 <= decision["step"] < step <= decision["step"] + 6 < 40, (decision, output)
+    curves = [[0.6, 0.8, 0.9, 0.9], [0.5, 0.7, 0.8, 0.85]]
+    averages = [sum(c[: decision["step"]]) / len(c[: decision["step"]]) for c in curves]
+    assert decision["best"] == 0.3 and decision["median"] == pytest.approx(sum(averages) / 2)
+    assert f"median stopping: score best 0.3 after {decision['step']} reports is below the median" in sidecar
+    # the stop file is the trainer's business, never uploaded
+    listed = [f["path"] for item in s3.list_objects_v2(Bucket="training", Prefix=f"{key}/sync/pass-").get("Contents", [])
+              for f in json.loads(s3.get_object(Bucket="training", Key=item["Key"])["Body"].read())["files"]]  # fmt: skip
+    assert listed and not any(".kubetrain-stop" in path for path in listed)
+
+
+def test_a_good_trial_and_a_silent_one_are_never_stopped(s3_server, s3, tmp_path):
+    prefix = f"runs/unit_median/{secrets.token_hex(5)}/sweep/trials/"
+    _finished_trials(s3, prefix, [[0.6, 0.8, 0.9, 0.9], [0.5, 0.7, 0.8, 0.85]])
+    code, output, sidecar, key = _trial(s3_server, tmp_path / "good", score=0.95, steps=8, trials_prefix=prefix)
+    assert code == 0 and "finished" in output, (output, sidecar)
+    assert "Contents" not in s3.list_objects_v2(Bucket="training", Prefix=f"{key}/sync/early-stop")
+    # a container that reports nothing: the rule never has a value to judge
+    silent = MedianStopper(
+        S3(pool=2), MedianRule("score", "max", 1, 1), run=parse_s3_uri(f"s3://training/{key}"),
+        trials=parse_s3_uri(f"s3://training/{prefix}"), output_dir=tmp_path / "nothing", stop_file=tmp_path / "stop",
+    )  # fmt: skip
+    assert silent.check() is None and not (tmp_path / "stop").exists()

@@ -1,0 +1,241 @@
+"""Median early stopping of a sweep's trial, decided by its checkpoint-sync sidecar.
+
+The rule is Katib's ``medianstop`` (the median stopping rule of Google Vizier): a running
+trial that has made at least ``start_step`` reports is stopped at report ``S`` when its best
+objective value so far is strictly worse than the median, over the sweep's finished trials,
+of each one's running average of the objective over its first ``S`` reports; the rule
+applies once at least ``min_trials`` trials have finished. A finished trial is one whose
+record says it succeeded without being stopped; one with fewer than ``S`` reports
+contributes the average of all of its reports.
+
+Reports come from the trial's own OUTPUT_DIR, read locally: ``metrics.jsonl`` (one JSON
+object a line, appended per epoch or step; any container can write it) when it exists, else
+``history.csv`` (kubetrain's trainers write one row per epoch). A container that writes
+neither is never stopped. The finished trials' reports come from their records in S3
+(``KUBETRAIN_SWEEP_TRIALS_URI``), each read once.
+
+A stop writes the decision to ``<run>/sync/early-stop.json`` first, then the stop file
+(``KUBETRAIN_STOP_FILE``); the trainer, which looks for the file between steps, writes its
+checkpoint and outputs and exits with 79.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import statistics
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from trainer.sync.progress import log
+from trainer.sync.s3 import S3, S3Uri
+
+METRICS_JSONL = "metrics.jsonl"
+HISTORY_CSV = "history.csv"
+EARLY_STOP_RECORD = "early-stop.json"
+EARLY_STOP_KIND = "kubetrain/early-stop"
+MODES = ("max", "min")
+
+
+def _number(value: Any) -> float | None:
+    if value is None or value == "" or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Why a trial is stopped at report ``step``."""
+
+    step: int
+    best: float
+    median: float
+    finished_trials: int
+
+    def to_json(self, rule: MedianRule) -> dict[str, Any]:
+        return {
+            "kind": EARLY_STOP_KIND,
+            "format_version": 1,
+            "rule": "median",
+            "objective": rule.objective,
+            "mode": rule.mode,
+            "start_step": rule.start_step,
+            "min_trials": rule.min_trials,
+            "step": self.step,
+            "best": self.best,
+            "median": self.median,
+            "finished_trials": self.finished_trials,
+            "decided_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        }
+
+
+@dataclass(frozen=True)
+class MedianRule:
+    """The median stopping rule with its settings (see the module docstring)."""
+
+    objective: str
+    mode: str = "max"
+    min_trials: int = 3
+    start_step: int = 4
+
+    def __post_init__(self) -> None:
+        if not self.objective:
+            raise ValueError("the objective metric is empty: expected a history.csv column or metrics.jsonl key")
+        if self.mode not in MODES:
+            raise ValueError(f"objective mode {self.mode!r} is not valid: expected 'max' or 'min'")
+        if self.min_trials < 1 or self.start_step < 1:
+            raise ValueError(f"min_trials {self.min_trials} and start_step {self.start_step} must be at least 1")
+
+    def decide(self, values: list[float], finished: list[list[float]]) -> Decision | None:
+        """A stop decision for a trial that reported ``values`` so far, or ``None`` to let it run."""
+        step = len(values)
+        completed = [f for f in finished if f]
+        if step < self.start_step or len(completed) < self.min_trials:
+            return None
+        median = statistics.median(sum(f[:step]) / len(f[:step]) for f in completed)
+        best = max(values) if self.mode == "max" else min(values)
+        worse = best < median if self.mode == "max" else best > median
+        return Decision(step, best, median, len(completed)) if worse else None
+
+
+def report_values(rows: list[dict[str, Any]], objective: str) -> list[float]:
+    """The objective of each report that has it, in order."""
+    return [v for v in (_number(row.get(objective)) for row in rows) if v is not None]
+
+
+def parse_reports(jsonl: str | None, history: str | None) -> list[dict[str, Any]]:
+    """Report rows from metrics.jsonl (preferred) or history.csv; a torn last line is ignored."""
+    if jsonl is not None:
+        rows = []
+        lines = jsonl.splitlines()
+        for index, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                if index == len(lines) - 1:
+                    break  # still being appended
+                raise ValueError(f"{METRICS_JSONL} line {index + 1} is not JSON: {line[:120]!r}") from None
+            if isinstance(row, dict):
+                rows.append(row)
+        return rows
+    if history is not None:
+        return [dict(row) for row in csv.DictReader(io.StringIO(history))]
+    return []
+
+
+class MedianStopper:
+    """Applies :class:`MedianRule` to this trial whenever its reports grow.
+
+    Args:
+        s3: the sidecar's S3 access.
+        rule: the rule and its settings.
+        run: this trial's run prefix (``KUBETRAIN_RUN_URI``).
+        trials: prefix of the sweep's finished trial records (``KUBETRAIN_SWEEP_TRIALS_URI``).
+        output_dir: the trial's OUTPUT_DIR.
+        stop_file: where to tell the trainer to stop (``KUBETRAIN_STOP_FILE``).
+    """
+
+    def __init__(self, s3: S3, rule: MedianRule, *, run: S3Uri, trials: S3Uri, output_dir: Path, stop_file: Path) -> None:
+        self.s3 = s3
+        self.rule = rule
+        self.run = run
+        self.trials = trials
+        self.output_dir = output_dir
+        self.stop_file = stop_file
+        self.decision: Decision | None = None
+        self._seen: tuple | None = None
+        self._finished: dict[str, list[float]] = {}  # record key -> objective per report
+        self._not_finished: set[tuple[str, str]] = set()  # (key, etag) of records of trials that did not succeed
+
+    def _local_reports(self) -> tuple[tuple, list[dict[str, Any]] | None]:
+        """(what the report files look like, their rows); no rows when nothing changed since the last look."""
+        names = (METRICS_JSONL, HISTORY_CSV)
+        state = []
+        for name in names:
+            try:
+                st = os.stat(self.output_dir / name)
+                state.append((st.st_size, st.st_mtime_ns))
+            except OSError:
+                state.append(None)
+        key = tuple(state)
+        if key == self._seen:
+            return key, None
+        texts: dict[str, str | None] = {}
+        for name in names:
+            try:
+                texts[name] = (self.output_dir / name).read_text(encoding="utf-8-sig", errors="replace")
+            except OSError:
+                texts[name] = None
+        return key, parse_reports(texts[METRICS_JSONL], texts[HISTORY_CSV])
+
+    def finished_values(self) -> list[list[float]]:
+        """The objective per report of every finished trial of the sweep (records read once)."""
+        client = self.s3.client
+        prefix = self.trials.key
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=self.trials.bucket, Prefix=prefix)
+        for page in pages:
+            for item in page.get("Contents", []):
+                key, etag = item["Key"], item.get("ETag", "")
+                if not key.endswith(".json") or key in self._finished or (key, etag) in self._not_finished:
+                    continue
+                body = client.get_object(Bucket=self.trials.bucket, Key=key)["Body"].read()
+                try:
+                    record = json.loads(body)
+                except ValueError:
+                    self._not_finished.add((key, etag))
+                    continue
+                if not isinstance(record, dict) or record.get("status") != "success" or record.get("stopped_early"):
+                    self._not_finished.add((key, etag))
+                    continue
+                rows = record.get("history") if isinstance(record.get("history"), list) else []
+                values = report_values([r for r in rows if isinstance(r, dict)], self.rule.objective)
+                if not values and (record.get("objective") or {}).get("name") == self.rule.objective:
+                    values = [v for v in map(_number, record["objective"].get("values") or []) if v is not None]
+                self._finished[key] = values
+        return [v for v in self._finished.values() if v]
+
+    def check(self) -> Decision | None:
+        """Look at this trial's reports; stop it when the rule says so. The decision, once taken."""
+        if self.decision is not None:
+            return self.decision
+        seen, rows = self._local_reports()
+        if rows is None:
+            return None
+        values = report_values(rows, self.rule.objective)
+        if len(values) < self.rule.start_step:
+            self._seen = seen
+            return None
+        decision = self.rule.decide(values, self.finished_values())
+        self._seen = seen
+        if decision is None:
+            return None
+        self.stop(decision)
+        return decision
+
+    def stop(self, decision: Decision) -> None:
+        """Record the decision in S3, then write the stop file (atomically) for the trainer."""
+        document = decision.to_json(self.rule)
+        body = (json.dumps(document, indent=1) + "\n").encode()
+        key = f"{self.run.key.rstrip('/')}/sync/{EARLY_STOP_RECORD}"
+        self.s3.client.put_object(Bucket=self.run.bucket, Key=key, Body=body, ContentType="application/json")
+        tmp = self.stop_file.with_name(self.stop_file.name + ".tmp")
+        tmp.write_bytes(body)
+        os.replace(tmp, self.stop_file)
+        self.decision = decision
+        log(
+            f"checkpoint-sync: median stopping: {self.rule.objective} best {decision.best:.6g} after "
+            f"{decision.step} reports is {'below' if self.rule.mode == 'max' else 'above'} the median "
+            f"{decision.median:.6g} of {decision.finished_trials} finished trials' running averages: "
+            f"stopping the trial ({self.stop_file})"
+        )
