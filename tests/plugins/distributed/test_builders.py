@@ -170,7 +170,10 @@ def test_replica_pods_write_the_contract_plus_the_cluster_variables():
     from pathlib import Path
 
     contract = json.loads((Path(__file__).resolve().parents[3] / "trainer/sync/schemas/pod-env.v1.json").read_text())
-    expected = {n for n, s in contract["written"].items() if "base" in s["containers"]} | set(contract["written_for_replicas"])
+    # A multi-worker job is no sweep trial: the early-stopping variables of trials are not written.
+    expected = {n for n, s in contract["written"].items()
+                if "base" in s["containers"] and not s["description"].startswith("Sweep trials")}
+    expected |= set(contract["written_for_replicas"])
     for role, template in templates(build("indexed_job", SPECS["ps"])).items():
         names = {e["name"] for e in template["spec"]["containers"][0]["env"]}
         assert names == expected, role
