@@ -71,6 +71,10 @@ def write_readme() -> None:
     for name, (_, script, what) in BENCHES.items():
         result = REPO / "bench" / "results" / f"{name}.md"
         parts.append(f"\n## {name}: {what}\n\nScript: `bench/{script}`.\n")
+        # bench/notes/<name>.md: the hand-written reading of a bench's figures, kept across runs
+        notes = REPO / "bench" / "notes" / f"{name}.md"
+        if notes.exists():
+            parts.append("\n" + notes.read_text().strip() + "\n")
         parts.append("\n" + result.read_text().strip() + "\n" if result.exists() else "\nNot run yet.\n")
     (REPO / "bench" / "README.md").write_text("".join(parts))
 
