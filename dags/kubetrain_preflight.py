@@ -21,7 +21,7 @@ from pathlib import Path
 
 from airflow.sdk import dag, task
 
-from kubetrain.pipeline import DEFAULT_ARGS
+from kubetrain.defaults import DEFAULT_ARGS
 
 
 @dag(
