@@ -16,7 +16,7 @@ from kubetrain.distributed import builders
 from kubetrain.distributed.backends import choose_backend, served_backends
 from kubetrain.distributed.cleanup import delete_sync
 from kubetrain.distributed.spec import DistributedSpec
-from kubetrain.operators.training import TrainingPodOperator
+from kubetrain.operators.training import NOTES_XCOM_KEY, TrainingPodOperator
 from kubetrain.pod_startup import failure_from_event
 from kubetrain.triggers.distributed import DistributedJobTrigger
 
@@ -183,6 +183,8 @@ class DistributedTrainingOperator(TrainingPodOperator):
                          cluster: dict[str, list[str]] | None = None, spec: str | None = None) -> dict[str, Any]:
         namespace = event["namespace"]
         resources = resources or event.get("resources") or []
+        # the report task reads XCom ``notes`` of every training task, as the single pod pushes it
+        context["ti"].xcom_push(key=NOTES_XCOM_KEY, value=[str(note) for note in event.get("notes") or []])
         if spec is None:
             spec = self.distributed_spec().describe()
         try:
