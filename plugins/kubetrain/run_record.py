@@ -194,9 +194,13 @@ def record_keys(layout: S3Layout, record: dict[str, Any]) -> list[str]:
     return keys
 
 
-def promotion_name(event: dict[str, Any]) -> str:
-    """Entry name of a promotion in ``promotions/<model>/``: newest first."""
-    when = datetime.fromisoformat(event["promoted_at"].replace("Z", "+00:00"))
+def promotion_name(event: dict[str, Any], written: datetime | None = None) -> str:
+    """Entry name of a promotion in ``promotions/<model>/``: newest first.
+
+    Ordered by ``written``, the time the entry is written (milliseconds), when given: ``promoted_at``
+    has whole seconds, so two promotions within one second would otherwise sort by version.
+    """
+    when = written or datetime.fromisoformat(event["promoted_at"].replace("Z", "+00:00"))
     return f"{inverted_time(when)}{SEPARATOR}{safe_segment(event['version'])}.json"
 
 

@@ -19,6 +19,7 @@ import json
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
@@ -500,7 +501,7 @@ class RunStore:
         from kubetrain.run_record import check_document, promotion_name
 
         check_document(event, "promotion")
-        key = self.layout.promotions_prefix(event["model"]) + promotion_name(event)
+        key = self.layout.promotions_prefix(event["model"]) + promotion_name(event, written=datetime.now(UTC))
         return self.write(self.layout.training_bucket, key, json.dumps(event, indent=1) + "\n", content_type="application/json")
 
     def promotions(self, model: str, *, limit: int = 50) -> list[dict[str, Any]]:

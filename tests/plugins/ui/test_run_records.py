@@ -19,6 +19,7 @@ from kubetrain.run_record import (
     index_name,
     inverted_time,
     leaderboard_name,
+    promotion_name,
     promotion_reason,
     record_keys,
     sortable_value,
@@ -173,3 +174,17 @@ def test_resumed_from_step_is_found_in_the_sync_passes(store, client):
     _pass(client, resumed, 40, "airflow:third_party/promote", [390])  # the promote step's rewrite after pruning
     assert store.resumed_from_step(resumed) == 220
     assert store.resumed_from_step(S3Layout().run("third_party", "manual__none")) is None
+
+
+def test_two_promotions_within_one_second_sort_newest_first():
+    # promoted_at has whole seconds; the entry's name orders by the time it is written (ms)
+    at = "2026-03-02T08:12:00Z"
+    older = {"promoted_at": at, "version": "20260303T000000Z-bbbbbbbb"}
+    newer = {"promoted_at": at, "version": "20260302T000000Z-aaaaaaaa"}
+    written = datetime(2026, 3, 2, 8, 12, 0, 200_000, tzinfo=UTC)
+    names = [
+        promotion_name(older, written=written),
+        promotion_name(newer, written=written + timedelta(milliseconds=250)),
+    ]
+    assert sorted(names) == names[::-1]
+    assert names[1].endswith("20260302T000000Z-aaaaaaaa.json")
