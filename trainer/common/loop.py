@@ -360,6 +360,9 @@ class TrainingLoop:
             TrainingDiverged: a weight is no longer finite; nothing is written.
         """
         if self.last_saved_step == self.step:
+            # nothing trained since that checkpoint: it already holds this step
+            log.info("checkpoint %s already written at this step (%s)", Path(self.last_saved_path).name if
+                     self.last_saved_path else f"ckpt-{self.step}", reason)
             return None
         broken = self.runner.variables_finite()
         if broken:

@@ -24,7 +24,7 @@ from trainer.common.contract import EXIT_PREEMPTED
 
 REPO = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.slow]
-SIGTERM_SAVE = re.compile(r"checkpoint ckpt-(\d+) written \(SIGTERM")
+SIGTERM_SAVE = re.compile(r"checkpoint ckpt-(\d+) (?:written|already written at this step) \(SIGTERM")
 RESUMED = re.compile(r"resumed from ckpt-(\d+)")
 
 
