@@ -15,7 +15,9 @@ On SIGTERM a final pass runs without the quiet period; a file modified within th
 period must then stay unchanged for ``settle`` seconds around its upload to be listed. A
 periodic pass does the same for a file that an earlier pass deferred as recent, so a file
 that is rewritten more often than the quiet period (TensorFlow's ``checkpoint`` index) is
-not left out of every pass.
+not left out of every pass. That index is uploaded after the files of the checkpoint it
+names (``model_checkpoint_path``), even when the trainer saved again after the pass's scan:
+a listed index never names a checkpoint that its pass does not list.
 
 SIGTERM never waits for S3: a periodic pass (or the start-up listing) still waiting on a
 request is abandoned and the final pass starts at once. Every S3 call has connect and read
@@ -59,6 +61,11 @@ FINAL_PASS_RETRIES = 3
 MANIFEST_RESERVE = 2.0
 # seconds between looks at the trial's reports when it may be stopped early (a stat of two files)
 STOP_CHECK_INTERVAL = 1.0
+# TensorFlow's checkpoint index (a CheckpointState text proto, written by rename after the
+# files it names). The sync image has no TensorFlow and so no checkpoint_state_pb2 to parse
+# it with; the one field read here is a quoted string on its own line.
+CHECKPOINT_INDEX = "checkpoint"
+LATEST_CHECKPOINT = re.compile(rb'^model_checkpoint_path:\s*"((?:[^"\\]|\\.)*)"\s*$', re.MULTILINE)
 
 
 class _Stopped(Exception):
@@ -464,6 +471,8 @@ class Sidecar:
                 data = _read_all(path, before.size)
                 if Stat.of(path) != before:
                     raise _Changed()
+                if path.name == CHECKPOINT_INDEX:
+                    self._sync_named_checkpoint(ident, path, data, final)
                 sha = hashlib.sha256(data).hexdigest()
                 if entry is not None and entry.file.sha256 == sha:
                     self.entries[ident] = Entry(before, entry.file)  # touched, not changed
@@ -499,6 +508,51 @@ class Sidecar:
         self.uploaded_files += 1
         self.uploaded_bytes += before.size
         return False
+
+    def _sync_named_checkpoint(self, ident: tuple[str, str], path: Path, data: bytes, final: bool) -> None:
+        """Upload (if needed) the files of the checkpoint that an index version names, before the index.
+
+        The trainer may save again between this pass's scan and the read of its index: the
+        index read then names a checkpoint the scan did not see. Listing that index without
+        those files would give a retried pod an index naming a checkpoint it does not have.
+
+        Raises:
+            _Changed: the named checkpoint's files are gone or changed (the index is not
+                listed in this pass).
+        """
+        match = LATEST_CHECKPOINT.search(data)
+        if match is None:
+            return
+        named = match.group(1).decode("utf-8", "replace")
+        area, rel = ident
+        root = self.config.dirs[area]
+        prefix = Path(named) if os.path.isabs(named) else path.parent / named
+        try:
+            prefix_rel = prefix.relative_to(root).as_posix()
+        except ValueError:
+            return  # a checkpoint outside the synced directory: not ours to upload
+        files = sorted(prefix.parent.glob(f"{prefix.name}.*")) if prefix.parent.is_dir() else []
+        if not any(f.name == f"{prefix.name}.index" for f in files):
+            log(f"checkpoint-sync: {area}/{rel} names {prefix_rel}, whose files are gone; not listed in this pass")
+            raise _Changed()
+        for dep in files:
+            dep_ident = (area, dep.relative_to(root).as_posix())
+            if is_temporary(dep_ident[1]):
+                continue
+            entry = self.entries.get(dep_ident)
+            try:
+                if entry is not None and entry.stat == Stat.of(dep):
+                    continue
+            except OSError:
+                raise _Changed() from None
+            # a checkpoint's files are complete once an index names them: no quiet period
+            try:
+                if self._sync_existing(dep_ident, dep, True, final):
+                    raise _Changed()
+            except FileNotFoundError:
+                raise _Changed() from None
+            if dep_ident not in self.entries:
+                raise _Changed()
 
     def _put(self, key: str, data: bytes, sha: str, md5: str) -> None:
         resp = self.s3.client.put_object(

@@ -114,7 +114,8 @@ def test_a_final_pass_that_runs_out_of_time_says_so(s3_server, s3, tmp_path):
     output = lines.text()
     final = _passes(s3, key)[max(_passes(s3, key))]
     assert final["final"] and not final["complete"] and final["timed_out"], output
-    assert {e["path"] for e in final["errors"]} == {"ckpt-2.data-00000-of-00001"}
+    # the index naming ckpt-2 waits for ckpt-2's files, so it is not uploaded either
+    assert {e["path"] for e in final["errors"]} == {"ckpt-2.data-00000-of-00001", "checkpoint"}
     assert "not uploaded before the grace period ended" in final["errors"][0]["error"]
     assert "ran out of the grace period" in output
     # readers never take it: restore falls back to the last complete pass
@@ -174,6 +175,52 @@ def test_work_lost_to_a_kill_is_bounded_by_the_sync_interval(s3_server, s3, tmp_
     # steps of 0.3 s: what the last interval, one quiet deferral and the pass in flight can hold
     print(json.dumps({"killed_at_step": killed_at, "resumed_at_step": resumed, "steps_lost": lost}))
     assert lost <= 3 * (interval + 1 + 0.5) / 0.3 + 1, lines.text()
+
+
+def test_an_index_rewritten_after_the_scan_goes_with_the_checkpoint_it_names(s3_server, tmp_path, monkeypatch, capfd):
+    """The trainer saves ckpt-2 between a pass's scan and its read of the ``checkpoint``
+    index: the pass that lists the new index also lists ckpt-2's files, so a restore from it
+    resumes from ckpt-2 and not from an index naming files it does not have."""
+    from trainer.sync.s3 import S3, parse_s3_uri
+    from trainer.sync.sidecar import Sidecar, SyncConfig
+
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    run, key = _run_uri()
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    _checkpoint(ck, 1)
+    sidecar = Sidecar(S3(), SyncConfig(run=parse_s3_uri(run), dirs={"checkpoints": ck}, quiet=0, settle=0))
+    sidecar.start()
+    scan = sidecar.scan
+
+    def scan_then_save():  # the scan sees ckpt-1; the trainer then saves ckpt-2
+        found = scan()
+        _checkpoint(ck, 2)
+        return found
+
+    monkeypatch.setattr(sidecar, "scan", scan_then_save)
+    manifest = sidecar.run_pass(final=False)
+    listed = {f.path for f in manifest.files}
+    assert manifest.complete and "checkpoint" in listed, listed
+    assert {"ckpt-2.index", "ckpt-2.data-00000-of-00001"} <= listed, listed
+    restored = tmp_path / "restored"
+    result = run_sync(["restore", "--run-uri", run, "--checkpoint-dir", str(restored)], s3_server.env())
+    assert result.returncode == 0, result.stderr
+    assert 'model_checkpoint_path: "ckpt-2"' in (restored / "checkpoint").read_text()
+    assert tree(restored)["ckpt-2.index"] == tree(ck)["ckpt-2.index"]
+
+    # an index naming a checkpoint whose files are gone is not uploaded: the pass keeps
+    # listing the index version that S3 holds, which names ckpt-2
+    monkeypatch.setattr(sidecar, "scan", scan)
+    index_sha = next(f.sha256 for f in manifest.files if f.path == "checkpoint")
+    (ck / "checkpoint").write_text('model_checkpoint_path: "ckpt-7"\n')
+    final = sidecar.run_pass(final=True)
+    assert next(f.sha256 for f in final.files if f.path == "checkpoint") == index_sha
+    assert "checkpoints/checkpoint names ckpt-7, whose files are gone" in capfd.readouterr().err
+    result = run_sync(["restore", "--run-uri", run, "--checkpoint-dir", str(tmp_path / "again")], s3_server.env())
+    assert result.returncode == 0 and f"pass {final.number}: " in result.stderr, result.stderr
+    assert 'model_checkpoint_path: "ckpt-2"' in (tmp_path / "again" / "checkpoint").read_text()
 
 
 def test_every_sidecar_call_has_timeouts_and_bounded_retries(s3_server, monkeypatch):
