@@ -164,8 +164,8 @@ lock: | $(UV)
 # The suites start their own dev stack (tests/conftest.py), so a stack of yours keeps running.
 test: setup lint $(IMAGE_ROOTFS) $(MLFLOW_VENV)/.synced
 	@rc=0; \
-	env -u KUBETRAIN_STACK_DIR $(VENV)/bin/pytest tests --ignore=tests/trainer || rc=$$?; \
-	env -u KUBETRAIN_STACK_DIR $(TVENV)/bin/pytest tests/trainer || rc=$$?; \
+	env -u KUBETRAIN_STACK_DIR $(VENV)/bin/pytest tests --ignore=tests/trainer --durations=40 || rc=$$?; \
+	env -u KUBETRAIN_STACK_DIR $(TVENV)/bin/pytest tests/trainer --durations=15 || rc=$$?; \
 	exit $$rc
 
 test-airflow: setup $(IMAGE_ROOTFS) $(MLFLOW_VENV)/.synced
