@@ -132,7 +132,7 @@ class PodWatch:
 GRID: dict = {}
 
 
-def test_grid_sweep_a_killed_trial_promotion_and_reuse(sweeps_airflow, core, s3, digits):
+def test_grid_sweep_a_killed_trial_promotion_and_reuse(sweeps_airflow, devstack, core, s3, digits):
     conf = {
         "dataset_uri": digits,
         "model_name": "e2e-sweep-digits",
@@ -192,6 +192,7 @@ def test_grid_sweep_a_killed_trial_promotion_and_reuse(sweeps_airflow, core, s3,
         assert trial["report_url"] and trial["report_url"] in html
         assert trial["report_url"].startswith(f"/kubetrain/reports/{DAG_ID}/training/")
     assert_no_pods_left(core, DAG_ID)
+    assert_trials_on_the_training_page(devstack.env(), run.run_id, trials, best["trial"])
 
     # the same sweep again: every trial is reused by fingerprint, no pod starts
     with PodWatch(core, DAG_ID, kill_trial=None) as again_watch:
@@ -204,6 +205,37 @@ def test_grid_sweep_a_killed_trial_promotion_and_reuse(sweeps_airflow, core, s3,
     assert [t["objective"]["value"] for t in again_record["trials"]] == [trials[n]["objective"]["value"] for n in range(4)]
     assert again_record["promotion"]["promoted"] is False  # not better than itself
     GRID.update(conf=conf, trials=trials)
+
+
+def assert_trials_on_the_training_page(stack_env: dict, run_id: str, trials: dict, best: str) -> None:
+    """Every trial left a run record, and the Training page's sweep view ranks them with the promoted one first."""
+    import os
+
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    from kubetrain.run_store import RunStore
+    from kubetrain.ui.queries import RunFilter, TrainingQueries, sweep_time
+
+    environ = dict(os.environ)
+    os.environ["AIRFLOW_CONN_AWS_DEFAULT"] = stack_env["AIRFLOW_CONN_AWS_DEFAULT"]
+    try:
+        q = TrainingQueries(RunStore(S3Hook(aws_conn_id="aws_default"), S3Layout()), [DAG_ID])
+        runs = [r for r in q.runs(RunFilter(model="e2e-sweep-digits", dag_id=DAG_ID), limit=500).runs if r["run_id"] == run_id]
+        assert sorted(r["trial"] for r in runs) == ["0", "1", "2", "3"], runs
+        ranked = q.sweep(model="e2e-sweep-digits", dag_id=DAG_ID, run_id=run_id, run_time=sweep_time(runs[0]))
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+    assert [r["trial"] for r in ranked][0] == best, ranked
+    assert [r["sweep"]["objective"]["value"] for r in ranked] == sorted(
+        (t["objective"]["value"] for t in trials.values()), reverse=True
+    )
+    for r in ranked:
+        number = int(r["trial"])
+        assert r["status"] == "success" and r["sweep"]["params"] == trials[number]["params"], r
+        assert r["run_uri"] == trials[number]["run_uri"] and r["report_url"] == trials[number]["report_url"]
+        assert r["promotion"]["promoted"] is (r["trial"] == best), r["promotion"]
+        assert r["metrics"]["final"], r  # read from the trial's metrics.json
 
 
 def test_median_stopping_stops_a_bad_learning_rate(sweeps_airflow, core, s3):

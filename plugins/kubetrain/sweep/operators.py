@@ -839,4 +839,66 @@ class RecordSweepOperator(SweepStoreOperator):
         }  # fmt: skip
         uri = self.store.write_json(sweep.bucket, sweep.record_key, document)
         self.log.info("Sweep record: %s (%d trials)", uri, len(trials))
-        return {"record_uri": uri}
+        runs = self.record_trial_runs(context, plan, trials, document)
+        return {"record_uri": uri, "run_records": runs}
+
+    def record_trial_runs(self, context: Context, plan: Mapping[str, Any], trials: Sequence[Mapping[str, Any]],
+                          document: Mapping[str, Any]) -> list[str]:  # fmt: skip
+        """One run record per trial (kind ``kubetrain/run``, its ``sweep`` field set), so the Training
+        page lists the trials with the model's other runs and shows the sweep's leaderboard."""
+        from kubetrain.operators.dedupe import RunRecorder
+
+        model = plan.get("model")
+        if not model:
+            self.log.info("No model name: no run records for the trials")
+            return []
+        recorder = RunRecorder(self.store, self.log)
+        objective = plan.get("objective") or {}
+        dataset = plan.get("dataset") or {}
+        best = (document.get("best") or {}).get("best_trial")
+        promotion = dict(document.get("promotion") or {})
+        uris = []
+        sweep = self.sweep_location(context)
+        for trial in trials:
+            number = trial.get("trial")
+            if trial.get("reused_from"):  # not trained in this sweep: its run has its own record
+                continue
+            run = sweep.trial_run(trial.get("number"))
+            failed = trial.get("status") != "success"
+            if str(number) == str(best) and promotion.get("promoted"):
+                trial_promotion = promotion
+            elif str(number) == str(best):
+                trial_promotion = {"reason": f"the sweep's best trial, not promoted: {promotion.get('reason') or (document.get('comparison') or {}).get('reason') or 'see the sweep record'}"}
+            else:
+                trial_promotion = {"reason": f"not promoted: trial {best} is the sweep's best" if best is not None else "not promoted: the sweep has no best trial"}
+            record = recorder.build(
+                context,
+                run=run,
+                model=str(model),
+                trial=str(number),
+                status="failed" if failed else "success",
+                dataset_uri=dataset.get("uri"),
+                dataset_version=trial.get("dataset_version") or dataset.get("version"),
+                dataset_manifest=dataset.get("manifest"),
+                image=trial.get("image") or plan.get("image"),
+                fingerprint=trial.get("fingerprint"),
+                promotion=trial_promotion,
+                report={"report_uri": trial.get("report_uri"), "report_url": trial.get("report_url")},
+                failure={"task": "train", "error": str(trial.get("error") or "the trial failed")} if failed else None,
+                sweep={
+                    "id": str(document.get("id") or plan.get("id")),
+                    "trial": str(number),
+                    "algorithm": plan.get("algorithm"),
+                    "params": dict(trial.get("params") or {}),
+                    "stopped_early": bool(trial.get("stopped_early")),
+                    "objective": {
+                        "name": objective.get("metric"),
+                        "mode": objective.get("mode"),
+                        "value": (trial.get("objective") or {}).get("value"),
+                    },
+                },
+            )
+            uris.append(self.store.write_run_record(record))
+            recorder.track(record)  # MLflow, when a tracking URI is configured
+        self.log.info("Run records of %d trial(s) trained in this sweep, model %s", len(uris), model)
+        return uris
