@@ -20,7 +20,7 @@ from pathlib import Path
 
 from trainer.sync.manifest import PASS_NAME, PassFile, PassManifest, loads, pass_key
 from trainer.sync.progress import Progress, human_bytes, log
-from trainer.sync.s3 import S3, S3Uri, SyncError
+from trainer.sync.s3 import S3, NotAsListed, S3Uri, SyncError
 from trainer.sync.transfer import Download, Downloader
 
 SHA256_METADATA = "sha256"
@@ -156,10 +156,8 @@ def _download(
         with Progress(f"{label}", len(files), total, progress_interval) as progress:
             try:
                 Downloader(s3, workers, progress).run(items)
-            except SyncError as exc:
-                if "mismatch" in str(exc) or "does not exist" in str(exc) or "bytes where" in str(exc):
-                    raise _Unverified(str(exc)) from exc
-                raise
+            except NotAsListed as exc:
+                raise _Unverified(str(exc)) from exc
             for f, item in zip(files, items, strict=True):
                 final = targets[f.area] / f.path
                 final.parent.mkdir(parents=True, exist_ok=True)

@@ -71,6 +71,13 @@ class Refused(SyncError):
     """A failure that retrying cannot mend: another object than the one asked for, a full disk."""
 
 
+class NotAsListed(Refused):
+    """The object is not the one a manifest lists: gone, another ETag, size or checksum.
+
+    A restore that meets it falls back to an older pass; nothing else tells it apart by message.
+    """
+
+
 class S3RequestError(SyncError):
     """An S3 request failed with an HTTP status (after the engine's retries)."""
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainer.sync.progress import Progress, log
-from trainer.sync.s3 import PART_SIZE, S3, Refused, S3RequestError, S3Uri, SyncError
+from trainer.sync.s3 import PART_SIZE, S3, NotAsListed, Refused, S3RequestError, S3Uri, SyncError
 
 MiB = 1024 * 1024
 RANGE_SIZE = PART_SIZE  # an object up to this size is one GET (with its store checksum, if any)
@@ -319,7 +319,7 @@ class Downloader:
             raise self._explain(d, exc) from exc
         sent = head.get("etag")
         if sent and d.etag and strip_etag(sent) != strip_etag(d.etag):
-            raise SyncError(
+            raise NotAsListed(
                 f"{d.uri}: ETag mismatch: the object no longer has the manifest's ETag {d.etag} "
                 f"(it changed since the manifest was written); refused"
             )
@@ -372,13 +372,13 @@ class Downloader:
             # a server that ignores If-Match still names the version it sends
             sent = headers.get("etag")
             if sent and d.etag and strip_etag(sent) != strip_etag(d.etag):
-                raise Refused(
+                raise NotAsListed(
                     f"{d.uri}: ETag mismatch: the server sent ETag {sent}, the manifest says {d.etag} "
                     f"(the object changed since the manifest was written); refused"
                 )
             total = _object_size(headers)
             if total is not None and total != d.size:
-                raise Refused(
+                raise NotAsListed(
                     f"{d.uri}: the server has {total} bytes where the manifest says {d.size} "
                     f"(object size differs from the manifest); refused"
                 )
@@ -445,9 +445,9 @@ class Downloader:
 
     def _explain(self, d: Download, exc: S3RequestError) -> Exception:
         if exc.status == 404:
-            return SyncError(f"{d.uri} does not exist ({exc.code}): the manifest lists it")
+            return NotAsListed(f"{d.uri} does not exist ({exc.code}): the manifest lists it")
         if exc.status == 412:
-            return SyncError(
+            return NotAsListed(
                 f"{d.uri}: ETag mismatch: the object no longer has the manifest's ETag {d.etag} "
                 f"(it changed since the manifest was written); refused"
             )
@@ -461,7 +461,7 @@ class Downloader:
             got = base64.b64encode(d._segments[0].hash.digest()).decode()
             if got != want:
                 d.dest.unlink(missing_ok=True)
-                raise SyncError(
+                raise NotAsListed(
                     f"{d.uri}: {algorithm} mismatch: the content gives {got}, the store's checksum is "
                     f"{want}; refused"
                 )
@@ -469,7 +469,7 @@ class Downloader:
             digest = d._segments[0].hash.hexdigest()
             if digest != d.sha256:
                 d.dest.unlink(missing_ok=True)
-                raise SyncError(f"{d.uri}: sha256 mismatch: got {digest}, expected {d.sha256}; refused")
+                raise NotAsListed(f"{d.uri}: sha256 mismatch: got {digest}, expected {d.sha256}; refused")
             d.digest = digest
         elif d._segments:
             digests = [s.hash.digest() for s in d._segments]
@@ -490,7 +490,7 @@ class Downloader:
                         f" (the part size {d.part_size} was inferred; if the object was uploaded with "
                         f"another part size, pass --part-size or --verify size)"
                     )
-                raise SyncError(
+                raise NotAsListed(
                     f'{d.uri}: ETag mismatch: content hashes to "{got}", expected {d.etag}{hint}; refused'
                 )
         self.progress.add(objects=1)
@@ -514,9 +514,9 @@ class _EmptyObject:
                 resp = s3.client.get_object(**kwargs)
                 data, sent = resp["Body"].read(), resp.get("ETag")
             if sent and d.etag and strip_etag(sent) != strip_etag(d.etag):
-                raise Refused(f"{d.uri}: ETag mismatch: the server sent ETag {sent}, the manifest says {d.etag}; refused")
+                raise NotAsListed(f"{d.uri}: ETag mismatch: the server sent ETag {sent}, the manifest says {d.etag}; refused")
             if data:
-                raise Refused(f"{d.uri}: the server has {len(data)} bytes where the manifest says 0; refused")
+                raise NotAsListed(f"{d.uri}: the server has {len(data)} bytes where the manifest says 0; refused")
             for seg in d._segments:
                 seg.hash.update(b"")
         except Exception as exc:  # noqa: BLE001 - raised by wait()
