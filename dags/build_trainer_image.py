@@ -37,6 +37,7 @@ from pathlib import Path
 
 from airflow.sdk import Asset, Param, dag, task
 
+from kubetrain.defaults import DEFAULT_ARGS
 from kubetrain.operators.build import AppendLayerOperator, BuildImageOperator
 
 TRAINER_DIR = os.environ.get("KUBETRAIN_TRAINER_DIR") or str(Path(__file__).resolve().parents[1] / "trainer")
@@ -59,7 +60,7 @@ CODE_DIR = "{{ var.value.get('kubetrain_trainer_code_dir', '/app/trainer') }}"
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
-    default_args={"owner": "kubetrain", "retries": 2, "retry_delay": timedelta(seconds=30)},
+    default_args=DEFAULT_ARGS,
     tags=["kubetrain", "image", "build"],
     params={
         "variant": Param(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -43,6 +44,13 @@ def test_dag_conventions(dagbag, path):
     assert dag.catchup is False, f"{dag.dag_id} must set catchup=False"
     for task in dag.tasks:
         assert task.retries >= 1, f"{dag.dag_id}.{task.task_id} has no retries"
+    # one set of defaults (owner, retries, KUBETRAIN_RETRY_DELAY_SECONDS) for every DAG
+    tree = ast.parse(path.read_text())
+    given = [k.value for k in ast.walk(tree) if isinstance(k, ast.keyword) and k.arg == "default_args"]
+    assert [ast.unparse(v) for v in given] == ["DEFAULT_ARGS"], (
+        f"{dag.dag_id} sets default_args={', '.join(ast.unparse(v) for v in given) or 'nothing'}: "
+        "expected kubetrain.defaults.DEFAULT_ARGS"
+    )
     # topological_sort raises on a cycle
     assert len(dag.topological_sort()) == len(dag.tasks)
 
