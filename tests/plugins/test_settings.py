@@ -57,9 +57,45 @@ def test_env_example_lists_every_setting_with_its_default():
         )
 
 
+def names_read_from_the_environment() -> set[str]:
+    """``KUBETRAIN_*`` names that dags/ and plugins/ read from their environment.
+
+    ``os.environ.get(NAME)``, ``os.getenv(NAME)``, ``os.environ[NAME]`` and the DAGs'
+    ``schedule(asset, NAME, default)``: what a deployment may set.
+    """
+    names = set()
+    for folder in ("dags", "plugins"):
+        for path in (REPO / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                args = []
+                if isinstance(node, ast.Call):
+                    callee = ast.unparse(node.func)
+                    if callee in ("os.environ.get", "os.getenv", "environ.get", "getenv"):
+                        args = node.args[:1]
+                    elif callee == "schedule":
+                        args = node.args[1:2]
+                elif isinstance(node, ast.Subscript) and ast.unparse(node.value) in ("os.environ", "environ"):
+                    args = [node.slice]
+                names.update(
+                    a.value for a in args if isinstance(a, ast.Constant) and str(a.value).startswith("KUBETRAIN_")
+                )
+    return names
+
+
+def names_compose_interpolates() -> set[str]:
+    return set(re.findall(r"\$\{(KUBETRAIN_[A-Z0-9_]+)", (REPO / "docker-compose.yaml").read_text()))
+
+
+def test_every_variable_the_airflow_side_reads_is_in_env_example():
+    read = names_read_from_the_environment() | names_compose_interpolates()
+    assert {"KUBETRAIN_RETRY_DELAY_SECONDS", "KUBETRAIN_TRAINER_DIR", "KUBETRAIN_KERAS_EXAMPLE_CRON"} <= read
+    missing = sorted(read - set(env_example()))
+    assert missing == [], f".env.example lacks {', '.join(missing)}, which the code or compose reads"
+
+
 def test_every_kubetrain_variable_of_env_example_is_read_by_the_code_and_documented():
     readme = (REPO / "README.md").read_text()
-    read = names_read_by_code() | {s.env for s in settings.SETTINGS.values()}
+    read = names_read_by_code() | {s.env for s in settings.SETTINGS.values()} | names_compose_interpolates()
     for name in env_example():
         assert name in read, f".env.example documents {name}, which no code reads"
         assert name in readme, f".env.example documents {name}, which README does not mention"
