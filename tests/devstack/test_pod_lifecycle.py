@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
+import time
 
 import pytest
+from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
 from .support import simple_pod, wait_for, wait_phase
@@ -140,6 +143,53 @@ def test_native_sidecar_starts_first_and_stops_after_main(core):
                core.list_namespaced_event(NS, field_selector="involvedObject.name=with-sidecar").items]  # fmt: skip
     assert ("Killing", "spec.initContainers{beacon}") in reasons
     core.delete_namespaced_pod("with-sidecar", NS)
+
+
+def test_a_deleted_pod_with_a_native_sidecar_is_gone_once_both_have_exited(core):
+    """As on Kubernetes >= 1.29: deleting a training-shaped pod sends SIGTERM to the main container, the
+    sidecar's SIGTERM comes only after the main container has exited, and the pod leaves the API as soon
+    as both have exited, not at the end of its 300 s grace period."""
+    sidecar = {"name": "sync", "image": "busybox", "restartPolicy": "Always",
+               # exit 0 only if the main container had exited before this SIGTERM came
+               "command": ["sh", "-c", "trap '[ -e /w/main-done ] && exit 0; exit 9' TERM; touch /w/sync-ready; "
+                           "while true; do sleep 0.1; done"],
+               "volumeMounts": [{"name": "w", "mountPath": "/w"}]}  # fmt: skip
+    main = ("trap 'touch /w/main-done; exit 75' TERM; while [ ! -e /w/sync-ready ]; do sleep 0.1; done; "
+            "echo ready; while true; do sleep 0.1; done")  # fmt: skip
+    body = simple_pod("deleted-with-sidecar", main, initContainers=[sidecar], terminationGracePeriodSeconds=300,
+                      volumes=[{"name": "w", "emptyDir": {}}],
+                      container={"volumeMounts": [{"name": "w", "mountPath": "/w"}]})  # fmt: skip
+    core.create_namespaced_pod(NS, body)
+    wait_for(lambda: pod_logs_or_empty(core, "deleted-with-sidecar") == "ready\n", 60, what="both traps set")
+    rv = core.list_namespaced_pod(NS).metadata.resource_version
+    final: list = []
+
+    def watcher():
+        for ev in watch.Watch().stream(core.list_namespaced_pod, NS, resource_version=rv, timeout_seconds=240):
+            if ev["type"] == "DELETED" and ev["object"].metadata.name == "deleted-with-sidecar":
+                final.append(ev["object"])
+                return
+
+    t = threading.Thread(target=watcher, daemon=True)
+    t.start()
+    started = time.monotonic()
+    core.delete_namespaced_pod("deleted-with-sidecar", NS)
+    t.join(240)
+    elapsed = time.monotonic() - started
+    assert final, "the pod was not deleted within 240 s"
+    # seconds, not the grace period: a margin for a loaded machine, far below 300 s
+    assert elapsed < 60, f"the pod stayed {elapsed:.0f} s after both containers had exited"
+    main_state = final[0].status.container_statuses[0].state.terminated
+    sync_state = final[0].status.init_container_statuses[0].state.terminated
+    assert main_state.exit_code == 75
+    assert sync_state.exit_code == 0, "the sidecar got SIGTERM before the main container had exited"
+
+
+def pod_logs_or_empty(core, name: str) -> str:
+    try:
+        return logs(core, name)
+    except ApiException:
+        return ""
 
 
 def test_unmapped_image_stays_in_err_image_pull(core):
