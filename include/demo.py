@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -107,6 +108,10 @@ def airflow_env(stack: dict[str, str]) -> dict[str, str]:
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        # The DAGs that `airflow dags test` adds to the metadata DB start paused, as `make airflow`
+        # creates them: a DAG left unpaused here starts its schedule's latest run the moment
+        # `make airflow` starts the scheduler, next to the run the user triggers.
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
     }
 
 
@@ -177,6 +182,12 @@ def run_demo(name: str) -> int:
     if rc or state != "success":
         print(f"error: the run did not succeed; see {log}", file=sys.stderr)
         return 1
+    if trained_by := _trained_before(log):
+        # train once: the same dataset version, Params and image were trained by an earlier run
+        print(f"{demo.dag_id} trained nothing new: run {trained_by} already trained this dataset version "
+              "with these Params and image (train once); its outputs follow. Change the data, or trigger "
+              "the DAG with force=true in `make airflow`, to train again.", flush=True)  # fmt: skip
+        run_id = trained_by
     report_uri, metrics = run_outputs(demo.dag_id, run_id, stack)
     local = DEMO_DIR / f"report-{name}.html"
     _download(report_uri, local, stack)
@@ -187,6 +198,13 @@ def run_demo(name: str) -> int:
     print("         or from the report task's \"Training report\" link in `make airflow`")
     print("run:     on the Training page of `make airflow`, and on its model's leaderboard")
     return 0
+
+
+def _trained_before(log: Path) -> str | None:
+    """The run that the check_new task names when it skipped training as already done, else None."""
+    found = re.search(r"already trained on dataset version \S+ with these parameters and image \S+ in run (\S+) ",
+                      log.read_text(errors="replace"))  # fmt: skip
+    return found.group(1) if found else None
 
 
 def _worth_showing(line: str) -> bool:
