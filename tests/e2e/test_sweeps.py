@@ -245,10 +245,16 @@ def test_median_stopping_stops_a_bad_learning_rate(sweeps_airflow, core, s3):
     # median stopping: a learning rate of 1e-6 (the model barely moves) next to the good 0.001. The good points were trained
     # above and are reused (finished trials from the start, whatever order the trials run in),
     # so the bad ones fall below the median after start_step and stop; nothing is retried.
+    # The sidecar decides between its passes, so a bad trial must still be training when the
+    # decision falls: one trial at a time, and a pass every second (neither is in the trials'
+    # fingerprint, so the good points are still reused). With two bad trials at once beside other
+    # work, the batch-32 one finished its 4 epochs before its sidecar's next pass.
     median = {
         **conf,
         "space": {"batch_size": [16, 32], "learning_rate": [0.001, 0.000001]},
         "early_stopping": {"rule": "median", "min_trials": 2, "start_step": 2},
+        "parallel_trials": 1,
+        "sync_interval": 1,
     }
     stop = sweeps_airflow.dags_test(DAG_ID, median, **FAST)
     assert stop.returncode == 0 and stop.state() == "success", stop.output[-6000:]
@@ -265,7 +271,7 @@ def test_median_stopping_stops_a_bad_learning_rate(sweeps_airflow, core, s3):
         assert trial["exit_code"] == 79
         assert trial["timing"]["try_number"] == 1  # a success, not retried
     stop_states = stop.task_states()
-    stopped_tasks = [k for k in stop_states if k.startswith("round_0.train_2_at_a_time[")]
+    stopped_tasks = [k for k in stop_states if k.startswith("round_0.train_1_at_a_time[")]
     assert len(stopped_tasks) == 2 and all(stop_states[k] == "success" for k in stopped_tasks), stop_states
     assert stop_record["best"]["best_run_uri"] == max(by_lr[0.001], key=lambda t: t["objective"]["value"])["run_uri"]
     assert_no_pods_left(core, DAG_ID)
