@@ -245,11 +245,11 @@ def test_median_stopping_stops_a_bad_learning_rate(sweeps_airflow, core, s3):
     # median stopping: a learning rate of 1e-6 (the model barely moves) next to the good 0.001 at
     # batch size 16. The good point was trained above and is reused (a finished trial from the
     # start), so the bad one falls below the median after its first report and stops; nothing is
-    # retried. The sidecar applies the rule between its passes, so the bad trial must still be
-    # training when a pass ends: batch size 16 (the grid's longest epochs, 90 steps), a decision
-    # from the first report on, and a pass every second (not part of the fingerprint, so the good
-    # point is still reused). A batch-32 trial of 4 short epochs ended inside one slow pass on a
-    # loaded machine and was not stopped.
+    # retried. Batch size 16 (the grid's longest epochs, 90 steps) and a decision from the first
+    # report on leave the rule three epochs to act in; the sidecar checks it about once a second
+    # in a thread beside its passes (a batch-32 trial of 4 short epochs once ended inside one slow
+    # pass, when the rule was checked only between passes; tests/trainer/sync/test_median_stop.py
+    # holds that case). sync_interval is not part of the fingerprint, so the good point is reused.
     median = {
         **conf,
         "space": {"batch_size": [16], "learning_rate": [0.001, 0.000001]},

@@ -136,7 +136,7 @@ class Sidecar:
     Args:
         s3: S3 access.
         config: the sidecar's settings.
-        stopper: median early stopping of a sweep trial, checked between passes.
+        stopper: median early stopping of a sweep trial, checked in a thread beside the passes.
     """
 
     def __init__(self, s3: S3, config: SyncConfig, stopper: MedianStopper | None = None) -> None:
@@ -218,6 +218,8 @@ class Sidecar:
             f"checkpoint-sync: {', '.join(f'{a}={d}' for a, d in cfg.dirs.items())} -> {cfg.run} "
             f"every {cfg.interval:g}s (quiet {cfg.quiet:g}s, grace {cfg.grace:g}s)"
         )
+        if self.stopper is not None:
+            threading.Thread(target=self.watch, name="median-stop", daemon=True).start()
         while not self.stop.is_set():
             try:
                 if not self.started:
@@ -232,23 +234,22 @@ class Sidecar:
         return self.final_pass()
 
     def wait(self, seconds: float) -> None:
-        """Wait for the next pass (or SIGTERM); meanwhile apply the early-stopping rule, if any."""
-        if self.stopper is None:
-            self.stop.wait(seconds)
-            return
-        deadline = time.monotonic() + seconds
-        while not self.stop.is_set():
-            if self.stopper.decision is None:
-                try:
-                    self._until_stop(self.stopper.check)
-                except _Stopped:
-                    return
-                except Exception as exc:  # a rule that cannot be applied now never stops the sync
-                    log(f"checkpoint-sync: WARNING: median stopping not checked: {exc}")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            self.stop.wait(min(left, STOP_CHECK_INTERVAL))
+        """Wait for the next pass, or SIGTERM."""
+        self.stop.wait(seconds)
+
+    def watch(self) -> None:
+        """Apply the early-stopping rule every STOP_CHECK_INTERVAL seconds until it stops the trial or SIGTERM.
+
+        It runs in a thread of its own, beside the passes: a pass that waits on a slow S3 (or
+        uploads a large checkpoint) must not delay a decision that a few files' stat can take,
+        or a short trial ends inside one pass without ever being judged.
+        """
+        while not self.stop.is_set() and self.stopper is not None and self.stopper.decision is None:
+            try:
+                self.stopper.check()
+            except Exception as exc:  # a rule that cannot be applied now never stops the sync
+                log(f"checkpoint-sync: WARNING: median stopping not checked: {exc}")
+            self.stop.wait(STOP_CHECK_INTERVAL)
 
     def final_pass(self) -> int:
         """The pass on SIGTERM, within ``grace`` seconds whatever S3 does; the exit status."""

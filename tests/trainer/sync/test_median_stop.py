@@ -14,10 +14,12 @@ import secrets
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 from sync_support import REPO, s3_client
+from sync_support.faultproxy import FaultProxy
 from test_checkpoint import _Lines, _sidecar
 
 from trainer.sync.median import MedianRule, MedianStopper, parse_reports, report_values
@@ -93,15 +95,25 @@ THIRD_PARTY = textwrap.dedent(
 )
 
 
-def _trial(s3_server, tmp_path: Path, score: float, steps: int, trials_prefix: str) -> tuple[int, str, str, str]:
-    """A third-party trainer and its sidecar with median stopping; (exit code, trainer output, sidecar output, run key)."""
+def _trial(
+    s3_server, tmp_path: Path, score: float, steps: int, trials_prefix: str, endpoint: str | None = None,
+    checkpoint: bytes | None = None, grace: float = 30,
+) -> tuple[int, str, str, str]:
+    """A third-party trainer and its sidecar with median stopping; (exit code, trainer output, sidecar output, run key).
+
+    ``endpoint`` is the sidecar's S3 (a proxy in front of the server); ``checkpoint`` is a file
+    the trainer left in CHECKPOINT_DIR before the sidecar starts; ``grace`` bounds the final pass.
+    """
     key = f"runs/unit_median/{secrets.token_hex(5)}/trials/9"
     ck, out = tmp_path / "ck", tmp_path / "out"
     ck.mkdir(parents=True)
     out.mkdir(parents=True)
+    if checkpoint is not None:
+        (ck / "model.weights").write_bytes(checkpoint)
     stop = ck / ".kubetrain-stop"
     env = {
         **s3_server.env(),
+        **({"AWS_ENDPOINT_URL": endpoint} if endpoint else {}),
         "KUBETRAIN_EARLY_STOPPING": "median",
         "KUBETRAIN_OBJECTIVE": "score",
         "KUBETRAIN_OBJECTIVE_MODE": "max",
@@ -110,7 +122,7 @@ def _trial(s3_server, tmp_path: Path, score: float, steps: int, trials_prefix: s
         "KUBETRAIN_SWEEP_TRIALS_URI": f"s3://training/{trials_prefix}",
         "KUBETRAIN_STOP_FILE": str(stop),
     }
-    sidecar = _sidecar(env, f"s3://training/{key}", ck, out, "--interval", "0.5", "--quiet", "0")
+    sidecar = _sidecar(env, f"s3://training/{key}", ck, out, "--interval", "0.5", "--quiet", "0", "--grace", f"{grace:g}")
     lines = _Lines(sidecar)
     try:
         lines.wait("median stopping of score")  # as in a pod, the sidecar runs before the trainer starts
@@ -144,6 +156,34 @@ def test_a_third_party_trainer_below_the_median_is_stopped_after_start_step(s3_s
     listed = [f["path"] for item in s3.list_objects_v2(Bucket="training", Prefix=f"{key}/sync/pass-").get("Contents", [])
               for f in json.loads(s3.get_object(Bucket="training", Key=item["Key"])["Body"].read())["files"]]  # fmt: skip
     assert listed and not any(".kubetrain-stop" in path for path in listed)
+
+
+def test_a_pass_stuck_on_s3_does_not_delay_the_stop(s3_server, s3, tmp_path):
+    # The upload of the trainer's checkpoint gets no answer (a hung S3) for the whole trial: the
+    # pass that uploads it waits on its read timeout and retries far longer than the trial's 16 s.
+    # The rule has a thread of its own, so the bad trial is still stopped after start_step, as
+    # fast as on an idle S3 (when it was checked only between passes, it never was).
+    prefix = f"runs/unit_median/{secrets.token_hex(5)}/sweep/trials/"
+    _finished_trials(s3, prefix, [[0.6, 0.8, 0.9, 0.9], [0.5, 0.7, 0.8, 0.85]])
+    release = threading.Event()
+
+    def stall(method: str, path: str) -> threading.Event | None:
+        return release if method == "PUT" and "model.weights" in path else None
+
+    try:
+        with FaultProxy(s3_server.endpoint, fail_rate=0.0, stall=stall) as proxy:
+            code, output, sidecar, key = _trial(
+                s3_server, tmp_path, score=0.3, steps=40, trials_prefix=prefix, endpoint=proxy.endpoint,
+                checkpoint=os.urandom(10_000), grace=3,  # the final pass gives up on the hung upload
+            )  # fmt: skip
+            release.set()
+            assert proxy.stalled.is_set(), sidecar  # the pass really was stuck
+    finally:
+        release.set()
+    assert code == 79, (output, sidecar)
+    step = int(output.split("stop file seen before step ")[1].split()[0])
+    decision = json.loads(s3.get_object(Bucket="training", Key=f"{key}/sync/early-stop.json")["Body"].read())
+    assert 3 <= decision["step"] < step <= decision["step"] + 6 < 40, (decision, output, sidecar)
 
 
 def test_a_good_trial_and_a_silent_one_are_never_stopped(s3_server, s3, tmp_path):
