@@ -66,6 +66,16 @@ with DAG(
         "ps_memory": Param("2Gi", type="string", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$",
                            title="Memory per parameter server", description="Memory of each ps replica.",
                            section="Distributed"),
+        "chief_cpu": Param(
+            None, type=["null", "string"], pattern=r"^[0-9]+(\.[0-9]+)?m?$", title="CPU of the chief (parameter servers)",
+            description="With parameter servers the chief only coordinates: its CPU request and limit (empty: the "
+            "workers' CPU).", section="Distributed",
+        ),
+        "chief_memory": Param(
+            None, type=["null", "string"], pattern=r"^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$",
+            title="Memory of the chief (parameter servers)",
+            description="With parameter servers, the chief's memory (empty: the workers' memory).", section="Distributed",
+        ),
         "architecture": Param(
             "cnn", type="string", enum=["cnn", "mobilenet_v2"], title="Architecture",
             description="A small CNN, or MobileNetV2 (ImageNet weights only if the image ships them).", section="Model",
@@ -104,6 +114,8 @@ with DAG(
         gpus_per_ps="{{ params.gpus_per_ps }}",
         ps_cpu="{{ params.ps_cpu }}",
         ps_memory="{{ params.ps_memory }}",
+        chief_cpu="{{ params.chief_cpu or '' }}",
+        chief_memory="{{ params.chief_memory or '' }}",
         cmds=["python", "-m", "trainer.image_classifier"],
         arguments=[
             "--strategy=auto",

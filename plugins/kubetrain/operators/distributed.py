@@ -66,6 +66,9 @@ class DistributedTrainingOperator(TrainingPodOperator):
     :param worker_memory: memory of each training replica (default: ``memory``). (templated)
     :param ps_cpu: CPU of each parameter server. (templated)
     :param ps_memory: memory of each parameter server. (templated)
+    :param chief_cpu: CPU of the chief in parameter-server mode, where it coordinates and trains
+        nothing (default: ``worker_cpu``). (templated)
+    :param chief_memory: memory of the chief in parameter-server mode (default: ``worker_memory``). (templated)
     :param port: the TensorFlow server's port in every replica.
     :param max_restarts: replacements a role's pods may get within one try.
     :param poll_interval: seconds between looks at the job.
@@ -75,7 +78,7 @@ class DistributedTrainingOperator(TrainingPodOperator):
     template_fields: Sequence[str] = (
         *TrainingPodOperator.template_fields,
         "backend", "workers", "ps_replicas", "gpus_per_worker", "gpus_per_ps", "worker_cpu", "worker_memory",
-        "ps_cpu", "ps_memory",
+        "ps_cpu", "ps_memory", "chief_cpu", "chief_memory",
     )  # fmt: skip
     ui_color = "#e8f0fe"
 
@@ -91,6 +94,8 @@ class DistributedTrainingOperator(TrainingPodOperator):
         worker_memory: str | None = None,
         ps_cpu: str = "1",
         ps_memory: str = "2Gi",
+        chief_cpu: str | None = None,
+        chief_memory: str | None = None,
         port: int = 2222,
         max_restarts: int = 3,
         poll_interval: float = 5.0,
@@ -106,6 +111,8 @@ class DistributedTrainingOperator(TrainingPodOperator):
         self.worker_memory = worker_memory
         self.ps_cpu = ps_cpu
         self.ps_memory = ps_memory
+        self.chief_cpu = chief_cpu
+        self.chief_memory = chief_memory
         self.port = port
         self.max_restarts = max_restarts
         self.poll_interval = poll_interval
@@ -117,7 +124,8 @@ class DistributedTrainingOperator(TrainingPodOperator):
         return DistributedSpec(
             workers=self.workers, ps_replicas=self.ps_replicas, gpus_per_worker=gpus, gpus_per_ps=self.gpus_per_ps,
             worker_cpu=str(self.worker_cpu or self.cpu), worker_memory=str(self.worker_memory or self.memory),
-            ps_cpu=str(self.ps_cpu), ps_memory=str(self.ps_memory), port=self.port, max_restarts=self.max_restarts,
+            ps_cpu=str(self.ps_cpu), ps_memory=str(self.ps_memory), chief_cpu=_unset_is_none(self.chief_cpu),
+            chief_memory=_unset_is_none(self.chief_memory), port=self.port, max_restarts=self.max_restarts,
         )
 
     def submission(self, context: Context, spec: DistributedSpec, *, backend: str,
@@ -228,3 +236,8 @@ class DistributedTrainingOperator(TrainingPodOperator):
             return
         resources = [[r.api_version, r.kind, r.plural, r.name] for r in submission.resources]
         delete_sync(self.hook, submission.namespace, resources, self.log)
+
+
+def _unset_is_none(value: Any) -> str | None:
+    """A templated optional setting: empty, None or its rendering "None" means unset."""
+    return None if value in (None, "", "None") else str(value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import airflow  # noqa: F401  (puts the plugins folder on sys.path)
 import pytest
@@ -51,3 +52,35 @@ def test_the_trigger_serializes_to_plain_arguments():
     assert path == "kubetrain.triggers.distributed.DistributedJobTrigger"
     again = DistributedJobTrigger(**kwargs)
     assert again.serialize() == (path, kwargs)
+
+
+def test_the_chief_of_a_parameter_server_job_gets_its_own_resources_from_the_dags_params():
+    from airflow.models.dagbag import DagBag
+
+    from kubetrain.operators.training import TrainingPodOperator
+
+    dag_id = "train_image_classifier_distributed"
+    dag = DagBag(dag_folder=str(Path(__file__).resolve().parents[3] / "dags" / f"{dag_id}.py")).dags[dag_id]
+    (task,) = [t for t in dag.tasks if isinstance(t, DistributedTrainingOperator)]
+    assert isinstance(task, TrainingPodOperator)
+    defaults = {name: dag.params[name] for name in dag.params}
+
+    names = ("workers", "ps_replicas", "ps_cpu", "ps_memory", "chief_cpu", "chief_memory", "cpu", "memory", "gpus",
+             "gpus_per_worker", "gpus_per_ps", "worker_cpu", "worker_memory")
+    templates = {name: getattr(task, name) for name in names}
+
+    def spec(**params):
+        context = {"params": {**defaults, "ps_replicas": 1, "workers": 2, "cpu": "2", "memory": "4Gi", **params}}
+        for name, template in templates.items():
+            setattr(task, name, task.render_template(template, context))
+        return task.distributed_spec()
+
+    coordinator = spec(chief_cpu="500m", chief_memory="1Gi").resources("chief")
+    assert (coordinator.cpu, coordinator.memory, coordinator.gpus) == ("500m", "1Gi", 0)
+    assert spec(chief_cpu="500m").resources("worker").cpu == "2"
+    # empty: the chief gets the workers' CPU and memory
+    default = spec(chief_cpu=None, chief_memory=None).resources("chief")
+    assert (default.cpu, default.memory) == ("2", "4Gi")
+    assert dag.params.get_param("chief_cpu").resolve(None) is None
+    with pytest.raises(Exception, match="chief_cpu|does not match"):
+        dag.params.get_param("chief_cpu").resolve("lots")
