@@ -38,13 +38,16 @@ def input_signature(model: keras.Model) -> list[Any]:
 
 
 def export_saved_model(model: keras.Model, output_dir: Path,
-                       add_endpoints: Callable[[keras.export.ExportArchive], None] | None = None) -> Path:
+                       add_endpoints: Callable[[keras.export.ExportArchive], None] | None = None,
+                       io_device: str | None = None) -> Path:
     """OUTPUT_DIR/saved_model/1/: a SavedModel with a ``serve`` signature for TF Serving.
 
     TF Serving loads numbered version directories under a model base path, so the
     directory OUTPUT_DIR/saved_model is what a serving config points at. ``serve`` (also
     ``serving_default``) is the model's forward pass; ``add_endpoints`` may register
-    more signatures on the same archive (the dialogue trainer's ``generate``).
+    more signatures on the same archive (the dialogue trainer's ``generate``). ``io_device``
+    writes the variables through that device (``Runtime.io_device``: in parameter-server mode
+    the variables live on the ps replicas, which would write them to their own disks).
     """
     target = output_dir / "saved_model"
     tmp = temp_path_for(target)
@@ -55,7 +58,12 @@ def export_saved_model(model: keras.Model, output_dir: Path,
         archive.track_and_add_endpoint("serve", model, input_signature(model))
         if add_endpoints is not None:
             add_endpoints(archive)
-        archive.write_out(str(tmp / SAVED_MODEL_VERSION), verbose=False)
+        options = None
+        if io_device is not None:
+            import tensorflow as tf
+
+            options = tf.saved_model.SaveOptions(experimental_io_device=io_device)
+        archive.write_out(str(tmp / SAVED_MODEL_VERSION), options=options, verbose=False)
         replace_dir_atomic(tmp, target)
     finally:
         if tmp.exists():

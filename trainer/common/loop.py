@@ -295,11 +295,9 @@ class TrainingLoop:
         if self.runner.loss_scale is not None:
             parts["loss_scale"] = self.runner.loss_scale.checkpoint()
         self.checkpoint = tf.train.Checkpoint(**parts)
-        # Parameter-server mode: the variables live on the ps replicas, whose shards TensorFlow would
-        # write to (and merge on) their own disks; every replica has a disk of its own, so all the I/O
-        # goes through the chief, which alone owns CHECKPOINT_DIR.
-        self._io = (tf.train.CheckpointOptions(experimental_io_device="/job:chief/replica:0/task:0/device:CPU:0")
-                    if runtime.coordinator is not None else None)
+        # Parameter-server mode: all checkpoint I/O goes through the chief (Runtime.io_device).
+        self._io = (tf.train.CheckpointOptions(experimental_io_device=runtime.io_device)
+                    if runtime.io_device is not None else None)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, str(self.write_dir), max_to_keep=config.keep_checkpoints,
             checkpoint_name=CHECKPOINT_NAME,

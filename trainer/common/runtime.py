@@ -27,6 +27,7 @@ from trainer.common.signals import StopRequest
 
 log = logging.getLogger("kubetrain.trainer")
 # TensorFlow's class names differ from the public ones (MultiWorkerMirroredStrategy is a CollectiveAllReduceStrategy).
+CHIEF_IO_DEVICE = "/job:chief/replica:0/task:0/device:CPU:0"
 STRATEGY_NAMES = {"multi_worker": "MultiWorkerMirroredStrategy", "parameter_server": "ParameterServerStrategy"}
 
 
@@ -59,6 +60,17 @@ class Runtime:
     def is_chief(self) -> bool:
         """Whether this process writes CHECKPOINT_DIR and OUTPUT_DIR."""
         return self.cluster.is_chief
+
+    @property
+    def io_device(self) -> str | None:
+        """Where checkpoint and SavedModel files are read and written, when not where the variables live.
+
+        In parameter-server mode the variables live on the ps replicas, which TensorFlow would
+        have write (and merge) their shards on their own disks; every replica has a disk of
+        its own, so all the I/O goes through the chief, which alone owns CHECKPOINT_DIR and
+        OUTPUT_DIR. None: each variable's own device (one process, or mirrored replicas).
+        """
+        return CHIEF_IO_DEVICE if self.coordinator is not None else None
 
     @property
     def multi_worker(self) -> bool:

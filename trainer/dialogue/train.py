@@ -292,7 +292,7 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
         sampler(result.steps)
     save_keras_model(model, output_dir)
     export_saved_model(model, output_dir, lambda archive: add_generate_endpoint(
-        archive, model, tokenizer, config.max_input_length, config.max_output_length))
+        archive, model, tokenizer, config.max_input_length, config.max_output_length), io_device=runtime.io_device)
     write_json_atomic(output_dir / "metrics.json", metrics_document(
         trainer=TRAINER, task="seq2seq", metric="accuracy", result=result, runtime=runtime,
         config=config, skipped_files=0, skipped_records=data.skipped, train_examples=len(train_pairs),

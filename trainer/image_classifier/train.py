@@ -106,7 +106,7 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
         "columns": "predicted class",
     })
     save_keras_model(model, output_dir)
-    export_saved_model(model, output_dir)
+    export_saved_model(model, output_dir, io_device=runtime.io_device)
     dropped = pipeline.dropped_files()
     if dropped:
         root = str(folder.root)
