@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
+from kubernetes.client.exceptions import ApiException
 
 from kubetrain import pod_spec
 from kubetrain.distributed import builders
@@ -221,13 +222,35 @@ class DistributedTrainingOperator(TrainingPodOperator):
         raise DistributedTrainingError(f"{event.get('message')}{detail}")
 
     def _wait_pods_gone(self, namespace: str, selector: str, timeout: float = 90.0) -> None:
-        """Wait (briefly) until the job's pods are gone, so that a retry starts on a clean slate."""
+        """Wait until the job's pods are gone (their DELETED events), so that a retry starts on a clean slate.
+
+        A watch from the list's resourceVersion: no event is missed between the list and the
+        watch, and nothing polls. Bounded by ``timeout`` (pods whose containers ignore SIGTERM
+        last their grace period).
+        """
+        from kubernetes import watch
+
+        core = self.hook.core_v1_client
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            pods = self.hook.core_v1_client.list_namespaced_pod(namespace, label_selector=selector).items
-            if not pods:
+            listed = core.list_namespaced_pod(namespace, label_selector=selector)
+            left = {pod.metadata.name for pod in listed.items}
+            if not left:
                 return
-            time.sleep(1.0)
+            w = watch.Watch()
+            try:
+                for event in w.stream(core.list_namespaced_pod, namespace, label_selector=selector,
+                                      resource_version=listed.metadata.resource_version,
+                                      timeout_seconds=max(1, int(deadline - time.monotonic()))):  # fmt: skip
+                    if event["type"] == "DELETED":
+                        left.discard(event["object"].metadata.name)
+                    if not left:
+                        return
+            except ApiException as exc:
+                if exc.status != 410:  # 410 Gone: the resourceVersion is too old; list again
+                    raise
+            finally:
+                w.stop()
         self.log.warning("Pods of %s still terminating after %.0f s", selector, timeout)
 
     def on_kill(self) -> None:
