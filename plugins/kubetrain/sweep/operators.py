@@ -508,6 +508,10 @@ class TrialPodOperator(TrainingPodOperator):
             self.log.info("Trial %s finished earlier in this run (%s): no pod", self.trial, existing.get("run_uri"))
             return self._result(context, existing)
         self.log.info("Trial %s: %s (fingerprint %s)", self.trial, self.hyperparameters, self.fingerprint)
+        # The task runner renders the "Training report" link when the task defers, before the
+        # report exists: an empty URL (no link yet) rather than a lookup that fails with a logged
+        # "XCom not found" error on every trial. record() pushes the real one.
+        context["ti"].xcom_push(key=REPORT_URL_XCOM_KEY, value="")
         try:
             super().execute(context)
         except AirflowException as exc:  # the synchronous path (deferrable=False) ends here
