@@ -183,3 +183,83 @@ def test_refusals_fail_fast_and_leave_nothing(airflow, api, digits, dev_images):
     assert unschedulable.try_numbers("train") == 1
     assert time.monotonic() - started < 600
     assert_nothing_left(api)
+
+
+class _TaskInstance:
+    """What DistributedTrainingOperator.execute_complete reads of its task instance: XCom pushes."""
+
+    def __init__(self) -> None:
+        self.pushed: dict[str, object] = {}
+
+    def xcom_push(self, key: str, value: object) -> None:
+        self.pushed[key] = value
+
+
+@pytest.mark.parametrize("end", ["killed while deferred", "timed out"])
+def test_a_killed_or_timed_out_task_deletes_its_job_pods_and_service(end, devstack, api, stack_images, monkeypatch):
+    """The two ends that no trainer decides: the task killed while its trigger waits (the triggerer
+    calls the trigger's on_kill) and the trigger's deadline (the task's execution_timeout) passing.
+    A real 2-replica Indexed Job and its Service on the dev stack; afterwards nothing of it is left."""
+    import asyncio
+
+    from kubetrain import pod_spec
+    from kubetrain.distributed import builders
+    from kubetrain.distributed.spec import DistributedSpec
+    from kubetrain.operators.distributed import DistributedTrainingOperator
+    from kubetrain.triggers.distributed import DistributedJobTrigger
+
+    for name, value in devstack.env().items():
+        monkeypatch.setenv(name, value)
+    case = "kill" if end.startswith("killed") else "timeout"
+    config_ = pod_spec.TrainingPodConfig(
+        image=stack_images["trainer"].reference, sync_image=stack_images["sync"].reference,
+        run_uri=f"s3://training/runs/{DAG}/e2e-cleanup-{case}", command=["python", "-c", "import time; time.sleep(3600)"],
+        args=[],
+    )  # fmt: skip
+    sub = builders.build("indexed_job", config_, DistributedSpec(workers=2, gpus_per_worker=0), name=f"kt-e2e-cleanup-{case}",
+                         namespace=NAMESPACE, labels={"kubetrain.io/dag-id": DAG, "kubetrain.io/run-id": case})  # fmt: skip
+    core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+    for resource in sub.resources:
+        if resource.kind == "Service":
+            core.create_namespaced_service(NAMESPACE, resource.body)
+        else:
+            batch.create_namespaced_job(NAMESPACE, resource.body)
+    # both replicas' pods exist before the end comes
+    from kubernetes import watch
+
+    seen: set[str] = set()
+    w = watch.Watch()
+    for event in w.stream(core.list_namespaced_pod, NAMESPACE, label_selector=sub.pod_selector, timeout_seconds=300):
+        seen.add(event["object"].metadata.name)
+        if len(seen) >= 2:
+            w.stop()
+    assert len(seen) >= 2, seen
+    resources = [[r.api_version, r.kind, r.plural, r.name] for r in sub.resources]
+    # the kubeconfig by path: the Kubernetes clients read $KUBECONFIG when first imported, before this test set it
+    kubeconfig = devstack.env()["KUBECONFIG"]
+    operator = DistributedTrainingOperator(task_id="train", kubernetes_conn_id="kubernetes_default",
+                                           config_file=kubeconfig)  # fmt: skip
+    trigger = DistributedJobTrigger(
+        backend="indexed_job", name=sub.name, namespace=NAMESPACE, resources=resources, roles=list(sub.replicas),
+        container=sub.container, pod_selector=sub.pod_selector, deadline=time.time() if case == "timeout" else None,
+        poll_interval=1, kubernetes_conn_id="kubernetes_default", config_file=kubeconfig,
+        startup={"schedule_timeout": operator.schedule_timeout_seconds,
+                 "unschedulable_grace": operator.unschedulable_grace_seconds,
+                 "startup_timeout": operator.startup_timeout_seconds,
+                 "stage_in_timeout": operator.stage_in_timeout_seconds,
+                 "stage_in_container": pod_spec.STAGE_IN_CONTAINER},
+    )  # fmt: skip
+    if case == "kill":
+        asyncio.run(trigger.on_kill())
+    else:
+        async def first_event():
+            async for event in trigger.run():
+                return event.payload
+
+        payload = asyncio.run(first_event())
+        assert payload["status"] == "timeout", payload
+        with pytest.raises(Exception, match="did not finish within the task's execution_timeout"):
+            operator.execute_complete({"ti": _TaskInstance()}, event=payload, resources=resources)
+        # execute_complete waits for the pods' DELETED events before it fails
+        assert left_behind(api)["pods"] == [], left_behind(api)
+    assert_nothing_left(api)

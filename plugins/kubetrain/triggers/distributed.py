@@ -52,7 +52,7 @@ class DistributedJobTrigger(BaseTrigger):
     :param startup: :class:`~kubetrain.pod_startup.PodStartup` budgets (schedule_timeout, unschedulable_grace,
         startup_timeout, stage_in_timeout).
     :param kubernetes_conn_id: Airflow connection of the cluster.
-    :param config_file: kubeconfig path, as the pod operator passes it.
+    :param config_file: kubeconfig path, as the pod operator passes it (read in the triggerer).
     :param cluster_context: kubeconfig context.
     :param in_cluster: use the in-cluster configuration.
     """
@@ -90,8 +90,16 @@ class DistributedJobTrigger(BaseTrigger):
 
     @cached_property
     def hook(self) -> AsyncKubernetesHook:
+        # The async hook ignores ``config_file`` (it reads a config dict, the connection or the
+        # default kubeconfig): the file is read here, in the triggerer, which must have it.
+        config_dict = None
+        if self.config_file:
+            import yaml
+
+            with open(self.config_file) as f:
+                config_dict = yaml.safe_load(f)
         return AsyncKubernetesHook(conn_id=self.kubernetes_conn_id, in_cluster=self.in_cluster,
-                                   config_file=self.config_file, cluster_context=self.cluster_context)
+                                   config_dict=config_dict, cluster_context=self.cluster_context)
 
     # -- reading the job -----------------------------------------------------------------------
 
