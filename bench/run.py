@@ -29,6 +29,7 @@ BENCHES = {
     "sweep": (AIRFLOW, "bench_sweep.py", "16-trial random sweep with and without median stopping: compute saved, wall vs. ideal, per-trial overhead"),
     "runs_page": (AIRFLOW, "bench_runs_page.py", "the Training page's API with 10,000 run records"),
     "distributed": (AIRFLOW, "bench_distributed.py", "the digits training with 1 and 2 workers on the dev stack"),
+    "distributed_accuracy": (TRAINER, "bench_distributed_accuracy.py", "final accuracy with 1 and 2 workers over several seeds"),
 }
 
 HEADER = """# Benchmarks
