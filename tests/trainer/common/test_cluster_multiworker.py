@@ -6,51 +6,23 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
+from cluster_support import free_hosts
 
-from include.sample_data import digits as digits_data
 from trainer.common.contract import EXIT_PREEMPTED
 
 REPO = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.slow]
 SIGTERM_SAVE = re.compile(r"checkpoint ckpt-(\d+) (?:written|already written at this step) \(SIGTERM")
 RESUMED = re.compile(r"resumed from ckpt-(\d+)")
-
-
-def free_port_pair() -> str:
-    """A host pattern ``127.0.0.1:<base>{replica}`` whose ports for replicas 0 and 1 are free."""
-    for _ in range(200):
-        base = random.randint(2000, 6500)
-        ok = True
-        for replica in (0, 1):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", int(f"{base}{replica}")))
-                except OSError:
-                    ok = False
-        if ok:
-            return f"127.0.0.1:{base}{{replica}}"
-    raise RuntimeError("no free pair of ports")
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("digits")
-    digits_data.main(["--out", str(root / "d.zip"), "--per-class", "30"])
-    with zipfile.ZipFile(root / "d.zip") as archive:
-        archive.extractall(root / "data")
-    return root / "data"
 
 
 def start(tmp: Path, data: Path, index: int, hosts: str, *extra: str) -> tuple[subprocess.Popen, Path]:
@@ -82,7 +54,7 @@ def wait_for_text(log: Path, pattern: str, proc: subprocess.Popen, timeout: floa
 
 
 def test_sigterm_on_a_worker_stops_both_and_both_resume_from_the_chiefs_checkpoint(tmp_path, data):
-    hosts = free_port_pair()
+    hosts = free_hosts(2)
     (tmp_path / "ckpt1").mkdir()
     chief, chief_log = start(tmp_path, data, 0, hosts, "--epochs", "40")
     worker, worker_log = start(tmp_path, data, 1, hosts, "--epochs", "40")

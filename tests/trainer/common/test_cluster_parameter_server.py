@@ -13,19 +13,15 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
-
-from include.sample_data import digits as digits_data
+from cluster_support import free_hosts
 
 REPO = Path(__file__).resolve().parents[3]
 pytestmark = [
@@ -34,31 +30,6 @@ pytestmark = [
 ]
 REPLICAS = '{"chief": 1, "worker": 2, "ps": 1}'
 RESUMED = re.compile(r"resumed from ckpt-(\d+)")
-
-
-def free_ports() -> str:
-    """A host pattern ``127.0.0.1:<base>{replica}`` whose ports for replicas 0 to 3 are free."""
-    for _ in range(200):
-        base = random.randint(2000, 6500)
-        free = True
-        for replica in range(4):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", int(f"{base}{replica}")))
-                except OSError:
-                    free = False
-        if free:
-            return f"127.0.0.1:{base}{{replica}}"
-    raise RuntimeError("no four free ports")
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("digits")
-    digits_data.main(["--out", str(root / "d.zip"), "--per-class", "30"])
-    with zipfile.ZipFile(root / "d.zip") as archive:
-        archive.extractall(root / "data")
-    return root / "data"
 
 
 def start(tmp: Path, data: Path, replica: int, hosts: str, *extra: str) -> tuple[subprocess.Popen, Path]:
@@ -81,7 +52,7 @@ def start(tmp: Path, data: Path, replica: int, hosts: str, *extra: str) -> tuple
 
 def run_job(tmp: Path, data: Path, *extra: str) -> str:
     """One job to its end: the chief's log (the other replicas are stopped as their engine would)."""
-    hosts = free_ports()
+    hosts = free_hosts(4)
     procs = [start(tmp, data, replica, hosts, *extra) for replica in (3, 1, 2, 0)]
     chief, chief_log = procs[-1]
     try:
