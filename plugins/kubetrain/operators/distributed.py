@@ -121,7 +121,7 @@ class DistributedTrainingOperator(TrainingPodOperator):
 
     def distributed_spec(self) -> DistributedSpec:
         """The replicas and their resources, checked (a bad count fails before anything is created)."""
-        gpus = self.gpus_per_worker if self.gpus_per_worker not in (None, "", "None") else self.gpus
+        gpus = self.gpus if _unset_is_none(self.gpus_per_worker) is None else self.gpus_per_worker
         return DistributedSpec(
             workers=self.workers, ps_replicas=self.ps_replicas, gpus_per_worker=gpus, gpus_per_ps=self.gpus_per_ps,
             worker_cpu=str(self.worker_cpu or self.cpu), worker_memory=str(self.worker_memory or self.memory),
