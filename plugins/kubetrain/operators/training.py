@@ -6,10 +6,17 @@ import json
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
+from airflow.providers.cncf.kubernetes.utils.container import container_is_completed
+from airflow.providers.cncf.kubernetes.utils.pod_manager import (
+    PodManager,
+    PodPhase,
+    detect_pod_terminate_early_issues,
+)
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from kubernetes.client import models as k8s
 
@@ -42,6 +49,7 @@ __all__ = [
     "PodStartupTimeout",
     "PodUnschedulableError",
     "StageInError",
+    "TrainingPodManager",
     "TrainingPodOperator",
     "string_list",
 ]
@@ -104,6 +112,55 @@ def _names(value: Any) -> tuple[str, ...]:
     if isinstance(value, list | tuple):
         return tuple(getattr(v, "name", v) for v in value if getattr(v, "name", v))
     raise ValueError(f"image_pull_secrets {value!r} is not a list of Secret names: expected e.g. ['regcred']")
+
+
+class TrainingPodManager(PodManager):
+    """The provider's PodManager, waiting for a pod's end on a watch of the pod.
+
+    The provider's ``await_pod_completion`` reads the pod every 2 s. A training pod ends some
+    time after its training container, when the checkpoint-sync sidecar's final pass is done,
+    and each sweep trial waits for that moment; the watch returns when the pod's status says so.
+    """
+
+    # Seconds one watch request lasts before the pod is read again and a new watch starts.
+    watch_seconds = 60
+
+    def await_pod_completion(
+        self, pod: k8s.V1Pod, istio_enabled: bool = False, container_name: str = "base", do_xcom_push: bool = False
+    ) -> k8s.V1Pod:
+        from kubernetes import watch
+        from kubernetes.client.rest import ApiException
+
+        def done(remote: k8s.V1Pod) -> bool:
+            if remote.status is not None and remote.status.phase in PodPhase.terminal_states:
+                return True
+            if (istio_enabled or do_xcom_push) and container_is_completed(remote, container_name):
+                return True  # the provider's rule: a sidecar keeps the pod running
+            return bool(detect_pod_terminate_early_issues(remote))
+
+        remote = self.read_pod(pod)
+        while not done(remote):
+            self.log.info("Pod %s has phase %s", pod.metadata.name, remote.status.phase if remote.status else None)
+            stream = watch.Watch()
+            try:
+                for event in stream.stream(
+                    self._client.list_namespaced_pod,
+                    remote.metadata.namespace,
+                    field_selector=f"metadata.name={remote.metadata.name}",
+                    resource_version=remote.metadata.resource_version,
+                    timeout_seconds=self.watch_seconds,
+                ):
+                    if event["type"] == "DELETED":
+                        stream.stop()  # the read below answers 404, as the provider's loop would
+                        break
+                    if done(event["object"]):
+                        stream.stop()
+                        return event["object"]
+            except ApiException as exc:
+                if exc.status != 410:  # 410: the resourceVersion is too old; read the pod again
+                    raise
+            remote = self.read_pod(pod)  # the watch ended: its state now (a deleted pod raises 404)
+        return remote
 
 
 class TrainingPodOperator(KubernetesPodOperator):
@@ -314,6 +371,10 @@ class TrainingPodOperator(KubernetesPodOperator):
         self.log_containers = list(log_containers)
         self._startup_failure: AirflowException | None = None
         self._notes: list[str] = []
+
+    @cached_property
+    def pod_manager(self) -> TrainingPodManager:
+        return TrainingPodManager(kube_client=self.client, callbacks=self.callbacks)
 
     # -- the pod -----------------------------------------------------------------------------
 
