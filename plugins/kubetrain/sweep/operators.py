@@ -454,6 +454,8 @@ class TrialPodOperator(TrainingPodOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        # When this task process reached each step after the pod (the trial record's timing).
+        self._stamps: dict[str, str] = {}
         self.sweep = sweep
         self.hyperparameters = hyperparameters
         self.fingerprint = fingerprint
@@ -519,6 +521,7 @@ class TrialPodOperator(TrainingPodOperator):
         return self.finish(context)
 
     def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
+        self._stamps["resumed"] = _iso(datetime.now(UTC))
         try:
             super().trigger_reentry(context, event)
         except AirflowException as exc:
@@ -563,6 +566,7 @@ class TrialPodOperator(TrainingPodOperator):
     def finish(self, context: Context, state: dict[str, Any] | None = None) -> dict[str, Any]:
         """Wait briefly for the sidecar's final pass (else defer), then record the trial."""
         state = state if state is not None else self._base_state()
+        self._stamps["pod_done"] = _iso(datetime.now(UTC))
         run = self.trial_run(context)
         deadline = time.monotonic() + FINAL_PASS_CHECK_SECONDS
         while True:
@@ -600,6 +604,7 @@ class TrialPodOperator(TrainingPodOperator):
         """Read the trial's outputs, render its report, and write its records."""
         from kubetrain.report.inputs import load_run_inputs, parse_json
 
+        self._stamps["final_pass"] = _iso(datetime.now(UTC))
         settings = self.settings()
         run = self.trial_run(context)
         metric, mode = settings["objective"]["metric"], settings["objective"]["mode"]
@@ -622,6 +627,7 @@ class TrialPodOperator(TrainingPodOperator):
             report_uri = self.store.write_report(run, render_report(inputs))
             url = report_url(context["ti"].dag_id, run.bucket, run.key("report", "report.html"))
             context["ti"].xcom_push(key=REPORT_URL_XCOM_KEY, value=url)
+            self._stamps["report"] = _iso(datetime.now(UTC))
         ti = context["ti"]
         record = {
             "kind": TRIAL_KIND,
@@ -652,7 +658,8 @@ class TrialPodOperator(TrainingPodOperator):
                 "task_started": _iso(getattr(ti, "start_date", None)),
                 "try_number": getattr(ti, "try_number", None),
                 **state,
-                "recorded": utc_stamp(),
+                **self._stamps,
+                "recorded": _iso(datetime.now(UTC)),
             },
             "history": rows,
             "run_uri": run.uri,
