@@ -18,7 +18,9 @@ from airflow.providers.cncf.kubernetes.utils.pod_manager import (
     detect_pod_terminate_early_issues,
 )
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from kubernetes import watch
 from kubernetes.client import models as k8s
+from kubernetes.client.rest import ApiException
 
 from kubetrain import pod_spec, settings
 from kubetrain.doc_md import class_doc_md
@@ -128,9 +130,6 @@ class TrainingPodManager(PodManager):
     def await_pod_completion(
         self, pod: k8s.V1Pod, istio_enabled: bool = False, container_name: str = "base", do_xcom_push: bool = False
     ) -> k8s.V1Pod:
-        from kubernetes import watch
-        from kubernetes.client.rest import ApiException
-
         def done(remote: k8s.V1Pod) -> bool:
             if remote.status is not None and remote.status.phase in PodPhase.terminal_states:
                 return True

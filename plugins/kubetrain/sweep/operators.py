@@ -73,6 +73,11 @@ def _iso(value: Any) -> str | None:
     return str(value)
 
 
+def _now() -> str:
+    """Now, as the trial record's timing stamps it (ISO 8601 UTC, sub-second)."""
+    return _iso(datetime.now(UTC))
+
+
 def _plan_missing(sweep: SweepLocation) -> AirflowFailException:
     return AirflowFailException(
         f"the sweep has no plan at {s3_uri(sweep.bucket, sweep.plan_key)}: the plan task did not finish (see its log)"
@@ -521,7 +526,7 @@ class TrialPodOperator(TrainingPodOperator):
         return self.finish(context)
 
     def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
-        self._stamps["resumed"] = _iso(datetime.now(UTC))
+        self._stamps["resumed"] = _now()
         try:
             super().trigger_reentry(context, event)
         except AirflowException as exc:
@@ -566,7 +571,7 @@ class TrialPodOperator(TrainingPodOperator):
     def finish(self, context: Context, state: dict[str, Any] | None = None) -> dict[str, Any]:
         """Wait briefly for the sidecar's final pass (else defer), then record the trial."""
         state = state if state is not None else self._base_state()
-        self._stamps["pod_done"] = _iso(datetime.now(UTC))
+        self._stamps["pod_done"] = _now()
         run = self.trial_run(context)
         deadline = time.monotonic() + FINAL_PASS_CHECK_SECONDS
         while True:
@@ -604,7 +609,7 @@ class TrialPodOperator(TrainingPodOperator):
         """Read the trial's outputs, render its report, and write its records."""
         from kubetrain.report.inputs import load_run_inputs, parse_json
 
-        self._stamps["final_pass"] = _iso(datetime.now(UTC))
+        self._stamps["final_pass"] = _now()
         settings = self.settings()
         run = self.trial_run(context)
         metric, mode = settings["objective"]["metric"], settings["objective"]["mode"]
@@ -627,7 +632,7 @@ class TrialPodOperator(TrainingPodOperator):
             report_uri = self.store.write_report(run, render_report(inputs))
             url = report_url(context["ti"].dag_id, run.bucket, run.key("report", "report.html"))
             context["ti"].xcom_push(key=REPORT_URL_XCOM_KEY, value=url)
-            self._stamps["report"] = _iso(datetime.now(UTC))
+            self._stamps["report"] = _now()
         ti = context["ti"]
         record = {
             "kind": TRIAL_KIND,
@@ -659,7 +664,7 @@ class TrialPodOperator(TrainingPodOperator):
                 "try_number": getattr(ti, "try_number", None),
                 **state,
                 **self._stamps,
-                "recorded": _iso(datetime.now(UTC)),
+                "recorded": _now(),
             },
             "history": rows,
             "run_uri": run.uri,
