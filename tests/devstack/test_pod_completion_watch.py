@@ -1,6 +1,7 @@
-"""TrainingPodManager.await_pod_completion on the local API: the end of a training-shaped pod
-(a native sidecar that finishes its work after the main container) comes from a watch, not a
-read every 2 s, and a pod deleted meanwhile ends the wait with the API's 404."""
+"""TrainingPodManager's waits on the local API: the end of a training-shaped pod (a native
+sidecar that finishes its work after the main container) comes from a watch, not a read every
+2 s, and a pod deleted meanwhile ends the wait with the API's 404; a task that does not defer
+sees its pod start on a watch too, not a read every ``startup_check_interval_seconds``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import threading
 
 from kubernetes.client.rest import ApiException
 
-from kubetrain.operators.training import TrainingPodManager
+from kubetrain.operators.training import TrainingPodManager, TrainingPodOperator
 
 from .support import simple_pod, wait_for
 
@@ -86,3 +87,32 @@ def test_a_pod_deleted_while_waited_for_ends_the_wait_with_404(core):
         return False
 
     wait_for(gone, timeout=120, what="the deleted pod to leave the API")
+
+
+def test_a_task_that_does_not_defer_sees_its_pod_start_on_a_watch(core):
+    core.create_namespaced_pod(NS, training_shaped("start-watch", "sleep 600"))
+    pod = core.read_namespaced_pod("start-watch", NS)
+    # a poll would read the pod a second time after 600 s: only a watch can see the start sooner
+    operator = TrainingPodOperator(task_id="start_watch", deferrable=False, startup_check_interval_seconds=600)
+    operator.pod_manager = manager = CountingManager(kube_client=core)
+    try:
+        operator.await_pod_start(pod)
+        assert manager.reads == 1, "the pod was read again: the start was polled instead of watched"
+        remote = core.read_namespaced_pod("start-watch", NS)
+        assert remote.status.phase == "Running" and remote.status.container_statuses[0].state.running
+    finally:
+        core.delete_namespaced_pod("start-watch", NS, grace_period_seconds=1)
+
+
+def test_a_watch_without_a_change_reads_the_pod_again(core):
+    core.create_namespaced_pod(NS, training_shaped("quiet-watch", "true"))
+    try:
+        # an ended pod changes no more: the watch from its resourceVersion sees nothing
+        ended = wait_for(lambda: (p := core.read_namespaced_pod("quiet-watch", NS)).status.phase == "Succeeded" and p,
+                         timeout=120, what="the pod to end")  # fmt: skip
+        manager = CountingManager(kube_client=core)
+        again = manager.await_pod_change(ended, timeout_seconds=1)
+        assert manager.reads == 1, "the watch's end did not read the pod again"
+        assert again.metadata.uid == ended.metadata.uid and again.status.phase == "Succeeded"
+    finally:
+        core.delete_namespaced_pod("quiet-watch", NS, grace_period_seconds=1)

@@ -172,6 +172,11 @@ def test_grid_sweep_a_killed_trial_promotion_and_reuse(sweeps_airflow, devstack,
     for task in ("stage_dataset", "plan", "round_0.suggest", "leaderboard", "promote", "record"):
         assert states[task] == "success", (task, states)
     assert watch.killed, "the trial's pod was never killed: the test did not exercise resume"
+    # trials wait for their pods in their task process: every container's lines reach the task log,
+    # the training container's as they come, the sidecar's (down to its final pass) when the pod ends
+    lines = run.output.splitlines()
+    for container, text in (("stage-in", "stage-in"), ("base", "written (end of epoch;"), ("checkpoint-sync", "final pass")):
+        assert any(f"[{container}] " in line and text in line for line in lines), (container, text, run.output[-4000:])
 
     sweep = S3Layout().run(DAG_ID, run.run_id).prefix
     record = read_json(s3, f"{sweep}/sweep/sweep.json")

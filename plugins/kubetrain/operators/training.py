@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import cached_property
@@ -117,15 +116,41 @@ def _names(value: Any) -> tuple[str, ...]:
 
 
 class TrainingPodManager(PodManager):
-    """The provider's PodManager, waiting for a pod's end on a watch of the pod.
+    """The provider's PodManager, waiting on a watch of the pod instead of reading it every few seconds.
 
-    The provider's ``await_pod_completion`` reads the pod every 2 s. A training pod ends some
-    time after its training container, when the checkpoint-sync sidecar's final pass is done,
-    and each sweep trial waits for that moment; the watch returns when the pod's status says so.
+    The provider's ``await_pod_completion`` reads the pod every 2 s, and a task that does not
+    defer checks its start every ``startup_check_interval_seconds`` (5 s by default). A training
+    pod ends some time after its training container, when the checkpoint-sync sidecar's final
+    pass is done, and each sweep trial waits for that moment and for its start; a watch from the
+    pod's resourceVersion returns as soon as the pod's status changes.
     """
 
     # Seconds one watch request lasts before the pod is read again and a new watch starts.
     watch_seconds = 60
+
+    def await_pod_change(self, remote: k8s.V1Pod, timeout_seconds: int | None = None) -> k8s.V1Pod:
+        """The pod's next version after ``remote``, or the pod read again when ``timeout_seconds`` pass without one.
+
+        A deleted pod raises the API's 404, as reading it would; a 410 (``remote``'s
+        resourceVersion is too old) reads the pod again.
+        """
+        stream = watch.Watch()
+        try:
+            for event in stream.stream(
+                self._client.list_namespaced_pod,
+                remote.metadata.namespace,
+                field_selector=f"metadata.name={remote.metadata.name}",
+                resource_version=remote.metadata.resource_version,
+                timeout_seconds=timeout_seconds or self.watch_seconds,
+            ):
+                stream.stop()
+                if event["type"] != "DELETED":
+                    return event["object"]
+                break  # the read below answers 404, as the provider's loop would
+        except ApiException as exc:
+            if exc.status != 410:  # 410: the resourceVersion is too old; read the pod again
+                raise
+        return self.read_pod(remote)
 
     def await_pod_completion(
         self, pod: k8s.V1Pod, istio_enabled: bool = False, container_name: str = "base", do_xcom_push: bool = False
@@ -138,27 +163,12 @@ class TrainingPodManager(PodManager):
             return bool(detect_pod_terminate_early_issues(remote))
 
         remote = self.read_pod(pod)
+        phase = None
         while not done(remote):
-            self.log.info("Pod %s has phase %s", pod.metadata.name, remote.status.phase if remote.status else None)
-            stream = watch.Watch()
-            try:
-                for event in stream.stream(
-                    self._client.list_namespaced_pod,
-                    remote.metadata.namespace,
-                    field_selector=f"metadata.name={remote.metadata.name}",
-                    resource_version=remote.metadata.resource_version,
-                    timeout_seconds=self.watch_seconds,
-                ):
-                    if event["type"] == "DELETED":
-                        stream.stop()  # the read below answers 404, as the provider's loop would
-                        break
-                    if done(event["object"]):
-                        stream.stop()
-                        return event["object"]
-            except ApiException as exc:
-                if exc.status != 410:  # 410: the resourceVersion is too old; read the pod again
-                    raise
-            remote = self.read_pod(pod)  # the watch ended: its state now (a deleted pod raises 404)
+            if remote.status is not None and remote.status.phase != phase:
+                phase = remote.status.phase
+                self.log.info("Pod %s has phase %s", pod.metadata.name, phase)
+            remote = self.await_pod_change(remote)
         return remote
 
 
@@ -187,7 +197,11 @@ class TrainingPodOperator(KubernetesPodOperator):
     failure. While it is deferred, the lines of the stage-in, checkpoint-sync and training
     containers reach the task log every ``logging_interval`` seconds, each marked by its
     container (:class:`~kubetrain.triggers.pod.TrainingPodTrigger`); a failed pod's last lines,
-    its containers' states and its events are logged when it ends.
+    its containers' states and its events are logged when it ends. With ``deferrable=False`` the
+    task process waits on watches of the pod instead, follows the training container's log as
+    it is written, logs the stage-in container's lines when the pod starts and the sidecar's when
+    it ends; that saves the hand-off back from the triggerer (a few seconds per pod, which sweeps
+    of short trials feel) at the price of a worker slot for the whole training.
 
     A GPU request that the cluster served on CPU (a development cluster without GPUs, such as
     the dev stack, runs the pod anyway) is logged in one line and pushed, with any other line
@@ -238,6 +252,8 @@ class TrainingPodOperator(KubernetesPodOperator):
     :param stage_in_timeout_seconds: seconds the stage-in container may download the dataset.
     :param schedule_timeout_seconds: seconds to find a node while an autoscaler adds one.
     :param unschedulable_grace_seconds: seconds an unschedulable pod waits for an autoscaler before it fails.
+    :param deferrable: defer to the triggerer while the pod runs (default); ``False`` waits in the
+        task process.
     :param logging_interval: seconds between reads of the pod's logs while the task is deferred
         (the provider's argument; ``None``: every line arrives when the pod ends). The task log
         is at most this, plus ``poll_interval``, behind ``kubectl logs``.
@@ -368,6 +384,10 @@ class TrainingPodOperator(KubernetesPodOperator):
         self.stage_in_timeout_seconds = stage_in_timeout_seconds
         self.unschedulable_grace_seconds = unschedulable_grace_seconds
         self.log_containers = list(log_containers)
+        if not self.deferrable and not self.init_container_logs and pod_spec.STAGE_IN_CONTAINER in self.log_containers:
+            # The task follows the training container's log itself; the stage-in container's
+            # log, complete by then, comes first (the sidecar's comes when the pod ends: cleanup()).
+            self.init_container_logs = [pod_spec.STAGE_IN_CONTAINER]
         self._startup_failure: AirflowException | None = None
         self._notes: list[str] = []
 
@@ -483,12 +503,13 @@ class TrainingPodOperator(KubernetesPodOperator):
         """Wait until the pod runs, each start-up phase within its budget (the task is not deferred)."""
         startup = self.pod_startup()
         try:
+            remote = self.pod_manager.read_pod(pod)
             while True:
-                remote = self.pod_manager.read_pod(pod)
                 events = self.pod_manager.read_pod_events(pod).items if startup.needs_events(remote) else []
                 if startup.observe(remote, events or [], datetime.now(UTC)):
                     break
-                time.sleep(self.startup_check_interval_seconds)
+                # the next change of the pod, or the pod again after the interval (the budgets run on)
+                remote = self.pod_manager.await_pod_change(remote, self.startup_check_interval_seconds)
         except STARTUP_FAILURES as exc:
             self._startup_failure = exc
             raise
@@ -558,6 +579,8 @@ class TrainingPodOperator(KubernetesPodOperator):
     ) -> None:
         if context is not None:
             context["ti"].xcom_push(key=NOTES_XCOM_KEY, value=list(self._notes))
+        if not self.deferrable and self.get_logs and remote_pod is not None:
+            self._log_sidecar_lines(remote_pod)
         # The base class deletes the pod that never started and fails with "Pod ... returned a
         # failure"; the start-up failure says why, and its class says whether to retry.
         try:
@@ -571,6 +594,28 @@ class TrainingPodOperator(KubernetesPodOperator):
             if final is None:
                 raise
             raise final from exc
+
+    def _log_sidecar_lines(self, remote_pod: k8s.V1Pod) -> None:
+        """Log the lines of the containers that ran beside the training container (a task that did not defer).
+
+        The base class follows only the training container's log while the pod runs; the
+        checkpoint-sync sidecar's lines (uploads, its final pass, an early stop) are read once
+        the pod has ended, before it is deleted.
+        """
+        followed = {self.base_container_name, *(self.init_container_logs or ())}
+        for name in self.log_containers:
+            if name in followed:
+                continue
+            try:
+                self.pod_manager.fetch_container_logs(
+                    remote_pod,
+                    name,
+                    follow=False,
+                    container_name_log_prefix_enabled=self.container_name_log_prefix_enabled,
+                    log_formatter=self.log_formatter,
+                )
+            except Exception as exc:  # a pod already gone has no log; the task's outcome does not depend on it
+                self.log.info("The log of container %s of pod %s could not be read: %s", name, remote_pod.metadata.name, exc)
 
     def _no_retry_failure(self, remote_pod: k8s.V1Pod) -> AirflowFailException | None:
         """The failure that ends the task without retries, when the training container's exit code says so."""

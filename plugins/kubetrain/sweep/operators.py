@@ -535,7 +535,9 @@ class TrialPodOperator(TrainingPodOperator):
 
     def _base_state(self) -> dict[str, Any]:
         """Exit code and times of the pod's containers, as its last status said."""
-        pod = getattr(self, "pod", None)
+        # A deferred task reads the pod again when it resumes (self.pod); one that waited in its
+        # process keeps the pod's last state from the watch in self.remote_pod.
+        pod = getattr(self, "pod", None) if self.deferrable else getattr(self, "remote_pod", None)
         status = getattr(pod, "status", None)
         out: dict[str, Any] = {"pod_created": _iso(getattr(getattr(pod, "metadata", None), "creation_timestamp", None))}
         containers = [*(getattr(status, "init_container_statuses", None) or []), *(getattr(status, "container_statuses", None) or [])]

@@ -130,6 +130,11 @@ def test_any_image_trainer_gets_its_hyperparameters_as_arguments():
                                                      **custom.params(space={"lr": {"low": 0.001, "high": 0.1, "log": True}})}) as dag:  # fmt: skip
         tasks = sweep_pipeline(custom, cmds=["python"], arguments="{{ params.args | tojson }}", title="custom")
     assert [t.task_id for t in tasks.trials[0]] == ["round_0.train_1_at_a_time", "round_0.train_2_at_a_time"]
+    # trials wait for their pods in their worker slot unless the DAG asks them to defer
+    assert all(t.partial_kwargs["deferrable"] is False for r in tasks.trials for t in r)
+    with DAG("sweep_custom_deferred", schedule=None, params=dag.params):
+        deferred = sweep_pipeline(custom, cmds=["python"], arguments="[]", title="custom", deferrable=True)
+    assert all(t.partial_kwargs["deferrable"] is True for r in deferred.trials for t in r)
     suggest = tasks.suggest[0]
     context = {"params": dag.params.validate(), "dag": dag, "ti": SimpleNamespace(dag_id="sweep_custom")}
     assert suggest.render_arguments(context, {"lr": 0.01}, 3) == ["train.py", "--epochs=3", "--lr=0.01"]
