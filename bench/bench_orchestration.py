@@ -1,6 +1,7 @@
 """Orchestration overhead of the demo DAG: run wall time minus the trainer's own wall time.
 
-Starts a private dev stack, uploads the digits demo dataset and runs
+Starts a private dev stack, pushes the CPU trainer and sync images (built from their
+Dockerfiles) to its registry, uploads the digits demo dataset and runs
 train_image_classifier once through `airflow dags test` (a private Airflow home), then
 compares the whole run's wall time with the `wall_time_s` the trainer wrote into
 metrics.json. The difference is what kubetrain adds: staging, the pod's start, stage-in,
@@ -25,6 +26,9 @@ sys.path.insert(0, str(REPO))
 from include.demo import AIRFLOW, DEMOS, upload_dataset  # noqa: E402
 from include.devstack.stack import Stack  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_sweep import publish_images  # noqa: E402
+
 
 def main() -> int:
     import boto3
@@ -36,6 +40,7 @@ def main() -> int:
         stack.up()
         try:
             env_vars = stack.env()
+            publish_images(stack)
             upload_dataset(demo, env_vars)
             home = Path(tmp) / "airflow"
             home.mkdir()
@@ -56,19 +61,20 @@ def main() -> int:
             )  # fmt: skip
             wall = time.monotonic() - start
             with sqlite3.connect(home / "airflow.db") as db:
-                run_id, state = db.execute(
+                row = db.execute(
                     "SELECT run_id, state FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1", (demo.dag_id,)
                 ).fetchone()
+                run_id, state = row or (None, None)
+                if out.returncode or state != "success":
+                    print(out.stdout[-3000:], out.stderr[-3000:])
+                    print(f"the demo run failed ({state}, exit {out.returncode})", file=sys.stderr)
+                    return 1
                 run_uri = json.loads(
                     db.execute(
                         "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = 'train' AND key = 'run_uri'",
                         (demo.dag_id, run_id),
                     ).fetchone()[0]
                 )
-            if out.returncode or state != "success":
-                print(out.stdout[-3000:], out.stderr[-3000:])
-                print(f"the demo run failed ({state})", file=sys.stderr)
-                return 1
             s3 = boto3.client(
                 "s3",
                 endpoint_url=env_vars["KUBETRAIN_S3_ENDPOINT"],
