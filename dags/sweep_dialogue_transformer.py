@@ -8,9 +8,9 @@ range `{"low", "high", "log", "step", "type"}`), by `grid`, `random` (with `seed
 trainer's `val_accuracy`, max) and promotes the best model if it beats the promoted one.
 
 Trials are mapped training pods in the `gpu` pool, at most `parallel_trials` at a time (this
-DAG's bound is 4), each with its own checkpoints, waiting for its pod in its worker slot; a trial trained before with the same data,
-Params and image is reused, not trained again. An invalid space is refused before any pod
-starts.
+DAG's bound is 4), each with its own checkpoints, waiting for its pod in its worker slot; a
+trial trained before with the same data, Params and image is reused, not trained again. An
+invalid space is refused before any pod starts.
 
 **Median early stopping** (`early_stopping.rule` `median`, Katib's medianstop): once
 `min_trials` trials have finished, a trial that has reported `start_step` epochs is stopped when

@@ -16,8 +16,8 @@ refused before any pod starts, naming the field.
 **Trials** run as mapped training pods in the `gpu` pool, `parallel_trials` at a time (this
 DAG's bound is 4), each in `runs/<dag>/<run>/trials/<n>/` with its own checkpoints, so a killed
 trial resumes. A trial waits for its pod in its worker slot rather than deferring (a few
-seconds saved per trial). A trial trained before with the same data, Params and image is not trained again:
-its result is reused.
+seconds saved per trial). A trial trained before with the same data, Params and image is not
+trained again: its result is reused.
 
 **Median early stopping** (`early_stopping` `{"rule": "median", "min_trials": 3, "start_step": 4}`,
 Katib's medianstop): once `min_trials` trials have finished, a running trial that has reported

@@ -602,7 +602,10 @@ class TrainingPodOperator(KubernetesPodOperator):
         checkpoint-sync sidecar's lines (uploads, its final pass, an early stop) are read once
         the pod has ended, before it is deleted.
         """
-        followed = {self.base_container_name, *(self.init_container_logs or ())}
+        init = self.init_container_logs  # the provider's: a name, names, or True for every init container
+        if init is True:
+            return  # the sidecar, a native sidecar, is an init container: its lines were followed already
+        followed = {self.base_container_name, *([init] if isinstance(init, str) else init or ())}
         for name in self.log_containers:
             if name in followed:
                 continue
