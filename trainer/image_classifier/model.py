@@ -16,9 +16,32 @@ if TYPE_CHECKING:
 log = logging.getLogger("kubetrain.trainer")
 
 
-def build_model(config: ClassifierConfig, num_classes: int) -> keras.Model:
-    """The classifier: pixel values 0-255 in, class probabilities out."""
+# Keras's default batch-norm momentum, 0.99, averages the moving statistics over about 100
+# steps. That suits an epoch of hundreds of steps. On small data (the digits demo: 11 steps an
+# epoch at batch size 128) the statistics that validation and the exported model use still
+# describe the first, random weights after several epochs: at momentum 0.9 a trial reached a
+# training accuracy of 0.97 at epoch 3 while its val_accuracy was 0.39 (0.92 at the momentum
+# below), which misleads the best-epoch choice, --patience and a sweep's median stopping.
+BN_WINDOW_EPOCHS = 0.25
+BN_MOMENTUM_RANGE = (0.5, 0.99)
+
+
+def batch_norm_momentum(steps_per_epoch: int) -> float:
+    """A momentum whose moving average spans about a quarter of an epoch, within 0.5 and 0.99."""
+    window = max(1.0, BN_WINDOW_EPOCHS * steps_per_epoch)  # steps; momentum m averages over 1 / (1 - m)
+    low, high = BN_MOMENTUM_RANGE
+    return round(min(high, max(low, 1.0 - 1.0 / window)), 4)
+
+
+def build_model(config: ClassifierConfig, num_classes: int, steps_per_epoch: int | None = None) -> keras.Model:
+    """The classifier: pixel values 0-255 in, class probabilities out.
+
+    ``steps_per_epoch`` sets the momentum of the batch-norm layers that train from random
+    weights (:func:`batch_norm_momentum`); without it they keep Keras's defaults.
+    """
     import keras
+
+    momentum = batch_norm_momentum(steps_per_epoch) if steps_per_epoch else None
 
     size, channels = config.image_size, config.channels
     inputs = keras.Input((size, size, channels), name="image")
@@ -26,9 +49,7 @@ def build_model(config: ClassifierConfig, num_classes: int) -> keras.Model:
         x = keras.layers.Rescaling(1.0 / 255.0)(inputs)
         for block in range(3):
             x = keras.layers.Conv2D(config.filters * 2**block, 3, padding="same", use_bias=False)(x)
-            # Momentum 0.9 rather than 0.99: short runs must still end with usable
-            # moving statistics for inference.
-            x = keras.layers.BatchNormalization(momentum=0.9)(x)
+            x = keras.layers.BatchNormalization(momentum=momentum or 0.99)(x)
             x = keras.layers.ReLU()(x)
             x = keras.layers.MaxPooling2D()(x) if block < 2 else keras.layers.GlobalAveragePooling2D()(x)
     else:
@@ -45,10 +66,18 @@ def build_model(config: ClassifierConfig, num_classes: int) -> keras.Model:
                              f"(alpha {config.alpha}, include_top=False): {exc}") from exc
         frozen = bool(config.weights) and config.freeze_base
         base.trainable = not frozen
+        if momentum and not config.weights:
+            # Random weights have no statistics worth keeping (MobileNetV2's own momentum is 0.999).
+            for layer in base.layers:
+                if isinstance(layer, keras.layers.BatchNormalization):
+                    layer.momentum = momentum
         # A frozen base runs its batch-norm layers in inference mode, keeping the loaded statistics.
         x = base(x, training=False) if frozen else base(x)
     x = keras.layers.Dropout(config.dropout, seed=config.seed)(x)
     outputs = keras.layers.Dense(num_classes, activation="softmax", dtype="float32", name="probabilities")(x)
+    if momentum and (config.model == "cnn" or not config.weights):
+        log.info("batch norm momentum %.4g: moving statistics over about %.0f%% of an epoch's %d steps",
+                 momentum, 100 * BN_WINDOW_EPOCHS, steps_per_epoch)
     return keras.Model(inputs, outputs, name=f"{config.model}_classifier")
 
 

@@ -75,8 +75,9 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
 
     runtime = configure(config)
     pipeline = ImagePipeline(train_files, val_files, config)
+    steps_per_epoch = len(train_files) // config.batch_size
     with runtime.strategy.scope():
-        model = build_model(config, len(folder.class_names))
+        model = build_model(config, len(folder.class_names), steps_per_epoch)
         optimizer = keras.optimizers.Adam(config.learning_rate)
 
     def check_resume(extra: dict[str, Any]) -> None:
@@ -88,7 +89,7 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
     loop = TrainingLoop(
         trainer=TRAINER, config=config, runtime=runtime, model=model, optimizer=optimizer,
         compute_fn=classification_sums, train_dataset_fn=pipeline.train_dataset,
-        val_dataset=pipeline.val_dataset(), steps_per_epoch=len(train_files) // config.batch_size,
+        val_dataset=pipeline.val_dataset(), steps_per_epoch=steps_per_epoch,
         global_batch_size=config.batch_size, stop=stop, extra_state={"classes": folder.class_names},
         check_resume=check_resume, dataset_version=run.dataset_version,
     )
