@@ -154,7 +154,7 @@ def test_trains_on_digits_and_writes_the_contract_files(tmp_path, digits_zip):
 
 @pytest.mark.slow
 def test_validation_keeps_up_with_training_on_few_steps_an_epoch(tmp_path, digits_zip):
-    # 1,434 training images at batch size 128: 11 steps an epoch. With the batch-norm momentum
+    # 1,438 training images at batch size 128: 11 steps an epoch. With the batch-norm momentum
     # of a long run the moving statistics still describe the first weights: at 0.9, epoch 2
     # trained to an accuracy of 0.93 and validated at 0.30.
     data = extract(digits_zip, tmp_path / "data")
