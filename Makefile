@@ -22,10 +22,10 @@ RCLONE := .tools/rclone/bin/rclone
 # pins kubernetes<36, so it cannot live in .venv beside the provider; only its model files are read
 KUBEFLOW_TRAINING_PIN := kubeflow-training==1.9.4
 KUBEFLOW_TRAINING := .tools/kubeflow-training/.installed
-# Debian packages: the registry, daemonless image builds and a static busybox for test images,
-# Chromium for the browser test of the UI, debootstrap for the Debian-made image base, a C
-# compiler for the local API's pod networking.
-APT_PACKAGES := docker-registry buildah skopeo busybox-static chromium debootstrap gcc libc6-dev
+# Debian packages: the registry, daemonless image builds and a static busybox for the stand-in images,
+# runc for the local kubelet's containers, Chromium for the browser test of the UI, debootstrap for
+# the Debian-made image base, a C compiler for the local API's pod networking.
+APT_PACKAGES := docker-registry buildah skopeo runc busybox-static chromium debootstrap gcc libc6-dev
 
 export AIRFLOW_HOME ?= $(CURDIR)/.airflow
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
@@ -36,7 +36,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: help setup test test-airflow test-trainer lint demo demo-dialogue demo-distributed airflow stack-up stack-images stack-down bench lock clean demo-sweep \
-	images images-base mlflow-env
+	images images-base mirror mlflow-env
 
 help:
 	@echo "make demo        set up, start the dev stack and train a model end to end"
@@ -141,6 +141,16 @@ images: $(VENV)/.synced $(STAMPS)/apt $(if $(filter debian,$(IMAGE_BASE)),$(IMAG
 
 images-base: $(IMAGE_ROOTFS)
 
+# The dev stack's registry mirror: busybox, alpine, python and tensorflow under their public names,
+# built here from Debian packages and PyPI (include/devstack/mirror.py), once per checkout.
+MIRROR := .tools/mirror/images.json
+mirror: $(MIRROR)
+
+$(MIRROR): include/devstack/mirror.py trainer/Dockerfile.tensorflow trainer/requirements.txt $(IMAGE_ROOTFS) \
+		$(VENV)/.synced $(STAMPS)/apt
+	@echo "building the registry mirror's images (busybox, alpine, python, tensorflow; once per checkout)"
+	$(VENV)/bin/python -m include.devstack.mirror build >.tools/mirror.log 2>&1 || { tail -30 .tools/mirror.log; exit 1; }
+
 # Debian bookworm (minbase) with Python 3.11 and pip, as a root file system tarball: made once per
 # machine. Like python:3.11-slim, pip may install into the system Python; the machine's CA bundle
 # goes in so that pip reaches PyPI through the same trust as the host.
@@ -166,13 +176,13 @@ lock: | $(UV)
 # -- tests ---------------------------------------------------------------------------------
 
 # The suites start their own dev stack (tests/conftest.py), so a stack of yours keeps running.
-test: setup lint $(IMAGE_ROOTFS) $(MLFLOW_VENV)/.synced
+test: setup lint $(IMAGE_ROOTFS) $(MIRROR) $(MLFLOW_VENV)/.synced
 	@rc=0; \
 	env -u KUBETRAIN_STACK_DIR $(VENV)/bin/pytest tests --ignore=tests/trainer --durations=40 || rc=$$?; \
 	env -u KUBETRAIN_STACK_DIR $(TVENV)/bin/pytest tests/trainer --durations=15 || rc=$$?; \
 	exit $$rc
 
-test-airflow: setup $(IMAGE_ROOTFS) $(MLFLOW_VENV)/.synced
+test-airflow: setup $(IMAGE_ROOTFS) $(MIRROR) $(MLFLOW_VENV)/.synced
 	env -u KUBETRAIN_STACK_DIR $(VENV)/bin/pytest tests --ignore=tests/trainer
 
 test-trainer: setup
@@ -184,7 +194,7 @@ lint: $(VENV)/.synced
 # -- dev stack, demo, UI -------------------------------------------------------------------
 
 MLFLOW ?=
-stack-up: setup $(if $(filter 1 true yes,$(MLFLOW)),$(MLFLOW_VENV)/.synced)
+stack-up: setup $(MIRROR) $(if $(filter 1 true yes,$(MLFLOW)),$(MLFLOW_VENV)/.synced)
 	$(VENV)/bin/python -m include.devstack up $(if $(filter 1 true yes,$(MLFLOW)),--mlflow)
 
 stack-down:

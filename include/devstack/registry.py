@@ -1,7 +1,8 @@
 """The dev stack's container registry: Debian's ``docker-registry`` (CNCF distribution).
 
 ``command(root, port)`` writes a registry config under ``root`` and returns the argv that
-serves it; with ``htpasswd`` set, the registry requires basic auth from that file.
+serves it; with ``htpasswd`` set, the registry requires basic auth from that file. The registry
+mirror (mirror.py) serves another data directory read-only.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from pathlib import Path
 REGISTRY_BINARY = "docker-registry"
 
 
-def command(root: Path, port: int, htpasswd: Path | None = None) -> list[str]:
+def command(root: Path, port: int, htpasswd: Path | None = None, *, data_dir: Path | None = None,
+            readonly: bool = False) -> list[str]:
     """Write ``root/config.yml`` and return the argv that serves the registry on 127.0.0.1:``port``."""
     binary = shutil.which(REGISTRY_BINARY) or "/usr/bin/docker-registry"
     if not Path(binary).exists():
@@ -24,7 +26,8 @@ def command(root: Path, port: int, htpasswd: Path | None = None) -> list[str]:
     config = {
         "version": 0.1,
         "log": {"level": "info", "formatter": "text"},
-        "storage": {"filesystem": {"rootdirectory": str(root / "data")}, "delete": {"enabled": True}},
+        "storage": {"filesystem": {"rootdirectory": str(data_dir or root / "data")}, "delete": {"enabled": not readonly},
+                    "maintenance": {"readonly": {"enabled": readonly}}},
         "http": {"addr": f"127.0.0.1:{port}", "headers": {"X-Content-Type-Options": ["nosniff"]}},
     }
     if htpasswd is not None:

@@ -6,8 +6,10 @@ so that it outlives the ``make`` call that started it:
 * ``s3``: rclone's S3 server over ``<state dir>/s3`` (include/devstack/S3.md), with the
   ``datasets`` and ``training`` buckets; it keeps its objects and its key pair across restarts;
 * ``registry``: Debian's ``docker-registry`` (the CNCF distribution registry);
-* ``kubeapi``: include/devstack/kubeapi, a local Kubernetes API server that runs pod
-  containers as local processes;
+* ``mirror``: the same registry, read-only, serving the public images that pods name (busybox,
+  alpine, python, tensorflow) as stand-ins built here from Debian packages (mirror.py, `make mirror`);
+* ``kubeapi``: include/devstack/kubeapi, a local Kubernetes API server whose kubelet runs each
+  container from its image under runc, pulling from the registry and the mirror;
 * ``mlflow`` (only when asked: ``make stack-up MLFLOW=1``): an MLflow tracking server with a
   SQLite store and its artifacts in the embedded S3 (include/devstack/mlflow_server.py); the
   env file then names it in ``KUBETRAIN_MLFLOW_TRACKING_URI``.
@@ -39,7 +41,7 @@ S3_SECRET_NAME = "kubetrain-s3"
 # the namespace of training pods (KUBETRAIN_NAMESPACE), created with the S3 Secret in it
 NAMESPACE = "kubetrain"
 REGION = "us-east-1"
-DEFAULT_PORTS = {"s3": 9000, "registry": 5000, "kubeapi": 6443, "mlflow": 5500}
+DEFAULT_PORTS = {"s3": 9000, "registry": 5000, "mirror": 5001, "kubeapi": 6443, "mlflow": 5500}
 
 
 class StackError(RuntimeError):
@@ -102,10 +104,6 @@ class Stack:
 
     state_dir: Path
     strict_gpu: bool = False
-    # the local kubelet refuses what a real one refuses (runAsNonRoot with a root image); KUBETRAIN_STRICT=0 is lenient
-    strict: bool = True
-    # images under the stack's registry must be in it (ErrImagePull otherwise), as on a cluster; KUBETRAIN_REGISTRY_CHECK=0 turns it off
-    registry_check: bool = True
     # an MLflow tracking server beside the others: KUBETRAIN_MLFLOW=1 / make stack-up MLFLOW=1
     mlflow: bool = False
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -155,12 +153,12 @@ class Stack:
         ports = {name: free_port(int(os.environ.get(f"KUBETRAIN_{name.upper()}_PORT", default))) for name, default in DEFAULT_PORTS.items()
                  if name != "mlflow" or self.mlflow}
         access_key, secret_key = s3_keys(self.state_dir)
-        state: dict = {"ports": ports, "components": {}, "strict_gpu": self.strict_gpu, "strict": self.strict,
-                       "registry_check": self.registry_check}
+        state: dict = {"ports": ports, "components": {}, "strict_gpu": self.strict_gpu}
         try:
             self._start_s3(state, ports["s3"], access_key, secret_key)
             self._start_registry(state, ports["registry"])
-            self._start_kubeapi(state, ports["kubeapi"], ports["registry"])
+            self._start_mirror(state, ports["mirror"])
+            self._start_kubeapi(state, ports["kubeapi"], ports["mirror"])
             if self.mlflow:
                 self._start_mlflow(state, ports["mlflow"], access_key, secret_key)
             state["s3"] = {
@@ -171,6 +169,7 @@ class Stack:
                 "buckets": list(BUCKETS),
             }
             state["registry"] = f"127.0.0.1:{ports['registry']}"
+            state["mirror"] = f"127.0.0.1:{ports['mirror']}"
             state["kubeapi"] = f"http://127.0.0.1:{ports['kubeapi']}"
             self._write_kubeconfig(state)
             self._create_s3_secret(state)
@@ -218,25 +217,33 @@ class Stack:
         wait_http(f"http://127.0.0.1:{port}/v2/", 30, proc, log)
         state["components"]["registry"] = {"pid": proc.pid, "port": port, "log": str(log)}
 
-    def kubeapi_argv(self, port: int, registry_port: int) -> list[str]:
+    def _start_mirror(self, state: dict, port: int) -> None:
+        from include.devstack import mirror, registry
+
+        data = mirror.MIRROR_DIR / "data"
+        if not data.is_dir():
+            raise StackError(f"the registry mirror's images are missing ({data}): run `make mirror`")
+        argv = registry.command(self.state_dir / "mirror", port, data_dir=data, readonly=True)
+        proc, log = self._spawn("mirror", argv)
+        wait_http(f"http://127.0.0.1:{port}/v2/", 30, proc, log)
+        state["components"]["mirror"] = {"pid": proc.pid, "port": port, "log": str(log)}
+
+    def kubeapi_argv(self, port: int, mirror_port: int) -> list[str]:
         """The local Kubernetes API's command line for this stack's options."""
         argv = [
             str(AIRFLOW_PYTHON), "-m", "include.devstack.kubeapi",
             "--host", "127.0.0.1", "--port", str(port),
             "--state-dir", str(self.state_dir / "kube"),
+            "--mirror", f"127.0.0.1:{mirror_port}",
         ]  # fmt: skip
         if self.strict_gpu:
             argv.append("--strict-gpu")
-        if self.strict:
-            argv.append("--strict")
-        if self.registry_check:
-            argv += ["--registry", f"127.0.0.1:{registry_port}"]
         return argv
 
-    def _start_kubeapi(self, state: dict, port: int, registry_port: int) -> None:
-        argv = self.kubeapi_argv(port, registry_port)
-        # the server reads these from its environment too: the flags above decide, not the caller's shell
-        proc, log = self._spawn("kubeapi", argv, env={"KUBETRAIN_STRICT": "", "KUBETRAIN_KUBEAPI_REGISTRY": ""})
+    def _start_kubeapi(self, state: dict, port: int, mirror_port: int) -> None:
+        argv = self.kubeapi_argv(port, mirror_port)
+        # the server reads this from its environment too: the flag above decides, not the caller's shell
+        proc, log = self._spawn("kubeapi", argv, env={"KUBETRAIN_REGISTRY_MIRROR": ""})
         wait_http(f"http://127.0.0.1:{port}/version", 60, proc, log)
         state["components"]["kubeapi"] = {"pid": proc.pid, "port": port, "log": str(log)}
 
@@ -307,6 +314,8 @@ class Stack:
             "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(aws_conn),
             "AIRFLOW_CONN_KUBETRAIN_REGISTRY_DEFAULT": json.dumps(registry_conn),
             "KUBETRAIN_REGISTRY": state["registry"],
+            # the mirror that serves docker.io and quay.io images to the local kubelet (mirror.py)
+            "KUBETRAIN_REGISTRY_MIRROR": state["mirror"],
             # The node has no GPU: training pods run the CPU variant that `make stack-images` pushes.
             "KUBETRAIN_TRAINER_IMAGE": f"{state['registry']}/kubetrain/trainer:latest-cpu",
             "KUBETRAIN_S3_ENDPOINT": s3["endpoint"],
@@ -397,30 +406,18 @@ def main(argv: list[str] | None = None) -> int:
         help="pods that request nvidia.com/gpu stay Pending (FailedScheduling) when no GPU is present, as on a real cluster",
     )
     parser.add_argument(
-        "--strict",
-        action=argparse.BooleanOptionalAction,
-        default=_flag("KUBETRAIN_STRICT", default=True),
-        help="the local kubelet refuses what a real one refuses: runAsNonRoot with an image that runs as root",
-    )
-    parser.add_argument(
-        "--registry-check",
-        action=argparse.BooleanOptionalAction,
-        default=_flag("KUBETRAIN_REGISTRY_CHECK", default=True),
-        help="an image under the stack's registry that is not in it fails to pull (ErrImagePull), as on a cluster",
-    )
-    parser.add_argument(
         "--mlflow",
         action="store_true",
         default=_flag("KUBETRAIN_MLFLOW"),
         help="also start an MLflow tracking server (SQLite, artifacts in the embedded S3) that the DAGs log to",
     )
     args = parser.parse_args(argv)
-    stack = Stack(args.state_dir.resolve(), strict_gpu=args.strict_gpu, strict=args.strict,
-                  registry_check=args.registry_check, mlflow=args.mlflow)  # fmt: skip
+    stack = Stack(args.state_dir.resolve(), strict_gpu=args.strict_gpu, mlflow=args.mlflow)
     try:
         if args.command == "up":
             state = stack.up()
-            print(f"dev stack up: S3 {state['s3']['endpoint']}, registry {state['registry']}, Kubernetes API {state['kubeapi']}")
+            print(f"dev stack up: S3 {state['s3']['endpoint']}, registry {state['registry']} (mirror {state['mirror']}), "
+                  f"Kubernetes API {state['kubeapi']}")
             print(f"  kubeconfig: {state['kubeconfig']}")
             if state.get("mlflow"):
                 print(f"  MLflow tracking server: {state['mlflow']}")

@@ -13,8 +13,14 @@ from .support import KubeApi, start_server, stop_server
 
 
 @pytest.fixture(scope="session")
-def kubeapi(tmp_path_factory) -> KubeApi:
-    api, proc = start_server(tmp_path_factory.mktemp("kubeapi"))
+def mirror(devstack) -> str:
+    """``host:port`` of the dev stack's registry mirror (busybox, alpine, python, tensorflow)."""
+    return devstack.load_state()["mirror"]
+
+
+@pytest.fixture(scope="session")
+def kubeapi(tmp_path_factory, mirror) -> KubeApi:
+    api, proc = start_server(tmp_path_factory.mktemp("kubeapi"), mirror=mirror)
     try:
         yield api
     finally:

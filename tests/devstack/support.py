@@ -25,14 +25,15 @@ class KubeApi:
         return config.new_client_from_config(str(self.kubeconfig))
 
 
-def start_server(tmp: Path, *extra: str) -> tuple[KubeApi, subprocess.Popen]:
+def start_server(tmp: Path, *extra: str, mirror: str) -> tuple[KubeApi, subprocess.Popen]:
+    """A private local Kubernetes API over ``tmp``, pulling public images from the dev stack's ``mirror``."""
     port = free_port()
     state = tmp / "state"
     log = tmp / "kubeapi.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [str(AIRFLOW_PYTHON), "-m", "include.devstack.kubeapi", "--host", "127.0.0.1", "--port", str(port),
-             "--state-dir", str(state), "--backoff-seconds", "1", *extra],
+             "--state-dir", str(state), "--backoff-seconds", "1", "--mirror", mirror, *extra],
             cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

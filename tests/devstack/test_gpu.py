@@ -19,8 +19,8 @@ def gpu_pod(name: str, count: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def strict_core(tmp_path_factory):
-    api, proc = start_server(tmp_path_factory.mktemp("strict"), "--strict-gpu")
+def strict_core(tmp_path_factory, mirror):
+    api, proc = start_server(tmp_path_factory.mktemp("strict"), "--strict-gpu", mirror=mirror)
     try:
         yield client.CoreV1Api(api.api_client())
     finally:

@@ -1,4 +1,4 @@
-"""Pure functions of the local Kubernetes API: selectors, patches, $(VAR) expansion, path remapping, formats."""
+"""Pure functions of the local Kubernetes API: selectors, patches, $(VAR) expansion, image references, runtime specs."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import re
 
 import pytest
 
-from include.devstack.kubeapi import meta, patch, runtime, selectors
-from include.devstack.kubeapi.images import ImageMap, ImageMapError
+from include.devstack.kubeapi import images, meta, oci, patch, runtime, selectors
 from include.devstack.kubeapi.jobs import format_indexes
 from include.devstack.kubeapi.logs import LogFile, LogOptions, read_entries
 from include.devstack.kubeapi.validation import parse_quantity
@@ -142,28 +141,6 @@ def test_dependent_variable_expansion(text, expected):
 
 
 @pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("/data/x.txt", "/host/vol/x.txt"),
-        ("--dir=/data", "--dir=/host/vol"),
-        ("/data2/x", "/data2/x"),
-        ("/mnt/data/x", "/mnt/data/x"),
-        ("cat /airflow/xcom/return.json", "cat /host/xcom/return.json"),
-    ],
-)
-def test_mount_path_remapping(text, expected):
-    remap = runtime.Remapper({"/data": "/host/vol", "/airflow/xcom": "/host/xcom"})
-    assert remap(text) == expected
-
-
-def test_exec_guard_points_pid_1_at_the_container():
-    argv, prefix = runtime.guard_exec_argv(["kill", "-s", "SIGINT", "1"], 4242)
-    assert argv == ["kill", "-s", "SIGINT", "4242"] and prefix == b""
-    argv, prefix = runtime.guard_exec_argv(["/bin/sh"], 4242)
-    assert argv == ["/bin/sh"] and b"pgrep -g 4242" in prefix
-
-
-@pytest.mark.parametrize(
     ("ns", "expected"),
     [
         (1_700_000_000_000_000_000, "2023-11-14T22:13:20Z"),
@@ -196,44 +173,6 @@ def test_quantities(q, value):
     assert parse_quantity(q) == parse_quantity(value)
 
 
-def test_image_map_first_match_wins_and_short_forms(tmp_path):
-    path = tmp_path / "images.json"
-    path.write_text(
-        '{"runtimes": {"a": {"path": ["{repo}/bin"], "command": ["x"]}, "b": {}},'
-        ' "images": [{"pattern": "alpine[:@]*", "runtime": "a"}, {"pattern": "*", "runtime": "b"}]}'
-    )
-    imap = ImageMap(path)
-    assert imap.resolve("docker.io/library/alpine:3.20").runtime == "a"
-    assert imap.resolve("alpine:3.20").command == ("x",)
-    assert imap.resolve("quay.io/other:1").runtime == "b"
-    path.write_text('{"runtimes": {}, "images": [{"pattern": "*", "runtime": "missing"}]}')
-    with pytest.raises(ImageMapError, match="images\\[0\\]"):
-        imap.resolve("x")
-
-
-def test_project_image_map_covers_the_documented_images():
-    imap = ImageMap(meta_path())
-    for image in ("127.0.0.1:5000/kubetrain/trainer:latest", "registry.local/kubetrain/sync:1", "kubetrain/trainer",
-                  "tensorflow/tensorflow:2.21.0", "python:3.11-slim"):  # fmt: skip
-        assert imap.resolve(image).runtime == "trainer", image
-    for image in (
-        "busybox",
-        "busybox:1.36",
-        "alpine:3.24.2",
-        "docker.io/library/debian:bookworm",
-        "ubuntu:24.04",
-        "bash:5",
-    ):
-        assert imap.resolve(image).runtime == "host", image
-    assert imap.resolve("nginx:1.27") is None
-
-
-def meta_path():
-    from include.devstack.kubeapi.images import DEFAULT_IMAGE_MAP
-
-    return DEFAULT_IMAGE_MAP
-
-
 async def _log_roundtrip(tmp_path):
     log = LogFile(tmp_path / "0.log")
     log.write("stdout", b"one\ntw")
@@ -254,16 +193,6 @@ def test_log_file_keeps_lines_and_streams(tmp_path):
 
     assert re.fullmatch(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z one\n", render(entries[0], True))
     assert LogOptions().follow is False
-
-
-def test_project_image_map_models_entrypoint_cmd_and_user():
-    imap = ImageMap(meta_path())
-    busybox = imap.resolve("busybox")
-    assert (busybox.command, busybox.args, busybox.user) == ((), ("sh",), "0")  # sh is CMD: args replace it
-    sync = imap.resolve("127.0.0.1:5000/kubetrain/sync:latest")
-    assert (sync.command, sync.args, sync.user) == (("python", "-m", "trainer.sync"), ("--help",), "10001:10001")
-    assert imap.resolve("127.0.0.1:5000/kubetrain/trainer:latest").user == "10001:10001"
-    assert imap.resolve("python:3.11-slim").args == ("python3",)
 
 
 def _protobuf_body(api_version: str, kind: str, message) -> bytes:
@@ -388,17 +317,101 @@ def test_pod_addresses_are_per_server_and_reused_round_robin():
         ("127.0.0.1:5000/kubetrain/sync:latest", "127.0.0.1:5000", "kubetrain/sync", "latest"),
         ("localhost:5000/kubetrain/sync", "localhost:5000", "kubetrain/sync", "latest"),
         ("127.0.0.1:5000/kubetrain/trainer@sha256:" + "a" * 64, "127.0.0.1:5000", "kubetrain/trainer", "sha256:" + "a" * 64),
-        ("busybox:1.36", "docker.io", "busybox", "1.36"),
+        ("busybox:1.36", "docker.io", "library/busybox", "1.36"),
         ("library/python:3.11-slim", "docker.io", "library/python", "3.11-slim"),
+        ("tensorflow/tensorflow:2.21.0", "docker.io", "tensorflow/tensorflow", "2.21.0"),
         ("registry.example.com/team/app:v1", "registry.example.com", "team/app", "v1"),
+        ("europe-west4-docker.pkg.dev/proj/repo/kubetrain/sync:v1", "europe-west4-docker.pkg.dev",
+         "proj/repo/kubetrain/sync", "v1"),
     ],
 )  # fmt: skip
 def test_image_references(image, registry, repository, ref):
-    from include.devstack.kubeapi import pull
-
-    parsed = pull.parse(image)
+    parsed = images.parse(image)
     assert (parsed.registry, parsed.repository, parsed.ref) == (registry, repository, ref)
-    assert pull.same_registry(parsed.registry, "127.0.0.1:5000") == registry.endswith(":5000")
+    assert images.is_loopback(parsed.registry) == registry.startswith(("127.", "localhost"))
+
+
+def test_registries_conf_mirrors_the_public_registries_and_allows_http_only_on_loopback():
+    text = images.registries_conf("127.0.0.1:5001", ["127.0.0.1:5000"])
+    blocks = text.split("\n\n")
+    assert 'short-name-mode = "disabled"' in blocks[0]
+    docker = next(b for b in blocks if 'prefix = "docker.io"' in b)
+    assert '[[registry.mirror]]\nlocation = "127.0.0.1:5001"\ninsecure = true' in docker
+    assert any('location = "quay.io"' in b and "127.0.0.1:5001" in b for b in blocks)
+    assert blocks[-1] == '[[registry]]\nlocation = "127.0.0.1:5000"\ninsecure = true\n'
+    assert "insecure" not in images.registries_conf(None, [])
+
+
+def test_pull_secret_credentials_come_from_dockerconfigjson_secrets():
+    import base64
+    import json
+
+    def secret(doc: dict, key: str = ".dockerconfigjson") -> dict:
+        return {"data": {key: base64.b64encode(json.dumps(doc).encode()).decode()}}
+
+    auths = images.pull_secret_auths([
+        secret({"auths": {"r.example": {"auth": "dTpw"}}}),
+        secret({"r.example": {"auth": "b3RoZXI6eA=="}, "old.example": {"auth": "eDp5"}}, ".dockercfg"),
+        {"data": {"other": "eA=="}},
+    ])  # fmt: skip
+    assert auths == {"r.example": {"auth": "dTpw"}, "old.example": {"auth": "eDp5"}}  # the first Secret wins
+
+
+@pytest.fixture
+def image_etc(tmp_path):
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\napp:x:1234:2345:app:/home/app:/bin/sh\n")
+    (etc / "group").write_text("root:x:0:\napp:x:2345:\nvideo:x:44:app,other\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("image_user", "pod_sc", "sc", "expected"),
+    [
+        ("", {}, {}, (0, 0, (), "/root")),
+        ("10001:10001", {}, {}, (10001, 10001, (), "/")),
+        ("app", {}, {}, (1234, 2345, (44,), "/home/app")),
+        ("app:video", {}, {}, (1234, 44, (), "/home/app")),
+        ("1234", {}, {}, (1234, 2345, (44,), "/home/app")),
+        ("app", {"runAsUser": 500}, {}, (500, 0, (), "/")),
+        ("app", {"runAsUser": 500, "runAsGroup": 600, "supplementalGroups": [7], "fsGroup": 8}, {"runAsUser": 1234},
+         (1234, 600, (44, 7, 8), "/home/app")),
+    ],
+)  # fmt: skip
+def test_the_process_user_is_resolved_in_the_image(image_etc, image_user, pod_sc, sc, expected):
+    user = oci.resolve_user(image_etc, image_user, pod_sc, sc)
+    assert (user.uid, user.gid, user.additional_gids, user.home) == expected
+
+
+def test_an_unknown_user_name_is_a_create_error(image_etc):
+    with pytest.raises(oci.UserError, match="unable to find user nobody: no matching entries in passwd file"):
+        oci.resolve_user(image_etc, "nobody", {}, {})
+    with pytest.raises(oci.UserError, match="unable to find group staff"):
+        oci.resolve_user(image_etc, "app:staff", {}, {})
+
+
+def test_runtime_spec_applies_the_security_context_and_resources(tmp_path):
+    user = oci.User(10001, 10001, (), "/", None)
+    container = {
+        "name": "main",
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}},
+        "resources": {"limits": {"memory": "64Mi", "cpu": "500m"}, "requests": {"cpu": "250m"}},
+    }  # fmt: skip
+    spec = oci.runtime_spec(rootfs=tmp_path, argv=["sh"], env={"A": "1"}, cwd="/w", user=user, hostname="h",
+                            mounts=[{"src": "/v", "dst": "/data", "ro": True}], container=container,
+                            cgroups_path="/kubetrain/x/1")  # fmt: skip
+    assert spec["process"]["capabilities"]["bounding"] == ["CAP_NET_BIND_SERVICE"]
+    assert spec["process"]["noNewPrivileges"] is True and spec["root"]["readonly"] is True
+    assert spec["process"]["user"] == {"uid": 10001, "gid": 10001} and spec["process"]["env"] == ["A=1"]
+    assert spec["linux"]["resources"]["memory"] == {"limit": 64 * 2**20}
+    assert spec["linux"]["resources"]["cpu"] == {"quota": 50_000, "period": 100_000, "shares": 256}
+    assert {"type": "network"} not in spec["linux"]["namespaces"]  # the pod binds its own loopback address
+    assert spec["mounts"][-1] == {"destination": "/data", "type": "bind", "source": "/v", "options": ["rbind", "rprivate", "ro"]}
+    privileged = oci.runtime_spec(rootfs=tmp_path, argv=["sh"], env={}, cwd="/", user=user, hostname="h", mounts=[],
+                                  container={"name": "b", "securityContext": {"privileged": True}}, cgroups_path="/k")  # fmt: skip
+    assert "CAP_SYS_ADMIN" in privileged["process"]["capabilities"]["bounding"] and not privileged["linux"]["maskedPaths"]
 
 
 @pytest.mark.parametrize(
@@ -416,23 +429,20 @@ def test_image_references(image, registry, repository, ref):
     ],
 )  # fmt: skip
 def test_run_as_non_root_verification(pod_sc, container_sc, user, problem):
-    from include.devstack.kubeapi import pull
-
     pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}, "spec": {"securityContext": pod_sc}}
-    got = pull.non_root_problem(pod, {"name": "main", "securityContext": container_sc}, user)
+    got = oci.non_root_problem(pod, {"name": "main", "securityContext": container_sc}, user)
     if problem is None:
         assert got is None
     else:
         assert problem in got and got.endswith('(pod: "p_ns(u)", container: main)')
 
 
-def test_stack_passes_its_strictness_to_the_local_api(tmp_path):
+def test_stack_points_the_local_api_at_its_mirror(tmp_path):
     from include.devstack.stack import Stack
 
-    plain = Stack(tmp_path, strict=False, registry_check=False).kubeapi_argv(6443, 5000)
-    assert "--strict" not in plain and "--registry" not in plain
-    argv = Stack(tmp_path).kubeapi_argv(6443, 5000)  # strict and checking the registry by default
-    assert "--strict" in argv and argv[argv.index("--registry") + 1] == "127.0.0.1:5000"
+    argv = Stack(tmp_path).kubeapi_argv(6443, 5001)
+    assert argv[argv.index("--mirror") + 1] == "127.0.0.1:5001" and "--strict-gpu" not in argv
+    assert "--strict-gpu" in Stack(tmp_path, strict_gpu=True).kubeapi_argv(6443, 5001)
 
 
 def test_openapi_v3_documents_hold_every_schema_they_reference():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import platform
@@ -12,12 +13,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from include.devstack.kubeapi import podnet
-from include.devstack.kubeapi.images import ImageMap
+from include.devstack.kubeapi import podnet, runtime
+from include.devstack.kubeapi.images import ImageStore
 from include.devstack.kubeapi.kubelet import PodWorker
 from include.devstack.kubeapi.meta import NODE_IP, NODE_NAME, SERVER_VERSION, rfc3339
 from include.devstack.kubeapi.store import Store
-from include.devstack.kubeapi.validation import parse_quantity
 
 log = logging.getLogger("kubeapi.cluster")
 MAX_EVENTS = 5000
@@ -35,125 +35,12 @@ def count_gpus() -> list[int]:
     return list(range(sum(1 for line in out.splitlines() if line.startswith("GPU "))))
 
 
-class MountPoints:
-    """Empty directories (or files) created on the host as mount points, removed when no container uses them."""
-
-    def __init__(self) -> None:
-        self.refs: dict[str, int] = {}
-        self.created: dict[str, list[str]] = {}
-
-    def acquire(self, path: str, is_dir: bool) -> str:
-        if path not in self.refs:
-            made: list[str] = []
-            cur = Path(path)
-            missing = []
-            while not cur.exists() and not cur.is_symlink():
-                missing.append(cur)
-                cur = cur.parent
-            for p in reversed(missing):
-                try:
-                    if p == Path(path) and not is_dir:
-                        p.touch()
-                    else:
-                        p.mkdir()
-                    made.append(str(p))
-                except OSError:
-                    break
-            self.created[path] = made
-            self.refs[path] = 0
-        self.refs[path] += 1
-        return path
-
-    def release(self, path: str) -> None:
-        if path not in self.refs:
-            return
-        self.refs[path] -= 1
-        if self.refs[path] > 0:
-            return
-        del self.refs[path]
-        for p in reversed(self.created.pop(path, [])):
-            with contextlib.suppress(OSError):
-                if os.path.isdir(p):
-                    os.rmdir(p)  # only when empty: never removes anything a container left on the host
-                else:
-                    if os.path.getsize(p) == 0:
-                        os.unlink(p)
-
-    def release_all(self) -> None:
-        for path in list(self.refs):
-            self.refs[path] = 1
-            self.release(path)
-
-
-class MemoryCgroups:
-    """Memory limits through the cgroup v1 memory controller or cgroup v2, when this process may use them."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.root: Path | None = None
-        self.v2 = False
-        if not enabled:
-            return
-        v1 = Path("/sys/fs/cgroup/memory")
-        v2 = Path("/sys/fs/cgroup")
-        try:
-            if (v1 / "memory.limit_in_bytes").exists():
-                root = v1 / f"kubetrain-{os.getpid()}"
-                root.mkdir(exist_ok=True)
-                self.root = root
-            elif "memory" in (v2 / "cgroup.controllers").read_text().split():
-                root = v2 / f"kubetrain-{os.getpid()}"
-                root.mkdir(exist_ok=True)
-                (root / "cgroup.subtree_control").write_text("+memory")
-                self.root, self.v2 = root, True
-        except OSError:
-            self.root = None
-
-    def create(self, name: str, container: dict) -> str | None:
-        limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
-        if self.root is None or limit is None:
-            return None
-        path = self.root / name
-        try:
-            path.mkdir(exist_ok=True)
-            value = str(int(parse_quantity(limit)))
-            (path / ("memory.max" if self.v2 else "memory.limit_in_bytes")).write_text(value)
-            if self.v2:
-                with contextlib.suppress(OSError):
-                    (path / "memory.swap.max").write_text("0")
-        except OSError as exc:
-            log.warning("memory limit for %s not enforced: %s", name, exc)
-            return None
-        return str(path)
-
-    def oom_killed(self, path: str | None) -> bool:
-        if not path:
-            return False
-        try:
-            text = Path(path, "memory.events" if self.v2 else "memory.oom_control").read_text()
-        except OSError:
-            return False
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill" and value.strip() not in ("", "0"):
-                return True
-        return False
-
-    def release(self, path: str | None) -> None:
-        if path:
-            for _ in range(20):
-                try:
-                    os.rmdir(path)
-                    return
-                except OSError:
-                    time.sleep(0.05)
-
-    def close(self) -> None:
-        if self.root is not None:
-            for child in self.root.iterdir() if self.root.exists() else []:
-                if child.is_dir():
-                    self.release(str(child))
-            with contextlib.suppress(OSError):
-                os.rmdir(self.root)
+def cgroup_hierarchies() -> list[Path]:
+    """The cgroup mounts runc places a container in: every v1 controller hierarchy, or the v2 root."""
+    base = Path("/sys/fs/cgroup")
+    if (base / "memory" / "memory.limit_in_bytes").exists():
+        return [p for p in base.iterdir() if p.is_dir() and (p / "cgroup.procs").exists() and p.name != "unified"]
+    return [base]
 
 
 class Cluster:
@@ -162,29 +49,26 @@ class Cluster:
         state_dir: Path,
         *,
         port: int,
-        image_map: Path,
+        image_store: Path,
+        mirror: str | None,
         strict_gpu: bool,
-        isolation: str,
         backoff: float,
-        memory_limits: bool = True,
-        registry: str | None = None,
-        strict: bool = False,
     ) -> None:
         self.state_dir = state_dir
         self.port = port
-        self.image_map = ImageMap(image_map)
         self.strict_gpu = strict_gpu
-        self.isolation = isolation
         self.backoff = backoff
-        self.registry = registry  # images under it must be in it (pull.py)
-        self.strict = strict  # refuse what a real kubelet refuses (runAsNonRoot against the image's user)
+        self.runc = runtime.find_runc()
+        self.runc_root = state_dir / "runc"
+        # one name per state directory: a restarted server finds what its killed predecessor left
+        self.instance = "kt-" + hashlib.sha256(str(state_dir).encode()).hexdigest()[:10]
+        self.images = ImageStore(image_store, mirror, self.instance)
+        self.cgroup_parent = f"/kubetrain/{self.instance}"
         self.store = Store()
         self.workers: dict[str, PodWorker] = {}
         self.gpus = count_gpus()
         self.gpu_alloc: dict[str, list[int]] = {}
         self._gpu_released = asyncio.Event()
-        self.mountpoints = MountPoints()
-        self.cgroups = MemoryCgroups(memory_limits and isolation != "none")
         self.shm_dir = Path("/dev/shm") / f"kubetrain-{os.getpid()}"
         self._event_index: dict[tuple, str] = {}
         self.jobs = None  # set by jobs.JobController
@@ -193,6 +77,30 @@ class Cluster:
         self.addresses = podnet.Addresses(port)
         self.preload = podnet.build_preload(state_dir / "lib")
         self._bootstrap()
+
+    def memory_cgroup(self, cgroups_path: str) -> str:
+        """Where the memory controller keeps a container's cgroup (its OOM kill count is read there)."""
+        base = Path("/sys/fs/cgroup")
+        root = base / "memory" if (base / "memory" / "memory.limit_in_bytes").exists() else base
+        return str(root / cgroups_path.lstrip("/"))
+
+    def gpu_hooks(self) -> dict | None:
+        """The NVIDIA container toolkit's prestart hook, when installed: it gives the container the devices
+        and driver libraries of NVIDIA_VISIBLE_DEVICES, as nvidia-container-runtime does on a GPU node."""
+        hook = shutil.which("nvidia-container-runtime-hook")
+        return {"prestart": [{"path": hook, "args": [hook, "prestart"]}]} if hook else None
+
+    async def remove_stale(self) -> None:
+        """Delete the containers and file systems a killed predecessor on this state directory left."""
+        if self.runc_root.exists():
+            proc = await asyncio.create_subprocess_exec(self.runc, "--root", str(self.runc_root), "list", "--quiet",
+                                                        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
+            out, _ = await proc.communicate()
+            for cid in out.decode().split():
+                kill = await asyncio.create_subprocess_exec(self.runc, "--root", str(self.runc_root), "delete",
+                                                            "--force", cid, stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
+                await kill.wait()
+        await self.images.remove_stale()
 
     def _bootstrap(self) -> None:
         for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
@@ -244,7 +152,7 @@ class Cluster:
                 "nodeInfo": {
                     "architecture": platform.machine(),
                     "bootID": "",
-                    "containerRuntimeVersion": f"kubetrain-local://{self.isolation}",
+                    "containerRuntimeVersion": f"runc://{runtime.runc_version(self.runc)}",
                     "kernelVersion": platform.release(),
                     "kubeProxyVersion": SERVER_VERSION["gitVersion"],
                     "kubeletVersion": SERVER_VERSION["gitVersion"],
@@ -417,8 +325,16 @@ class Cluster:
         for w in workers:
             with contextlib.suppress(Exception):
                 w.cleanup()
-        self.mountpoints.release_all()
-        self.cgroups.close()
+        for w in workers:
+            for c in w.containers:
+                if c.runtime_id:
+                    with contextlib.suppress(Exception):
+                        await self.images.remove_rootfs(f"{w.uid[:8]}-{c.name}-{c.restart_count}")
+        await self.remove_stale()
+        for hierarchy in cgroup_hierarchies():
+            for path in (hierarchy / self.cgroup_parent.lstrip("/"), hierarchy / "kubetrain"):
+                with contextlib.suppress(OSError):
+                    path.rmdir()  # only when empty: runc removed each container's own
         shutil.rmtree(self.shm_dir, ignore_errors=True)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -20,8 +21,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from include.devstack.kubeapi import podnet, pull, runtime
-from include.devstack.kubeapi.images import REPO, ImageMapError, Runtime
+from include.devstack.kubeapi import oci, podnet, runtime
+from include.devstack.kubeapi.images import DEFAULT_PATH, Image, PullError, pull_secret_auths
 from include.devstack.kubeapi.logs import LogFile, read_entries
 from include.devstack.kubeapi.meta import NODE_IP, NODE_NAME, rfc3339
 from include.devstack.kubeapi.validation import ENV_NAME, parse_quantity
@@ -58,9 +59,7 @@ class Container:
         self.image_id = ""
         self.proc: runtime.Proc | None = None
         self.log: LogFile | None = None
-        self.env: dict[str, str] = {}
-        self.cwd = "/"
-        self.remap: runtime.Remapper | None = None
+        self.runtime_id = ""  # the runc container of the current instance
         self.done = False
         self.ever_ran = False
         self.last_exit: int | None = None
@@ -136,7 +135,6 @@ class PodWorker:
         self.finished = asyncio.Event()
         self.gpus: list[int] = []
         self.volume_paths: dict[str, Path] = {}
-        self.mountpoints: list[str] = []
         self.task: asyncio.Task | None = None
         self.pod_ip: str | None = None
         self.hosts_text = ""
@@ -547,100 +545,131 @@ class PodWorker:
 
     # -- one container run -------------------------------------------------------------------
 
-    async def run_container(self, c: Container) -> int | None:
-        """Pull (map), configure and run one instance of ``c``; its exit code, or None when stopping."""
+    def pull_auths(self) -> dict:
+        """Registry credentials from the pod's imagePullSecrets (missing Secrets are skipped, as the kubelet does)."""
+        found = []
+        for ref in self.spec.get("imagePullSecrets") or []:
+            secret = self.cluster.store.get("secrets", self.namespace, ref.get("name") or "")
+            if secret is not None:
+                found.append(secret)
+        return pull_secret_auths(found)
+
+    async def pull_image(self, c: Container) -> Image | None:
+        """The container's image, pulled as its imagePullPolicy says; None when the pod stops while it fails."""
         image = c.spec.get("image", "")
-        pull_delay = self.cluster.backoff  # the kubelet's image back-off starts as its crash back-off
+        policy = c.spec.get("imagePullPolicy") or "IfNotPresent"
+        delay = self.cluster.backoff  # the kubelet's image back-off starts as its crash back-off
         while True:
             if self.stopping or (c.kind == "sidecar" and self.sidecar_stop):
                 return None
-            rt, pulled, problem = None, None, None
-            if self.cluster.registry:
-                try:
-                    pulled = await pull.pull(self.cluster.registry, image, want_user=self.cluster.strict)
-                except pull.PullError as exc:
-                    problem = str(exc)
-            if problem is None:
-                try:
-                    rt = self.cluster.image_map.resolve(image)
-                    problem = None if rt else (
-                        f'no local runtime is mapped for image "{image}": add a pattern that matches it to '
-                        f"{self.cluster.image_map.path} (see include/devstack/KUBEAPI.md)"
-                    )  # fmt: skip
-                except ImageMapError as exc:
-                    rt, problem = None, str(exc)
-            if rt is None:
-                c.state = {"waiting": {"reason": "ErrImagePull", "message": problem}}
+            started = time.monotonic()
+            if policy != "Never" and not self.cluster.images.has(image, policy):
                 self.event("Normal", "Pulling", f'Pulling image "{image}"', c.field_path)
+            try:
+                found, pulled = await self.cluster.images.pull(image, policy, self.pull_auths())
+            except PullError as exc:
+                problem, reason = str(exc), exc.reason
+            else:
+                if pulled:
+                    took = time.monotonic() - started
+                    self.event("Normal", "Pulled", f'Successfully pulled image "{image}" in {took:.3f}s '
+                               f"({found.image_id})", c.field_path)  # fmt: skip
+                else:
+                    self.event("Normal", "Pulled", f'Container image "{image}" already present on machine',
+                               c.field_path)  # fmt: skip
+                return found
+            c.state = {"waiting": {"reason": reason, "message": problem}}
+            if reason == "ErrImageNeverPull":
+                self.event("Warning", "ErrImageNeverPull", problem, c.field_path)
+            else:
                 self.event("Warning", "Failed", f'Failed to pull image "{image}": {problem}', c.field_path)
-                self.event("Warning", "Failed", "Error: ErrImagePull", c.field_path)
-                self.publish()
-                if not await self.sleep(min(pull_delay, 2.0)):
-                    return None
-                c.state = {
-                    "waiting": {
-                        "reason": "ImagePullBackOff",
-                        "message": f'Back-off pulling image "{image}": ErrImagePull: {problem}',
-                    }
-                }
+            self.event("Warning", "Failed", f"Error: {reason}", c.field_path)
+            self.publish()
+            if not await self.sleep(min(delay, 2.0)):
+                return None
+            if reason == "ErrImagePull":
+                c.state = {"waiting": {"reason": "ImagePullBackOff",
+                                       "message": f'Back-off pulling image "{image}": ErrImagePull: {problem}'}}  # fmt: skip
                 self.event("Normal", "BackOff", f'Back-off pulling image "{image}"', c.field_path)
                 self.event("Warning", "Failed", "Error: ImagePullBackOff", c.field_path)
                 self.publish()
-                if not await self.sleep(pull_delay):
+                if not await self.sleep(delay):
                     return None
-                pull_delay = min(pull_delay * 2, MAX_BACKOFF)
-                continue
-            if pulled is not None:
-                self.event("Normal", "Pulling", f'Pulling image "{image}"', c.field_path)
-                self.event("Normal", "Pulled", f'Successfully pulled image "{image}" ({pulled.image_id}; local runtime '
-                           f'"{rt.runtime}")', c.field_path)  # fmt: skip
-            else:
-                self.event("Normal", "Pulled", f'Container image "{image}" already present on machine '
-                           f'(local runtime "{rt.runtime}")', c.field_path)  # fmt: skip
+                delay = min(delay * 2, MAX_BACKOFF)
+
+    async def run_container(self, c: Container) -> int | None:
+        """Pull, configure and run one instance of ``c``; its exit code, or None when stopping."""
+        while True:
+            image = await self.pull_image(c)
+            if image is None:
+                return None
+            rootfs = None
+            instance = f"{self.uid[:8]}-{c.name}-{c.restart_count}"
             try:
-                if self.cluster.strict:
-                    user = pulled.user if pulled is not None and pulled.user is not None else rt.user
-                    refusal = pull.non_root_problem(self.pod or {}, c.spec, user)
-                    if refusal:
-                        raise ConfigError(refusal)
-                env, argv, cwd, mounts = self.container_config(c, rt)
-            except ConfigError as exc:
-                c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
+                refusal = oci.non_root_problem(self.pod or {}, c.spec, image.user)
+                if refusal:
+                    raise ConfigError(refusal)
+                env, argv, cwd, mounts = self.container_config(c, image)
+                rootfs = await self.cluster.images.create_rootfs(instance, image)
+                pod_sc = self.spec.get("securityContext") or {}
+                user = oci.resolve_user(rootfs, image.user, pod_sc, c.spec.get("securityContext") or {})
+            except (ConfigError, oci.UserError, PullError) as exc:
+                if rootfs is not None:
+                    await self.cluster.images.remove_rootfs(instance)
+                reason = "CreateContainerConfigError" if isinstance(exc, ConfigError) else "CreateContainerError"
+                c.state = {"waiting": {"reason": reason, "message": str(exc)}}
                 self.event("Warning", "Failed", f"Error: {exc}", c.field_path)
                 self.publish()
                 if not await self.sleep(2.0):
                     return None
                 continue
             break
-        c.image_id = pulled.image_id if pulled is not None else rt.image_id
-        c.container_id = f"kubetrain://{os.urandom(32).hex()}"
-        c.env, c.cwd = env, cwd
+        if self.stopping or (c.kind == "sidecar" and self.sidecar_stop):
+            await self.cluster.images.remove_rootfs(instance)  # deleted while its image was being pulled
+            return None
+        oci.home_env(env, user)
+        c.image_id = image.image_id
+        c.runtime_id = os.urandom(32).hex()
+        c.container_id = f"containerd://{c.runtime_id}"
         c.log = LogFile(c.log_path(self.dir, c.restart_count))
+        bundle = self.dir / "bundles" / c.runtime_id[:12]
+        bundle.mkdir(parents=True, exist_ok=True)
+        gpus = self.gpus_for(c)
+        spec = oci.runtime_spec(
+            rootfs=rootfs, argv=argv, env=env, cwd=cwd, user=user,
+            hostname=self.spec.get("hostname") or self.name[:63], mounts=mounts,
+            container=c.spec, cgroups_path=f"{self.cluster.cgroup_parent}/{c.runtime_id[:12]}",
+            hooks=self.cluster.gpu_hooks() if gpus else None,
+        )  # fmt: skip
+        (bundle / "config.json").write_text(json.dumps(spec))
         self.event("Normal", "Created", f"Created container: {c.name}", c.field_path)
-        spec = {
+        shim_spec = {
             "mode": "run",
-            "isolation": self.cluster.isolation,
-            "argv": argv,
-            "env": env,
-            "cwd": cwd,
-            "hostname": self.spec.get("hostname") or self.name[:63],
-            "mounts": mounts,
-            "cgroup": self.cluster.cgroups.create(f"{self.uid}-{c.name}-{c.restart_count}", c.spec),
-            "rootfs": str(self.rootfs(c)),
+            "runc": self.cluster.runc,
+            "root": str(self.cluster.runc_root),
+            "id": c.runtime_id,
+            "bundle": str(bundle),
+            "log": str(bundle / "runc.log"),
+            "memory_cgroup": self.cluster.memory_cgroup(spec["linux"]["cgroupsPath"]),
         }
-        c.proc = await runtime.spawn(spec, self.dir / "run", c.log.write)
+        c.proc = await runtime.spawn(shim_spec, self.dir / "run", c.log.write)
         error = await c.proc.started
+        if self.stopping and not error:
+            # the pod was deleted while this container was being created: its termination missed the process
+            c.proc.send_signal(signal.SIGKILL)
         now = rfc3339()
         if error:
             await c.proc.wait()
+            await self.cluster.images.remove_rootfs(instance)
+            shutil.rmtree(bundle, ignore_errors=True)
             c.log.close()
             c.state = {"terminated": {"exitCode": 128, "reason": "StartError", "message": error,
                                       "startedAt": "1970-01-01T00:00:00Z", "finishedAt": now, "containerID": c.container_id}}  # fmt: skip
             c.last_exit, c.ever_ran, c.ready = 128, True, False
             self.event(
-                "Warning", "Failed", f'Error: failed to start container "{c.name}": {error}', c.field_path
-            )
-            self.cluster.cgroups.release(spec["cgroup"])
+                "Warning", "Failed", f'Error: failed to create containerd task: failed to create shim task: {error}',
+                c.field_path,
+            )  # fmt: skip
             self.publish()
             return 128
         c.run_started = time.time()
@@ -651,9 +680,9 @@ class PodWorker:
         self.publish()
         code = await c.proc.wait()
         c.log.close()
-        oom = self.cluster.cgroups.oom_killed(spec["cgroup"])
-        self.cluster.cgroups.release(spec["cgroup"])
-        reason = "OOMKilled" if oom else ("Completed" if code == 0 else "Error")
+        await self.cluster.images.remove_rootfs(instance)
+        shutil.rmtree(bundle, ignore_errors=True)
+        reason = "OOMKilled" if c.proc.oom else ("Completed" if code == 0 else "Error")
         term = {
             "exitCode": code,
             "reason": reason,
@@ -673,75 +702,42 @@ class PodWorker:
         self.publish()
         return code
 
-    def container_config(
-        self, c: Container, rt: Runtime
-    ) -> tuple[dict[str, str], list[str], str, list[dict]]:
+    def container_config(self, c: Container, image: Image) -> tuple[dict[str, str], list[str], str, list[dict]]:
+        """The process's environment, argv and working directory, and the bind mounts (volumes, kubelet files)."""
         pod = self.pod or {}
-        env = container_env(self.cluster, pod, c.spec, rt, self.gpus_for(c))
+        env = container_env(self.cluster, pod, c.spec, image, self.gpus_for(c))
         mounts: list[dict] = []
-        mount_map: dict[str, str] = {}
         for m in c.spec.get("volumeMounts") or []:
             src = self.volume_paths[m["name"]]
             if m.get("subPath"):
                 src = src / expand_subpath(m["subPath"], env)
                 if not src.exists():
                     src.mkdir(parents=True, exist_ok=True)
+                    src.chmod(0o777)
             mounts.append({"src": str(src), "dst": m["mountPath"], "ro": bool(m.get("readOnly"))})
-            mount_map[m["mountPath"]] = str(src)
-        command = list(c.spec.get("command") or rt.command)
-        args = list(
-            c.spec.get("args")
-            if c.spec.get("args") is not None
-            else ([] if c.spec.get("command") else rt.args)
-        )
+        # a container's command replaces the image's ENTRYPOINT and CMD, its args replace CMD
+        command = list(c.spec.get("command") or image.entrypoint)
+        if c.spec.get("args") is not None:
+            args = list(c.spec["args"])
+        else:
+            args = [] if c.spec.get("command") else image.cmd
         argv = [runtime.expand(a, env) for a in command + args]
         if not argv:
-            raise ConfigError(f'no command specified: the image map gives image "{c.spec.get("image")}" no default '
-                              "command, so the container must set command")  # fmt: skip
-        cwd = c.spec.get("workingDir") or rt.working_dir
-        if self.cluster.isolation == "none":
-            remap = runtime.Remapper(mount_map)
-            c.remap = remap
-            env = {k: remap(v) for k, v in env.items()}
-            argv = [remap(a) for a in argv]
-            cwd = remap(cwd)
-            os.makedirs(cwd, exist_ok=True)
-            mounts = []
-        else:
-            tmp = self.dir / "containers" / c.name / "tmp"
-            tmp.mkdir(parents=True, exist_ok=True)
-            mounts.insert(0, {"src": str(tmp), "dst": "/tmp", "ro": False})
-            repo = str(REPO)
-            if repo.startswith("/tmp/"):
-                # the private /tmp would hide a checkout under /tmp, and with it the image runtimes
-                mounts.insert(1, {"src": repo, "dst": repo, "ro": False})
-            if self.cluster.preload is not None:
-                # at a path of its own in the container's root: a volume at /work or /usr must not hide it
-                mounts.append({"src": str(self.cluster.preload), "dst": PRELOAD_PATH, "ro": True})
-            # the kubelet's managed files, unless the container mounts its own
-            for name in ("hostname",) if self.spec.get("hostNetwork") else ("hosts", "hostname"):
-                if not any(m["dst"].rstrip("/") == f"/etc/{name}" for m in mounts):
-                    mounts.append({"src": str(self.dir / "etc" / name), "dst": f"/etc/{name}", "ro": False})
-            for m in mounts:
-                top = "/" + m["dst"].strip("/").split("/")[0]
-                # a new top-level path is made inside the container's private root; only a path nested in
-                # an existing host directory needs its mount point created on the host
-                if os.path.exists(top):
-                    self.mountpoints.append(
-                        self.cluster.mountpoints.acquire(m["dst"], is_dir=os.path.isdir(m["src"]))
-                    )
-            if not os.path.isdir(cwd) and not any(
-                cwd == m["dst"] or cwd.startswith(m["dst"].rstrip("/") + "/") for m in mounts
-            ):
-                raise ConfigError(
-                    f'workingDir "{cwd}" does not exist on this machine and is not under a volume mount'
-                )
+            raise ConfigError(f'no command specified: image "{c.spec.get("image")}" has no ENTRYPOINT or CMD, '
+                              "so the container must set command")  # fmt: skip
+        cwd = c.spec.get("workingDir") or image.working_dir
+        if self.cluster.preload is not None:
+            # at a path of its own in the container's root: a volume at /work or /usr must not hide it
+            mounts.append({"src": str(self.cluster.preload), "dst": PRELOAD_PATH, "ro": True})
+        # the kubelet's managed files, unless the container mounts its own
+        etc = {"hosts": self.dir / "etc" / "hosts", "hostname": self.dir / "etc" / "hostname"}
+        if self.spec.get("hostNetwork"):
+            etc["hosts"] = Path("/etc/hosts")
+        for name, src in etc.items():
+            if not any(m["dst"].rstrip("/") == f"/etc/{name}" for m in mounts):
+                mounts.append({"src": str(src), "dst": f"/etc/{name}", "ro": self.spec.get("hostNetwork", False)
+                               and name == "hosts"})  # fmt: skip
         return env, argv, cwd, mounts
-
-    def rootfs(self, c: Container) -> Path:
-        path = self.dir / "rootfs" / f"{c.name}-{c.restart_count}"
-        path.mkdir(parents=True, exist_ok=True)
-        return path
 
     def gpus_for(self, c: Container) -> list[int] | None:
         """GPU indices for ``c``: None when it requests none; [] when it requests some but runs on CPU."""
@@ -762,32 +758,22 @@ class PodWorker:
 
     # -- exec --------------------------------------------------------------------------------
 
-    async def exec(
-        self, container: str, argv: list[str], on_output, stdin: bool
-    ) -> tuple[runtime.Proc, bytes]:
+    async def exec(self, container: str, argv: list[str], on_output, stdin: bool) -> tuple[runtime.Proc, bytes]:
+        """``runc exec`` of ``argv`` in the running ``container``: its namespaces, root, user and environment."""
         c = self.container(container)
         assert c is not None and c.proc is not None and c.proc.pid
-        prefix = b""
-        cwd = c.cwd
-        if self.cluster.isolation == "none":
-            remap = c.remap or runtime.Remapper({})
-            argv = [remap(a) for a in argv]
-            argv, prefix = runtime.guard_exec_argv(argv, c.proc.pid)
         spec = {
-            "mode": "join",
-            "isolation": self.cluster.isolation,
-            "target_pid": c.proc.pid,
+            "mode": "exec",
+            "runc": self.cluster.runc,
+            "root": str(self.cluster.runc_root),
+            "id": c.runtime_id,
             "argv": argv,
-            "env": c.env,
-            "cwd": cwd,
+            "log": str(self.dir / "run" / f"exec-{os.urandom(6).hex()}.log"),
         }
-        proc = await runtime.spawn(spec, self.dir / "run", on_output, stdin=stdin or bool(prefix))
-        return proc, prefix
+        proc = await runtime.spawn(spec, self.dir / "run", on_output, stdin=stdin)
+        return proc, b""
 
     def cleanup(self) -> None:
-        for path in self.mountpoints:
-            self.cluster.mountpoints.release(path)
-        self.mountpoints.clear()
         self.cluster.release_gpus(self.uid)
         shutil.rmtree(self.dir, ignore_errors=True)
         shm = self.cluster.shm_dir / self.uid
@@ -911,14 +897,14 @@ def _data(obj: dict, kind: str) -> dict[str, str]:
 
 
 def container_env(
-    cluster: Cluster, pod: dict, spec: dict, rt: Runtime, gpus: list[int] | None
+    cluster: Cluster, pod: dict, spec: dict, image: Image, gpus: list[int] | None
 ) -> dict[str, str]:
+    """The environment as containerd builds it: HOSTNAME, the image's Env (PATH by default), then the kubelet's."""
     namespace = pod["metadata"]["namespace"]
     env: dict[str, str] = {
-        "PATH": ":".join(rt.path),
+        "PATH": DEFAULT_PATH,
         "HOSTNAME": pod.get("spec", {}).get("hostname") or pod["metadata"]["name"][:63],
-        "HOME": "/root" if os.getuid() == 0 else os.environ.get("HOME", "/"),
-        **rt.env,
+        **image.env,
     }
     # the kubernetes Service variables are set in every container, whatever enableServiceLinks says
     port = str(cluster.port)
@@ -932,7 +918,7 @@ def container_env(
     if pod_ip and pod_ip != NODE_IP and cluster.preload is not None:
         # wildcard binds go to the pod's own address (podnet.py); set before the container's env, as a runtime's
         env["KUBETRAIN_POD_IP"] = pod_ip
-        env["LD_PRELOAD"] = str(cluster.preload) if cluster.isolation == "none" else PRELOAD_PATH
+        env["LD_PRELOAD"] = PRELOAD_PATH
     # the GPUs a container sees are the ones it was given: none unless it asked for some
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus) if gpus else ""
     env["NVIDIA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus) if gpus else "void"
@@ -989,6 +975,7 @@ def setup_volumes(cluster: Cluster, spec: dict, pod_dir: Path, pod: dict) -> dic
             if (vol.get("emptyDir") or {}).get("medium") == "Memory" and cluster.shm_dir.parent.exists():
                 target = cluster.shm_dir / uid / name
             target.mkdir(parents=True, exist_ok=True)
+            target.chmod(0o777)  # as the kubelet makes an emptyDir: writable by the containers' users
         elif "hostPath" in vol:
             hp = vol["hostPath"]
             path, kind = Path(hp["path"]), hp.get("type") or ""

@@ -1,12 +1,9 @@
-"""Processes of containers: isolation detection, start through the shim, signals, exit codes, exec.
+"""Processes of containers: the runc shim (shim.py) started per container and per exec, signals, exit codes.
 
-Isolation modes (``--isolation``, default ``auto`` picks the first that works):
-
-* ``namespaces``: new mount + PID + UTS namespaces per container (needs CAP_SYS_ADMIN, e.g. root);
-* ``rootless``: the same inside a new user namespace (unprivileged users on most Linux systems);
-* ``none``: plain processes; mount paths are remapped to the volume directories in env values,
-  command, args, workingDir and exec commands, and exec'd ``kill``/``pgrep`` see only the
-  container's processes, PID 1 standing for the container's main process.
+Every container runs from its image under runc (include/devstack/kubeapi/oci.py writes its bundle's
+``config.json``), parented by a shim of its own that reports its PID, whether it started, and its
+exit status. The server must run as root: runc creates the namespaces and cgroups, and the node's
+image store mounts overlays (see KUBEAPI.md).
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
-import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,26 +20,37 @@ from collections.abc import Callable
 from pathlib import Path
 
 SHIM = Path(__file__).with_name("shim.py")
-ISOLATIONS = ("namespaces", "rootless", "none")
+RUNC = "runc"
+
+
+class RuntimeUnavailable(RuntimeError):
+    """The OCI runtime cannot run containers for this process."""
+
+
+def runc_version(runc: str) -> str:
+    try:
+        out = subprocess.run([runc, "--version"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    first = out.splitlines()[0] if out else ""
+    return first.rsplit(" ", 1)[-1] if first else "unknown"
 
 
 def shim_argv(*args: str) -> list[str]:
     return [sys.executable, "-I", "-S", str(SHIM), *args]
 
 
-def detect_isolation(requested: str) -> str:
-    """The isolation mode to use: ``requested`` when it works, or the first that works for ``auto``."""
-    candidates = ISOLATIONS[:-1] if requested == "auto" else ((requested,) if requested != "none" else ())
-    for mode in candidates:
-        try:
-            ok = subprocess.run(shim_argv("--probe", mode), capture_output=True, timeout=20).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            ok = False
-        if ok:
-            return mode
-        if requested != "auto":
-            raise RuntimeError(f"--isolation {requested} is not available to this process (unshare failed)")
-    return "none"
+def find_runc() -> str:
+    """The runc binary; :class:`RuntimeUnavailable` with what to do when it cannot be used."""
+    runc = shutil.which(RUNC)
+    if runc is None:
+        raise RuntimeUnavailable("runc is not installed: run `make setup` (it installs Debian's runc package)")
+    if os.geteuid() != 0:
+        raise RuntimeUnavailable(
+            "the local kubelet runs containers with runc and mounts their images' file systems, which needs root: "
+            "start the dev stack as root (sudo make stack-up)"
+        )
+    return runc
 
 
 # -- $(VAR) expansion, as k8s.io/kubernetes/third_party/forked/golang/expansion ----------------
@@ -70,68 +78,19 @@ def expand(text: str, env: dict[str, str]) -> str:
     return "".join(out)
 
 
-# -- mount-path remapping for isolation "none" -----------------------------------------------
-
-
-class Remapper:
-    """Rewrites container mount paths to host directories inside strings."""
-
-    def __init__(self, mounts: dict[str, str]) -> None:
-        self.mounts = sorted(mounts.items(), key=lambda kv: -len(kv[0]))
-        self._re = (
-            re.compile(
-                r"(?<![\w.\-/])("
-                + "|".join(re.escape(p.rstrip("/")) for p, _ in self.mounts)
-                + r")(?=$|[/\s:;,'\"=)\]}])"
-            )
-            if self.mounts
-            else None
-        )
-        self._table = {p.rstrip("/"): h for p, h in self.mounts}
-
-    def __call__(self, text: str) -> str:
-        if not self._re:
-            return text
-        return self._re.sub(lambda m: self._table[m.group(1)], text)
-
-
-def guard_prelude(main_pid: int) -> str:
-    """Shell functions that keep an exec'd ``kill``/``pgrep`` inside the container (isolation ``none``)."""
-    return (
-        f'kill() {{ _kt_a=""; for _kt_x in "$@"; do [ "$_kt_x" = 1 ] && _kt_x={main_pid}; '
-        f'_kt_a="$_kt_a $_kt_x"; done; command kill $_kt_a; }}; '
-        f'pgrep() {{ command pgrep -g {main_pid} "$@"; }}; '
-    )
-
-
-def guard_exec_argv(argv: list[str], main_pid: int) -> tuple[list[str], bytes]:
-    """Wrap an exec command so PID 1 means the container's main process; returns (argv, stdin prefix)."""
-    shells = ("sh", "bash", "dash", "ash")
-    base = os.path.basename(argv[0]) if argv else ""
-    if base in shells and len(argv) >= 3 and argv[1] == "-c":
-        return [argv[0], "-c", guard_prelude(main_pid) + argv[2], *argv[3:]], b""
-    if base in shells and len(argv) == 1:
-        return argv, (guard_prelude(main_pid) + "\n").encode()
-    if base == "kill":
-        return [a if a != "1" else str(main_pid) for a in argv], b""
-    if base == "pgrep":
-        return [argv[0], "-g", str(main_pid), *argv[1:]], b""
-    return argv, b""
-
-
 # -- processes -------------------------------------------------------------------------------
 
 
 class Proc:
-    """A shim process and the container process it parents."""
+    """A shim process and the container process (or exec'd process) it parents."""
 
-    def __init__(self, shim: asyncio.subprocess.Process, isolation: str) -> None:
+    def __init__(self, shim: asyncio.subprocess.Process) -> None:
         self.shim = shim
-        self.isolation = isolation
-        self.pid: int | None = None  # host PID of the container's PID 1
+        self.pid: int | None = None  # host PID of the container's PID 1 (or of the exec'd process)
         self.started: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self.exit_code: int | None = None
         self.signal: int | None = None
+        self.oom = False
         self.finished = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
@@ -139,11 +98,9 @@ class Proc:
         if self.finished.is_set():
             return
         if sig == signal.SIGKILL and self.pid:
+            # the container's PID 1: the kernel then ends every process of its PID namespace
             with contextlib.suppress(OSError):
-                if self.isolation == "none":
-                    os.killpg(self.pid, signal.SIGKILL)
-                else:
-                    os.kill(self.pid, signal.SIGKILL)
+                os.kill(self.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, OSError):
             self.shim.send_signal(sig)
 
@@ -160,7 +117,11 @@ async def spawn(
     *,
     stdin: bool = False,
 ) -> Proc:
-    """Start the shim with ``spec`` (see shim.py); output goes to ``on_output(stream, data)``."""
+    """Start the shim with ``spec`` (see shim.py); the process's output goes to ``on_output(stream, data)``.
+
+    Output is held until the shim reports that the process started: when it did not, whatever came
+    is runc's complaint (reported as the start error), not the container's output, and is dropped.
+    """
     loop = asyncio.get_running_loop()
     r, w = os.pipe()
     spec = {**spec, "report_fd": w}
@@ -179,11 +140,26 @@ async def spawn(
         )
     finally:
         os.close(w)
-    proc = Proc(shim, spec["isolation"])
+    proc = Proc(shim)
     report = asyncio.StreamReader()
     transport, _ = await loop.connect_read_pipe(
         lambda: asyncio.StreamReaderProtocol(report), os.fdopen(r, "rb", buffering=0)
     )
+    held: list[tuple[str, bytes]] = []
+
+    def deliver(stream: str, data: bytes) -> None:
+        if not proc.started.done():
+            held.append((stream, data))
+        elif proc.started.result() is None and on_output:
+            on_output(stream, data)
+
+    def release(error: str | None) -> None:
+        if not proc.started.done():
+            proc.started.set_result(error)
+            if error is None and on_output:
+                for stream, data in held:
+                    on_output(stream, data)
+            held.clear()
 
     async def read_reports() -> None:
         try:
@@ -191,12 +167,13 @@ async def spawn(
                 msg = json.loads(raw)
                 if "pid" in msg:
                     proc.pid = msg["pid"]
-                elif "started" in msg and not proc.started.done():
-                    proc.started.set_result(None)
-                elif "start_error" in msg and not proc.started.done():
-                    proc.started.set_result(msg["start_error"])
+                elif "started" in msg:
+                    release(None)
+                elif "start_error" in msg:
+                    release(msg["start_error"])
                 elif "exit_code" in msg:
                     proc.exit_code, proc.signal = msg["exit_code"], msg.get("signal")
+                    proc.oom = bool(msg.get("oom"))
         finally:
             transport.close()
 
@@ -205,8 +182,7 @@ async def spawn(
             data = await stream.read(65536)
             if not data:
                 return
-            if on_output:
-                on_output(name, data)
+            deliver(name, data)
 
     async def supervise() -> None:
         await asyncio.gather(reader, pump(shim.stdout, "stdout"), pump(shim.stderr, "stderr"))
@@ -214,10 +190,7 @@ async def spawn(
         if proc.exit_code is None:
             proc.exit_code = rc if rc >= 0 else 128 - rc
             proc.signal = -rc if rc < 0 else None
-        if not proc.started.done():
-            proc.started.set_result(
-                f"the container process exited before it started (status {proc.exit_code})"
-            )
+        release(f"the container process exited before it started (status {proc.exit_code})")
         proc.finished.set()
 
     reader = asyncio.ensure_future(read_reports())

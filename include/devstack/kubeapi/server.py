@@ -21,7 +21,7 @@ from aiohttp import WSMsgType, web
 from include.devstack.kubeapi import openapi, protobuf, tables
 from include.devstack.kubeapi import validation as v
 from include.devstack.kubeapi.cluster import Cluster
-from include.devstack.kubeapi.images import default_image_map
+from include.devstack.kubeapi.images import DEFAULT_STORE
 from include.devstack.kubeapi.jobs import JobController
 from include.devstack.kubeapi.logs import LogOptions, stream_log
 from include.devstack.kubeapi.meta import (
@@ -41,7 +41,7 @@ from include.devstack.kubeapi.meta import (
     unsupported_group,
 )
 from include.devstack.kubeapi.patch import APPLY_PATCH, apply_patch
-from include.devstack.kubeapi.runtime import ISOLATIONS, detect_isolation
+from include.devstack.kubeapi.runtime import RuntimeUnavailable
 from include.devstack.kubeapi.selectors import parse_field_selector, parse_label_selector
 
 log = logging.getLogger("kubeapi")
@@ -878,17 +878,13 @@ class Api:
                 out_q.put_nowait(bytes([ch]) + data)
 
         try:
-            proc, prefix = await worker.exec(container, command, on_output, want_stdin)
+            proc, _ = await worker.exec(container, command, on_output, want_stdin)
         except Exception as exc:  # noqa: BLE001 - reported on the error channel as the kubelet does
             await ws.send_bytes(b"\x03" + exec_status(None, str(exc)).encode())
             await ws.close()
             return ws
         error = await proc.started
         stdin = proc.shim.stdin
-        if stdin is not None and prefix:
-            stdin.write(prefix)
-        if stdin is not None and not want_stdin:
-            stdin.close()
 
         async def read_client() -> None:
             async for msg in ws:
@@ -1089,6 +1085,7 @@ def build_app(cluster: Cluster) -> web.Application:
     app.router.add_route("*", "/{tail:.*}", api.handle)
 
     async def on_startup(_app: web.Application) -> None:
+        await cluster.remove_stale()
         api.jobs.start()
 
     async def on_shutdown(_app: web.Application) -> None:
@@ -1109,18 +1106,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", type=Path, required=True, help="where pods keep volumes and logs")
     parser.add_argument("--strict-gpu", action="store_true",
                         help="pods that request more nvidia.com/gpu than present stay Pending (FailedScheduling)")  # fmt: skip
-    parser.add_argument(
-        "--image-map", type=Path, default=None, help="image map JSON (default include/devstack/images.json)"
-    )
-    parser.add_argument("--isolation", choices=("auto", *ISOLATIONS), default=os.environ.get("KUBETRAIN_ISOLATION", "auto"),
-                        help="container isolation: namespaces (root), rootless (user namespace) or none (path remapping)")  # fmt: skip
+    parser.add_argument("--image-store", type=Path, default=Path(os.environ.get("KUBETRAIN_IMAGE_STORE") or DEFAULT_STORE),
+                        help="the node's image store (layers unpacked once; may be shared by dev stacks on a machine)")  # fmt: skip
+    parser.add_argument("--mirror", default=os.environ.get("KUBETRAIN_REGISTRY_MIRROR") or None, metavar="HOST:PORT",
+                        help="registry mirror for docker.io and quay.io images (the dev stack's, include/devstack/mirror.py)")  # fmt: skip
     parser.add_argument("--backoff-seconds", type=float, default=float(os.environ.get("KUBETRAIN_BACKOFF_SECONDS", "10")),
                         help="initial restart back-off (the kubelet's is 10 s)")  # fmt: skip
-    parser.add_argument("--registry", default=os.environ.get("KUBETRAIN_KUBEAPI_REGISTRY") or None, metavar="HOST:PORT",
-                        help="the dev stack's registry: an image under it that it does not hold fails to pull "
-                        "(ErrImagePull/ImagePullBackOff), whatever the image map says")  # fmt: skip
-    parser.add_argument("--strict", action="store_true", default=os.environ.get("KUBETRAIN_STRICT", "") not in ("", "0", "false"),
-                        help="refuse what a real kubelet refuses: runAsNonRoot with an image whose user is root")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout
@@ -1128,16 +1119,14 @@ def main(argv: list[str] | None = None) -> int:
     state_dir = args.state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     try:
-        isolation = detect_isolation(args.isolation)
-    except RuntimeError as exc:
+        cluster = Cluster(state_dir, port=args.port, image_store=args.image_store, mirror=args.mirror,
+                          strict_gpu=args.strict_gpu, backoff=args.backoff_seconds)  # fmt: skip
+    except RuntimeUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    image_map = (args.image_map or default_image_map()).resolve()
-    cluster = Cluster(state_dir, port=args.port, image_map=image_map, strict_gpu=args.strict_gpu, isolation=isolation,
-                      backoff=args.backoff_seconds, registry=args.registry, strict=args.strict)  # fmt: skip
-    log.info("local Kubernetes API on http://%s:%d: isolation %s, %d GPU(s)%s, image map %s, registry %s%s", args.host,
-             args.port, isolation, len(cluster.gpus), " (strict)" if args.strict_gpu else "", image_map,
-             args.registry or "(not checked)", ", strict" if args.strict else "")  # fmt: skip
+    log.info("local Kubernetes API on http://%s:%d: runc %s, image store %s, mirror %s, %d GPU(s)%s", args.host,
+             args.port, cluster.runc, args.image_store, args.mirror or "(none)", len(cluster.gpus),
+             " (strict)" if args.strict_gpu else "")  # fmt: skip
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     web.run_app(
         build_app(cluster), host=args.host, port=args.port, access_log=None, print=None, shutdown_timeout=5

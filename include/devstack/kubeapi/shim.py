@@ -1,19 +1,22 @@
-"""Container shim: start one container process in fresh namespaces, or one process inside a running container.
+"""Container shim: start one container (or one exec'd process in a running container) with runc, and parent it.
 
-Run as ``python -I -S shim.py SPEC_FILE`` by the local Kubernetes API (standard library only,
-no imports from the repository). The spec file (JSON, removed once read) says:
+Run as ``python -I -S shim.py SPEC_FILE`` by the local Kubernetes API (standard library only, no
+imports from the repository), as containerd runs its runc shim. The spec file (JSON, removed once
+read) says:
 
-* ``mode``: ``run`` (a container's main process) or ``join`` (an exec into a running container);
-* ``isolation``: ``namespaces`` (root: new mount, PID and UTS namespaces), ``rootless`` (the same
-  inside a new user namespace) or ``none`` (a plain process; the server remaps mount paths);
-* ``argv``, ``env``, ``cwd``, ``hostname``, ``mounts`` ([{src, dst, ro}], bind-mounted before the
-  exec so that mount paths are real paths inside the container), ``target_pid`` (join),
-  ``report_fd`` (a pipe to the server: JSON lines ``{"pid"}``, ``{"started"}`` or
-  ``{"start_error"}``, then ``{"exit_code", "signal"}``), ``cgroup`` (memory cgroup to join).
+* ``mode``: ``run`` (``runc run --detach`` of the bundle) or ``exec`` (``runc exec --detach`` of
+  ``argv`` in the running container ``id``);
+* ``runc``, ``root`` (runc's state directory), ``id``, ``bundle`` (run), ``argv`` (exec),
+  ``memory_cgroup`` (run: where the OOM killer's count is read once the container exited),
+  ``report_fd`` (a pipe to the server: JSON lines ``{"pid"}``, ``{"started"}`` or ``{"start_error"}``,
+  then ``{"exit_code", "signal", "oom"}``).
 
-The shim stays as the parent of the container's PID 1: it forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT/
-SIGUSR1/SIGUSR2 to it, reports its exit status (128+N for a signal, as container runtimes do), and
-dies with the server (PR_SET_PDEATHSIG), taking the container with it.
+The container's stdout and stderr are the shim's own, which the server reads; runc's own errors
+go to a log file of their own and come back as the start error. The shim is a child subreaper, so
+the container's PID 1 becomes its child once runc has started it: it forwards SIGTERM/SIGINT/
+SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 to it, reports its exit status (128+N for a signal, as container
+runtimes do) and, for ``run``, deletes the container (its cgroup and runc state) afterwards. It
+dies with the server (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -22,124 +25,49 @@ import ctypes
 import json
 import os
 import signal
+import subprocess
 import sys
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWUTS = 0x04000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWUSER = 0x10000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _b(value: str | None) -> bytes | None:
-    return None if value is None else value.encode()
+def runc_error(log_path: str) -> str:
+    """The last error runc logged (its JSON log), without runc's own prefix."""
+    message = ""
+    try:
+        with open(log_path) as f:
+            for line in f:
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if entry.get("level") in ("error", "fatal"):
+                    message = entry.get("msg", "")
+    except OSError:
+        pass
+    return message or "runc failed without a message"
 
 
-def _check(ret: int, what: str) -> None:
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def mount(src: str | None, dst: str, fstype: str | None, flags: int) -> None:
-    _check(libc.mount(_b(src), _b(dst), _b(fstype), ctypes.c_ulong(flags), None), f"mount {src} on {dst}")
-
-
-def die_with_parent() -> None:
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def which(cmd: str, env: dict[str, str]) -> str:
-    if "/" in cmd:
-        return cmd
-    for d in env.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(":"):
-        cand = os.path.join(d or ".", cmd)
-        if os.path.isfile(cand) and os.access(cand, os.X_OK):
-            return cand
-    raise FileNotFoundError(f'exec: "{cmd}": executable file not found in $PATH')
-
-
-def enter_new_namespaces(isolation: str) -> None:
-    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS
-    uid, gid = os.getuid(), os.getgid()
-    if isolation == "rootless":
-        flags |= CLONE_NEWUSER
-    _check(libc.unshare(flags), "unshare")
-    if isolation == "rootless":
-        with open("/proc/self/setgroups", "w") as f:
-            f.write("deny")
-        with open("/proc/self/uid_map", "w") as f:
-            f.write(f"0 {uid} 1")
-        with open("/proc/self/gid_map", "w") as f:
-            f.write(f"0 {gid} 1")
-    # keep the container's mounts out of the host's mount table
-    mount(None, "/", None, MS_REC | MS_PRIVATE)
-
-
-def join_namespaces(target: int, isolation: str) -> None:
-    kinds = (["user"] if isolation == "rootless" else []) + ["mnt", "uts", "pid"]
-    fds = [os.open(f"/proc/{target}/ns/{k}", os.O_RDONLY) for k in kinds]
-    root = os.open(f"/proc/{target}/root", os.O_RDONLY | os.O_DIRECTORY)
-    for kind, fd in zip(kinds, fds, strict=True):
-        _check(libc.setns(fd, 0), f"setns {kind} of pid {target}")
-        os.close(fd)
-    # setns(mnt) leaves us at the namespace's root mount; the container lives in its chroot
-    os.fchdir(root)
-    os.chroot(".")
-    os.close(root)
-
-
-def setup_container_fs(spec: dict) -> None:
-    """Build the container's root: a private tmpfs holding bind mounts of the host's top-level entries.
-
-    Mount points that do not exist on the host (``/data``, ``/airflow/xcom``) are created inside that
-    tmpfs, so the host's own file system is left alone; then the volumes are bind-mounted and the
-    process chroots into the new root.
-    """
-    mounts = sorted(spec.get("mounts", []), key=lambda m: m["dst"].count("/"))
-    # hold every source before mounting anything: a mount (e.g. the private /tmp) may hide a later source
-    sources = [(m, os.open(m["src"], os.O_PATH), os.path.isdir(m["src"])) for m in mounts]
-    root = spec["rootfs"]
-    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV)
-    for entry in sorted(os.listdir("/")):
-        host, inside = "/" + entry, os.path.join(root, entry)
-        if os.path.islink(host):
-            os.symlink(os.readlink(host), inside)
-        elif os.path.isdir(host):
-            os.mkdir(inside)
-            if entry != "proc":
-                mount(host, inside, None, MS_BIND | MS_REC)
-        elif os.path.exists(host):
-            open(inside, "a").close()
-            mount(host, inside, None, MS_BIND)
-    mount("proc", os.path.join(root, "proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    for m, fd, is_dir in sources:
-        dst = os.path.join(root, m["dst"].lstrip("/"))
-        if is_dir:
-            os.makedirs(dst, exist_ok=True)
-        elif not os.path.exists(dst):
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            open(dst, "a").close()
-        mount(f"/proc/self/fd/{fd}", dst, None, MS_BIND | MS_REC)
-        if m.get("ro"):
-            mount(None, dst, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_REC)
-        os.close(fd)
-    hostname = spec.get("hostname")
-    if hostname:
-        _check(libc.sethostname(hostname.encode(), len(hostname.encode())), "sethostname")
-    os.chdir(root)
-    os.chroot(".")
-    os.chdir("/")
+def oom_killed(memory_cgroup: str | None) -> bool:
+    if not memory_cgroup:
+        return False
+    for name in ("memory.events", "memory.oom_control"):
+        try:
+            with open(os.path.join(memory_cgroup, name)) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill" and value.strip() not in ("", "0"):
+                        return True
+        except OSError:
+            continue
+    return False
 
 
 def main() -> int:
-    if len(sys.argv) == 3 and sys.argv[1] == "--probe":
-        return probe(sys.argv[2])
     with open(sys.argv[1]) as f:
         spec = json.load(f)
     os.unlink(sys.argv[1])  # it may hold secret-sourced environment values
@@ -154,31 +82,15 @@ def main() -> int:
             except OSError:
                 pass
 
-    die_with_parent()
-    mode, isolation = spec["mode"], spec["isolation"]
-    if spec.get("cgroup"):
-        try:
-            with open(os.path.join(spec["cgroup"], "cgroup.procs"), "w") as f:
-                f.write(str(os.getpid()))
-        except OSError:
-            pass
-    try:
-        if isolation != "none":
-            if mode == "run":
-                enter_new_namespaces(isolation)
-            else:
-                join_namespaces(int(spec["target_pid"]), isolation)
-    except OSError as exc:
-        report(start_error=f"cannot create the container's namespaces: {exc}")
-        return 128
-
-    child = 0
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    container = 0
     pending: list[int] = []
 
     def forward(signum, _frame) -> None:
-        if child:
+        if container:
             try:
-                os.kill(child, signum)
+                os.kill(container, signum)
             except ProcessLookupError:
                 pass
         else:
@@ -186,91 +98,57 @@ def main() -> int:
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
-    err_r, err_w = os.pipe()  # both close-on-exec: EOF without data means the exec succeeded
-    child = os.fork()
-    if child == 0:
-        try:
-            os.close(err_r)
-            die_with_parent()
-            for sig in FORWARDED:
-                signal.signal(sig, signal.SIG_DFL)
-            if isolation == "none":
-                os.setpgid(0, 0)
-            elif mode == "run":
-                setup_container_fs(spec)
-            env = spec["env"]
-            os.chdir(spec.get("cwd") or "/")
-            argv = spec["argv"]
-            os.execve(which(argv[0], env), argv, env)
-        except BaseException as exc:  # noqa: BLE001 - anything here is a start error for the server
-            if isinstance(exc, FileNotFoundError) and str(exc.args[0]).startswith("exec:"):
-                msg = str(exc.args[0])
-            elif isinstance(exc, OSError):
-                msg = f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")
-            else:
-                msg = f"{type(exc).__name__}: {exc}"
-            try:
-                os.write(err_w, msg.encode() or b"start failed")
-            finally:
-                os._exit(128)
-    os.close(err_w)
-    report(pid=child)
+
+    runc, root, cid = spec["runc"], spec["root"], spec["id"]
+    log_path = spec["log"]
+    pid_file = log_path + ".pid"
+    base = [runc, "--root", root, "--log", log_path, "--log-format", "json"]
+    if spec["mode"] == "run":
+        argv = [*base, "run", "--detach", "--pid-file", pid_file, "--bundle", spec["bundle"], cid]
+    else:
+        argv = [*base, "exec", "--detach", "--pid-file", pid_file]
+        for item in spec.get("env") or []:
+            argv += ["--env", item]
+        argv += [cid, *spec["argv"]]
+    # runc passes its standard streams through to the container: ours, which the server reads
+    rc = subprocess.run(argv, stdin=0, stdout=1, stderr=2).returncode
+    if rc != 0:
+        what = "OCI runtime create failed" if spec["mode"] == "run" else "OCI runtime exec failed"
+        report(start_error=f"{what}: {runc_error(log_path)}: unknown")
+        if spec["mode"] == "run":
+            subprocess.run([*base, "delete", "--force", cid], capture_output=True)
+        return 128
+    with open(pid_file) as f:
+        container = int(f.read().strip())
+    report(pid=container)
+    report(started=True)
     for sig in pending:
         forward(sig, None)
-    chunks = []
+    status = 0
     while True:
         try:
-            data = os.read(err_r, 65536)
-        except InterruptedError:
-            continue
-        if not data:
-            break
-        chunks.append(data)
-    os.close(err_r)
-    if chunks:
-        report(start_error=b"".join(chunks).decode(errors="replace"))
-    else:
-        report(started=True)
-    while True:
-        try:
-            _, status = os.waitpid(child, 0)
-            break
+            pid, status = os.waitpid(-1, 0)
         except InterruptedError:
             continue
         except ChildProcessError:
-            status = 0
+            break  # reaped elsewhere: cannot happen, the shim is the only waiter
+        if pid == container:
             break
-    if isolation == "none":
-        # a namespace would take every process of the container down with its PID 1
+    oom = oom_killed(spec.get("memory_cgroup"))
+    if spec["mode"] == "run":
+        subprocess.run([*base, "delete", "--force", cid], capture_output=True)
+    for path in (pid_file, log_path):
         try:
-            os.killpg(child, signal.SIGKILL)
+            os.unlink(path)
         except OSError:
             pass
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        report(exit_code=128 + sig, signal=sig)
+        report(exit_code=128 + sig, signal=sig, oom=oom)
         return 128 + sig
     code = os.WEXITSTATUS(status)
-    if not chunks:
-        report(exit_code=code, signal=None)
+    report(exit_code=code, signal=None, oom=oom)
     return code
-
-
-def probe(isolation: str) -> int:
-    """Exit 0 when this process may create the namespaces ``isolation`` needs (and mount /proc)."""
-    try:
-        enter_new_namespaces(isolation)
-    except OSError:
-        return 1
-    pid = os.fork()
-    if pid == 0:
-        try:
-            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-            os._exit(0 if os.getpid() == 1 else 1)
-        except BaseException:  # noqa: BLE001
-            os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    return 0 if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 else 1
 
 
 if __name__ == "__main__":

@@ -179,18 +179,20 @@ class BuildahBuilder:
 
     # -- building ----------------------------------------------------------------------------
 
-    def build(self, request: BuildRequest, target: PushTarget | None = None, *, local_tag: str = "kubetrain-build") -> str:
+    def build(self, request: BuildRequest, target: PushTarget | None = None, *, local_tag: str = "kubetrain-build",
+              local_name: str | None = None) -> str:  # fmt: skip
         """Build ``request`` into the local store; returns the local image name.
 
         :param target: where the image will go (its registry settings also apply to FROM pulls).
         :param local_tag: the tag of the local image, ``localhost/<repository>:<local_tag>``.
+        :param local_name: the whole local name instead.
         """
         env = self._env(target)
         extra: list[str] = []
         if target is not None:
             extra += ["--authfile", str(target.authfile)] if target.authfile else []
             extra += self._cert_args(target)
-        local = f"localhost/{request.repository}:{local_tag}"
+        local = local_name or f"localhost/{request.repository}:{local_tag}"
         bud = [
             *self._global_args, "bud",
             "--isolation", "chroot",

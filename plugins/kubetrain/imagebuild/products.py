@@ -12,9 +12,11 @@ The build context of every image is ``trainer/``. The plain tag of the trainer i
 variant, the image training pods use by default (``<registry>/kubetrain/trainer:latest``);
 a CPU-only cluster names ``...:latest-cpu`` in ``KUBETRAIN_TRAINER_IMAGE``.
 
-Where public images cannot be pulled, a base made from Debian packages stands in for both
-official bases (``make images IMAGE_BASE=debian``): Debian bookworm's Python 3.11 and pip,
-with TensorFlow installed from PyPI into the CPU trainer. Such a build has no GPU variant.
+Where public images cannot be pulled, bases made from Debian packages stand in for both
+official ones (``make images IMAGE_BASE=debian``): Debian bookworm's Python 3.11 and pip for
+``python:3.11-slim``, and the same with TensorFlow's CPU wheel from PyPI for
+``tensorflow/tensorflow:<version>`` (``trainer/Dockerfile.tensorflow``). Such a build has no GPU
+variant. The dev stack's registry mirror serves these stand-ins under the official names.
 
 :class:`ImagePublisher` builds an image with buildah, runs a command in it that proves it
 starts, and pushes it. Pushes go through an OCI layout kept per image, so the layers of a
@@ -198,6 +200,22 @@ class ImagePublisher:
             self._bases[name] = name
         return name
 
+    def local_tensorflow(self, rootfs: Path) -> str:
+        """TensorFlow's CPU wheel on the Debian-made base, in the builder's store (built once, then cached)."""
+        base = self.local_base(rootfs)
+        requirement = tensorflow_requirement(self.trainer_dir)
+        tag = f"{requirement.partition('==')[2]}-{base.rpartition(':')[2]}"
+        name = f"{LOCAL_BASE_REPOSITORY}-tensorflow:{tag}"
+        if name not in self._bases:
+            with _locked(self.builder.storage_root / "base.lock"):
+                if self.builder.image_id(name) is None:
+                    request = BuildRequest(context=Path(self.trainer_dir), repository=LOCAL_BASE_REPOSITORY + "-tensorflow",
+                                           tags=(tag,), dockerfile="Dockerfile.tensorflow",
+                                           build_args={"BASE_IMAGE": base, "TENSORFLOW_PACKAGE": requirement})  # fmt: skip
+                    self.builder.build(request, local_tag=tag, local_name=name)
+            self._bases[name] = name
+        return name
+
     def request(self, item: ImageProduct, *, base: str = "official", rootfs: Path | None = None,
                 labels: Mapping[str, str] | None = None) -> BuildRequest:  # fmt: skip
         """The build request of ``item`` on the official base or on the Debian-made one."""
@@ -210,9 +228,8 @@ class ImagePublisher:
                                  "build trainer-cpu and sync with the Debian base, trainer-gpu with the official one")  # fmt: skip
             if rootfs is None:
                 raise ValueError("base 'debian' needs the root file system made by `make images-base`")
-            args["BASE_IMAGE"] = self.local_base(rootfs)
-            if item.repository == TRAINER_REPOSITORY:
-                args["TENSORFLOW_PACKAGE"] = tensorflow_requirement(self.trainer_dir)
+            tensorflow = item.repository == TRAINER_REPOSITORY
+            args["BASE_IMAGE"] = self.local_tensorflow(rootfs) if tensorflow else self.local_base(rootfs)
         return BuildRequest(context=Path(self.trainer_dir), repository=item.repository, tags=item.tags(),
                             dockerfile=item.dockerfile, build_args=args, labels=dict(labels or {}))  # fmt: skip
 
