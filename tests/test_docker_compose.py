@@ -40,9 +40,21 @@ def test_services_of_the_real_stack(compose):
         assert name in services, f"docker-compose.yaml lacks {name}"
     for name in ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"):
         mounts = services[name]["volumes"]
-        for folder in ("dags", "plugins", "include"):
+        for folder in ("dags", "include"):
             assert f"./{folder}:/opt/airflow/{folder}" in mounts, f"{name} does not mount {folder}/"
+        # kubetrain comes from its wheel in the image, not from the checkout's plugins/
+        assert not any(str(m).startswith("./plugins") for m in mounts), mounts
         assert "3.3" in (services[name].get("image", "") + (REPO / "include/docker/airflow.Dockerfile").read_text())
+
+
+def test_the_airflow_image_installs_the_wheel_with_its_extras():
+    """The image runs what the distribution declares (tests/test_provider_dist.py installs it the same way)."""
+    dockerfile = (REPO / "include/docker/airflow.Dockerfile").read_text()
+    install = re.search(r'^RUN pip install (.*)$', dockerfile, re.M)
+    assert install, dockerfile
+    assert '--constraint /tmp/kubetrain/requirements.lock "/tmp/kubetrain[all]"' in install.group(1)
+    assert "COPY --chown=airflow:root plugins/ /tmp/kubetrain/plugins/" in dockerfile
+    assert "/opt/airflow/plugins" not in dockerfile  # no copy beside the installed one
 
 
 def test_no_literal_secrets(compose):

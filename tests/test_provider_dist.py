@@ -1,10 +1,17 @@
-"""kubetrain builds as an Airflow provider distribution, and Airflow sees it as one once installed.
+"""kubetrain builds as an Airflow provider distribution, Airflow sees it as one once installed, and the
+wheel needs nothing it does not declare.
 
 The wheel is built from a copy of the project (pyproject.toml, README.md, plugins/) with the
 Airflow environment's setuptools and no network, the way `pip install .` builds it; it is then
 installed into a scratch directory that Airflow's own tools get on their path instead of
 plugins/: `airflow providers list`, the ProvidersManager, the connection form's metadata that
 the API server serves, and the plugins manager.
+
+It is also installed alone into a fresh virtual environment with only the dependencies it declares,
+pinned as requirements.lock pins them (the constraints of a deployment, as Airflow's constraint
+files are): every module of it imports there, every optional feature fails naming its extra until
+the extra is installed, and then works. deptry checks that every import of the code (lazy ones in
+functions included) is covered by a declared dependency.
 """
 
 from __future__ import annotations
@@ -174,3 +181,108 @@ def test_provider_info_names_what_exists_and_the_hook_reads():
                 import_module(module)
     # The connection form's extras are the ones the hook reads.
     assert set(REGISTRY_CONN_FIELDS) == set(RegistryHook()._explicit)
+
+
+# Run in the fresh environment: import every module of the distribution, then the declared distributions'
+# own modules; print what failed, as JSON.
+IMPORT_ALL = r"""
+import importlib, importlib.metadata as md, json, pkgutil, re, sys
+import kubetrain
+failed = {}
+names = ["kubetrain_plugin"] + [m.name for m in pkgutil.walk_packages(kubetrain.__path__, "kubetrain.")]
+for name in names:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        failed[name] = repr(exc)
+owners = md.packages_distributions()
+extras = set(sys.argv[1:])
+declared = []
+for req in md.requires("kubetrain") or []:
+    marker = re.search(r'extra == "([^"]+)"', req)
+    if marker and marker.group(1) not in extras:
+        continue
+    dist = re.split(r"[\s<>=!~;\[]", req, maxsplit=1)[0].lower().replace("_", "-")
+    if dist != "kubetrain":
+        declared.append(dist)
+for module, dists in owners.items():
+    if any(d.lower().replace("_", "-") in declared for d in dists) and module.isidentifier() and not module.startswith("_"):
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            failed[module] = repr(exc)
+print(json.dumps({"modules": len(names), "declared": sorted(declared), "failed": failed}))
+"""
+
+# Run in the fresh environment: the optional features, each called for real.
+OPTIONAL = r"""
+import json
+from kubernetes.client import models as k8s
+from kubetrain import pod_spec
+from kubetrain.distributed.builders import trainjob
+from kubetrain.distributed.spec import DistributedSpec
+from kubetrain.sweep.space import parse_space
+from kubetrain.sweep.tpe import tpe_points
+
+out = {}
+try:
+    space = parse_space({"lr": {"low": 0.001, "high": 0.1, "log": True}})
+    out["tpe"] = tpe_points(space, [], count=2, seed=1, mode="max", startup_trials=1)
+except ModuleNotFoundError as exc:
+    out["tpe"] = str(exc)
+try:
+    config = pod_spec.TrainingPodConfig(image="r.example/kubetrain/trainer@sha256:" + "a" * 64,
+                                        sync_image="r.example/kubetrain/sync@sha256:" + "b" * 64,
+                                        run_uri="s3://training/runs/d/r", dataset_manifest="s3://training/manifests/d/1.json")
+    submission = trainjob(config, DistributedSpec(workers=2), name="j", namespace="ns", labels={})
+    out["trainjob"] = [r.kind for r in submission.resources]
+except ModuleNotFoundError as exc:
+    out["trainjob"] = str(exc)
+print(json.dumps(out, default=str))
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh(wheel, tmp_path_factory) -> Path:
+    """A new virtual environment holding the wheel and the dependencies it declares, nothing else."""
+    venv = tmp_path_factory.mktemp("fresh") / "venv"
+    uv("venv", "--quiet", "--python", sys.executable, str(venv))
+    uv("pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), "--constraint",
+       str(REPO / "requirements.lock"), str(wheel))  # fmt: skip
+    return venv
+
+
+def run_in(venv: Path, script: str, *args: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "PYTHON", "VIRTUAL_ENV"))}
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", script, *args], env=env, cwd=venv, capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_wheel_alone_imports_and_its_extras_are_named_until_installed(fresh, wheel):
+    listed = uv("pip", "list", "--python", str(fresh / "bin" / "python"), "--format", "json").stdout
+    present = {p["name"].lower() for p in json.loads(listed)}
+    # the environment holds what kubetrain declares, not the test tools or optional parts of the lock
+    assert "apache-airflow-providers-cncf-kubernetes" in present and "kubetrain" in present
+    assert not present & {"pytest", "moto", "deptry", "playwright", "kubernetes-validate", "optuna", "kubeflow-trainer-api"}
+    seen = run_in(fresh, IMPORT_ALL)
+    assert seen["failed"] == {} and seen["modules"] > 60, seen
+    optional = run_in(fresh, OPTIONAL)
+    assert "pip install 'kubetrain[tpe]'" in optional["tpe"], optional
+    assert "pip install 'kubetrain[trainjob]'" in optional["trainjob"], optional
+
+    uv("pip", "install", "--quiet", "--python", str(fresh / "bin" / "python"), "--constraint",
+       str(REPO / "requirements.lock"), f"{wheel}[all]")  # fmt: skip
+    seen = run_in(fresh, IMPORT_ALL, "tpe", "trainjob", "all")
+    assert seen["failed"] == {} and {"optuna", "kubeflow-trainer-api"} <= set(seen["declared"]), seen
+    optional = run_in(fresh, OPTIONAL)
+    assert len(optional["tpe"]) == 2 and all(0.001 <= p["lr"] <= 0.1 for p in optional["tpe"]), optional
+    assert optional["trainjob"] == ["TrainingRuntime", "TrainJob"], optional
+
+
+def test_pyproject_declares_every_distribution_the_code_imports():
+    """deptry: an import (at module level or inside a function) that no dependency or extra covers fails here."""
+    out = subprocess.run([str(REPO / ".venv" / "bin" / "deptry"), "plugins"], cwd=REPO, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "NO_COLOR": "1"})  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -52,11 +52,13 @@ TRAINING_APIS = (
     ("trainer.kubeflow.org/v1alpha1", "trainjobs", "Kubeflow Trainer TrainJob"),
     ("batch/v1", "jobs", "Indexed Job"),
 )
+# Run in the sync image, which has botocore (the transfer tool's) and not boto3: the same client library the
+# stage-in and the sidecar use, reading the same environment (AWS_* from the Secret, or workload identity).
 S3_PROBE = (
-    "import sys, boto3, botocore.config\n"
+    "import sys, botocore.config, botocore.session\n"
     "bucket = sys.argv[1]\n"
     "config = botocore.config.Config(connect_timeout=5, read_timeout=10, retries={'max_attempts': 2})\n"
-    "s3 = boto3.client('s3', config=config)\n"
+    "s3 = botocore.session.get_session().create_client('s3', config=config)\n"
     "page = s3.list_objects_v2(Bucket=bucket, MaxKeys=1)\n"
     "print('listed', bucket, page.get('KeyCount', 0), 'object(s) from', s3.meta.endpoint_url)\n"
 )

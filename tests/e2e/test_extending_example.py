@@ -1,11 +1,11 @@
 """The DAG of docs/extending.md runs as the guide says, on the dev stack, so the guide cannot rot.
 
-The guide's image (docs/examples/keras_model/Dockerfile: the Keras script in /app on TensorFlow's
-image) is published to the dev stack's registry as one layer holding the script, the way a
-build would leave it there; the dev stack runs it in the trainer environment, from the script's
-folder (include/devstack/images.json). A few images in class folders are uploaded to the
-example's dataset prefix, and `airflow dags test` runs example_keras_model from dags/: stage,
-check, train (the script, unmodified, in the training pod), report, promote, record.
+The guide's image is built from its Dockerfile (docs/examples/keras_model/Dockerfile: the Keras
+script in /app on TensorFlow's image, which the dev stack's registry mirror serves) with buildah
+and pushed to the dev stack's registry, as the guide's two commands do. A few images in class
+folders are uploaded to the example's dataset prefix, and `airflow dags test` runs
+example_keras_model from dags/: stage, check, train (the script, unmodified, in the training pod
+from that image), report, promote, record.
 """
 
 from __future__ import annotations
@@ -26,19 +26,17 @@ DAG_ID = "example_keras_model"
 MODEL = "keras-digits"
 
 
-def publish_example_image(registry: str, work: Path) -> str:
-    """The guide's image in the dev stack's registry: /app/train.py, WORKDIR /app, user 10001."""
-    from kubetrain.imagebuild.layer import write_layer
-    from kubetrain.imagebuild.oci import OCI_LAYER_GZIP, RegistryClient, push_image
+def publish_example_image(registry: str, mirror: str) -> str:
+    """The guide's image, built from its Dockerfile and pushed to the dev stack's registry."""
+    from kubetrain.imagebuild.buildah import BuildahBuilder
+    from kubetrain.imagebuild.builders import BuildRequest, PushTarget
 
-    layer = write_layer(EXAMPLE, work / "keras-model.tar.gz", dest="/app", excludes=("Dockerfile", "__pycache__"))
-    config = {
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {"User": "10001", "WorkingDir": "/app", "Cmd": ["python", "train.py"]},
-    }
-    with RegistryClient(registry, insecure=True, timeout=30) as client:
-        push_image(client, "examples/keras-model", "1", [layer.blob(OCI_LAYER_GZIP)], config)
+    builder = BuildahBuilder(REPO / ".tools" / "buildah", storage_driver="auto", mirror=mirror, mirror_insecure=True,
+                             log=lambda line: None)  # fmt: skip
+    target = PushTarget(registry, "examples/keras-model", insecure=True)
+    request = BuildRequest(context=EXAMPLE, repository="examples/keras-model", tags=("1",), dockerfile="Dockerfile")
+    local = builder.build(request, target, local_tag="keras-model")
+    builder.push(local, target, "1")
     return f"{registry}/examples/keras-model:1"
 
 
@@ -58,7 +56,7 @@ def test_the_guides_dag_trains_reports_and_promotes_its_keras_script(airflow, de
         cwd=REPO, check=True, capture_output=True,
     )  # fmt: skip
     s3.upload_file(str(archive), "datasets", "keras-digits/digits.zip")
-    image = publish_example_image(env["KUBETRAIN_REGISTRY"], tmp_path)
+    image = publish_example_image(env["KUBETRAIN_REGISTRY"], env["KUBETRAIN_REGISTRY_MIRROR"])
 
     run = airflow.dags_test(DAG_ID, {"image": image, "epochs": 2, "force": True}, KUBETRAIN_RETRY_DELAY_SECONDS="1")
     assert run.returncode == 0 and run.state() == "success", run.output[-4000:]

@@ -22,6 +22,7 @@ import boto3
 import pytest
 from kubernetes import client, config
 
+from include.devstack import mirror
 from include.devstack.stack import NAMESPACE
 from kubetrain.s3_layout import S3Layout
 
@@ -328,6 +329,8 @@ def test_tpe_sweep_of_a_third_party_container_runs_two_rounds(sweeps_airflow, co
     conf = {
         "dataset_uri": digits,
         "model_name": "e2e-sweep-script",
+        # python:3.11-slim as the dev stack's mirror serves it, pinned by digest: a run never records a tag
+        "image": mirror.pinned("python:3.11-slim"),
         "command": ["python", "-c", SCRIPT],
         "args": [],
         "space": {"lr": {"low": 0.0001, "high": 0.1, "log": True}},

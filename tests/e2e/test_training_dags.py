@@ -20,6 +20,7 @@ import boto3
 import pytest
 from kubernetes import client, config
 
+from include.devstack import mirror
 from include.devstack.stack import NAMESPACE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -168,8 +169,8 @@ def test_custom_container_without_s3_code_keeps_its_checkpoints(airflow, core, s
     conf = {
         "dataset_uri": digits,
         "model_name": "e2e-custom",
-        # Pinned by digest: the image is not in the dev stack's registry, and a run never records a tag.
-        "image": "python:3.11-slim@sha256:" + "5" * 64,
+        # python:3.11-slim as the dev stack's mirror serves it, pinned by digest: a run never records a tag
+        "image": mirror.pinned("python:3.11-slim"),
         "command": ["python", "-c"],
         "args": [script],
         "cpu": "1",

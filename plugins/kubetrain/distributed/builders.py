@@ -32,6 +32,7 @@ from kubernetes.client import models as k8s
 from kubetrain import pod_spec
 from kubetrain.distributed.cluster import BACKENDS, cluster_spec, host_pattern, replica_env
 from kubetrain.distributed.spec import DistributedSpec
+from kubetrain.extras import missing_extra
 
 JOB_LABEL = "kubetrain.io/distributed-job"
 ROLE_LABEL = "kubetrain.io/replica-role"
@@ -259,7 +260,10 @@ def tfjob(config: pod_spec.TrainingPodConfig, spec: DistributedSpec, *, name: st
 def trainjob(config: pod_spec.TrainingPodConfig, spec: DistributedSpec, *, name: str, namespace: str,
              labels: Mapping[str, str]) -> Submission:
     """A TrainingRuntime (a JobSet template, one replicated job per role) and the TrainJob that runs it."""
-    from kubeflow_trainer_api import models as kf
+    try:
+        from kubeflow_trainer_api import models as kf
+    except ModuleNotFoundError as exc:
+        raise missing_extra("trainjob", exc) from exc
 
     replicas = spec.replicas()
     hosts = host_pattern("trainjob", job=name, namespace=namespace, port=spec.port)

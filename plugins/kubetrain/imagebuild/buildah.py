@@ -78,6 +78,8 @@ class BuildahBuilder:
     :param log: receives every output line of buildah as it comes.
     :param storage_driver: ``vfs`` (default, works everywhere), ``overlay``, or ``auto``
         (:func:`detect_storage_driver`).
+    :param mirror: ``host[:port]`` of a registry mirror for docker.io images (FROM lines), tried first.
+    :param mirror_insecure: speak plain HTTP to the mirror.
     """
 
     name = "buildah"
@@ -89,9 +91,12 @@ class BuildahBuilder:
         executable: str = BUILDAH,
         log: Callable[[str], None] = print,
         storage_driver: str = "vfs",
+        mirror: str | None = None,
+        mirror_insecure: bool = False,
     ) -> None:
         # absolute: buildah runs steps from other working directories, and TMPDIR must still resolve
         self.storage_root = Path(storage_root).resolve()
+        self.mirror, self.mirror_insecure = mirror, mirror_insecure
         self.executable = shutil.which(executable) or executable
         self.log = log
         if storage_driver == "auto":
@@ -117,6 +122,9 @@ class BuildahBuilder:
         # A registries.conf of our own marks only the target registry as plain HTTP when asked,
         # instead of turning TLS verification off for every registry the build touches.
         lines = ['unqualified-search-registries = ["docker.io"]']
+        if self.mirror:
+            lines += ["", "[[registry]]", 'prefix = "docker.io"', 'location = "docker.io"', "[[registry.mirror]]",
+                      f'location = "{self.mirror}"'] + (["insecure = true"] if self.mirror_insecure else [])  # fmt: skip
         if target is not None and (target.insecure or not target.tls_verify):
             lines += ["", "[[registry]]", f'location = "{target.registry}"', "insecure = true"]
         text = "\n".join(lines) + "\n"

@@ -11,12 +11,16 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kubetrain.extras import missing_extra
 from kubetrain.sweep.space import Hyperparameter, Space, point_key
 
 
 def distribution(h: Hyperparameter):
     """The Optuna distribution of one dimension of the space."""
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+    try:
+        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+    except ModuleNotFoundError as exc:
+        raise missing_extra("tpe", exc) from exc
 
     if h.kind == "values":
         return CategoricalDistribution(list(h.values))
@@ -52,9 +56,12 @@ def tpe_points(
     :param mode: ``max`` or ``min``.
     :param startup_trials: trials drawn at random before TPE models the history.
     """
-    import optuna
-    from optuna.samplers import TPESampler
-    from optuna.trial import TrialState, create_trial
+    try:
+        import optuna
+        from optuna.samplers import TPESampler
+        from optuna.trial import TrialState, create_trial
+    except ModuleNotFoundError as exc:
+        raise missing_extra("tpe", exc) from exc
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     distributions = {h.name: distribution(h) for h in space.hyperparameters}
