@@ -85,12 +85,11 @@ def busybox_tree(out: Path) -> Path:
 def build(log=print) -> dict[str, str]:
     """Build every stand-in in the image builder's store and push it to the mirror's storage; {name: digest}."""
     sys.path.insert(0, str(REPO / "plugins"))
+    from include.devstack import registry
+    from include.devstack.stack import free_port, wait_http
     from kubetrain.imagebuild.buildah import BuildahBuilder
     from kubetrain.imagebuild.builders import PushTarget
     from kubetrain.imagebuild.products import ImagePublisher
-
-    from include.devstack import registry
-    from include.devstack.stack import free_port, wait_http
 
     builder = BuildahBuilder(REPO / ".tools" / "buildah", storage_driver="auto", log=log)
     publisher = ImagePublisher(builder, REPO / "trainer", REPO / ".tools" / "images" / "oci", log=log)
