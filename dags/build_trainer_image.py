@@ -18,8 +18,9 @@ the `kubetrain_trainer_image` and `kubetrain_sync_image` Assets. Training DAGs u
 Variables by default. A failed build publishes nothing.
 
 **Runs** hourly (cron in `KUBETRAIN_IMAGE_BUILD_CRON`; empty for manual runs only) and
-when triggered. Params: `variant` (gpu or cpu; default `KUBETRAIN_TRAINER_VARIANT`, else gpu),
-`mode` (auto, full, append) and `force`.
+when triggered. Params: `variant` (gpu or cpu; empty: the `trainer_variant` setting,
+`KUBETRAIN_TRAINER_VARIANT`, default gpu), `mode` (auto, full, append) and `force`. The tags are
+those of release `image_tag` (`KUBETRAIN_IMAGE_TAG`, default `latest`), as `make images` pushes them.
 
 **Settings**: registry connection `KUBETRAIN_REGISTRY_CONN_ID` (default
 `kubetrain_registry_default`); Variables `kubetrain_trainer_repository` (default
@@ -43,7 +44,6 @@ from kubetrain.operators.build import AppendLayerOperator, BuildImageOperator
 TRAINER_DIR = os.environ.get("KUBETRAIN_TRAINER_DIR") or str(Path(__file__).resolve().parents[1] / "trainer")
 REGISTRY_CONN_ID = os.environ.get("KUBETRAIN_REGISTRY_CONN_ID", "kubetrain_registry_default")
 SCHEDULE = os.environ.get("KUBETRAIN_IMAGE_BUILD_CRON", "@hourly") or None
-VARIANT = os.environ.get("KUBETRAIN_TRAINER_VARIANT") or "gpu"
 TRAINER_IMAGE = Asset("kubetrain_trainer_image")
 SYNC_IMAGE = Asset("kubetrain_sync_image")
 
@@ -64,8 +64,9 @@ CODE_DIR = "{{ var.value.get('kubetrain_trainer_code_dir', '/app/trainer') }}"
     tags=["kubetrain", "image", "build"],
     params={
         "variant": Param(
-            VARIANT, type="string", enum=["gpu", "cpu"], title="Trainer variant",
-            description="gpu: on the TensorFlow GPU base, tagged latest and latest-gpu; cpu: tagged latest-cpu.",
+            None, type=["null", "string"], enum=[None, "gpu", "cpu"], title="Trainer variant",
+            description="gpu: on the TensorFlow GPU base, tagged <tag> and <tag>-gpu; cpu: tagged <tag>-cpu; "
+            "empty: the trainer_variant setting.",
         ),
         "mode": Param(
             "auto", type="string", enum=["auto", "full", "append"], title="Mode",
@@ -79,6 +80,7 @@ def build_trainer_image():
     def plan(params: dict | None = None, ti=None) -> dict | bool:
         from airflow.sdk import Variable
 
+        from kubetrain import settings
         from kubetrain.imagebuild.products import SYNC_REPOSITORY, TRAINER_REPOSITORY
         from kubetrain.imagebuild.trainer_image import plan_images
 
@@ -87,7 +89,7 @@ def build_trainer_image():
             trainer_repository=Variable.get("kubetrain_trainer_repository", default=TRAINER_REPOSITORY),
             sync_repository=Variable.get("kubetrain_sync_repository", default=SYNC_REPOSITORY),
             registry_conn_id=REGISTRY_CONN_ID,
-            variant=params["variant"],
+            variant=params["variant"] or settings.get("trainer_variant") or "gpu",
             mode=params["mode"],
             force=params["force"],
         )

@@ -83,11 +83,13 @@ def require_images(stack: dict[str, str]) -> dict[str, str]:
     """
     sys.path.insert(0, str(REPO / "plugins"))
     from kubetrain.imagebuild.oci import RegistryClient
+    from kubetrain.imagebuild.products import default_image
     from kubetrain.imagebuild.reference import parse_reference
 
     registry = stack["KUBETRAIN_REGISTRY"]
-    wanted = [stack.get("KUBETRAIN_TRAINER_IMAGE") or f"{registry}/kubetrain/trainer:latest",
-              stack.get("KUBETRAIN_SYNC_IMAGE") or f"{registry}/kubetrain/sync:latest"]  # fmt: skip
+    variant = stack.get("KUBETRAIN_TRAINER_VARIANT") or "gpu"
+    wanted = [stack.get("KUBETRAIN_TRAINER_IMAGE") or default_image("trainer", registry, "latest", variant),
+              stack.get("KUBETRAIN_SYNC_IMAGE") or default_image("sync", registry)]  # fmt: skip
     digests = {}
     with RegistryClient(registry, insecure=True, timeout=30) as client:
         for image in wanted:

@@ -316,8 +316,9 @@ class Stack:
             "KUBETRAIN_REGISTRY": state["registry"],
             # the mirror that serves docker.io and quay.io images to the local kubelet (mirror.py)
             "KUBETRAIN_REGISTRY_MIRROR": state["mirror"],
-            # The node has no GPU: training pods run the CPU variant that `make stack-images` pushes.
-            "KUBETRAIN_TRAINER_IMAGE": f"{state['registry']}/kubetrain/trainer:latest-cpu",
+            # The node has no GPU: training pods run the CPU variant that `make stack-images` pushes
+            # (<registry>/kubetrain/trainer:latest-cpu, by the same default names as on a cluster).
+            "KUBETRAIN_TRAINER_VARIANT": "cpu",
             "KUBETRAIN_S3_ENDPOINT": s3["endpoint"],
             "KUBETRAIN_S3_ACCESS_KEY_ID": s3["access_key_id"],
             "KUBETRAIN_S3_SECRET_ACCESS_KEY": s3["secret_access_key"],

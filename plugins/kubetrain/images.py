@@ -64,11 +64,16 @@ def pin_image(image: str, *, registry_conn_id: str | None = None) -> str:
         connection_registry = hook.registry
     except AirflowNotFoundException:  # no registry connection: every registry is asked anonymously
         connection_registry = None
-    configured = {settings.get("registry"), connection_registry}
+    # A configured registry may keep its repositories under a path (Artifact Registry's
+    # <region>-docker.pkg.dev/<project>/<repository>): the image is in it when its name starts with it.
+    full_name = f"{ref.registry}/{ref.repository}"
+    configured = [r for r in (connection_registry, settings.get("registry")) if r]
+    within = next((r for r in configured if full_name.startswith(r.rstrip("/") + "/")), None)
     try:
-        if ref.registry in configured and connection_registry is not None:
+        if within is not None and within == connection_registry:
             where = f"registry {connection_registry} (connection {hook.registry_conn_id!r})"
             client = hook.get_conn()
+            repository = full_name[len(within.rstrip("/")) + 1 :]
         else:
             where = f"registry {host}"
             client = RegistryClient(host, insecure=host.split(":")[0] in _LOOPBACK, timeout=30)
@@ -83,8 +88,9 @@ def pin_image(image: str, *, registry_conn_id: str | None = None) -> str:
         ) from exc
     if digest is None:
         raise ImageNotFoundError(
-            f"image {image} is not in {where}: build and push it (the build_trainer_image DAG), or set "
-            "the image to one that exists"
+            f"image {image} is not in {where}: build and push it (make images IMAGE_TAG=<tag>, or the "
+            "build_trainer_image DAG), or point the image_tag and trainer_variant settings (or the image) at one "
+            "that was pushed"
         )
     name = image.strip()
     if ":" in name.rsplit("/", 1)[-1]:

@@ -105,7 +105,8 @@ def resolve_image(explicit: str | None, kind: str = "trainer") -> str:
     :param kind: ``"trainer"`` or ``"sync"``: the setting ``<kind>_image`` (the Variable
         ``kubetrain_<kind>_image`` that the build DAG sets, or ``KUBETRAIN_<KIND>_IMAGE``), else
         the default name of :func:`kubetrain.imagebuild.products.default_image` in the setting
-        ``registry`` (``<registry>/kubetrain/trainer:latest``, ``<registry>/kubetrain/sync:latest``).
+        ``registry``, of release ``image_tag`` and trainer ``trainer_variant``
+        (``<registry>/kubetrain/trainer:<tag>`` or ``...:<tag>-cpu``, ``<registry>/kubetrain/sync:<tag>``).
     """
     from kubetrain.imagebuild.products import DEFAULT_PRODUCTS, default_image
 
@@ -116,7 +117,8 @@ def resolve_image(explicit: str | None, kind: str = "trainer") -> str:
     configured = settings.get(f"{kind}_image")
     if configured:
         return configured
-    return default_image(kind, settings.get("registry"))
+    return default_image(kind, settings.get("registry"), settings.get("image_tag") or "latest",
+                         settings.get("trainer_variant") or "gpu")  # fmt: skip
 
 
 def code_version_of(image: str) -> str:

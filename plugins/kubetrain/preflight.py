@@ -128,7 +128,8 @@ class Preflight:
     def images(self) -> dict[str, str]:
         from kubetrain.imagebuild.products import default_images
 
-        defaults = default_images(self.deployment.registry)
+        d = self.deployment
+        defaults = default_images(d.registry, d.image_tag, d.trainer_variant)
         return {"trainer": self.deployment.trainer_image or defaults["trainer"],
                 "sync": self.deployment.sync_image or defaults["sync"]}  # fmt: skip
 

@@ -85,19 +85,36 @@ SETTINGS: dict[str, Setting] = {
             "nvidia.com/mig-1g.10gb, amd.com/gpu, ...); GPU pods tolerate its vendor's taint.",
             param="gpu_resource",
         ),
-        Setting("registry", "localhost:5000", "Registry that holds the trainer and sync images."),
+        Setting(
+            "registry",
+            "localhost:5000",
+            "Registry that holds the trainer and sync images: host[:port], optionally with the path the "
+            "repositories live under (Artifact Registry: <region>-docker.pkg.dev/<project>/<repository>).",
+        ),
+        Setting(
+            "image_tag",
+            "latest",
+            "Release tag of the default images: what `make images IMAGE_TAG=<tag>` pushed (trainer:<tag> for GPU, "
+            "trainer:<tag>-cpu, sync:<tag>), and what build_trainer_image tags.",
+        ),
+        Setting(
+            "trainer_variant",
+            "gpu",
+            "gpu or cpu: which trainer the default image is (trainer:<image_tag> or trainer:<image_tag>-cpu) and "
+            "which build_trainer_image builds; cpu for clusters without GPUs.",
+        ),
         Setting(
             "trainer_image",
             "",
-            "Trainer image; empty: the one build_trainer_image published last, else <registry>/kubetrain/trainer:latest. "
-            "Runs pin it to its digest.",
+            "Trainer image; empty: the one build_trainer_image published last, else "
+            "<registry>/kubetrain/trainer:<image_tag> (-cpu for the cpu variant). Runs pin it to its digest.",
             param="image",
         ),
         Setting(
             "sync_image",
             "",
             "Image of the stage-in and checkpoint-sync containers; empty: the one build_trainer_image "
-            "published last, else <registry>/kubetrain/sync:latest.",
+            "published last, else <registry>/kubetrain/sync:<image_tag>.",
         ),
         Setting("datasets_bucket", "datasets", "Bucket of the users' datasets."),
         Setting("training_bucket", "training", "Bucket of manifests, runs, reports and promoted models."),
@@ -182,6 +199,7 @@ def parse_node_selector(value: str | Mapping[str, str] | None) -> dict[str, str]
     return labels
 
 
+TRAINER_VARIANTS = ("gpu", "cpu")
 TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds", "toleration_seconds"}
 
 
@@ -223,6 +241,8 @@ class Deployment:
     tolerations: tuple[dict[str, Any], ...] = ()
     gpu_resource: str = SETTINGS["gpu_resource"].default
     registry: str = SETTINGS["registry"].default
+    image_tag: str = SETTINGS["image_tag"].default
+    trainer_variant: str = SETTINGS["trainer_variant"].default
     trainer_image: str | None = None
     sync_image: str | None = None
     datasets_bucket: str = SETTINGS["datasets_bucket"].default
@@ -240,6 +260,12 @@ class Deployment:
             raise ValueError(
                 f"gpu_resource {self.gpu_resource!r} is not an extended resource name: expected e.g. nvidia.com/gpu"
             )
+        if self.trainer_variant not in TRAINER_VARIANTS:
+            raise ValueError(f"trainer_variant {self.trainer_variant!r} is not a trainer variant: expected gpu or cpu")
+        from kubetrain.imagebuild.reference import check_tag, split_registry
+
+        split_registry(self.registry)
+        check_tag(self.image_tag)
 
     @classmethod
     def from_environment(cls) -> Deployment:
@@ -253,6 +279,8 @@ class Deployment:
             tolerations=tuple(parse_tolerations(get("tolerations"))),
             gpu_resource=get("gpu_resource"),
             registry=get("registry"),
+            image_tag=get("image_tag"),
+            trainer_variant=get("trainer_variant"),
             trainer_image=get("trainer_image") or None,
             sync_image=get("sync_image") or None,
             datasets_bucket=get("datasets_bucket"),

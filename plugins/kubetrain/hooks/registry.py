@@ -1,7 +1,9 @@
 """RegistryHook: a container registry reached through an Airflow connection.
 
 The connection (conn_type ``kubetrain_registry``; a ``docker`` connection works too) holds
-the registry's host and port, a login and password, and these extras:
+the registry's host and port (the host may carry the path under which the repositories live, as
+Artifact Registry's ``europe-west4-docker.pkg.dev/<project>/<repository>``), a login and
+password, and these extras:
 
 * ``insecure`` (bool): plain HTTP, for development registries on a trusted network;
 * ``tls_verify`` (bool, default true): verify the registry's TLS certificate;
@@ -62,8 +64,9 @@ class RegistrySettings:
     timeout: float = 60.0
 
     def __post_init__(self) -> None:
-        if not self.registry or "/" in self.registry or " " in self.registry:
-            raise ValueError(f"invalid registry host {self.registry!r}: expected host[:port], e.g. registry.example.com")
+        from kubetrain.imagebuild.reference import split_registry
+
+        split_registry(self.registry)
         if self.insecure and self.ca_bundle:
             raise ValueError(
                 f"insecure=True (plain HTTP) cannot be combined with ca_bundle={self.ca_bundle!r} (a TLS setting): "
@@ -142,8 +145,9 @@ class RegistryHook(BaseHook):
         host = host.rstrip("/")
         if not host:
             raise ValueError(f"connection {self.registry_conn_id!r} has no host: expected the registry's host name")
-        if conn.port and ":" not in host:
-            host = f"{host}:{conn.port}"
+        name, slash, path = host.partition("/")
+        if conn.port and ":" not in name:
+            host = f"{name}:{conn.port}{slash}{path}"
 
         def pick(name: str) -> Any:
             return self._explicit[name] if self._explicit[name] is not None else extra.get(name)
@@ -170,7 +174,7 @@ class RegistryHook(BaseHook):
 
     @property
     def registry(self) -> str:
-        """``host[:port]`` of the registry."""
+        """``host[:port][/path]`` of the registry: what the names of its images start with."""
         return self.settings.registry
 
     def get_conn(self) -> RegistryClient:
@@ -208,7 +212,9 @@ class RegistryHook(BaseHook):
             entry = {"auth": base64.b64encode(f"{s.username}:{s.password or ''}".encode()).decode()}
         else:
             return {"auths": {}}
-        return {"auths": {s.registry: entry}}
+        from kubetrain.imagebuild.reference import split_registry
+
+        return {"auths": {split_registry(s.registry)[0]: entry}}
 
     def write_authfile(self, path: Path) -> Path:
         """Write the Docker config for buildah and skopeo (``--authfile``), readable by the owner only.

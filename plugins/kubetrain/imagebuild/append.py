@@ -145,19 +145,21 @@ def append_layer(
     check_repository(repository)
     if tag is not None:
         check_tag(tag)
-    if base.registry and base.registry != client.registry:
+    try:
+        base_repository = client.relative(base)
+    except RegistryError:
         raise RegistryError(
             f"base image {base} is on registry {base.registry}, but the image goes to {client.registry}: the code "
             "layer is appended without pulling base layers, so copy the base image to that registry first"
-        )
+        ) from None
     parse_platform(platform or DEFAULT_PLATFORM)
-    top = client.get_manifest(base.repository, base.reference)
-    image = select_platform(client, base.repository, top, platform or DEFAULT_PLATFORM)
+    top = client.get_manifest(base_repository, base.reference)
+    image = select_platform(client, base_repository, top, platform or DEFAULT_PLATFORM)
     manifest = image.data
-    base_config = json.loads(client.get_blob(base.repository, manifest["config"]["digest"]))
+    base_config = json.loads(client.get_blob(base_repository, manifest["config"]["digest"]))
     if not top.is_index and platform:
         _check_platform(base, base_config, platform)
-    log(f"base {base} -> {base.repository}@{image.digest} ({len(manifest.get('layers', []))} layers)")
+    log(f"base {base} -> {base_repository}@{image.digest} ({len(manifest.get('layers', []))} layers)")
 
     oci = image.is_oci
     with tempfile.TemporaryDirectory(dir=work_dir, prefix="kubetrain-layer-") as tmp:
@@ -218,7 +220,7 @@ def append_layer(
         for desc in manifest.get("layers", []):
             if client.blob_exists(repository, desc["digest"]):
                 continue
-            if base.repository != repository and client.mount_blob(repository, desc["digest"], base.repository):
+            if base_repository != repository and client.mount_blob(repository, desc["digest"], base_repository):
                 client.stats.blobs_mounted += 1
                 continue
             raise RegistryError(

@@ -20,7 +20,7 @@ from urllib.parse import urljoin
 
 import requests
 
-from kubetrain.imagebuild.reference import check_digest, check_repository, check_tag
+from kubetrain.imagebuild.reference import check_digest, check_repository, check_tag, split_registry
 
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 DOCKER_MANIFEST_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
@@ -139,7 +139,9 @@ def error_detail(response: requests.Response) -> str:
 class RegistryClient:
     """Talk to one registry.
 
-    :param registry: ``host[:port]`` of the registry.
+    :param registry: ``host[:port]`` of the registry, optionally followed by a path under which every
+        repository lives (``europe-west4-docker.pkg.dev/<project>/<repository>`` of Artifact Registry):
+        repository names given to the methods are relative to it.
     :param insecure: plain HTTP instead of HTTPS (local development registries).
     :param verify: TLS verification: True, False, or the path of a CA bundle.
     :param username: login for Basic auth or for the Bearer token service.
@@ -159,12 +161,12 @@ class RegistryClient:
         token: str | None = None,
         timeout: float = 60.0,
     ) -> None:
-        if not registry or "/" in registry:
-            raise ValueError(f"invalid registry {registry!r}: expected host[:port], e.g. registry.example.com:5000")
+        host, prefix = split_registry(registry)
         if token and password:
             raise ValueError("a registry token cannot be combined with a password: give one or the other")
-        self.registry = registry
-        self.base_url = f"{'http' if insecure else 'https'}://{registry}"
+        self.registry = registry  # what image names start with: host[:port][/prefix]
+        self.host, self.prefix = host, prefix
+        self.base_url = f"{'http' if insecure else 'https'}://{host}"
         self.username = username
         self._password = password
         self._token = token
@@ -308,13 +310,27 @@ class RegistryClient:
         if method != "HEAD":
             self.stats.bytes_received += len(response.content)
 
-    @staticmethod
-    def _pull(repository: str) -> tuple[str, ...]:
-        return (f"repository:{check_repository(repository)}:pull",)
+    def relative(self, reference) -> str:
+        """The repository of ``reference`` (an :class:`~kubetrain.imagebuild.reference.ImageReference`; one
+        without a registry is taken as this registry's) relative to this registry's path prefix.
 
-    @staticmethod
-    def _push(repository: str) -> tuple[str, ...]:
-        return (f"repository:{check_repository(repository)}:pull,push",)
+        :raises RegistryError: the reference names an image of another registry.
+        """
+        full = f"{reference.registry or self.registry}/{reference.repository}"
+        if not full.startswith(self.registry + "/"):
+            raise RegistryError(f"image {reference} is not in registry {self.registry}")
+        return full[len(self.registry) + 1 :]
+
+    def _path(self, repository: str) -> str:
+        """The repository's name on the registry's host: under the registry's path prefix, if it has one."""
+        check_repository(repository)
+        return f"{self.prefix}/{repository}" if self.prefix else repository
+
+    def _pull(self, repository: str) -> tuple[str, ...]:
+        return (f"repository:{self._path(repository)}:pull",)
+
+    def _push(self, repository: str) -> tuple[str, ...]:
+        return (f"repository:{self._path(repository)}:pull,push",)
 
     # -- API ---------------------------------------------------------------------------------
 
@@ -326,7 +342,7 @@ class RegistryClient:
         """Fetch a manifest or index by tag or digest; the digest is checked when one was asked for."""
         resp = self._request(
             "GET",
-            f"/v2/{repository}/manifests/{reference}",
+            f"/v2/{self._path(repository)}/manifests/{reference}",
             scopes=self._pull(repository),
             ok=(200,),
             not_found=ManifestNotFound,
@@ -351,7 +367,7 @@ class RegistryClient:
         """The digest under a tag (``HEAD``), or None when the tag does not exist."""
         resp = self._request(
             "HEAD",
-            f"/v2/{repository}/manifests/{reference}",
+            f"/v2/{self._path(repository)}/manifests/{reference}",
             scopes=self._pull(repository),
             ok=(200, 404),
             headers={"Accept": ACCEPT},
@@ -368,7 +384,7 @@ class RegistryClient:
             check_tag(reference)
         self._request(
             "PUT",
-            f"/v2/{repository}/manifests/{reference}",
+            f"/v2/{self._path(repository)}/manifests/{reference}",
             scopes=self._push(repository),
             ok=(201,),
             data=raw,
@@ -381,7 +397,7 @@ class RegistryClient:
         """Fetch a small blob (a config) into memory and check its digest."""
         resp = self._request(
             "GET",
-            f"/v2/{repository}/blobs/{check_digest(digest)}",
+            f"/v2/{self._path(repository)}/blobs/{check_digest(digest)}",
             scopes=self._pull(repository),
             ok=(200,),
             not_found=RegistryError,
@@ -394,7 +410,7 @@ class RegistryClient:
     def blob_exists(self, repository: str, digest: str) -> bool:
         resp = self._request(
             "HEAD",
-            f"/v2/{repository}/blobs/{check_digest(digest)}",
+            f"/v2/{self._path(repository)}/blobs/{check_digest(digest)}",
             scopes=self._pull(repository),
             ok=(200, 404),
             what=f"HEAD blob {repository}@{digest}",
@@ -406,10 +422,10 @@ class RegistryClient:
         scopes = (*self._push(repository), *self._pull(from_repository))
         resp = self._request(
             "POST",
-            f"/v2/{repository}/blobs/uploads/",
+            f"/v2/{self._path(repository)}/blobs/uploads/",
             scopes=scopes,
             ok=(201, 202),
-            params={"mount": check_digest(digest), "from": from_repository},
+            params={"mount": check_digest(digest), "from": self._path(from_repository)},
             what=f"mount blob {digest} from {from_repository} into {repository}",
         )
         if resp.status_code == 201:
@@ -427,7 +443,7 @@ class RegistryClient:
         scopes = self._push(repository)
         start = self._request(
             "POST",
-            f"/v2/{repository}/blobs/uploads/",
+            f"/v2/{self._path(repository)}/blobs/uploads/",
             scopes=scopes,
             ok=(202,),
             what=f"start upload of {blob.digest} to {repository}",
@@ -469,8 +485,8 @@ class RegistryClient:
         try:
             resp = self._request(
                 "DELETE",
-                f"/v2/{repository}/manifests/{check_tag(tag)}",
-                scopes=(f"repository:{repository}:delete", *self._push(repository)),
+                f"/v2/{self._path(repository)}/manifests/{check_tag(tag)}",
+                scopes=(f"repository:{self._path(repository)}:delete", *self._push(repository)),
                 ok=(200, 202, 400, 404, 405),
                 what=f"delete tag {repository}:{tag}",
             )

@@ -9,8 +9,9 @@ sync           ``kubetrain/sync``     ``Dockerfile.sync`` ``python:3.11-slim``  
 =============  ===================  ==================  ==================================  ================
 
 The build context of every image is ``trainer/``. The plain tag of the trainer is its GPU
-variant, the image training pods use by default (``<registry>/kubetrain/trainer:latest``);
-a CPU-only cluster names ``...:latest-cpu`` in ``KUBETRAIN_TRAINER_IMAGE``.
+variant, the image training pods use by default (``<registry>/kubetrain/trainer:<tag>``, the
+``image_tag`` setting, ``latest`` unless set); a CPU-only cluster sets the ``trainer_variant``
+setting to ``cpu`` (``...:<tag>-cpu``).
 
 Where public images cannot be pulled, bases made from Debian packages stand in for both
 official ones (``make images IMAGE_BASE=debian``): Debian bookworm's Python 3.11 and pip for
@@ -105,21 +106,26 @@ def product(name: str) -> ImageProduct:
 # What training pods run when no image is configured: the one definition of the default names,
 # used by pod_spec.resolve_image, the preflight, the build DAG and `make images`.
 DEFAULT_PRODUCTS: dict[str, ImageProduct] = {"trainer": TRAINER_GPU, "sync": SYNC}
+TRAINER_VARIANTS: dict[str, ImageProduct] = {"gpu": TRAINER_GPU, "cpu": TRAINER_CPU}
 
 
-def default_image(kind: str, registry: str, tag: str = "latest") -> str:
-    """The reference pods use for image ``kind`` (``trainer`` or ``sync``) when none is configured.
+def default_image(kind: str, registry: str, tag: str = "latest", variant: str = "gpu") -> str:
+    """The reference pods use for image ``kind`` (``trainer`` or ``sync``) when none is configured: the first
+    tag of release ``tag`` of that image (of trainer ``variant``), as `make images IMAGE_TAG=<tag>` pushes it.
 
-    :raises ValueError: for another kind, naming the known ones.
+    :raises ValueError: for another kind or variant, naming the known ones.
     """
     if kind not in DEFAULT_PRODUCTS:
         raise ValueError(f"unknown image kind {kind!r}: expected one of {', '.join(DEFAULT_PRODUCTS)}")
-    return DEFAULT_PRODUCTS[kind].reference(registry, tag)
+    if variant not in TRAINER_VARIANTS:
+        raise ValueError(f"unknown trainer variant {variant!r}: expected one of {', '.join(TRAINER_VARIANTS)}")
+    item = TRAINER_VARIANTS[variant] if kind == "trainer" else DEFAULT_PRODUCTS[kind]
+    return item.reference(registry, tag)
 
 
-def default_images(registry: str, tag: str = "latest") -> dict[str, str]:
+def default_images(registry: str, tag: str = "latest", variant: str = "gpu") -> dict[str, str]:
     """The references training pods use by default: ``{"trainer": ..., "sync": ...}``."""
-    return {kind: default_image(kind, registry, tag) for kind in DEFAULT_PRODUCTS}
+    return {kind: default_image(kind, registry, tag, variant) for kind in DEFAULT_PRODUCTS}
 
 
 def tensorflow_requirement(trainer_dir: Path) -> str:

@@ -32,6 +32,22 @@ def check_repository(repository: str) -> str:
     return repository
 
 
+def split_registry(registry: str) -> tuple[str, str]:
+    """``host[:port][/path]`` -> (host[:port], path): a registry may keep every repository under a path,
+    as Artifact Registry does (``europe-west4-docker.pkg.dev/<project>/<repository>``).
+
+    :raises ValueError: naming the value and what a registry is.
+    """
+    text = registry.strip() if isinstance(registry, str) else ""
+    host, _, path = text.partition("/")
+    if not host or " " in text or (path and not REPOSITORY_RE.match(path)):
+        raise ValueError(
+            f"invalid registry {registry!r}: expected host[:port], optionally with a path under which the "
+            "repositories live, e.g. registry.example.com:5000 or europe-west4-docker.pkg.dev/my-project/ml"
+        )
+    return host, path
+
+
 def check_digest(digest: str) -> str:
     """Return ``digest`` when it is a sha256 digest, else raise ``ValueError``."""
     if not isinstance(digest, str) or not DIGEST_RE.match(digest):

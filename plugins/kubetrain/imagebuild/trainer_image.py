@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kubetrain import settings
 from kubetrain.hooks.registry import RegistryHook
 from kubetrain.imagebuild.products import SYNC, TRAINER_CPU, TRAINER_GPU, ImageProduct
 
@@ -148,23 +149,25 @@ def publish_images(
     trainer_ref = _reference(plan["trainer"], built_trainer, "trainer")
     sync_ref = _reference(plan["sync"], built_sync, "sync")
     product = TRAINERS[plan["trainer"]["variant"]]
+    release = settings.get("image_tag") or "latest"
     with RegistryHook(registry_conn_id).get_conn() as client:
         refs = {name: parse_reference(ref) for name, ref in (("trainer", trainer_ref), ("sync", sync_ref))}
+        repositories = {name: client.relative(ref) for name, ref in refs.items()}
         for name, ref in refs.items():
-            if client.manifest_digest(ref.repository, ref.digest) is None:
+            if client.manifest_digest(repositories[name], ref.digest) is None:
                 raise RuntimeError(f"the {name} image {ref} is not in the registry: nothing is published, the "
                                    "Variables keep the images of the last complete run")  # fmt: skip
-        client.tag(refs["trainer"].repository, refs["trainer"].digest, list(product.tags()))
-        client.tag(refs["sync"].repository, refs["sync"].digest, list(SYNC.tags()))
+        client.tag(repositories["trainer"], refs["trainer"].digest, list(product.tags(release)))
+        client.tag(repositories["sync"], refs["sync"].digest, list(SYNC.tags(release)))
     Variable.set(IMAGE_VARIABLE, trainer_ref)
     Variable.set(SYNC_IMAGE_VARIABLE, sync_ref)
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     trainer = plan["trainer"]
     record = {"reference": trainer_ref, "action": trainer["action"], "variant": trainer["variant"],
               "code_hash": trainer["code_hash"], "deps_hash": trainer["deps_hash"],
-              "revision": trainer.get("revision"), "tags": list(product.tags()), "published_at": now}  # fmt: skip
+              "revision": trainer.get("revision"), "tags": list(product.tags(release)), "published_at": now}  # fmt: skip
     sync_record = {"reference": sync_ref, "action": plan["sync"]["action"], "source_hash": plan["sync"]["source_hash"],
-                   "tags": list(SYNC.tags()), "published_at": now}  # fmt: skip
+                   "tags": list(SYNC.tags(release)), "published_at": now}  # fmt: skip
     Variable.set(SOURCE_VARIABLE, json.dumps(record))
     Variable.set(SYNC_SOURCE_VARIABLE, json.dumps(sync_record))
     log.info("published %s and %s", trainer_ref, sync_ref)

@@ -18,6 +18,8 @@ from kubetrain import pod_spec, settings
 from kubetrain.imagebuild import release
 from kubetrain.imagebuild.builders import BuildError, PushTarget
 from kubetrain.imagebuild.oci import RegistryClient
+from kubetrain.preflight import Preflight
+from kubetrain.settings import Deployment
 from kubetrain.imagebuild.products import (
     SYNC,
     TRAINER_CPU,
@@ -127,7 +129,7 @@ REGISTRY = "registry.example:5000"
 @pytest.fixture
 def no_configured_images(monkeypatch):
     monkeypatch.setenv("KUBETRAIN_REGISTRY", REGISTRY)
-    for name in ("trainer_image", "sync_image"):
+    for name in ("trainer_image", "sync_image", "image_tag", "trainer_variant"):
         monkeypatch.delenv(settings.SETTINGS[name].env, raising=False)
         monkeypatch.delenv(f"AIRFLOW_VAR_{settings.SETTINGS[name].variable.upper()}", raising=False)
     monkeypatch.setattr(settings, "_variable", lambda name: None)  # no Variable of the local metadata DB
@@ -147,7 +149,7 @@ def test_the_default_names(no_configured_images):
 def test_settings_and_readme_describe_the_default_names():
     readme = (REPO / "README.md").read_text()
     for kind in ("trainer", "sync"):
-        name = default_image(kind, "<registry>")
+        name = default_image(kind, "<registry>", "TAG").replace(":TAG", ":<image_tag>")
         assert name in settings.SETTINGS[f"{kind}_image"].description
         assert name.replace("<", "&lt;").replace(">", "&gt;") in readme  # README's generated settings table
 
@@ -165,24 +167,36 @@ def test_real_cluster_doc_names_the_images_as_built():
         (TRAINER_CPU.repository, "(CPU)"): tags(TRAINER_CPU),
         (SYNC.repository, "(stage-in and checkpoint-sync)"): tags(SYNC),
     }
-    assert f"KUBETRAIN_TRAINER_IMAGE={TRAINER_CPU.reference('<registry>')}" in doc
+    assert "KUBETRAIN_TRAINER_VARIANT=cpu" in doc and "KUBETRAIN_IMAGE_TAG=v1" in doc
 
 
-def test_make_images_pushes_the_default_names(capsys):
-    """`make images` (as make would run it) lists the names that pods and the preflight use by default."""
-    out = subprocess.run(["make", "-n", "--no-print-directory", "images", "IMAGE_BASE=official"], cwd=REPO,
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+@pytest.mark.parametrize("tag", ["latest", "v1"])
+def test_make_images_pushes_the_names_pods_use_by_default(capsys, no_configured_images, monkeypatch, tag):
+    """`make images IMAGE_TAG=<tag>` (as make would run it) pushes what pods and the preflight take by default once
+    KUBETRAIN_IMAGE_TAG says the same tag, for either trainer variant."""
+    out = subprocess.run(["make", "-n", "--no-print-directory", "images", "IMAGE_BASE=official", f"IMAGE_TAG={tag}"],
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout  # fmt: skip
     line = next(cmd for cmd in out.replace("\\\n", " ").splitlines() if "kubetrain.imagebuild.release" in cmd)
     argv = shlex.split(line)
     args = argv[argv.index("kubetrain.imagebuild.release") + 1:]
     assert release.main([*args, "--registry", REGISTRY, "--list"]) == 0
     pushed = {item["name"]: item["references"] for item in map(json.loads, capsys.readouterr().out.splitlines())}
     assert set(pushed) == {"trainer-gpu", "trainer-cpu", "sync"}
-    assert default_image("trainer", REGISTRY) in pushed["trainer-gpu"]
-    assert default_image("sync", REGISTRY) in pushed["sync"]
-    assert TRAINER_CPU.reference(REGISTRY) in pushed["trainer-cpu"]
+    monkeypatch.setenv("KUBETRAIN_IMAGE_TAG", tag)
+    for variant, name in (("gpu", "trainer-gpu"), ("cpu", "trainer-cpu")):
+        monkeypatch.setenv("KUBETRAIN_TRAINER_VARIANT", variant)
+        assert pod_spec.resolve_image(None, "trainer") in pushed[name]
+        assert Preflight(Deployment.from_environment()).images()["trainer"] in pushed[name]
+    assert pod_spec.resolve_image(None, "sync") in pushed["sync"]
 
 
-def test_dev_stack_runs_the_cpu_trainer_it_pushes(devstack):
-    registry = devstack.load_state()["registry"]
-    assert devstack.env()["KUBETRAIN_TRAINER_IMAGE"] == TRAINER_CPU.reference(registry)
+def test_dev_stack_runs_the_cpu_trainer_it_pushes(devstack, monkeypatch):
+    """The dev stack names no image: its pods take the default names, of the CPU variant it pushes."""
+    env = devstack.env()
+    assert "KUBETRAIN_TRAINER_IMAGE" not in env and env["KUBETRAIN_TRAINER_VARIANT"] == "cpu"
+    for name in ("trainer_image", "sync_image", "image_tag"):
+        monkeypatch.delenv(settings.SETTINGS[name].env, raising=False)
+    monkeypatch.setattr(settings, "_variable", lambda name: None)
+    monkeypatch.setenv("KUBETRAIN_REGISTRY", env["KUBETRAIN_REGISTRY"])
+    monkeypatch.setenv("KUBETRAIN_TRAINER_VARIANT", env["KUBETRAIN_TRAINER_VARIANT"])
+    assert pod_spec.resolve_image(None, "trainer") == TRAINER_CPU.reference(env["KUBETRAIN_REGISTRY"])

@@ -88,7 +88,7 @@ def test_stage_train_report_promote_on_the_dev_stack(devstack, stack_images, mon
     with DAG(f"devstack_{uuid.uuid4().hex[:8]}", schedule=None) as dag:
         train = TrainingPodOperator(
             task_id="train",
-            image=env["KUBETRAIN_TRAINER_IMAGE"],
+            image=f"{env['KUBETRAIN_REGISTRY']}/kubetrain/trainer:latest-cpu",
             sync_image=f"{env['KUBETRAIN_REGISTRY']}/kubetrain/sync:latest",
             cmds=["python", "-c", TRAIN_SCRIPT],
             dataset_manifest=staged["manifest_uri"],

@@ -124,7 +124,7 @@ def ticking_pod(
     with DAG(f"logs_{uuid.uuid4().hex[:8]}", schedule=None) as dag:
         train = TrainingPodOperator(
             task_id="train",
-            image=env["KUBETRAIN_TRAINER_IMAGE"],
+            image=f"{env['KUBETRAIN_REGISTRY']}/kubetrain/trainer:latest-cpu",
             sync_image=f"{env['KUBETRAIN_REGISTRY']}/kubetrain/sync:latest",
             cmds=["python", "-c", script, str(exit_code)],
             dataset_manifest=staged["manifest_uri"],
