@@ -49,6 +49,13 @@ SETTINGS: dict[str, Setting] = {
     for s in (
         Setting("namespace", "kubetrain", "Namespace of training, build and preflight pods."),
         Setting(
+            "build_namespace",
+            "",
+            "Namespace of in-cluster image builds; empty: namespace. Their rootless builder needs Pod Security "
+            "level privileged (seccomp and AppArmor Unconfined): give them a namespace of their own where the "
+            "training namespace enforces baseline or restricted.",
+        ),
+        Setting(
             "s3_secret",
             "kubetrain-s3",
             "Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL, AWS_DEFAULT_REGION) "

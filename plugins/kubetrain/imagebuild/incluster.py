@@ -24,6 +24,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from kubernetes.client import models as k8s
 
@@ -85,6 +86,15 @@ class InClusterSettings:
 
     :param fetch_image: an image with Python 3 and botocore that fetches the context: kubetrain's
         sync image (the operator's default), already pulled on nodes that ran training pods.
+    :param registry_secret: the ``kubernetes.io/dockerconfigjson`` Secret the builder pushes with
+        (``kubectl create secret docker-registry kubetrain-registry --docker-server=<registry> ...``).
+    :param image_pull_secrets: Secrets for pulling the builder's own images (the deployment's).
+    :param node_selector: node labels the builder pod must match (the deployment's).
+    :param tolerations: the builder pod's tolerations (the deployment's).
+
+    The builder container runs rootless BuildKit or buildah, which create a user namespace of their
+    own: it needs seccomp and AppArmor ``Unconfined``, which only Pod Security level ``privileged``
+    admits (:data:`POD_SECURITY_LEVEL`). Run builds in a namespace of their own labelled so.
     """
 
     namespace: str = SETTINGS["namespace"].default
@@ -95,6 +105,9 @@ class InClusterSettings:
     s3_secret: str | None = SETTINGS["s3_secret"].default
     registry_secret: str | None = "kubetrain-registry"
     service_account: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
     resources: Mapping[str, Mapping[str, str]] = field(
         default_factory=lambda: {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "8Gi"}}
     )
@@ -115,6 +128,22 @@ class InClusterSettings:
                 raise ValueError(f"invalid {name} {value!r}: expected a Kubernetes object name (lowercase, '-', '.')")
         if self.active_deadline_seconds < 60:
             raise ValueError(f"invalid active_deadline_seconds {self.active_deadline_seconds}: expected at least 60")
+
+
+# The Pod Security Standards level the builder pod needs (its builder container's Unconfined profiles).
+POD_SECURITY_LEVEL = "privileged"
+_SNAKE = {"tolerationSeconds": "toleration_seconds"}
+
+
+def pod_security_refusal(namespace: str, message: str) -> str:
+    """What to do when the API server's Pod Security admission refused the builder pod in ``namespace``."""
+    return (
+        f"the in-cluster builder pod was refused by Pod Security admission in namespace {namespace!r} ({message}): "
+        f"its rootless builder needs seccomp and AppArmor Unconfined, which only level {POD_SECURITY_LEVEL!r} admits. "
+        f"Run builds in a namespace of their own (kubectl create namespace kubetrain-build; kubectl label namespace "
+        f"kubetrain-build pod-security.kubernetes.io/enforce={POD_SECURITY_LEVEL}) named by KUBETRAIN_BUILD_NAMESPACE, "
+        "or build on the Airflow worker (builder='buildah')"
+    )
 
 
 def buildctl_args(request: BuildRequest, target: PushTarget) -> list[str]:
@@ -279,6 +308,10 @@ def builder_pod(
             restart_policy="Never",
             active_deadline_seconds=settings.active_deadline_seconds,
             service_account_name=settings.service_account,
+            image_pull_secrets=[k8s.V1LocalObjectReference(name=n) for n in settings.image_pull_secrets] or None,
+            node_selector=dict(settings.node_selector) or None,
+            tolerations=[k8s.V1Toleration(**{_SNAKE.get(k, k): v for k, v in t.items()}) for t in settings.tolerations]
+            or None,
             init_containers=[fetch, unpack],
             containers=[build],
             volumes=volumes,

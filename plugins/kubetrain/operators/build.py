@@ -11,6 +11,7 @@ Both return, as XCom, the pushed digest and the full reference ``registry/repo@s
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -229,13 +230,17 @@ class BuildImageOperator(BaseOperator):
         from kubetrain import pod_spec, settings
         from kubetrain.imagebuild.incluster import InClusterSettings
 
+        deployment = settings.Deployment.from_environment()
         return InClusterSettings(
-            namespace=self.namespace or settings.get("namespace"),
+            namespace=self.namespace or settings.get("build_namespace") or deployment.namespace,
             tool=self.in_cluster_tool,
             fetch_image=pod_spec.resolve_image(self.fetch_image, "sync"),
-            s3_secret=self.s3_secret if self.s3_secret is not None else (settings.get("s3_secret") or None),
+            s3_secret=self.s3_secret if self.s3_secret is not None else deployment.s3_secret,
             registry_secret=self.registry_secret,
-            service_account=settings.get("service_account") or None,
+            service_account=deployment.service_account,
+            image_pull_secrets=deployment.image_pull_secrets,
+            node_selector=deployment.node_selector,
+            tolerations=deployment.tolerations,
             **({"builder_image": self.builder_image} if self.builder_image else {}),
         )
 
@@ -299,10 +304,22 @@ class BuildImageOperator(BaseOperator):
         return self._publish(self.build_request(), self._builder_output(result))
 
     def _run_launcher(self, call: Any, pod: k8s.V1Pod | None, namespace: str) -> Any:
-        from airflow.sdk.exceptions import TaskDeferred
+        from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+        from kubernetes.client.exceptions import ApiException
+
+        from kubetrain.imagebuild.incluster import pod_security_refusal
 
         try:
             return call(self._launcher(pod, namespace))
+        except ApiException as exc:
+            body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body or "")
+            if exc.status == 403 and "PodSecurity" in body:
+                try:
+                    message = json.loads(body).get("message", body)
+                except ValueError:
+                    message = body
+                raise AirflowFailException(pod_security_refusal(namespace, message)) from None
+            raise
         except TaskDeferred as deferred:
             # The provider's trigger watches the pod from the triggerer; this task, not the inner
             # pod operator, resumes when it fires.

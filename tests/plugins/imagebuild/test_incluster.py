@@ -177,3 +177,48 @@ def test_context_key_is_safe():
     key = context_key("build-contexts/", {"run_id": "scheduled__2026-01-01T00:00:00+00:00"}, "sha256:" + "ab" * 32)
     assert key == "build-contexts/adhoc/scheduled__2026-01-01T00_00_00_00_00/build/context-abababababababab.tar.gz"
 
+
+
+def test_the_builder_pod_is_placed_and_pulls_as_training_pods_are(registry_conn, context_dir, monkeypatch):
+    """The deployment's pull Secrets, node selector and tolerations apply to the builder pod too; its namespace is
+    the build namespace when one is set."""
+    monkeypatch.setenv("KUBETRAIN_IMAGE_PULL_SECRETS", "regcred, mirror-cred")
+    monkeypatch.setenv("KUBETRAIN_NODE_SELECTOR", "pool=build")
+    monkeypatch.setenv("KUBETRAIN_TOLERATIONS", '[{"key": "spot", "operator": "Exists", "tolerationSeconds": 60}]')
+    monkeypatch.setenv("KUBETRAIN_BUILD_NAMESPACE", "kubetrain-build")
+    body = pod_dict(operator(context_dir))
+    kubernetes_validate.validate(body, K8S_VERSION, strict=True)
+    spec = body["spec"]
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror-cred"}]
+    assert spec["nodeSelector"] == {"pool": "build"}
+    assert spec["tolerations"] == [{"key": "spot", "operator": "Exists", "tolerationSeconds": 60}]
+    assert body["metadata"]["namespace"] == "kubetrain-build"
+    # and what it needs of Pod Security is stated where the pod is built: Unconfined profiles, level privileged
+    from kubetrain.imagebuild.incluster import POD_SECURITY_LEVEL
+
+    (build,) = spec["containers"]
+    assert build["securityContext"]["appArmorProfile"] == {"type": "Unconfined"} and POD_SECURITY_LEVEL == "privileged"
+
+
+def test_a_pod_security_refusal_says_which_level_the_builder_needs(registry_conn, context_dir, monkeypatch):
+    """The API server's Pod Security admission refuses the pod (here its 403 as the API server sends it, until the dev
+    stack enforces Pod Security): the task fails once, naming the level and the way out, not with a traceback."""
+    from airflow.sdk.exceptions import AirflowFailException
+    from kubernetes.client.exceptions import ApiException
+
+    refusal = ApiException(status=403, reason="Forbidden")
+    refusal.body = json.dumps({"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403, "message":
+                               'pods "kubetrain-build-1" is forbidden: violates PodSecurity "restricted:latest": '
+                               'seccompProfile (pod or container "base" must not set securityContext.seccompProfile.type '
+                               'to "Unconfined")'})  # fmt: skip
+    op = operator(context_dir)
+
+    def refuse(launcher):
+        raise refusal
+
+    with pytest.raises(AirflowFailException) as err:
+        op._run_launcher(refuse, None, "kubetrain")
+    message = str(err.value)
+    assert "refused by Pod Security admission in namespace 'kubetrain'" in message
+    assert 'violates PodSecurity "restricted:latest"' in message
+    assert "level 'privileged'" in message and "KUBETRAIN_BUILD_NAMESPACE" in message
