@@ -18,8 +18,6 @@ from kubetrain import pod_spec, settings
 from kubetrain.imagebuild import release
 from kubetrain.imagebuild.builders import BuildError, PushTarget
 from kubetrain.imagebuild.oci import RegistryClient
-from kubetrain.preflight import Preflight
-from kubetrain.settings import Deployment
 from kubetrain.imagebuild.products import (
     SYNC,
     TRAINER_CPU,
@@ -28,6 +26,8 @@ from kubetrain.imagebuild.products import (
     default_image,
     default_images,
 )
+from kubetrain.preflight import Preflight
+from kubetrain.settings import Deployment
 
 REPO = Path(__file__).resolve().parents[3]
 NON_ROOT = re.compile(r"^[1-9]\d*:[1-9]\d*$")
