@@ -23,6 +23,7 @@ BENCHES = {
     "train_step": (TRAINER, "bench_train_step.py", "training step time: steps per execution 1 vs 16, XLA off/on"),
     "transfer": (TRAINER, "bench_transfer.py", "S3 stage-in vs. s5cmd and awscli (wall time, client CPU/GB)"),
     "image_update": (AIRFLOW, "bench_image_update.py", "code-only image update: append layer vs. buildah build"),
+    "images": (AIRFLOW, "bench_node_images.py", "the node's image cache: image sizes, cold and warm pulls, a code layer's cost to the next pod start"),
     "dag_parse": (AIRFLOW, "bench_dag_parse.py", "DAG file parse time: (a) warm, as the DAG processor parses, (b) cold import"),
     "orchestration": (AIRFLOW, "bench_orchestration.py", "orchestration overhead of the demo DAG"),
     "kill_soak": (AIRFLOW, "bench_kill_soak.py", "training runs killed at random points: resumed, steps lost, orphans"),
