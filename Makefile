@@ -146,7 +146,7 @@ images-base: $(IMAGE_ROOTFS)
 MIRROR := .tools/mirror/images.json
 mirror: $(MIRROR)
 
-$(MIRROR): include/devstack/mirror.py trainer/Dockerfile.tensorflow trainer/requirements.txt $(IMAGE_ROOTFS) \
+$(MIRROR): include/devstack/mirror.py include/devstack/mirror_images/buildah.Dockerfile trainer/Dockerfile.tensorflow trainer/requirements.txt $(IMAGE_ROOTFS) \
 		$(VENV)/.synced $(STAMPS)/apt
 	@echo "building the registry mirror's images (busybox, alpine, python, tensorflow; once per checkout)"
 	$(VENV)/bin/python -m include.devstack.mirror build >.tools/mirror.log 2>&1 || { tail -30 .tools/mirror.log; exit 1; }

@@ -15,6 +15,8 @@ public name                        stand-in
 ``latest``                          needs only ``sh``, ``sleep``, ``kill`` and ``cat``)
 ``python:3.11``, ``3.11-slim``      Debian bookworm's Python 3.11 and pip (``make images-base``)
 ``tensorflow/tensorflow:2.21.0``    the same with TensorFlow's CPU wheel (trainer/Dockerfile.tensorflow)
+``quay.io/buildah/stable:v1.41``    the same with Debian's buildah, set up for rootless builds as the
+                                    official image is (mirror_images/buildah.Dockerfile)
 =================================  ==========================================================
 
     python -m include.devstack.mirror build    # `make mirror`: build the stand-ins, fill .tools/mirror
@@ -50,6 +52,7 @@ IMAGES = {
     "docker.io/library/python:3.11": "python",
     "docker.io/library/python:3.11-slim": "python",
     "docker.io/tensorflow/tensorflow:2.21.0": "tensorflow",
+    "quay.io/buildah/stable:v1.41": "buildah",
 }
 
 
@@ -88,7 +91,7 @@ def build(log=print) -> dict[str, str]:
     from include.devstack import registry
     from include.devstack.stack import free_port, wait_http
     from kubetrain.imagebuild.buildah import BuildahBuilder
-    from kubetrain.imagebuild.builders import PushTarget
+    from kubetrain.imagebuild.builders import BuildRequest, PushTarget
     from kubetrain.imagebuild.products import ImagePublisher
 
     builder = BuildahBuilder(REPO / ".tools" / "buildah", storage_driver="auto", log=log)
@@ -102,6 +105,11 @@ def build(log=print) -> dict[str, str]:
             local[name] = ref
     local["python"] = publisher.local_base(ROOTFS)
     local["tensorflow"] = publisher.local_tensorflow(ROOTFS)
+    local["buildah"] = builder.build(
+        BuildRequest(context=Path(__file__).with_name("mirror_images"), repository="kubetrain/standin-buildah",
+                     tags=("latest",), dockerfile="buildah.Dockerfile", build_args={"BASE_IMAGE": local["python"]}),
+        local_tag="latest",
+    )  # fmt: skip
 
     data = MIRROR_DIR / "data"
     port = free_port()
@@ -112,7 +120,7 @@ def build(log=print) -> dict[str, str]:
     try:
         wait_http(f"http://127.0.0.1:{port}/v2/", 30, proc, MIRROR_DIR / "build.log")
         for public, which in IMAGES.items():
-            path, _, tag = public.removeprefix("docker.io/").rpartition(":")
+            path, _, tag = public.split("/", 1)[1].rpartition(":")  # served as a mirror serves it: no registry host
             target = PushTarget(f"127.0.0.1:{port}", path, insecure=True)
             digests[public] = builder.push(local[which], target, tag)
     finally:
