@@ -36,7 +36,7 @@ sys.path[:0] = [str(REPO), str(REPO / "plugins"), str(Path(__file__).parent)]
 from bench_sweep import publish_images  # noqa: E402
 
 from include.devstack.kubeapi.images import ImageStore  # noqa: E402
-from include.devstack.stack import AIRFLOW_PYTHON, Stack, free_port, wait_http  # noqa: E402
+from include.devstack.stack import Stack  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "images.md"
 RUNS = 3
@@ -112,23 +112,17 @@ def runc_start(root: Path, runs: int) -> list[float]:
 
 
 class Node:
-    """A local Kubernetes API with an image store of its own."""
+    """A local Kubernetes API with an image store of its own (tests/devstack/support.py starts it)."""
 
     def __init__(self, tmp: Path, store: Path, mirror: str) -> None:
         from kubernetes import client
 
-        port = free_port()
-        self.log = tmp / f"kubeapi-{port}.log"
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [str(AIRFLOW_PYTHON), "-m", "include.devstack.kubeapi", "--port", str(port), "--state-dir",
-                 str(tmp / f"state-{port}"), "--image-store", str(store), "--mirror", mirror],
-                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-        wait_http(f"http://127.0.0.1:{port}/version", 60, self.proc, self.log)
-        conf = client.Configuration()
-        conf.host = f"http://127.0.0.1:{port}"
-        self.core = client.CoreV1Api(client.ApiClient(conf))
+        from tests.devstack.support import start_server
+
+        home = tmp / f"node-{store.name}"
+        home.mkdir()
+        self.api, self.proc = start_server(home, "--image-store", str(store), mirror=mirror)
+        self.core = client.CoreV1Api(self.api.api_client())
 
     def pod_start(self, name: str, image: str) -> float:
         """Seconds from the pod's creation to its container running (the image's command starts)."""
@@ -150,8 +144,9 @@ class Node:
         return took
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
+        from tests.devstack.support import stop_server
+
+        stop_server(self.proc)
 
 
 def append_code(registry: str, base: str, marker: int, tmp: Path) -> str:

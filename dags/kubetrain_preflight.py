@@ -7,7 +7,9 @@ workload identity's service account); that the trainer and sync images can be pu
 short-lived pod each, deleted afterwards); that a pod can reach the S3 endpoint and read the
 datasets bucket; GPU nodes and their taints; the `gpu` pool; the registry as the workers
 reach it; and which distributed-training APIs the cluster serves (TFJob, TrainJob, Indexed
-Job). The task fails when any check fails; its log lists every line.
+Job). The task fails when any check fails; its log lists every line. A second task reviews, from
+the triggerer, what the triggerer's own account may do (deferred tasks are followed from there,
+under another identity than the workers').
 
 Also runnable without Airflow's scheduler: `PYTHONPATH=plugins python -m kubetrain.preflight`.
 Settings: the deployment's (`KUBETRAIN_*` or the `kubetrain_*` Variables), connections
@@ -22,6 +24,7 @@ from pathlib import Path
 from airflow.sdk import dag, task
 
 from kubetrain.defaults import DEFAULT_ARGS
+from kubetrain.operators.preflight import TriggererAccessOperator
 
 
 @dag(
@@ -42,6 +45,7 @@ def kubetrain_preflight():
         return fail_on_failures(run_preflight(lambda check: print(check.line(), flush=True)))
 
     preflight()
+    TriggererAccessOperator(task_id="triggerer_access")
 
 
 kubetrain_preflight()

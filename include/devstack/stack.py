@@ -41,6 +41,17 @@ S3_SECRET_NAME = "kubetrain-s3"
 # the namespace of training pods (KUBETRAIN_NAMESPACE), created with the S3 Secret in it
 NAMESPACE = "kubetrain"
 REGION = "us-east-1"
+# Who talks to the local Kubernetes API, as on a cluster with the official Helm chart: the Airflow
+# workers and triggerer by their service accounts (bound by deploy/rbac.yaml, which the stack applies),
+# and a cluster admin for setting things up (the kubeconfig `kind` or a cloud console would give).
+AIRFLOW_NAMESPACE = "airflow"
+IDENTITIES = {
+    "worker": (f"system:serviceaccount:{AIRFLOW_NAMESPACE}:airflow-worker", ""),
+    "triggerer": (f"system:serviceaccount:{AIRFLOW_NAMESPACE}:airflow-triggerer", ""),
+    "admin": ("kubetrain-admin", "system:masters"),
+}
+RBAC_MANIFEST = REPO / "deploy" / "rbac.yaml"
+KUBECTL = REPO / ".tools" / "bin" / "kubectl"
 DEFAULT_PORTS = {"s3": 9000, "registry": 5000, "mirror": 5001, "kubeapi": 6443, "mlflow": 5500}
 
 
@@ -79,12 +90,46 @@ def s3_keys(state_dir: Path) -> tuple[str, str]:
     return access_key, secret_key
 
 
-def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+def serving_certificate(directory: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and localhost (and its key), made once with openssl, then kept.
+
+    The local Kubernetes API serves HTTPS with it, as every API server does (kubectl sends a bearer
+    token over HTTPS only); the kubeconfigs trust it as their certificate authority.
+    """
+    cert, key = directory / "kubeapi.crt", directory / "kubeapi.key"
+    if cert.exists() and key.exists():
+        return cert, key
+    directory.mkdir(parents=True, exist_ok=True)
+    made = subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(key), "-out", str(cert), "-days", "3650", "-subj", "/CN=kubetrain-dev-kubeapi",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-addext", "basicConstraints=critical,CA:TRUE",
+         "-addext", "keyUsage=critical,digitalSignature,keyCertSign", "-addext", "extendedKeyUsage=serverAuth"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if made.returncode:
+        raise StackError(f"openssl could not make the API server's certificate: {made.stderr.strip()[-500:]}")
+    key.chmod(0o600)
+    return cert, key
+
+
+def tls_context(ca: Path | None):
+    """An ssl context that trusts ``ca`` (None: no context, plain HTTP)."""
+    if ca is None:
+        return None
+    import ssl
+
+    return ssl.create_default_context(cafile=str(ca))
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None,
+              ca: Path | None = None) -> None:  # fmt: skip
     """Wait until ``url`` answers with any HTTP status; fail early if ``proc`` dies."""
     deadline = time.monotonic() + timeout
+    context = tls_context(ca)
     while True:
         try:
-            urllib.request.urlopen(url, timeout=2).close()
+            urllib.request.urlopen(url, timeout=2, context=context).close()
             return
         except urllib.error.HTTPError:
             return  # the server answered; a 4xx still means it is up
@@ -170,8 +215,9 @@ class Stack:
             }
             state["registry"] = f"127.0.0.1:{ports['registry']}"
             state["mirror"] = f"127.0.0.1:{ports['mirror']}"
-            state["kubeapi"] = f"http://127.0.0.1:{ports['kubeapi']}"
+            state["kubeapi"] = f"https://127.0.0.1:{ports['kubeapi']}"
             self._write_kubeconfig(state)
+            self._set_up_cluster(state)
             self._create_s3_secret(state)
             self.state_file.write_text(json.dumps(state, indent=2))
             self.state_file.chmod(0o600)
@@ -228,40 +274,96 @@ class Stack:
         wait_http(f"http://127.0.0.1:{port}/v2/", 30, proc, log)
         state["components"]["mirror"] = {"pid": proc.pid, "port": port, "log": str(log)}
 
+    @property
+    def token_file(self) -> Path:
+        return self.state_dir / "kube-tokens.csv"
+
+    def _write_tokens(self) -> dict[str, str]:
+        """A bearer token per identity, in kube-apiserver's token file format (mode 0600)."""
+        tokens = {name: secrets.token_urlsafe(32) for name in IDENTITIES}
+        lines = [f'{tokens[name]},{user},{name},"{groups}"' for name, (user, groups) in IDENTITIES.items()]
+        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        return tokens
+
     def kubeapi_argv(self, port: int, mirror_port: int) -> list[str]:
         """The local Kubernetes API's command line for this stack's options."""
+        cert, key = self.state_dir / "kubeapi.crt", self.state_dir / "kubeapi.key"
         argv = [
             str(AIRFLOW_PYTHON), "-m", "include.devstack.kubeapi",
             "--host", "127.0.0.1", "--port", str(port),
             "--state-dir", str(self.state_dir / "kube"),
             "--mirror", f"127.0.0.1:{mirror_port}",
+            "--token-auth-file", str(self.token_file),
+            "--tls-cert-file", str(cert), "--tls-private-key-file", str(key),
         ]  # fmt: skip
         if self.strict_gpu:
             argv.append("--strict-gpu")
         return argv
 
     def _start_kubeapi(self, state: dict, port: int, mirror_port: int) -> None:
+        state["tokens"] = self._write_tokens()
+        state["kubeapi_ca"] = str(serving_certificate(self.state_dir)[0])
         argv = self.kubeapi_argv(port, mirror_port)
         # the server reads this from its environment too: the flag above decides, not the caller's shell
         proc, log = self._spawn("kubeapi", argv, env={"KUBETRAIN_REGISTRY_MIRROR": ""})
-        wait_http(f"http://127.0.0.1:{port}/version", 60, proc, log)
+        wait_http(f"https://127.0.0.1:{port}/version", 60, proc, log, ca=Path(state["kubeapi_ca"]))
         state["components"]["kubeapi"] = {"pid": proc.pid, "port": port, "log": str(log)}
 
     def _write_kubeconfig(self, state: dict) -> None:
-        kubeconfig = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "kubetrain-dev", "cluster": {"server": state["kubeapi"]}}],
-            "users": [{"name": "kubetrain-dev", "user": {}}],
-            "contexts": [
-                {"name": "kubetrain-dev", "context": {"cluster": "kubetrain-dev", "user": "kubetrain-dev", "namespace": NAMESPACE}}
-            ],
-            "current-context": "kubetrain-dev",
-        }
-        # JSON is valid YAML, so kubectl and the Python clients read this file as is.
-        path = self.state_dir / "kubeconfig"
-        path.write_text(json.dumps(kubeconfig, indent=2))
-        state["kubeconfig"] = str(path)
+        """``kubeconfig`` (the Airflow worker's identity), ``kubeconfig-admin`` and ``kubeconfig-triggerer``."""
+        import base64
+
+        ca_data = base64.b64encode(Path(state["kubeapi_ca"]).read_bytes()).decode()
+        for identity, token in state["tokens"].items():
+            kubeconfig = {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "kubetrain-dev", "cluster": {"server": state["kubeapi"],
+                                                                   "certificate-authority-data": ca_data}}],
+                "users": [{"name": identity, "user": {"token": token}}],
+                "contexts": [
+                    {"name": "kubetrain-dev", "context": {"cluster": "kubetrain-dev", "user": identity, "namespace": NAMESPACE}}
+                ],
+                "current-context": "kubetrain-dev",
+            }
+            # JSON is valid YAML, so kubectl and the Python clients read these files as they are.
+            path = self.state_dir / ("kubeconfig" if identity == "worker" else f"kubeconfig-{identity}")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(kubeconfig, indent=2))
+        state["kubeconfig"] = str(self.state_dir / "kubeconfig")
+        state["kubeconfig_admin"] = str(self.state_dir / "kubeconfig-admin")
+        state["kubeconfig_triggerer"] = str(self.state_dir / "kubeconfig-triggerer")
+
+    def _admin_request(self, state: dict, path: str, body: dict) -> None:
+        req = urllib.request.Request(
+            state["kubeapi"] + path,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {state['tokens']['admin']}"},
+            method="POST",
+        )
+        urllib.request.urlopen(req, timeout=10, context=tls_context(Path(state["kubeapi_ca"]))).close()
+
+    def _set_up_cluster(self, state: dict) -> None:
+        """What a cluster's admin does once, as docs/real-cluster.md says: the training namespace, the Airflow
+        service accounts (the Helm chart's), and deploy/rbac.yaml applied with kubectl, nothing more."""
+        # the training namespace enforces Pod Security level restricted, as docs/real-cluster.md advises
+        labels = {NAMESPACE: {"pod-security.kubernetes.io/enforce": "restricted"}, AIRFLOW_NAMESPACE: {}}
+        for name, ns_labels in labels.items():
+            self._admin_request(state, "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                              "metadata": {"name": name, "labels": ns_labels}})  # fmt: skip
+        for identity in ("worker", "triggerer"):
+            account = IDENTITIES[identity][0].rsplit(":", 1)[1]
+            self._admin_request(state, f"/api/v1/namespaces/{AIRFLOW_NAMESPACE}/serviceaccounts",
+                                {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}})  # fmt: skip
+        if not KUBECTL.exists():
+            raise StackError(f"{KUBECTL} is missing: run `make setup`")
+        applied = subprocess.run([str(KUBECTL), "--kubeconfig", state["kubeconfig_admin"], "apply", "-f", str(RBAC_MANIFEST)],
+                                 capture_output=True, text=True, timeout=120)  # fmt: skip
+        if applied.returncode:
+            raise StackError(f"kubectl apply -f {RBAC_MANIFEST} failed: {applied.stderr.strip()}")
 
     def _create_s3_secret(self, state: dict) -> None:
         """The Secret that training pods reference for S3 (never literal values in pod specs)."""
@@ -281,15 +383,7 @@ class Stack:
             "type": "Opaque",
             "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
         }
-        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
-        for path, obj in (("/api/v1/namespaces", namespace), (f"/api/v1/namespaces/{NAMESPACE}/secrets", body)):
-            req = urllib.request.Request(
-                state["kubeapi"] + path,
-                data=json.dumps(obj).encode(),
-                headers={"Content-Type": "application/json"},
-                method="POST",
-            )
-            urllib.request.urlopen(req, timeout=10).close()
+        self._admin_request(state, f"/api/v1/namespaces/{NAMESPACE}/secrets", body)
 
     def _write_env(self, state: dict) -> None:
         s3 = state["s3"]
@@ -309,7 +403,9 @@ class Stack:
             "extra": {"insecure": True},
         }
         values = {
+            # the Airflow worker's identity (what deploy/rbac.yaml grants it); kubeconfig-admin is the cluster admin's
             "KUBECONFIG": state["kubeconfig"],
+            "KUBETRAIN_ADMIN_KUBECONFIG": state["kubeconfig_admin"],
             "AIRFLOW_CONN_KUBERNETES_DEFAULT": json.dumps(kube_conn),
             "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(aws_conn),
             "AIRFLOW_CONN_KUBETRAIN_REGISTRY_DEFAULT": json.dumps(registry_conn),
@@ -345,7 +441,7 @@ class Stack:
         for name, comp in state.get("components", {}).items():
             if _kill_group(comp["pid"]):
                 stopped.append(name)
-        for name in ("state.json", "env", "kubeconfig"):
+        for name in ("state.json", "env", "kubeconfig", "kubeconfig-admin", "kubeconfig-triggerer", "kube-tokens.csv"):
             (self.state_dir / name).unlink(missing_ok=True)
         return stopped
 

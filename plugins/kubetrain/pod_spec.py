@@ -318,12 +318,26 @@ def _count(name: str, value: object, *, minimum: int) -> int:
 # -- named building blocks -----------------------------------------------------------------------
 
 
+SHM_VOLUME = "dshm"
+
+
+def needs_shm(config: TrainingPodConfig) -> bool:
+    """More than one GPU in the pod: NCCL's all-reduce between them goes through /dev/shm, whose 64 MiB container
+    default starves it, so the pod gets a memory-backed one."""
+    return config.gpus > 1
+
+
 def scratch_volumes(config: TrainingPodConfig) -> list[k8s.V1Volume]:
-    """The emptyDir volumes for /data, /checkpoints and /output (plus the cache claim, if any)."""
+    """The emptyDir volumes for /data, /checkpoints and /output (plus the cache claim, and /dev/shm for several
+    GPUs)."""
     volumes = [
         k8s.V1Volume(name=name, empty_dir=k8s.V1EmptyDirVolumeSource(size_limit=config.scratch_size_limit))
         for name in ("data", "checkpoints", "output")
     ]
+    if needs_shm(config):
+        # counted against the container's memory limit, as memory-backed emptyDirs are: at most its memory
+        volumes.append(k8s.V1Volume(name=SHM_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource(
+            medium="Memory", size_limit=config.memory_limit or config.memory)))  # fmt: skip
     if config.cache_claim:
         volumes.append(
             k8s.V1Volume(
@@ -553,6 +567,7 @@ def base_container(config: TrainingPodConfig) -> k8s.V1Container:
             _mount("data", DATA_DIR),
             _mount("checkpoints", CHECKPOINT_DIR),
             _mount("output", OUTPUT_DIR),
+            *([_mount(SHM_VOLUME, "/dev/shm")] if needs_shm(config) else []),
         ],
         resources=base_resources(config),
         security_context=container_security_context(config),

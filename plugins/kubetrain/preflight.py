@@ -9,9 +9,14 @@ the registry the ``kubetrain_registry_default`` connection (else the ``registry`
 
 Checks, in order:
 
-* ``api``: the Kubernetes API answers and the namespace exists;
-* ``s3-secret``: the S3 Secret has the keys the pods read (or, with workload identity, the
-  service account carries an IAM role or GCP service account annotation);
+* ``api``: the Kubernetes API answers, is at least 1.29 (the checkpoint-sync sidecar is a native
+  sidecar, which older servers drop: pods would hang in Init) and the namespace exists;
+* ``access``: the worker's account may do everything kubetrain does (access reviews of every verb
+  and resource, as deploy/rbac.yaml grants them); the triggerer's account is reviewed from the
+  triggerer by the kubetrain_preflight DAG (:class:`kubetrain.triggers.access.AccessReviewTrigger`);
+* ``s3-secret``: the S3 Secret has the keys the pods read and the workers may read it (or, with
+  workload identity, the service account carries an IAM role: GKE's and Azure's identities give
+  tokens that S3's SigV4 cannot use);
 * ``image:trainer`` / ``image:sync``: each image is pullable, seen by a short-lived pod that
   runs it (deleted afterwards);
 * ``s3-from-pod``: a pod of the sync image, with the pods' credentials, lists the datasets bucket;
@@ -37,6 +42,68 @@ from typing import Any
 from kubetrain.settings import Deployment
 
 log = logging.getLogger(__name__)
+
+MINIMUM_VERSION = (1, 29)
+# What each of Airflow's identities does in the training namespace: (verb, group, resource[/subresource], name).
+# deploy/rbac.yaml grants exactly these (tests/deploy/test_rbac.py); the access check reviews them.
+WORKER_ACCESS: tuple[tuple[str, str, str, str], ...] = (
+    *((verb, "", "pods", "") for verb in ("create", "get", "list", "watch", "patch", "delete")),
+    ("get", "", "pods/log", ""),
+    *((verb, "", "events", "") for verb in ("get", "list", "watch")),
+    ("get", "", "secrets", "<s3_secret>"),
+    ("get", "", "serviceaccounts", ""),
+    *((verb, "", "services", "") for verb in ("create", "get", "list", "watch", "delete")),
+    *((verb, "batch", "jobs", "") for verb in ("create", "get", "list", "watch", "patch", "delete")),
+    ("get", "batch", "jobs/status", ""),
+    *((verb, "kubeflow.org", "tfjobs", "") for verb in ("create", "get", "list", "watch", "patch", "delete")),
+    *((verb, "trainer.kubeflow.org", "trainjobs", "") for verb in ("create", "get", "list", "watch", "patch", "delete")),
+    *((verb, "trainer.kubeflow.org", "trainingruntimes", "") for verb in ("create", "get", "list", "watch", "delete")),
+    ("create", "", "pods/exec", ""),
+    ("get", "", "pods/exec", ""),
+)  # fmt: skip
+TRIGGERER_ACCESS: tuple[tuple[str, str, str, str], ...] = (
+    *((verb, "", "pods", "") for verb in ("get", "list", "watch", "delete")),
+    ("get", "", "pods/log", ""),
+    *((verb, "", "events", "") for verb in ("get", "list", "watch")),
+    ("delete", "", "services", ""),
+    *((verb, "batch", "jobs", "") for verb in ("get", "list", "watch", "delete")),
+    ("get", "batch", "jobs/status", ""),
+    *((verb, "kubeflow.org", "tfjobs", "") for verb in ("get", "watch", "delete")),
+    *((verb, "trainer.kubeflow.org", "trainjobs", "") for verb in ("get", "watch", "delete")),
+    ("delete", "trainer.kubeflow.org", "trainingruntimes", ""),
+)  # fmt: skip
+RESTRICTED_FIX = ("the preflight's pods pass Pod Security level restricted, as training pods do; check the namespace's "
+                  "pod-security.kubernetes.io labels and admission webhooks")  # fmt: skip
+
+
+def access_attributes(access, namespace: str, s3_secret: str | None) -> list[dict[str, str]]:
+    """SelfSubjectAccessReview resourceAttributes for ``access`` in ``namespace``."""
+    out = []
+    for verb, group, resource, name in access:
+        if name == "<s3_secret>":
+            if not s3_secret:
+                continue
+            name = s3_secret
+        base, _, sub = resource.partition("/")
+        out.append({"namespace": namespace, "verb": verb, "group": group, "resource": base, "subresource": sub,
+                    "name": name})  # fmt: skip
+    return out
+
+
+def describe(attrs: dict[str, str]) -> str:
+    resource = attrs["resource"] + (f"/{attrs['subresource']}" if attrs["subresource"] else "")
+    qualified = f"{resource}.{attrs['group']}" if attrs["group"] else resource
+    return f"{attrs['verb']} {qualified}" + (f" {attrs['name']!r}" if attrs["name"] else "")
+
+
+def access_check(name: str, account: str, refused: list[dict[str, str]], total: int, namespace: str) -> Check:
+    """The line of an access review: PASS, or FAIL naming what is refused and the manifest that grants it."""
+    if not refused:
+        return Check(name, "PASS", f"{account} may do all {total} things kubetrain does in namespace {namespace!r}")
+    shown = ", ".join(describe(a) for a in refused[:6]) + (f" (+{len(refused) - 6} more)" if len(refused) > 6 else "")
+    return Check(name, "FAIL", f"{account} may not {shown} in namespace {namespace!r}",
+                 f"kubectl apply -f deploy/rbac.yaml in namespace {namespace} (it binds the Helm chart's airflow-worker "
+                 "and airflow-triggerer), or bind its Roles to this account")  # fmt: skip
 
 STATUSES = ("PASS", "FAIL", "WARN", "INFO", "SKIP")
 REQUIRED_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
@@ -147,11 +214,17 @@ class Preflight:
         add(api)
         cluster_ok = api.status == "PASS"
         if cluster_ok:
-            add(self.check_s3_secret())
-            for check in self.check_pods():
+            add(self.guarded("access", self.check_access))
+            add(self.guarded("s3-secret", self.check_s3_secret))
+            try:
+                pod_checks = self.check_pods()
+            except Exception as exc:  # noqa: BLE001 - one line, never a traceback
+                pod_checks = [Check("image:trainer", "FAIL", f"could not be checked: {_short(exc)}",
+                                    "check the cluster's API server")]  # fmt: skip
+            for check in pod_checks:
                 add(check)
         else:
-            for name in ("s3-secret", "image:trainer", "image:sync", "s3-from-pod"):
+            for name in ("access", "s3-secret", "image:trainer", "image:sync", "s3-from-pod"):
                 add(Check(name, "SKIP", "needs the API and the namespace (see api)"))
         reachable = cluster_ok or api.detail.startswith("API ")
         add(self.check_gpu_nodes() if reachable else Check("gpu-nodes", "SKIP", "needs the API (see api)"))
@@ -164,17 +237,51 @@ class Preflight:
     def failed(self) -> list[Check]:
         return [c for c in self.results if c.status == "FAIL"]
 
+    def guarded(self, name: str, check: Callable[[], Check]) -> Check:
+        """``check()``, or its failure as one FAIL line: a preflight never ends in a traceback."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return check()
+        except ApiException as exc:
+            return Check(name, "FAIL", f"the API refused: {exc.status} {_api_message(exc)}",
+                         "see the access line: kubectl apply -f deploy/rbac.yaml" if exc.status == 403 else
+                         "check the cluster's API server")  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - one line, never a traceback
+            return Check(name, "FAIL", f"could not be checked: {_short(exc)}", "check the settings and the cluster")
+
+    def check_access(self) -> Check:
+        """Access reviews (SelfSubjectAccessReview) of everything the workers do."""
+        from kubernetes import client
+
+        d = self.deployment
+        wanted = access_attributes(WORKER_ACCESS, self.namespace, d.s3_secret)
+        api = client.AuthorizationV1Api(self.hook.api_client)
+        refused = []
+        for attrs in wanted:
+            review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(
+                resource_attributes=client.V1ResourceAttributes(**{k: v for k, v in attrs.items() if v})))  # fmt: skip
+            if not api.create_self_subject_access_review(review, _request_timeout=15).status.allowed:
+                refused.append(attrs)
+        return access_check("access", "the workers' account", refused, len(wanted), self.namespace)
+
     # -- the checks ------------------------------------------------------------------------
 
     def check_api(self) -> Check:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            info = self._version()
+            info, version = self._version()
         except Exception as exc:  # noqa: BLE001 - any failure to reach the API is this check's answer
             return Check("api", "FAIL", f"the Kubernetes API of connection {self.kubernetes_conn_id!r} does not answer: "
                          f"{_short(exc)}", f"point the {self.kubernetes_conn_id} connection (kube_config_path, in_cluster) "
                          "or KUBECONFIG at a reachable cluster")  # fmt: skip
+        if version < MINIMUM_VERSION:
+            minimum = ".".join(map(str, MINIMUM_VERSION))
+            return Check("api", "FAIL", f"API {info} is older than {minimum}, the oldest Kubernetes kubetrain supports: "
+                         "the training pod's checkpoint-sync is a native sidecar (an init container with restartPolicy "
+                         "Always), which older servers drop, so pods would hang in Init",
+                         f"upgrade the cluster to Kubernetes {minimum} or later")  # fmt: skip
         try:
             self.core.read_namespace(self.namespace)
         except ApiException as exc:
@@ -193,11 +300,15 @@ class Preflight:
                 raise
         return Check("api", "PASS", f"API {info} answers and namespace {self.namespace!r} exists")
 
-    def _version(self) -> str:
+    def _version(self) -> tuple[str, tuple[int, int]]:
+        import re
+
         from kubernetes import client
 
         info = client.VersionApi(self.hook.api_client).get_code(_request_timeout=10)
-        return f"{info.git_version or info.major + '.' + info.minor} at {self.hook.api_client.configuration.host}"
+        text = f"{info.git_version or info.major + '.' + info.minor} at {self.hook.api_client.configuration.host}"
+        major, minor = (int(re.sub(r"\D.*", "", part) or 0) for part in (info.major, info.minor))  # "27+" on EKS
+        return text, (major, minor)
 
     def check_s3_secret(self) -> Check:
         from kubernetes.client.exceptions import ApiException
@@ -219,11 +330,22 @@ class Preflight:
                 return Check("s3-secret", "WARN", f"workload identity: service account {d.service_account!r} has none "
                              f"of the annotations {', '.join(IDENTITY_ANNOTATIONS)}",
                              "annotate it with the IAM role or GCP service account that may read the buckets")  # fmt: skip
+            if "eks.amazonaws.com/role-arn" not in found:
+                # GKE's and Azure's workload identities hand out their clouds' tokens: S3's SigV4 needs AWS keys
+                return Check("s3-secret", "FAIL", f"workload identity through service account {d.service_account!r} "
+                             f"({found[0]}) gives pods {('GCP' if 'gke' in found[0] else 'Azure')} tokens, which the pods' "
+                             "S3 client (SigV4) cannot use",
+                             "put S3 credentials in a Secret and name it in KUBETRAIN_S3_SECRET: for Cloud Storage, "
+                             "HMAC keys with AWS_ENDPOINT_URL=https://storage.googleapis.com (docs/real-cluster.md, GKE)")  # fmt: skip
             return Check("s3-secret", "PASS", f"workload identity through service account {d.service_account!r} "
                          f"({found[0]})")  # fmt: skip
         try:
             secret = self.core.read_namespaced_secret(d.s3_secret, self.namespace)
         except ApiException as exc:
+            if exc.status == 403:
+                return Check("s3-secret", "FAIL", f"the workers may not read Secret {d.s3_secret!r}: {_api_message(exc)}",
+                             f"name {d.s3_secret!r} in the resourceNames of deploy/rbac.yaml's Role kubetrain-airflow "
+                             "(it names kubetrain-s3) and apply it")  # fmt: skip
             if exc.status != 404:
                 raise
             return Check("s3-secret", "FAIL", f"Secret {d.s3_secret!r} does not exist in namespace {self.namespace!r}",
@@ -244,8 +366,9 @@ class Preflight:
     def check_pods(self) -> list[Check]:
         """Pull each image in a pod of its own; the sync image's pod also reads the datasets bucket."""
         images = self.images()
-        trainer_cmd = ["python3", "-c", "import trainer; print('trainer package found')"]
-        sync_cmd = ["python3", "-c", S3_PROBE, self.deployment.datasets_bucket]
+        # `python`, as the training pods run it (pod_spec.STAGE_IN_COMMAND and the trainers' commands)
+        trainer_cmd = ["python", "-c", "import trainer; print('trainer package found')"]
+        sync_cmd = ["python", "-c", S3_PROBE, self.deployment.datasets_bucket]
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             trainer = pool.submit(self.run_pod, "trainer", images["trainer"], trainer_cmd, with_s3=False)
             sync = pool.submit(self.run_pod, "sync", images["sync"], sync_cmd, with_s3=True)
@@ -258,6 +381,10 @@ class Preflight:
         setting = f"KUBETRAIN_{name.upper()}_IMAGE"
         if outcome.pulled:
             return Check(f"image:{name}", "PASS", f"{image} was pulled and started")
+        if outcome.reason == "Forbidden":
+            return Check(f"image:{name}", "FAIL", f"a pod of {image} was refused: {outcome.message}",
+                         RESTRICTED_FIX if "PodSecurity" in outcome.message else
+                         "see the access line: kubectl apply -f deploy/rbac.yaml")  # fmt: skip
         if outcome.reason in PULL_FAILURES:
             pull = ("; for a private registry name its docker-registry Secret in KUBETRAIN_IMAGE_PULL_SECRETS"
                     if not self.deployment.image_pull_secrets else "")  # fmt: skip
@@ -369,10 +496,14 @@ class Preflight:
     # -- preflight pods --------------------------------------------------------------------
 
     def pod(self, purpose: str, image: str, command: Sequence[str], *, with_s3: bool):
-        """A short-lived pod like a training pod's: same namespace, account, pull Secrets and placement."""
+        """A short-lived pod like a training pod's: same namespace, account, pull Secrets and placement (the GPU
+        vendor's taint tolerated, as GPU training pods tolerate it), and Pod Security level restricted."""
         from kubernetes.client import models as k8s
 
+        from kubetrain.pod_spec import gpu_tolerations
+
         d = self.deployment
+        tolerations = [*gpu_tolerations(1, d.gpu_resource), *(k8s.V1Toleration(**_snake(t)) for t in d.tolerations)]
         env_from = [k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=d.s3_secret))] if with_s3 and d.s3_secret else None
         return k8s.V1Pod(
             metadata=k8s.V1ObjectMeta(name=f"kubetrain-preflight-{purpose}-{secrets.token_hex(3)}",
@@ -384,7 +515,9 @@ class Preflight:
                 service_account_name=d.service_account,
                 image_pull_secrets=[k8s.V1LocalObjectReference(name=n) for n in d.image_pull_secrets] or None,
                 node_selector=d.node_selector or None,
-                tolerations=[k8s.V1Toleration(**_snake(t)) for t in d.tolerations] or None,
+                tolerations=tolerations or None,
+                security_context=k8s.V1PodSecurityContext(run_as_non_root=True,
+                                                          seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
                 containers=[k8s.V1Container(
                     name="check",
                     image=image,
@@ -392,16 +525,26 @@ class Preflight:
                     env_from=env_from,
                     resources=k8s.V1ResourceRequirements(requests={"cpu": "50m", "memory": "64Mi"},
                                                          limits={"memory": "256Mi"}),
-                    security_context=k8s.V1SecurityContext(run_as_non_root=True, allow_privilege_escalation=False),
+                    security_context=k8s.V1SecurityContext(
+                        run_as_non_root=True, allow_privilege_escalation=False, privileged=False,
+                        capabilities=k8s.V1Capabilities(drop=["ALL"]),
+                        seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
                 )],
             ),
         )  # fmt: skip
 
     def run_pod(self, purpose: str, image: str, command: Sequence[str], *, with_s3: bool) -> PodOutcome:
         """Create the pod, watch it until it ran or cannot pull, read its log, delete it."""
+        from kubernetes.client.exceptions import ApiException
+
         body = self.pod(purpose, image, command, with_s3=with_s3)
         name = body.metadata.name
-        self.core.create_namespaced_pod(self.namespace, body)
+        try:
+            self.core.create_namespaced_pod(self.namespace, body)
+        except ApiException as exc:
+            if exc.status == 403:
+                return PodOutcome(False, reason="Forbidden", message=_api_message(exc))
+            raise
         try:
             return self._watch(name)
         finally:
@@ -494,6 +637,17 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
+def _api_message(exc) -> str:
+    """The message of an API error's Status body (its first line otherwise)."""
+    import json
+
+    body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body or "")
+    try:
+        return json.loads(body).get("message") or exc.reason or ""
+    except ValueError:
+        return (body.strip().splitlines() or [str(exc.reason or "")])[0][:300]
+
+
 def _last_error(logs: str) -> str:
     lines = [line.strip() for line in logs.strip().splitlines() if line.strip()]
     return lines[-1][:300] if lines else ""
@@ -502,6 +656,15 @@ def _last_error(logs: str) -> str:
 def _snake(toleration: dict[str, Any]) -> dict[str, Any]:
     names = {"tolerationSeconds": "toleration_seconds"}
     return {names.get(k, k): v for k, v in toleration.items()}
+
+
+def triggerer_check(event: dict[str, Any], namespace: str) -> Check:
+    """The line of the triggerer's access review (:class:`kubetrain.triggers.access.AccessReviewTrigger`'s event)."""
+    if event.get("error"):
+        return Check("access:triggerer", "FAIL", f"the triggerer could not ask the API what it may do: {event['error']}",
+                     "give the triggerer a connection to the cluster (with the Helm chart: in_cluster, its service "
+                     "account airflow-triggerer) and apply deploy/rbac.yaml")  # fmt: skip
+    return access_check("access:triggerer", "the triggerer's account", event["refused"], event["total"], namespace)
 
 
 def run_preflight(emit: Callable[[Check], None] | None = None, **kwargs: Any) -> Preflight:

@@ -65,7 +65,7 @@ SETTINGS: dict[str, Setting] = {
             "service_account",
             "",
             "Service account of training pods; with an empty s3_secret it carries the workload identity "
-            "(IRSA, GKE Workload Identity).",
+            "(EKS IRSA: GKE's and Azure's give tokens that S3 clients cannot use).",
         ),
         Setting(
             "image_pull_secrets",

@@ -95,15 +95,18 @@ VALUES_SCHEMA = {
             },
             "required": ["gitSync"],
         },
-        "workers": {
-            "type": "object",
-            "properties": {
-                "serviceAccount": {
-                    "type": "object",
-                    "propertyNames": {"enum": sorted(SERVICE_ACCOUNT_KEYS)},
-                    "properties": {"create": {"type": "boolean"}, "name": {"type": "string"}},
-                }
-            },
+        **{
+            component: {
+                "type": "object",
+                "properties": {
+                    "serviceAccount": {
+                        "type": "object",
+                        "propertyNames": {"enum": sorted(SERVICE_ACCOUNT_KEYS)},
+                        "properties": {"create": {"type": "boolean"}, "name": {"type": "string"}},
+                    }
+                },
+            }
+            for component in ("workers", "triggerer")
         },
         "config": {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": {"type": "string"}}},
     },
@@ -178,11 +181,14 @@ def test_settings_namespace_and_service_account_match_rbac(values):
     kubetrain = {k: v for k, v in env.items() if k.startswith("KUBETRAIN_")}
     assert set(kubetrain) <= settings_env, f"unknown kubetrain settings: {set(kubetrain) - settings_env}"
     rbac = [d for d in yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text()) if d]
-    role_binding = next(d for d in rbac if d["kind"] == "RoleBinding")
-    assert kubetrain["KUBETRAIN_NAMESPACE"] == role_binding["metadata"]["namespace"]
+    bindings = {d["roleRef"]["name"]: d for d in rbac if d["kind"] == "RoleBinding"}
+    assert {b["metadata"]["namespace"] for b in bindings.values()} == {kubetrain["KUBETRAIN_NAMESPACE"]}
     assert json.loads(env["AIRFLOW_CONN_KUBERNETES_DEFAULT"])["extra"]["namespace"] == kubetrain["KUBETRAIN_NAMESPACE"]
-    worker_sa = values["workers"]["serviceAccount"]["name"]
-    assert {"kind": "ServiceAccount", "name": worker_sa, "namespace": "airflow"} in role_binding["subjects"]
+    # the workers run pods and builds; the triggerer follows deferred tasks under its own account
+    worker_sa = {"kind": "ServiceAccount", "name": values["workers"]["serviceAccount"]["name"], "namespace": "airflow"}
+    triggerer_sa = {"kind": "ServiceAccount", "name": values["triggerer"]["serviceAccount"]["name"], "namespace": "airflow"}
+    assert worker_sa in bindings["kubetrain-airflow"]["subjects"] and worker_sa in bindings["kubetrain-build"]["subjects"]
+    assert triggerer_sa in bindings["kubetrain-triggerer"]["subjects"]
 
 
 def test_dags_come_from_git_sync(values):

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from kubernetes import client, config
 
-from include.devstack.stack import AIRFLOW_PYTHON, REPO, free_port, wait_http
+from include.devstack.stack import (
+    AIRFLOW_PYTHON,
+    REPO,
+    free_port,
+    serving_certificate,
+    tls_context,
+    wait_http,
+)
 
 
 @dataclass
@@ -20,38 +29,57 @@ class KubeApi:
     kubeconfig: Path
     state_dir: Path
     log: Path
+    ca: Path
+    token: str
 
     def api_client(self) -> client.ApiClient:
         return config.new_client_from_config(str(self.kubeconfig))
 
+    def urlopen(self, request: str | urllib.request.Request, timeout: float = 30):
+        """``urllib.request.urlopen`` of a URL of this server, with its CA and the admin's token."""
+        req = request if isinstance(request, urllib.request.Request) else urllib.request.Request(request)
+        req.add_header("Authorization", f"Bearer {self.token}")
+        return urllib.request.urlopen(req, timeout=timeout, context=tls_context(self.ca))
 
-def start_server(tmp: Path, *extra: str, mirror: str) -> tuple[KubeApi, subprocess.Popen]:
-    """A private local Kubernetes API over ``tmp``, pulling public images from the dev stack's ``mirror``."""
+
+ADMIN_TOKEN = "kubetrain-tests-admin"
+
+
+def start_server(tmp: Path, *extra: str, mirror: str, users: dict[str, str] | None = None) -> tuple[KubeApi, subprocess.Popen]:
+    """A private local Kubernetes API over ``tmp``, pulling public images from the dev stack's ``mirror``; its
+    kubeconfig is a cluster admin's (group system:masters). ``users`` adds ``{token: user}`` lines."""
     port = free_port()
     state = tmp / "state"
     log = tmp / "kubeapi.log"
+    tokens = tmp / "tokens.csv"
+    lines = [f'{ADMIN_TOKEN},kubetrain-tests,admin,"system:masters"']
+    lines += [f"{token},{user},{i}" for i, (token, user) in enumerate((users or {}).items())]
+    tokens.write_text("\n".join(lines) + "\n")
+    cert, key = serving_certificate(tmp)
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [str(AIRFLOW_PYTHON), "-m", "include.devstack.kubeapi", "--host", "127.0.0.1", "--port", str(port),
-             "--state-dir", str(state), "--backoff-seconds", "1", "--mirror", mirror, *extra],
+             "--state-dir", str(state), "--backoff-seconds", "1", "--mirror", mirror, "--token-auth-file", str(tokens),
+             "--tls-cert-file", str(cert), "--tls-private-key-file", str(key), *extra],
             cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    wait_http(f"{url}/version", 60, proc, log)
+    url = f"https://127.0.0.1:{port}"
+    wait_http(f"{url}/version", 60, proc, log, ca=cert)
     kubeconfig = tmp / "kubeconfig"
     kubeconfig.write_text(
         json.dumps(
             {
                 "apiVersion": "v1",
                 "kind": "Config",
-                "clusters": [{"name": "t", "cluster": {"server": url}}],
-                "users": [{"name": "t", "user": {}}],
+                "clusters": [{"name": "t", "cluster": {"server": url, "certificate-authority-data":
+                                                       base64.b64encode(cert.read_bytes()).decode()}}],
+                "users": [{"name": "t", "user": {"token": ADMIN_TOKEN}}],
                 "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t", "namespace": "default"}}],
                 "current-context": "t",
             }
         )
     )
-    return KubeApi(url, kubeconfig, state, log), proc
+    return KubeApi(url, kubeconfig, state, log, cert, ADMIN_TOKEN), proc
 
 
 def stop_server(proc: subprocess.Popen) -> None:

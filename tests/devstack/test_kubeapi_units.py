@@ -451,7 +451,8 @@ def test_openapi_v3_documents_hold_every_schema_they_reference():
     from include.devstack.kubeapi import openapi
 
     index = openapi._v3_index()["paths"]
-    assert set(index) == {"api/v1", "apis/batch/v1", "apis/events.k8s.io/v1", "apis/apiextensions.k8s.io/v1"}
+    assert set(index) == {"api/v1", "apis/batch/v1", "apis/events.k8s.io/v1", "apis/apiextensions.k8s.io/v1",
+                          "apis/rbac.authorization.k8s.io/v1", "apis/authorization.k8s.io/v1"}
     for group in ("", "batch", "events.k8s.io", "apiextensions.k8s.io"):
         body, digest = openapi._v3_document(group)
         assert index[f"apis/{group}/v1" if group else "api/v1"]["serverRelativeURL"].endswith(f"?hash={digest}")

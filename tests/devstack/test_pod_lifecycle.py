@@ -278,7 +278,7 @@ def test_unsupported_requests_are_status_errors(kubeapi, method, path, body, cty
         kubeapi.url + path, data=data, method=method, headers={"Content-Type": ctype} if ctype else {}
     )
     with pytest.raises(urllib.error.HTTPError) as err:
-        urllib.request.urlopen(req)
+        kubeapi.urlopen(req)
     status = json.loads(err.value.read())
     assert err.value.code == code
     assert (

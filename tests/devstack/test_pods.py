@@ -160,7 +160,7 @@ def test_patches_and_conflicts(core, kubeapi):
         data=json.dumps({"metadata": {"annotations": {"a": None, "c": "d"}}}).encode(),
         headers={"Content-Type": "application/merge-patch+json"},
     )  # fmt: skip
-    with urllib.request.urlopen(req) as resp:
+    with kubeapi.urlopen(req) as resp:
         pod_json = json.load(resp)
     assert pod_json["metadata"]["annotations"] == {"c": "d"}
     stale = core.read_namespaced_pod("patched", NS)
@@ -206,7 +206,7 @@ def test_logs_options_and_follow(core, kubeapi):
     ts = stamped[2].split(" ")[0]
     # the Python client has no since_time parameter: ask over HTTP, as kubectl --since-time does
     query = urllib.parse.urlencode({"sinceTime": ts})
-    with urllib.request.urlopen(f"{kubeapi.url}/api/v1/namespaces/{NS}/pods/logger/log?{query}") as resp:
+    with kubeapi.urlopen(f"{kubeapi.url}/api/v1/namespaces/{NS}/pods/logger/log?{query}") as resp:
         assert resp.read().decode().startswith("line-3\n")
     assert logs(core, "logger", since_seconds=3600).count("\n") == 6
     status, err = api_error(core.read_namespaced_pod_log, "logger", NS, container="nope")
@@ -288,7 +288,7 @@ def test_exec_channels_exit_codes_and_pid_namespace(core, kubeapi):
     # exec into a container that is no longer running is refused before the upgrade, as the kubelet does
     url = f"{kubeapi.url}/api/v1/namespaces/{NS}/pods/execd/exec?command=true&stdout=true"
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(url)
+        kubeapi.urlopen(url)
     assert refused.value.code == 400 and "container not found" in refused.value.read().decode()
     core.delete_namespaced_pod("execd", NS)
 
@@ -402,7 +402,7 @@ def test_watch_list_initial_events_and_bookmarks(kubeapi, core, resource):
     query = urllib.parse.urlencode({"watch": "1", "sendInitialEvents": "true", "allowWatchBookmarks": "true",
                                     "resourceVersionMatch": "NotOlderThan", "labelSelector": "suite=bookmarks",
                                     "timeoutSeconds": "1"})  # fmt: skip
-    with urllib.request.urlopen(f"{kubeapi.url}/api/v1/namespaces/{NS}/{resource}?{query}") as resp:
+    with kubeapi.urlopen(f"{kubeapi.url}/api/v1/namespaces/{NS}/{resource}?{query}") as resp:
         assert resp.headers["Content-Type"] == "application/json"
         events = [json.loads(line) for line in resp.read().decode().splitlines()]
     assert [(e["type"], e["object"]["metadata"].get("name")) for e in events] == [
@@ -423,7 +423,7 @@ def test_watch_list_initial_events_and_bookmarks(kubeapi, core, resource):
         core.patch_namespaced_config_map(name, NS, patch)
         core.delete_namespaced_config_map(name, NS)
     query = urllib.parse.urlencode({"watch": "true", "resourceVersion": rv, "timeoutSeconds": "1"})
-    with urllib.request.urlopen(f"{kubeapi.url}/api/v1/namespaces/{NS}/{resource}?{query}") as resp:
+    with kubeapi.urlopen(f"{kubeapi.url}/api/v1/namespaces/{NS}/{resource}?{query}") as resp:
         later = [json.loads(line) for line in resp.read().decode().splitlines()]
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in later] == [
         ("MODIFIED", name),

@@ -119,7 +119,7 @@ def test_stack_down_leaves_no_container_processes(tmp_path):
     try:
         from kubernetes import config
 
-        core = client.CoreV1Api(config.new_client_from_config(stack.env()["KUBECONFIG"]))
+        core = client.CoreV1Api(config.new_client_from_config(stack.env()["KUBETRAIN_ADMIN_KUBECONFIG"]))
         core.create_namespaced_pod(NS, simple_pod("stack-long", marker))
         wait_for(lambda: processes_with(marker), 60, what="container process")
         secret = core.read_namespaced_secret("kubetrain-s3", "kubetrain")

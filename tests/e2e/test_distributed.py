@@ -41,7 +41,7 @@ def s3(devstack):
 
 @pytest.fixture(scope="module")
 def api(devstack) -> client.ApiClient:
-    return config.new_client_from_config(config_file=devstack.env()["KUBECONFIG"])
+    return config.new_client_from_config(config_file=devstack.env()["KUBETRAIN_ADMIN_KUBECONFIG"])
 
 
 @pytest.fixture(scope="module")
@@ -235,14 +235,16 @@ def test_a_killed_or_timed_out_task_deletes_its_job_pods_and_service(end, devsta
             w.stop()
     assert len(seen) >= 2, seen
     resources = [[r.api_version, r.kind, r.plural, r.name] for r in sub.resources]
-    # the kubeconfig by path: the Kubernetes clients read $KUBECONFIG when first imported, before this test set it
+    # the kubeconfig by path: the Kubernetes clients read $KUBECONFIG when first imported, before this test set it;
+    # the trigger runs in the triggerer, under its own account (deploy/rbac.yaml's kubetrain-triggerer)
     kubeconfig = devstack.env()["KUBECONFIG"]
+    triggerer = devstack.load_state()["kubeconfig_triggerer"]
     operator = DistributedTrainingOperator(task_id="train", kubernetes_conn_id="kubernetes_default",
                                            config_file=kubeconfig)  # fmt: skip
     trigger = DistributedJobTrigger(
         backend="indexed_job", name=sub.name, namespace=NAMESPACE, resources=resources, roles=list(sub.replicas),
         container=sub.container, pod_selector=sub.pod_selector, deadline=time.time() if case == "timeout" else None,
-        poll_interval=1, kubernetes_conn_id="kubernetes_default", config_file=kubeconfig,
+        poll_interval=1, kubernetes_conn_id="kubernetes_default", config_file=triggerer,
         startup={"schedule_timeout": operator.schedule_timeout_seconds,
                  "unschedulable_grace": operator.unschedulable_grace_seconds,
                  "startup_timeout": operator.startup_timeout_seconds,

@@ -87,7 +87,7 @@ def xcom(env: dict[str, str], dag_id: str, task_id: str, key: str = "return_valu
 
 
 def core_api(env: dict[str, str]) -> client.CoreV1Api:
-    return client.CoreV1Api(config.new_client_from_config(env["KUBECONFIG"]))
+    return client.CoreV1Api(config.new_client_from_config(env["KUBETRAIN_ADMIN_KUBECONFIG"]))
 
 
 def test_pod_and_job_operators(airflow_env):

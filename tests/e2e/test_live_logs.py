@@ -40,7 +40,7 @@ def kubelet_times(stack_env: dict[str, str], pod_name: str, namespace: str) -> d
     """Each line of the pod's training container, with the time the kubelet logged it (kubectl logs --timestamps)."""
     from kubernetes import client, config
 
-    api = client.CoreV1Api(config.new_client_from_config(stack_env["KUBECONFIG"]))
+    api = client.CoreV1Api(config.new_client_from_config(stack_env["KUBETRAIN_ADMIN_KUBECONFIG"]))
     raw = api.read_namespaced_pod_log(
         pod_name, namespace, container="base", timestamps=True, _preload_content=False
     ).data.decode("utf-8", errors="replace")

@@ -44,7 +44,7 @@ def s3(devstack):
 
 @pytest.fixture(scope="module")
 def core(devstack) -> client.CoreV1Api:
-    return client.CoreV1Api(config.new_client_from_config(config_file=devstack.env()["KUBECONFIG"]))
+    return client.CoreV1Api(config.new_client_from_config(config_file=devstack.env()["KUBETRAIN_ADMIN_KUBECONFIG"]))
 
 
 @pytest.fixture(scope="module")

@@ -260,3 +260,18 @@ def test_policy_check_catches_violations():
             "a secret value appears literally in the pod",
         ]
     )
+
+
+@pytest.mark.parametrize(("gpus", "shm"), [(0, False), (1, False), (2, True), (8, True)])
+def test_several_gpus_get_a_memory_backed_dev_shm(gpus, shm):
+    """NCCL between a pod's GPUs goes through /dev/shm; the runtime's 64 MiB default starves MirroredStrategy."""
+    pod = as_dict(training_pod(config(gpus=gpus, memory="16Gi", memory_limit="24Gi")))
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    (base,) = pod["spec"]["containers"]
+    mounts = {m["mountPath"]: m["name"] for m in base["volumeMounts"]}
+    assert ("/dev/shm" in mounts) is shm
+    if shm:
+        assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory", "sizeLimit": "24Gi"}
+        from include.devstack.kubeapi import podsecurity
+
+        assert podsecurity.violations("restricted", pod) == []  # emptyDir stays within the restricted level

@@ -3,6 +3,7 @@ with its fix; no preflight pod is left behind."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import os
@@ -38,7 +39,14 @@ def stack_env(devstack, monkeypatch) -> dict[str, str]:
 
 @pytest.fixture
 def core(stack_env) -> client.CoreV1Api:
-    return client.CoreV1Api(config.new_client_from_config(stack_env["KUBECONFIG"]))
+    return client.CoreV1Api(config.new_client_from_config(stack_env["KUBETRAIN_ADMIN_KUBECONFIG"]))
+
+
+def deployment(**changes) -> Deployment:
+    """The deployment as the stack's environment sets it (its registry, the CPU trainer), with ``changes``."""
+    import dataclasses
+
+    return dataclasses.replace(Deployment.from_environment(), **changes)
 
 
 def preflight_pods(core) -> list[str]:
@@ -62,9 +70,9 @@ def test_all_pass_against_the_dev_stack_as_a_dag(stack_env, stack_images, core, 
     # the task prints each line as it is decided (and returns them as its XCom)
     lines = [line for line in capfd.readouterr().out.splitlines() if line[:4] in ("PASS", "FAIL", "WARN", "INFO", "SKIP")]
     status = {line.split()[1].rstrip(":"): line.split()[0] for line in lines}
-    assert status == {"api": "PASS", "s3-secret": "PASS", "image:trainer": "PASS", "image:sync": "PASS",
-                      "s3-from-pod": "PASS", "gpu-nodes": "WARN", "gpu-pool": "PASS", "registry": "PASS",
-                      "training-apis": "INFO"}, lines  # fmt: skip
+    assert status == {"api": "PASS", "access": "PASS", "s3-secret": "PASS", "image:trainer": "PASS",
+                      "image:sync": "PASS", "s3-from-pod": "PASS", "gpu-nodes": "WARN", "gpu-pool": "PASS",
+                      "registry": "PASS", "training-apis": "INFO", "access:triggerer": "PASS"}, lines  # fmt: skip
     text = "\n".join(lines)
     assert stack_images["trainer"].reference in text and stack_images["sync"].reference in text
     assert "a pod read bucket 'datasets': listed datasets" in text
@@ -80,6 +88,14 @@ def test_broken_configuration_names_each_fix(stack_env, core, devstack):
     secret = client.V1Secret(metadata=client.V1ObjectMeta(name="kubetrain-s3-partial"),
                              string_data={"AWS_ACCESS_KEY_ID": "x", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed}"})  # fmt: skip
     core.create_namespaced_secret(NAMESPACE, secret)
+    # a Secret of another name: named in the Role's resourceNames too, as deploy/rbac.yaml says to
+    rbac_api = client.RbacAuthorizationV1Api(core.api_client)
+    role = rbac_api.read_namespaced_role("kubetrain-airflow", NAMESPACE)
+    original = copy.deepcopy(role.rules)
+    for rule in role.rules:
+        if rule.resource_names:
+            rule.resource_names = [*rule.resource_names, "kubetrain-s3-partial"]
+    rbac_api.replace_namespaced_role("kubetrain-airflow", NAMESPACE, role)
     registry = devstack.load_state()["registry"]
     env = {
         **os.environ,
@@ -96,6 +112,9 @@ def test_broken_configuration_names_each_fix(stack_env, core, devstack):
                               capture_output=True, text=True, timeout=300)  # fmt: skip
     finally:
         core.delete_namespaced_secret("kubetrain-s3-partial", NAMESPACE)
+        role = rbac_api.read_namespaced_role("kubetrain-airflow", NAMESPACE)
+        role.rules = original
+        rbac_api.replace_namespaced_role("kubetrain-airflow", NAMESPACE, role)
     lines = {line.split()[1].rstrip(":"): line for line in proc.stdout.splitlines() if line[:4] in ("PASS", "FAIL", "WARN", "INFO", "SKIP")}
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert lines["s3-secret"].startswith("FAIL") and "lacks AWS_SECRET_ACCESS_KEY" in lines["s3-secret"]
@@ -112,13 +131,19 @@ def test_broken_configuration_names_each_fix(stack_env, core, devstack):
     assert preflight_pods(core) == []
 
 
-def test_unreachable_s3_endpoint_names_the_secret_key(stack_env, core):
+def test_a_secret_the_role_does_not_name_fails_naming_the_fix(stack_env):
+    check = Preflight(deployment(s3_secret="team-s3")).check_s3_secret()
+    assert check.status == "FAIL" and check.detail.startswith("the workers may not read Secret 'team-s3': secrets")
+    assert check.fix.startswith("name 'team-s3' in the resourceNames of deploy/rbac.yaml's Role kubetrain-airflow")
+
+
+def test_unreachable_s3_endpoint_names_the_secret_key(stack_env, stack_images, core):
     closed = free_port()
     secret = client.V1Secret(metadata=client.V1ObjectMeta(name="kubetrain-s3-closed"), string_data={
         "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed}"})  # fmt: skip
     core.create_namespaced_secret(NAMESPACE, secret)
     try:
-        checks = by_name(Preflight(Deployment(s3_secret="kubetrain-s3-closed")).check_pods())
+        checks = by_name(Preflight(deployment(s3_secret="kubetrain-s3-closed")).check_pods())
     finally:
         core.delete_namespaced_secret("kubetrain-s3-closed", NAMESPACE)
     check = checks["s3-from-pod"]
@@ -128,7 +153,7 @@ def test_unreachable_s3_endpoint_names_the_secret_key(stack_env, core):
 
 
 def test_missing_namespace_fails_first_and_skips_what_needs_it(stack_env, core):
-    checks = by_name(Preflight(Deployment(namespace="kubetrain-nowhere")).run())
+    checks = by_name(Preflight(deployment(namespace="kubetrain-nowhere")).run())
     assert checks["api"].status == "FAIL"
     assert checks["api"].fix == "kubectl create namespace kubetrain-nowhere, or set KUBETRAIN_NAMESPACE to an existing one"
     for name in ("s3-secret", "image:trainer", "image:sync", "s3-from-pod"):
@@ -152,6 +177,94 @@ def test_unreachable_api_names_the_connection(stack_env, monkeypatch, tmp_path):
 
 
 def test_workload_identity_without_its_service_account_fails(stack_env):
-    check = Preflight(Deployment(s3_secret=None, service_account="kubetrain-irsa")).check_s3_secret()
+    check = Preflight(deployment(s3_secret=None, service_account="kubetrain-irsa")).check_s3_secret()
     assert check.status == "FAIL" and "service account 'kubetrain-irsa' does not exist in 'kubetrain'" in check.detail
     assert check.fix.startswith("kubectl -n kubetrain create serviceaccount kubetrain-irsa")
+
+
+def test_a_cluster_older_than_the_minimum_fails_with_the_reason(stack_env, devstack, tmp_path, monkeypatch):
+    """A server that reports 1.28 (the dev stack's own API, started as an older cluster)."""
+    from tests.devstack.support import start_server, stop_server
+
+    api, proc = start_server(tmp_path, "--kubernetes-version", "1.28.9", mirror=devstack.load_state()["mirror"])
+    try:
+        monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(
+            {"conn_type": "kubernetes", "extra": {"kube_config_path": str(api.kubeconfig), "namespace": "default"}}))
+        check = Preflight(Deployment(namespace="default")).check_api()
+    finally:
+        stop_server(proc)
+    assert check.status == "FAIL" and check.detail.startswith("API v1.28.9-kubetrain at")
+    assert "older than 1.29, the oldest Kubernetes kubetrain supports" in check.detail and "native sidecar" in check.detail
+    assert check.fix == "upgrade the cluster to Kubernetes 1.29 or later"
+
+
+def test_an_account_without_the_roles_fails_the_access_review_naming_what_it_lacks(stack_env, devstack, monkeypatch):
+    """The triggerer's account reviewed as if it were the workers': it may follow pods, not create them."""
+    triggerer = devstack.load_state()["kubeconfig_triggerer"]
+    monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(
+        {"conn_type": "kubernetes", "extra": {"kube_config_path": triggerer, "namespace": NAMESPACE}}))
+    preflight = Preflight(deployment())
+    check = preflight.check_access()
+    assert check.status == "FAIL" and check.detail.startswith("the workers' account may not create pods, patch pods")
+    assert "in namespace 'kubetrain'" in check.detail and "more)" in check.detail
+    assert check.fix.startswith("kubectl apply -f deploy/rbac.yaml in namespace kubetrain")
+    # and the pods it would start are refused with the API's 403, as one line
+    checks = by_name(preflight.check_pods())
+    assert checks["image:trainer"].status == "FAIL" and "was refused: pods is forbidden: User " in checks["image:trainer"].detail
+    assert 'cannot create resource "pods"' in checks["image:trainer"].detail
+    assert checks["image:trainer"].fix == "see the access line: kubectl apply -f deploy/rbac.yaml"
+
+
+def test_the_triggerer_reviews_its_own_access_from_the_triggerer(stack_env, devstack):
+    """The trigger the preflight DAG defers to, run as the triggerer's account: its grants pass, and a list of what
+    only the workers may do fails naming it."""
+    import asyncio
+
+    from kubetrain.preflight import TRIGGERER_ACCESS, WORKER_ACCESS, access_attributes, triggerer_check
+    from kubetrain.triggers.access import AccessReviewTrigger
+
+    triggerer = devstack.load_state()["kubeconfig_triggerer"]
+
+    def review(access) -> Check:
+        trigger = AccessReviewTrigger(attributes=access_attributes(access, NAMESPACE, "kubetrain-s3"), config_file=triggerer)
+        classpath, kwargs = trigger.serialize()
+        assert classpath == "kubetrain.triggers.access.AccessReviewTrigger"
+
+        async def first():
+            async for event in AccessReviewTrigger(**kwargs).run():
+                return event.payload
+
+        return triggerer_check(asyncio.run(first()), NAMESPACE)
+
+    ok = review(TRIGGERER_ACCESS)
+    assert ok.status == "PASS" and ok.detail.startswith("the triggerer's account may do all")
+    refused = review(WORKER_ACCESS)
+    assert refused.status == "FAIL" and refused.detail.startswith("the triggerer's account may not create pods")
+
+
+def test_preflight_pods_pass_restricted_and_tolerate_the_gpu_taint(stack_env):
+    from kubernetes.client import ApiClient
+
+    from include.devstack.kubeapi import podsecurity
+
+    body = ApiClient().sanitize_for_serialization(Preflight(deployment()).pod("sync", "img", ["true"], with_s3=True))
+    assert podsecurity.violations("restricted", body) == []
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in body["spec"]["tolerations"]
+    assert body["spec"]["containers"][0]["envFrom"] == [{"secretRef": {"name": "kubetrain-s3"}}]
+
+
+def test_gke_workload_identity_alone_fails_and_irsa_passes(stack_env, core):
+    """S3's SigV4 needs AWS keys: a GCP service account annotation gives pods GCP tokens only."""
+    annotations = {"kubetrain-gke": {"iam.gke.io/gcp-service-account": "trainer@proj.iam.gserviceaccount.com"},
+                   "kubetrain-irsa-ok": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/kubetrain"}}  # fmt: skip
+    for name, notes in annotations.items():
+        core.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": name, "annotations": notes}})
+    try:
+        gke = Preflight(deployment(s3_secret=None, service_account="kubetrain-gke")).check_s3_secret()
+        irsa = Preflight(deployment(s3_secret=None, service_account="kubetrain-irsa-ok")).check_s3_secret()
+    finally:
+        for name in annotations:
+            core.delete_namespaced_service_account(name, NAMESPACE)
+    assert gke.status == "FAIL" and "gives pods GCP tokens, which the pods' S3 client (SigV4) cannot use" in gke.detail
+    assert "HMAC keys with AWS_ENDPOINT_URL=https://storage.googleapis.com" in gke.fix
+    assert irsa.status == "PASS" and "eks.amazonaws.com/role-arn" in irsa.detail

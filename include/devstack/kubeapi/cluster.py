@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from include.devstack.kubeapi import podnet, runtime
+from include.devstack.kubeapi import podnet, rbac, runtime
 from include.devstack.kubeapi.images import ImageStore
 from include.devstack.kubeapi.kubelet import PodWorker
 from include.devstack.kubeapi.meta import NODE_IP, NODE_NAME, SERVER_VERSION, rfc3339
@@ -105,7 +105,16 @@ class Cluster:
     def _bootstrap(self) -> None:
         for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self.store.create("namespaces", namespace_object(ns))
+            self.create_default_service_account(ns)
         self.store.create("nodes", self.node_object())
+        for resource, obj in rbac.bootstrap_objects():
+            self.store.create(resource, obj, rbac.RBAC_GROUP)
+
+    def create_default_service_account(self, namespace: str) -> None:
+        """The ``default`` service account that every namespace gets."""
+        if self.store.get("serviceaccounts", namespace, "default") is None:
+            self.store.create("serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount",
+                                                  "metadata": {"name": "default", "namespace": namespace}})  # fmt: skip
 
     def node_object(self) -> dict:
         cpu = str(os.cpu_count() or 1)

@@ -6,10 +6,14 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+# The oldest Kubernetes minor kubetrain supports (native sidecars, restartPolicy: Always on init containers,
+# are on by default since 1.29): the local API reports it and serves its schemas, so that nothing newer works
+# here that would fail on such a cluster. `--kubernetes-version` reports another (the preflight's tests).
+MINIMUM_MINOR = 29
 SERVER_VERSION = {
     "major": "1",
-    "minor": "32",
-    "gitVersion": "v1.32.0-kubetrain",
+    "minor": str(MINIMUM_MINOR),
+    "gitVersion": f"v1.{MINIMUM_MINOR}.0-kubetrain",
     "gitCommit": "0000000000000000000000000000000000000000",
     "gitTreeState": "clean",
     "buildDate": "2025-01-01T00:00:00Z",
@@ -18,6 +22,15 @@ SERVER_VERSION = {
     "platform": "linux/amd64",
 }
 NODE_NAME = "kubetrain-dev"
+
+
+def set_version(version: str) -> None:
+    """Report Kubernetes ``version`` (``1.28``, ``1.29.3``) as this server's and its kubelet's."""
+    parts = version.removeprefix("v").split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:3]):
+        raise ValueError(f"invalid Kubernetes version {version!r}: expected major.minor[.patch], e.g. 1.29")
+    patch = parts[2] if len(parts) > 2 else "0"
+    SERVER_VERSION.update(major=parts[0], minor=parts[1], gitVersion=f"v{parts[0]}.{parts[1]}.{patch}-kubetrain")
 NODE_IP = "127.0.0.1"
 
 
@@ -261,10 +274,22 @@ _register(
     )
 )  # fmt: skip
 
-GROUPS = {"batch": "v1", "events.k8s.io": "v1", "apiextensions.k8s.io": "v1"}
+# RBAC (authorized by kubeapi/rbac.py), the service accounts it names, and the access reviews clients ask
+_register(Resource("serviceaccounts", "ServiceAccount", "", "v1", True, CRUD, ("sa",)))
+for _name, _kind, _namespaced in (("roles", "Role", True), ("rolebindings", "RoleBinding", True),
+                                  ("clusterroles", "ClusterRole", False),
+                                  ("clusterrolebindings", "ClusterRoleBinding", False)):  # fmt: skip
+    _register(Resource(_name, _kind, "rbac.authorization.k8s.io", "v1", _namespaced, CRUD))
+_register(Resource("selfsubjectaccessreviews", "SelfSubjectAccessReview", "authorization.k8s.io", "v1", False,
+                   ("create",)))  # fmt: skip
+
+GROUPS = {"batch": "v1", "events.k8s.io": "v1", "apiextensions.k8s.io": "v1", "rbac.authorization.k8s.io": "v1",
+          "authorization.k8s.io": "v1"}  # fmt: skip
 SERVED_SUMMARY = (
     "pods, pods/log, pods/exec, pods/attach (output only), events, secrets, configmaps, namespaces, nodes, services (headless), "
-    "jobs.batch and customresourcedefinitions.apiextensions.k8s.io (read-only, none defined)"
+    "serviceaccounts, jobs.batch, roles, rolebindings, clusterroles and clusterrolebindings "
+    "(rbac.authorization.k8s.io), selfsubjectaccessreviews.authorization.k8s.io and "
+    "customresourcedefinitions.apiextensions.k8s.io (read-only, none defined)"
 )
 
 

@@ -1,5 +1,7 @@
-"""Schema checks of request bodies (kubernetes-validate's v1.32 JSON schemas) and the OpenAPI documents
-that kubectl reads to decide how to validate (``fieldValidation``) and how to build patches."""
+"""Schema checks of request bodies (kubernetes-validate's JSON schemas of the oldest Kubernetes minor kubetrain
+supports) and the OpenAPI documents that kubectl reads to decide how to validate (``fieldValidation``) and
+how to build patches. As on a real server, an unknown field is refused with ``fieldValidation=Strict``,
+dropped with a warning otherwise (a field newer than that minor is unknown, as it would be there)."""
 
 from __future__ import annotations
 
@@ -10,10 +12,10 @@ from functools import cache
 
 from aiohttp import web
 
-from include.devstack.kubeapi.meta import RESOURCES, ApiError, Resource
+from include.devstack.kubeapi.meta import MINIMUM_MINOR, RESOURCES, ApiError, Resource
 
 log = logging.getLogger("kubeapi.openapi")
-SCHEMA_VERSION = "1.32.0"
+SCHEMA_VERSION = f"1.{MINIMUM_MINOR}.0"
 
 
 def _path(error) -> str:
@@ -24,7 +26,8 @@ def _path(error) -> str:
 
 
 def schema_check(res: Resource, obj: dict, mode: str) -> list[str]:
-    """Type errors are 400 BadRequest; unknown fields are 400 with ``fieldValidation=Strict``, else warnings."""
+    """Type errors are 400 BadRequest; unknown fields are 400 with ``fieldValidation=Strict``, else dropped from
+    ``obj`` (in place) with a warning each (``Warn``) or silently (``Ignore``)."""
     if mode not in ("Strict", "Warn", "Ignore"):
         raise ApiError(
             400, "BadRequest", f'fieldValidation must be one of "Ignore", "Warn" or "Strict", got "{mode}"'
@@ -45,16 +48,17 @@ def schema_check(res: Resource, obj: dict, mode: str) -> list[str]:
     except Exception as exc:  # noqa: BLE001 - a schema the package lacks is not the request's fault
         log.debug("no schema check for %s: %s", res.kind, exc)
         return []
-    if mode == "Ignore":
-        return []
-    unknown = _unknown_fields(obj)
+    unknown, pruned = _unknown_fields(obj)
     if unknown and mode == "Strict":
         joined = ", ".join(f'unknown field "{u}"' for u in unknown)
         raise ApiError(400, "BadRequest", f"strict decoding error: {joined}")
-    return [f'unknown field "{u}"' for u in unknown]
+    if unknown:
+        obj.clear()
+        obj.update(pruned)
+    return [] if mode == "Ignore" else [f'unknown field "{u}"' for u in unknown]
 
 
-def _unknown_fields(obj: dict) -> list[str]:
+def _unknown_fields(obj: dict) -> tuple[list[str], dict]:
     import jsonschema
     import kubernetes_validate
 
@@ -80,7 +84,7 @@ def _unknown_fields(obj: dict) -> list[str]:
                 out.append(f"{base}.{key}" if base else key)
                 node.pop(key, None)
             seen += 1
-    return out
+    return out, current
 
 
 # -- OpenAPI documents -----------------------------------------------------------------------
@@ -140,11 +144,11 @@ def _v3_group(group: str) -> dict:
         paths[f"{prefix}{ns}/{res.name}/{{name}}"] = item_ops
     roots = [f"{_definition_prefix(group, res.version)}.{res.kind}" for res in RESOURCES.values() if res.group == group]
     roots += [f"{name}List" for name in roots] + [f"{META}.Status", f"{META}.DeleteOptions"]
-    return {"openapi": "3.0.0", "info": {"title": "Kubernetes (kubetrain local API)", "version": "v1.32.0"},
+    return {"openapi": "3.0.0", "info": {"title": "Kubernetes (kubetrain local API)", "version": f"v{SCHEMA_VERSION}"},
             "paths": paths, "components": {"schemas": _schemas(tuple(roots))}}  # fmt: skip
 
 
-# -- component schemas, from kubernetes-validate's JSON schemas of v1.32 -----------------------
+# -- component schemas, from kubernetes-validate's JSON schemas ---------------------------------
 
 META = "io.k8s.apimachinery.pkg.apis.meta.v1"
 
@@ -154,6 +158,8 @@ def _definition_prefix(group: str, version: str) -> str:
         return f"io.k8s.api.core.{version}"
     if group == "apiextensions.k8s.io":
         return f"io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.{version}"
+    if group == "rbac.authorization.k8s.io":
+        return f"io.k8s.api.rbac.{version}"
     return f"io.k8s.api.{group.removesuffix('.k8s.io').replace('.', '')}.{version}"
 
 

@@ -27,7 +27,22 @@ from include.devstack.kubeapi.meta import ApiError
 MAGIC = b"k8s\x00"
 DESCRIPTORS = Path(__file__).with_name("k8s-v1.32.pb")
 MEDIA_TYPE = "application/vnd.kubernetes.protobuf"
-PACKAGES = {"v1": "k8s.io.api.core.v1", "batch/v1": "k8s.io.api.batch.v1", "meta.k8s.io/v1": "k8s.io.apimachinery.pkg.apis.meta.v1"}
+PACKAGES = {"v1": "k8s.io.api.core.v1", "batch/v1": "k8s.io.api.batch.v1", "meta.k8s.io/v1": "k8s.io.apimachinery.pkg.apis.meta.v1",
+            "authorization.k8s.io/v1": "k8s.io.api.authorization.v1"}  # fmt: skip
+# `kubectl auth can-i` sends a SelfSubjectAccessReview as protobuf: its messages, as k8s.io/api's
+# authorization/v1/generated.proto numbers their fields (the selector fields, alpha, left out)
+AUTHORIZATION_MESSAGES = {
+    "SelfSubjectAccessReview": [("metadata", 1, ".k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta"),
+                                ("spec", 2, ".k8s.io.api.authorization.v1.SelfSubjectAccessReviewSpec"),
+                                ("status", 3, ".k8s.io.api.authorization.v1.SubjectAccessReviewStatus")],
+    "SelfSubjectAccessReviewSpec": [("resourceAttributes", 1, ".k8s.io.api.authorization.v1.ResourceAttributes"),
+                                    ("nonResourceAttributes", 2, ".k8s.io.api.authorization.v1.NonResourceAttributes")],
+    "ResourceAttributes": [(name, i, "string") for i, name in enumerate(
+        ("namespace", "verb", "group", "version", "resource", "subresource", "name"), start=1)],
+    "NonResourceAttributes": [("path", 1, "string"), ("verb", 2, "string")],
+    "SubjectAccessReviewStatus": [("allowed", 1, "bool"), ("reason", 2, "string"), ("evaluationError", 3, "string"),
+                                  ("denied", 4, "bool")],
+}  # fmt: skip
 META = "k8s.io.apimachinery.pkg.apis.meta.v1."
 # Go structs embedded with `json:",inline"`: protobuf nests them in a field, JSON lifts their fields up
 # (every such field of k8s.io/api core/v1 and batch/v1 and apimachinery's meta/v1 at v0.32)
@@ -46,6 +61,20 @@ def _pool():
     pool = descriptor_pool.DescriptorPool()
     for f in fds.file:
         pool.Add(f)
+    authorization = descriptor_pb2.FileDescriptorProto(
+        name="k8s.io/api/authorization/v1/generated.proto", package="k8s.io.api.authorization.v1", syntax="proto2",
+        dependency=["k8s.io/apimachinery/pkg/apis/meta/v1/generated.proto"],
+    )  # fmt: skip
+    scalar = {"string": descriptor_pb2.FieldDescriptorProto.TYPE_STRING, "bool": descriptor_pb2.FieldDescriptorProto.TYPE_BOOL}
+    for message, fields in AUTHORIZATION_MESSAGES.items():
+        proto = authorization.message_type.add(name=message)
+        for name, number, kind in fields:
+            field = proto.field.add(name=name, number=number, label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+            if kind in scalar:
+                field.type = scalar[kind]
+            else:
+                field.type, field.type_name = descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE, kind
+    pool.Add(authorization)
     return pool
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from aiohttp import WSMsgType, web
 
-from include.devstack.kubeapi import openapi, protobuf, tables
+from include.devstack.kubeapi import openapi, podsecurity, protobuf, rbac, tables
 from include.devstack.kubeapi import validation as v
 from include.devstack.kubeapi.cluster import Cluster
 from include.devstack.kubeapi.images import DEFAULT_STORE
@@ -26,6 +26,7 @@ from include.devstack.kubeapi.jobs import JobController
 from include.devstack.kubeapi.logs import LogOptions, stream_log
 from include.devstack.kubeapi.meta import (
     GROUPS,
+    MINIMUM_MINOR,
     RESOURCES,
     SERVER_VERSION,
     ApiError,
@@ -38,6 +39,7 @@ from include.devstack.kubeapi.meta import (
     resource_for,
     rfc3339,
     rfc3339_micro,
+    set_version,
     unsupported_group,
 )
 from include.devstack.kubeapi.patch import APPLY_PATCH, apply_patch
@@ -66,15 +68,41 @@ def _json(body: dict, status: int = 200, headers: dict | None = None) -> web.Res
 
 
 class Api:
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, tokens: dict[str, rbac.Identity] | None = None) -> None:
         self.cluster = cluster
         self.store = cluster.store
         self.jobs = JobController(cluster, self.create_pod_object)
+        self.tokens = tokens or {}
+        self.authorizer = rbac.Authorizer(self.store)
+
+    # -- authentication and authorization ----------------------------------------------------
+
+    def authenticate(self, request: web.Request) -> rbac.Identity:
+        """The request's user: its bearer token's, else system:anonymous; 401 for a token nobody issued."""
+        header = request.headers.get("Authorization", "")
+        if not header:
+            return rbac.anonymous()
+        scheme, _, token = header.partition(" ")
+        identity = self.tokens.get(token.strip()) if scheme.lower() == "bearer" else None
+        if identity is None:
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        return identity
+
+    def authorize(self, request: web.Request, attrs: rbac.Attributes) -> None:
+        identity = request["identity"]
+        if not self.authorizer.allowed(identity, attrs):
+            raise ApiError(403, "Forbidden", rbac.forbidden_message(identity, attrs),
+                           kind=attrs.resource or None, name=attrs.name or None, group=attrs.api_group)  # fmt: skip
+
+    def authorize_path(self, request: web.Request) -> None:
+        self.authorize(request, rbac.Attributes(verb=request.method.lower() if request.method != "HEAD" else "get",
+                                                path=request.path))  # fmt: skip
 
     # -- routing -----------------------------------------------------------------------------
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
+            request["identity"] = self.authenticate(request)
             return await self._route(request)
         except ApiError as exc:
             return _json(exc.status(), exc.code)
@@ -87,6 +115,10 @@ class Api:
     async def _route(self, request: web.Request) -> web.StreamResponse:
         parts = [p for p in request.path.split("/") if p]
         method = request.method
+        discovery = not parts or parts[0] in ("version", "healthz", "livez", "readyz", "openapi") or (
+            parts[0] == "api" and len(parts) <= 2) or (parts[0] == "apis" and len(parts) <= 3)  # fmt: skip
+        if discovery:
+            self.authorize_path(request)
         if not parts:
             return _json({"paths": ["/api", "/api/v1", "/apis", "/apis/batch", "/apis/batch/v1", "/apis/events.k8s.io",
                                     "/apis/events.k8s.io/v1", "/apis/apiextensions.k8s.io", "/apis/apiextensions.k8s.io/v1", "/healthz", "/livez", "/openapi/v2", "/openapi/v3", "/readyz", "/version"]})  # fmt: skip
@@ -145,6 +177,7 @@ class Api:
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({res.name}/{sub}): "
                            f"{what} is not supported by the local Kubernetes API")  # fmt: skip
         q = request.query
+        self.authorize_resource(request, res, ns, name, sub, watch_path or q.get("watch") in TRUE)
         verb_ok = res.subresources.get(sub, ()) if sub else res.verbs
         if sub == "log":
             return await self.pod_log(request, ns, name)
@@ -181,6 +214,8 @@ class Api:
             raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested resource "
                            f"({method} {res.name}{'/' + sub if sub else ''})")  # fmt: skip
         dry = "All" in q.getall("dryRun", [])
+        if method == "POST" and res.name == "selfsubjectaccessreviews":
+            return self.access_review(request, body)
         if method == "POST":
             if name is not None:
                 raise ApiError(
@@ -240,6 +275,46 @@ class Api:
         raise ApiError(
             405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
         )
+
+    def authorize_resource(self, request: web.Request, res: Resource, ns: str | None, name: str | None,
+                           sub: str | None, watching: bool) -> None:  # fmt: skip
+        """RBAC for a resource request, with the verb kube-apiserver derives from the method."""
+        method = request.method
+        if method in ("GET", "HEAD"):
+            verbs = ["watch" if watching else ("get" if name else "list")]
+            if sub in ("exec", "attach"):
+                # over WebSocket (a GET): get up to 1.29, create since 1.30; both are needed to work on every
+                # supported minor, so both are checked
+                verbs = ["get", "create"]
+        else:
+            verbs = [{"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method)
+                     or ("delete" if name else "deletecollection")]  # fmt: skip
+        namespace = name if res.name == "namespaces" and name else (ns or "")
+        for verb in verbs:
+            self.authorize(request, rbac.Attributes(verb=verb, api_group=res.group, resource=res.name,
+                                                    subresource=sub or "", name=name or "", namespace=namespace))  # fmt: skip
+
+    def access_review(self, request: web.Request, body) -> web.Response:
+        """SelfSubjectAccessReview: may the asking user do what the spec says?"""
+        if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
+            raise bad_request("the body of the request must be a SelfSubjectAccessReview with a spec")
+        spec = body["spec"]
+        res, nonres = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
+        if bool(res) == bool(nonres):
+            raise v_invalid_review()
+        if res:
+            attrs = rbac.Attributes(verb=res.get("verb", ""), api_group=res.get("group", ""),
+                                    resource=res.get("resource", ""), subresource=res.get("subresource", ""),
+                                    name=res.get("name", ""), namespace=res.get("namespace", ""))  # fmt: skip
+        else:
+            attrs = rbac.Attributes(verb=nonres.get("verb", ""), path=nonres.get("path", ""))
+        allowed = self.authorizer.allowed(request["identity"], attrs)
+        status = {"allowed": allowed}
+        if allowed:
+            status["reason"] = "RBAC: allowed by a RoleBinding or ClusterRoleBinding"
+        out = {"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
+               "metadata": {"creationTimestamp": None}, "spec": spec, "status": status}  # fmt: skip
+        return _json(out, 201)
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -452,6 +527,10 @@ class Api:
         ):
             meta.pop(drop, None)
         if res.name == "pods":
+            _, warn = podsecurity.levels(self.store.get("namespaces", "", ns or "default") or {})
+            if podsecurity.violations(warn, obj):
+                warnings.append(f'would violate PodSecurity "{warn}:latest": ' + ", ".join(
+                    f"{name} ({detail})" for name, detail in podsecurity.violations(warn, obj)))  # fmt: skip
             return self.create_pod_object(obj, dry=dry), warnings
         if res.name == "jobs":
             obj.pop("status", None)
@@ -492,6 +571,8 @@ class Api:
         created = self.store.create(res.name, obj, res.group)
         if res.name == "services":
             self.cluster.refresh_hosts()
+        if res.name == "namespaces":
+            self.cluster.create_default_service_account(meta["name"])  # as the service account controller does
         return created, warnings
 
     def create_pod_object(self, pod: dict, dry: bool = False) -> dict:
@@ -499,11 +580,24 @@ class Api:
         meta = pod.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = v.generate_name(meta["generateName"])
-        self.check_namespace(meta.get("namespace") or "default")
+        namespace = meta.get("namespace") or "default"
+        self.check_namespace(namespace)
         pod.pop("status", None)
         spec = pod.setdefault("spec", {})
         v.default_pod_spec(spec)
         v.validate_pod(pod)
+        # Pod Security admission: the namespace's enforce level refuses what breaks it
+        enforce, _ = podsecurity.levels(self.store.get("namespaces", "", namespace) or {})
+        found = podsecurity.violations(enforce, pod)
+        if found:
+            raise ApiError(403, "Forbidden", f'pods "{meta.get("name", "")}" is forbidden: '
+                           f"{podsecurity.summary(enforce, found)}", kind="pods", name=meta.get("name", ""))  # fmt: skip
+        # the ServiceAccount admission plugin: the pod's service account must exist
+        account = spec.setdefault("serviceAccountName", spec.get("serviceAccount") or "default")
+        if self.store.get("serviceaccounts", namespace, account) is None:
+            raise ApiError(403, "Forbidden", f'pods "{meta.get("name", "")}" is forbidden: error looking up service '
+                           f'account {namespace}/{account}: serviceaccount "{account}" not found',
+                           kind="pods", name=meta.get("name", ""))  # fmt: skip
         pod["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
         if dry:
             return pod
@@ -685,7 +779,7 @@ class Api:
                 self.cluster.delete_pod(name, pod["metadata"]["name"], None)
         while self.store.list("pods", name):
             await asyncio.sleep(0.1)
-        for kind in ("secrets", "configmaps", "services", "events"):
+        for kind in ("secrets", "configmaps", "services", "events", "serviceaccounts", "roles", "rolebindings"):
             for obj in self.store.list(kind, name):
                 self.store.remove(kind, name, obj["metadata"]["name"])
         self.store.remove("namespaces", "", name)
@@ -935,6 +1029,12 @@ class Api:
 # -- utilities -------------------------------------------------------------------------------
 
 
+def v_invalid_review() -> ApiError:
+    return ApiError(422, "Invalid", 'SelfSubjectAccessReview.authorization.k8s.io "" is invalid: [spec.resourceAttributes: '
+                    'Invalid value: "null": exactly one of nonResourceAttributes or resourceAttributes must be specified]',
+                    kind="SelfSubjectAccessReview", group="authorization.k8s.io")  # fmt: skip
+
+
 def exec_status(code: int | None, error: str | None) -> str:
     if error:
         return json.dumps({"metadata": {}, "status": "Failure", "message": error, "reason": "InternalError",
@@ -1079,8 +1179,8 @@ def group_list() -> dict:
 # -- main ------------------------------------------------------------------------------------
 
 
-def build_app(cluster: Cluster) -> web.Application:
-    api = Api(cluster)
+def build_app(cluster: Cluster, tokens: dict[str, rbac.Identity] | None = None) -> web.Application:
+    api = Api(cluster, tokens)
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_route("*", "/{tail:.*}", api.handle)
 
@@ -1112,6 +1212,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="registry mirror for docker.io and quay.io images (the dev stack's, include/devstack/mirror.py)")  # fmt: skip
     parser.add_argument("--backoff-seconds", type=float, default=float(os.environ.get("KUBETRAIN_BACKOFF_SECONDS", "10")),
                         help="initial restart back-off (the kubelet's is 10 s)")  # fmt: skip
+    parser.add_argument("--kubernetes-version", default=None, metavar="1.MINOR",
+                        help=f"report this Kubernetes version instead of 1.{MINIMUM_MINOR}, the oldest kubetrain supports "
+                        "(to see how clients treat an older cluster)")  # fmt: skip
+    parser.add_argument("--tls-cert-file", type=Path, default=None,
+                        help="serve HTTPS with this certificate (PEM), as every real API server does: kubectl sends a "
+                        "bearer token over HTTPS only")  # fmt: skip
+    parser.add_argument("--tls-private-key-file", type=Path, default=None, help="the certificate's private key (PEM)")
+    parser.add_argument("--token-auth-file", type=Path, required=True,
+                        help="bearer tokens and the users they stand for, one token,user,uid,\"groups\" per line "
+                        "(kube-apiserver's format); every request is then authorized by RBAC")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout
@@ -1119,16 +1229,26 @@ def main(argv: list[str] | None = None) -> int:
     state_dir = args.state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     try:
+        if args.kubernetes_version:
+            set_version(args.kubernetes_version)
+        tokens = rbac.read_token_file(args.token_auth_file)
         cluster = Cluster(state_dir, port=args.port, image_store=args.image_store, mirror=args.mirror,
                           strict_gpu=args.strict_gpu, backoff=args.backoff_seconds)  # fmt: skip
-    except RuntimeUnavailable as exc:
+    except (RuntimeUnavailable, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     log.info("local Kubernetes API on http://%s:%d: runc %s, image store %s, mirror %s, %d GPU(s)%s", args.host,
              args.port, cluster.runc, args.image_store, args.mirror or "(none)", len(cluster.gpus),
              " (strict)" if args.strict_gpu else "")  # fmt: skip
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    ssl_context = None
+    if args.tls_cert_file:
+        import ssl
+
+        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ssl_context.load_cert_chain(args.tls_cert_file, args.tls_private_key_file)
     web.run_app(
-        build_app(cluster), host=args.host, port=args.port, access_log=None, print=None, shutdown_timeout=5
+        build_app(cluster, tokens), host=args.host, port=args.port, access_log=None, print=None, shutdown_timeout=5,
+        ssl_context=ssl_context,
     )
     return 0

@@ -320,10 +320,21 @@ def validate_pod_update(old: dict, new: dict) -> None:
         raise invalid("Pod", name, causes)
 
 
+def _same_time(a: str, b: str) -> bool:
+    from include.devstack.kubeapi.meta import parse_time_ns
+
+    try:
+        return parse_time_ns(str(a)) == parse_time_ns(str(b))
+    except Exception:  # noqa: BLE001 - not a time: compared as text by the caller
+        return False
+
+
 def check_immutable_meta(old: dict, new: dict, kind: str, group: str = "") -> None:
     om, nm = old["metadata"], new.get("metadata") or {}
     causes: Causes = []
     for key in ("name", "namespace", "uid", "creationTimestamp"):
+        if key == "creationTimestamp" and nm.get(key) and om.get(key) and _same_time(nm[key], om[key]):
+            continue  # the same instant in another RFC 3339 form (a client's +00:00 for the server's Z)
         if nm.get(key) not in (None, om.get(key)):
             causes.append(
                 (

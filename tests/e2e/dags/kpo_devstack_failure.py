@@ -13,6 +13,12 @@ from pathlib import Path
 import pendulum
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.sdk import dag
+from kubernetes.client import models as k8s
+
+# the namespace enforces Pod Security level restricted
+RESTRICTED = k8s.V1SecurityContext(allow_privilege_escalation=False, capabilities=k8s.V1Capabilities(drop=["ALL"]),
+                                   run_as_non_root=True, run_as_user=10001,
+                                   seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"))
 
 
 @dag(
@@ -34,6 +40,7 @@ def kpo_devstack_failure():
         get_logs=True,
         on_finish_action="delete_pod",
         termination_message_policy="FallbackToLogsOnError",
+        container_security_context=RESTRICTED,
         startup_check_interval_seconds=1,
     )
 

@@ -24,6 +24,12 @@ from airflow.sdk import dag
 from kubernetes.client import models as k8s
 
 S3_SECRET = os.environ.get("KUBETRAIN_S3_SECRET", "kubetrain-s3")
+# The namespace enforces Pod Security level restricted: every container, the provider's XCom sidecar too,
+# runs as a non-root user without privileges or capabilities, under the runtime's default seccomp profile.
+RESTRICTED = k8s.V1SecurityContext(allow_privilege_escalation=False, capabilities=k8s.V1Capabilities(drop=["ALL"]),
+                                   run_as_non_root=True, seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"))
+POD_SECURITY = k8s.V1PodSecurityContext(run_as_user=10001, run_as_group=10001, run_as_non_root=True,
+                                        seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"))
 SHARED = k8s.V1Volume(name="shared", empty_dir=k8s.V1EmptyDirVolumeSource())
 SHARED_MOUNT = k8s.V1VolumeMount(name="shared", mount_path="/shared")
 
@@ -78,6 +84,7 @@ def pod_task(task_id: str, *, deferrable: bool) -> KubernetesPodOperator:
                 image="busybox:1.36",
                 command=["sh", "-c", "echo hello-from-init > /shared/greeting.txt"],
                 volume_mounts=[SHARED_MOUNT],
+                security_context=RESTRICTED,
             ),
             k8s.V1Container(
                 name="heartbeat",
@@ -85,8 +92,12 @@ def pod_task(task_id: str, *, deferrable: bool) -> KubernetesPodOperator:
                 restart_policy="Always",
                 command=["sh", "-c", SIDECAR_SCRIPT],
                 volume_mounts=[SHARED_MOUNT],
+                security_context=RESTRICTED,
             ),
         ],
+        security_context=POD_SECURITY,
+        container_security_context=RESTRICTED,
+        xcom_sidecar_container_security_context=RESTRICTED,
         volumes=[SHARED],
         volume_mounts=[SHARED_MOUNT],
         get_logs=True,
@@ -116,6 +127,8 @@ def kpo_devstack_pod():
         namespace="kubetrain",
         image="busybox:1.36",
         cmds=["sh", "-c", 'echo "job index=$JOB_COMPLETION_INDEX host=$(hostname)"'],
+        security_context=POD_SECURITY,
+        container_security_context=RESTRICTED,
         completion_mode="Indexed",
         completions=2,
         parallelism=2,

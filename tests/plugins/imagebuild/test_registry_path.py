@@ -79,7 +79,7 @@ def under_a_path(private, devstack, monkeypatch):
     env = devstack.env()
     monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(
         {"conn_type": "kubernetes", "extra": {"kube_config_path": env["KUBECONFIG"], "namespace": NAMESPACE}}))  # fmt: skip
-    core = client.CoreV1Api(config.new_client_from_config(env["KUBECONFIG"]))
+    core = client.CoreV1Api(config.new_client_from_config(env["KUBETRAIN_ADMIN_KUBECONFIG"]))
     auth = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
     secret = {"metadata": {"name": "ar-pull"}, "type": "kubernetes.io/dockerconfigjson",
               "stringData": {".dockerconfigjson": json.dumps({"auths": {private.host: {"auth": auth}}})}}  # fmt: skip

@@ -5,6 +5,10 @@ unpacked, built and pushed by buildah to the stack's registry); the task defers 
 pod trigger, the trigger runs for real against the stack's API, and the operator resumes through
 the method it deferred to: the XCom sidecar's metadata names the pushed digest, the requested tag
 moves onto it, and no builder pod is left behind.
+
+The training namespace enforces Pod Security level restricted, which the rootless builder cannot
+pass: builds run in a namespace of their own, labelled privileged, where deploy/rbac.yaml's Roles
+are applied too (docs/real-cluster.md says so), as the workers' service account.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from airflow.sdk.exceptions import TaskDeferred
 from kubernetes import client as kube_client
 from kubernetes import config as kube_config
 
-from include.devstack.stack import NAMESPACE
+from include.devstack.stack import NAMESPACE, RBAC_MANIFEST
 from kubetrain.imagebuild.oci import RegistryClient
 from kubetrain.operators.build import BuildImageOperator
 from tests.plugins.imagebuild.support import push_busybox_base, skopeo_pull, tags
@@ -39,8 +43,30 @@ class TaskInstance:
         self.xcom[key] = value
 
 
+BUILD_NAMESPACE = "kubetrain-build"
+
+
+def build_namespace_like_the_docs_say(admin) -> str:
+    """A namespace labelled privileged, with deploy/rbac.yaml's Roles and bindings and the S3 Secret in it."""
+    import yaml
+
+    core, rbac_api = kube_client.CoreV1Api(admin), kube_client.RbacAuthorizationV1Api(admin)
+    if any(n.metadata.name == BUILD_NAMESPACE for n in core.list_namespace().items):
+        return BUILD_NAMESPACE
+    core.create_namespace({"metadata": {"name": BUILD_NAMESPACE,
+                                        "labels": {"pod-security.kubernetes.io/enforce": "privileged"}}})  # fmt: skip
+    for doc in yaml.safe_load_all(RBAC_MANIFEST.read_text()):
+        if doc and doc["kind"] in ("Role", "RoleBinding"):
+            doc["metadata"]["namespace"] = BUILD_NAMESPACE
+            create = rbac_api.create_namespaced_role if doc["kind"] == "Role" else rbac_api.create_namespaced_role_binding
+            create(BUILD_NAMESPACE, doc)
+    secret = core.read_namespaced_secret("kubetrain-s3", NAMESPACE)
+    core.create_namespaced_secret(BUILD_NAMESPACE, {"metadata": {"name": "kubetrain-s3"}, "data": secret.data})
+    return BUILD_NAMESPACE
+
+
 def builder_pods(core) -> list[str]:
-    pods = core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/component=image-build").items
+    pods = core.list_namespaced_pod(BUILD_NAMESPACE, label_selector="app.kubernetes.io/component=image-build").items
     return [p.metadata.name for p in pods if not p.metadata.deletion_timestamp]
 
 
@@ -50,6 +76,9 @@ def test_in_cluster_build_defers_then_resumes_and_tags_the_pushed_image(
 ):
     env = devstack.env()
     registry = env["KUBETRAIN_REGISTRY"]
+    admin = kube_config.new_client_from_config(env["KUBETRAIN_ADMIN_KUBECONFIG"])
+    build_namespace = build_namespace_like_the_docs_say(admin)
+    monkeypatch.setenv("KUBETRAIN_BUILD_NAMESPACE", build_namespace)
     for name in ("AIRFLOW_CONN_AWS_DEFAULT", "AIRFLOW_CONN_KUBETRAIN_REGISTRY_DEFAULT", "KUBETRAIN_REGISTRY",
                  "KUBETRAIN_NAMESPACE", "KUBETRAIN_S3_SECRET"):  # fmt: skip
         monkeypatch.setenv(name, env[name])
@@ -59,7 +88,7 @@ def test_in_cluster_build_defers_then_resumes_and_tags_the_pushed_image(
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(
         {"conn_type": "kubernetes", "extra": {"kube_config_path": env["KUBECONFIG"], "namespace": NAMESPACE}}))  # fmt: skip
-    core = kube_client.CoreV1Api(kube_config.new_client_from_config(env["KUBECONFIG"]))
+    core = kube_client.CoreV1Api(admin)
 
     with RegistryClient(registry, insecure=True) as registry_client:
         push_busybox_base(registry_client, "base/busybox", "1", tmp_path / "base")

@@ -6,7 +6,6 @@ import asyncio
 import functools
 import inspect
 import json
-import subprocess
 import uuid
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client import models as k8s
 from test_pod_spec import K8S_VERSION, policy_violations
 
-from include.devstack.stack import AIRFLOW_PYTHON, REPO, free_port, wait_http
+from include.devstack.stack import REPO, free_port
 from kubetrain import pod_spec, settings
 from kubetrain.images import ImageNotFoundError, ImageResolutionError
 from kubetrain.operators.training import PodUnschedulableError, TrainingPodOperator
@@ -444,28 +443,21 @@ def test_trigger_serializes_to_plain_arguments_and_back():
 
 
 @pytest.fixture
-def gpu_less_cluster(tmp_path, airflow_env):
-    port = free_port()
-    log = tmp_path / "kubeapi.log"
-    argv = [str(AIRFLOW_PYTHON), "-m", "include.devstack.kubeapi", "--host", "127.0.0.1", "--port", str(port)]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [*argv, "--state-dir", str(tmp_path / "kube"), "--strict-gpu"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT
-        )
+def gpu_less_cluster(tmp_path, airflow_env, devstack):
+    from tests.devstack.support import start_server, stop_server
+
+    api, proc = start_server(tmp_path, "--strict-gpu", mirror=devstack.load_state()["mirror"])
     try:
-        wait_http(f"http://127.0.0.1:{port}/version", 60, proc, log)
-        config = kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}")
         airflow_env.setenv(
             "AIRFLOW_CONN_KUBERNETES_DEFAULT",
-            json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(config), "namespace": "default"}}),
+            json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(api.kubeconfig), "namespace": "default"}}),
         )
         from kubernetes import client
         from kubernetes import config as kube_config
 
-        yield client.CoreV1Api(kube_config.new_client_from_config(str(config)))
+        yield client.CoreV1Api(kube_config.new_client_from_config(str(api.kubeconfig)))
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop_server(proc)
 
 
 def _pods_left(api) -> list[str]:
