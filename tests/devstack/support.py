@@ -131,3 +131,16 @@ def simple_pod(name: str, script: str, image: str = "busybox:1.36", **spec) -> d
             **spec,
         },
     }
+
+
+def processes_with(marker: str) -> list[int]:
+    """Host PIDs of the processes whose command line contains ``marker`` (a container's, seen from the host)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids

@@ -18,7 +18,7 @@ from kubernetes.client.rest import ApiException
 from include.devstack import mirror as devstack_mirror
 from tests.plugins.imagebuild.support import busybox_rootfs, go_arch, start_registry
 
-from .support import KubeApi, simple_pod, start_server, stop_server, wait_for, wait_phase
+from .support import KubeApi, processes_with, simple_pod, start_server, stop_server, wait_for, wait_phase
 
 NS = "default"
 
@@ -279,15 +279,3 @@ def test_missing_secret_key_and_unknown_namespace(core):
         core.create_namespaced_pod("no-such-team", simple_pod("x", "true"))
     body = json.loads(err.value.body)
     assert err.value.status == 404 and body["message"] == 'namespaces "no-such-team" not found'
-
-
-def processes_with(marker: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids

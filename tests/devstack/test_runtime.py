@@ -17,21 +17,9 @@ from kubernetes.stream import stream
 from include.devstack.kubeapi import images
 from include.devstack.stack import Stack
 
-from .support import simple_pod, start_server, stop_server, wait_for, wait_phase
+from .support import processes_with, simple_pod, start_server, stop_server, wait_for, wait_phase
 
 NS = "default"
-
-
-def processes_with(marker: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
 
 
 def sleeper() -> str:
