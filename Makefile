@@ -24,8 +24,8 @@ KUBEFLOW_TRAINING_PIN := kubeflow-training==1.9.4
 KUBEFLOW_TRAINING := .tools/kubeflow-training/.installed
 # Debian packages: the registry, daemonless image builds and a static busybox for the stand-in images,
 # runc for the local kubelet's containers, Chromium for the browser test of the UI, debootstrap for
-# the Debian-made image base, a C compiler for the local API's pod networking.
-APT_PACKAGES := docker-registry buildah skopeo runc busybox-static chromium debootstrap gcc libc6-dev
+# the Debian-made image base, a C compiler for the local API's pod networking, openssl for its serving certificate.
+APT_PACKAGES := docker-registry buildah skopeo runc busybox-static chromium debootstrap gcc libc6-dev openssl
 
 export AIRFLOW_HOME ?= $(CURDIR)/.airflow
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
