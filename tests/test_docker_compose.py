@@ -147,3 +147,21 @@ def test_compose_environment_defines_every_connection_the_dags_use(compose):
     assert registry.conn_type == "kubetrain_registry" and registry.host == environment["KUBETRAIN_REGISTRY"]
     assert registry.extra_dejson["insecure"] is True
     assert connections["aws_default"].extra_dejson["endpoint_url"] == "http://minio:9000"
+
+
+def test_every_setting_of_env_example_reaches_the_airflow_containers(compose):
+    """A value set in .env that docker-compose.yaml never references would silently not apply."""
+    text = (REPO / "docker-compose.yaml").read_text()
+    names = [
+        line.partition("=")[0].strip()
+        for line in (REPO / ".env.example").read_text().splitlines()
+        if "=" in line and not line.lstrip().startswith("#")
+    ]
+    environment = compose["services"]["airflow-scheduler"]["environment"]
+    missing = [n for n in names if n.startswith("KUBETRAIN_") and n not in environment and "${" + n not in text]
+    assert not missing, f".env.example settings that never reach the containers: {missing}"
+    assert environment["KUBETRAIN_MLFLOW_TRACKING_URI"] == "${KUBETRAIN_MLFLOW_TRACKING_URI:-}"
+    env = {"KUBETRAIN_DIALOGUE_CRON": "5 4 * * *"}
+    assert interpolate(environment["KUBETRAIN_DIALOGUE_CRON"], env) == "5 4 * * *"
+    assert interpolate(environment["KUBETRAIN_IMAGE_CLASSIFIER_CRON"], {}) == "0 3 * * 1"
+    assert interpolate(environment["KUBETRAIN_IMAGE_CLASSIFIER_CRON"], {"KUBETRAIN_IMAGE_CLASSIFIER_CRON": ""}) == ""
