@@ -179,7 +179,11 @@ class S3:
         self._pool = pool
         self._lock = threading.RLock()  # the CRT client may create the botocore client (workload identity)
         self._client = None
-        self._crt = None
+        self._crts: dict[str, object] = {}  # one CRT client per signing region
+        self._provider = None
+        self._regions: dict[str, str] = {}  # bucket -> its region, as S3 named it
+        self._region_lock = threading.Lock()
+        self.region = ""
         self._endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
 
     # -- botocore --------------------------------------------------------------------------
@@ -257,69 +261,116 @@ class S3:
 
     # -- AWS Common Runtime ----------------------------------------------------------------
 
-    def _crt_client(self):
+    def _crt_client(self, region: str | None = None):
+        """The CRT client that signs for ``region`` (default: the configured region)."""
         with self._lock:
-            if self._crt is None:
+            if self._provider is None:
                 from awscrt.auth import AwsCredentialsProvider
-                from awscrt.io import ClientBootstrap, DefaultHostResolver, EventLoopGroup
-                from awscrt.s3 import S3Client, S3RequestTlsMode, S3RetryConfig
 
                 key_id, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
                 if key_id and secret:
-                    provider = AwsCredentialsProvider.new_static(
+                    self._provider = AwsCredentialsProvider.new_static(
                         key_id, secret, os.environ.get("AWS_SESSION_TOKEN") or None
                     )
-                    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+                    self.region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
                 else:  # workload identity: botocore's credential chain, refreshed as it expires
                     from s3transfer.crt import BotocoreCRTCredentialsWrapper
 
                     client = self.client
-                    provider = BotocoreCRTCredentialsWrapper(
+                    self._provider = BotocoreCRTCredentialsWrapper(
                         self._session.get_credentials()
                     ).to_crt_credentials_provider()
-                    region = client.meta.region_name or "us-east-1"
-                endpoint = self._endpoint or f"https://s3.{region}.amazonaws.com"
-                parts = urlsplit(endpoint)
-                self.region = region
-                self._netloc = parts.netloc
+                    self.region = client.meta.region_name or "us-east-1"
+                parts = urlsplit(self._endpoint or "https://s3.amazonaws.com")
+                self._scheme = parts.scheme
                 self._path_prefix = parts.path.rstrip("/")
                 self._virtual = not self._endpoint
+            region = region or self.region
+            if region not in self._crts:
+                from awscrt.io import ClientBootstrap, DefaultHostResolver, EventLoopGroup
+                from awscrt.s3 import S3Client, S3RequestTlsMode, S3RetryConfig
+
                 tls_options = None
-                if parts.scheme == "https" and os.environ.get("AWS_CA_BUNDLE"):
+                if self._scheme == "https" and os.environ.get("AWS_CA_BUNDLE"):
                     from awscrt.io import ClientTlsContext, TlsContextOptions
 
                     tls = TlsContextOptions()
                     tls.override_default_trust_store_from_path(ca_filepath=os.environ["AWS_CA_BUNDLE"])
                     tls_options = ClientTlsContext(tls).new_connection_options()
                 elg = EventLoopGroup(min(4, os.cpu_count() or 1))
-                self._crt = S3Client(
+                self._crts[region] = S3Client(
                     bootstrap=ClientBootstrap(elg, DefaultHostResolver(elg)),
                     region=region,
-                    credential_provider=provider,
-                    tls_mode=S3RequestTlsMode.ENABLED if parts.scheme == "https" else S3RequestTlsMode.DISABLED,
+                    credential_provider=self._provider,
+                    tls_mode=S3RequestTlsMode.ENABLED if self._scheme == "https" else S3RequestTlsMode.DISABLED,
                     tls_connection_options=tls_options,
                     part_size=PART_SIZE,
                     throughput_target_gbps=target_gbps(),
                     retry_config=S3RetryConfig(max_retries=self.max_attempts - 1),
                     connect_timeout_ms=int(self.connect_timeout * 1000),
                 )
-            return self._crt
+            return self._crts[region]
 
-    def _address(self, bucket: str, key: str) -> tuple[str, str]:
+    def _netloc(self, region: str) -> str:
+        return urlsplit(self._endpoint).netloc if self._endpoint else f"s3.{region}.amazonaws.com"
+
+    def bucket_region(self, bucket: str) -> str:
+        """The region ``bucket`` lives in, asked of S3 once per bucket (a HEAD of the bucket).
+
+        The CRT signs for one region and, unlike botocore, does not follow S3's answer to a
+        request signed for another (301 PermanentRedirect, 400 AuthorizationHeaderMalformed):
+        a bucket outside the configured region (``AWS_REGION``, default us-east-1) would fail
+        every download. S3 names the bucket's region in ``x-amz-bucket-region`` on every answer
+        to a bucket HEAD, success or not; a server that does not (an S3-compatible store with
+        one region) keeps the configured one.
+        """
+        region = self._regions.get(bucket)
+        if region:
+            return region
+        with self._region_lock:  # one probe per bucket, whatever the number of threads asking
+            if bucket not in self._regions:
+                self._crt_client()
+                _status, headers, _ = self._crt_request("HEAD", bucket, "", [], "", region=self.region,
+                                                        operation="HeadBucket", raise_errors=False)  # fmt: skip
+                region = headers.get("x-amz-bucket-region", "").strip() or self.region
+                if region != self.region:
+                    from trainer.sync.progress import log
+
+                    log(f"s3://{bucket}: the bucket is in region {region}, not {self.region}: signing for {region}")
+                self._regions[bucket] = region
+            return self._regions[bucket]
+
+    def _address(self, bucket: str, key: str, region: str) -> tuple[str, str]:
         """Host header and request path for an object."""
+        netloc = self._netloc(region)
         if self._virtual and bucket == bucket.lower() and "." not in bucket:
-            return f"{bucket}.{self._netloc}", f"{self._path_prefix}/{quote(key, safe='/~')}"
-        return self._netloc, f"{self._path_prefix}/{bucket}/{quote(key, safe='/~')}"
+            return f"{bucket}.{netloc}", f"{self._path_prefix}/{quote(key, safe='/~')}"
+        return netloc, f"{self._path_prefix}/{bucket}/{quote(key, safe='/~')}"
 
     def _crt_call(
         self, method: str, bucket: str, key: str, extra: list[tuple[str, str]], query: str = ""
     ) -> tuple[int, dict[str, str], bytes]:
         """One plain request through the CRT (retried by it): status, lower-cased headers, body."""
+        return self._crt_request(method, bucket, key, extra, query, region=self.bucket_region(bucket),
+                                 operation="HeadObject" if method == "HEAD" else "GetObject")  # fmt: skip
+
+    def _crt_request(
+        self,
+        method: str,
+        bucket: str,
+        key: str,
+        extra: list[tuple[str, str]],
+        query: str,
+        *,
+        region: str,
+        operation: str,
+        raise_errors: bool = True,
+    ) -> tuple[int, dict[str, str], bytes]:
         from awscrt.http import HttpHeaders, HttpRequest
         from awscrt.s3 import S3RequestType
 
-        crt = self._crt_client()
-        host, path = self._address(bucket, key)
+        crt = self._crt_client(region)
+        host, path = self._address(bucket, key, region)
         got: dict = {"status": 0, "headers": {}}
         body = bytearray()
 
@@ -335,11 +386,21 @@ class S3:
             request=HttpRequest(
                 method, f"{path}?{query}" if query else path, HttpHeaders([("host", host), ("content-length", "0"), *extra])
             ),
-            operation_name="HeadObject" if method == "HEAD" else "GetObject",
+            operation_name=operation,
             on_headers=on_headers,
             on_body=on_body,
             on_done=handle.done,
         )
+        if not raise_errors:
+            try:
+                handle.wait()
+            except SyncError:
+                pass
+            if handle.status:
+                return handle.status, handle.error_headers, b""
+            if handle.error is not None and not isinstance(handle.error, S3RequestError):
+                raise handle.error
+            return got["status"], got["headers"], bytes(body)
         handle.wait()
         return got["status"], got["headers"], bytes(body)
 
@@ -377,8 +438,9 @@ class S3:
         from awscrt.http import HttpHeaders, HttpRequest
         from awscrt.s3 import S3FileIoOptions, S3RequestType
 
-        crt = self._crt_client()
-        host, path = self._address(bucket, key)
+        region = self.bucket_region(bucket)
+        crt = self._crt_client(region)
+        host, path = self._address(bucket, key, region)
         headers = [("host", host), ("content-length", "0")]
         # written as it arrives, with direct I/O where the file system has it (the CRT falls back
         # where it has not): the page cache's copy and write-back cost more than the download
@@ -411,6 +473,8 @@ class _Download:
         self.error: BaseException | None = None
         self.request = None
         self._seen_headers = False
+        self.status = 0  # of a failed response
+        self.error_headers: dict[str, str] = {}
 
     def headers(self, status_code: int, headers: list[tuple[str, str]], **_kwargs) -> None:
         if self._seen_headers or self.error is not None or self._on_headers is None or status_code >= 300:
@@ -429,7 +493,10 @@ class _Download:
         except BaseException as exc:  # noqa: BLE001 - kept, then raised by wait()
             self._fail(exc)
 
-    def done(self, error=None, status_code=None, error_body=None, **_kwargs) -> None:
+    def done(self, error=None, status_code=None, error_body=None, error_headers=None, **_kwargs) -> None:
+        if error is not None and status_code:
+            self.status = status_code
+            self.error_headers = {k.lower(): v for k, v in error_headers or []}
         if error is not None and self.error is None:
             if status_code:
                 code, message = error_code(error_body)

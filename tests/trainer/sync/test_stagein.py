@@ -153,6 +153,21 @@ def test_stage_in_survives_injected_faults(s3_server, dataset, tmp_path, extra):
     assert tree(tmp_path) == expected
 
 
+def test_stage_in_finds_a_bucket_outside_the_configured_region(s3_server, dataset, tmp_path):
+    """The CRT signs for one region and does not follow S3's wrong-region answer: stage-in asks
+    each bucket's region first (a HEAD of the bucket) and signs for it."""
+    uri, expected, _ = dataset
+    with FaultProxy(s3_server.endpoint, fail_rate=0.0, region="eu-west-2") as proxy:
+        env = {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
+        result = run_sync(["stage-in", "--manifest", uri, "--data-dir", str(tmp_path)], env)
+        refused = [(r.method, r.path) for r in proxy.records if r.fault == "region"]
+    assert result.returncode == 0, result.stderr
+    assert tree(tmp_path) == expected
+    # one probe per bucket was signed for us-east-1; every other request for eu-west-2
+    assert sorted(refused) == [("HEAD", "/datasets/"), ("HEAD", "/training/")]
+    assert "s3://datasets: the bucket is in region eu-west-2, not us-east-1" in result.stderr
+
+
 def _stage(s3_server, uri: str, data: Path, *extra: str) -> subprocess.CompletedProcess:
     return run_sync(["stage-in", "--manifest", uri, "--data-dir", str(data), *extra], s3_server.env())
 

@@ -6,17 +6,26 @@ connection reset half-way through the response body. ``first_gets`` injects give
 turn into the first object GETs, so a test sees each of them whatever the timing; ``stall``
 holds requests without an answer (a server or network that hangs). The proxy also records
 every request (method, path, status, body bytes relayed) so tests can count GETs.
+``region`` makes the server behave as a bucket of an AWS region: no S3-protocol server that
+installs here checks the region a request is signed for (include/devstack/S3.md).
 """
 
 from __future__ import annotations
 
 import random
+import re
 import socket
 import struct
 import threading
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+_SCOPE = re.compile(r"Credential=[^/,\s]+/\d{8}/([^/]+)/s3/aws4_request")
+_QUERY_SCOPE = re.compile(r"X-Amz-Credential=[^&%]+(?:/|%2F)\d{8}(?:/|%2F)([^/&%]+)(?:/|%2F)s3")
+_WRONG_REGION = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AuthorizationHeaderMalformed</Code><Message>The '
+    b"authorization header is malformed; the region '%s' is wrong; expecting '%s'</Message><Region>%s</Region></Error>"
+)
 _ERROR_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>%s</Code><Message>injected by the test proxy'
     b"</Message></Error>"
@@ -49,6 +58,9 @@ class FaultProxy:
         stall: ``stall(method, path)`` is called once per request before it is relayed; when it
             returns an event, the request gets no answer (the proxy holds the connection open)
             until the event is set, and then the connection is closed.
+        region: answer as AWS S3 does for buckets in this region: a request signed for another
+            region gets 400 ``AuthorizationHeaderMalformed`` naming the right one, and every
+            answer to a bucket HEAD carries ``x-amz-bucket-region``.
     """
 
     def __init__(
@@ -61,6 +73,7 @@ class FaultProxy:
         corrupt: str | None = None,
         first_gets: tuple[str, ...] = (),
         stall=None,
+        region: str | None = None,
     ) -> None:
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname, parts.port)
@@ -70,6 +83,7 @@ class FaultProxy:
         self.corrupt = corrupt
         self._script = list(first_gets)
         self.stall = stall
+        self.region = region
         self.stalled = threading.Event()  # set once a request has been held
         self._rng = random.Random(seed)
         self._local = threading.local()
@@ -151,6 +165,15 @@ class FaultProxy:
                 if expect:
                     client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
                 body = _read_body(reader, headers)
+                signed = self._signed_region(headers, path)
+                if signed and signed != self.region:
+                    self._record(method, path, 400, 0, "region")
+                    xml = b"" if method == "HEAD" else _WRONG_REGION % (signed.encode(), self.region.encode(),
+                                                                         self.region.encode())  # fmt: skip
+                    client.sendall(_encode_response("HTTP/1.1 400 Bad Request", {
+                        "content-type": "application/xml", "content-length": str(len(xml)),
+                        "x-amz-bucket-region": self.region}, xml))  # fmt: skip
+                    continue
                 if fault in ("503", "500"):
                     self._record(method, path, int(fault), 0, fault)
                     _send_error(client, fault, close=False)
@@ -173,6 +196,8 @@ class FaultProxy:
                     flipped[len(flipped) // 2] ^= 0x40
                     resp_body = bytes(flipped)
                     fault = "corrupt"
+                if self.region and method == "HEAD" and path.split("?")[0].strip("/").count("/") == 0:
+                    resp_headers["x-amz-bucket-region"] = self.region
                 raw = _encode_response(status_line, resp_headers, resp_body)
                 if fault == "reset-body" and len(resp_body) > 1:
                     client.sendall(raw[: len(raw) - len(resp_body) // 2])
@@ -193,6 +218,12 @@ class FaultProxy:
             client.close()
             if upstream is not None:
                 upstream.close()
+
+    def _signed_region(self, headers: dict[str, str], path: str) -> str | None:
+        if not self.region:
+            return None
+        found = _SCOPE.search(headers.get("authorization", "")) or _QUERY_SCOPE.search(path)
+        return found.group(1) if found else None
 
     def _record(self, method: str, path: str, status: int, nbytes: int, fault: str) -> None:
         with self._lock:
