@@ -19,11 +19,15 @@ Checks, in order:
   tokens that S3's SigV4 cannot use);
 * ``image:trainer`` / ``image:sync``: each image is pullable, seen by a short-lived pod that
   runs it (deleted afterwards);
-* ``s3-from-pod``: a pod of the sync image, with the pods' credentials, lists the datasets bucket;
+* ``s3-from-pod`` / ``s3-region`` / ``s3-write``: a pod of the sync image, with the pods' credentials, runs
+  ``python -m trainer.sync probe``: it lists the datasets bucket, asks S3 each bucket's region (FAIL when it is
+  not the one the pods sign for), and writes, reads back through the CRT (stage-in's download path) and
+  deletes an object under ``preflight/`` in the training bucket;
 * ``gpu-nodes``: nodes that offer the GPU resource, with their taints (WARN when none);
 * ``gpu-pool``: the Airflow pool ``gpu`` that bounds concurrent GPU pods;
 * ``registry``: the registry answers the Airflow workers (where images are built and pushed);
-* ``training-apis``: which distributed-training APIs the cluster serves.
+* ``training-apis``: which distributed-training APIs the cluster serves, and whether Kueue does, with the
+  versions served.
 """
 
 from __future__ import annotations
@@ -119,16 +123,11 @@ TRAINING_APIS = (
     ("trainer.kubeflow.org/v1alpha1", "trainjobs", "Kubeflow Trainer TrainJob"),
     ("batch/v1", "jobs", "Indexed Job"),
 )
-# Run in the sync image, which has botocore (the transfer tool's) and not boto3: the same client library the
-# stage-in and the sidecar use, reading the same environment (AWS_* from the Secret, or workload identity).
-S3_PROBE = (
-    "import sys, botocore.config, botocore.session\n"
-    "bucket = sys.argv[1]\n"
-    "config = botocore.config.Config(connect_timeout=5, read_timeout=10, retries={'max_attempts': 2})\n"
-    "s3 = botocore.session.get_session().create_client('s3', config=config)\n"
-    "page = s3.list_objects_v2(Bucket=bucket, MaxKeys=1)\n"
-    "print('listed', bucket, page.get('KeyCount', 0), 'object(s) from', s3.meta.endpoint_url)\n"
-)
+KUEUE_GROUP = "kueue.x-k8s.io"
+# The sync image's own probe (trainer/sync/probe.py): the clients, environment and network path of stage-in and the
+# sidecar, with the pods' credentials (AWS_* from the Secret, or workload identity). Its last line is this and JSON.
+PROBE_PREFIX = "KUBETRAIN_PROBE "
+S3_CHECKS = ("s3-from-pod", "s3-region", "s3-write")
 
 
 @dataclass(frozen=True)
@@ -224,7 +223,7 @@ class Preflight:
             for check in pod_checks:
                 add(check)
         else:
-            for name in ("access", "s3-secret", "image:trainer", "image:sync", "s3-from-pod"):
+            for name in ("access", "s3-secret", "image:trainer", "image:sync", *S3_CHECKS):
                 add(Check(name, "SKIP", "needs the API and the namespace (see api)"))
         reachable = cluster_ok or api.detail.startswith("API ")
         add(self.check_gpu_nodes() if reachable else Check("gpu-nodes", "SKIP", "needs the API (see api)"))
@@ -364,17 +363,20 @@ class Preflight:
         return Check("s3-secret", "PASS", f"Secret {d.s3_secret!r} has {', '.join(REQUIRED_SECRET_KEYS)}{note}")
 
     def check_pods(self) -> list[Check]:
-        """Pull each image in a pod of its own; the sync image's pod also reads the datasets bucket."""
+        """Pull each image in a pod of its own; the sync image's pod also runs the S3 probe."""
         images = self.images()
+        d = self.deployment
         # `python`, as the training pods run it (pod_spec.STAGE_IN_COMMAND and the trainers' commands)
         trainer_cmd = ["python", "-c", "import trainer; print('trainer package found')"]
-        sync_cmd = ["python", "-c", S3_PROBE, self.deployment.datasets_bucket]
+        scratch = f"s3://{d.training_bucket}/preflight/{secrets.token_hex(6)}.bin"
+        sync_cmd = ["python", "-m", "trainer.sync", "probe", "--datasets-bucket", d.datasets_bucket,
+                    "--scratch-uri", scratch]  # fmt: skip
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             trainer = pool.submit(self.run_pod, "trainer", images["trainer"], trainer_cmd, with_s3=False)
             sync = pool.submit(self.run_pod, "sync", images["sync"], sync_cmd, with_s3=True)
             outcomes = {"trainer": trainer.result(), "sync": sync.result()}
         checks = [self._image_check(name, images[name], outcomes[name]) for name in ("trainer", "sync")]
-        checks.append(self._s3_check(images["sync"], outcomes["sync"]))
+        checks.extend(self._s3_checks(images["sync"], outcomes["sync"]))
         return checks
 
     def _image_check(self, name: str, image: str, outcome: PodOutcome) -> Check:
@@ -395,28 +397,72 @@ class Preflight:
                      f"see `kubectl -n {self.namespace} get events`; the pod needs to be schedulable with the deployment's node "
                      "selector and tolerations")  # fmt: skip
 
-    def _s3_check(self, image: str, outcome: PodOutcome) -> Check:
-        bucket = self.deployment.datasets_bucket
+    def _s3_checks(self, image: str, outcome: PodOutcome) -> list[Check]:
+        """The probe's report as three lines: the datasets listing, the buckets' regions, the write/read/delete."""
+        import json
+
         if not outcome.pulled:
-            return Check("s3-from-pod", "SKIP", f"needs the sync image ({image}) to run")
-        if outcome.exit_code == 0:
-            last = outcome.logs.strip().splitlines()[-1] if outcome.logs.strip() else "listed"
-            return Check("s3-from-pod", "PASS", f"a pod read bucket {bucket!r}: {last}")
-        error = _last_error(outcome.logs) or f"{outcome.reason} {outcome.message}".strip() or f"exit code {outcome.exit_code}"
+            return [Check(name, "SKIP", f"needs the sync image ({image}) to run") for name in S3_CHECKS]
+        reports = [line for line in outcome.logs.splitlines() if line.startswith(PROBE_PREFIX)]
+        if outcome.exit_code != 0 or not reports:
+            error = _last_error(outcome.logs) or f"{outcome.reason} {outcome.message}".strip() or f"exit code {outcome.exit_code}"
+            return [Check("s3-from-pod", "FAIL", f"the S3 probe in {image} did not report: {error}",
+                          "rebuild and push the sync image (make images) so that it has `python -m trainer.sync "
+                          "probe`, or set KUBETRAIN_SYNC_IMAGE"),
+                    *(Check(name, "SKIP", "needs the S3 probe (see s3-from-pod)") for name in S3_CHECKS[1:])]  # fmt: skip
+        report = json.loads(reports[-1].removeprefix(PROBE_PREFIX))
+        return [self._list_check(report["list"]), self._region_check(report["region"]),
+                self._write_check(report["write"])]  # fmt: skip
+
+    def _list_check(self, step: dict[str, Any]) -> Check:
+        bucket = self.deployment.datasets_bucket
+        if step["ok"]:
+            return Check("s3-from-pod", "PASS", f"a pod {step['detail']}")
+        return Check("s3-from-pod", "FAIL", f"a pod could not list bucket {bucket!r}: {step['detail']}",
+                     self._s3_fix(step["detail"], bucket, "list (s3:ListBucket) and read (s3:GetObject)"))  # fmt: skip
+
+    def _region_check(self, step: dict[str, Any]) -> Check:
+        if not step["ok"]:
+            return Check("s3-region", "WARN", f"the buckets' regions could not be asked: {step['detail']}")
+        configured, buckets = step["configured"], step["buckets"]
+        elsewhere = {b: r for b, r in buckets.items() if r != configured}
+        if not elsewhere:
+            return Check("s3-region", "PASS", step["detail"])
+        region = next(iter(elsewhere.values()))
+        where = ", ".join(f"{b!r} is in {r}" for b, r in elsewhere.items())
+        secret = self.deployment.s3_secret
+        fix = (f"kubectl -n {self.namespace} patch secret {secret} --type merge -p "
+               f"'{{\"stringData\": {{\"AWS_REGION\": \"{region}\", \"AWS_DEFAULT_REGION\": \"{region}\"}}}}'"
+               if secret else f"set AWS_REGION={region} in the environment of service account "
+               f"{self.deployment.service_account!r}'s pods (or keep the buckets in {configured})")  # fmt: skip
+        if len(set(elsewhere.values())) > 1:
+            fix = "keep the datasets and training buckets in one region, and set AWS_REGION to it"
+        return Check("s3-region", "FAIL", f"bucket {where}, but the pods sign for {configured}: every first request "
+                     "to it is refused and retried, and tools that do not follow S3's region answer fail", fix)  # fmt: skip
+
+    def _write_check(self, step: dict[str, Any]) -> Check:
+        bucket = self.deployment.training_bucket
+        if step["ok"]:
+            return Check("s3-write", "PASS", f"a pod {step['detail']}")
+        return Check("s3-write", "FAIL", f"a pod could not write, read back and delete in bucket {bucket!r}: "
+                     f"{step['detail']}", self._s3_fix(step["detail"], bucket, "s3:PutObject, s3:GetObject and "
+                     "s3:DeleteObject"))  # fmt: skip
+
+    def _s3_fix(self, error: str, bucket: str, rights: str) -> str:
+        d = self.deployment
         if "Could not connect" in error or "Connect timeout" in error or "EndpointConnectionError" in error:
-            fix = (f"set AWS_ENDPOINT_URL in Secret {self.deployment.s3_secret!r} to an address pods reach (the "
-                   "in-cluster service or a routable host, not the Airflow host's localhost)")  # fmt: skip
-        elif "PartialCredentialsError" in error or "NoCredentialsError" in error:
-            fix = (f"give Secret {self.deployment.s3_secret!r} both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
-                   if self.deployment.s3_secret else
-                   f"bind service account {self.deployment.service_account!r} to a cloud identity (IRSA, GKE Workload Identity)")  # fmt: skip
-        elif "NoSuchBucket" in error:
-            fix = f"create bucket {bucket!r} or set KUBETRAIN_DATASETS_BUCKET"
-        elif "AccessDenied" in error or "InvalidAccessKeyId" in error or "SignatureDoesNotMatch" in error:
-            fix = f"give the pods' credentials (Secret {self.deployment.s3_secret!r} or workload identity) read access to {bucket!r}"
-        else:
-            fix = "check the pods' S3 credentials and endpoint"
-        return Check("s3-from-pod", "FAIL", f"a pod could not read bucket {bucket!r}: {error}", fix)
+            return (f"set AWS_ENDPOINT_URL in Secret {d.s3_secret!r} to an address pods reach (the in-cluster "
+                    "service or a routable host, not the Airflow host's localhost)")  # fmt: skip
+        if "PartialCredentialsError" in error or "NoCredentialsError" in error:
+            return (f"give Secret {d.s3_secret!r} both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" if d.s3_secret else
+                    f"bind service account {d.service_account!r} to an AWS identity (IRSA)")  # fmt: skip
+        if "NoSuchBucket" in error:
+            setting = "KUBETRAIN_DATASETS_BUCKET" if bucket == d.datasets_bucket else "KUBETRAIN_TRAINING_BUCKET"
+            return f"create bucket {bucket!r} or set {setting}"
+        if "AccessDenied" in error or "InvalidAccessKeyId" in error or "SignatureDoesNotMatch" in error or "Forbidden" in error:
+            who = f"Secret {d.s3_secret!r}" if d.s3_secret else f"service account {d.service_account!r}'s role"
+            return f"give the pods' credentials ({who}) {rights} on {bucket!r}"
+        return "check the pods' S3 credentials and endpoint"
 
     def check_gpu_nodes(self) -> Check:
         resource = self.deployment.gpu_resource
@@ -474,12 +520,20 @@ class Preflight:
         return Check("registry", "PASS", f"the registry of {where} answers the workers")
 
     def check_training_apis(self) -> Check:
+        """Which engines a multi-worker job can go to, and whether Kueue is there, with the versions served."""
         from kubernetes import client
 
+        groups = {g.name: [v.version for v in g.versions]
+                  for g in client.ApisApi(self.hook.api_client).get_api_versions(_request_timeout=10).groups}  # fmt: skip
         api = client.CustomObjectsApi(self.hook.api_client)
         served, missing = [], []
         for group_version, resource, what in TRAINING_APIS:
             group, version = group_version.split("/")
+            if group != "batch" and version not in groups.get(group, []):
+                others = groups.get(group)
+                missing.append(f"{what} ({group_version}" + (f"; the cluster serves {group} {', '.join(others)})"
+                                                             if others else ")"))  # fmt: skip
+                continue
             try:
                 listing = api.get_api_resources(group, version, _request_timeout=10)
             except Exception:  # noqa: BLE001 - 404: the API is not served
@@ -487,11 +541,13 @@ class Preflight:
                 continue
             names = {r.name for r in (listing.resources or [])}
             (served if resource in names else missing).append(f"{what} ({group_version})")
+        kueue = groups.get(KUEUE_GROUP)
+        queues = f"Kueue served ({KUEUE_GROUP} {', '.join(kueue)})" if kueue else "Kueue not served"
         if not served:
             return Check("training-apis", "FAIL", f"none served: {', '.join(missing)}",
                          "batch/v1 Jobs are part of every cluster: check the API server")  # fmt: skip
         detail = f"served: {', '.join(served)}" + (f"; not served: {', '.join(missing)}" if missing else "")
-        return Check("training-apis", "INFO", detail)
+        return Check("training-apis", "INFO", f"{detail}; {queues}")
 
     # -- preflight pods --------------------------------------------------------------------
 

@@ -71,12 +71,16 @@ def test_all_pass_against_the_dev_stack_as_a_dag(stack_env, stack_images, core, 
     lines = [line for line in capfd.readouterr().out.splitlines() if line[:4] in ("PASS", "FAIL", "WARN", "INFO", "SKIP")]
     status = {line.split()[1].rstrip(":"): line.split()[0] for line in lines}
     assert status == {"api": "PASS", "access": "PASS", "s3-secret": "PASS", "image:trainer": "PASS",
-                      "image:sync": "PASS", "s3-from-pod": "PASS", "gpu-nodes": "WARN", "gpu-pool": "PASS",
+                      "image:sync": "PASS", "s3-from-pod": "PASS", "s3-region": "PASS", "s3-write": "PASS",
+                      "gpu-nodes": "WARN", "gpu-pool": "PASS",
                       "registry": "PASS", "training-apis": "INFO", "access:triggerer": "PASS"}, lines  # fmt: skip
     text = "\n".join(lines)
     assert stack_images["trainer"].reference in text and stack_images["sync"].reference in text
-    assert "a pod read bucket 'datasets': listed datasets" in text
+    assert "s3-from-pod: a pod listed datasets" in text
+    assert "s3-region: datasets in us-east-1, training in us-east-1; pods sign for us-east-1" in text
+    assert "s3-write: a pod wrote, read back through the CRT and deleted 65536 bytes at s3://training/preflight/" in text
     assert "served: Indexed Job (batch/v1); not served: Kubeflow TFJob" in text
+    assert text.rstrip().endswith("Kueue not served") or "; Kueue not served" in text
     assert "training runs on CPU" in text
     assert preflight_pods(core) == []
 
@@ -121,12 +125,13 @@ def test_broken_configuration_names_each_fix(stack_env, core, devstack):
     assert "-> fix: add AWS_SECRET_ACCESS_KEY to Secret 'kubetrain-s3-partial'" in lines["s3-secret"]
     assert lines["image:trainer"].startswith("FAIL") and "kubetrain-missing/trainer:never-pushed cannot be pulled: ErrImagePull" in lines["image:trainer"]
     assert "-> fix: push it (make images, or the build_trainer_image DAG) or set KUBETRAIN_TRAINER_IMAGE" in lines["image:trainer"]
-    assert lines["s3-from-pod"].startswith("FAIL") and "PartialCredentialsError" in lines["s3-from-pod"]
-    assert "-> fix: give Secret 'kubetrain-s3-partial' both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in lines["s3-from-pod"]
+    for name in ("s3-from-pod", "s3-write"):
+        assert lines[name].startswith("FAIL") and "PartialCredentialsError" in lines[name], lines[name]
+        assert "-> fix: give Secret 'kubetrain-s3-partial' both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in lines[name]
     assert lines["registry"].startswith("FAIL") and "-> fix: define connection kubetrain_registry_default" in lines["registry"]
     assert lines["gpu-pool"].startswith("FAIL") and "-> fix: airflow pools set gpu-missing" in lines["gpu-pool"]
     assert lines["api"].startswith("PASS") and lines["image:sync"].startswith("PASS")
-    assert "5 failed" in proc.stdout
+    assert "6 failed" in proc.stdout
     assert "x" not in [w.strip("'") for w in proc.stdout.split()]  # the Secret's value is never printed
     assert preflight_pods(core) == []
 
@@ -152,11 +157,69 @@ def test_unreachable_s3_endpoint_names_the_secret_key(stack_env, stack_images, c
     assert preflight_pods(core) == []
 
 
+def _secret_the_role_names(core, name: str, data: dict[str, str]):
+    """Create Secret ``name`` and name it in the Role's resourceNames, as deploy/rbac.yaml says to; undone on exit."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def scope():
+        core.create_namespaced_secret(NAMESPACE, client.V1Secret(metadata=client.V1ObjectMeta(name=name), string_data=data))
+        rbac_api = client.RbacAuthorizationV1Api(core.api_client)
+        role = rbac_api.read_namespaced_role("kubetrain-airflow", NAMESPACE)
+        original = copy.deepcopy(role.rules)
+        for rule in role.rules:
+            if rule.resource_names:
+                rule.resource_names = [*rule.resource_names, name]
+        rbac_api.replace_namespaced_role("kubetrain-airflow", NAMESPACE, role)
+        try:
+            yield
+        finally:
+            core.delete_namespaced_secret(name, NAMESPACE)
+            role = rbac_api.read_namespaced_role("kubetrain-airflow", NAMESPACE)
+            role.rules = original
+            rbac_api.replace_namespaced_role("kubetrain-airflow", NAMESPACE, role)
+
+    return scope()
+
+
+def test_buckets_in_another_region_fail_naming_the_region_to_set(stack_env, stack_images, core, devstack):
+    """S3 in front of which the buckets answer as eu-west-2's do (no S3 server here checks the signing region)."""
+    from tests.trainer.sync.sync_support.faultproxy import FaultProxy
+
+    s3 = devstack.load_state()["s3"]
+    with FaultProxy(s3["endpoint"], fail_rate=0.0, region="eu-west-2") as proxy:
+        data = {"AWS_ACCESS_KEY_ID": s3["access_key_id"], "AWS_SECRET_ACCESS_KEY": s3["secret_access_key"],
+                "AWS_ENDPOINT_URL": proxy.endpoint, "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+        with _secret_the_role_names(core, "kubetrain-s3-region", data):
+            checks = by_name(Preflight(deployment(s3_secret="kubetrain-s3-region", sync_image=stack_images["sync"].reference,
+                                                  trainer_image=stack_images["trainer"].reference)).check_pods())  # fmt: skip
+    region = checks["s3-region"]
+    assert region.status == "FAIL", region
+    assert region.detail.startswith("bucket 'datasets' is in eu-west-2, 'training' is in eu-west-2, but the pods sign for us-east-1")
+    assert region.fix == ("kubectl -n kubetrain patch secret kubetrain-s3-region --type merge -p "
+                          '\'{"stringData": {"AWS_REGION": "eu-west-2", "AWS_DEFAULT_REGION": "eu-west-2"}}\'')  # fmt: skip
+    # the pods' clients found the region themselves: listing and the CRT's read back both worked
+    assert checks["s3-from-pod"].status == "PASS" and checks["s3-write"].status == "PASS", checks
+    assert preflight_pods(core) == []
+
+
+def test_a_training_bucket_the_pods_cannot_write_fails_naming_the_setting(stack_env, stack_images, core):
+    checks = by_name(Preflight(deployment(training_bucket="kubetrain-nowhere", sync_image=stack_images["sync"].reference,
+                                          trainer_image=stack_images["trainer"].reference)).check_pods())  # fmt: skip
+    write = checks["s3-write"]
+    assert write.status == "FAIL" and write.detail.startswith("a pod could not write, read back and delete in bucket "
+                                                              "'kubetrain-nowhere': ")  # fmt: skip
+    assert "NoSuchBucket" in write.detail
+    assert write.fix == "create bucket 'kubetrain-nowhere' or set KUBETRAIN_TRAINING_BUCKET"
+    assert checks["s3-from-pod"].status == "PASS"
+    assert preflight_pods(core) == []
+
+
 def test_missing_namespace_fails_first_and_skips_what_needs_it(stack_env, core):
     checks = by_name(Preflight(deployment(namespace="kubetrain-nowhere")).run())
     assert checks["api"].status == "FAIL"
     assert checks["api"].fix == "kubectl create namespace kubetrain-nowhere, or set KUBETRAIN_NAMESPACE to an existing one"
-    for name in ("s3-secret", "image:trainer", "image:sync", "s3-from-pod"):
+    for name in ("s3-secret", "image:trainer", "image:sync", "s3-from-pod", "s3-region", "s3-write"):
         assert checks[name].status == "SKIP"
     assert checks["training-apis"].status == "INFO"  # the API itself answers
 

@@ -1,4 +1,4 @@
-"""Command line: ``python -m trainer.sync stage-in|checkpoint-sync|restore``.
+"""Command line: ``python -m trainer.sync stage-in|checkpoint-sync|restore|probe``.
 
 Every flag has an environment variable (named in ``--help``); a flag given on the command
 line wins. S3 credentials come only from the standard AWS variables or workload identity.
@@ -124,7 +124,7 @@ def _common(opts: _Options, workers: int) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the three commands."""
+    """The argument parser of the commands."""
     from trainer.sync.transfer import default_workers
 
     parser = argparse.ArgumentParser(
@@ -291,6 +291,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="area to restore; repeat for both (default: checkpoints)",
     )
     _common(o, default_workers())
+
+    p = sub.add_parser(
+        "probe",
+        help="the preflight's S3 checks from a pod: list, bucket regions, write/read/delete",
+        description="List the datasets bucket, ask S3 each bucket's region, and write, read back through the "
+        "download engine and delete a small object at SCRATCH_URI; the last line is KUBETRAIN_PROBE <json>.",
+    )
+    p.add_argument("--datasets-bucket", required=True, help="the bucket of the users' datasets")
+    p.add_argument("--scratch-uri", required=True, help="s3:// key in the training bucket to write and delete")
     return parser
 
 
@@ -347,6 +356,12 @@ def main(argv: list[str] | None = None) -> int:
                 md5_max_size=args.md5_max_size,
             )
             stage_in(S3(pool=max(10, args.workers), small_calls_on_crt=True), cfg)
+            return 0
+        if args.command == "probe":
+            from trainer.sync.probe import probe
+
+            probe(S3(max_attempts=2, read_timeout=10), args.datasets_bucket,
+                  parse_s3_uri(args.scratch_uri, "--scratch-uri"))  # fmt: skip
             return 0
         if args.command == "restore":
             from trainer.sync.restore import restore
