@@ -89,7 +89,7 @@ def test_healthchecks_logs_trainer_and_namespace(compose):
     assert common["environment"]["KUBETRAIN_NAMESPACE"] == "${KUBETRAIN_NAMESPACE:-kubetrain}"
 
 
-_INTERPOLATION = re.compile(r"\$\{(\w+)(?:(:?-)([^}]*)|(:?\?)[^}]*)?\}")
+_INTERPOLATION = re.compile(r"\$\{(\w+)(?:(:?-)([^}$]*)|(:?\?)[^}$]*)?\}")
 
 
 def interpolate(text: str, env: dict[str, str]) -> str:
@@ -106,7 +106,11 @@ def interpolate(text: str, env: dict[str, str]) -> str:
             return default
         return current or ""
 
-    return _INTERPOLATION.sub(value, text)
+    while True:  # nested ${A:-${B}}: the innermost first, as the compose spec allows
+        done = _INTERPOLATION.sub(value, text)
+        if done == text:
+            return done
+        text = done
 
 
 def dag_connection_ids() -> set[str]:
@@ -138,7 +142,8 @@ def test_compose_environment_defines_every_connection_the_dags_use(compose):
     for key, raw in environment.items():
         if key.startswith("AIRFLOW_CONN_"):
             conn_id = key.removeprefix("AIRFLOW_CONN_").lower()
-            connections[conn_id] = Connection.from_json(raw, conn_id=conn_id)
+            connections[conn_id] = (Connection.from_json(raw, conn_id=conn_id) if raw.startswith("{")
+                                    else Connection(conn_id=conn_id, uri=raw))
     used = dag_connection_ids()
     assert {"kubernetes_default", "aws_default", "kubetrain_registry_default"} <= used
     assert used <= set(connections), f"connections the DAGs use but compose does not define: {used - set(connections)}"
@@ -146,7 +151,21 @@ def test_compose_environment_defines_every_connection_the_dags_use(compose):
     registry = connections["kubetrain_registry_default"]
     assert registry.conn_type == "kubetrain_registry" and registry.host == environment["KUBETRAIN_REGISTRY"]
     assert registry.extra_dejson["insecure"] is True
-    assert connections["aws_default"].extra_dejson["endpoint_url"] == "http://minio:9000"
+    aws = connections["aws_default"]
+    assert aws.extra_dejson == {"endpoint_url": "http://minio:9000", "region_name": "us-east-1"}
+    assert (aws.conn_type, aws.login, aws.password) == ("aws", env["MINIO_ROOT_USER"], env["MINIO_ROOT_PASSWORD"])
+
+
+def test_aws_default_from_env_replaces_the_minio_default(compose):
+    """A user's AIRFLOW_CONN_AWS_DEFAULT (AWS itself) reaches the containers instead of compose's MinIO."""
+    from airflow.models.connection import Connection
+
+    own = '{"conn_type": "aws", "login": "AKIA", "password": "s", "extra": {"region_name": "eu-west-2"}}'
+    env = {"AIRFLOW_CONN_AWS_DEFAULT": own, "MINIO_ROOT_USER": "m", "MINIO_ROOT_PASSWORD": "p"}
+    for service in ("airflow-scheduler", "airflow-triggerer", "airflow-apiserver"):
+        raw = interpolate(str(compose["services"][service]["environment"]["AIRFLOW_CONN_AWS_DEFAULT"]), env)
+        assert raw == own, service
+    assert Connection.from_json(own).extra_dejson == {"region_name": "eu-west-2"}
 
 
 def test_every_setting_of_env_example_reaches_the_airflow_containers(compose):
