@@ -145,6 +145,16 @@ def common_params(
             description="Seconds between uploads of new checkpoints to S3 while the pod trains.",
             section="Resources",
         ),
+        "data_size": Param(
+            None,
+            type=["null", "string"],
+            pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)$",
+            title="Data volume size",
+            description="Size of the pod's /data volume, e.g. 200Gi; empty: twice the dataset plus 1Gi, enough for the "
+            "dataset and its archives extracted beside them. Set it for archives that expand to more than their own "
+            "size (text, CSV), as the extracted members and the archives share the volume.",
+            section="Resources",
+        ),
         "image": Param(
             None,
             type=["null", "string"],
@@ -225,6 +235,8 @@ def training_pipeline(
         arguments=arguments if isinstance(arguments, str) else list(arguments),
         dataset_manifest=stage.output["manifest_uri"],
         dataset_version=stage.output["version"],
+        dataset_bytes=stage.output["total_bytes"],
+        data_size="{{ params.data_size or '' }}",
         experiment="{{ params.experiment or '' }}",
         gpus="{{ params.gpus }}",
         gpu_resource="{{ params.gpu_resource or '' }}",

@@ -15,11 +15,17 @@ S3 credentials reach the sync containers only through ``envFrom`` of a Secret (o
 identity through a service account); the base container gets none, so a third-party
 training script never sees them. Every container runs as a non-root numeric user without
 privilege escalation or capabilities, and has requests and limits.
+
+Local storage is sized from the dataset (:func:`scratch_sizes`): the emptyDirs get ``sizeLimit``s
+and the containers that write to them an ``ephemeral-storage`` request (and, when the dataset's
+size is known, an equal limit) that add up to what the node must hold, so that the scheduler
+places the pod where its dataset fits and the kubelet does not evict it under disk pressure.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,7 +75,9 @@ def label_value(value: str) -> str:
     return f"{cleaned}-{digest}" if cleaned else digest
 
 
-def _quantity(name: str, value: str | int | float | None) -> Decimal | None:
+def _quantity(
+    name: str, value: str | int | float | None, expected: str = "e.g. '500m', '2', '4Gi'"
+) -> Decimal | None:
     from kubernetes.utils.quantity import parse_quantity
 
     if value in (None, ""):
@@ -77,9 +85,7 @@ def _quantity(name: str, value: str | int | float | None) -> Decimal | None:
     try:
         parsed = parse_quantity(value)
     except (ValueError, TypeError) as exc:
-        raise ValueError(
-            f"{name}={value!r} is not a Kubernetes quantity: expected e.g. '500m', '2', '4Gi'"
-        ) from exc
+        raise ValueError(f"{name}={value!r} is not a Kubernetes quantity: expected {expected}") from exc
     if parsed <= 0:
         raise ValueError(f"{name}={value!r} must be greater than zero")
     return parsed
@@ -197,7 +203,12 @@ class TrainingPodConfig:
     :param sync_quiet: seconds a file must be unmodified before it is uploaded.
     :param termination_grace_period: seconds the sidecar gets for its final pass on shutdown.
     :param cache_claim: PersistentVolumeClaim for the stage-in cache (keyed by dataset version).
-    :param scratch_size_limit: ``sizeLimit`` of each emptyDir, e.g. ``"50Gi"`` (``None``: node default).
+    :param dataset_bytes: the staged manifest's ``total_bytes`` (the stage task's XCom), from which
+        the /data volume is sized (:func:`scratch_sizes`); ``None``: unknown.
+    :param data_size: ``sizeLimit`` of the /data volume, e.g. ``"50Gi"``, instead of the size derived
+        from ``dataset_bytes`` (archives that expand more than :data:`DATA_SIZE_FACTOR` need it).
+    :param checkpoint_size: ``sizeLimit`` of the /checkpoints volume when the data size is known.
+    :param output_size: ``sizeLimit`` of the /output volume when the data size is known.
     :param env: extra environment of the base container (plain values only, never secrets).
     :param labels: pod labels (values are made label-safe).
     :param annotations: pod annotations.
@@ -228,7 +239,10 @@ class TrainingPodConfig:
     sync_quiet: int = 2
     termination_grace_period: int = 300
     cache_claim: str | None = None
-    scratch_size_limit: str | None = None
+    dataset_bytes: int | None = None
+    data_size: str | None = None
+    checkpoint_size: str = "4Gi"
+    output_size: str = "2Gi"
     env: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
@@ -282,7 +296,21 @@ class TrainingPodConfig:
                 raise ValueError(
                     f"{limit_name}={getattr(self, limit_name)!r} is below {name}={getattr(self, name)!r}: a limit must be >= its request"
                 )
-        _quantity("scratch_size_limit", self.scratch_size_limit)
+        object.__setattr__(self, "dataset_bytes", _dataset_bytes(self.dataset_bytes))
+        # a rendered template of an empty Param: "" or "None"
+        data_size = None if self.data_size in (None, "", "None", "null") else str(self.data_size).strip()
+        object.__setattr__(self, "data_size", data_size)
+        for name in ("checkpoint_size", "output_size"):
+            if getattr(self, name) in (None, ""):
+                raise ValueError(f"{name} must be set: expected a size such as '10Gi'")
+            _size(name, getattr(self, name))
+        data = _size("data_size", self.data_size)
+        if data is not None and self.dataset_bytes is not None and data < self.dataset_bytes:
+            raise ValueError(
+                f"data_size={self.data_size!r} is smaller than the dataset ({self.dataset_bytes} bytes, the manifest's "
+                f"total_bytes): expected at least {_size_text(self.dataset_bytes)}, or empty to derive it "
+                f"({_size_text(derived_data_size(self.dataset_bytes))})"
+            )
         if self.s3_secret is None and not self.service_account_name:
             raise ValueError(
                 "s3_secret=None (workload identity) needs service_account_name: the pod has no other way to reach S3"
@@ -304,6 +332,31 @@ class TrainingPodConfig:
         return self.code_version or code_version_of(self.image)
 
 
+def _dataset_bytes(value: object) -> int | None:
+    # A Jinja template renders a missing value as "None"; an XComArg arrives as the int itself.
+    if value in (None, "", "None", "null"):
+        return None
+    try:
+        number = int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+    except ValueError:
+        number = None
+    if number is None or number < 0:
+        raise ValueError(
+            f"dataset_bytes={value!r} is not valid: expected the staged manifest's total_bytes, an integer >= 0"
+        )
+    return number
+
+
+def _size(name: str, value: str | int | None) -> int | None:
+    """Bytes of a volume size such as ``"50Gi"``; at least 1Mi, so that ``"50"`` (bytes) is caught."""
+    parsed = _quantity(name, value, "a size such as '50Gi' or '500Mi'")
+    if parsed is None:
+        return None
+    if parsed < MI:
+        raise ValueError(f"{name}={value!r} is too small for a volume: expected at least 1Mi, e.g. '50Gi'")
+    return math.ceil(parsed)
+
+
 def _count(name: str, value: object, *, minimum: int) -> int:
     # Templated operator arguments arrive as strings ("2"); anything else non-integral is refused.
     try:
@@ -320,6 +373,101 @@ def _count(name: str, value: object, *, minimum: int) -> int:
 
 SHM_VOLUME = "dshm"
 
+MI = 1024**2
+GI = 1024**3
+# The /data volume of a dataset of N bytes (the manifest's total_bytes): DATA_SIZE_FACTOR * N + DATA_SIZE_FLOOR.
+# Stage-in (trainer/sync/stagein.py) downloads every object into DATA_DIR first, then extracts the
+# archives one by one beside themselves and deletes each only once it is extracted (a copy from the
+# cache claim takes the same room), so the peak is the snapshot plus the members extracted so far
+# (less the archives already deleted). Twice the snapshot covers archives that expand to at
+# most their own size (zips of JPEG/PNG, TFRecords: already compressed, as image datasets are).
+# The floor covers what total_bytes does not count: the kubelet measures disk blocks, and a
+# dataset of many small files takes a block (4 KiB) per file and directory. ExtractLimits allows
+# up to 250x per archive (and 100 GiB), so nothing in the manifest bounds an archive of text or
+# CSV (3-10x): such datasets need data_size.
+DATA_SIZE_FACTOR = 2
+DATA_SIZE_FLOOR = 1 * GI
+# Each container's own writes outside the volumes (its writable layer: /tmp, __pycache__; its log):
+# the training container's (TensorFlow's temporary files, logs) and each sync container's.
+BASE_STORAGE = 1 * GI
+SYNC_STORAGE = 256 * MI
+
+
+def derived_data_size(dataset_bytes: int) -> int:
+    """Bytes of the /data volume for a dataset of ``dataset_bytes``, rounded up to a MiB."""
+    need = DATA_SIZE_FACTOR * dataset_bytes + DATA_SIZE_FLOOR
+    return -(-need // MI) * MI
+
+
+def _size_text(nbytes: int) -> str:
+    """A Kubernetes quantity for ``nbytes``: whole GiB as ``Gi``, else MiB rounded up."""
+    if nbytes % GI == 0:
+        return f"{nbytes // GI}Gi"
+    return f"{-(-nbytes // MI)}Mi"
+
+
+@dataclass(frozen=True)
+class ScratchSizes:
+    """The pod's local storage: each emptyDir's ``sizeLimit`` and each container's ``ephemeral-storage``.
+
+    ``data`` is ``None`` when the dataset's size is unknown (no ``dataset_bytes``, no ``data_size``):
+    the volumes then have no ``sizeLimit`` and the containers a request but no limit.
+    """
+
+    data: str | None
+    checkpoints: str | None
+    output: str | None
+    base: str
+    stage_in: str
+    sync: str
+    limited: bool
+
+
+def scratch_sizes(config: TrainingPodConfig) -> ScratchSizes:
+    """The sizes of ``config``'s volumes and the ``ephemeral-storage`` of its containers.
+
+    /data is ``data_size`` if set, else derived from ``dataset_bytes`` (:func:`derived_data_size`);
+    /checkpoints and /output are ``checkpoint_size`` and ``output_size``. The kubelet counts
+    disk-backed emptyDirs against the pod's ephemeral storage, whose request (and limit) is the sum
+    of its containers' (for init containers, the larger of theirs and the running pod's), so:
+
+    - base: /data + /checkpoints + /output + BASE_STORAGE (its own writes);
+    - stage-in (init container, alone while it runs): /data + /checkpoints + SYNC_STORAGE;
+    - checkpoint-sync (sidecar; it only reads the volumes, and its stop file is in /checkpoints): SYNC_STORAGE.
+
+    The pod then requests base + checkpoint-sync: all the node must hold. Limits equal requests, so
+    one runaway volume is evicted with its own message instead of filling the node.
+
+    Without a known data size the volumes keep no ``sizeLimit`` and the containers no limit, as
+    before; the requests are still set (the same sums with /data counted as 0), so that the node
+    holds at least the checkpoints and output and GKE Autopilot does not apply its small default.
+    """
+    checkpoints = _size("checkpoint_size", config.checkpoint_size)
+    output = _size("output_size", config.output_size)
+    data = _size("data_size", config.data_size)
+    if data is None and config.dataset_bytes is not None:
+        data = derived_data_size(config.dataset_bytes)
+    known = data is not None
+    data_bytes = data or 0
+    return ScratchSizes(
+        data=(config.data_size or _size_text(data_bytes)) if known else None,
+        checkpoints=config.checkpoint_size if known else None,
+        output=config.output_size if known else None,
+        base=_size_text(data_bytes + checkpoints + output + BASE_STORAGE),
+        stage_in=_size_text(data_bytes + checkpoints + SYNC_STORAGE),
+        sync=_size_text(SYNC_STORAGE),
+        limited=known,
+    )
+
+
+def _with_storage(
+    resources: k8s.V1ResourceRequirements, size: str, limited: bool
+) -> k8s.V1ResourceRequirements:
+    resources.requests["ephemeral-storage"] = size
+    if limited:
+        resources.limits["ephemeral-storage"] = size
+    return resources
+
 
 def needs_shm(config: TrainingPodConfig) -> bool:
     """More than one GPU in the pod: NCCL's all-reduce between them goes through /dev/shm, whose 64 MiB container
@@ -330,12 +478,14 @@ def needs_shm(config: TrainingPodConfig) -> bool:
 def scratch_volumes(config: TrainingPodConfig) -> list[k8s.V1Volume]:
     """The emptyDir volumes for /data, /checkpoints and /output (plus the cache claim, and /dev/shm for several
     GPUs)."""
+    sizes = scratch_sizes(config)
     volumes = [
-        k8s.V1Volume(name=name, empty_dir=k8s.V1EmptyDirVolumeSource(size_limit=config.scratch_size_limit))
+        k8s.V1Volume(name=name, empty_dir=k8s.V1EmptyDirVolumeSource(size_limit=getattr(sizes, name)))
         for name in ("data", "checkpoints", "output")
     ]
     if needs_shm(config):
-        # counted against the container's memory limit, as memory-backed emptyDirs are: at most its memory
+        # counted against the container's memory limit, as memory-backed emptyDirs are, not against its
+        # ephemeral storage: at most its memory
         volumes.append(k8s.V1Volume(name=SHM_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource(
             medium="Memory", size_limit=config.memory_limit or config.memory)))  # fmt: skip
     if config.cache_claim:
@@ -379,19 +529,32 @@ def base_resources(config: TrainingPodConfig) -> k8s.V1ResourceRequirements:
     limits = {"cpu": str(config.cpu_limit or config.cpu), "memory": str(config.memory_limit or config.memory)}
     if config.gpus:
         requests[config.gpu_resource] = limits[config.gpu_resource] = str(config.gpus)
-    return k8s.V1ResourceRequirements(requests=requests, limits=limits)
-
-
-def stage_in_resources() -> k8s.V1ResourceRequirements:
-    # Archive extraction is CPU-bound and streams; memory stays small.
-    return k8s.V1ResourceRequirements(
-        requests={"cpu": "250m", "memory": "256Mi"}, limits={"cpu": "1", "memory": "1Gi"}
+    sizes = scratch_sizes(config)
+    return _with_storage(
+        k8s.V1ResourceRequirements(requests=requests, limits=limits), sizes.base, sizes.limited
     )
 
 
-def sync_resources() -> k8s.V1ResourceRequirements:
-    return k8s.V1ResourceRequirements(
-        requests={"cpu": "100m", "memory": "128Mi"}, limits={"cpu": "500m", "memory": "512Mi"}
+def stage_in_resources(config: TrainingPodConfig) -> k8s.V1ResourceRequirements:
+    # Archive extraction is CPU-bound and streams; memory stays small.
+    sizes = scratch_sizes(config)
+    return _with_storage(
+        k8s.V1ResourceRequirements(
+            requests={"cpu": "250m", "memory": "256Mi"}, limits={"cpu": "1", "memory": "1Gi"}
+        ),
+        sizes.stage_in,
+        sizes.limited,
+    )
+
+
+def sync_resources(config: TrainingPodConfig) -> k8s.V1ResourceRequirements:
+    sizes = scratch_sizes(config)
+    return _with_storage(
+        k8s.V1ResourceRequirements(
+            requests={"cpu": "100m", "memory": "128Mi"}, limits={"cpu": "500m", "memory": "512Mi"}
+        ),
+        sizes.sync,
+        sizes.limited,
     )
 
 
@@ -474,7 +637,7 @@ def stage_in_container(config: TrainingPodConfig) -> k8s.V1Container:
         env=env,
         env_from=s3_env_from(config),
         volume_mounts=mounts,
-        resources=stage_in_resources(),
+        resources=stage_in_resources(config),
         security_context=container_security_context(config),
     )
 
@@ -545,7 +708,7 @@ def checkpoint_sync_container(config: TrainingPodConfig) -> k8s.V1Container:
             _mount("checkpoints", CHECKPOINT_DIR, read_only=config.early_stopping is None),
             _mount("output", OUTPUT_DIR, read_only=True),
         ],
-        resources=sync_resources(),
+        resources=sync_resources(config),
         security_context=container_security_context(config),
     )
 

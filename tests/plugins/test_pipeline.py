@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import airflow  # noqa: F401  (importing Airflow puts its plugins folder on sys.path)
+import pytest
 from airflow.sdk import DAG
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
@@ -26,6 +27,8 @@ def test_tasks_hand_each_other_typed_xcoms():
     assert source(t.train.image) == ("check_new", "image")
     assert source(t.train.dataset_manifest) == ("stage_dataset", "manifest_uri")
     assert source(t.train.dataset_version) == ("stage_dataset", "version")
+    assert source(t.train.dataset_bytes) == ("stage_dataset", "total_bytes")
+    assert t.train.data_size == "{{ params.data_size or '' }}"
     assert source(t.report.run_uri) == ("train", "run_uri")
     assert source(t.promote.run_uri) == ("train", "run_uri")
     assert source(t.promote.is_better) == ("report", "better_than_promoted")
@@ -45,3 +48,17 @@ def test_no_template_pulls_xcoms_as_text():
         for name in task.template_fields:
             value = getattr(task, name, None)
             assert "xcom_pull" not in repr(value), f"{task.task_id}.{name} = {value!r}"
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"), [(None, True), ("200Gi", True), ("1.5Ti", True), ("200", False), ("lots", False)]
+)
+def test_the_data_size_param_takes_a_size_with_its_unit(value, ok):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    param = common_params(dataset_uri="s3://datasets/x/", model="x")["data_size"]
+    if ok:
+        assert param.resolve(value) == value
+    else:
+        with pytest.raises(ParamValidationError):
+            param.resolve(value)

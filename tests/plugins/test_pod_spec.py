@@ -141,8 +141,9 @@ def test_pod_contract():
     assert stage_in["envFrom"] == sidecar["envFrom"] == [{"secretRef": {"name": "kubetrain-s3"}}]
     assert not base.get("envFrom")
 
+    # No dataset size: an ephemeral-storage request (checkpoints 4Gi + output 2Gi + 1Gi), no limit.
     assert base["resources"] == {
-        "requests": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"},
+        "requests": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1", "ephemeral-storage": "7Gi"},
         "limits": {"cpu": "4", "memory": "24Gi", "nvidia.com/gpu": "1"},
     }
     assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
@@ -189,7 +190,7 @@ def test_options_reach_the_pod():
                 node_selector={"cloud.google.com/gke-accelerator": "nvidia-l4"},
                 tolerations=(toleration,),
                 cache_claim="dataset-cache",
-                scratch_size_limit="20Gi",
+                data_size="20Gi",
                 run_as_user=2000,
                 env={"TF_CPP_MIN_LOG_LEVEL": "2"},
             )
@@ -231,6 +232,138 @@ def test_options_reach_the_pod():
     ],
 )
 def test_bad_settings_are_refused_naming_the_value(changes, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        config(**changes)
+
+
+GI = 1024**3
+
+
+def storage(container: dict[str, Any]) -> tuple[str | None, str | None]:
+    resources = container.get("resources") or {}
+    return (
+        (resources.get("requests") or {}).get("ephemeral-storage"),
+        (resources.get("limits") or {}).get("ephemeral-storage"),
+    )
+
+
+def size_limits(pod: dict[str, Any]) -> dict[str, str | None]:
+    return {v["name"]: v["emptyDir"].get("sizeLimit") for v in pod["spec"]["volumes"] if "emptyDir" in v}
+
+
+def by_name(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in all_containers(pod)}
+
+
+@pytest.mark.parametrize(
+    ("dataset_bytes", "data"),
+    [
+        (0, "1Gi"),  # the floor alone
+        (10 * GI, "21Gi"),  # twice the dataset + 1Gi
+        ("10737418240", "21Gi"),  # a rendered template
+        (1, "1025Mi"),  # rounded up to a MiB
+        (3 * 1024**2 + 1, "1031Mi"),
+    ],
+)
+def test_the_data_volume_is_sized_from_the_dataset(dataset_bytes, data):
+    pod = as_dict(training_pod(config(dataset_bytes=dataset_bytes, gpus=1), name="t", namespace="default"))
+    assert kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    assert policy_violations(pod) == []
+    assert size_limits(pod) == {"data": data, "checkpoints": "4Gi", "output": "2Gi"}
+    data_mi = {"Gi": 1024, "Mi": 1}[data[-2:]] * int(data[:-2])
+    containers = by_name(pod)
+    # request == limit: /data + /checkpoints + /output + 1Gi for the trainer itself
+    base_mi = data_mi + (4 + 2 + 1) * 1024
+    expected_base = f"{base_mi // 1024}Gi" if base_mi % 1024 == 0 else f"{base_mi}Mi"
+    assert storage(containers["base"]) == (expected_base, expected_base)
+    # the stage-in writes /data and /checkpoints; the sidecar only reads them
+    stage_mi = data_mi + 4 * 1024 + 256
+    assert storage(containers["stage-in"]) == (f"{stage_mi}Mi", f"{stage_mi}Mi")
+    assert storage(containers["checkpoint-sync"]) == ("256Mi", "256Mi")
+
+
+def pod_storage_request(pod: dict[str, Any]) -> int:
+    """The pod's effective ephemeral-storage request, as the scheduler computes it with native sidecars."""
+    from kubernetes.utils.quantity import parse_quantity
+
+    def request(c: dict[str, Any]) -> int:
+        return int(parse_quantity(storage(c)[0] or "0"))
+
+    running = sum(request(c) for c in pod["spec"]["containers"])
+    sidecars, init_peak = 0, 0
+    for c in pod["spec"]["initContainers"]:
+        if c.get("restartPolicy") == "Always":
+            sidecars += request(c)
+        else:
+            init_peak = max(init_peak, sidecars + request(c))
+    return max(init_peak, running + sidecars)
+
+
+def test_the_pod_requests_all_the_node_must_hold():
+    pod = as_dict(training_pod(config(dataset_bytes=10 * GI, checkpoint_size="4Gi", output_size="2Gi")))
+    assert size_limits(pod) == {"data": "21Gi", "checkpoints": "4Gi", "output": "2Gi"}
+    # every volume at its sizeLimit, the trainer's own 1Gi and the sidecar's 256Mi
+    assert pod_storage_request(pod) == (21 + 4 + 2 + 1) * GI + 256 * 1024**2
+
+
+def test_an_explicit_data_size_beats_the_derived_one():
+    pod = as_dict(training_pod(config(dataset_bytes=10 * GI, data_size="100Gi")))
+    assert size_limits(pod)["data"] == "100Gi"
+    assert storage(by_name(pod)["base"]) == ("107Gi", "107Gi")
+    # without a dataset size too: the limits apply once the size is known
+    pod = as_dict(training_pod(config(data_size="50Gi")))
+    assert size_limits(pod) == {"data": "50Gi", "checkpoints": "4Gi", "output": "2Gi"}
+    assert storage(by_name(pod)["base"]) == ("57Gi", "57Gi")
+    # a rendered empty Param is no override
+    assert size_limits(as_dict(training_pod(config(dataset_bytes=GI, data_size="None"))))["data"] == "3Gi"
+
+
+def test_without_a_dataset_size_the_volumes_stay_unlimited_but_storage_is_requested():
+    for unknown in (None, "", "None"):
+        pod = as_dict(training_pod(config(dataset_bytes=unknown), name="t", namespace="default"))
+        assert kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+        assert size_limits(pod) == {"data": None, "checkpoints": None, "output": None}
+        containers = by_name(pod)
+        assert storage(containers["base"]) == ("7Gi", None)
+        assert storage(containers["stage-in"]) == ("4352Mi", None)
+        assert storage(containers["checkpoint-sync"]) == ("256Mi", None)
+
+
+def test_memory_backed_dev_shm_is_not_ephemeral_storage():
+    pod = as_dict(training_pod(config(dataset_bytes=GI, gpus=2, memory="16Gi")))
+    assert size_limits(pod) == {"data": "3Gi", "checkpoints": "4Gi", "output": "2Gi", "dshm": "16Gi"}
+    assert storage(by_name(pod)["base"]) == ("10Gi", "10Gi")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"data_size": "lots"},
+            "data_size='lots' is not a Kubernetes quantity: expected a size such as '50Gi' or '500Mi'",
+        ),
+        (
+            {"data_size": "50GB"},
+            "data_size='50GB' is not a Kubernetes quantity: expected a size such as '50Gi'",
+        ),
+        ({"data_size": "-5Gi"}, "data_size='-5Gi' must be greater than zero"),
+        ({"data_size": "50"}, "data_size='50' is too small for a volume: expected at least 1Mi"),
+        ({"checkpoint_size": "big"}, "checkpoint_size='big' is not a Kubernetes quantity"),
+        ({"output_size": None}, "output_size must be set"),
+        (
+            {"dataset_bytes": "12 GB"},
+            "dataset_bytes='12 GB' is not valid: expected the staged manifest's total_bytes",
+        ),
+        ({"dataset_bytes": -1}, "dataset_bytes=-1 is not valid"),
+        ({"dataset_bytes": True}, "dataset_bytes=True is not valid"),
+        (
+            {"dataset_bytes": 10 * GI, "data_size": "5Gi"},
+            "data_size='5Gi' is smaller than the dataset (10737418240 bytes, the manifest's total_bytes): expected at "
+            "least 10Gi, or empty to derive it (21Gi)",
+        ),
+    ],
+)
+def test_bad_sizes_are_refused_naming_the_value(changes, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         config(**changes)
 

@@ -116,15 +116,25 @@ class Cluster:
             self.store.create("serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount",
                                                   "metadata": {"name": "default", "namespace": namespace}})  # fmt: skip
 
+    def storage_capacity(self) -> int:
+        """Bytes of the node's file system (where the pods' emptyDirs, logs and writable layers live)."""
+        return shutil.disk_usage(self.state_dir).total
+
+    def allocatable_storage(self) -> int:
+        """What the scheduler may hand out: the capacity less the kubelet's default hard eviction
+        threshold (``nodefs.available<10%``), as a kubelet without reservations reports it."""
+        return self.storage_capacity() * 9 // 10
+
     def node_object(self) -> dict:
         cpu = str(os.cpu_count() or 1)
         try:
             mem = f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') // 1024}Ki"
         except (ValueError, OSError):
             mem = "0"
-        capacity = {"cpu": cpu, "memory": mem, "pods": "110", "ephemeral-storage": "0"}
+        capacity = {"cpu": cpu, "memory": mem, "pods": "110", "ephemeral-storage": f"{self.storage_capacity() // 1024}Ki"}
         if self.gpus:
             capacity["nvidia.com/gpu"] = str(len(self.gpus))
+        allocatable = {**capacity, "ephemeral-storage": f"{self.allocatable_storage() // 1024}Ki"}
         now = rfc3339()
         return {
             "apiVersion": "v1",
@@ -143,7 +153,7 @@ class Cluster:
             "spec": {},
             "status": {
                 "capacity": capacity,
-                "allocatable": dict(capacity),
+                "allocatable": allocatable,
                 "conditions": [
                     {
                         "type": "Ready",

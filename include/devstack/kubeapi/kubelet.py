@@ -308,6 +308,18 @@ class PodWorker:
             self.publish()
             await self.stop_event.wait()
             return False
+        storage, allocatable = pod_request(self.spec, "ephemeral-storage"), self.cluster.allocatable_storage()
+        if storage > allocatable:  # the pod alone does not fit the node: Unschedulable, as the scheduler's NodeResourcesFit
+            message = ("0/1 nodes are available: 1 Insufficient ephemeral-storage. preemption: 0/1 nodes are available: "
+                       "1 No preemption victims found for incoming pod.")  # fmt: skip
+            self.scheduled = False
+            self.sched_message = message
+            self.event("Warning", "FailedScheduling", message, component="default-scheduler")
+            log.info("pod %s/%s requests %d bytes of ephemeral-storage, the node has %d", self.namespace, self.name,
+                     storage, allocatable)  # fmt: skip
+            self.publish()
+            await self.stop_event.wait()
+            return False
         while True:
             if self.stopping:
                 return False
@@ -801,6 +813,26 @@ def unadvertised_resources(spec: dict) -> list[str]:
                     and name not in found:
                 found.append(name)
     return found
+
+
+def pod_request(spec: dict, resource: str) -> int:
+    """The pod's effective request of ``resource`` as the scheduler computes it (sidecars included): the larger of
+    the running pod's (containers and sidecars) and each init container's with the sidecars started before it."""
+
+    def of(c: dict) -> int:
+        value = ((c.get("resources") or {}).get("requests") or {}).get(resource)
+        if value is None:  # a limit alone is also the request
+            value = ((c.get("resources") or {}).get("limits") or {}).get(resource)
+        return int(parse_quantity(value)) if value is not None else 0
+
+    sidecars = peak = 0
+    for c in spec.get("initContainers") or []:
+        if c.get("restartPolicy") == "Always":
+            sidecars += of(c)
+            peak = max(peak, sidecars)
+        else:
+            peak = max(peak, sidecars + of(c))
+    return max(peak, sum(of(c) for c in spec.get("containers") or []) + sidecars)
 
 
 def gpu_request(spec: dict) -> int:

@@ -42,6 +42,7 @@ NOT_TRAINING_PARAMS = (
     "tolerations",
     "image_pull_secrets",
     "gpu_resource",
+    "data_size",
 )
 
 

@@ -245,7 +245,13 @@ class TrainingPodOperator(KubernetesPodOperator):
     :param sync_quiet: seconds a file must stay unmodified before upload.
     :param sync_grace_period_seconds: pod termination grace period, the time the final sync pass gets.
     :param cache_claim: PersistentVolumeClaim for the stage-in cache.
-    :param scratch_size_limit: sizeLimit of the emptyDir volumes.
+    :param dataset_bytes: the staged manifest's ``total_bytes``, e.g. ``stage.output["total_bytes"]``:
+        sizes the /data volume and the pod's ephemeral-storage request
+        (:func:`kubetrain.pod_spec.scratch_sizes`). (templated)
+    :param data_size: sizeLimit of the /data volume, e.g. ``50Gi``, instead of the size derived from
+        ``dataset_bytes`` (archives that expand more than twice their size); empty: derived. (templated)
+    :param checkpoint_size: sizeLimit of the /checkpoints volume (when the data size is known). (templated)
+    :param output_size: sizeLimit of the /output volume (when the data size is known). (templated)
     :param training_bucket: training bucket (default: the deployment's). (templated)
     :param extra_env: plain environment for the base container (no secrets). (templated)
     :param startup_timeout_seconds: seconds for each image pull phase (sync image, training image).
@@ -285,6 +291,10 @@ class TrainingPodOperator(KubernetesPodOperator):
         "training_bucket",
         "extra_env",
         "sync_interval",
+        "dataset_bytes",
+        "data_size",
+        "checkpoint_size",
+        "output_size",
     )
     template_fields_renderers = {**KubernetesPodOperator.template_fields_renderers, "extra_env": "py"}
     # Exit codes of the training container that fail the task without retries, with their meaning.
@@ -318,7 +328,10 @@ class TrainingPodOperator(KubernetesPodOperator):
         sync_quiet: int = 2,
         sync_grace_period_seconds: int = 300,
         cache_claim: str | None = None,
-        scratch_size_limit: str | None = None,
+        dataset_bytes: int | str | None = None,
+        data_size: str | None = None,
+        checkpoint_size: str = "4Gi",
+        output_size: str = "2Gi",
         training_bucket: str | None = None,
         extra_env: dict[str, str] | None = None,
         startup_timeout_seconds: int = 600,
@@ -334,6 +347,11 @@ class TrainingPodOperator(KubernetesPodOperator):
         termination_message_policy: str = "FallbackToLogsOnError",
         **kwargs: Any,
     ) -> None:
+        if "scratch_size_limit" in kwargs:
+            raise TypeError(
+                "scratch_size_limit= was replaced: data_size= sizes the /data volume (default: derived from "
+                "dataset_bytes=), checkpoint_size= and output_size= the other two"
+            )
         for owned in _OWNED:
             if owned in kwargs:
                 raise ValueError(f"TrainingPodOperator builds {owned} itself: remove the {owned}= argument")
@@ -378,7 +396,10 @@ class TrainingPodOperator(KubernetesPodOperator):
         self.sync_quiet = sync_quiet
         self.sync_grace_period_seconds = sync_grace_period_seconds
         self.cache_claim = cache_claim
-        self.scratch_size_limit = scratch_size_limit
+        self.dataset_bytes = dataset_bytes
+        self.data_size = data_size
+        self.checkpoint_size = checkpoint_size
+        self.output_size = output_size
         self.training_bucket = training_bucket
         self.extra_env = extra_env or {}
         self.stage_in_timeout_seconds = stage_in_timeout_seconds
@@ -459,7 +480,10 @@ class TrainingPodOperator(KubernetesPodOperator):
             sync_quiet=self.sync_quiet,
             termination_grace_period=self.sync_grace_period_seconds,
             cache_claim=self.cache_claim,
-            scratch_size_limit=self.scratch_size_limit,
+            dataset_bytes=self.dataset_bytes,
+            data_size=self.data_size or None,
+            checkpoint_size=self.checkpoint_size,
+            output_size=self.output_size,
             env=dict(self.extra_env),
             labels=labels,
         )

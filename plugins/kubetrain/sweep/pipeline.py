@@ -101,6 +101,8 @@ def sweep_pipeline(
         cmds=cmds if isinstance(cmds, str) else list(cmds),
         dataset_manifest=stage.output["manifest_uri"],
         dataset_version=stage.output["version"],
+        dataset_bytes=stage.output["total_bytes"],
+        data_size="{{ params.data_size or '' }}",
         sweep=plan.output["trial_settings"],
         experiment="{{ params.experiment or '' }}",
         gpus="{{ params.gpus }}",

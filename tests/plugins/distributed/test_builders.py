@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import airflow  # noqa: F401  (puts the plugins folder on sys.path)
@@ -68,7 +69,9 @@ def test_every_replica_follows_the_pod_contract_and_the_chief_alone_syncs(backen
         assert base["name"] == (builders.TFJOB_CONTAINER if backend == "tfjob" else "base")
         res = spec.resources(role)
         want = {"cpu": res.cpu, "memory": res.memory, **({"nvidia.com/gpu": str(res.gpus)} if res.gpus else {})}
-        assert base["resources"]["requests"] == want == base["resources"]["limits"]
+        # no dataset size in CONFIG: an ephemeral-storage request without a limit
+        assert base["resources"]["requests"] == {**want, "ephemeral-storage": "7Gi"}
+        assert base["resources"]["limits"] == want
         assert {"key": "spot", "operator": "Exists"} in pod["tolerations"]
         if res.gpus:
             assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
@@ -85,6 +88,25 @@ def test_every_replica_follows_the_pod_contract_and_the_chief_alone_syncs(backen
             assert json.loads(env["KUBETRAIN_TF_REPLICAS"]) == spec.replicas()
             assert env["KUBETRAIN_TF_HOSTS"] == sub.hosts and env["KUBETRAIN_TF_ROLE"] == role
         assert template["metadata"]["labels"][builders.JOB_LABEL] == sub.name
+
+
+@pytest.mark.parametrize("backend", ["indexed_job", "tfjob", "trainjob"])
+def test_every_replica_gets_the_volumes_and_storage_of_the_dataset(backend):
+    """Each replica stages the whole dataset into its own /data: each pod is sized as a single-pod run's."""
+    config = dataclasses.replace(CONFIG, dataset_bytes=4 * 1024**3)
+    sub = builders.build(
+        backend, config, SPECS["ps"], name="kt-x-1234-1", namespace="kubetrain", labels=LABELS
+    )
+    for role, template in templates(sub).items():
+        pod = template["spec"]
+        limits = {v["name"]: v["emptyDir"].get("sizeLimit") for v in pod["volumes"] if "emptyDir" in v}
+        assert limits == {"data": "9Gi", "checkpoints": "4Gi", "output": "2Gi"}, role
+        containers = {c["name"]: c["resources"] for c in pod["initContainers"] + pod["containers"]}
+        base = containers[builders.TFJOB_CONTAINER if backend == "tfjob" else "base"]
+        assert base["requests"]["ephemeral-storage"] == base["limits"]["ephemeral-storage"] == "16Gi", role
+        stage_in = containers["stage-in"]
+        assert stage_in["requests"]["ephemeral-storage"] == stage_in["limits"]["ephemeral-storage"], role
+        assert stage_in["requests"]["ephemeral-storage"] == "13568Mi"
 
 
 def test_parameter_servers_request_no_gpu_unless_asked():

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import inspect
 import json
+import re
 import uuid
 from pathlib import Path
 
@@ -211,7 +212,7 @@ SETTING_CASES = [
         "nvidia.com/mig-1g.10gb",
         lambda pod: (pod["spec"]["containers"][0]["resources"]["requests"], [t["key"] for t in pod["spec"]["tolerations"]]),
         (
-            {"cpu": "1", "memory": "2Gi", "nvidia.com/mig-1g.10gb": "1"},
+            {"cpu": "1", "memory": "2Gi", "nvidia.com/mig-1g.10gb": "1", "ephemeral-storage": "7Gi"},
             ["nvidia.com/mig-1g.10gb", "nvidia.com/gpu"],
         ),
     ),
@@ -306,6 +307,119 @@ def test_bad_resources_fail_before_any_pod_is_created(airflow_env):
     op = operator(memory="lots")
     with pytest.raises(ValueError, match="memory='lots' is not a Kubernetes quantity"):
         build(op, context_for(op))
+
+
+GI = 1024**3
+
+
+def storage_of(pod: dict) -> dict[str, object]:
+    """Each emptyDir's sizeLimit and each container's ephemeral-storage (request, limit)."""
+    found: dict[str, object] = {
+        v["name"]: v["emptyDir"].get("sizeLimit") for v in pod["spec"]["volumes"] if "emptyDir" in v
+    }
+    for c in pod["spec"]["initContainers"] + pod["spec"]["containers"]:
+        res = c["resources"]
+        found[c["name"]] = (res["requests"].get("ephemeral-storage"), res["limits"].get("ephemeral-storage"))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("dataset_bytes", "data_size", "expected"),
+    [
+        # the stage task's XCom (an int) and a Jinja pull (text) alike
+        (10 * GI, None, {"data": "21Gi", "base": ("28Gi", "28Gi"), "stage-in": ("25856Mi", "25856Mi")}),
+        (
+            "{{ params.total_bytes }}",
+            None,
+            {"data": "21Gi", "base": ("28Gi", "28Gi"), "stage-in": ("25856Mi", "25856Mi")},
+        ),
+        (
+            10 * GI,
+            "{{ params.data_size }}",
+            {"data": "64Gi", "base": ("71Gi", "71Gi"), "stage-in": ("69888Mi", "69888Mi")},
+        ),
+        (None, "", {"data": None, "base": ("7Gi", None), "stage-in": ("4352Mi", None)}),
+    ],
+)
+def test_the_dataset_size_sizes_the_pods_storage(airflow_env, dataset_bytes, data_size, expected):
+    op = operator(dataset_bytes=dataset_bytes, data_size=data_size)
+    pod = build(op, context_for(op, total_bytes=10 * GI, data_size="64Gi"))
+    assert kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    found = storage_of(pod)
+    assert {k: found[k] for k in expected} == expected
+    limited = expected["data"] is not None
+    assert (found["checkpoints"], found["output"]) == (("4Gi", "2Gi") if limited else (None, None))
+    assert found["checkpoint-sync"] == ("256Mi", "256Mi" if limited else None)
+
+
+def test_checkpoint_and_output_sizes_are_arguments(airflow_env):
+    op = operator(dataset_bytes=GI, checkpoint_size="{{ params.ckpt }}", output_size="1Gi")
+    found = storage_of(build(op, context_for(op, ckpt="40Gi")))
+    assert (found["data"], found["checkpoints"], found["output"]) == ("3Gi", "40Gi", "1Gi")
+    assert found["base"] == ("45Gi", "45Gi")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"data_size": "{{ params.data_size }}"},
+            "data_size='50 gigs' is not a Kubernetes quantity: expected a size such as '50Gi'",
+        ),
+        (
+            {"dataset_bytes": "{{ params.data_size }}"},
+            "dataset_bytes='50 gigs' is not valid: expected the staged manifest's total_bytes",
+        ),
+        ({"dataset_bytes": 10 * GI, "data_size": "2Gi"}, "data_size='2Gi' is smaller than the dataset"),
+    ],
+)
+def test_bad_sizes_fail_before_any_pod_is_created(airflow_env, kwargs, message):
+    op = operator(**kwargs)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build(op, context_for(op, data_size="50 gigs"))
+
+
+def test_the_old_scratch_size_argument_is_refused_naming_its_replacement():
+    with pytest.raises(TypeError, match=r"scratch_size_limit= was replaced: data_size= sizes the /data"):
+        operator(scratch_size_limit="20Gi")
+
+
+class XComTaskInstance(TaskInstance):
+    """A task instance whose upstream tasks have pushed ``xcoms`` ({(task_id, key): value})."""
+
+    def __init__(self, *args, xcoms: dict[tuple[str, str], object], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.xcoms = xcoms
+
+    def xcom_pull(self, task_ids: str, key: str, **_: object) -> object:
+        return self.xcoms[(task_ids, key)]
+
+
+@pytest.mark.parametrize("dag_file", ["train_image_classifier.py", "train_dialogue_transformer.py"])
+@pytest.mark.parametrize(("data_size", "data", "base"), [(None, "41Gi", "48Gi"), ("100Gi", "100Gi", "107Gi")])
+def test_the_training_dags_size_the_pod_from_the_staged_dataset(airflow_env, dag_file, data_size, data, base):
+    """The DAG's train task gets the stage task's total_bytes and the data_size Param."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "dags" / dag_file))
+    assert bag.import_errors == {}
+    dag = bag.dags[Path(dag_file).stem]
+    train = dag.get_task("train")
+    xcoms = {
+        ("stage_dataset", "total_bytes"): 20 * GI,
+        ("stage_dataset", "manifest_uri"): "s3://training/manifests/digits/3f2a9c0d1e4b5a69.json",
+        ("stage_dataset", "version"): "3f2a9c0d1e4b5a69",
+        ("check_new", "image"): TRAINER,
+    }
+    ti = XComTaskInstance(dag.dag_id, "train", xcoms=xcoms)
+    params = {name: dag.params[name] for name in dag.params}
+    params["data_size"] = data_size
+    context = {"ti": ti, "task_instance": ti, "run_id": RUN_ID, "dag": dag, "params": params}
+    train.render_template_fields(context)
+    pod = ApiClient().sanitize_for_serialization(train.build_pod_request_obj(context, dry_run=True))
+    found = storage_of(pod)
+    assert (found["data"], found["checkpoints"], found["output"]) == (data, "4Gi", "2Gi")
+    assert found["base"] == (base, base)
 
 
 def test_image_precedence(airflow_env):

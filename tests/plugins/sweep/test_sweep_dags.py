@@ -50,6 +50,10 @@ def test_round_zero_has_one_training_task_per_offered_parallelism(dagbag):
     for p, task in variants.items():
         assert task.max_active_tis_per_dagrun == p and task.pool == "gpu"
         assert task.upstream_task_ids >= {"round_0.suggest", "plan", "stage_dataset"}
+        # each trial's pod is sized from the staged dataset, as a single run's
+        assert task.partial_kwargs["dataset_bytes"].operator.task_id == "stage_dataset"
+        assert task.partial_kwargs["dataset_bytes"].key == "total_bytes"
+        assert task.partial_kwargs["data_size"] == "{{ params.data_size or '' }}"
     later = dag.get_task("round_1.train")
     assert later.max_active_tis_per_dagrun == 4 and later.pool == "gpu"
     assert dag.get_task("round_1.suggest").trigger_rule == "all_done"
