@@ -28,7 +28,7 @@ class ImageResolutionError(AirflowException):
 
 
 class ImageNotFoundError(AirflowFailException):
-    """The registry has no such image, or refuses to show it; a retry would not change that."""
+    """The registry has no such image; a retry would not change that."""
 
 
 def has_digest(image: str) -> bool:
@@ -41,8 +41,9 @@ def pin_image(image: str, *, registry_conn_id: str | None = None) -> str:
     :param image: an image reference; one with a digest is returned unchanged.
     :param registry_conn_id: the registry connection for images in the configured registry
         (default ``kubetrain_registry_default``).
-    :raises ImageNotFoundError: the registry has no such tag or refuses the credentials.
-    :raises ImageResolutionError: the registry cannot be reached.
+    :raises ImageNotFoundError: the registry has no such tag (not retried).
+    :raises ImageResolutionError: the registry cannot be reached or refuses the credentials (retried: a token
+        may have expired and be renewed).
     """
     from kubetrain.hooks.registry import RegistryHook
     from kubetrain.imagebuild.oci import ManifestNotFound, RegistryAuthError, RegistryClient, RegistryError
@@ -79,8 +80,15 @@ def pin_image(image: str, *, registry_conn_id: str | None = None) -> str:
             client = RegistryClient(host, insecure=host.split(":")[0] in _LOOPBACK, timeout=30)
         with client:
             digest = client.manifest_digest(repository, tag)
-    except (ManifestNotFound, RegistryAuthError) as exc:
+    except ManifestNotFound as exc:
         raise ImageNotFoundError(f"cannot resolve image {image} to a digest: {exc}") from exc
+    except RegistryAuthError as exc:
+        # retried: a registry token expires (ECR's after 12 hours) and a secrets backend or Variable may renew it
+        raise ImageResolutionError(
+            f"cannot resolve image {image} to a digest: {exc}; if the connection's password is a token that expires "
+            "(an ECR password lasts 12 hours), renew it, or give the connection the extra aws_conn_id so that each "
+            "run asks ECR for a fresh one"
+        ) from exc
     except RegistryError as exc:
         raise ImageResolutionError(
             f"cannot resolve image {image} to a digest: {exc}; a run records the digest it ran, never a "

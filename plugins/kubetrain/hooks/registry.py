@@ -9,7 +9,11 @@ password, and these extras:
 * ``tls_verify`` (bool, default true): verify the registry's TLS certificate;
 * ``ca_bundle`` (path): a CA bundle for registries with a private CA;
 * ``token`` (str): a ready Bearer token, instead of login/password;
-* ``timeout`` (seconds): per request.
+* ``timeout`` (seconds): per request;
+* ``aws_conn_id`` (str): for Amazon ECR, the AWS connection through which the hook asks ECR for a
+  fresh password each time it is used (the amazon provider's ``EcrHook``): an ECR password lasts
+  12 hours, so one pasted into the connection breaks every later digest lookup and push. An ECR
+  host (``<account>.dkr.ecr.<region>.amazonaws.com``) without a password uses ``aws_default``.
 
 A scheme in the host (``https://registry.example.com``) also says HTTP or HTTPS. Arguments
 given to the hook beat the extras; settings that contradict each other raise ``ValueError``.
@@ -25,6 +29,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -36,6 +41,8 @@ if TYPE_CHECKING:
     from kubetrain.imagebuild.oci import RegistryClient
 
 _TRUE = {"1", "true", "yes", "on"}
+# Amazon ECR's private registries: <account>.dkr.ecr[-fips].<region>.amazonaws.com[.cn]
+ECR_HOST = re.compile(r"^(?P<account>\d{12})\.dkr\.ecr(?:-fips)?\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?(?::\d+)?$")
 _FALSE = {"0", "false", "no", "off", ""}
 
 
@@ -161,16 +168,38 @@ class RegistryHook(BaseHook):
             )
         tls_verify = _as_bool(pick("tls_verify"), "tls_verify")
         timeout = pick("timeout")
+        username, password = conn.login or None, conn.password or None
+        ecr = ECR_HOST.match(host.partition("/")[0])
+        aws_conn_id = extra.get("aws_conn_id") or ("aws_default" if ecr and not password and not pick("token") else None)
+        if aws_conn_id:
+            if not ecr:
+                raise ValueError(f"connection {self.registry_conn_id!r}: extra aws_conn_id={aws_conn_id!r} asks ECR for "
+                                 f"a password, but host {host!r} is not an ECR registry (<account>.dkr.ecr.<region>"
+                                 ".amazonaws.com)")  # fmt: skip
+            if password or pick("token"):
+                raise ValueError(f"connection {self.registry_conn_id!r}: extra aws_conn_id={aws_conn_id!r} cannot be "
+                                 "combined with a password or token: ECR gives the password")  # fmt: skip
+            username, password = self._ecr_login(aws_conn_id, ecr["account"], ecr["region"])
         return RegistrySettings(
             registry=host,
             insecure=insecure if insecure is not None else scheme == "http",
             tls_verify=True if tls_verify is None else tls_verify,
             ca_bundle=pick("ca_bundle") or None,
-            username=conn.login or None,
-            password=conn.password or None,
+            username=username,
+            password=password,
             token=pick("token") or None,
             timeout=float(timeout) if timeout not in (None, "") else 60.0,
         )
+
+    @staticmethod
+    def _ecr_login(aws_conn_id: str, account: str, region: str) -> tuple[str, str]:
+        """A fresh ECR login (``AWS`` and a 12-hour password) through the amazon provider's ``EcrHook``."""
+        from airflow.providers.amazon.aws.hooks.ecr import EcrHook
+
+        credentials = EcrHook(aws_conn_id=aws_conn_id, region_name=region).get_temporary_credentials(
+            registry_ids=[account]
+        )
+        return credentials[0].username, credentials[0].password
 
     @property
     def registry(self) -> str:

@@ -106,3 +106,61 @@ def test_test_connection_against_htpasswd_registry(monkeypatch, tmp_path):
         assert not ok and "refused the credentials of user 'ci'" in message and "bad" not in message
     finally:
         reg.stop()
+
+
+ECR = "123456789012.dkr.ecr.eu-west-2.amazonaws.com"
+
+
+def _aws_conn(monkeypatch, moto_server, conn_id: str = "aws_default") -> None:
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({
+        "conn_type": "aws", "login": moto_server.access_key_id, "password": moto_server.secret_access_key,
+        "extra": {"endpoint_url": moto_server.endpoint}}))  # fmt: skip
+
+
+def test_an_ecr_registry_gets_a_fresh_password_from_ecr_each_time(monkeypatch, moto_server):
+    """ECR's password lasts 12 hours: the hook asks ECR (the amazon provider's EcrHook, against moto's ECR)."""
+    _aws_conn(monkeypatch, moto_server)
+    hook = RegistryHook(set_conn(monkeypatch, "reg_ecr", host=ECR))
+    s = hook.settings
+    assert (s.registry, s.username, s.password) == (ECR, "AWS", "123456789012-auth-token")
+    assert hook.docker_config() == {"auths": {ECR: {"auth": base64.b64encode(b"AWS:123456789012-auth-token").decode()}}}
+    # a connection named in the extra
+    _aws_conn(monkeypatch, moto_server, "aws_ecr_pushes")
+    monkeypatch.delenv("AIRFLOW_CONN_AWS_DEFAULT")
+    hook = RegistryHook(set_conn(monkeypatch, "reg_ecr2", host=f"https://{ECR}", extra={"aws_conn_id": "aws_ecr_pushes"}))
+    assert hook.settings.password == "123456789012-auth-token"
+    # a password in the connection is the user's choice, kept as it is
+    hook = RegistryHook(set_conn(monkeypatch, "reg_ecr3", host=ECR, login="AWS", password="pasted"))
+    assert hook.settings.password == "pasted"
+
+
+@pytest.mark.parametrize(
+    ("conn", "message"),
+    [
+        ({"host": "registry.example.com", "extra": {"aws_conn_id": "aws_default"}},
+         "extra aws_conn_id='aws_default' asks ECR for a password, but host 'registry.example.com' is not an ECR registry"),
+        ({"host": ECR, "login": "AWS", "password": "p", "extra": {"aws_conn_id": "aws_default"}},
+         "cannot be combined with a password or token: ECR gives the password"),
+    ],
+)  # fmt: skip
+def test_ecr_settings_that_contradict_fail_naming_them(monkeypatch, conn, message):
+    with pytest.raises(ValueError, match=message):
+        _ = RegistryHook(set_conn(monkeypatch, "reg_ecr_bad", **conn)).settings
+
+
+def test_refused_credentials_fail_the_digest_lookup_with_a_retry(monkeypatch, tmp_path):
+    """A token that expired (ECR's after 12 hours) is renewed between tries: the lookup's failure is retried."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from kubetrain.images import ImageResolutionError, pin_image
+
+    reg = start_registry(tmp_path / "reg", users={"ci": "good"})
+    try:
+        set_conn(monkeypatch, "reg_expired", host="127.0.0.1", port=reg.port, login="ci", password="expired",
+                 extra={"insecure": True})  # fmt: skip
+        image = f"127.0.0.1:{reg.port}/kubetrain/trainer:latest"
+        with pytest.raises(ImageResolutionError, match="refused the credentials of user 'ci'.*renew it") as err:
+            pin_image(image, registry_conn_id="reg_expired")
+        assert not isinstance(err.value, AirflowFailException) and "expired" not in str(err.value)
+    finally:
+        reg.stop()
