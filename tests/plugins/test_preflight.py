@@ -215,6 +215,18 @@ def test_a_training_bucket_the_pods_cannot_write_fails_naming_the_setting(stack_
     assert preflight_pods(core) == []
 
 
+def test_a_sync_image_that_cannot_be_pulled_fails_and_skips_the_s3_lines(stack_env, stack_images, core, devstack):
+    registry = devstack.load_state()["registry"]
+    missing = f"{registry}/kubetrain-missing/sync:never-pushed"
+    checks = by_name(Preflight(deployment(sync_image=missing, trainer_image=stack_images["trainer"].reference)).check_pods())
+    assert checks["image:sync"].status == "FAIL" and f"{missing} cannot be pulled: ErrImagePull" in checks["image:sync"].detail
+    assert checks["image:sync"].fix.startswith("push it (make images, or the build_trainer_image DAG) or set KUBETRAIN_SYNC_IMAGE")
+    assert checks["image:trainer"].status == "PASS"
+    for name in ("s3-from-pod", "s3-region", "s3-write"):
+        assert checks[name].status == "SKIP" and checks[name].detail == f"needs the sync image ({missing}) to run"
+    assert preflight_pods(core) == []
+
+
 def test_missing_namespace_fails_first_and_skips_what_needs_it(stack_env, core):
     checks = by_name(Preflight(deployment(namespace="kubetrain-nowhere")).run())
     assert checks["api"].status == "FAIL"
