@@ -457,7 +457,9 @@ class Preflight:
             return (f"give Secret {d.s3_secret!r} both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" if d.s3_secret else
                     f"bind service account {d.service_account!r} to an AWS identity (IRSA)")  # fmt: skip
         if "NoSuchBucket" in error:
-            setting = "KUBETRAIN_DATASETS_BUCKET" if bucket == d.datasets_bucket else "KUBETRAIN_TRAINING_BUCKET"
+            from kubetrain.settings import SETTINGS
+
+            setting = SETTINGS["datasets_bucket" if bucket == d.datasets_bucket else "training_bucket"].env
             return f"create bucket {bucket!r} or set {setting}"
         if "AccessDenied" in error or "InvalidAccessKeyId" in error or "SignatureDoesNotMatch" in error or "Forbidden" in error:
             who = f"Secret {d.s3_secret!r}" if d.s3_secret else f"service account {d.service_account!r}'s role"
