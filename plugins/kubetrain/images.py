@@ -46,7 +46,13 @@ def pin_image(image: str, *, registry_conn_id: str | None = None) -> str:
         may have expired and be renewed).
     """
     from kubetrain.hooks.registry import RegistryHook
-    from kubetrain.imagebuild.oci import ManifestNotFound, RegistryAuthError, RegistryClient, RegistryError
+    from kubetrain.imagebuild.oci import (
+        ManifestNotFound,
+        RealmRefused,
+        RegistryAuthError,
+        RegistryClient,
+        RegistryError,
+    )
     from kubetrain.imagebuild.reference import parse_reference
 
     if has_digest(image):
@@ -80,7 +86,7 @@ def pin_image(image: str, *, registry_conn_id: str | None = None) -> str:
             client = RegistryClient(host, insecure=host.split(":")[0] in _LOOPBACK, timeout=30)
         with client:
             digest = client.manifest_digest(repository, tag)
-    except ManifestNotFound as exc:
+    except (ManifestNotFound, RealmRefused) as exc:
         raise ImageNotFoundError(f"cannot resolve image {image} to a digest: {exc}") from exc
     except RegistryAuthError as exc:
         # retried: a registry token expires (ECR's after 12 hours) and a secrets backend or Variable may renew it

@@ -575,12 +575,15 @@ def gpu_tolerations(gpus: int, gpu_resource: str = GPU_RESOURCE) -> list[k8s.V1T
 
 
 def _toleration(value: k8s.V1Toleration | Mapping[str, object]) -> k8s.V1Toleration:
+    """A checked V1Toleration, whichever way it came (a Param's JSON, a dict, an object): the settings' rules."""
     if isinstance(value, k8s.V1Toleration):
-        return value
-    if isinstance(value, Mapping):
-        fields = {"tolerationSeconds": "toleration_seconds"}
-        return k8s.V1Toleration(**{fields.get(k, k): v for k, v in value.items()})
-    raise ValueError(f"toleration {value!r} is not a V1Toleration or a mapping of its fields")
+        value = {k8s.V1Toleration.attribute_map[a]: getattr(value, a) for a in k8s.V1Toleration.attribute_map
+                 if getattr(value, a) is not None}  # fmt: skip
+    if not isinstance(value, Mapping):
+        raise ValueError(f"toleration {value!r} is not a V1Toleration or a mapping of its fields")
+    (checked,) = settings.parse_tolerations([dict(value)])
+    fields = {"tolerationSeconds": "toleration_seconds"}
+    return k8s.V1Toleration(**{fields.get(k, k): v for k, v in checked.items()})
 
 
 def pod_tolerations(config: TrainingPodConfig) -> list[k8s.V1Toleration] | None:

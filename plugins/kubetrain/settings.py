@@ -124,7 +124,19 @@ SETTINGS: dict[str, Setting] = {
             "published last, else <registry>/kubetrain/sync:<image_tag>.",
         ),
         Setting("datasets_bucket", "datasets", "Bucket of the users' datasets."),
+        Setting(
+            "dataset_prefixes",
+            "",
+            "Comma-separated s3:// prefixes that runs may stage datasets from; empty: the whole datasets bucket. "
+            "Never the training bucket's own areas (runs, models, manifests, ...).",
+        ),
         Setting("training_bucket", "training", "Bucket of manifests, runs, reports and promoted models."),
+        Setting(
+            "token_services",
+            "",
+            "Comma-separated https:// URLs (or host[:port]) of token services that registry logins may follow, "
+            "beside the registry's own host (e.g. auth.docker.io for Docker Hub); other Bearer realms are refused.",
+        ),
         Setting(
             "mlflow_tracking_uri",
             "",
@@ -229,10 +241,24 @@ def parse_tolerations(value: str | list[Any] | None) -> list[dict[str, Any]]:
                 f"toleration {item!r} has unknown field(s) {', '.join(sorted(unknown))}: expected "
                 "key, operator, value, effect, tolerationSeconds"
             )
-        if item.get("operator", "Equal") not in ("Equal", "Exists"):
-            raise ValueError(f"toleration {item!r}: operator must be Equal or Exists")
+        operator = item.get("operator") or "Equal"
+        if operator not in ("Equal", "Exists"):
+            raise ValueError(f"toleration {item!r}: operator {operator!r} must be Equal or Exists")
         if item.get("effect") not in (None, "", "NoSchedule", "PreferNoSchedule", "NoExecute"):
-            raise ValueError(f"toleration {item!r}: effect must be NoSchedule, PreferNoSchedule or NoExecute")
+            raise ValueError(f"toleration {item!r}: effect {item.get('effect')!r} must be NoSchedule, PreferNoSchedule "
+                             "or NoExecute")  # fmt: skip
+        for name in ("key", "value", "effect"):
+            if item.get(name) is not None and not isinstance(item[name], str):
+                raise ValueError(f"toleration {item!r}: {name} must be a string")
+        if operator == "Exists" and item.get("value"):
+            raise ValueError(f"toleration {item!r}: value must be empty when operator is Exists")
+        if operator == "Equal" and not item.get("key"):
+            raise ValueError(f"toleration {item!r}: an empty key needs operator Exists (it tolerates every taint)")
+        seconds = item.get("tolerationSeconds", item.get("toleration_seconds"))
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
+            raise ValueError(f"toleration {item!r}: tolerationSeconds must be a whole number of seconds")
+        if seconds is not None and item.get("effect") != "NoExecute":
+            raise ValueError(f"toleration {item!r}: tolerationSeconds applies only with effect NoExecute")
     return [dict(t) for t in items]
 
 

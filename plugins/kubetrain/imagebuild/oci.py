@@ -12,11 +12,11 @@ import base64
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 import requests
 
@@ -44,6 +44,10 @@ class RegistryError(RuntimeError):
 
 class RegistryAuthError(RegistryError):
     """The registry wants credentials, or refused the ones given."""
+
+
+class RealmRefused(RegistryAuthError):
+    """The registry pointed its Bearer realm outside its own host and the trusted token services."""
 
 
 class RegistryUnreachable(RegistryError):
@@ -126,14 +130,40 @@ def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
     return scheme.lower(), dict(_CHALLENGE_PARAM.findall(params))
 
 
+# Token services a registry may send its clients to besides its own host (Docker Hub's API host hands out
+# auth.docker.io); others come from the token_services setting.
+KNOWN_TOKEN_SERVICES = {"registry-1.docker.io": ("auth.docker.io",)}
+
+
 def error_detail(response: requests.Response) -> str:
-    """The registry's error codes and messages, or the start of the body."""
+    """The registry's error codes and messages (the distribution spec's ``errors``, or OAuth's ``error``), never
+    the raw body: a body that is neither is described, not echoed (it may come from anywhere a server points)."""
+    text = ""
     try:
-        errors = response.json().get("errors") or []
-        text = "; ".join(f"{e.get('code', '?')}: {e.get('message', '')}".strip() for e in errors)
-    except (ValueError, AttributeError):
-        text = response.text[:200].strip()
+        body = response.json()
+        if isinstance(body, dict) and isinstance(body.get("errors"), list):
+            text = "; ".join(f"{e.get('code', '?')}: {e.get('message', '')}".strip()
+                             for e in body["errors"] if isinstance(e, dict))  # fmt: skip
+        elif isinstance(body, dict) and isinstance(body.get("error"), str):
+            text = body["error"] + (f": {body['error_description']}" if isinstance(body.get("error_description"), str) else "")
+    except ValueError:
+        pass
+    if not text and response.content:
+        kind = response.headers.get("Content-Type", "").split(";")[0].strip() or "unknown type"
+        text = f"(a {kind} body of {len(response.content)} bytes, not shown)"
+    text = " ".join(text.split())[:200]
     return f"HTTP {response.status_code}" + (f" {text}" if text else "")
+
+
+def _endpoint(url: str) -> tuple[str, str, int] | None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+    return parts.scheme, parts.hostname.lower(), port
 
 
 class RegistryClient:
@@ -148,6 +178,10 @@ class RegistryClient:
     :param password: password (or personal access token) for ``username``.
     :param token: a ready Bearer token sent as is (instead of a password; ``username`` is then ignored).
     :param timeout: seconds to wait for the registry's answer to each request.
+    :param token_services: token services (``host[:port]`` or URL prefixes) whose Bearer realms this client may
+        follow besides the registry's own host; default: the ``token_services`` setting. A realm elsewhere is
+        refused before any request is sent there: a registry named in a Param must not make the worker fetch
+        arbitrary URLs.
     """
 
     def __init__(
@@ -160,6 +194,7 @@ class RegistryClient:
         password: str | None = None,
         token: str | None = None,
         timeout: float = 60.0,
+        token_services: Sequence[str] | None = None,
     ) -> None:
         host, prefix = split_registry(registry)
         if token and password:
@@ -177,6 +212,7 @@ class RegistryClient:
         self._session.headers["User-Agent"] = USER_AGENT
         self._challenge: tuple[str, dict[str, str]] | None = None
         self._bearer: dict[tuple[str, ...], str] = {}
+        self._token_services = token_services
 
     def close(self) -> None:
         self._session.close()
@@ -211,10 +247,40 @@ class RegistryClient:
             return {"Authorization": f"Bearer {self._bearer[scopes]}"}
         raise RegistryAuthError(f"registry {self.registry} asks for {scheme!r} auth; expected Basic or Bearer")
 
+    def check_realm(self, realm: str) -> None:
+        """Refuse a Bearer realm outside the registry's own host and the trusted token services."""
+        where = _endpoint(realm)
+        own = _endpoint(self.base_url)
+        if where is None:
+            raise RealmRefused(f"registry {self.registry} sent a Bearer realm that is not an http(s) URL: refused")
+        if where == own:
+            return
+        trusted = list(KNOWN_TOKEN_SERVICES.get(self.host.lower(), ()))
+        if self._token_services is None:
+            from kubetrain import settings
+
+            trusted += settings.parse_list("token_services", settings.get("token_services"))
+        else:
+            trusted += list(self._token_services)
+        for entry in trusted:
+            entry = entry.strip()
+            if "://" in entry:
+                if realm.startswith(entry.rstrip("/")) and _endpoint(entry) == where:
+                    return
+            elif _endpoint(f"https://{entry}") == where:  # a bare host[:port] is trusted over HTTPS only
+                return
+        raise RealmRefused(
+            f"registry {self.registry} points its Bearer realm at {where[0]}://{where[1]}:{where[2]}, which is neither the "
+            "registry's "
+            "own host nor a trusted token service: refused, nothing was sent there (trust it with the token_services "
+            "setting if it is the registry's real token service)"
+        )
+
     def _fetch_token(self, params: Mapping[str, str], scopes: tuple[str, ...]) -> str:
         realm = params.get("realm")
         if not realm:
             raise RegistryAuthError(f"registry {self.registry} sent a Bearer challenge without a realm")
+        self.check_realm(realm)
         query: list[tuple[str, str]] = [("service", params["service"])] if params.get("service") else []
         query += [("scope", s) for s in scopes]
         auth = (self.username, self._password or "") if self.username else None

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset
-from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from kubetrain.manifest import build_manifest, dataset_name_from_uri, list_source_objects
 from kubetrain.operators.base import RunStoreOperator
-from kubetrain.s3_layout import check_name, parse_s3_uri
+from kubetrain.s3_layout import check_dataset_source, check_name, parse_s3_uri
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -42,6 +42,9 @@ class StageDatasetOperator(RunStoreOperator):
     :param dataset: dataset name (default: derived from the URI). (templated)
     :param skip_if_unchanged: skip the task (no Asset event, so nothing downstream is
         triggered) when this version is already staged; for DAGs that watch for new data.
+    :param allowed_prefixes: ``s3://`` prefixes this DAG's datasets must be under, within the deployment's
+        (the ``dataset_prefixes`` setting, default the datasets bucket); the URI, a Param that whoever may
+        trigger the DAG sets, is refused outside them, and never reaches the training bucket's runs or models.
     :param training_bucket: bucket for manifests (default: the deployment's training bucket). (templated)
     :param aws_conn_id: Airflow connection for S3.
     """
@@ -55,6 +58,7 @@ class StageDatasetOperator(RunStoreOperator):
         source_uri: str,
         dataset: str | None = None,
         skip_if_unchanged: bool = False,
+        allowed_prefixes: Sequence[str] = (),
         multiple_outputs: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -65,8 +69,23 @@ class StageDatasetOperator(RunStoreOperator):
         self.source_uri = source_uri
         self.dataset = dataset
         self.skip_if_unchanged = skip_if_unchanged
+        self.allowed_prefixes = tuple(allowed_prefixes)
+
+    def check_source(self) -> None:
+        """Refuse a source outside the deployment's and this DAG's dataset prefixes (no retry: it will not change)."""
+        from kubetrain import settings
+
+        layout = self.store.layout
+        allowed = settings.parse_list("dataset_prefixes", settings.get("dataset_prefixes")) or (
+            f"s3://{layout.datasets_bucket}/",)  # fmt: skip
+        try:
+            check_dataset_source(self.source_uri, allowed=allowed, training_bucket=layout.training_bucket,
+                                 narrowed=self.allowed_prefixes)  # fmt: skip
+        except ValueError as exc:
+            raise AirflowFailException(str(exc)) from None
 
     def execute(self, context: Context) -> dict[str, Any]:
+        self.check_source()
         dataset = check_name("dataset", self.dataset) if self.dataset else dataset_name_from_uri(self.source_uri)
         source, objects = list_source_objects(self.store, self.source_uri)
         manifest = build_manifest(dataset, source, objects)

@@ -29,6 +29,7 @@ from fastapi.responses import HTMLResponse
 
 from kubetrain.ui.queries import (
     PAGE_SIZE,
+    ModelNotVisible,
     NotVisible,
     QueryError,
     RunFilter,
@@ -143,11 +144,15 @@ def create_router() -> Any:
         if isinstance(exc, NotVisible):
             return page(request, q, "error.html", status=404, title="Not found",
                         message=f"No run {exc} that you may read.")  # fmt: skip
+        if isinstance(exc, ModelNotVisible):
+            return page(request, q, "error.html", status=404, title="Not found", message=f"{str(exc).capitalize()}.")
         return page(request, q, "error.html", status=400, title="Bad request", message=str(exc))
 
     def api_error(exc: Exception) -> HTTPException:
         if isinstance(exc, NotVisible):
             return HTTPException(status_code=404, detail=f"no run {exc} that you may read")
+        if isinstance(exc, ModelNotVisible):
+            return HTTPException(status_code=404, detail=str(exc))
         return HTTPException(status_code=400, detail=str(exc))
 
     def run_filter(model: str | None, dag_id: str | None, dataset_version: str | None, status: str | None) -> RunFilter:

@@ -39,6 +39,10 @@ class NotVisible(LookupError):
     """The run does not exist or the viewer may not read its DAG (the two are not told apart)."""
 
 
+class ModelNotVisible(QueryError):
+    """The model has no run the viewer may read, or does not exist (the two are not told apart)."""
+
+
 @dataclass(frozen=True)
 class RunFilter:
     """The runs list's filters; every field optional."""
@@ -186,24 +190,42 @@ class TrainingQueries:
         return record
 
     def models(self) -> list[str]:
-        """Models that have runs in the index."""
+        """Models that have runs of a DAG the viewer may read in the index (other teams' model names stay hidden)."""
         prefixes = self.store.list_prefixes(self.bucket, "index/")
         names = [p[len("index/") :].rstrip("/") for p in prefixes]
-        return sorted(n for n in names if n and n != ALL_MODELS)
+        return sorted(n for n in names if n and n != ALL_MODELS and self.model_readable(n))
 
-    # -- one model -----------------------------------------------------------------------------
+    def model_readable(self, model: str) -> bool:
+        """Whether ``model`` has a run of a readable DAG in its index (the first ``MAX_SCAN`` entries decide)."""
+        for scanned, entry in enumerate(self._entries(self.store.layout.run_index_prefix(model), None)):
+            if entry.dag in self.readable:
+                return True
+            if scanned + 1 == MAX_SCAN:
+                break
+        return False
 
-    def leaderboard(self, model: str, *, metric: str | None = None, limit: int = PAGE_SIZE) -> Leaderboard:
-        """The model's successful runs best first on ``metric`` (default: the promoted version's objective)."""
+    def _check_model(self, model: str) -> None:
+        """A model the viewer may not see is answered as one that does not exist."""
         try:
             check_name("model", model)
         except ValueError as exc:
             raise QueryError(str(exc)) from None
+        if not self.model_readable(model):
+            raise ModelNotVisible(f"no model {model} that you may read")
+
+    # -- one model -----------------------------------------------------------------------------
+
+    def leaderboard(self, model: str, *, metric: str | None = None, limit: int = PAGE_SIZE) -> Leaderboard:
+        """The model's successful runs best first on ``metric`` (default: the promoted version's objective); the
+        promoted pointer only when the viewer may read the run it names."""
+        self._check_model(model)
         layout = self.store.layout
         base = layout.leaderboard_prefix(model)
         metrics = sorted(p[len(base) :].rstrip("/") for p in self.store.list_prefixes(self.bucket, base))
         pointer = self.store.promoted_pointer(model)
         promoted_record = self._promoted_record(pointer)
+        if promoted_record is None:
+            pointer = None  # it names a run (its URI, its DAG) the viewer may not read
         if metric is None:
             wanted = ((promoted_record or {}).get("metrics") or {}).get("monitor")
             metric = safe_segment(wanted) if wanted and safe_segment(wanted) in metrics else (metrics[0] if metrics else None)
@@ -246,10 +268,7 @@ class TrainingQueries:
 
     def promotions(self, model: str, *, limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
         """The model's promotion history, newest first; promotions of unreadable DAGs' runs are left out."""
-        try:
-            check_name("model", model)
-        except ValueError as exc:
-            raise QueryError(str(exc)) from None
+        self._check_model(model)
         return [p for p in self.store.promotions(model, limit=limit) if safe_segment(str(p.get("dag_id"))) in self.readable]
 
     # -- runs side by side ---------------------------------------------------------------------

@@ -184,14 +184,14 @@ def test_the_builder_pod_is_placed_and_pulls_as_training_pods_are(registry_conn,
     the build namespace when one is set."""
     monkeypatch.setenv("KUBETRAIN_IMAGE_PULL_SECRETS", "regcred, mirror-cred")
     monkeypatch.setenv("KUBETRAIN_NODE_SELECTOR", "pool=build")
-    monkeypatch.setenv("KUBETRAIN_TOLERATIONS", '[{"key": "spot", "operator": "Exists", "tolerationSeconds": 60}]')
+    monkeypatch.setenv("KUBETRAIN_TOLERATIONS", '[{"key": "spot", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}]')
     monkeypatch.setenv("KUBETRAIN_BUILD_NAMESPACE", "kubetrain-build")
     body = pod_dict(operator(context_dir))
     kubernetes_validate.validate(body, K8S_VERSION, strict=True)
     spec = body["spec"]
     assert spec["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror-cred"}]
     assert spec["nodeSelector"] == {"pool": "build"}
-    assert spec["tolerations"] == [{"key": "spot", "operator": "Exists", "tolerationSeconds": 60}]
+    assert spec["tolerations"] == [{"key": "spot", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}]
     assert body["metadata"]["namespace"] == "kubetrain-build"
     # and what it needs of Pod Security is stated where the pod is built: Unconfined profiles, level privileged
     from kubetrain.imagebuild.incluster import POD_SECURITY_LEVEL

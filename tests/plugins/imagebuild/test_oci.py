@@ -171,9 +171,11 @@ def test_parse_reference_refuses(text, message):
         parse_reference(text, "reg:5000")
 
 
-def test_bearer_token_auth(tmp_path):
-    """A registry with token auth (as Docker Hub and GHCR): the client follows the challenge to the realm."""
+def test_bearer_token_auth(tmp_path, monkeypatch):
+    """A registry with token auth (as Docker Hub and GHCR): the client follows the challenge to the realm, a token
+    service the deployment trusts (on another host than the registry, as Docker Hub's)."""
     reg, tokens = start_token_registry(tmp_path / "token-registry", {"ci": "tok-pass"})
+    monkeypatch.setenv("KUBETRAIN_TOKEN_SERVICES", tokens.realm)
     try:
         with reg.client("ci", "tok-pass") as client:
             digest = push_busybox_base(client, "team/base", "v1", tmp_path / "base")

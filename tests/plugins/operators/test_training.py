@@ -291,7 +291,7 @@ def test_run_arguments_from_params_beat_the_settings(airflow_env):
     ("name", "value", "message"),
     [
         ("KUBETRAIN_NODE_SELECTOR", "pool", "node_selector item 'pool' is not key=value"),
-        ("KUBETRAIN_TOLERATIONS", '[{"key": "a", "operator": "Maybe"}]', "operator must be Equal or Exists"),
+        ("KUBETRAIN_TOLERATIONS", '[{"key": "a", "operator": "Maybe"}]', "operator 'Maybe' must be Equal or Exists"),
         ("KUBETRAIN_GPU_RESOURCE", "gpu", "gpu_resource='gpu' is not an extended resource name"),
         ("KUBETRAIN_NAMESPACE", "ML_Training", "namespace 'ML_Training' is not a valid DNS-1123 label"),
     ],

@@ -121,6 +121,16 @@ def records(s3_server, server):
             run = S3Layout().run(dag_id, record["run_id"])
             client.put_object(Bucket="training", Key=run.key("output", "history.csv"), Body=history_csv([1.0, 0.5], [0.5, 0.8]))
             seeded[index] = record
+        # a model only research trains, and shared-model promoted from research's run
+        record = make_record(dag_id="research_training", run_id="manual__auth-secret", model="research-only-model",
+                             when=T0 + timedelta(minutes=5), value=0.9)  # fmt: skip
+        store.write_run_record(record)
+        seeded["research-only"] = record
+        research_run = S3Layout().run("research_training", seeded[1]["run_id"])
+        store.write_json("training", S3Layout().model_latest_key("shared-model"), {
+            "kind": "kubetrain/model-pointer", "format_version": 1, "model": "shared-model", "version": "v-research",
+            "uri": "s3://training/models/shared-model/v-research/", "run_uri": research_run.uri, "sync_pass": 1,
+            "files": ["model.keras"], "promoted_at": "2026-01-01T00:00:00Z"})  # fmt: skip
         return seeded
     finally:
         if before:
@@ -149,6 +159,26 @@ def test_each_user_sees_the_runs_of_the_dags_they_may_read(server, records):
     assert run_ids(get(server, "rsviewer", "/api/runs", params={"model": "shared-model"})) == ["manual__auth-1"]
     board = get(server, "rsviewer", "/api/models/shared-model/leaderboard").json()
     assert [e["dag_id"] for e in board["entries"]] == ["research_training"]
+
+
+def test_other_teams_models_and_their_promoted_runs_stay_hidden(server, records):
+    """A viewer sees only models with runs of DAGs they may read, and a promoted pointer only when they may read the
+    run it names: another team's model is answered as one that does not exist."""
+    assert get(server, "admin", "/api/models").json()["models"] == ["research-only-model", "shared-model"]
+    assert get(server, "mlviewer", "/api/models").json()["models"] == ["shared-model"]
+    assert get(server, "rsviewer", "/api/models").json()["models"] == ["research-only-model", "shared-model"]
+    for path in ("/api/models/research-only-model/leaderboard", "/api/models/research-only-model/promotions",
+                 "/api/models/no-such-model/leaderboard"):  # fmt: skip
+        answer = get(server, "mlviewer", path)
+        assert answer.status_code == 404, answer.text
+        assert answer.json()["detail"] in ("no model research-only-model that you may read",
+                                           "no model no-such-model that you may read")  # fmt: skip
+    page = get(server, "mlviewer", "/models/research-only-model", headers={"Accept": "text/html"})
+    assert page.status_code == 404 and "manual__auth-secret" not in page.text
+    # shared-model is promoted from research's run: mlviewer gets no pointer (its run URI names research's DAG)
+    board = get(server, "mlviewer", "/api/models/shared-model/leaderboard").json()
+    assert board["promoted"] is None and "research_training" not in json.dumps(board)
+    assert get(server, "rsviewer", "/api/models/shared-model/leaderboard").json()["promoted"]["version"] == "v-research"
 
 
 def test_a_run_of_another_teams_dag_cannot_be_opened(server, records):
