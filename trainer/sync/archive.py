@@ -2,23 +2,30 @@
 
 An archive is extracted into a hidden temporary directory next to it and its entries are
 renamed into place only when every member has been checked and written, so a refused or
-failed archive leaves nothing behind. Refused, with the member named: absolute paths,
-``..`` components, links whose target leaves the extraction directory, members written
-through a link, device files, FIFOs and sockets, and archive bombs (a compression ratio
-or a total size above the limits, counted on the bytes actually written, not on the sizes
-the archive declares).
+failed archive leaves nothing behind. Refused, with the member named (``repr()``, so a NUL
+byte or a control character shows): absolute paths, ``..`` components (also once the name
+is Unicode-normalised, NFKC), NUL bytes, links whose target leaves the extraction directory
+(resolved through the links already there: the archive's own, in any order, and those of
+the directory it lands in), link targets longer than Linux allows, members written through
+a link, members colliding with a directory or file of the same name, device files, FIFOs
+and sockets, and archive bombs (a compression ratio or a total size above the limits,
+counted on the bytes actually written, not on the sizes the archive declares).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
 import shutil
 import stat
 import tarfile
+import unicodedata
 import zipfile
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +33,15 @@ from trainer.sync.s3 import SyncError
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 CHUNK = 1024 * 1024
-# ratios are only meaningful past a minimum size: a 40-byte file compressed to 2 bytes is fine
+# ratios are only meaningful past a minimum size: a 40-byte file compressed to 2 bytes is fine.
+# The same floor serves a member of a zip and a whole archive (zip or tar), so a zip of many
+# small, very compressible members cannot add up past the ratio: an archive writes at most
+# max(RATIO_FLOOR_BYTES, max_ratio x its size).
 RATIO_FLOOR_BYTES = 1024 * 1024
+# Linux refuses longer link targets (PATH_MAX, 4096, counts the terminating NUL)
+LINK_TARGET_MAX = 4095
+# links followed while resolving one target before it counts as a loop, as Linux's own ELOOP
+LINK_HOPS_MAX = 40
 
 
 class ArchiveError(SyncError):
@@ -39,8 +53,10 @@ class ExtractLimits:
     """Limits against archive bombs.
 
     Attributes:
-        max_ratio: most uncompressed bytes per compressed byte (per member for zip, for the
-            whole stream for tar.gz).
+        max_ratio: most uncompressed bytes per compressed byte, for each member of a zip and
+            for a whole archive (zip or tar), against the archive's size on disk: the size the
+            dataset manifest declares, which stage-in has verified. Below RATIO_FLOOR_BYTES
+            (1 MiB) a member or an archive is not held to it.
         max_bytes: most bytes one archive may expand to.
         max_members: most members one archive may have.
     """
@@ -88,6 +104,7 @@ def extract(archive: Path, limits: ExtractLimits) -> int:
             extractor.zip()
         else:
             extractor.tar()
+        extractor.check_links()
         for entry in sorted(os.listdir(tmp)):
             _move(tmp / entry, target / entry, archive)
         return extractor.members
@@ -114,17 +131,47 @@ class _Extractor:
         self.archive, self.root, self.limits = archive, root, limits
         self.members = 0
         self.total = 0
+        self.size = archive.stat().st_size
+        self.budget = max(RATIO_FLOOR_BYTES, int(self.size * limits.max_ratio))
+        # the links this archive created: their path in the root -> (member name, target)
+        self.links: dict[tuple[str, ...], tuple[str, str]] = {}
 
     def refuse(self, member: str, reason: str) -> ArchiveError:
         return ArchiveError(f"archive {self.archive.name}: member {member!r}: {reason}; refused")
 
+    @contextmanager
+    def member(self, name: str) -> Iterator[None]:
+        """Refuse, naming the member, what the file system refuses while it is written."""
+        try:
+            yield
+        except (FileExistsError, IsADirectoryError) as exc:
+            raise self.refuse(
+                name, "appears twice, or collides with an earlier directory, file or link of the same name"
+            ) from exc
+        except NotADirectoryError as exc:
+            raise self.refuse(name, "its path goes through a file of this archive") from exc
+        except OSError as exc:
+            if exc.errno is None or exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise  # not the file system's (a corrupt gzip stream), or extract() names the full directory
+            raise self.refuse(name, f"cannot be written ({exc.strerror or exc})") from exc
+        except ValueError as exc:
+            raise self.refuse(name, f"cannot be written ({exc})") from exc
+
     def safe_path(self, name: str) -> Path | None:
         """The member's path inside the root, or None for the archive root itself."""
-        if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
-            raise self.refuse(name, "absolute path")
+        if "\x00" in name:
+            raise self.refuse(name, "NUL byte in the name")
+        # a name that only becomes absolute or '..' once normalised is refused too: a tool or a
+        # file system that normalises (macOS, an NFKC-folding consumer) would otherwise see it
+        for form, note in (
+            (name, ""),
+            (unicodedata.normalize("NFKC", name), " once Unicode-normalised (NFKC)"),
+        ):
+            if form.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", form):
+                raise self.refuse(name, f"absolute path{note}")
+            if ".." in re.split(r"[/\\]", form):
+                raise self.refuse(name, f"path with '..'{note}")
         parts = [p for p in re.split(r"[/\\]", name) if p not in ("", ".")]
-        if ".." in parts:
-            raise self.refuse(name, "path with '..'")
         if not parts:
             return None
         # never write through a link an earlier member created
@@ -133,25 +180,121 @@ class _Extractor:
             here = here / part
             if here.is_symlink():
                 raise self.refuse(name, f"path goes through the link {here.relative_to(self.root)}")
+            if here.exists() and not here.is_dir():
+                raise self.refuse(name, f"its directory {str(here.relative_to(self.root))!r} is a file")
         path = self.root.joinpath(*parts)
         if path.is_symlink():
             raise self.refuse(name, "would overwrite a link")
         return path
 
     def check_link(self, name: str, path: Path, target: str) -> None:
+        """Refuse a link whose target is unsafe, resolved through the links already there."""
+        if "\x00" in target:
+            raise self.refuse(name, f"NUL byte in the link target {target!r}")
+        if len(target.encode("utf-8", "surrogateescape")) > LINK_TARGET_MAX:
+            raise self.refuse(name, f"link target longer than {LINK_TARGET_MAX:,} bytes")
         if target.startswith("/") or re.match(r"^[A-Za-z]:", target):
             raise self.refuse(name, f"link to the absolute path {target!r} escapes the target")
-        resolved = os.path.normpath(os.path.join(os.path.dirname(path.relative_to(self.root)), target))
-        if resolved == ".." or resolved.startswith(("../", "/")):
-            raise self.refuse(name, f"link to {target!r} escapes the target")
+        rel = path.relative_to(self.root).parts
+        why, via = self.resolve(rel[:-1], target)
+        if why:
+            through = f" through the link {'/'.join(via[-1][0])!r}" if via else ""
+            raise self.refuse(name, f"link to {target!r} {why}{through}")
+        self.links[rel] = (name, target)
+
+    def lookup(self, rel: tuple[str, ...]) -> tuple[str | None, bool]:
+        """The target of the link at ``rel`` once the archive is moved into place, and whose it is.
+
+        Returns:
+            The link's target (None: not a link, or nothing there) and whether this archive
+            made it. What the archive holds wins over the directory it lands in, as in _move.
+        """
+        for base, ours in ((self.root, True), (self.archive.parent, False)):
+            path = base.joinpath(*rel)
+            try:
+                if not stat.S_ISLNK(os.lstat(path).st_mode):
+                    return None, ours
+                return os.readlink(path), ours
+            except OSError:
+                continue
+        return None, False
+
+    def resolve(
+        self, where: tuple[str, ...], target: str
+    ) -> tuple[str | None, list[tuple[tuple[str, ...], bool]]]:
+        """Follow ``target`` from the directory ``where`` the way the kernel will, link by link.
+
+        Returns:
+            Why it is unsafe ("escapes the target", "is a loop of links") or None, and the links
+            followed on the way: (path, made by this archive).
+        """
+        here = list(where)
+        todo = list(reversed(target.split("/")))
+        via: list[tuple[tuple[str, ...], bool]] = []
+        while todo:
+            part = todo.pop()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if not here:
+                    return "escapes the target", via
+                here.pop()
+                continue
+            here.append(part)
+            link, ours = self.lookup(tuple(here))
+            if link is None:
+                continue
+            via.append((tuple(here), ours))
+            if len(via) > LINK_HOPS_MAX:
+                return "is a loop of links", via
+            if link.startswith("/"):
+                return "escapes the target", via
+            here.pop()
+            todo.extend(reversed(link.split("/")))
+        return None, via
+
+    def check_links(self) -> None:
+        """Resolve every link again once all members are there, before anything is moved.
+
+        A link checked when it was created may be redirected by a later one (``esc ->
+        a/up/..`` before ``a/up -> ..``), and the links of the directory the archive lands in
+        (an archive extracted there earlier) may be redirected by this archive's.
+        """
+        if not self.links:
+            return
+        for rel, (name, target) in self.links.items():
+            why, via = self.resolve(rel[:-1], target)
+            if why:
+                through = f" through the link {'/'.join(via[-1][0])!r}" if via else ""
+                raise self.refuse(name, f"link to {target!r} {why}{through}")
+        for rel in _links_under(self.archive.parent, skip=self.root):
+            why, via = self.resolve(rel[:-1], os.readlink(self.archive.parent.joinpath(*rel)))
+            ours = [path for path, made_here in via if made_here]
+            if why and ours:
+                name, _ = self.links[ours[0]]
+                raise self.refuse(name, f"the existing link {'/'.join(rel)!r} {why} through this link")
 
     def count(self, name: str) -> None:
         self.members += 1
         if self.members > self.limits.max_members:
             raise self.refuse(name, f"more than {self.limits.max_members:,} members (limit)")
 
-    def write(self, name: str, path: Path, source, mode: int, budget: int) -> None:
-        """Copy ``source`` to ``path``, stopping at ``budget`` bytes for this member."""
+    def check_budget(self, name: str, more: int) -> None:
+        """Refuse when ``more`` bytes would take the archive past its whole-archive ratio limit."""
+        if self.total + more > self.budget:
+            raise self.refuse(
+                name,
+                f"archive expands beyond {self.budget:,} bytes, the whole-archive ratio limit "
+                f"({self.limits.max_ratio:g}x its {self.size:,} compressed bytes, at least "
+                f"{RATIO_FLOOR_BYTES:,}): archive bomb?",
+            )
+
+    def write(self, name: str, path: Path, source, mode: int, budget: int | None) -> None:
+        """Copy ``source`` to ``path``, stopping at the archive's limits and at ``budget`` bytes.
+
+        ``budget`` is the member's own ratio limit (zip); None for a tar, whose whole stream is
+        held to the ratio instead (check_budget).
+        """
         path.parent.mkdir(parents=True, exist_ok=True)
         written = 0
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -164,7 +307,8 @@ class _Extractor:
                         name,
                         f"archive expands beyond {self.limits.max_bytes:,} bytes (size limit): archive bomb?",
                     )
-                if written > budget:
+                self.check_budget(name, 0)
+                if budget is not None and written > budget:
                     raise self.refuse(
                         name,
                         f"expands beyond {self.limits.max_ratio:g}x its compressed size (ratio limit): archive bomb?",
@@ -186,41 +330,46 @@ class _Extractor:
         with zf:
             for info in zf.infolist():
                 self.count(info.filename)
-                path = self.safe_path(info.filename)
-                mode = info.external_attr >> 16
-                kind = stat.S_IFMT(mode)
-                if path is None:
-                    continue
-                if kind in (stat.S_IFCHR, stat.S_IFBLK, stat.S_IFIFO, stat.S_IFSOCK):
-                    raise self.refuse(info.filename, "device file, FIFO or socket")
-                budget = max(RATIO_FLOOR_BYTES, int(info.compress_size * self.limits.max_ratio))
-                if info.file_size > budget:
-                    raise self.refuse(
-                        info.filename,
-                        f"declares {info.file_size:,} bytes from {info.compress_size:,} compressed, beyond the "
-                        f"{self.limits.max_ratio:g}x ratio limit: archive bomb?",
-                    )
-                try:
-                    if kind == stat.S_IFLNK:
-                        target = zf.read(info)[:4096].decode("utf-8", "replace")
-                        self.check_link(info.filename, path, target)
-                        path.parent.mkdir(parents=True, exist_ok=True)
-                        os.symlink(target, path)
-                    elif info.is_dir():
-                        path.mkdir(parents=True, exist_ok=True)
-                    else:
-                        with zf.open(info) as source:
-                            self.write(info.filename, path, source, mode or 0o644, budget)
-                except (zipfile.BadZipFile, EOFError, RuntimeError, NotImplementedError) as exc:
-                    raise self.refuse(info.filename, f"cannot be read ({exc})") from exc
-                except FileExistsError as exc:
-                    raise self.refuse(info.filename, "appears twice or collides with a directory") from exc
+                with self.member(info.filename):
+                    self.zip_member(zf, info)
+
+    def zip_member(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
+        path = self.safe_path(info.filename)
+        mode = info.external_attr >> 16
+        kind = stat.S_IFMT(mode)
+        if path is None:
+            return
+        if kind in (stat.S_IFCHR, stat.S_IFBLK, stat.S_IFIFO, stat.S_IFSOCK):
+            raise self.refuse(info.filename, "device file, FIFO or socket")
+        budget = max(RATIO_FLOOR_BYTES, int(info.compress_size * self.limits.max_ratio))
+        if info.file_size > budget:
+            raise self.refuse(
+                info.filename,
+                f"declares {info.file_size:,} bytes from {info.compress_size:,} compressed, beyond the "
+                f"{self.limits.max_ratio:g}x ratio limit: archive bomb?",
+            )
+        self.check_budget(info.filename, info.file_size)
+        try:
+            if kind == stat.S_IFLNK:
+                with zf.open(info) as source:
+                    raw = source.read(LINK_TARGET_MAX + 1)
+                if len(raw) > LINK_TARGET_MAX:
+                    raise self.refuse(info.filename, f"link target longer than {LINK_TARGET_MAX:,} bytes")
+                target = raw.decode("utf-8", "surrogateescape")
+                self.check_link(info.filename, path, target)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(target, path)
+            elif info.is_dir():
+                path.mkdir(parents=True, exist_ok=True)
+            else:
+                with zf.open(info) as source:
+                    self.write(info.filename, path, source, mode or 0o644, budget)
+        except (zipfile.BadZipFile, EOFError, RuntimeError, NotImplementedError) as exc:
+            raise self.refuse(info.filename, f"cannot be read ({exc})") from exc
 
     # -- tar -----------------------------------------------------------------------------
 
     def tar(self) -> None:
-        compressed = self.archive.stat().st_size
-        budget = max(RATIO_FLOOR_BYTES, int(compressed * self.limits.max_ratio))
         try:
             tf = tarfile.open(self.archive, "r:*")
         except (tarfile.TarError, OSError) as exc:
@@ -230,38 +379,55 @@ class _Extractor:
             with tf:
                 for member in tf:
                     self.count(member.name)
-                    path = self.safe_path(member.name)
-                    if path is None:
-                        continue
-                    if member.isdir():
-                        path.mkdir(parents=True, exist_ok=True)
-                    elif member.isreg():
-                        if path in regular:
-                            path.unlink()
-                        source = tf.extractfile(member)
-                        self.write(member.name, path, source, member.mode, budget - self.total)
-                        regular.add(path)
-                    elif member.issym():
-                        self.check_link(member.name, path, member.linkname)
-                        path.parent.mkdir(parents=True, exist_ok=True)
-                        os.symlink(member.linkname, path)
-                    elif member.islnk():
-                        try:
-                            target = self.safe_path(member.linkname)
-                        except ArchiveError:
-                            target = None
-                        if target is None or target not in regular:
-                            raise self.refuse(
-                                member.name,
-                                f"hard link to {member.linkname!r}, which is not a file of this archive",
-                            )
-                        path.parent.mkdir(parents=True, exist_ok=True)
-                        os.link(target, path)
-                    elif member.ischr() or member.isblk() or member.isfifo():
-                        raise self.refuse(member.name, "device file or FIFO")
-                    else:
-                        raise self.refuse(member.name, f"unsupported member type {member.type!r}")
+                    with self.member(member.name):
+                        self.tar_member(tf, member, regular)
         except ArchiveError:
             raise
         except (tarfile.TarError, EOFError, zlib.error) as exc:
             raise ArchiveError(f"archive {self.archive.name}: corrupt or truncated ({exc})") from exc
+
+    def tar_member(self, tf: tarfile.TarFile, member: tarfile.TarInfo, regular: set[Path]) -> None:
+        path = self.safe_path(member.name)
+        if path is None:
+            return
+        if member.isdir():
+            path.mkdir(parents=True, exist_ok=True)
+        elif member.isreg():
+            if path in regular:
+                path.unlink()  # tar's rule: a later member of the same name replaces the earlier
+            source = tf.extractfile(member)
+            self.write(member.name, path, source, member.mode, None)
+            regular.add(path)
+        elif member.issym():
+            self.check_link(member.name, path, member.linkname)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(member.linkname, path)
+        elif member.islnk():
+            try:
+                target = self.safe_path(member.linkname)
+            except ArchiveError:
+                target = None
+            if target is None or target not in regular:
+                raise self.refuse(
+                    member.name,
+                    f"hard link to {member.linkname!r}, which is not a file of this archive",
+                )
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.link(target, path)
+        elif member.ischr() or member.isblk() or member.isfifo():
+            raise self.refuse(member.name, "device file or FIFO")
+        else:
+            raise self.refuse(member.name, f"unsupported member type {member.type!r}")
+
+
+def _links_under(directory: Path, skip: Path) -> Iterator[tuple[str, ...]]:
+    """The links below ``directory`` (not following any), as paths relative to it."""
+    stack: list[tuple[str, ...]] = [()]
+    while stack:
+        rel = stack.pop()
+        with os.scandir(directory.joinpath(*rel)) as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    yield (*rel, entry.name)
+                elif entry.is_dir(follow_symlinks=False) and Path(entry.path) != skip:
+                    stack.append((*rel, entry.name))

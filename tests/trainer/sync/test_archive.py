@@ -217,3 +217,246 @@ def test_stage_in_with_an_unsafe_archive_changes_nothing(s3_server, tmp_path):
     assert "archive bad.zip: member '../../outside.txt': path with '..'; refused" in result.stderr
     assert tree(data) == {"kept.txt": tree(data)["kept.txt"]} and os.listdir(data) == ["kept.txt"]
     assert not (tmp_path / "outside.txt").exists()
+
+
+# -- issue #31: hostile archives from the outside review -----------------------------------------
+
+DEPTH = 12  # deep enough that, from any DATA_DIR up to 12 levels down, the chain reaches "/"
+DEEP = "/".join(f"d{i}" for i in range(1, DEPTH + 1))
+UPS = "/".join([".."] * DEPTH)
+# each link passes a check on its text alone: up -> the extraction root, root -> DEEP/up/.. x 12,
+# which reads as "d1" but, through up, climbs 12 levels above the extraction root
+CHAIN = [(f"{DEEP}/up", UPS), ("root", f"{DEEP}/up/{UPS}")]
+
+
+def _links_outside(root: Path) -> list[str]:
+    """Every link below ``root`` that resolves outside it."""
+    real = os.path.realpath(root)
+    out = []
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = os.path.join(dirpath, name)
+            if os.path.islink(p) and os.path.commonpath([real, os.path.realpath(p)]) != real:
+                out.append(p)
+    return out
+
+
+def _chain_archive(path: Path, links: list[tuple[str, str]]) -> None:
+    if path.name.endswith(".zip"):
+        _zip(path, [(*GOOD, REG), *((name, t.encode(), stat.S_IFLNK | 0o777) for name, t in links)])
+    else:
+        _tar(path, [GOOD, *(_special(name, tarfile.SYMTYPE, t) for name, t in links)])
+
+
+@pytest.mark.parametrize("name", ["chain.tar.gz", "chain.zip"])
+@pytest.mark.parametrize("order", ["up-first", "root-first"])
+def test_symlink_chain_escape_is_refused(tmp_path, name, order):
+    data = tmp_path / "data"
+    data.mkdir()
+    links = CHAIN if order == "up-first" else CHAIN[::-1]
+    _chain_archive(data / name, links)
+    with pytest.raises(ArchiveError) as err:
+        extract(data / name, ExtractLimits())
+    # root-first: root is checked again once up exists, before anything is moved into place
+    message = str(err.value)
+    assert (
+        f"member 'root': link to {CHAIN[1][1]!r} escapes the target through the link '{DEEP}/up'" in message
+    )
+    assert os.listdir(data) == [name] and os.listdir(tmp_path) == ["data"]
+    assert _links_outside(tmp_path) == []
+
+
+def test_symlink_chain_across_two_archives_is_refused(tmp_path):
+    """The second archive's link would redirect the first one's (or go through it): refused either way."""
+    for first, second, member in ((CHAIN[0], CHAIN[1], "root"), (CHAIN[1], CHAIN[0], f"{DEEP}/up")):
+        data = tmp_path / member.replace("/", "_")
+        data.mkdir()
+        _chain_archive(data / "one.tar", [first])
+        _chain_archive(data / "two.zip", [second])
+        extract(data / "one.tar", ExtractLimits())
+        before = sorted(os.listdir(data))
+        with pytest.raises(ArchiveError, match=f"archive two.zip: member '{member}': .*escape") as err:
+            extract(data / "two.zip", ExtractLimits())
+        assert "escapes the target" in str(err.value)
+        assert sorted(os.listdir(data)) == before
+        assert not os.path.lexists(data / second[0])
+        assert _links_outside(tmp_path) == []
+
+
+def test_links_through_links_inside_the_target_still_extract(tmp_path):
+    archive = tmp_path / "ok.tar.gz"
+    _tar(
+        archive,
+        [
+            ("real/a.txt", b"a"),
+            _special("d1/d2/up", tarfile.SYMTYPE, "../.."),
+            _special("alias", tarfile.SYMTYPE, "d1/d2/up/real/a.txt"),
+        ],
+    )
+    assert extract(archive, ExtractLimits()) == 3
+    assert (tmp_path / "alias").read_text() == "a"
+    assert _links_outside(tmp_path) == []
+
+
+def _pax_tar(path: Path, name: str, pax: dict[str, str], link: str | None = None) -> None:
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
+        tf.addfile(tarfile.TarInfo(GOOD[0]), io.BytesIO(b""))
+        info = tarfile.TarInfo(name)
+        info.pax_headers = pax
+        if link is None:
+            info.size = 1
+            tf.addfile(info, io.BytesIO(b"x"))
+        else:
+            info.type, info.linkname = tarfile.SYMTYPE, link
+            tf.addfile(info)
+
+
+NUL_CASES = [
+    # id, archive name, builder, member, reason
+    (
+        "tar-pax-path",
+        "a.tar",
+        lambda p: _pax_tar(p, "x.txt", {"path": "ok/a\x00b.txt"}),
+        "ok/a\x00b.txt",
+        "NUL byte in the name",
+    ),
+    (
+        "tar-pax-linkpath",
+        "a.tar",
+        lambda p: _pax_tar(p, "ok/l", {"linkpath": "first.txt\x00/../../etc"}, link="x"),
+        "ok/l",
+        "NUL byte in the link target 'first.txt\\x00/../../etc'",
+    ),
+    (
+        "zip-link-target",
+        "a.zip",
+        lambda p: _zip(p, [(*GOOD, REG), ("ok/l", b"first.txt\x00/../../etc", stat.S_IFLNK | 0o777)]),
+        "ok/l",
+        "NUL byte in the link target 'first.txt\\x00/../../etc'",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "builder", "member", "reason"), [c[1:] for c in NUL_CASES], ids=[c[0] for c in NUL_CASES]
+)
+def test_nul_bytes_are_refused_naming_the_member(tmp_path, name, builder, member, reason):
+    archive = tmp_path / name
+    builder(archive)
+    with pytest.raises(ArchiveError) as err:
+        extract(archive, ExtractLimits())
+    assert f"member {member!r}: {reason}; refused" in str(err.value)
+    assert os.listdir(tmp_path) == [name]
+
+
+def test_zip_link_target_is_read_only_up_to_the_limit(tmp_path, monkeypatch):
+    """A link entry is read up to its limit (+1 byte to see it is longer), never whole."""
+    archive = tmp_path / "a.zip"
+    # 1,000 KiB: within the ratio floor, so only the link's own limit stops it
+    _zip(archive, [("ok/l", b"a/" * (500 * 1024), stat.S_IFLNK | 0o777)])
+    reads: list[int] = []
+    real_read = zipfile.ZipExtFile.read
+
+    def read(self, n=-1):
+        reads.append(n)
+        return real_read(self, n)
+
+    monkeypatch.setattr(zipfile.ZipExtFile, "read", read)
+    with pytest.raises(ArchiveError) as err:
+        extract(archive, ExtractLimits())
+    assert "member 'ok/l': link target longer than 4,095 bytes; refused" in str(err.value)
+    assert reads and all(0 <= n <= 4096 for n in reads)
+    assert os.listdir(tmp_path) == ["a.zip"]
+
+
+def test_many_small_members_hit_the_whole_archive_limit(tmp_path):
+    """The review's zip: 300 members of 1 MiB of zeros, each under the per-member floor (about 340 KB)."""
+    archive = tmp_path / "zeros.zip"
+    _zip(archive, [(f"z/{i:03d}.bin", bytes(1024 * 1024), REG) for i in range(300)])
+    size = archive.stat().st_size
+    assert size < 400_000
+    with pytest.raises(ArchiveError) as err:
+        extract(archive, ExtractLimits())
+    budget = int(size * 250)
+    refused = budget // (1024 * 1024)  # the first member that would take the total past 250x
+    message = str(err.value)
+    assert (
+        f"member 'z/{refused:03d}.bin': archive expands beyond {budget:,} bytes, the whole-archive ratio "
+        f"limit (250x its {size:,} compressed bytes, at least 1,048,576): archive bomb?; refused" in message
+    )
+    assert os.listdir(tmp_path) == ["zeros.zip"]  # nothing of the first members is left
+
+
+def test_whole_archive_limit_has_a_floor(tmp_path):
+    """A small archive may expand past 250x up to 1 MiB: a member of 1 MiB of zeros, in a zip and a tar.gz."""
+    for name, build in (
+        ("z.zip", lambda p: _zip(p, [("zeros.bin", bytes(1024 * 1024), REG)])),
+        ("z.tar.gz", lambda p: _tar(p, [("zeros.bin", bytes(1024 * 1024 - 1024))])),
+    ):
+        target = tmp_path / name.replace(".", "_")
+        target.mkdir()
+        build(target / name)
+        assert (target / name).stat().st_size * 250 < 1024 * 1024
+        assert extract(target / name, ExtractLimits()) == 1
+        assert (target / "zeros.bin").stat().st_size > 1000 * 1024
+
+
+def test_whole_archive_limit_follows_the_ratio_setting(tmp_path):
+    archive = tmp_path / "zeros.zip"
+    _zip(archive, [(f"z/{i}.bin", bytes(512 * 1024), REG) for i in range(40)])
+    with pytest.raises(ArchiveError, match="whole-archive ratio limit"):
+        extract(archive, ExtractLimits())
+    assert extract(archive, ExtractLimits(max_ratio=10_000)) == 40
+
+
+def _dir(name: str) -> tarfile.TarInfo:
+    return _special(name, tarfile.DIRTYPE)
+
+
+COLLISIONS = [
+    # id, members, member named, reason
+    ("dir-then-file", [GOOD, _dir("d"), ("d", b"x")], "d", "collides with an earlier directory"),
+    ("file-then-dir", [GOOD, ("d", b"x"), _dir("d")], "d", "collides with an earlier directory, file"),
+    ("file-then-child", [GOOD, ("d", b"x"), ("d/x", b"y")], "d/x", "its directory 'd' is a file"),
+    ("file-then-grandchild", [GOOD, ("d", b"x"), ("d/e/x", b"y")], "d/e/x", "its directory 'd' is a file"),
+    ("dir-then-link", [GOOD, _dir("d"), _special("d", tarfile.SYMTYPE, "ok")], "d", "collides with"),
+]
+
+
+@pytest.mark.parametrize(
+    ("members", "member", "reason"), [c[1:] for c in COLLISIONS], ids=[c[0] for c in COLLISIONS]
+)
+def test_tar_member_colliding_with_a_directory_is_refused_naming_it(tmp_path, members, member, reason):
+    target = tmp_path / "target"
+    target.mkdir()
+    _tar(target / "a.tar", members, "w")
+    with pytest.raises(ArchiveError) as err:
+        extract(target / "a.tar", ExtractLimits())
+    message = str(err.value)
+    assert message.startswith(f"archive a.tar: member {member!r}: ") and reason in message
+    assert ".kubetrain-extract" not in message and str(tmp_path) not in message
+    assert os.listdir(target) == ["a.tar"] and os.listdir(tmp_path) == ["target"]
+
+
+def test_stage_in_refuses_the_chain_and_the_zip_of_zeros(s3_server, tmp_path):
+    """Through the real tool: exit 1 naming the member, DATA_DIR as it was, no link out of it."""
+    s3 = s3_client(s3_server)
+    chain, zeros = tmp_path / "chain.tar.gz", tmp_path / "zeros.zip"
+    _chain_archive(chain, CHAIN)
+    _zip(zeros, [(f"z/{i:03d}.bin", bytes(1024 * 1024), REG) for i in range(300)])
+    for archive, expected in (
+        (chain, f"archive chain.tar.gz: member 'root': link to {CHAIN[1][1]!r} escapes the target"),
+        (zeros, "archive zeros.zip: member 'z/"),
+    ):
+        prefix = f"hostile-{archive.stem}-{os.getpid()}/"
+        s3.put_object(Bucket="datasets", Key=f"{prefix}plain.txt", Body=b"plain")
+        s3.put_object(Bucket="datasets", Key=f"{prefix}{archive.name}", Body=archive.read_bytes())
+        uri = put_manifest(s3, dataset_manifest(s3, "datasets", prefix, archive.stem.split(".")[0]))
+        data = tmp_path / f"data-{archive.stem}"
+        data.mkdir()
+        (data / "kept.txt").write_text("kept")
+        result = run_sync(["stage-in", "--manifest", uri, "--data-dir", str(data)], s3_server.env())
+        assert result.returncode == 1, result.stderr
+        assert expected in result.stderr and "Traceback" not in result.stderr
+        assert os.listdir(data) == ["kept.txt"]
+        assert _links_outside(tmp_path) == []
