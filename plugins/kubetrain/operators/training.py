@@ -67,6 +67,9 @@ NO_RETRY_EXIT_CODES = {
     2: "bad parameters: a bad flag value or combination, or a checkpoint that does not fit them",
     3: "training diverged: the loss or the weights stopped being finite (the last finite checkpoint is kept)",
     65: "unusable data (empty, a single class, no parsable pairs, ...)",
+    # the stage-in container succeeded, so a DATA_DIR the trainer cannot find or read is the container's own
+    # setting or permissions: a retry would find the same
+    66: "DATA_DIR missing or unreadable",
 }
 
 
@@ -208,7 +211,7 @@ class TrainingPodOperator(KubernetesPodOperator):
     the run's report should show, as XCom ``notes`` (a list of strings).
 
     A training container that exits with a code that says a retry would fail the same way (2 bad
-    parameters, 3 training diverged, 65 unusable data: :data:`NO_RETRY_EXIT_CODES`) fails the
+    parameters, 3 training diverged, 65 unusable data, 66 DATA_DIR missing: :data:`NO_RETRY_EXIT_CODES`) fails the
     task without retries; any other failure, 75 (stopped by SIGTERM after a checkpoint)
     included, is retried as usual and the next try resumes from the checkpoints.
 

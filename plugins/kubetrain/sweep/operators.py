@@ -27,7 +27,7 @@ from kubetrain.images import pin_image
 from kubetrain.links import REPORT_URL_XCOM_KEY, ReportLink, report_url
 from kubetrain.operators.base import RunStoreOperator
 from kubetrain.operators.dedupe import NOT_TRAINING_PARAMS, fingerprint
-from kubetrain.operators.training import TrainingPodOperator, string_list
+from kubetrain.operators.training import NO_RETRY_EXIT_CODES, TrainingPodOperator, string_list
 from kubetrain.run_store import FinalPassPending, RunStore, is_missing_key
 from kubetrain.s3_layout import RunLocation, S3Layout, run_from_context, s3_uri, utc_stamp
 from kubetrain.sweep.config import SWEEP_PARAMS, SweepSettings
@@ -59,8 +59,8 @@ ROUND_KIND = "kubetrain/sweep-round"
 TRIAL_EXCLUDE = (*NOT_TRAINING_PARAMS, *SWEEP_PARAMS, "model_name")
 # Exit codes of kubetrain's trainers (trainer/common/contract.py) that a retry cannot change:
 # the trial fails at once, and its record says why.
-FINAL_EXIT_CODES = {2: "bad flag value or combination", 3: "training diverged", 65: "unusable data",
-                    66: "DATA_DIR missing or unreadable"}  # fmt: skip
+# the single runs' table: a trial and a run fail alike on the same exit code
+FINAL_EXIT_CODES = NO_RETRY_EXIT_CODES
 # Seconds a finishing trial looks for the sidecar's final pass in its worker slot before it defers.
 FINAL_PASS_CHECK_SECONDS = 20.0
 

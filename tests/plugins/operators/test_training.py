@@ -626,7 +626,8 @@ def test_dry_run_needs_no_registry_or_cluster(airflow_env, capsys):
 
 
 def test_exit_codes_that_fail_without_retries_are_the_trainers():
-    """The trainer's exit codes for bad parameters, divergence and unusable data; not 75, which resumes."""
+    """The trainer's exit codes for bad parameters, divergence, unusable data and a missing DATA_DIR; not 75, which
+    resumes."""
     import ast
 
     from kubetrain.operators.training import NO_RETRY_EXIT_CODES
@@ -639,6 +640,12 @@ def test_exit_codes_that_fail_without_retries_are_the_trainers():
         if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id.startswith("EXIT_")
         and isinstance(node.value, ast.Constant)
     }  # fmt: skip
-    assert sorted(NO_RETRY_EXIT_CODES) == sorted([codes["EXIT_USAGE"], codes["EXIT_DIVERGED"], codes["EXIT_DATAERR"]])
+    assert sorted(NO_RETRY_EXIT_CODES) == sorted(
+        [codes["EXIT_USAGE"], codes["EXIT_DIVERGED"], codes["EXIT_DATAERR"], codes["EXIT_NOINPUT"]]
+    )
     assert codes["EXIT_PREEMPTED"] not in NO_RETRY_EXIT_CODES and codes["EXIT_FAILURE"] not in NO_RETRY_EXIT_CODES
     assert TrainingPodOperator.no_retry_exit_codes is NO_RETRY_EXIT_CODES
+    # one rule: a sweep's trial fails on the same codes as a single run (66 was retried by one and not the other)
+    from kubetrain.sweep.operators import FINAL_EXIT_CODES
+
+    assert FINAL_EXIT_CODES is NO_RETRY_EXIT_CODES
