@@ -535,27 +535,22 @@ def base_resources(config: TrainingPodConfig) -> k8s.V1ResourceRequirements:
     )
 
 
+def _helper_resources(config: TrainingPodConfig, cpu: tuple[str, str], memory: tuple[str, str], storage: str):
+    """Requests and limits of a transfer container: (request, limit) of CPU and memory, and its disk."""
+    return _with_storage(
+        k8s.V1ResourceRequirements(requests={"cpu": cpu[0], "memory": memory[0]}, limits={"cpu": cpu[1], "memory": memory[1]}),
+        storage,
+        scratch_sizes(config).limited,
+    )
+
+
 def stage_in_resources(config: TrainingPodConfig) -> k8s.V1ResourceRequirements:
     # Archive extraction is CPU-bound and streams; memory stays small.
-    sizes = scratch_sizes(config)
-    return _with_storage(
-        k8s.V1ResourceRequirements(
-            requests={"cpu": "250m", "memory": "256Mi"}, limits={"cpu": "1", "memory": "1Gi"}
-        ),
-        sizes.stage_in,
-        sizes.limited,
-    )
+    return _helper_resources(config, ("250m", "1"), ("256Mi", "1Gi"), scratch_sizes(config).stage_in)
 
 
 def sync_resources(config: TrainingPodConfig) -> k8s.V1ResourceRequirements:
-    sizes = scratch_sizes(config)
-    return _with_storage(
-        k8s.V1ResourceRequirements(
-            requests={"cpu": "100m", "memory": "128Mi"}, limits={"cpu": "500m", "memory": "512Mi"}
-        ),
-        sizes.sync,
-        sizes.limited,
-    )
+    return _helper_resources(config, ("100m", "500m"), ("128Mi", "512Mi"), scratch_sizes(config).sync)
 
 
 def gpu_tolerations(gpus: int, gpu_resource: str = GPU_RESOURCE) -> list[k8s.V1Toleration]:

@@ -144,3 +144,13 @@ def processes_with(marker: str) -> list[int]:
             except OSError:
                 continue
     return pids
+
+
+def unschedulable(core: client.CoreV1Api, name: str, namespace: str = "default", timeout: float = 60):
+    """The pod's PodScheduled=False condition, once the scheduler has set it."""
+
+    def found():
+        conds = core.read_namespaced_pod(name, namespace).status.conditions or []
+        return next((c for c in conds if c.type == "PodScheduled" and c.status == "False"), None)
+
+    return wait_for(found, timeout, what=f"PodScheduled=False of {name}")

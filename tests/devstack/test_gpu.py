@@ -7,7 +7,7 @@ from kubernetes import client
 
 from include.devstack.kubeapi.cluster import count_gpus
 
-from .support import simple_pod, start_server, stop_server, wait_for, wait_phase
+from .support import simple_pod, start_server, stop_server, unschedulable, wait_for, wait_phase
 
 NS = "default"
 GPUS = count_gpus()
@@ -66,11 +66,7 @@ def test_gpu_request_gets_local_devices(core):
 def test_strict_mode_keeps_the_pod_pending_like_a_cluster(strict_core):
     strict_core.create_namespaced_pod(NS, gpu_pod("wants-gpus", len(GPUS) + 1))
 
-    def unschedulable():
-        conds = strict_core.read_namespaced_pod("wants-gpus", NS).status.conditions or []
-        return next((c for c in conds if c.type == "PodScheduled" and c.status == "False"), None)
-
-    cond = wait_for(unschedulable, 10, what="PodScheduled=False")
+    cond = unschedulable(strict_core, "wants-gpus")
     assert cond.reason == "Unschedulable"
     assert cond.message.startswith("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")
     pod = strict_core.read_namespaced_pod("wants-gpus", NS)

@@ -7,7 +7,7 @@ import shutil
 from include.devstack.kubeapi.kubelet import pod_request
 from include.devstack.kubeapi.validation import parse_quantity
 
-from .support import simple_pod, wait_for, wait_phase
+from .support import simple_pod, unschedulable, wait_phase
 
 NS = "default"
 
@@ -31,11 +31,7 @@ def test_a_pod_that_asks_more_disk_than_the_node_has_stays_unschedulable(core):
     core.create_namespaced_pod(NS, storage_pod("too-much-disk", too_much))
     core.create_namespaced_pod(NS, storage_pod("some-disk", "1Gi"))
 
-    def unschedulable():
-        conds = core.read_namespaced_pod("too-much-disk", NS).status.conditions or []
-        return next((c for c in conds if c.type == "PodScheduled" and c.status == "False"), None)
-
-    cond = wait_for(unschedulable, 60, what="PodScheduled=False")
+    cond = unschedulable(core, "too-much-disk")
     assert cond.reason == "Unschedulable"
     assert cond.message.startswith("0/1 nodes are available: 1 Insufficient ephemeral-storage.")
     assert wait_phase(core, "some-disk").status.phase == "Succeeded"
