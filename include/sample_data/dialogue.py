@@ -1,10 +1,13 @@
 """Write a dialogue dataset of question/response pairs from the chatterbot-corpus package.
 
 Each YAML conversation in the package (a list of utterances) gives one pair per pair of
-consecutive utterances. Whitespace, line breaks included, is collapsed to single spaces
-so every pair fits one TSV line. The output format follows the file name: ``.tsv``
-(question TAB response per line) or ``.jsonl`` ({"question": ..., "response": ...} per
-line). Same arguments, same bytes.
+consecutive utterances, and every pair carries the id of its conversation
+(``<category>-<number>``, e.g. ``greetings-3``), so that the trainer's validation split
+keeps a conversation on one side. Whitespace, line breaks included, is collapsed to
+single spaces so every pair fits one TSV line. The output format follows the file name:
+``.tsv`` (a header line ``question TAB response TAB conversation``, then one pair per
+line) or ``.jsonl`` ({"question": ..., "response": ..., "conversation": ...} per line).
+Same arguments, same bytes.
 
 Usage: python -m include.sample_data.dialogue --out pairs.tsv [--language english]
 """
@@ -34,8 +37,9 @@ def clean(text: object) -> str:
     return " ".join(str(text).split())
 
 
-def pairs_from_corpus(language: str, categories: list[str] | None, exclude: list[str]) -> list[tuple[str, str]]:
-    """Consecutive-utterance pairs from the language's YAML files, in file and file order."""
+def pairs_from_corpus(language: str, categories: list[str] | None, exclude: list[str],
+                      ) -> list[tuple[str, str, str]]:
+    """(question, response, conversation id) of consecutive utterances, in file and file order."""
     folder = corpus_dir() / language
     if not folder.is_dir():
         known = sorted(p.name for p in corpus_dir().iterdir() if p.is_dir())
@@ -55,9 +59,9 @@ def pairs_from_corpus(language: str, categories: list[str] | None, exclude: list
     pairs = []
     for path in files:
         doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        for conversation in doc.get("conversations") or []:
+        for number, conversation in enumerate(doc.get("conversations") or [], 1):
             turns = [clean(t) for t in conversation if t is not None and clean(t)]
-            pairs.extend(zip(turns, turns[1:], strict=False))
+            pairs.extend((q, r, f"{path.stem}-{number}") for q, r in zip(turns, turns[1:], strict=False))
     return pairs
 
 
@@ -78,12 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     if not pairs:
         parser.error("the selected categories hold no conversation pairs")
     if suffix == ".tsv":
-        text = "".join(f"{q}\t{r}\n" for q, r in pairs)
+        text = "question\tresponse\tconversation\n" + "".join(f"{q}\t{r}\t{c}\n" for q, r, c in pairs)
     else:
-        text = "".join(json.dumps({"question": q, "response": r}, ensure_ascii=False) + "\n" for q, r in pairs)
+        text = "".join(json.dumps({"question": q, "response": r, "conversation": c}, ensure_ascii=False) + "\n"
+                       for q, r, c in pairs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text, encoding="utf-8")
-    print(f"wrote {args.out}: {len(pairs)} question/response pairs from chatterbot-corpus/{args.language}")
+    print(f"wrote {args.out}: {len(pairs)} question/response pairs of {len({c for _, _, c in pairs})} "
+          f"conversations from chatterbot-corpus/{args.language}")
     return 0
 
 

@@ -47,6 +47,7 @@ the run with ``TrainingDiverged`` before anything after it is saved.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -63,7 +64,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer.common.config import MONITORS, TrainerConfig
+from trainer.common.config import MONITORS, TrainerConfig, flag_name
 from trainer.common.contract import (
     Preempted,
     TrainingDiverged,
@@ -272,6 +273,12 @@ class TrainingLoop:
         with runtime.strategy.scope():
             # Slot variables must exist before restoring, or their saved values are dropped.
             optimizer.build(model.trainable_variables)
+        # The learning rate this run's flags built the optimizer with. A checkpoint holds the
+        # optimizer's learning-rate variable too; restore() puts this value back over it, so
+        # that a changed --learning-rate is used on resume, as the log and params.json say.
+        # None for a LearningRateSchedule: no variable, it is computed from the restored
+        # iteration count with this run's settings.
+        self._flag_learning_rate = _constant_learning_rate(optimizer)
         self.runner = StepRunner(
             strategy=runtime.strategy, model=model, optimizer=optimizer, compute_fn=compute_fn,
             global_batch_size=global_batch_size, mixed_precision=runtime.mixed_precision,
@@ -389,6 +396,18 @@ class TrainingLoop:
                     f"stays in {self.checkpoint_dir}.")
         return f"No checkpoint was written in {self.checkpoint_dir}."
 
+    def _rerun_outcome(self) -> str:
+        """What a rerun with the same CHECKPOINT_DIR does, for the divergence message."""
+        if self.last_saved_path:
+            return "a rerun resumes from that checkpoint and is likely to diverge again"
+        return "a rerun starts again from step 0 and is likely to diverge again at the same step"
+
+    def _learning_rate_flag(self) -> str:
+        """The flag that sets this trainer's learning rate."""
+        names = {f.name for f in dataclasses.fields(self.config)}
+        return next((flag_name(n) for n in ("learning_rate", "learning_rate_scale") if n in names),
+                    "the learning rate")
+
     def restore(self, at_step: int | None = None) -> bool:
         """Restore the newest usable checkpoint from CHECKPOINT_DIR (that of ``at_step`` when given); False when
         there is none."""
@@ -415,10 +434,23 @@ class TrainingLoop:
             self._load_state(json.loads(self._state_var.numpy().decode("utf-8")))
             self.last_saved_step = self.step
             self.last_saved_path = path
-            log.info("resumed from %s: step %d, epoch %d, batch %d of %d in that epoch", Path(path).name,
-                     self.step, self.epoch + 1, self.batch_in_epoch, self.steps_per_epoch)
+            self._use_flag_learning_rate()
+            log.info("resumed from %s: step %d, epoch %d, batch %d of %d in that epoch; learning rate %.6g",
+                     Path(path).name, self.step, self.epoch + 1, self.batch_in_epoch, self.steps_per_epoch,
+                     self._learning_rate())
             return True
         raise UsageError(f"no usable checkpoint in {self.checkpoint_dir}: every listed one is damaged")
+
+    def _use_flag_learning_rate(self) -> None:
+        """After a restore: this run's learning rate replaces the one restored with the optimizer."""
+        if self._flag_learning_rate is None:
+            return
+        restored = self._learning_rate()
+        self.optimizer.learning_rate = self._flag_learning_rate
+        # The variable is float32: compare at its precision.
+        if not math.isclose(restored, self._flag_learning_rate, rel_tol=1e-6):
+            log.info("learning rate %.6g from this run's settings replaces the checkpoint's %.6g",
+                     self._flag_learning_rate, restored)
 
     def _changes(self, saved: dict[str, Any]) -> list[str]:
         now = self.config.hyperparameters()
@@ -651,8 +683,8 @@ class TrainingLoop:
                 f"training diverged at step {bad_step} (epoch {self.epoch + 1}): {what} "
                 f"({counters.nonfinite_loss} step(s) with a non-finite loss, {counters.nonfinite_grads} with a "
                 f"non-finite gradient since step {before}); those updates were skipped and no checkpoint was "
-                f"written after them. {self._last_finite_checkpoint()} Lower --learning-rate, clip the gradients "
-                "or check the data; a rerun resumes from that checkpoint and is likely to diverge again"
+                f"written after them. {self._last_finite_checkpoint()} Lower {self._learning_rate_flag()}, clip "
+                f"the gradients or check the data; {self._rerun_outcome()}"
             )
         if counters.nonfinite_grads:
             log.info("mixed precision: %d step(s) with overflowing gradients skipped; loss scale now %g",
@@ -913,6 +945,12 @@ def metrics_document(*, trainer: str, task: str, metric: str, result: LoopResult
         doc["jit_compile"] = config.jit_compile
     doc.update(extra)
     return doc
+
+
+def _constant_learning_rate(optimizer: keras.optimizers.Optimizer) -> float | None:
+    """The optimizer's learning rate when it is a number (a variable), None for a schedule."""
+    value = optimizer.get_config().get("learning_rate")
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _ratio(num: float, den: float) -> float:

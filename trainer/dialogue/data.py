@@ -12,7 +12,14 @@
 Every pair belongs to a group that the train/validation split keeps whole: a Cornell
 conversation (its consecutive pairs share lines, so splitting them would show the
 validation set's lines in training), a JSONL object's ``conversation``,
-``conversation_id`` or ``dialogue_id`` when it has one, else the pair alone.
+``conversation_id`` or ``dialogue_id`` when it has one, a TSV line's conversation column
+when the file's header names one (``question<TAB>response<TAB>conversation``, as
+``include/sample_data/dialogue.py`` writes), else the pair alone. Files without
+conversation ids are still read; each of their pairs is then its own group, so two pairs
+of one conversation may land on both sides of the split.
+
+Before the split, pairs that the model cannot tell apart (the same question and response
+tokens) are kept once: a duplicate on both sides would be validated on training data.
 
 Records that cannot be parsed are skipped and counted, never fatal; no parsable pair at
 all is a ``DataError``.
@@ -24,7 +31,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,23 +75,46 @@ def _clean(text: str) -> str:
     return " ".join(text.split())
 
 
+def _tsv_header(fields: list[str]) -> dict[str, int] | None:
+    """Column positions when ``fields`` is a header line naming a question and a response column."""
+    names = [f.strip().lower() for f in fields]
+    question = next((i for i, n in enumerate(names) if n in QUESTION_KEYS), None)
+    response = next((i for i, n in enumerate(names) if n in RESPONSE_KEYS), None)
+    group = next((i for i, n in enumerate(names) if n in GROUP_KEYS), None)
+    known = {i for i in (question, response, group) if i is not None}
+    if question is None or response is None or len(known) != len(names):
+        return None
+    return {"question": question, "response": response, **({"group": group} if group is not None else {})}
+
+
 def read_tsv(path: Path) -> Pairs:
-    """Pairs from a ``question<TAB>response`` file."""
+    """Pairs from a ``question<TAB>response`` file.
+
+    A first line that names the columns is a header: ``question<TAB>response``, in either
+    order, optionally with a ``conversation`` (or ``conversation_id``, ``dialogue_id``)
+    column whose value groups the pairs of one conversation. Without such a column each
+    line is its own group.
+    """
     out = Pairs(sources=[path.name])
+    columns = {"question": 0, "response": 1}
     with open(path, encoding="utf-8", newline="") as lines:
         for number, line in enumerate(lines, 1):
             line = line.rstrip("\r\n")
             if not line.strip():
                 continue
             fields = line.split("\t")
-            if len(fields) != 2:
+            if number == 1:
+                header = _tsv_header(fields)
+                if header is not None:
+                    columns = header
+                    continue
+            if len(fields) != max(columns.values()) + 1:
                 out.skipped += 1
                 continue
-            question, response = _clean(fields[0]), _clean(fields[1])
-            if number == 1 and question.lower() in QUESTION_KEYS and response.lower() in RESPONSE_KEYS:
-                continue
+            question, response = _clean(fields[columns["question"]]), _clean(fields[columns["response"]])
+            group = _clean(fields[columns["group"]]) if "group" in columns else ""
             if question and response:
-                out.add(question, response, f"{path.name}:{number}")
+                out.add(question, response, f"{path.name}:{'c' + group if group else number}")
             else:
                 out.skipped += 1
     return out
@@ -241,26 +271,99 @@ def load_pairs(data_dir: Path, data_format: str = "auto", data_file: str | None 
     return total
 
 
-def split_pairs(pairs: Sequence[tuple[str, str]], fraction: float, seed: int, groups: Sequence[str] | None = None,
-                ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """Seeded split by group: a conversation lands whole in training or in validation.
+@dataclass
+class Split:
+    """The training and validation pairs, and what the split did to keep them apart.
+
+    Attributes:
+        train: training pairs.
+        val: validation pairs.
+        train_groups: the group of each training pair.
+        val_groups: the group of each validation pair.
+        pairs_read: pairs before duplicates were removed.
+        duplicates_removed: pairs dropped because an earlier pair had the same key.
+        key: what makes two pairs the same (see :func:`dedupe_pairs`).
+    """
+
+    train: list[tuple[str, str]]
+    val: list[tuple[str, str]]
+    train_groups: list[str]
+    val_groups: list[str]
+    pairs_read: int
+    duplicates_removed: int
+    key: Callable[[tuple[str, str]], Hashable] = field(default=tuple, repr=False)
+
+    def report(self) -> dict[str, int]:
+        """The split's numbers for metrics.json: what was removed, and what the two sides share (0 and 0)."""
+        train_keys = {self.key(pair) for pair in self.train}
+        train_groups, val_groups = set(self.train_groups), set(self.val_groups)
+        return {
+            "pairs_read": self.pairs_read,
+            "duplicates_removed": self.duplicates_removed,
+            "groups": len(train_groups | val_groups),
+            "train_pairs": len(self.train),
+            "val_pairs": len(self.val),
+            "train_groups": len(train_groups),
+            "val_groups": len(val_groups),
+            "val_pairs_in_train": sum(1 for pair in self.val if self.key(pair) in train_keys),
+            "groups_in_both": len(train_groups & val_groups),
+        }
+
+
+def dedupe_pairs(pairs: Sequence[tuple[str, str]], groups: Sequence[str],
+                 key: Callable[[tuple[str, str]], Hashable] = tuple,
+                 ) -> tuple[list[tuple[str, str]], list[str], int]:
+    """The pairs without repeats, each kept where it first occurs; also how many were dropped.
+
+    ``key`` says when two pairs are the same: the dialogue trainer passes the tokens the
+    model sees, so pairs that differ only in case (with ``--lowercase``) or spacing count
+    as one.
+    """
+    seen: set[Hashable] = set()
+    kept_pairs: list[tuple[str, str]] = []
+    kept_groups: list[str] = []
+    for pair, group in zip(pairs, groups, strict=True):
+        k = key(pair)
+        if k in seen:
+            continue
+        seen.add(k)
+        kept_pairs.append(pair)
+        kept_groups.append(group)
+    return kept_pairs, kept_groups, len(pairs) - len(kept_pairs)
+
+
+def make_split(pairs: Sequence[tuple[str, str]], fraction: float, seed: int, groups: Sequence[str] | None = None,
+               key: Callable[[tuple[str, str]], Hashable] = tuple) -> Split:
+    """Remove duplicate pairs, then split by group with a seed: a conversation lands whole on one side.
 
     Groups are drawn in a seeded random order into validation until it holds
     ``fraction`` of the pairs (at least one pair); training keeps at least one group.
-    With a single group there is nothing to keep apart: its last pairs validate.
+    With a single group there is nothing to keep apart: its last pairs validate (and
+    :meth:`Split.report` counts that group on both sides).
+
+    Raises:
+        DataError: fewer than two distinct pairs are left.
     """
     import numpy as np
 
     groups = list(groups) if groups is not None else [str(i) for i in range(len(pairs))]
     if len(groups) != len(pairs):
         raise ValueError(f"{len(groups)} groups for {len(pairs)} pairs")
+    read = len(pairs)
+    pairs, groups, removed = dedupe_pairs(pairs, groups, key)
+    if removed:
+        log.info("removed %d duplicate pair(s) of %d before the split (kept the first of each)", removed, read)
+    if len(pairs) < 2:
+        raise DataError(f"only {len(pairs)} distinct question/response pair(s) among {read} read; training and "
+                        "validation need at least two")
     members: dict[str, list[int]] = {}
     for i, group in enumerate(groups):
         members.setdefault(group, []).append(i)
     target = min(len(pairs) - 1, max(1, round(len(pairs) * fraction)))
     if len(members) == 1:
         log.warning("all %d pairs come from one conversation: validating on its last %d pairs", len(pairs), target)
-        return list(pairs[: len(pairs) - target]), list(pairs[len(pairs) - target:])
+        cut = len(pairs) - target
+        return Split(list(pairs[:cut]), list(pairs[cut:]), groups[:cut], groups[cut:], read, removed, key)
     names = list(members)
     chosen: set[str] = set()
     taken = 0
@@ -269,6 +372,14 @@ def split_pairs(pairs: Sequence[tuple[str, str]], fraction: float, seed: int, gr
             break
         chosen.add(names[k])
         taken += len(members[names[k]])
-    val = [pairs[i] for i, g in enumerate(groups) if g in chosen]
-    train = [pairs[i] for i, g in enumerate(groups) if g not in chosen]
-    return train, val
+    val = [i for i, g in enumerate(groups) if g in chosen]
+    train = [i for i, g in enumerate(groups) if g not in chosen]
+    return Split([pairs[i] for i in train], [pairs[i] for i in val], [groups[i] for i in train],
+                 [groups[i] for i in val], read, removed, key)
+
+
+def split_pairs(pairs: Sequence[tuple[str, str]], fraction: float, seed: int, groups: Sequence[str] | None = None,
+                ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The training and validation pairs of :func:`make_split` (exact duplicates removed first)."""
+    split = make_split(pairs, fraction, seed, groups)
+    return split.train, split.val

@@ -2,10 +2,12 @@
 
 Trains an encoder-decoder Transformer to answer a question with a reply, from
 question/response pairs in DATA_DIR: TSV, JSONL, or the raw Cornell Movie-Dialogs files.
-The validation split keeps each conversation whole. A word tokenizer is built from the
-training pairs and saved as JSON beside the model and the checkpoints; a resumed run
-checks that the data still gives the same one. Learning rate: the warm-up schedule of
-"Attention Is All You Need"; gradients are clipped by their global norm over all devices.
+Duplicate pairs are removed before the split, and the validation split keeps each
+conversation whole (metrics.json's ``split`` shows that the two sides share nothing). A
+word tokenizer is built from the training pairs and saved as JSON beside the model and
+the checkpoints; a resumed run checks that the data still gives the same one. Learning
+rate: the warm-up schedule of "Attention Is All You Need"; gradients are clipped by their
+global norm over all devices.
 Every --sample-every-steps steps the trainer logs greedy replies to a few validation
 questions and keeps the latest in OUTPUT_DIR/samples.json. The SavedModel answers a
 question by itself: its generate signature takes text and returns the reply.
@@ -32,8 +34,8 @@ from trainer.common.contract import (
     write_params,
 )
 from trainer.common.signals import StopRequest
-from trainer.dialogue.data import FORMATS, load_pairs, split_pairs
-from trainer.dialogue.tokenizer import WordTokenizer
+from trainer.dialogue.data import FORMATS, load_pairs, make_split
+from trainer.dialogue.tokenizer import SPECIALS, WordTokenizer
 
 log = logging.getLogger("kubetrain.trainer")
 
@@ -204,11 +206,20 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
     if len(data.pairs) < 2:
         raise DataError(f"only {len(data.pairs)} question/response pair found; training and validation need at "
                         "least two")
-    train_pairs, val_pairs = split_pairs(data.pairs, config.validation_split, config.seed, data.groups)
+    # Two pairs that give the model the same tokens are one pair: kept twice, one copy could
+    # validate on the other.
+    words = WordTokenizer(SPECIALS, config.lowercase)
+    split = make_split(data.pairs, config.validation_split, config.seed, data.groups,
+                       key=lambda pair: (tuple(words.split(pair[0])), tuple(words.split(pair[1]))))
+    train_pairs, val_pairs = split.train, split.val
     if len(train_pairs) < config.batch_size:
         raise DataError(f"{len(train_pairs)} training pairs are fewer than --batch-size {config.batch_size}; "
                         "lower --batch-size or add data")
-    log.info("split: %d training and %d validation pairs (seed %d)", len(train_pairs), len(val_pairs), config.seed)
+    report = split.report()
+    log.info("split: %d training and %d validation pairs from %d and %d conversation(s) (seed %d); %d duplicate "
+             "pair(s) removed; %d validation pair(s) and %d conversation(s) also in training", len(train_pairs),
+             len(val_pairs), report["train_groups"], report["val_groups"], config.seed, split.duplicates_removed,
+             report["val_pairs_in_train"], report["groups_in_both"])
     tokenizer = get_tokenizer(config, train_pairs, checkpoint_dir, save=chief)
     run = RunInfo.from_env()
     if chief:
@@ -296,7 +307,7 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
     write_json_atomic(output_dir / "metrics.json", metrics_document(
         trainer=TRAINER, task="seq2seq", metric="accuracy", result=result, runtime=runtime,
         config=config, skipped_files=0, skipped_records=data.skipped, train_examples=len(train_pairs),
-        val_examples=len(val_pairs), vocabulary_size=tokenizer.size,
+        val_examples=len(val_pairs), vocabulary_size=tokenizer.size, split=report,
     ))
     log.info("done: %d steps, val_loss %.4f; outputs in %s", result.steps,
              result.history[-1]["val_loss"] if result.history else float("nan"), output_dir)
@@ -305,8 +316,10 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
 EPILOG = """\
 data (DATA_DIR, searched recursively unless --data-file is given):
-  *.tsv    question<TAB>response per line (UTF-8)
-  *.jsonl  {"question": ..., "response": ...} per line (also input/prompt, reply/answer)
+  *.tsv    question<TAB>response per line (UTF-8); a header line question<TAB>response<TAB>conversation
+           adds a conversation id column, and the split keeps each conversation on one side
+  *.jsonl  {"question": ..., "response": ..., "conversation": ...} per line (also input/prompt,
+           reply/answer, conversation_id/dialogue_id; the conversation is optional)
   movie_lines.txt + movie_conversations.txt   the Cornell Movie-Dialogs corpus (Latin-1)
 
 outputs (OUTPUT_DIR):

@@ -109,6 +109,10 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
     save_keras_model(model, output_dir)
     export_saved_model(model, output_dir, io_device=runtime.io_device)
     dropped = pipeline.dropped_files()
+    # The examples that trained and validated: the files TensorFlow decoded.
+    left_out = set(dropped)
+    train_examples = sum(1 for path, _ in train_files if path not in left_out)
+    val_examples = sum(1 for path, _ in val_files if path not in left_out)
     if dropped:
         root = str(folder.root)
         log.warning("TensorFlow could not decode %d file(s) that Pillow read; they were left out: %s%s",
@@ -119,7 +123,7 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
         trainer=TRAINER, task="classification", metric="accuracy", result=result, runtime=runtime,
         config=config, skipped_files=len(folder.skipped) + len(dropped), undecodable_files=len(dropped),
         classes=folder.class_names,
-        train_examples=len(train_files), val_examples=len(val_files),
+        train_examples=train_examples, val_examples=val_examples,
     ))
     log.info("done: %d steps; exported epoch %s, val_accuracy %.4f; outputs in %s", result.steps,
              (result.exported or {}).get("epoch"), (result.exported or {}).get("val_accuracy", float("nan")),

@@ -131,11 +131,20 @@ def test_dialogue_generator_is_deterministic_in_both_formats(tmp_path):
     for name in ("a.tsv", "b.tsv", "c.jsonl"):
         assert dialogue_data.main(["--out", str(tmp_path / name), "--categories", "greetings,humor"]) == 0
     assert (tmp_path / "a.tsv").read_bytes() == (tmp_path / "b.tsv").read_bytes()
-    rows = [line.split("\t") for line in (tmp_path / "a.tsv").read_text().splitlines()]
+    header, *rows = [line.split("\t") for line in (tmp_path / "a.tsv").read_text().splitlines()]
     records = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    assert header == ["question", "response", "conversation"]
     assert len(rows) == len(records) > 40
-    assert all(len(r) == 2 and r[0] and r[1] for r in rows)
-    assert [[r["question"], r["response"]] for r in records] == rows
+    assert all(len(r) == 3 and all(r) for r in rows)
+    assert [[r["question"], r["response"], r["conversation"]] for r in records] == rows
+    # Every pair names its conversation (<category>-<number>); the trainer groups by it.
+    conversations = {r[2] for r in rows}
+    assert {c.rsplit("-", 1)[0] for c in conversations} == {"greetings", "humor"}
+    from trainer.dialogue.data import load_pairs
+
+    for name in ("a.tsv", "c.jsonl"):
+        loaded = load_pairs(tmp_path, data_file=name)
+        assert loaded.pairs == [(q, r) for q, r, _ in rows] and len(set(loaded.groups)) == len(conversations)
     with pytest.raises(SystemExit):
         dialogue_data.main(["--out", str(tmp_path / "x.csv")])
 

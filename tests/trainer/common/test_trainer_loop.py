@@ -85,8 +85,9 @@ def test_a_nan_loss_stops_the_run_by_name_and_keeps_the_last_finite_checkpoint(t
     loop = tiny.make_loop(tmp_path, poison=nan_in_sixth_batch, checkpoint_every_steps=4)
     # (oneDNN's ReLU turns the NaN into 0 on the way forward; the gradient keeps it.)
     with pytest.raises(TrainingDiverged, match=r"training diverged at step 6 .*(loss|gradient) was NaN or infinite.*"
-                       r"The last finite checkpoint, ckpt-4 \(step 4\)"):
+                       r"The last finite checkpoint, ckpt-4 \(step 4\)") as info:
         loop.run()
+    assert "a rerun resumes from that checkpoint and is likely to diverge again" in str(info.value)
     ckpt = tmp_path / "ckpt"
     assert tf.train.latest_checkpoint(str(ckpt)).endswith("ckpt-4")
     assert sorted(p.name for p in ckpt.glob("ckpt-*.index")) == ["ckpt-4.index"]
@@ -96,6 +97,60 @@ def test_a_nan_loss_stops_the_run_by_name_and_keeps_the_last_finite_checkpoint(t
         if isinstance(value, np.ndarray) and value.dtype.kind == "f":
             assert np.isfinite(value).all(), name
     assert json.loads((ckpt / "trainer_state.json").read_text())["step"] == 4
+
+
+def test_a_nan_loss_before_any_checkpoint_says_that_a_rerun_starts_again(tmp_path):
+    def nan_in_sixth_batch(epoch: int, batch: int, x: np.ndarray) -> np.ndarray:
+        if (epoch, batch) == (0, 5):
+            x[3, 0] = np.nan
+        return x
+
+    loop = tiny.make_loop(tmp_path, poison=nan_in_sixth_batch, checkpoint_every_steps=0)
+    with pytest.raises(TrainingDiverged) as info:
+        loop.run()
+    message = str(info.value)
+    assert "training diverged at step 6" in message and "No checkpoint was written in" in message
+    assert "a rerun starts again from step 0" in message and "resumes from that checkpoint" not in message
+    assert "Lower the learning rate" in message  # TrainerConfig has no learning-rate flag to name
+    assert not list((tmp_path / "ckpt").glob("ckpt-*"))
+
+
+def test_a_changed_learning_rate_is_used_on_resume(tmp_path, caplog):
+    import keras
+
+    caplog.set_level(logging.INFO)
+    tiny.make_loop(tmp_path, max_steps=4, optimizer=lambda: keras.optimizers.Adam(0.01)).run()
+    assert tiny.checkpoint_state(tmp_path / "ckpt" / "ckpt-4")["step"] == 4
+    resumed = tiny.make_loop(tmp_path, max_steps=6, optimizer=lambda: keras.optimizers.Adam(0.002))
+    resumed.restore()
+    # The checkpoint holds the optimizer's learning-rate variable (0.01); this run's 0.002 wins.
+    assert float(resumed.optimizer.learning_rate) == pytest.approx(0.002, rel=1e-6)
+    assert "learning rate 0.002 from this run's settings replaces the checkpoint's 0.01" in caplog.text
+    result = resumed.run()
+    assert result.steps == 6 and result.history[-1]["learning_rate"] == pytest.approx(0.002, rel=1e-6)
+    reader = tf.train.load_checkpoint(str(tmp_path / "ckpt" / "ckpt-6"))
+    saved = [reader.get_tensor(n) for n in reader.get_variable_to_shape_map() if n.startswith("optimizer/")
+             and "learning_rate" in n]
+    assert saved and float(saved[0]) == pytest.approx(0.002, rel=1e-6)
+
+
+def test_the_dialogue_warmup_schedule_uses_this_runs_settings_on_resume(tmp_path):
+    import keras
+
+    from trainer.dialogue.model import WarmupSchedule
+
+    def adam(scale: float):  # as the dialogue trainer builds it
+        return lambda: keras.optimizers.Adam(WarmupSchedule(16, 30, scale), beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+
+    tiny.make_loop(tmp_path, max_steps=4, optimizer=adam(1.0)).run()
+    resumed = tiny.make_loop(tmp_path, max_steps=6, optimizer=adam(3.0))
+    resumed.restore()
+    # The schedule is no variable: the restored step count (4) with this run's --learning-rate-scale.
+    assert int(resumed.optimizer.iterations) == 4
+    assert float(resumed.optimizer.learning_rate) == pytest.approx(float(WarmupSchedule(16, 30, 3.0)(4)), rel=1e-6)
+    result = resumed.run()
+    assert result.history[-1]["learning_rate"] == pytest.approx(float(WarmupSchedule(16, 30, 3.0)(6)), rel=1e-6)
+    assert result.history[-1]["learning_rate"] > 2.9 * float(WarmupSchedule(16, 30, 1.0)(6))
 
 
 def test_the_run_ends_with_the_best_epochs_weights(tmp_path):

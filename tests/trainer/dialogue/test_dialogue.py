@@ -111,8 +111,14 @@ def test_trains_on_chatterbot_pairs_and_writes_the_contract_files(tmp_path):
 
     with open(out / "history.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert rows[0]["step"] == str(metrics["train_examples"] // 32)  # one full epoch, then a partial one
-    assert [r["epoch"] for r in rows] == ["1", "2"] and rows[-1]["step"] == "70"
+    assert rows[0]["step"] == str(metrics["train_examples"] // 32)  # 31 steps: two full epochs, then a partial one
+    assert [r["epoch"] for r in rows] == ["1", "2", "3"] and rows[-1]["step"] == "70"
+    # The sample data names each pair's conversation: nearly half the pairs repeat an earlier
+    # one, and neither a pair nor a conversation is on both sides of the split.
+    split = metrics["split"]
+    assert split["duplicates_removed"] > 0.4 * split["pairs_read"]
+    assert split["train_pairs"] == metrics["train_examples"] and split["val_pairs"] == metrics["val_examples"]
+    assert split["val_pairs_in_train"] == 0 and split["groups_in_both"] == 0
     assert 0 < float(rows[0]["learning_rate"]) < 1
 
     samples = json.loads((out / "samples.json").read_text())

@@ -288,15 +288,56 @@ def test_files_tensorflow_cannot_decode_are_skipped_and_counted(tmp_path, caplog
     caplog.set_level(logging.INFO)
     data = extract(small_zip, tmp_path / "data")
     seven = data / "digits" / "7"
-    # Pillow reads 1-bit BMPs; TensorFlow's BMP decoder refuses them.
-    Image.open(next(seven.glob("*.png"))).convert("1").save(seven / "one_bit.bmp")
+    # Pillow reads 1-bit BMPs; TensorFlow's BMP decoder refuses them. The name puts it in
+    # the validation split (seed 42, 0.2), whose example count must leave it out: the split
+    # permutes each class's files in name order, so the name picks the BMP's position.
+    for n in range(13):
+        bmp = seven / f"7_{n * 10:04d}_one_bit.bmp"
+        Image.open(next(seven.glob("*.png"))).convert("1").save(bmp)
+        train_files, val_files = image_data.split_files(image_data.scan_image_folder(data).files, 0.2, 42)
+        if str(bmp) in {path for path, _ in val_files}:
+            break
+        bmp.unlink()
+    else:
+        pytest.fail("no file name put the BMP in the validation split")
     rc = image_classifier.main([*dirs(tmp_path, data), "--image-size", "16", "--batch-size", "16", "--max-steps",
                                 "2", "--log-every-steps", "100"])
     assert rc == 0, caplog.text[-3000:]
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["undecodable_files"] == 1
     assert metrics["skipped_files"] == 4 + 1  # the generator's four broken files, and the BMP
-    assert "TensorFlow could not decode 1 file(s) that Pillow read; they were left out: 7/one_bit.bmp" in caplog.text
+    assert (f"TensorFlow could not decode 1 file(s) that Pillow read; they were left out: 7/{bmp.name}"
+            in caplog.text)
+    # Only the images that validated count, as the confusion matrix does.
+    assert metrics["val_examples"] == len(val_files) - 1
+    assert metrics["train_examples"] == len(train_files)
+    matrix = json.loads((tmp_path / "out" / "confusion_matrix.json").read_text())["matrix"]
+    assert sum(map(sum, matrix)) == metrics["val_examples"]
+
+
+def test_a_changed_learning_rate_is_used_on_resume(tmp_path, caplog, small_zip):
+    import numpy as np
+    import tensorflow as tf
+
+    caplog.set_level(logging.INFO)
+    data = extract(small_zip, tmp_path / "data")
+    args = [*dirs(tmp_path, data), "--image-size", "16", "--batch-size", "16", "--log-every-steps", "100"]
+    assert image_classifier.main([*args, "--max-steps", "2"]) == 0, caplog.text[-3000:]
+    caplog.clear()
+    assert image_classifier.main([*args, "--max-steps", "4", "--learning-rate", "0.0005"]) == 0, caplog.text[-3000:]
+    assert "resuming with changed settings: learning_rate: 0.001 -> 0.0005" in caplog.text
+    assert "learning rate 0.0005 from this run's settings replaces the checkpoint's 0.001" in caplog.text
+    assert "resumed from ckpt-2: step 2, epoch 1, batch 2 of 6 in that epoch; learning rate 0.0005" in caplog.text
+    params = json.loads((tmp_path / "out" / "params.json").read_text())
+    assert params["hyperparameters"]["learning_rate"] == 0.0005
+    # The learning rate in effect: the history row after the resume, and the optimizer's
+    # variable in the checkpoint it wrote.
+    with open(tmp_path / "out" / "history.csv", newline="") as f:
+        last = list(csv.DictReader(f))[-1]
+    assert last["step"] == "4" and float(last["learning_rate"]) == 0.0005
+    reader = tf.train.load_checkpoint(str(tmp_path / "ckpt" / "ckpt-4"))
+    name = next(n for n in reader.get_variable_to_shape_map() if n.startswith("optimizer/") and "learning_rate" in n)
+    assert reader.get_tensor(name) == np.float32(0.0005)
 
 
 def test_deterministic_runs_repeat_bit_for_bit(tmp_path, small_zip):
