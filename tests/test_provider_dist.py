@@ -65,6 +65,9 @@ def source(tmp_path_factory) -> Path:
     shutil.copy(REPO / "pyproject.toml", src)
     shutil.copy(REPO / "README.md", src)
     shutil.copytree(REPO / "plugins", src / "plugins", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # the contract both sides import lives in the images' build context, trainer/ (pyproject.toml's package-dir)
+    shutil.copytree(REPO / "trainer" / "kubetrain_contract", src / "trainer" / "kubetrain_contract",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))  # fmt: skip
     return src
 
 
@@ -118,7 +121,9 @@ def test_the_wheel_holds_the_airflow_side_and_its_entry_points(wheel):
                    "kubetrain/hooks/registry.py", "kubetrain/provider_info.py", "kubetrain_plugin.py"):  # fmt: skip
         assert module in names, sorted(names)
     sources = {p.relative_to(REPO / "plugins").as_posix() for p in (REPO / "plugins").rglob("*.py")}
-    assert {n for n in names if n.endswith(".py")} == sources  # every module, and nothing else
+    sources |= {p.relative_to(REPO / "trainer").as_posix() for p in (REPO / "trainer" / "kubetrain_contract").rglob("*.py")}
+    assert "kubetrain_contract/exit_codes.py" in sources
+    assert {n for n in names if n.endswith(".py")} == sources  # every module, the contract's too, and nothing else
     assert not [n for n in names if n.startswith(("dags/", "trainer/", "tests/", "include/"))]
     assert "[apache_airflow_provider]\nprovider_info = kubetrain.provider_info:get_provider_info" in entry_points
     assert "[airflow.plugins]\nkubetrain = kubetrain_plugin:KubetrainPlugin" in entry_points

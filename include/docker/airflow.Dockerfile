@@ -20,6 +20,7 @@ USER airflow
 # the same way into a fresh environment and imports every module of it).
 COPY --chown=airflow:root pyproject.toml README.md requirements.lock /tmp/kubetrain/
 COPY --chown=airflow:root plugins/ /tmp/kubetrain/plugins/
+COPY --chown=airflow:root trainer/kubetrain_contract/ /tmp/kubetrain/trainer/kubetrain_contract/
 RUN pip install --no-cache-dir --constraint /tmp/kubetrain/requirements.lock "/tmp/kubetrain[all]" \
  && rm -rf /tmp/kubetrain
 

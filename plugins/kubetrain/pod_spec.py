@@ -35,10 +35,8 @@ from kubernetes.client import models as k8s
 
 from kubetrain import settings
 from kubetrain.s3_layout import DEFAULT_S3_SECRET
+from kubetrain_contract.pod import CHECKPOINT_DIR, DATA_DIR, OUTPUT_DIR, STOP_FILE, Env
 
-DATA_DIR = "/data"
-CHECKPOINT_DIR = "/checkpoints"
-OUTPUT_DIR = "/output"
 CACHE_DIR = "/cache"
 BASE_CONTAINER = "base"
 STAGE_IN_CONTAINER = "stage-in"
@@ -46,9 +44,8 @@ SYNC_CONTAINER = "checkpoint-sync"
 GPU_RESOURCE = settings.SETTINGS["gpu_resource"].default
 LABEL_PREFIX = "kubetrain.io/"
 
-# Where the checkpoint-sync sidecar tells the trainer to stop (the median rule of a sweep):
+# STOP_FILE: where the checkpoint-sync sidecar tells the trainer to stop (the median rule of a sweep):
 # trainer/sync/README.md, "Median stopping". The sidecar skips ".kubetrain-*" names when it syncs.
-STOP_FILE = f"{CHECKPOINT_DIR}/.kubetrain-stop"
 
 STAGE_IN_COMMAND = ("python", "-m", "trainer.sync", "stage-in")
 RESTORE_COMMAND = ("python", "-m", "trainer.sync", "restore")
@@ -593,17 +590,17 @@ def pod_tolerations(config: TrainingPodConfig) -> list[k8s.V1Toleration] | None:
 def contract_env(config: TrainingPodConfig) -> list[k8s.V1EnvVar]:
     """The pod contract's environment, the same in every container (no secrets in it)."""
     values = {
-        "DATA_DIR": DATA_DIR,
-        "CHECKPOINT_DIR": CHECKPOINT_DIR,
-        "OUTPUT_DIR": OUTPUT_DIR,
-        "KUBETRAIN_RUN_URI": config.run_uri,
-        "KUBETRAIN_IMAGE": config.image,
-        "KUBETRAIN_CODE_VERSION": config.resolved_code_version,
+        Env.DATA_DIR: DATA_DIR,
+        Env.CHECKPOINT_DIR: CHECKPOINT_DIR,
+        Env.OUTPUT_DIR: OUTPUT_DIR,
+        Env.RUN_URI: config.run_uri,
+        Env.IMAGE: config.image,
+        Env.CODE_VERSION: config.resolved_code_version,
     }
     if config.dataset_manifest:
-        values["KUBETRAIN_DATASET_MANIFEST"] = config.dataset_manifest
+        values[Env.DATASET_MANIFEST] = config.dataset_manifest
     if config.dataset_version:
-        values["KUBETRAIN_DATASET_VERSION"] = config.dataset_version
+        values[Env.DATASET_VERSION] = config.dataset_version
     return [k8s.V1EnvVar(name=k, value=v) for k, v in values.items()]
 
 
@@ -626,7 +623,7 @@ def stage_in_container(config: TrainingPodConfig) -> k8s.V1Container:
     env = contract_env(config)
     mounts = [_mount("data", DATA_DIR), _mount("checkpoints", CHECKPOINT_DIR)]
     if config.cache_claim:
-        env.append(k8s.V1EnvVar(name="KUBETRAIN_CACHE_DIR", value=CACHE_DIR))
+        env.append(k8s.V1EnvVar(name=Env.CACHE_DIR, value=CACHE_DIR))
         mounts.append(_mount("dataset-cache", CACHE_DIR))
     return k8s.V1Container(
         name=STAGE_IN_CONTAINER,
@@ -675,7 +672,7 @@ def stop_env(config: TrainingPodConfig, *, rule: bool = True) -> list[k8s.V1EnvV
     """``KUBETRAIN_STOP_FILE`` (and, for the sidecar, the rule's settings) when the trial may be stopped early."""
     if config.early_stopping is None:
         return []
-    values = {"KUBETRAIN_STOP_FILE": STOP_FILE, **(config.early_stopping.env() if rule else {})}
+    values = {Env.STOP_FILE: STOP_FILE, **(config.early_stopping.env() if rule else {})}
     return [k8s.V1EnvVar(name=k, value=v) for k, v in values.items()]
 
 

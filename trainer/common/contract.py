@@ -18,15 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Exit codes, documented in each trainer's --help and in trainer/README.md.
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2  # a bad flag or a bad combination of flags (argparse's own convention)
-EXIT_DIVERGED = 3  # the loss or the weights stopped being finite; the last finite checkpoint is kept
-EXIT_DATAERR = 65  # EX_DATAERR: the data is unusable (empty, one class, no parsable pairs)
-EXIT_NOINPUT = 66  # EX_NOINPUT: DATA_DIR is missing or cannot be read
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM after writing a checkpoint; rerun to resume
-EXIT_STOPPED = 79  # stopped on request (KUBETRAIN_STOP_FILE, a sweep's early stopping): outputs written
+# Exit codes, documented in each trainer's --help and in trainer/README.md: the contract's one table, which the
+# Airflow side's operators follow too.
+from kubetrain_contract.exit_codes import (
+    EXIT_DATAERR,
+    EXIT_DIVERGED,
+    EXIT_FAILURE,
+    EXIT_NOINPUT,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    EXIT_STOPPED,
+    EXIT_USAGE,
+)
 
 EXIT_CODES_EPILOG = f"""\
 exit codes:

@@ -29,13 +29,21 @@ DEPS_PATTERNS = ("requirements*.txt", "requirements*.lock", "Dockerfile*", ".doc
 # The sync image's own inputs: they do not shape the trainer's base (its code hash covers them).
 SYNC_FILES = ("Dockerfile.sync", "requirements-sync.txt", ".dockerignore")
 SYNC_PACKAGE = "sync"
+# The pod contract (kubetrain_contract/__init__.py): the images copy it to /app/kubetrain_contract, outside the
+# package a code-only layer replaces, so a change of it needs a full build of either image.
+CONTRACT_PACKAGE = "kubetrain_contract"
+
+
+def contract_files(trainer_dir: Path) -> list[Path]:
+    package = trainer_dir / CONTRACT_PACKAGE
+    return sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts) if package.is_dir() else []
 
 
 def deps_files(trainer_dir: Path) -> list[Path]:
     """The files whose change needs a full build of the trainer image."""
     sync_only = set(SYNC_FILES) - {".dockerignore"}
     return sorted({p for pattern in DEPS_PATTERNS for p in trainer_dir.glob(pattern)
-                   if p.is_file() and p.name not in sync_only})  # fmt: skip
+                   if p.is_file() and p.name not in sync_only} | set(contract_files(trainer_dir)))  # fmt: skip
 
 
 def _with_args(digest: str, build_args: Mapping[str, str] | None) -> str:
@@ -66,7 +74,7 @@ def sync_source_hash(trainer_dir: Path, build_args: Mapping[str, str] | None = N
     package = trainer_dir / SYNC_PACKAGE
     if not package.is_dir():
         raise ValueError(f"{str(package)!r} does not exist: the sync image is built from trainer/sync")
-    files = files_hash([trainer_dir / name for name in SYNC_FILES])
+    files = files_hash([*(trainer_dir / name for name in SYNC_FILES), *contract_files(trainer_dir)])
     return _with_args(hashlib.sha256(f"{files}\n{tree_hash(package, DEFAULT_EXCLUDES)}".encode()).hexdigest(),
                       build_args)  # fmt: skip
 

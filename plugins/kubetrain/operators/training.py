@@ -39,6 +39,7 @@ from kubetrain.pod_startup import (
 )
 from kubetrain.s3_layout import RunLocation, S3Layout, run_from_context
 from kubetrain.triggers.pod import LOGS_FLUSHED_KEY, TrainingPodTrigger
+from kubetrain_contract.exit_codes import final_exit_codes
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -61,16 +62,9 @@ _OWNED = ("container_resources", "security_context", "container_security_context
 _EMPTY = (None, "", "null", "None", [], {}, ())
 # XCom of the lines a run's report shows at the top (e.g. a GPU request served on CPU).
 NOTES_XCOM_KEY = "notes"
-# Exit codes of the training container that a retry would only repeat (trainer/common/contract.py);
-# any other failure, 75 (stopped by SIGTERM after a checkpoint) included, is retried.
-NO_RETRY_EXIT_CODES = {
-    2: "bad parameters: a bad flag value or combination, or a checkpoint that does not fit them",
-    3: "training diverged: the loss or the weights stopped being finite (the last finite checkpoint is kept)",
-    65: "unusable data (empty, a single class, no parsable pairs, ...)",
-    # the stage-in container succeeded, so a DATA_DIR the trainer cannot find or read is the container's own
-    # setting or permissions: a retry would find the same
-    66: "DATA_DIR missing or unreadable",
-}
+# Exit codes of the training container that a retry would only repeat (kubetrain_contract.exit_codes, the table the
+# trainers follow); any other failure, 75 (stopped by SIGTERM after a checkpoint) included, is retried.
+NO_RETRY_EXIT_CODES = final_exit_codes()
 
 
 def string_list(name: str, value: Any) -> list[str] | None:

@@ -103,3 +103,18 @@ def test_sync_plan_cases(trainer_src):
         previous = {"source_hash": changed.source_hash}
     args = plan_sync_image(trainer_src, previous=previous, existing_digest=None, build_args={"BASE_IMAGE": "b"})
     assert args.action == "build"
+
+
+def test_a_change_of_the_contract_needs_a_full_build_of_both_images(trainer_src):
+    """The images copy kubetrain_contract to /app/kubetrain_contract, outside what a code layer replaces."""
+    from kubetrain.imagebuild.plan import base_tag, sync_source_hash
+
+    (trainer_src / "sync").mkdir()
+    (trainer_src / "sync" / "__init__.py").write_text("")
+    (trainer_src / "kubetrain_contract").mkdir()
+    (trainer_src / "kubetrain_contract" / "exit_codes.py").write_text("EXIT_USAGE = 2\n")
+    base, sync = base_tag(trainer_src), sync_source_hash(trainer_src)
+    (trainer_src / "train.py").write_text("A = 2\n")
+    assert base_tag(trainer_src) == base  # the trainer's code: a code layer
+    (trainer_src / "kubetrain_contract" / "exit_codes.py").write_text("EXIT_USAGE = 64\n")
+    assert base_tag(trainer_src) != base and sync_source_hash(trainer_src) != sync

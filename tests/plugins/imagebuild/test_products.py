@@ -111,6 +111,10 @@ def test_a_broken_dockerfile_fails_before_anything_is_pushed(stack_images, image
         (context / name).write_bytes((REPO / "trainer" / name).read_bytes())
     (context / "sync").mkdir()
     (context / "sync" / "__init__.py").write_text("")  # the package without its __main__
+    import shutil
+
+    shutil.copytree(REPO / "trainer" / "kubetrain_contract", context / "kubetrain_contract",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
     (context / "Dockerfile.sync").write_text((REPO / "trainer" / "Dockerfile.sync").read_text())
     registry = devstack.load_state()["registry"]
     publisher = ImagePublisher(image_builder, context, tmp_path / "layouts", local_suffix="-broken")

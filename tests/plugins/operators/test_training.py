@@ -625,27 +625,17 @@ def test_dry_run_needs_no_registry_or_cluster(airflow_env, capsys):
     assert "kind: Pod" in capsys.readouterr().out
 
 
-def test_exit_codes_that_fail_without_retries_are_the_trainers():
-    """The trainer's exit codes for bad parameters, divergence, unusable data and a missing DATA_DIR; not 75, which
-    resumes."""
-    import ast
-
+def test_exit_codes_that_fail_without_retries_are_the_contracts():
+    """One table (kubetrain_contract.exit_codes), which the trainers exit with and the operators read: bad
+    parameters, divergence, unusable data and a missing DATA_DIR fail without retries; not 75, which resumes."""
     from kubetrain.operators.training import NO_RETRY_EXIT_CODES
+    from kubetrain.sweep.operators import FINAL_EXIT_CODES
+    from kubetrain_contract import exit_codes
 
-    # The trainer's environment is not this one: its exit codes are read from its source.
-    tree = ast.parse((REPO / "trainer" / "common" / "contract.py").read_text())
-    codes = {
-        node.targets[0].id: node.value.value
-        for node in tree.body
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id.startswith("EXIT_")
-        and isinstance(node.value, ast.Constant)
-    }  # fmt: skip
-    assert sorted(NO_RETRY_EXIT_CODES) == sorted(
-        [codes["EXIT_USAGE"], codes["EXIT_DIVERGED"], codes["EXIT_DATAERR"], codes["EXIT_NOINPUT"]]
-    )
-    assert codes["EXIT_PREEMPTED"] not in NO_RETRY_EXIT_CODES and codes["EXIT_FAILURE"] not in NO_RETRY_EXIT_CODES
+    assert sorted(NO_RETRY_EXIT_CODES) == [exit_codes.EXIT_USAGE, exit_codes.EXIT_DIVERGED, exit_codes.EXIT_DATAERR,
+                                           exit_codes.EXIT_NOINPUT] == [2, 3, 65, 66]  # fmt: skip
+    assert exit_codes.EXIT_PREEMPTED not in NO_RETRY_EXIT_CODES and exit_codes.EXIT_FAILURE not in NO_RETRY_EXIT_CODES
+    assert NO_RETRY_EXIT_CODES[65] == "unusable data (empty, a single class, no parsable pairs, ...)"
     assert TrainingPodOperator.no_retry_exit_codes is NO_RETRY_EXIT_CODES
     # one rule: a sweep's trial fails on the same codes as a single run (66 was retried by one and not the other)
-    from kubetrain.sweep.operators import FINAL_EXIT_CODES
-
     assert FINAL_EXIT_CODES is NO_RETRY_EXIT_CODES

@@ -1,0 +1,17 @@
+"""kubetrain's pod contract: what crosses between the Airflow side and the training pod, written once.
+
+Standard library only, importing neither Airflow nor TensorFlow, so that both sides import the
+same definitions: the Airflow wheel ships it (pyproject.toml), the trainer and sync images copy it
+to ``/app/kubetrain_contract`` (trainer/Dockerfile, trainer/Dockerfile.sync), and a checkout finds
+it through the ``kubetrain_contract`` link at the repository root.
+
+* :mod:`kubetrain_contract.exit_codes`: the training container's exit codes and whether a
+  retry could help, the one table the operators and the trainers follow;
+* :mod:`kubetrain_contract.pod`: the pod's directories, the stop file and the ``KUBETRAIN_*``
+  environment names the Airflow side sets and the pod side reads.
+"""
+
+from kubetrain_contract.exit_codes import EXIT_CODES, ExitCode, final_exit_codes
+from kubetrain_contract.pod import CHECKPOINT_DIR, DATA_DIR, OUTPUT_DIR, STOP_FILE, Env
+
+__all__ = ["CHECKPOINT_DIR", "DATA_DIR", "EXIT_CODES", "OUTPUT_DIR", "STOP_FILE", "Env", "ExitCode", "final_exit_codes"]
