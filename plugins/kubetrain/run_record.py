@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kubetrain.s3_layout import RunLocation, S3Layout, check_name, safe_segment, utc_stamp
+from kubetrain_contract.reports import finite_number
 
 KIND = "kubetrain/run-record"
 PROMOTION_KIND = "kubetrain/promotion"
@@ -280,18 +281,8 @@ def promotion_reason(
 # -- building a record -------------------------------------------------------------------------------
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
 def _integer(value: Any) -> int | None:
-    number = _number(value)
+    number = finite_number(value)
     return int(number) if number is not None and number == int(number) and number >= 0 else None
 
 
@@ -300,7 +291,7 @@ def _numbers(section: Any) -> dict[str, float | int | None]:
     if not isinstance(section, dict):
         return {}
     return {
-        str(k): v if isinstance(v, int) and not isinstance(v, bool) else _number(v) for k, v in section.items()
+        str(k): v if isinstance(v, int) and not isinstance(v, bool) else finite_number(v) for k, v in section.items()
     }
 
 
@@ -370,9 +361,9 @@ def build_record(
     monitor = metrics.get("monitor") if isinstance(metrics.get("monitor"), str) else report.get("monitor")
     mode = metrics.get("monitor_mode") if metrics.get("monitor_mode") in ("max", "min") else report.get("monitor_mode")
     section = metrics.get(compare_on) if isinstance(metrics.get(compare_on), dict) else {}
-    value = _number(section.get(monitor)) if monitor else None
+    value = finite_number(section.get(monitor)) if monitor else None
     if value is None:
-        value = _number(report.get("value"))
+        value = finite_number(report.get("value"))
     digest = image.rsplit("@", 1)[1] if isinstance(image, str) and "@sha256:" in image else None
     code_version = run_params.get("code_version")
     if not code_version and image:
@@ -381,7 +372,7 @@ def build_record(
         code_version = code_version_of(image)
     promoted = bool(promotion.get("promoted"))
     other_version = promotion.get("previous_version") or report.get("promoted_version")
-    other_value = _number(report.get("promoted_metric"))
+    other_value = finite_number(report.get("promoted_metric"))
     if failure is not None:
         reason = f"not promoted: the run failed in {failure.get('task')}"
     else:
@@ -427,8 +418,8 @@ def build_record(
         },
         "epochs": _integer(metrics.get("epochs")),
         "steps": _integer(metrics.get("steps")),
-        "wall_time_s": _number(metrics.get("wall_time_s")),
-        "examples_per_s": _number(metrics.get("examples_per_s")),
+        "wall_time_s": finite_number(metrics.get("wall_time_s")),
+        "examples_per_s": finite_number(metrics.get("examples_per_s")),
         "resumed_from_step": resumed_from_step,
         "resumed_from_source": resumed_from_source if resumed_from_step is not None else None,
         "promotion": {
@@ -481,7 +472,7 @@ def promotion_event(
         "run_uri": run_uri,
         "rule": rule,
         "reason": reason,
-        "metric": {"name": monitor, "value": _number(value)},
-        "previous": {"version": previous_version, "value": _number(previous_value)} if previous_version else None,
+        "metric": {"name": monitor, "value": finite_number(value)},
+        "previous": {"version": previous_version, "value": finite_number(previous_value)} if previous_version else None,
     }
     return check_document(event, "promotion")

@@ -1,141 +1,44 @@
 """Where this process sits in a multi-worker TensorFlow job: TF_CONFIG, read or computed.
 
-One rule for every engine, so that one image runs under each of them:
-
-1. ``TF_CONFIG`` in the environment (the Kubeflow training operator's TFJob sets it) is used as is.
-2. Otherwise it is computed from what the Airflow side passes to every replica:
-
-   * ``KUBETRAIN_TF_REPLICAS``: the roles and their counts, a JSON object such as
-     ``{"worker": 2}`` (multi-worker mirrored) or ``{"chief": 1, "worker": 2, "ps": 1}``
-     (parameter servers);
-   * ``KUBETRAIN_TF_HOSTS``: the host pattern of a replica, ``host:port`` with the fields
-     ``{role}``, ``{index}`` (the replica's index within its role) and ``{replica}`` (its
-     index across all roles, counted in the order chief, worker, ps, evaluator);
-   * the replica's own place: ``JOB_COMPLETION_INDEX`` (set by Kubernetes in every pod of an
-     Indexed Job, and by JobSet, which TrainJob runs on) is its index across all roles, or,
-     when ``KUBETRAIN_TF_ROLE`` names the role (one group of pods per role, as a JobSet's
-     replicated jobs are), its index within that role.
-
-   The cluster is ``{role: [pattern.format(role=role, index=i, replica=offset + i) for i ...]}``
-   and the task ``{"type": role, "index": index}``.
-3. Neither: a single process, no cluster.
-
-The Airflow side (plugins/kubetrain/distributed/cluster.py) implements the same rule for the
-addresses it logs and the Services it creates; both are tested against one table of cases.
-This module does not import TensorFlow.
+The rule is the contract's (kubetrain_contract.cluster), which the Airflow side follows too: the
+engine's TF_CONFIG, else one computed from KUBETRAIN_TF_REPLICAS, KUBETRAIN_TF_HOSTS,
+JOB_COMPLETION_INDEX and KUBETRAIN_TF_ROLE, else a single process. An inconsistent description
+is a usage error (exit 2) naming the variable. This module does not import TensorFlow.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kubetrain_contract import cluster as rule
+from kubetrain_contract.cluster import (
+    CLUSTER_ROLES,
+    HOSTS_ENV,
+    INDEX_ENV,
+    REPLICAS_ENV,
+    ROLE_ENV,
+    ROLE_ORDER,
+    TF_CONFIG,
+)
 from trainer.common.contract import UsageError
 
-ROLE_ORDER = ("chief", "worker", "ps", "evaluator")
-# The roles that hold a place in the cluster spec; an evaluator runs beside it (as TensorFlow's).
-CLUSTER_ROLES = ("chief", "worker", "ps")
-TF_CONFIG = "TF_CONFIG"
-REPLICAS_ENV = "KUBETRAIN_TF_REPLICAS"
-HOSTS_ENV = "KUBETRAIN_TF_HOSTS"
-ROLE_ENV = "KUBETRAIN_TF_ROLE"
-INDEX_ENV = "JOB_COMPLETION_INDEX"
+__all__ = ["CLUSTER_ROLES", "HOSTS_ENV", "INDEX_ENV", "REPLICAS_ENV", "ROLE_ENV", "ROLE_ORDER", "TF_CONFIG",
+           "ClusterConfigError", "ClusterInfo", "choose_mode", "placement", "serves_only", "tf_config"]  # fmt: skip
 
 
 class ClusterConfigError(UsageError):
     """The cluster description in the environment is inconsistent (the message names the variable; exit 2)."""
 
 
-def parse_replicas(text: str) -> dict[str, int]:
-    """``{"worker": 2}`` -> ``{"worker": 2}``, checked: known roles, counts >= 1 (0 drops the role)."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ClusterConfigError(f"{REPLICAS_ENV}={text!r} is not JSON: expected e.g. {{\"worker\": 2}}") from exc
-    if not isinstance(value, dict) or not value:
-        raise ClusterConfigError(f"{REPLICAS_ENV}={text!r} is not a JSON object of role counts, e.g. {{\"worker\": 2}}")
-    counts = {}
-    for role, count in value.items():
-        if role not in ROLE_ORDER:
-            raise ClusterConfigError(f"{REPLICAS_ENV}: unknown role {role!r}; expected some of {', '.join(ROLE_ORDER)}")
-        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            raise ClusterConfigError(f"{REPLICAS_ENV}: {role} count {count!r} is not an integer >= 0")
-        if count:
-            counts[role] = count
-    return {role: counts[role] for role in ROLE_ORDER if role in counts}
-
-
-def cluster_spec(replicas: Mapping[str, int], hosts: str) -> dict[str, list[str]]:
-    """The cluster of a job with ``replicas`` per role whose replicas are reached at ``hosts``."""
-    spec: dict[str, list[str]] = {}
-    offset = 0
-    for role in ROLE_ORDER:
-        count = replicas.get(role, 0)
-        if role in CLUSTER_ROLES and count:
-            try:
-                spec[role] = [hosts.format(role=role, index=i, replica=offset + i) for i in range(count)]
-            except (KeyError, IndexError, ValueError) as exc:
-                raise ClusterConfigError(
-                    f"{HOSTS_ENV}={hosts!r} is not a host pattern: expected e.g. job-{{replica}}.job:2222 with the "
-                    f"fields {{role}}, {{index}} and {{replica}} ({exc})"
-                ) from None
-        offset += count
-    return spec
-
-
-def task_of(replicas: Mapping[str, int], index: int, role: str | None = None) -> tuple[str, int]:
-    """The (role, index within the role) of the replica at ``index``.
-
-    Args:
-        replicas: the roles and counts.
-        index: the replica's index across all roles, or within ``role`` when that is given.
-        role: the replica's role, when its engine runs a group of pods per role.
-    """
-    if role is not None:
-        if role not in replicas:
-            raise ClusterConfigError(f"{ROLE_ENV}={role!r} is not one of the job's roles {', '.join(replicas)}")
-        if not 0 <= index < replicas[role]:
-            raise ClusterConfigError(f"{INDEX_ENV}={index} is outside the {replicas[role]} {role} replica(s)")
-        return role, index
-    offset = 0
-    for name in ROLE_ORDER:
-        count = replicas.get(name, 0)
-        if index < offset + count:
-            return name, index - offset
-        offset += count
-    raise ClusterConfigError(f"{INDEX_ENV}={index} is outside the job's {offset} replica(s) ({json.dumps(dict(replicas))})")
-
-
 def tf_config(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
-    """TF_CONFIG of this replica as a dict: the engine's, else computed by the rule above; None alone."""
-    env = os.environ if environ is None else environ
-    if env.get(TF_CONFIG):
-        try:
-            config = json.loads(env[TF_CONFIG])
-        except json.JSONDecodeError as exc:
-            raise ClusterConfigError(f"TF_CONFIG is not JSON: {exc}") from None
-        if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
-            raise ClusterConfigError("TF_CONFIG has no cluster: expected {\"cluster\": {...}, \"task\": {...}}")
-        return config
-    if not env.get(REPLICAS_ENV):
-        return None
-    replicas = parse_replicas(env[REPLICAS_ENV])
-    hosts = env.get(HOSTS_ENV)
-    if not hosts:
-        raise ClusterConfigError(f"{REPLICAS_ENV} is set but {HOSTS_ENV} is not: the replicas' addresses are unknown")
-    raw = env.get(INDEX_ENV)
+    """TF_CONFIG of this replica as a dict: the engine's, else computed by the contract's rule; None alone."""
     try:
-        index = int(raw) if raw is not None else None
-    except ValueError:
-        index = None
-    if index is None or index < 0:
-        raise ClusterConfigError(f"{INDEX_ENV}={raw!r} is not a replica index: expected an integer >= 0 "
-                                 "(Kubernetes sets it in the pods of an Indexed Job)")
-    role, role_index = task_of(replicas, index, env.get(ROLE_ENV) or None)
-    return {"cluster": cluster_spec(replicas, hosts), "task": {"type": role, "index": role_index}}
+        return rule.tf_config(os.environ if environ is None else environ)
+    except rule.ClusterError as exc:
+        raise ClusterConfigError(str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import os
 import statistics
 from dataclasses import dataclass
@@ -32,24 +31,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kubetrain_contract.reports import (
+    EARLY_STOP_KIND,
+    EARLY_STOP_RECORD,
+    HISTORY_CSV,
+    METRICS_JSONL,
+    finite_number,
+    objective_values,
+    parse_jsonl,
+)
 from trainer.sync.progress import log
 from trainer.sync.s3 import S3, S3Uri
 
-METRICS_JSONL = "metrics.jsonl"
-HISTORY_CSV = "history.csv"
-EARLY_STOP_RECORD = "early-stop.json"
-EARLY_STOP_KIND = "kubetrain/early-stop"
+__all__ = ["EARLY_STOP_KIND", "EARLY_STOP_RECORD", "HISTORY_CSV", "METRICS_JSONL", "MODES", "Decision", "MedianRule",
+           "MedianStopper", "parse_reports", "report_values"]  # fmt: skip
+
 MODES = ("max", "min")
-
-
-def _number(value: Any) -> float | None:
-    if value is None or value == "" or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 @dataclass(frozen=True)
@@ -109,26 +106,13 @@ class MedianRule:
 
 def report_values(rows: list[dict[str, Any]], objective: str) -> list[float]:
     """The objective of each report that has it, in order."""
-    return [v for v in (_number(row.get(objective)) for row in rows) if v is not None]
+    return objective_values(rows, objective)
 
 
 def parse_reports(jsonl: str | None, history: str | None) -> list[dict[str, Any]]:
     """Report rows from metrics.jsonl (preferred) or history.csv; a torn last line is ignored."""
     if jsonl is not None:
-        rows = []
-        lines = jsonl.splitlines()
-        for index, line in enumerate(lines):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                if index == len(lines) - 1:
-                    break  # still being appended
-                raise ValueError(f"{METRICS_JSONL} line {index + 1} is not JSON: {line[:120]!r}") from None
-            if isinstance(row, dict):
-                rows.append(row)
-        return rows
+        return parse_jsonl(jsonl)
     if history is not None:
         return [dict(row) for row in csv.DictReader(io.StringIO(history))]
     return []
@@ -201,7 +185,7 @@ class MedianStopper:
                 rows = record.get("history") if isinstance(record.get("history"), list) else []
                 values = report_values([r for r in rows if isinstance(r, dict)], self.rule.objective)
                 if not values and (record.get("objective") or {}).get("name") == self.rule.objective:
-                    values = [v for v in map(_number, record["objective"].get("values") or []) if v is not None]
+                    values = [v for v in map(finite_number, record["objective"].get("values") or []) if v is not None]
                 self._finished[key] = values
         return [v for v in self._finished.values() if v]
 

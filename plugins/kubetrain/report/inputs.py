@@ -5,21 +5,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubetrain_contract.reports import finite_number
+
 MONITOR_MODES = ("max", "min")
-
-
-def _number(value: Any) -> float | None:
-    if value is None or value == "" or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def parse_json(name: str, data: bytes) -> Any:
@@ -91,7 +82,7 @@ def parse_history(data: bytes) -> History:
         )
     rows = []
     for raw in reader:
-        rows.append({(k or "").strip(): _number(v) for k, v in raw.items() if k})
+        rows.append({(k or "").strip(): finite_number(v) for k, v in raw.items() if k})
     return History(columns=columns, rows=rows)
 
 
@@ -108,7 +99,7 @@ def parse_confusion(data: bytes) -> dict[str, Any]:
         raise ValueError(
             f"confusion_matrix.json: the matrix must be {len(classes)}x{len(classes)} for {len(classes)} classes"
         )
-    return {"classes": [str(c) for c in classes], "matrix": [[_number(v) or 0 for v in r] for r in matrix]}
+    return {"classes": [str(c) for c in classes], "matrix": [[finite_number(v) or 0 for v in r] for r in matrix]}
 
 
 def parse_samples(data: bytes) -> list[dict[str, Any]]:
@@ -152,7 +143,7 @@ def compare(
 
     def value_of(doc: dict[str, Any]) -> float | None:
         section = doc.get(on) if isinstance(doc.get(on), dict) else {}
-        return _number(section.get(monitor))
+        return finite_number(section.get(monitor))
 
     value = value_of(metrics)
     if value is None:

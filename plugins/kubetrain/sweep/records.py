@@ -20,24 +20,25 @@ run store.
 
 from __future__ import annotations
 
-import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kubetrain.s3_layout import RunLocation, S3Layout, s3_uri, safe_segment
+from kubetrain_contract.exit_codes import EXIT_STOPPED  # noqa: F401 - the sweep operators read it here
+from kubetrain_contract.reports import (  # noqa: F401 - the file names are read here by the sweep operators
+    EARLY_STOP_RECORD,
+    HISTORY_CSV,
+    METRICS_JSONL,
+    finite_number,
+    objective_values,
+)
+from kubetrain_contract.reports import parse_jsonl as contract_parse_jsonl
 
 TRIAL_KIND = "kubetrain/sweep-trial"
 SWEEP_KIND = "kubetrain/sweep"
 FORMAT_VERSION = 1
-# The file a third-party container appends its per-epoch (or per-step) metrics to, one JSON object a line.
-METRICS_JSONL = "metrics.jsonl"
-HISTORY_CSV = "history.csv"
-# The exit code of a trainer that stopped because the sidecar asked it to (trainer/common/contract.py).
-EXIT_STOPPED = 79
-EARLY_STOP_RECORD = "early-stop.json"
 _TRIAL_RECORD = re.compile(r"/sweep/trials/(\d+)\.json$")
 _ROUND_RECORD = re.compile(r"/sweep/rounds/(\d+)\.json$")
 
@@ -119,32 +120,9 @@ def trial_marker_key(dag_id: str, fingerprint: str) -> str:
 # -- metrics a trial reports ---------------------------------------------------------------------
 
 
-def _number(value: Any) -> float | None:
-    if value is None or value == "" or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
 def parse_jsonl(data: bytes) -> list[dict[str, Any]]:
     """OUTPUT_DIR/metrics.jsonl: one JSON object a line; a torn last line (still being written) is dropped."""
-    rows = []
-    lines = data.decode("utf-8", errors="replace").splitlines()
-    for index, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            if index == len(lines) - 1:
-                break
-            raise ValueError(f"{METRICS_JSONL} line {index + 1} is not JSON: {line[:200]!r}") from None
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    return contract_parse_jsonl(data.decode("utf-8", errors="replace"))
 
 
 def history_rows(*, history_csv: bytes | None = None, metrics_jsonl: bytes | None = None) -> list[dict[str, Any]]:
@@ -158,16 +136,6 @@ def history_rows(*, history_csv: bytes | None = None, metrics_jsonl: bytes | Non
     return []
 
 
-def objective_values(rows: Sequence[Mapping[str, Any]], metric: str) -> list[float]:
-    """The objective metric of each report that has it, in order."""
-    values = []
-    for row in rows:
-        value = _number(row.get(metric))
-        if value is not None:
-            values.append(value)
-    return values
-
-
 def best_of(values: Sequence[float], mode: str) -> float | None:
     if not values:
         return None
@@ -178,7 +146,7 @@ def objective_value(metrics: Mapping[str, Any] | None, values: Sequence[float], 
     """A trial's result: metrics.json's ``final`` value of the metric (the exported model), else the best report."""
     final = (metrics or {}).get("final")
     if isinstance(final, Mapping):
-        value = _number(final.get(metric))
+        value = finite_number(final.get(metric))
         if value is not None:
             return value
     return best_of(values, mode)
@@ -188,7 +156,7 @@ def ranked(records: Sequence[Mapping[str, Any]], mode: str) -> list[Mapping[str,
     """Trial records best first by objective; trials without a value last, by trial number."""
 
     def key(record: Mapping[str, Any]) -> tuple:
-        value = _number((record.get("objective") or {}).get("value"))
+        value = finite_number((record.get("objective") or {}).get("value"))
         number = int(record.get("number", 0))
         if value is None:
             return (1, 0.0, number)

@@ -34,5 +34,5 @@ def test_the_replica_env_carries_what_the_pod_side_needs(case):
 def test_unknown_backend_and_index_out_of_range_are_named():
     with pytest.raises(ValueError, match="backend 'mpijob' is not one of tfjob, trainjob, indexed_job"):
         cluster.host_pattern("mpijob", job="j", namespace="n")
-    with pytest.raises(ValueError, match="index 2 is outside the 2 worker"):
+    with pytest.raises(ValueError, match="JOB_COMPLETION_INDEX=2 is outside the 2 worker"):
         cluster.task_of({"worker": 2}, 2, "worker")
