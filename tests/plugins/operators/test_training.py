@@ -533,6 +533,11 @@ def test_provider_methods_the_subclass_relies_on():
     assert parameters(AsyncKubernetesHook.read_logs) == ["self", "name", "namespace", "container_name", "since_seconds"]
     assert "if self.get_logs:" in inspect.getsource(KubernetesPodOperator.trigger_reentry)
     assert parameters(parse_log_line) == ["line"]
+    # attributes of the provider's objects that TrainingPodManager and TrainingPodTrigger use
+    marker = object()
+    assert PodManager(kube_client=marker)._client is marker
+    trigger = KubernetesPodTrigger(pod_name="p", pod_namespace="n", trigger_start_time=None, base_container_name="base")
+    assert trigger._fired_event is False
 
 
 def test_trigger_serializes_to_plain_arguments_and_back():
