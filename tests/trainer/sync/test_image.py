@@ -25,7 +25,7 @@ def test_dockerfile_pins_match_the_trainer_lock_and_runs_as_numeric_non_root():
     for name, version in pins:
         assert lock.get(name.lower()) == version, f"{name}=={version} differs from trainer/requirements.lock"
     assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim$", text, re.M) and re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
-    assert re.findall(r"^COPY (\S+)", text, re.M) == ["requirements-sync.txt", "sync/"]
+    assert re.findall(r"^COPY (\S+)", text, re.M) == ["requirements-sync.txt", "sync/", "kubetrain_contract/"]
     user = re.findall(r"^USER (\S+)$", text, re.M)
     assert len(user) == 1 and re.fullmatch(r"[1-9]\d*:[1-9]\d*", user[0])
 
@@ -59,8 +59,9 @@ def test_sync_requirements_are_the_lock_s_and_closed(tmp_path):
 
 
 def test_package_runs_alone_without_tensorflow(tmp_path):
-    # the image holds trainer/sync only: `trainer` is then a namespace package
+    # the image holds trainer/sync and the contract only: `trainer` is then a namespace package
     shutil.copytree(REPO / "trainer" / "sync", tmp_path / "trainer" / "sync")
+    shutil.copytree(REPO / "trainer" / "kubetrain_contract", tmp_path / "kubetrain_contract")
     probe = (
         "import runpy, sys; sys.argv = ['trainer.sync', 'checkpoint-sync', '--help']\n"
         "try:\n    runpy.run_module('trainer.sync', run_name='__main__')\n"
