@@ -190,6 +190,7 @@ test-trainer: setup
 
 lint: $(VENV)/.synced
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # -- dev stack, demo, UI -------------------------------------------------------------------
 

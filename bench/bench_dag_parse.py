@@ -74,13 +74,13 @@ t2 = time.perf_counter()
 print(json.dumps({"airflow": t1 - t0, "dag": t2 - t1}))
 """
 
-REFERENCE = '''
+REFERENCE = """
 from __future__ import annotations
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.sdk import DAG
 with DAG(dag_id="reference_pod", schedule=None, catchup=False, tags=["reference"]):
     KubernetesPodOperator(task_id="pod", image="busybox", cmds=["true"])
-'''
+"""
 
 
 def _env() -> dict[str, str]:
@@ -94,14 +94,22 @@ def _last_json(out: subprocess.CompletedProcess, path: Path) -> dict:
 
 
 def warm(path: Path) -> float:
-    out = subprocess.run([sys.executable, "-c", WARM, str(path), str(RUNS)], capture_output=True, text=True, env=_env(), cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-c", WARM, str(path), str(RUNS)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+    )
     return statistics.median(_last_json(out, path)["times"])
 
 
 def cold(path: Path) -> tuple[float, float]:
     base, dag = [], []
     for _ in range(RUNS):
-        out = subprocess.run([sys.executable, "-c", COLD, str(path)], capture_output=True, text=True, env=_env(), cwd=REPO)
+        out = subprocess.run(
+            [sys.executable, "-c", COLD, str(path)], capture_output=True, text=True, env=_env(), cwd=REPO
+        )
         result = _last_json(out, path)
         base.append(result["airflow"])
         dag.append(result["dag"])
@@ -122,7 +130,10 @@ def main() -> int:
                 worst_warm, worst_cold = max(worst_warm, warm_s), max(worst_cold, cold_s)
             met = "yes" if warm_s < TARGET_S else "NO"
             rows.append(f"| {name} | {warm_s:.3f} | {met} | {cold_s:.3f} | {base:.2f} |")
-            print(f"{name:45} warm {warm_s:.3f} s, cold {cold_s:.3f} s over the Airflow import ({base:.2f} s)", flush=True)
+            print(
+                f"{name:45} warm {warm_s:.3f} s, cold {cold_s:.3f} s over the Airflow import ({base:.2f} s)",
+                flush=True,
+            )
     lines = [
         f"Command: `make bench BENCH=dag_parse` (median of {RUNS} per file; warm: forked parses after the DAG "
         "processor's pre-import, cold: fresh interpreters).",

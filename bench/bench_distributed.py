@@ -34,8 +34,18 @@ from include.demo import AIRFLOW, DEMOS, upload_dataset  # noqa: E402
 from include.devstack.stack import NAMESPACE, Stack  # noqa: E402
 
 DAG = "train_image_classifier_distributed"
-CONF = {"dataset_uri": "s3://datasets/digits/", "epochs": 4, "batch_size": 64, "image_size": 32, "gpus": 0,
-        "cpu": "1", "memory": "2Gi", "checkpoint_every_steps": 50, "force": True, "promote": "never"}
+CONF = {
+    "dataset_uri": "s3://datasets/digits/",
+    "epochs": 4,
+    "batch_size": 64,
+    "image_size": 32,
+    "gpus": 0,
+    "cpu": "1",
+    "memory": "2Gi",
+    "checkpoint_every_steps": 50,
+    "force": True,
+    "promote": "never",
+}
 FIRST_STEP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO step \d+ epoch", re.M)
 RESULT = REPO / "bench" / "results" / "distributed.md"
 
@@ -50,8 +60,12 @@ def publish_images(registry: str) -> None:
         raise SystemExit(f"{rootfs} is missing: run `make images-base`")
     builder = BuildahBuilder(REPO / ".tools" / "buildah", storage_driver="auto", log=print)
     publisher = ImagePublisher(builder, REPO / "trainer", REPO / ".tools" / "images" / "oci", log=print)
-    publisher.publish([TRAINER_CPU, SYNC], lambda item: PushTarget(registry, item.repository, insecure=True),
-                      base="debian", rootfs=rootfs)
+    publisher.publish(
+        [TRAINER_CPU, SYNC],
+        lambda item: PushTarget(registry, item.repository, insecure=True),
+        base="debian",
+        rootfs=rootfs,
+    )
 
 
 class LogKeeper(threading.Thread):
@@ -69,7 +83,9 @@ class LogKeeper(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set():
             try:
-                pods = self.core.list_namespaced_pod(NAMESPACE, label_selector=f"kubetrain.io/dag-id={DAG}").items
+                pods = self.core.list_namespaced_pod(
+                    NAMESPACE, label_selector=f"kubetrain.io/dag-id={DAG}"
+                ).items
             except Exception as exc:  # the API is busy; look again
                 self.errors.append(repr(exc)[:300])
                 pods = []
@@ -77,7 +93,8 @@ class LogKeeper(threading.Thread):
                 try:
                     # The raw body: the client's own decoding of a log is not the text the pod wrote.
                     self.logs[pod.metadata.name] = self.core.read_namespaced_pod_log(
-                        pod.metadata.name, NAMESPACE, container="base", _preload_content=False).data.decode()
+                        pod.metadata.name, NAMESPACE, container="base", _preload_content=False
+                    ).data.decode()
                 except Exception as exc:
                     self.errors.append(repr(exc)[:300])
                     continue
@@ -88,25 +105,41 @@ def run_once(workers: int, env: dict[str, str], home: Path, stack_env: dict[str,
     keeper = LogKeeper(stack_env["KUBECONFIG"])
     keeper.start()
     try:
-        out = subprocess.run([str(AIRFLOW), "dags", "test", DAG, "-c", json.dumps({**CONF, "workers": workers})],
-                             cwd=REPO, env=env, capture_output=True, text=True)
+        out = subprocess.run(
+            [str(AIRFLOW), "dags", "test", DAG, "-c", json.dumps({**CONF, "workers": workers})],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
     finally:
         keeper.stop.set()
         keeper.join(5)
     with sqlite3.connect(home / "airflow.db") as db:
-        run_id, state = db.execute("SELECT run_id, state FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1",
-                                   (DAG,)).fetchone()
-        start = db.execute("SELECT start_date FROM task_instance WHERE dag_id = ? AND run_id = ? AND task_id = 'train'",
-                           (DAG, run_id)).fetchone()[0]
-        run_uri = json.loads(db.execute("SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = 'train' "
-                                        "AND key = 'run_uri'", (DAG, run_id)).fetchone()[0])
+        run_id, state = db.execute(
+            "SELECT run_id, state FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1", (DAG,)
+        ).fetchone()
+        start = db.execute(
+            "SELECT start_date FROM task_instance WHERE dag_id = ? AND run_id = ? AND task_id = 'train'",
+            (DAG, run_id),
+        ).fetchone()[0]
+        run_uri = json.loads(
+            db.execute(
+                "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = 'train' "
+                "AND key = 'run_uri'",
+                (DAG, run_id),
+            ).fetchone()[0]
+        )
     if out.returncode or state != "success":
         print(out.stdout[-4000:], out.stderr[-2000:])
         raise SystemExit(f"the {workers}-worker run failed ({state})")
-    bucket, _, prefix = run_uri[len("s3://"):].partition("/")
+    bucket, _, prefix = run_uri[len("s3://") :].partition("/")
     metrics = json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}/output/metrics.json")["Body"].read())
-    task_start = datetime.fromisoformat(str(start)).replace(tzinfo=UTC) if "+" not in str(start) else \
-        datetime.fromisoformat(str(start))
+    task_start = (
+        datetime.fromisoformat(str(start)).replace(tzinfo=UTC)
+        if "+" not in str(start)
+        else datetime.fromisoformat(str(start))
+    )
     first_steps = {}
     for pod, text in keeper.logs.items():
         match = FIRST_STEP.search(text)
@@ -115,8 +148,10 @@ def run_once(workers: int, env: dict[str, str], home: Path, stack_env: dict[str,
     if len(first_steps) < workers:
         for pod, text in keeper.logs.items():
             print(f"--- {pod}\n{text[-1500:]}")
-        raise SystemExit(f"found the first step of {len(first_steps)} of {workers} replicas in their logs "
-                         f"(logs kept: {sorted(keeper.logs)}; errors: {keeper.errors[-3:]})")
+        raise SystemExit(
+            f"found the first step of {len(first_steps)} of {workers} replicas in their logs "
+            f"(logs kept: {sorted(keeper.logs)}; errors: {keeper.errors[-3:]})"
+        )
     return {
         "workers": workers,
         "examples_per_s": metrics["examples_per_s"],
@@ -143,16 +178,30 @@ def main() -> int:
             home = Path(tmp) / "airflow"
             home.mkdir()
             shutil.copy(REPO / ".airflow" / "airflow.db", home / "airflow.db")
-            env = {**os.environ, **stack_env, "AIRFLOW_HOME": str(home),
-                   "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-                   "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-                   "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
-                   "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "PYTHONPATH": str(REPO)}
-            subprocess.run([str(AIRFLOW), "pools", "set", "--include-deferred", "gpu", "4", "GPU training pods"],
-                           cwd=REPO, env=env, capture_output=True, check=True)
-            s3 = boto3.client("s3", endpoint_url=stack_env["KUBETRAIN_S3_ENDPOINT"], region_name="us-east-1",
-                              aws_access_key_id=stack_env["KUBETRAIN_S3_ACCESS_KEY_ID"],
-                              aws_secret_access_key=stack_env["KUBETRAIN_S3_SECRET_ACCESS_KEY"])
+            env = {
+                **os.environ,
+                **stack_env,
+                "AIRFLOW_HOME": str(home),
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+                "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+                "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+                "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                "PYTHONPATH": str(REPO),
+            }
+            subprocess.run(
+                [str(AIRFLOW), "pools", "set", "--include-deferred", "gpu", "4", "GPU training pods"],
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                check=True,
+            )
+            s3 = boto3.client(
+                "s3",
+                endpoint_url=stack_env["KUBETRAIN_S3_ENDPOINT"],
+                region_name="us-east-1",
+                aws_access_key_id=stack_env["KUBETRAIN_S3_ACCESS_KEY_ID"],
+                aws_secret_access_key=stack_env["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
+            )
             rows = [run_once(n, env, home, stack_env, s3) for n in (1, 2)]
         finally:
             stack.down()
@@ -169,9 +218,11 @@ def main() -> int:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['workers']} | {r['steps']} | {r['examples_per_s']:.0f} | {r['per_worker']:.0f} | "
-                     f"{r['start_to_first_step_s']:.0f} | {r['startup_s'] or 0:.1f} | {r['wall_time_s']:.0f} | "
-                     f"{r['val_accuracy']:.4f} |")
+        lines.append(
+            f"| {r['workers']} | {r['steps']} | {r['examples_per_s']:.0f} | {r['per_worker']:.0f} | "
+            f"{r['start_to_first_step_s']:.0f} | {r['startup_s'] or 0:.1f} | {r['wall_time_s']:.0f} | "
+            f"{r['val_accuracy']:.4f} |"
+        )
     lines += [
         "",
         f"Final accuracy of the two within {gap:.2f} points (target: 1). 2 workers run at "

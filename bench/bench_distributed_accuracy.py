@@ -32,8 +32,22 @@ sys.path.insert(0, str(REPO))
 
 from include.sample_data import digits as digits_data  # noqa: E402
 
-ARGS = ["--epochs", "4", "--batch-size", "64", "--image-size", "32", "--learning-rate", "0.001",
-        "--validation-split", "0.2", "--checkpoint-every-steps", "50", "--log-every-steps", "50"]  # fmt: skip
+ARGS = [
+    "--epochs",
+    "4",
+    "--batch-size",
+    "64",
+    "--image-size",
+    "32",
+    "--learning-rate",
+    "0.001",
+    "--validation-split",
+    "0.2",
+    "--checkpoint-every-steps",
+    "50",
+    "--log-every-steps",
+    "50",
+]
 RESULT = REPO / "bench" / "results" / "distributed_accuracy.md"
 
 
@@ -58,20 +72,47 @@ def train(root: Path, data: Path, seed: int, workers: int) -> dict:
         env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
         env["TF_CPP_MIN_LOG_LEVEL"] = "2"
         if workers > 1:
-            env.update(KUBETRAIN_TF_REPLICAS='{"chief": 1, "worker": 1}', KUBETRAIN_TF_HOSTS=hosts,
-                       KUBETRAIN_TF_ROLE="chief" if index == 0 else "worker", JOB_COMPLETION_INDEX="0")  # fmt: skip
+            env.update(
+                KUBETRAIN_TF_REPLICAS='{"chief": 1, "worker": 1}',
+                KUBETRAIN_TF_HOSTS=hosts,
+                KUBETRAIN_TF_ROLE="chief" if index == 0 else "worker",
+                JOB_COMPLETION_INDEX="0",
+            )
         log = open(root / f"seed{seed}-workers{workers}-{index}.log", "w")  # noqa: SIM115 - closed with the process
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "trainer.image_classifier", "--data-dir", str(data), "--checkpoint-dir",
-             str(run / f"ckpt{index}"), "--output-dir", str(run / f"out{index}"), "--seed", str(seed), *ARGS],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-        ))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "trainer.image_classifier",
+                    "--data-dir",
+                    str(data),
+                    "--checkpoint-dir",
+                    str(run / f"ckpt{index}"),
+                    "--output-dir",
+                    str(run / f"out{index}"),
+                    "--seed",
+                    str(seed),
+                    *ARGS,
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
     codes = [p.wait(1800) for p in procs]
     if any(codes):
         raise SystemExit(f"seed {seed}, {workers} worker(s): exit codes {codes}; logs in {root}")
     metrics = json.loads((run / "out0" / "metrics.json").read_text())
-    return {"seed": seed, "workers": workers, "steps": metrics["steps"], "strategy": metrics.get("strategy"),
-            "accuracy": metrics["final"]["accuracy"], "val_accuracy": metrics["final"]["val_accuracy"]}
+    return {
+        "seed": seed,
+        "workers": workers,
+        "steps": metrics["steps"],
+        "strategy": metrics.get("strategy"),
+        "accuracy": metrics["final"]["accuracy"],
+        "val_accuracy": metrics["final"]["val_accuracy"],
+    }
 
 
 def main() -> int:
@@ -98,11 +139,13 @@ def main() -> int:
         "",
         "| seed | steps (1 / 2 workers) | train accuracy, 1 worker | 2 workers | val_accuracy, 1 worker | 2 workers | val difference (points) |",
         "|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
+    ]
     for seed in seeds:
         a, b = one[seed], two[seed]
-        lines.append(f"| {seed} | {a['steps']} / {b['steps']} | {a['accuracy']:.4f} | {b['accuracy']:.4f} | "
-                     f"{a['val_accuracy']:.4f} | {b['val_accuracy']:.4f} | {100 * (b['val_accuracy'] - a['val_accuracy']):+.2f} |")  # fmt: skip
+        lines.append(
+            f"| {seed} | {a['steps']} / {b['steps']} | {a['accuracy']:.4f} | {b['accuracy']:.4f} | "
+            f"{a['val_accuracy']:.4f} | {b['val_accuracy']:.4f} | {100 * (b['val_accuracy'] - a['val_accuracy']):+.2f} |"
+        )
 
     def mean(rows_: dict, key: str) -> float:
         return statistics.mean(r[key] for r in rows_.values())
@@ -116,7 +159,7 @@ def main() -> int:
         f"points apart (target: 1); mean training accuracy {100 * abs(mean(two, 'accuracy') - mean(one, 'accuracy')):.2f} "
         f"points apart. The seed-to-seed standard deviation of one worker's val_accuracy is {100 * spread:.2f} points, "
         "so one run per mode (the distributed table) cannot tell a difference of a few points from noise.",
-    ]  # fmt: skip
+    ]
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     RESULT.write_text("\n".join(lines) + "\n")
     print(f"wrote {RESULT}")

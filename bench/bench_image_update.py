@@ -99,10 +99,16 @@ def make_base(client: RegistryClient, work: Path) -> None:
         for _ in range(BASE_MB):
             fh.write(os.urandom(1 << 20))
     deps_layer = write_layer(deps, work / "deps.tar.gz", excludes=())
-    config = {"architecture": go_arch(), "os": "linux", "created": "2026-01-01T00:00:00Z",
-              "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]},
-              "history": [{"created_by": "busybox"}, {"created_by": "dependencies"}]}  # fmt: skip
-    push_image(client, REPOSITORY, "deps", [busybox.blob(OCI_LAYER_GZIP), deps_layer.blob(OCI_LAYER_GZIP)], config)
+    config = {
+        "architecture": go_arch(),
+        "os": "linux",
+        "created": "2026-01-01T00:00:00Z",
+        "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]},
+        "history": [{"created_by": "busybox"}, {"created_by": "dependencies"}],
+    }
+    push_image(
+        client, REPOSITORY, "deps", [busybox.blob(OCI_LAYER_GZIP), deps_layer.blob(OCI_LAYER_GZIP)], config
+    )
 
 
 def make_context(work: Path, host: str) -> Path:
@@ -115,7 +121,9 @@ def make_context(work: Path, host: str) -> Path:
         elif src.is_file():
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst)
-    (ctx / "Dockerfile").write_text(f"FROM {host}/{REPOSITORY}:deps\nWORKDIR /app\nCOPY trainer/ /app/trainer/\n")
+    (ctx / "Dockerfile").write_text(
+        f"FROM {host}/{REPOSITORY}:deps\nWORKDIR /app\nCOPY trainer/ /app/trainer/\n"
+    )
     return ctx
 
 
@@ -131,7 +139,13 @@ def measure(proxy: CountingProxy, fn) -> dict:
     out = fn()
     wall = time.perf_counter() - start
     time.sleep(0.2)  # let the pump threads count the last bytes
-    return {"wall_s": wall, "pulled": proxy.down, "pushed": proxy.up, "moved": proxy.down + proxy.up, "out": out}
+    return {
+        "wall_s": wall,
+        "pulled": proxy.down,
+        "pushed": proxy.up,
+        "moved": proxy.down + proxy.up,
+        "out": out,
+    }
 
 
 def main() -> int:
@@ -143,13 +157,20 @@ def main() -> int:
         port = free_port()
         log = work / "registry.log"
         with log.open("wb") as out:
-            reg = subprocess.Popen(devstack_registry.command(work / "registry", port), stdout=out, stderr=subprocess.STDOUT)
+            reg = subprocess.Popen(
+                devstack_registry.command(work / "registry", port), stdout=out, stderr=subprocess.STDOUT
+            )
         try:
             wait_http(f"http://127.0.0.1:{port}/v2/", 30, reg, log)
             proxy = CountingProxy(port)
             host = f"127.0.0.1:{proxy.port}"
             os.environ["AIRFLOW_CONN_BENCH_REGISTRY"] = json.dumps(
-                {"conn_type": "kubetrain_registry", "host": "127.0.0.1", "port": proxy.port, "extra": {"insecure": True}}
+                {
+                    "conn_type": "kubetrain_registry",
+                    "host": "127.0.0.1",
+                    "port": proxy.port,
+                    "extra": {"insecure": True},
+                }
             )
             print(f"making the base image ({BASE_MB} MB of random bytes + busybox) ...", flush=True)
             with RegistryClient(f"127.0.0.1:{port}", insecure=True) as client:
@@ -158,13 +179,25 @@ def main() -> int:
             buildah_root = work / "buildah"
 
             def buildah(tag: str):
-                op = BuildImageOperator(task_id="build", context=str(ctx), repository=REPOSITORY, tags=[tag],
-                                        registry_conn_id="bench_registry", buildah_root=str(buildah_root))  # fmt: skip
+                op = BuildImageOperator(
+                    task_id="build",
+                    context=str(ctx),
+                    repository=REPOSITORY,
+                    tags=[tag],
+                    registry_conn_id="bench_registry",
+                    buildah_root=str(buildah_root),
+                )
                 return op.execute({})
 
             def append(tag: str):
-                op = AppendLayerOperator(task_id="append", base_image=f"{REPOSITORY}:deps", repository=REPOSITORY,
-                                         source=str(ctx / "trainer"), tag=tag, registry_conn_id="bench_registry")  # fmt: skip
+                op = AppendLayerOperator(
+                    task_id="append",
+                    base_image=f"{REPOSITORY}:deps",
+                    repository=REPOSITORY,
+                    source=str(ctx / "trainer"),
+                    tag=tag,
+                    registry_conn_id="bench_registry",
+                )
                 return op.execute({})
 
             change_code(ctx, 1)
@@ -183,16 +216,24 @@ def main() -> int:
             reg.terminate()
             reg.wait(10)
 
-    ap = {"wall_s": statistics.median(a["wall_s"] for a in appends),
-          "pulled": statistics.median(a["pulled"] for a in appends),
-          "pushed": statistics.median(a["pushed"] for a in appends),
-          "moved": statistics.median(a["moved"] for a in appends)}  # fmt: skip
-    rows = [("buildah build + push, cold store", cold), ("buildah build + push, warm cache", warm),
-            (f"AppendLayerOperator (median of {APPEND_RUNS})", ap), ("AppendLayerOperator, same code again", noop)]  # fmt: skip
+    ap = {
+        "wall_s": statistics.median(a["wall_s"] for a in appends),
+        "pulled": statistics.median(a["pulled"] for a in appends),
+        "pushed": statistics.median(a["pushed"] for a in appends),
+        "moved": statistics.median(a["moved"] for a in appends),
+    }
+    rows = [
+        ("buildah build + push, cold store", cold),
+        ("buildah build + push, warm cache", warm),
+        (f"AppendLayerOperator (median of {APPEND_RUNS})", ap),
+        ("AppendLayerOperator, same code again", noop),
+    ]
     ratios = {
-        "cold_time": cold["wall_s"] / ap["wall_s"], "cold_bytes": cold["moved"] / ap["moved"],
-        "warm_time": warm["wall_s"] / ap["wall_s"], "warm_bytes": warm["moved"] / ap["moved"],
-    }  # fmt: skip
+        "cold_time": cold["wall_s"] / ap["wall_s"],
+        "cold_bytes": cold["moved"] / ap["moved"],
+        "warm_time": warm["wall_s"] / ap["wall_s"],
+        "warm_bytes": warm["moved"] / ap["moved"],
+    }
     ok = ratios["cold_time"] >= TARGET_TIME and ratios["cold_bytes"] >= TARGET_BYTES
 
     def mb(n: float) -> str:
@@ -207,7 +248,9 @@ def main() -> int:
         "| --- | ---: | ---: | ---: | ---: |",
     ]
     for name, r in rows:
-        lines.append(f"| {name} | {r['wall_s']:.2f} s | {mb(r['pulled'])} | {mb(r['pushed'])} | {mb(r['moved'])} |")
+        lines.append(
+            f"| {name} | {r['wall_s']:.2f} s | {mb(r['pulled'])} | {mb(r['pushed'])} | {mb(r['moved'])} |"
+        )
     lines += [
         "",
         f"- cold store (a fresh worker pod): append is **{ratios['cold_time']:.0f}x faster** and moves "

@@ -64,8 +64,9 @@ def gpu_overhead(config: ClassifierConfig, pipeline: ImagePipeline, classes: int
     def step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, model(x, training=True)))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables,
-                                      strict=True))
+        optimizer.apply_gradients(
+            zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables, strict=True)
+        )
         return loss
 
     batches = list(pipeline.train_dataset(0).take(1))
@@ -85,9 +86,11 @@ def gpu_overhead(config: ClassifierConfig, pipeline: ImagePipeline, classes: int
         loss = step(x, y)
     loss.numpy()
     compute = (time.perf_counter() - start) / steps
-    return (f"GPU step time fed by our pipeline {fed * 1000:.2f} ms vs pure compute on a cached batch "
-            f"{compute * 1000:.2f} ms: input overhead {fed / compute:.2f}x "
-            f"({tf.config.list_physical_devices('GPU')[0].name})")
+    return (
+        f"GPU step time fed by our pipeline {fed * 1000:.2f} ms vs pure compute on a cached batch "
+        f"{compute * 1000:.2f} ms: input overhead {fed / compute:.2f}x "
+        f"({tf.config.list_physical_devices('GPU')[0].name})"
+    )
 
 
 def main() -> int:
@@ -98,12 +101,17 @@ def main() -> int:
             z.extractall(Path(tmp) / "data")
         root = Path(tmp) / "data"
         folder = scan_image_folder(root)
-        config = ClassifierConfig(data_dir=str(root), checkpoint_dir=tmp, output_dir=tmp, image_size=IMAGE_SIZE,
-                                  batch_size=BATCH)
+        config = ClassifierConfig(
+            data_dir=str(root), checkpoint_dir=tmp, output_dir=tmp, image_size=IMAGE_SIZE, batch_size=BATCH
+        )
         # All images train here: the benchmark measures reading, not generalisation.
         pipeline = ImagePipeline(folder.files, folder.files[:BATCH], config)
         naive = tf.keras.utils.image_dataset_from_directory(
-            str(folder.root), image_size=(IMAGE_SIZE, IMAGE_SIZE), batch_size=BATCH, shuffle=True, seed=1,
+            str(folder.root),
+            image_size=(IMAGE_SIZE, IMAGE_SIZE),
+            batch_size=BATCH,
+            shuffle=True,
+            seed=1,
             verbose=False,
         )
         drain(naive)  # warm-up: first-epoch costs (tracing, file cache) are not steady state

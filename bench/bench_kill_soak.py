@@ -148,7 +148,9 @@ class Observer:
     def _watch(self) -> None:
         while not self.stop.is_set():
             try:
-                pods = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector, _request_timeout=10).items
+                pods = self.core.list_namespaced_pod(
+                    self.namespace, label_selector=self.selector, _request_timeout=10
+                ).items
             except Exception:  # the API may be paused on purpose: look again
                 self.stop.wait(0.5)
                 continue
@@ -163,13 +165,18 @@ class Observer:
                         record = self.pods[name] = PodLog(name, pod.metadata.uid, now)
                     if pod.metadata.deletion_timestamp and record.deleting_at is None:
                         record.deleting_at = now
-                statuses = [*(pod.status.init_container_statuses or []), *(pod.status.container_statuses or [])]
+                statuses = [
+                    *(pod.status.init_container_statuses or []),
+                    *(pod.status.container_statuses or []),
+                ]
                 for status in statuses:
                     if status.state and (status.state.running or status.state.terminated):
                         key = (name, status.name, status.restart_count or 0)
                         if key not in self._following:
                             self._following.add(key)
-                            threading.Thread(target=self._follow, args=(record, status.name), daemon=True).start()
+                            threading.Thread(
+                                target=self._follow, args=(record, status.name), daemon=True
+                            ).start()
             with self.lock:
                 for name, record in self.pods.items():
                     if name not in seen and record.gone_at is None:
@@ -179,9 +186,13 @@ class Observer:
     def _follow(self, record: PodLog, container: str) -> None:
         try:
             resp = self.core.read_namespaced_pod_log(
-                record.name, self.namespace, container=container, follow=True, _preload_content=False,
+                record.name,
+                self.namespace,
+                container=container,
+                follow=True,
+                _preload_content=False,
                 _request_timeout=(10, None),
-            )  # fmt: skip
+            )
         except Exception:
             return
         buffer = b""
@@ -220,8 +231,14 @@ class Observer:
     def current(self) -> PodLog | None:
         """The pod whose trainer is training now (started, not finished, not being deleted)."""
         with self.lock:
-            live = [p for p in self.pods.values() if p.gone_at is None and p.deleting_at is None
-                    and p.start_step is not None and p.done_steps is None]  # fmt: skip
+            live = [
+                p
+                for p in self.pods.values()
+                if p.gone_at is None
+                and p.deleting_at is None
+                and p.start_step is not None
+                and p.done_steps is None
+            ]
             return max(live, key=lambda p: p.created) if live else None
 
     def estimate(self, pod: PodLog, at: float | None = None) -> int | None:
@@ -248,13 +265,19 @@ class Observer:
         with self.lock:
             return [
                 {
-                    "name": p.name, "created": p.created, "start_step": p.start_step, "started_at": p.started_at,
-                    "done_steps": p.done_steps, "deleting_at": p.deleting_at, "gone_at": p.gone_at,
-                    "checkpoints": p.checkpoints, "steps_per_epoch": p.steps_per_epoch,
+                    "name": p.name,
+                    "created": p.created,
+                    "start_step": p.start_step,
+                    "started_at": p.started_at,
+                    "done_steps": p.done_steps,
+                    "deleting_at": p.deleting_at,
+                    "gone_at": p.gone_at,
+                    "checkpoints": p.checkpoints,
+                    "steps_per_epoch": p.steps_per_epoch,
                     "logs": {c: [text for _, text in lines] for c, lines in p.lines.items()},
                 }
                 for p in sorted(self.pods.values(), key=lambda p: p.created)
-            ]  # fmt: skip
+            ]
 
 
 # -- kills -----------------------------------------------------------------------------------
@@ -310,10 +333,12 @@ class Soak:
         self.core = client.CoreV1Api(config.new_client_from_config(config_file=stack_env["KUBECONFIG"]))
         self.namespace = stack_env["KUBETRAIN_NAMESPACE"]
         self.s3 = boto3.client(
-            "s3", endpoint_url=stack_env["KUBETRAIN_S3_ENDPOINT"], region_name="us-east-1",
+            "s3",
+            endpoint_url=stack_env["KUBETRAIN_S3_ENDPOINT"],
+            region_name="us-east-1",
             aws_access_key_id=stack_env["KUBETRAIN_S3_ACCESS_KEY_ID"],
             aws_secret_access_key=stack_env["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
-        )  # fmt: skip
+        )
         self.airflow_kills = 0
 
     # -- one kill ----------------------------------------------------------------------------
@@ -350,7 +375,9 @@ class Soak:
 
     def xcom(self, run_id: str, task_id: str, key: str) -> Any:
         quoted = urllib.parse.quote(run_id, safe="")
-        value = self.ui.api("GET", f"/dags/{DAG_ID}/dagRuns/{quoted}/taskInstances/{task_id}/xcomEntries/{key}")["value"]
+        value = self.ui.api(
+            "GET", f"/dags/{DAG_ID}/dagRuns/{quoted}/taskInstances/{task_id}/xcomEntries/{key}"
+        )["value"]
         if isinstance(value, str) and value[:1] in ('"', "{", "["):
             value = json.loads(value)
         return value
@@ -387,14 +414,20 @@ class Soak:
                 return
             if kill.kind in RETRIED:
                 with observer.lock:
-                    started = [p for p in observer.pods.values() if p.started_at and p.started_at > kill.fired_at]
+                    started = [
+                        p for p in observer.pods.values() if p.started_at and p.started_at > kill.fired_at
+                    ]
                 if started:
                     return
             elif kill.kind == "sidecar_sigkill":
                 with observer.lock:
                     pod = observer.pods.get(kill.pod)
                     lines = pod.lines.get("checkpoint-sync", []) if pod else []
-                    again = [t for t, text in lines if t > kill.fired_at and "checkpoint-sync:" in text and " -> s3://" in text]
+                    again = [
+                        t
+                        for t, text in lines
+                        if t > kill.fired_at and "checkpoint-sync:" in text and " -> s3://" in text
+                    ]
                 if again or (pod and (pod.gone_at or pod.deleting_at)):
                     return
             else:
@@ -427,7 +460,9 @@ def plan(kills: int, seed: int, total_steps: int, per_run: int = 4) -> list[list
         width = (hi - lo) / len(kinds_of_run)
         targets = [int(lo + width * (i + rng.random())) for i in range(len(kinds_of_run))]
         rng.shuffle(kinds_of_run)
-        planned.append([Kill(index, kind, target) for kind, target in zip(kinds_of_run, targets, strict=True)])
+        planned.append(
+            [Kill(index, kind, target) for kind, target in zip(kinds_of_run, targets, strict=True)]
+        )
     return planned
 
 
@@ -492,7 +527,7 @@ def check_model(soak: Soak, run_uri: str, observer: Observer, archive: Path, con
     """Why the promoted model is not the one trained across the kills; empty when it is."""
     problems = []
     s3 = soak.s3
-    bucket, _, prefix = run_uri[len("s3://"):].partition("/")
+    bucket, _, prefix = run_uri[len("s3://") :].partition("/")
     latest = read_json(s3, bucket, f"models/{MODEL}/latest")
     if latest.get("run_uri") != run_uri:
         return [f"models/{MODEL}/latest names {latest.get('run_uri')}, not this run"]
@@ -500,7 +535,7 @@ def check_model(soak: Soak, run_uri: str, observer: Observer, archive: Path, con
     if not final.get("final") or not final.get("complete"):
         problems.append(f"the promoted pass {final['pass']} is not a complete final pass")
     outputs = {f["path"]: f for f in final["files"] if f["area"] == "output"}
-    version_prefix = latest["uri"][len(f"s3://{bucket}/"):]
+    version_prefix = latest["uri"][len(f"s3://{bucket}/") :]
     for path, entry in outputs.items():
         head = s3.head_object(Bucket=bucket, Key=version_prefix + path)
         sha = {k.lower(): v for k, v in head.get("Metadata", {}).items()}.get("sha256")
@@ -511,17 +546,26 @@ def check_model(soak: Soak, run_uri: str, observer: Observer, archive: Path, con
     if not finisher:
         problems.append("no trainer logged `done`")
     elif final["pod"] != finisher[-1]["name"]:
-        problems.append(f"the final pass was written by {final['pod']}, the trainer that finished ran in {finisher[-1]['name']}")
+        problems.append(
+            f"the final pass was written by {final['pod']}, the trainer that finished ran in {finisher[-1]['name']}"
+        )
     metrics = read_json(s3, bucket, version_prefix + "metrics.json")
     run_metrics = read_json(s3, bucket, f"{prefix}/output/metrics.json")
     if metrics != run_metrics:
         problems.append("the promoted metrics.json is not the run's")
     spe = next((p["steps_per_epoch"] for p in snapshot if p["steps_per_epoch"]), None)
     if spe and metrics["steps"] != conf["epochs"] * spe:
-        problems.append(f"metrics.json counts {metrics['steps']} steps, {conf['epochs']} epochs x {spe} is {conf['epochs'] * spe}")
+        problems.append(
+            f"metrics.json counts {metrics['steps']} steps, {conf['epochs']} epochs x {spe} is {conf['epochs'] * spe}"
+        )
     if metrics["epochs"] != conf["epochs"]:
         problems.append(f"metrics.json counts {metrics['epochs']} epochs, the run had {conf['epochs']}")
-    history = s3.get_object(Bucket=bucket, Key=f"{prefix}/output/history.csv")["Body"].read().decode().splitlines()[1:]
+    history = (
+        s3.get_object(Bucket=bucket, Key=f"{prefix}/output/history.csv")["Body"]
+        .read()
+        .decode()
+        .splitlines()[1:]
+    )
     epochs = [int(row.split(",")[0]) for row in history]
     if epochs != list(range(1, conf["epochs"] + 1)):
         problems.append(f"history.csv has epochs {epochs}")
@@ -531,15 +575,20 @@ def check_model(soak: Soak, run_uri: str, observer: Observer, archive: Path, con
         params = {"image_size": conf["image_size"], "batch_size": conf["batch_size"], "validation_split": 0.2}
         out = subprocess.run(
             [str(TRAINER_PYTHON), "-c", EVALUATE, str(local), str(archive), json.dumps(params)],
-            cwd=REPO, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-        )  # fmt: skip
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        )
     if out.returncode:
         problems.append(f"evaluating the promoted model failed: {out.stderr[-500:]}")
     else:
         scored = json.loads(out.stdout.strip().splitlines()[-1])
         claimed = metrics["final"]["val_accuracy"]
         if abs(scored["val_accuracy"] - claimed) > 0.5 / scored["count"]:
-            problems.append(f"the promoted model scores val_accuracy {scored['val_accuracy']:.4f}, metrics.json says {claimed:.4f}")
+            problems.append(
+                f"the promoted model scores val_accuracy {scored['val_accuracy']:.4f}, metrics.json says {claimed:.4f}"
+            )
     return problems
 
 
@@ -561,9 +610,19 @@ def resolve(kills: list[Kill], observer: Observer, manifests: list[dict[str, Any
     fired = [k for k in kills if k.fired_at is not None]
     for i, kill in enumerate(fired):
         until = fired[i + 1].fired_at if i + 1 < len(fired) else float("inf")
-        starts = [p for p in pods if p["started_at"] and kill.fired_at < p["started_at"] < until and p["name"] != kill.pod]
+        starts = [
+            p
+            for p in pods
+            if p["started_at"] and kill.fired_at < p["started_at"] < until and p["name"] != kill.pod
+        ]
         if kill.kind == "pod_delete":
-            sigterm = [c for p in pods if p["name"] == kill.pod for c in p["checkpoints"] if c[2].startswith("SIGTERM")]
+            sigterm = [
+                c
+                for p in pods
+                if p["name"] == kill.pod
+                for c in p["checkpoints"]
+                if c[2].startswith("SIGTERM")
+            ]
             if sigterm:
                 kill.step_at_kill, kill.exact = sigterm[-1][1], True
         if not starts:
@@ -578,7 +637,9 @@ def resolve(kills: list[Kill], observer: Observer, manifests: list[dict[str, Any
         committed = committed_checkpoint(manifests, start["created"])
         kill.committed_before_restart = committed is not None
         if committed is not None and kill.resumed_at < committed:
-            kill.notes.append(f"resumed at {kill.resumed_at} although ckpt-{committed} was committed before the pod started")
+            kill.notes.append(
+                f"resumed at {kill.resumed_at} although ckpt-{committed} was committed before the pod started"
+            )
 
 
 # -- set-up ----------------------------------------------------------------------------------
@@ -595,10 +656,15 @@ def publish_images(stack) -> None:
         raise SystemExit(f"{rootfs} is missing: run `make images-base`")
     registry = stack.load_state()["registry"]
     builder = BuildahBuilder(REPO / ".tools" / "buildah", storage_driver="auto", log=lambda line: None)
-    publisher = ImagePublisher(builder, REPO / "trainer", REPO / ".tools" / "images" / "oci", log=lambda line: None)
+    publisher = ImagePublisher(
+        builder, REPO / "trainer", REPO / ".tools" / "images" / "oci", log=lambda line: None
+    )
     publisher.publish(
-        [TRAINER_CPU, SYNC], lambda item: PushTarget(registry, item.repository, insecure=True), base="debian", rootfs=rootfs,
-    )  # fmt: skip
+        [TRAINER_CPU, SYNC],
+        lambda item: PushTarget(registry, item.repository, insecure=True),
+        base="debian",
+        rootfs=rootfs,
+    )
 
 
 def median(values: list[int]) -> str:
@@ -649,7 +715,7 @@ def report(
         "The checkpoint interval is one epoch: the trainer checkpoints at every epoch end (and every "
         f"{PERIODIC_CHECKPOINT} steps, more than an epoch here) and on SIGTERM. Steps lost = the step the trainer "
         "had reached when killed minus the step the next pod resumed at (0 when the same trainer went on). "
-        "\"went on\": the kill did not stop the trainer (sidecar, Airflow, API server); a wrong final model is a "
+        '"went on": the kill did not stop the trainer (sidecar, Airflow, API server); a wrong final model is a '
         "promoted model that is not the final pass's outputs, was not written by the trainer that finished, "
         "miscounts steps or epochs, or does not score on the validation split what metrics.json says.",
         "",
@@ -678,8 +744,11 @@ def report(
             f"{'-' if k.resumed_at is None else k.resumed_at} | {'-' if k.lost is None else k.lost} | "
             f"{'; '.join(k.notes) or '-'} |"
         )
-    bad = [f"run {i + 1} ({r['run_id']}): {r['state']}; {'; '.join(r['model_problems'] + r['notes'])}"
-           for i, r in enumerate(runs) if r["state"] != "success" or r["model_problems"] or r["notes"]]  # fmt: skip
+    bad = [
+        f"run {i + 1} ({r['run_id']}): {r['state']}; {'; '.join(r['model_problems'] + r['notes'])}"
+        for i, r in enumerate(runs)
+        if r["state"] != "success" or r["model_problems"] or r["notes"]
+    ]
     if bad:
         lines += ["", "Runs with problems:", "", *[f"- {b}" for b in bad]]
     return "\n".join(lines) + "\n"
@@ -693,12 +762,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--per-run", type=int, default=4, help="kills per DAG run")
     parser.add_argument("--stack-dir", type=Path, help="a running dev stack to use (default: a private one)")
-    parser.add_argument("--keep", action="store_true", help="keep the Airflow home and the private stack's files")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the Airflow home and the private stack's files"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "kill_soak.md")
     parser.add_argument(
-        "--observations", type=Path, default=Path(tempfile.gettempdir()) / "kubetrain-kill-soak.json",
+        "--observations",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "kubetrain-kill-soak.json",
         help="where every observation goes (JSON)",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
 
     from include.airflow_ui import AirflowUI
@@ -721,11 +794,24 @@ def main(argv: list[str] | None = None) -> int:
         print("kill soak: images to the stack's registry ...", flush=True)
         publish_images(stack)
         archive = tmp / "digits.zip"
-        subprocess.run([str(TRAINER_PYTHON), "-m", "include.sample_data.digits", "--out", str(archive)], cwd=REPO, check=True)
+        subprocess.run(
+            [str(TRAINER_PYTHON), "-m", "include.sample_data.digits", "--out", str(archive)],
+            cwd=REPO,
+            check=True,
+        )
         ui = AirflowUI(
-            tmp / "airflow", stack_env, port=free_port(), seed_db=SEED_DB, pool_slots=1, paused_at_creation=True,
-            env={"KUBETRAIN_RETRY_DELAY_SECONDS": "1", "KUBETRAIN_IMAGE_CLASSIFIER_CRON": "", "KUBETRAIN_IMAGE_BUILD_CRON": ""},
-        )  # fmt: skip
+            tmp / "airflow",
+            stack_env,
+            port=free_port(),
+            seed_db=SEED_DB,
+            pool_slots=1,
+            paused_at_creation=True,
+            env={
+                "KUBETRAIN_RETRY_DELAY_SECONDS": "1",
+                "KUBETRAIN_IMAGE_CLASSIFIER_CRON": "",
+                "KUBETRAIN_IMAGE_BUILD_CRON": "",
+            },
+        )
         print(f"kill soak: starting Airflow ({ui.home}) ...", flush=True)
         ui.start()
         ui.wait_dags([DAG_ID], timeout=300)
@@ -733,17 +819,32 @@ def main(argv: list[str] | None = None) -> int:
         soak = Soak(stack_env, ui, kubeapi_pid, args.seed, args.epochs)
         soak.s3.upload_file(str(archive), "datasets", DATASET_KEY)
         conf = {
-            "dataset_uri": f"s3://datasets/{DATASET_KEY.split('/')[0]}/", "model_name": MODEL, "epochs": args.epochs,
-            "image_size": args.image_size, "batch_size": 64, "sync_interval": 2, "promote": "always", "force": True,
-        }  # fmt: skip
+            "dataset_uri": f"s3://datasets/{DATASET_KEY.split('/')[0]}/",
+            "model_name": MODEL,
+            "epochs": args.epochs,
+            "image_size": args.image_size,
+            "batch_size": 64,
+            "sync_interval": 2,
+            "promote": "always",
+            "force": True,
+        }
         # 1437 training images of the 1,797 at validation split 0.2, 64 a batch: 22 steps an epoch
         planned = plan(args.kills, args.seed, args.epochs * 22, args.per_run)
         for index, run_kills in enumerate(planned):
             kills += run_kills
             run_id = ui.trigger(DAG_ID, conf)
-            print(f"kill soak: run {index + 1}/{len(planned)} {run_id}: "
-                  + ", ".join(f"{k.kind}@{k.target}" for k in run_kills), flush=True)  # fmt: skip
-            record: dict[str, Any] = {"run_id": run_id, "state": None, "orphans": [], "model_problems": [], "notes": []}
+            print(
+                f"kill soak: run {index + 1}/{len(planned)} {run_id}: "
+                + ", ".join(f"{k.kind}@{k.target}" for k in run_kills),
+                flush=True,
+            )
+            record: dict[str, Any] = {
+                "run_id": run_id,
+                "state": None,
+                "orphans": [],
+                "model_problems": [],
+                "notes": [],
+            }
             runs.append(record)
             with Observer(soak.core, soak.namespace, label_value(run_id)) as observer:
                 for kill in run_kills:
@@ -752,8 +853,11 @@ def main(argv: list[str] | None = None) -> int:
                         kill.notes.append("the run ended before the kill point")
                         continue
                     soak.fire(kill, observer, pod)
-                    print(f"  {kill.kind}{' (' + kill.variant + ')' if kill.variant else ''} of {pod.name} "
-                          f"at step ~{kill.step_at_kill}", flush=True)  # fmt: skip
+                    print(
+                        f"  {kill.kind}{' (' + kill.variant + ')' if kill.variant else ''} of {pod.name} "
+                        f"at step ~{kill.step_at_kill}",
+                        flush=True,
+                    )
                     if kill.fired_at is not None:
                         soak.settle(kill, observer, run_id)
                 final = ui.wait_run(DAG_ID, run_id, timeout=3600)
@@ -764,22 +868,32 @@ def main(argv: list[str] | None = None) -> int:
                 record["orphans"] = orphans(soak, label)
                 time.sleep(1)  # the last log lines
             run_uri = soak.xcom(run_id, "train", "run_uri")
-            bucket, _, prefix = run_uri[len("s3://"):].partition("/")
+            bucket, _, prefix = run_uri[len("s3://") :].partition("/")
             manifests = passes(soak.s3, bucket, prefix)
             resolve(run_kills, observer, manifests)
-            spe = spe or next((p["steps_per_epoch"] for p in observer.snapshot() if p["steps_per_epoch"]), None)
+            spe = spe or next(
+                (p["steps_per_epoch"] for p in observer.snapshot() if p["steps_per_epoch"]), None
+            )
             if record["state"] == "success":
                 record["model_problems"] = check_model(soak, run_uri, observer, archive, conf)
             else:
                 record["notes"] += ui.task_errors(DAG_ID, run_id, "train")
             record["pods"] = observer.snapshot()
-            record["passes"] = [{k: v for k, v in d.items() if k != "files"} | {"files": [f["path"] for f in d["files"]]}
-                                for d in manifests]  # fmt: skip
+            record["passes"] = [
+                {k: v for k, v in d.items() if k != "files"} | {"files": [f["path"] for f in d["files"]]}
+                for d in manifests
+            ]
             for kill in run_kills:
-                print(f"  -> {kill.kind}: {kill.outcome}, step {kill.step_at_kill}, resumed at {kill.resumed_at}, "
-                      f"lost {kill.lost} {'; '.join(kill.notes)}", flush=True)  # fmt: skip
-            print(f"  run {record['state']}, train tries {record.get('train_tries')}, orphans {record['orphans']}, "
-                  f"model problems {record['model_problems']}", flush=True)  # fmt: skip
+                print(
+                    f"  -> {kill.kind}: {kill.outcome}, step {kill.step_at_kill}, resumed at {kill.resumed_at}, "
+                    f"lost {kill.lost} {'; '.join(kill.notes)}",
+                    flush=True,
+                )
+            print(
+                f"  run {record['state']}, train tries {record.get('train_tries')}, orphans {record['orphans']}, "
+                f"model problems {record['model_problems']}",
+                flush=True,
+            )
     finally:
         if ui is not None:
             ui.stop()

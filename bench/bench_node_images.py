@@ -66,7 +66,9 @@ async def timed_pull(store: ImageStore, image: str) -> float:
     return time.monotonic() - start
 
 
-async def measure_store(store: ImageStore, store_dir: Path, registry: str, images: dict, trainer: str) -> tuple:
+async def measure_store(
+    store: ImageStore, store_dir: Path, registry: str, images: dict, trainer: str
+) -> tuple:
     """Pulls (cold, then warm) of each image into an empty store, then the per-container costs."""
     rows = []
     for what, (repository, tag) in images.items():
@@ -76,8 +78,11 @@ async def measure_store(store: ImageStore, store_dir: Path, registry: str, image
         warm = [await timed_pull(store, image) for _ in range(RUNS)]
         unpacked = store_sizes(store_dir)
         layer_digests = [layer["digest"] for layer in data["layers"]]
-        size = (sum(layer["size"] for layer in data["layers"]), sum(unpacked.get(d, 0) for d in layer_digests),
-                len(layer_digests))  # fmt: skip
+        size = (
+            sum(layer["size"] for layer in data["layers"]),
+            sum(unpacked.get(d, 0) for d in layer_digests),
+            len(layer_digests),
+        )
         rows.append((what, size, cold, statistics.median(warm)))
     found, _ = await store.pull(trainer, "Always")
     rootfs = []
@@ -96,17 +101,28 @@ def runc_start(root: Path, runs: int) -> list[float]:
     """runc run of `true` in a prepared bundle of the trainer's root file system (the runtime's own cost)."""
     times = []
     with tempfile.TemporaryDirectory(prefix="runc-bench-") as tmp:
-        spec = {"ociVersion": "1.0.2-dev",
-                "process": {"terminal": False, "user": {"uid": 10001, "gid": 10001}, "args": ["/bin/true"],
-                            "env": ["PATH=/usr/bin:/bin"], "cwd": "/"},
-                "root": {"path": str(root)}, "hostname": "bench",
-                "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
-                "linux": {"namespaces": [{"type": "pid"}, {"type": "mount"}, {"type": "uts"}, {"type": "ipc"}]}}  # fmt: skip
+        spec = {
+            "ociVersion": "1.0.2-dev",
+            "process": {
+                "terminal": False,
+                "user": {"uid": 10001, "gid": 10001},
+                "args": ["/bin/true"],
+                "env": ["PATH=/usr/bin:/bin"],
+                "cwd": "/",
+            },
+            "root": {"path": str(root)},
+            "hostname": "bench",
+            "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
+            "linux": {"namespaces": [{"type": "pid"}, {"type": "mount"}, {"type": "uts"}, {"type": "ipc"}]},
+        }
         (Path(tmp) / "config.json").write_text(json.dumps(spec))
         for i in range(runs):
             start = time.monotonic()
-            subprocess.run(["runc", "--root", f"{tmp}/state", "run", "--bundle", tmp, f"bench-{i}"], check=True,
-                           capture_output=True)  # fmt: skip
+            subprocess.run(
+                ["runc", "--root", f"{tmp}/state", "run", "--bundle", tmp, f"bench-{i}"],
+                check=True,
+                capture_output=True,
+            )
             times.append(time.monotonic() - start)
     return times
 
@@ -128,12 +144,23 @@ class Node:
         """Seconds from the pod's creation to its container running (the image's command starts)."""
         from kubernetes import watch
 
-        body = {"metadata": {"name": name}, "spec": {"restartPolicy": "Never", "containers": [
-            {"name": "main", "image": image, "imagePullPolicy": "Always", "command": ["sleep", "30"]}]}}  # fmt: skip
+        body = {
+            "metadata": {"name": name},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {"name": "main", "image": image, "imagePullPolicy": "Always", "command": ["sleep", "30"]}
+                ],
+            },
+        }
         start = time.monotonic()
         self.core.create_namespaced_pod("default", body)
-        for event in watch.Watch().stream(self.core.list_namespaced_pod, "default",
-                                          field_selector=f"metadata.name={name}", timeout_seconds=600):  # fmt: skip
+        for event in watch.Watch().stream(
+            self.core.list_namespaced_pod,
+            "default",
+            field_selector=f"metadata.name={name}",
+            timeout_seconds=600,
+        ):
             statuses = event["object"].status.container_statuses or []
             if statuses and (statuses[0].state.running or statuses[0].state.terminated):
                 took = time.monotonic() - start
@@ -160,8 +187,14 @@ def append_code(registry: str, base: str, marker: int, tmp: Path) -> str:
     (code / "bench_marker.py").write_text(f"MARKER = {marker}\n")
     spec = AppendSpec(source=code, dest="/app/trainer")
     with RegistryClient(registry, insecure=True, timeout=60) as client:
-        result = append_layer(client, base=parse_reference(base, default_registry=registry),
-                              repository="kubetrain/trainer", spec=spec, tag=f"bench-code-{marker}", work_dir=tmp)  # fmt: skip
+        result = append_layer(
+            client,
+            base=parse_reference(base, default_registry=registry),
+            repository="kubetrain/trainer",
+            spec=spec,
+            tag=f"bench-code-{marker}",
+            work_dir=tmp,
+        )
     return result.reference
 
 
@@ -176,7 +209,10 @@ def main() -> int:
             state = stack.load_state()
             registry, mirror = state["registry"], state["mirror"]
             publish_images(stack)
-            images = {"sync": ("kubetrain/sync", "latest"), "trainer (CPU)": ("kubetrain/trainer", "latest-cpu")}
+            images = {
+                "sync": ("kubetrain/sync", "latest"),
+                "trainer (CPU)": ("kubetrain/trainer", "latest-cpu"),
+            }
             trainer = f"{registry}/kubetrain/trainer:latest-cpu"
             store = ImageStore(tmp / "cold", mirror, "bench")
             rows, rootfs, runc = asyncio.run(measure_store(store, tmp / "cold", registry, images, trainer))
@@ -206,7 +242,9 @@ def main() -> int:
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for what, (compressed, unpacked, count), cold, warm in rows:
-        lines.append(f"| {what} | {count} | {compressed / 1e6:.0f} MB | {unpacked / 1e6:.0f} MB | {cold:.1f} s | {warm:.2f} s |")
+        lines.append(
+            f"| {what} | {count} | {compressed / 1e6:.0f} MB | {unpacked / 1e6:.0f} MB | {cold:.1f} s | {warm:.2f} s |"
+        )
     lines += [
         "",
         "| next pod of the trainer image (pod created -> container running) | time |",

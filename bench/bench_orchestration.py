@@ -57,12 +57,16 @@ def main() -> int:
             start = time.monotonic()
             out = subprocess.run(
                 [str(AIRFLOW), "dags", "test", demo.dag_id, "-c", json.dumps(conf)],
-                cwd=REPO, env=env, capture_output=True, text=True,
-            )  # fmt: skip
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+            )
             wall = time.monotonic() - start
             with sqlite3.connect(home / "airflow.db") as db:
                 row = db.execute(
-                    "SELECT run_id, state FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1", (demo.dag_id,)
+                    "SELECT run_id, state FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1",
+                    (demo.dag_id,),
                 ).fetchone()
                 run_id, state = row or (None, None)
                 if out.returncode or state != "success":
@@ -82,8 +86,10 @@ def main() -> int:
                 aws_secret_access_key=env_vars["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
                 region_name="us-east-1",
             )
-            bucket, _, prefix = run_uri[len("s3://"):].partition("/")
-            metrics = json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}/output/metrics.json")["Body"].read())
+            bucket, _, prefix = run_uri[len("s3://") :].partition("/")
+            metrics = json.loads(
+                s3.get_object(Bucket=bucket, Key=f"{prefix}/output/metrics.json")["Body"].read()
+            )
         finally:
             stack.down()
     trainer = float(metrics["wall_time_s"])

@@ -39,7 +39,13 @@ sys.path[:0] = [str(REPO), str(REPO / "plugins")]
 RECORDS = int(os.environ.get("KUBETRAIN_BENCH_RECORDS", "10000"))
 RUNS = 7
 MODELS = ("digits", "dialogue", "faces", "churn")
-DAGS = ("train_image_classifier", "train_dialogue_transformer", "train_custom_container", "retrain_nightly", "sweep_image_classifier")
+DAGS = (
+    "train_image_classifier",
+    "train_dialogue_transformer",
+    "train_custom_container",
+    "retrain_nightly",
+    "sweep_image_classifier",
+)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 RESULT = REPO / "bench" / "results" / "runs_page.md"
 
@@ -51,10 +57,23 @@ def start_s3() -> tuple[subprocess.Popen, str, str, str, Path]:
     key, secret = "kt" + secrets.token_hex(8), secrets.token_urlsafe(30)
     work = Path(tempfile.mkdtemp())
     log = open(work / "s3.log", "wb")  # noqa: SIM115 - kept open for the server's life
-    proc = subprocess.Popen([sys.executable, "-m", "include.devstack.s3", "--port", str(port), "--data-dir", str(work / "s3"),
-                             "--buckets", "training"], cwd=REPO,
-                            env={**os.environ, "KUBETRAIN_S3_ACCESS_KEY_ID": key, "KUBETRAIN_S3_SECRET_ACCESS_KEY": secret},
-                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "include.devstack.s3",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(work / "s3"),
+            "--buckets",
+            "training",
+        ],
+        cwd=REPO,
+        env={**os.environ, "KUBETRAIN_S3_ACCESS_KEY_ID": key, "KUBETRAIN_S3_SECRET_ACCESS_KEY": secret},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     wait_http(f"{endpoint}/", 60, proc, Path(log.name))  # the bucket exists before it answers
     return proc, endpoint, key, secret, work
@@ -74,21 +93,40 @@ def make_records(count: int) -> list[dict]:
         failed = rng.random() < 0.02
         value = round(rng.uniform(0.6, 0.99), 5)
         metrics = {
-            "trainer": "image_classifier", "monitor": "val_accuracy", "monitor_mode": "max",
+            "trainer": "image_classifier",
+            "monitor": "val_accuracy",
+            "monitor_mode": "max",
             "final": {"loss": 0.3, "accuracy": value, "val_loss": 0.4, "val_accuracy": value},
-            "best": {"val_accuracy": value, "epoch": 5}, "epochs": 5, "steps": 500, "resumed_from_step": 0,
-            "wall_time_s": rng.uniform(30, 3000), "examples_per_s": 900.0,
-        }  # fmt: skip
-        records.append(build_record(
-            dag_id=dag, run_id=run_id, run=layout.run(dag, run_id), run_time=T0 + timedelta(minutes=7 * i), model=model,
-            status="failed" if failed else "success", params={"epochs": 5, "batch_size": rng.choice([32, 64, 128])},
-            metrics=None if failed else metrics,
-            run_params={"hyperparameters": {"epochs": 5, "learning_rate": rng.choice([1e-3, 3e-4])}, "code_version": "v1"},
-            dataset_uri=f"s3://datasets/{model}/", dataset_version=rng.choice(versions),
-            image="registry.example/kubetrain/trainer@sha256:" + "a" * 64, promote_rule="if_better",
-            promotion={"promoted": False}, report={"report_uri": f"s3://training/runs/{dag}/x/report/report.html"},
-            failure={"task": "train", "error": "OOMKilled"} if failed else None,
-        ))  # fmt: skip
+            "best": {"val_accuracy": value, "epoch": 5},
+            "epochs": 5,
+            "steps": 500,
+            "resumed_from_step": 0,
+            "wall_time_s": rng.uniform(30, 3000),
+            "examples_per_s": 900.0,
+        }
+        records.append(
+            build_record(
+                dag_id=dag,
+                run_id=run_id,
+                run=layout.run(dag, run_id),
+                run_time=T0 + timedelta(minutes=7 * i),
+                model=model,
+                status="failed" if failed else "success",
+                params={"epochs": 5, "batch_size": rng.choice([32, 64, 128])},
+                metrics=None if failed else metrics,
+                run_params={
+                    "hyperparameters": {"epochs": 5, "learning_rate": rng.choice([1e-3, 3e-4])},
+                    "code_version": "v1",
+                },
+                dataset_uri=f"s3://datasets/{model}/",
+                dataset_version=rng.choice(versions),
+                image="registry.example/kubetrain/trainer@sha256:" + "a" * 64,
+                promote_rule="if_better",
+                promotion={"promoted": False},
+                report={"report_uri": f"s3://training/runs/{dag}/x/report/report.html"},
+                failure={"task": "train", "error": "OOMKilled"} if failed else None,
+            )
+        )
     return records
 
 
@@ -161,16 +199,26 @@ def main() -> int:
     import boto3
     from fastapi.testclient import TestClient
 
-
     proc, endpoint, key, secret, work = start_s3()
     try:
-        os.environ["AIRFLOW_CONN_AWS_DEFAULT"] = json.dumps({"conn_type": "aws", "login": key, "password": secret,
-                                                             "extra": {"endpoint_url": endpoint, "region_name": "us-east-1"}})  # fmt: skip
+        os.environ["AIRFLOW_CONN_AWS_DEFAULT"] = json.dumps(
+            {
+                "conn_type": "aws",
+                "login": key,
+                "password": secret,
+                "extra": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+            }
+        )
         os.environ.pop("KUBETRAIN_TRAINING_BUCKET", None)
         import airflow  # noqa: F401
 
-        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=key, aws_secret_access_key=secret,
-                              region_name="us-east-1")  # fmt: skip
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id=key,
+            aws_secret_access_key=secret,
+            region_name="us-east-1",
+        )
         records = make_records(RECORDS)
         seed_s, objects = seed(client, records)
         print(f"seeded {len(records)} run records ({objects} objects) in {seed_s:.0f} s", flush=True)
@@ -185,7 +233,8 @@ def main() -> int:
         refs = [r["ref"] for r in first["runs"][:2]]
         for ref in refs:  # the compared runs' curves
             rows_csv = "epoch,step,loss,accuracy,val_loss,val_accuracy\n" + "".join(
-                f"{e},{e * 100},{1 / e:.4f},{1 - 0.5 / e:.4f},{1.1 / e:.4f},{1 - 0.6 / e:.4f}\n" for e in range(1, 6)
+                f"{e},{e * 100},{1 / e:.4f},{1 - 0.5 / e:.4f},{1.1 / e:.4f},{1 - 0.6 / e:.4f}\n"
+                for e in range(1, 6)
             )
             client.put_object(Bucket="training", Key=f"runs/{ref}/output/history.csv", Body=rows_csv.encode())
         rows = []
@@ -203,16 +252,33 @@ def main() -> int:
             return f"{len(answer.json()['runs'])} runs"
 
         case("runs, newest first (JSON)", lambda: get("/api/runs"), count)
-        case("runs, newest first (HTML page)", lambda: get("/"), lambda a: f"{a.text.count('<tr data-ref')} rows")
+        case(
+            "runs, newest first (HTML page)",
+            lambda: get("/"),
+            lambda a: f"{a.text.count('<tr data-ref')} rows",
+        )
         case("one model's runs", lambda: get("/api/runs", model="digits"), count)
         case("next page (after=)", lambda: get("/api/runs", after=first["next_after"]), count)
-        case("DAG + status filter (failed runs of one DAG)",
-             lambda: get("/api/runs", dag_id="train_custom_container", status="failed"), count)  # fmt: skip
-        case("a filter that matches nothing (stops after 5,000 keys)", lambda: get("/api/runs", dataset_version="0" * 16), count)
-        case("leaderboard of one model", lambda: get("/api/models/digits/leaderboard"),
-             lambda a: f"{len(a.json()['entries'])} ranked")  # fmt: skip
-        case("two runs compared (HTML, with the chart)", lambda: get("/compare", run=refs),
-             lambda a: "chart drawn" if "<svg" in a.text else "no history: table only")  # fmt: skip
+        case(
+            "DAG + status filter (failed runs of one DAG)",
+            lambda: get("/api/runs", dag_id="train_custom_container", status="failed"),
+            count,
+        )
+        case(
+            "a filter that matches nothing (stops after 5,000 keys)",
+            lambda: get("/api/runs", dataset_version="0" * 16),
+            count,
+        )
+        case(
+            "leaderboard of one model",
+            lambda: get("/api/models/digits/leaderboard"),
+            lambda a: f"{len(a.json()['entries'])} ranked",
+        )
+        case(
+            "two runs compared (HTML, with the chart)",
+            lambda: get("/compare", run=refs),
+            lambda a: "chart drawn" if "<svg" in a.text else "no history: table only",
+        )
 
         from kubetrain.run_record import record_keys
         from kubetrain.s3_layout import S3Layout
@@ -221,7 +287,9 @@ def main() -> int:
 
         def read_all():
             with ThreadPoolExecutor(10) as pool:
-                return list(pool.map(lambda k: client.get_object(Bucket="training", Key=k)["Body"].read(), every))
+                return list(
+                    pool.map(lambda k: client.get_object(Bucket="training", Key=k)["Body"].read(), every)
+                )
 
         started = time.perf_counter()
         read_all()

@@ -37,7 +37,9 @@ from include.devstack.stack import Stack  # noqa: E402
 
 DAG_ID = "sweep_image_classifier"
 PARALLEL = 2
-TRIALS = int(os.environ.get("KUBETRAIN_BENCH_SWEEP_TRIALS", "16"))  # fewer for a quick look; bench/README has 16
+TRIALS = int(
+    os.environ.get("KUBETRAIN_BENCH_SWEEP_TRIALS", "16")
+)  # fewer for a quick look; bench/README has 16
 CONF = {
     "dataset_uri": "s3://datasets/digits/",
     "model_name": "bench-sweep",
@@ -79,9 +81,11 @@ def publish_images(stack: Stack) -> None:
     builder = BuildahBuilder(REPO / ".tools" / "buildah", storage_driver="auto", log=print)
     publisher = ImagePublisher(builder, REPO / "trainer", REPO / ".tools" / "images" / "oci", log=print)
     publisher.publish(
-        [TRAINER_CPU, SYNC], lambda item: PushTarget(registry, item.repository, insecure=True),
-        base="debian", rootfs=IMAGE_ROOTFS,
-    )  # fmt: skip
+        [TRAINER_CPU, SYNC],
+        lambda item: PushTarget(registry, item.repository, insecure=True),
+        base="debian",
+        rootfs=IMAGE_ROOTFS,
+    )
 
 
 def run_sweep(ui: AirflowUI, s3, early_stopping: dict) -> dict:
@@ -93,17 +97,35 @@ def run_sweep(ui: AirflowUI, s3, early_stopping: dict) -> dict:
     if run["state"] != "success":
         tis = {k: v["state"] for k, v in ui.task_instances(DAG_ID, run_id).items()}
         raise SystemExit(f"the sweep {run_id} ended {run['state']}: {tis}")
-    tis = {k: v for k, v in ui.task_instances(DAG_ID, run_id).items() if ".train" in k and v["state"] == "success"}
+    tis = {
+        k: v
+        for k, v in ui.task_instances(DAG_ID, run_id).items()
+        if ".train" in k and v["state"] == "success"
+    }
     sweep = S3Layout().run(DAG_ID, run_id)
-    record = json.loads(s3.get_object(Bucket=sweep.bucket, Key=f"{sweep.prefix}/sweep/sweep.json")["Body"].read())
+    record = json.loads(
+        s3.get_object(Bucket=sweep.bucket, Key=f"{sweep.prefix}/sweep/sweep.json")["Body"].read()
+    )
     trials = []
     for trial in record["trials"]:
-        full = json.loads(s3.get_object(Bucket=sweep.bucket, Key=f"{sweep.prefix}/sweep/trials/{trial['number']}.json")["Body"].read())
-        ti = next(v for k, v in tis.items() if k.endswith(f"[{trial['number']}]") or v.get("rendered_map_index") == f"trial {trial['number']}")
+        full = json.loads(
+            s3.get_object(Bucket=sweep.bucket, Key=f"{sweep.prefix}/sweep/trials/{trial['number']}.json")[
+                "Body"
+            ].read()
+        )
+        ti = next(
+            v
+            for k, v in tis.items()
+            if k.endswith(f"[{trial['number']}]") or v.get("rendered_map_index") == f"trial {trial['number']}"
+        )
         timing = full.get("timing") or {}
         base = timing.get("base") or {}
         queued, started, ended = _t(ti.get("queued_when")), _t(ti.get("start_date")), _t(ti.get("end_date"))
-        pod_created, base_start, base_end = _t(timing.get("pod_created")), _t(base.get("started")), _t(base.get("finished"))
+        pod_created, base_start, base_end = (
+            _t(timing.get("pod_created")),
+            _t(base.get("started")),
+            _t(base.get("finished")),
+        )
         trainer = float(full.get("wall_time_s") or 0.0)
         resumed, pod_done = _t(timing.get("resumed")), _t(timing.get("pod_done"))
         final_pass, recorded = _t(timing.get("final_pass")), _t(timing.get("recorded"))
@@ -122,15 +144,31 @@ def run_sweep(ui: AirflowUI, s3, early_stopping: dict) -> dict:
             "report + records": recorded - final_pass if recorded and final_pass else None,
             "task exit": ended - recorded if ended and recorded else None,
         }
-        trials.append({
-            "number": trial["number"], "params": trial["params"], "value": (trial.get("objective") or {}).get("value"),
-            "stopped_early": trial.get("stopped_early"), "steps": full.get("steps") or 0, "trainer_s": trainer,
-            "queued": queued, "started": started, "ended": ended, "task_s": ended - started if ended and started else None,
-            "phases": phases, "details": details,
-            "container_s": base_end - base_start if base_end and base_start else None,
-        })  # fmt: skip
+        trials.append(
+            {
+                "number": trial["number"],
+                "params": trial["params"],
+                "value": (trial.get("objective") or {}).get("value"),
+                "stopped_early": trial.get("stopped_early"),
+                "steps": full.get("steps") or 0,
+                "trainer_s": trainer,
+                "queued": queued,
+                "started": started,
+                "ended": ended,
+                "task_s": ended - started if ended and started else None,
+                "phases": phases,
+                "details": details,
+                "container_s": base_end - base_start if base_end and base_start else None,
+            }
+        )
     span = max(t["ended"] for t in trials) - min(t["started"] for t in trials)
-    return {"run_id": run_id, "dag_wall": _t(run["end_date"]) - _t(run["start_date"]), "span": span, "trials": trials, "best": record["best"]}
+    return {
+        "run_id": run_id,
+        "dag_wall": _t(run["end_date"]) - _t(run["start_date"]),
+        "span": span,
+        "trials": trials,
+        "best": record["best"],
+    }
 
 
 def normalize(result: dict) -> dict:
@@ -154,16 +192,29 @@ def summarize(name: str, result: dict) -> dict:
     overheads = [t["task_s"] - t["trainer_s"] for t in trials if t["task_s"] is not None]
     # The orchestration alone: the task's time outside the training container's run (the trainer
     # process's own start-up, TensorFlow's import, and its model export are in that run).
-    orchestration = [t["task_s"] - t["container_s"] for t in trials if t["task_s"] is not None and t.get("container_s")]
+    orchestration = [
+        t["task_s"] - t["container_s"] for t in trials if t["task_s"] is not None and t.get("container_s")
+    ]
     phases = {k: _median([t["phases"][k] for t in trials]) for k in trials[0]["phases"]}
-    details = {k: _median([t.get("details", {}).get(k) for t in trials]) for k in trials[0].get("details", {})}
+    details = {
+        k: _median([t.get("details", {}).get(k) for t in trials]) for k in trials[0].get("details", {})
+    }
     ideal = trainer / PARALLEL
     return {
-        "name": name, "trainer_s": trainer, "steps": sum(t["steps"] for t in trials), "best": result["best"]["best_value"],
-        "stopped": sum(1 for t in trials if t["stopped_early"]), "span": result["span"], "dag_wall": result["dag_wall"],
-        "ideal": ideal, "ratio": result["span"] / ideal if ideal else float("nan"),
-        "overhead": _median(overheads), "orchestration": _median(orchestration), "phases": phases, "details": details,
-    }  # fmt: skip
+        "name": name,
+        "trainer_s": trainer,
+        "steps": sum(t["steps"] for t in trials),
+        "best": result["best"]["best_value"],
+        "stopped": sum(1 for t in trials if t["stopped_early"]),
+        "span": result["span"],
+        "dag_wall": result["dag_wall"],
+        "ideal": ideal,
+        "ratio": result["span"] / ideal if ideal else float("nan"),
+        "overhead": _median(overheads),
+        "orchestration": _median(orchestration),
+        "phases": phases,
+        "details": details,
+    }
 
 
 def _median(values: list) -> float:
@@ -173,8 +224,12 @@ def _median(values: list) -> float:
 
 def main() -> int:
     if sys.argv[1:] == ["--from-raw"]:  # re-summarize the raw results of the last run (in the temp dir)
-        raw = {name: json.loads((Path(tempfile.gettempdir()) / f"kubetrain-bench-sweep-{rule['rule']}.json").read_text())
-               for name, rule in VARIANTS.items()}  # fmt: skip
+        raw = {
+            name: json.loads(
+                (Path(tempfile.gettempdir()) / f"kubetrain-bench-sweep-{rule['rule']}.json").read_text()
+            )
+            for name, rule in VARIANTS.items()
+        }
         return write(raw)
     raw = {}
     with tempfile.TemporaryDirectory(prefix="kubetrain-bench-sweep-") as tmp:
@@ -185,9 +240,16 @@ def main() -> int:
             publish_images(stack)
             upload_dataset(DEMOS["image_classifier"], env)
             s3 = _s3(env)
-            ui = AirflowUI(Path(tmp) / "airflow", env, port=_free_port(), seed_db=REPO / ".airflow" / "airflow.db",
-                           pool_slots=PARALLEL, parallelism=4, paused_at_creation=True,
-                           env={"KUBETRAIN_IMAGE_CLASSIFIER_CRON": "", "KUBETRAIN_IMAGE_BUILD_CRON": ""})  # fmt: skip
+            ui = AirflowUI(
+                Path(tmp) / "airflow",
+                env,
+                port=_free_port(),
+                seed_db=REPO / ".airflow" / "airflow.db",
+                pool_slots=PARALLEL,
+                parallelism=4,
+                paused_at_creation=True,
+                env={"KUBETRAIN_IMAGE_CLASSIFIER_CRON": "", "KUBETRAIN_IMAGE_BUILD_CRON": ""},
+            )
             with ui:
                 ui.wait_dags([DAG_ID])
                 ui.set_paused(DAG_ID, False)
@@ -195,7 +257,9 @@ def main() -> int:
                     start = time.monotonic()
                     print(f"== sweep, {name} ...", flush=True)
                     raw[name] = run_sweep(ui, s3, rule)
-                    (Path(tempfile.gettempdir()) / f"kubetrain-bench-sweep-{rule['rule']}.json").write_text(json.dumps(raw[name]))
+                    (Path(tempfile.gettempdir()) / f"kubetrain-bench-sweep-{rule['rule']}.json").write_text(
+                        json.dumps(raw[name])
+                    )
                     print(f"== sweep, {name}: {time.monotonic() - start:.0f} s", flush=True)
         finally:
             stack.down()
@@ -218,8 +282,11 @@ def write(raw: dict) -> int:
         "",
         "| | trainer wall, sum (s) | steps, sum | trials stopped | best val_accuracy | sweep wall (s) | ideal (s) | wall / ideal | overhead per trial (s, median) | of which orchestration (s, median) |",
         "|---|---|---|---|---|---|---|---|---|---|",
-        *(f"| {r['name']} | {r['trainer_s']:.1f} | {r['steps']} | {r['stopped']} | {r['best']:.4f} | {r['span']:.0f} | "
-          f"{r['ideal']:.0f} | {r['ratio']:.2f} | {r['overhead']:.1f} | {r['orchestration']:.1f} |" for r in (off, med)),  # fmt: skip
+        *(
+            f"| {r['name']} | {r['trainer_s']:.1f} | {r['steps']} | {r['stopped']} | {r['best']:.4f} | {r['span']:.0f} | "
+            f"{r['ideal']:.0f} | {r['ratio']:.2f} | {r['overhead']:.1f} | {r['orchestration']:.1f} |"
+            for r in (off, med)
+        ),
         "",
         f"Median stopping saved {saved:.0%} of the trainer wall time and {saved_steps:.0%} of the steps (target >= 40%); "
         f"its best objective is {best_gap:+.2%} below the no-stopping best (target within 1%).",
@@ -232,14 +299,28 @@ def write(raw: dict) -> int:
         "",
         "| | " + " | ".join(off["phases"]) + " |",
         "|---|" + "---|" * len(off["phases"]),
-        *(f"| {r['name']} | " + " | ".join(f"{v:.1f}" for v in r["phases"].values()) + " |" for r in (off, med)),
-        *(["", "What \"exit to task end\" is made of (median seconds): from the trainer's exit to the pod's end "
-           "(the training container's log ends, the sidecar's final sync pass, the pod's terminal status on the "
-           "task's watch) and its deletion, the task's check of the final pass in S3, the trial's report and "
-           "records, the task process's exit:", "",
-           "| | " + " | ".join(off["details"]) + " |", "|---|" + "---|" * len(off["details"]),
-           *(f"| {r['name']} | " + " | ".join(f"{v:.1f}" for v in r["details"].values()) + " |" for r in (off, med))]
-          if off.get("details") else []),
+        *(
+            f"| {r['name']} | " + " | ".join(f"{v:.1f}" for v in r["phases"].values()) + " |"
+            for r in (off, med)
+        ),
+        *(
+            [
+                "",
+                "What \"exit to task end\" is made of (median seconds): from the trainer's exit to the pod's end "
+                "(the training container's log ends, the sidecar's final sync pass, the pod's terminal status on the "
+                "task's watch) and its deletion, the task's check of the final pass in S3, the trial's report and "
+                "records, the task process's exit:",
+                "",
+                "| | " + " | ".join(off["details"]) + " |",
+                "|---|" + "---|" * len(off["details"]),
+                *(
+                    f"| {r['name']} | " + " | ".join(f"{v:.1f}" for v in r["details"].values()) + " |"
+                    for r in (off, med)
+                ),
+            ]
+            if off.get("details")
+            else []
+        ),
         "",
         "Overhead per trial: the task's duration minus the trainer's own wall time (its training loop); of which "
         "orchestration: the task's duration minus the training container's run, i.e. without the trainer process's "

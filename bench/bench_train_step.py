@@ -38,8 +38,16 @@ RESULT = REPO / "bench" / "results" / "train_step.md"
 COMMAND = "trainer/.venv/bin/python bench/bench_train_step.py"
 CASES = {
     "digits demo (CNN 32x32, batch 64)": ["--image-size", "32", "--batch-size", "64", "--epochs", "4"],
-    "small step (CNN 8 filters, 16x16, batch 16)": ["--image-size", "16", "--filters", "8", "--batch-size", "16",
-                                                   "--epochs", "2"],
+    "small step (CNN 8 filters, 16x16, batch 16)": [
+        "--image-size",
+        "16",
+        "--filters",
+        "8",
+        "--batch-size",
+        "16",
+        "--epochs",
+        "2",
+    ],
 }
 # (steps per execution, XLA, --deterministic)
 CONFIGS = [(1, False, False), (16, False, False), (1, True, False), (16, True, False), (1, False, True)]
@@ -47,11 +55,27 @@ CONFIGS = [(1, False, False), (16, False, False), (1, True, False), (16, True, F
 
 def train(data: Path, work: Path, case: list[str], k: int, jit: bool, deterministic: bool) -> dict:
     out = work / f"out-{k}-{int(jit)}-{int(deterministic)}"
-    args = [sys.executable, "-m", "trainer.image_classifier", "--data-dir", str(data),
-            "--checkpoint-dir", str(work / f"ckpt-{time.monotonic_ns()}"), "--output-dir", str(out),
-            *case, "--steps-per-execution", str(k), "--jit-compile" if jit else "--no-jit-compile",
-            "--deterministic" if deterministic else "--no-deterministic",
-            "--log-every-steps", "100000", "--checkpoint-every-steps", "0", "--no-tensorboard"]
+    args = [
+        sys.executable,
+        "-m",
+        "trainer.image_classifier",
+        "--data-dir",
+        str(data),
+        "--checkpoint-dir",
+        str(work / f"ckpt-{time.monotonic_ns()}"),
+        "--output-dir",
+        str(out),
+        *case,
+        "--steps-per-execution",
+        str(k),
+        "--jit-compile" if jit else "--no-jit-compile",
+        "--deterministic" if deterministic else "--no-deterministic",
+        "--log-every-steps",
+        "100000",
+        "--checkpoint-every-steps",
+        "0",
+        "--no-tensorboard",
+    ]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode:
@@ -83,9 +107,12 @@ def main() -> int:
                 for k, jit, det in CONFIGS:
                     metrics = train(root / "data", root, case, k, jit, det)
                     runs.setdefault((name, k, jit, det), []).append(metrics)
-                    print(f"round {round_ + 1}/{rounds} {name} K={k} jit={jit} deterministic={det}: "
-                          f"{metrics['step_time_s'] * 1000:.2f} ms/step, {metrics['examples_per_s']:.0f} examples/s, "
-                          f"input wait {percent(metrics['input_wait_fraction'])}", flush=True)
+                    print(
+                        f"round {round_ + 1}/{rounds} {name} K={k} jit={jit} deterministic={det}: "
+                        f"{metrics['step_time_s'] * 1000:.2f} ms/step, {metrics['examples_per_s']:.0f} examples/s, "
+                        f"input wait {percent(metrics['input_wait_fraction'])}",
+                        flush=True,
+                    )
     load = os.getloadavg()[0]
     import tensorflow as tf
 
@@ -111,14 +138,23 @@ def main() -> int:
         for k, jit, det in CONFIGS:
             # The run with the median step time gives the whole row, so that its figures belong together.
             median = median_run(runs[(name, k, jit, det)])
-            step, rate, wait = median["step_time_s"], median["examples_per_s"], percent(median["input_wait_fraction"])
+            step, rate, wait = (
+                median["step_time_s"],
+                median["examples_per_s"],
+                percent(median["input_wait_fraction"]),
+            )
             times = [m["step_time_s"] * 1000 for m in runs[(name, k, jit, det)]]
-            lines.append(f"| {name} | {k} | {'on' if jit else 'off'} | {'on' if det else 'off'} | "
-                         f"{step * 1000:.2f} | {min(times):.2f}-{max(times):.2f} | {rate:,.0f} | {wait} | "
-                         f"{base / step:.2f}x |")
-    lines += ["", "vs K=1, no XLA: the step time of K=1 without XLA (and without --deterministic) divided by this "
-              "row's (above 1: faster). Input wait is not measured under --deterministic (TensorFlow refuses its "
-              "timestamp op when op determinism is on)."]
+            lines.append(
+                f"| {name} | {k} | {'on' if jit else 'off'} | {'on' if det else 'off'} | "
+                f"{step * 1000:.2f} | {min(times):.2f}-{max(times):.2f} | {rate:,.0f} | {wait} | "
+                f"{base / step:.2f}x |"
+            )
+    lines += [
+        "",
+        "vs K=1, no XLA: the step time of K=1 without XLA (and without --deterministic) divided by this "
+        "row's (above 1: faster). Input wait is not measured under --deterministic (TensorFlow refuses its "
+        "timestamp op when op determinism is on).",
+    ]
     text = "\n".join(lines) + "\n"
     print(text)
     RESULT.parent.mkdir(parents=True, exist_ok=True)

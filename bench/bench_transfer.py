@@ -60,6 +60,8 @@ def ensure_tools() -> None:
             [str(UV), "pip", "install", "-q", "--python", str(BENCH_VENV / "bin" / "python"), *PINS],
             check=True,
         )
+
+
 def ensure_s3rver() -> None:
     if not (S3RVER_DIR / "node_modules" / ".bin" / "s3rver").exists():
         print(f"bench: installing {S3RVER_PIN} into .tools/s3rver", flush=True)
@@ -98,8 +100,18 @@ def start_server(work: Path, kind: str) -> tuple[subprocess.Popen, str, str, tup
     if kind == "devstack":
         keys = ("kt" + secrets.token_hex(8), secrets.token_hex(20))
         name = f"the dev stack's: {devstack_s3.RCLONE_PIN} `rclone serve s3` (objects on local disk, SigV4 verified)"
-        cmd = [sys.executable, "-m", "include.devstack.s3", "--port", str(port), "--data-dir", str(work / "store"),
-               "--buckets", "datasets", "training"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "include.devstack.s3",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(work / "store"),
+            "--buckets",
+            "datasets",
+            "training",
+        ]
         env.update(KUBETRAIN_S3_ACCESS_KEY_ID=keys[0], KUBETRAIN_S3_SECRET_ACCESS_KEY=keys[1])
     elif kind == "s3rver":
         ensure_s3rver()
@@ -107,8 +119,20 @@ def start_server(work: Path, kind: str) -> tuple[subprocess.Popen, str, str, tup
         version = json.loads((S3RVER_DIR / "node_modules" / "s3rver" / "package.json").read_text())["version"]
         node = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
         name = f"s3rver {version} (node {node}, objects on local disk)"
-        cmd = [str(S3RVER_DIR / "node_modules" / ".bin" / "s3rver"), "-d", str(work / "store"), "-a", "127.0.0.1",
-               "-p", str(port), "--silent", "--configure-bucket", "datasets", "--configure-bucket", "training"]  # fmt: skip
+        cmd = [
+            str(S3RVER_DIR / "node_modules" / ".bin" / "s3rver"),
+            "-d",
+            str(work / "store"),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "--silent",
+            "--configure-bucket",
+            "datasets",
+            "--configure-bucket",
+            "training",
+        ]
         # s3rver 3.7's listing continuation tokens use a cipher that OpenSSL 3 keeps in its legacy provider
         env["NODE_OPTIONS"] = "--openssl-legacy-provider"
     else:
@@ -187,7 +211,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of the standard sizes")
     parser.add_argument("--runs", type=int, default=5, help="runs per client and scenario (median reported)")
-    parser.add_argument("--server", choices=SERVERS, default="devstack", help="the S3 server to measure against")
+    parser.add_argument(
+        "--server", choices=SERVERS, default="devstack", help="the S3 server to measure against"
+    )
     parser.add_argument("--scenarios", default="ab", help="which of (a) and (b) to run, e.g. a (default: ab)")
     args = parser.parse_args()
     ensure_tools()
@@ -270,9 +296,17 @@ def main() -> int:
             clients = {
                 "trainer.sync": lambda d, m=manifest: ours + ["--manifest", m, "--data-dir", str(d)],
                 # the same transfer with the MD5 of every object, to show what that costs
-                "trainer.sync --verify md5": lambda d, m=manifest: ours
-                + ["--manifest", m, "--data-dir", str(d), "--verify", "md5"],
-                "s5cmd": lambda d, p=prefix: [s5, "--endpoint-url", endpoint, "cp", f"s3://datasets/{p}*", f"{d}/"],
+                "trainer.sync --verify md5": lambda d, m=manifest: (
+                    ours + ["--manifest", m, "--data-dir", str(d), "--verify", "md5"]
+                ),
+                "s5cmd": lambda d, p=prefix: [
+                    s5,
+                    "--endpoint-url",
+                    endpoint,
+                    "cp",
+                    f"s3://datasets/{p}*",
+                    f"{d}/",
+                ],
                 "awscli": lambda d, p=prefix: [
                     aws,
                     "s3",
@@ -333,7 +367,9 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     hashes = hash_costs()
-    write_result(rows, cache_rows, hashes, f"{server_name}; load average at the end {os.getloadavg()[0]:.1f}", args)
+    write_result(
+        rows, cache_rows, hashes, f"{server_name}; load average at the end {os.getloadavg()[0]:.1f}", args
+    )
     return 0
 
 

@@ -19,18 +19,54 @@ TRAINER = REPO / "trainer" / ".venv" / "bin" / "python"
 
 # name -> (interpreter, script, what it measures)
 BENCHES = {
-    "input_pipeline": (TRAINER, "bench_input_pipeline.py", "image input pipeline vs. the naive one (examples/s)"),
-    "train_step": (TRAINER, "bench_train_step.py", "training step time: steps per execution 1 vs 16, XLA off/on"),
+    "input_pipeline": (
+        TRAINER,
+        "bench_input_pipeline.py",
+        "image input pipeline vs. the naive one (examples/s)",
+    ),
+    "train_step": (
+        TRAINER,
+        "bench_train_step.py",
+        "training step time: steps per execution 1 vs 16, XLA off/on",
+    ),
     "transfer": (TRAINER, "bench_transfer.py", "S3 stage-in vs. s5cmd and awscli (wall time, client CPU/GB)"),
-    "image_update": (AIRFLOW, "bench_image_update.py", "code-only image update: append layer vs. buildah build"),
-    "images": (AIRFLOW, "bench_node_images.py", "the node's image cache: image sizes, cold and warm pulls, a code layer's cost to the next pod start"),
-    "dag_parse": (AIRFLOW, "bench_dag_parse.py", "DAG file parse time: (a) warm, as the DAG processor parses, (b) cold import"),
+    "image_update": (
+        AIRFLOW,
+        "bench_image_update.py",
+        "code-only image update: append layer vs. buildah build",
+    ),
+    "images": (
+        AIRFLOW,
+        "bench_node_images.py",
+        "the node's image cache: image sizes, cold and warm pulls, a code layer's cost to the next pod start",
+    ),
+    "dag_parse": (
+        AIRFLOW,
+        "bench_dag_parse.py",
+        "DAG file parse time: (a) warm, as the DAG processor parses, (b) cold import",
+    ),
     "orchestration": (AIRFLOW, "bench_orchestration.py", "orchestration overhead of the demo DAG"),
-    "kill_soak": (AIRFLOW, "bench_kill_soak.py", "training runs killed at random points: resumed, steps lost, orphans"),
-    "sweep": (AIRFLOW, "bench_sweep.py", "16-trial random sweep with and without median stopping: compute saved, wall vs. ideal, per-trial overhead"),
+    "kill_soak": (
+        AIRFLOW,
+        "bench_kill_soak.py",
+        "training runs killed at random points: resumed, steps lost, orphans",
+    ),
+    "sweep": (
+        AIRFLOW,
+        "bench_sweep.py",
+        "16-trial random sweep with and without median stopping: compute saved, wall vs. ideal, per-trial overhead",
+    ),
     "runs_page": (AIRFLOW, "bench_runs_page.py", "the Training page's API with 10,000 run records"),
-    "distributed": (AIRFLOW, "bench_distributed.py", "the digits training with 1 and 2 workers on the dev stack"),
-    "distributed_accuracy": (TRAINER, "bench_distributed_accuracy.py", "final accuracy with 1 and 2 workers over several seeds"),
+    "distributed": (
+        AIRFLOW,
+        "bench_distributed.py",
+        "the digits training with 1 and 2 workers on the dev stack",
+    ),
+    "distributed_accuracy": (
+        TRAINER,
+        "bench_distributed_accuracy.py",
+        "final accuracy with 1 and 2 workers over several seeds",
+    ),
 }
 
 HEADER = """# Benchmarks

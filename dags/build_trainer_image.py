@@ -64,16 +64,24 @@ CODE_DIR = "{{ var.value.get('kubetrain_trainer_code_dir', '/app/trainer') }}"
     tags=["kubetrain", "image", "build"],
     params={
         "variant": Param(
-            None, type=["null", "string"], enum=[None, "gpu", "cpu"], title="Trainer variant",
+            None,
+            type=["null", "string"],
+            enum=[None, "gpu", "cpu"],
+            title="Trainer variant",
             description="gpu: on the TensorFlow GPU base, tagged <tag> and <tag>-gpu; cpu: tagged <tag>-cpu; "
             "empty: the trainer_variant setting.",
         ),
         "mode": Param(
-            "auto", type="string", enum=["auto", "full", "append"], title="Mode",
+            "auto",
+            type="string",
+            enum=["auto", "full", "append"],
+            title="Mode",
             description="auto: full build when the dependencies changed, else a code layer; full or append: force one.",
         ),
-        "force": Param(False, type="boolean", title="Force", description="Build even when trainer/ is unchanged."),
-    },  # fmt: skip
+        "force": Param(
+            False, type="boolean", title="Force", description="Build even when trainer/ is unchanged."
+        ),
+    },
 )
 def build_trainer_image():
     @task.short_circuit
@@ -146,10 +154,14 @@ def build_trainer_image():
         from kubetrain.imagebuild.trainer_image import publish_images
 
         built_trainer = ti.xcom_pull(task_ids="build_full") or ti.xcom_pull(task_ids="append_code")
-        record = publish_images(planned, built_trainer, ti.xcom_pull(task_ids="build_sync"),
-                                registry_conn_id=REGISTRY_CONN_ID)  # fmt: skip
+        record = publish_images(
+            planned, built_trainer, ti.xcom_pull(task_ids="build_sync"), registry_conn_id=REGISTRY_CONN_ID
+        )
         for asset, name in ((TRAINER_IMAGE, "trainer"), (SYNC_IMAGE, "sync")):
-            outlet_events[asset].extra = {"reference": record[name]["reference"], "action": record[name]["action"]}
+            outlet_events[asset].extra = {
+                "reference": record[name]["reference"],
+                "action": record[name]["action"],
+            }
         return record
 
     chosen = choose(planned)

@@ -32,12 +32,30 @@ with DAG(
     params=common_params(
         dataset_uri=DATASET,
         model="keras-digits",
-        image=Param("localhost:5000/examples/keras-model:1", type="string", title="Training image",
-                    description="Your image: the script and its libraries.", section="Model"),
-        epochs=Param(3, type="integer", minimum=1, title="Epochs", description="Passes over the data.", section="Training"),
-        learning_rate=Param(0.001, type="number", exclusiveMinimum=0, title="Learning rate",
-                            description="Adam's learning rate.", section="Training"),
-    ),  # fmt: skip
+        image=Param(
+            "localhost:5000/examples/keras-model:1",
+            type="string",
+            title="Training image",
+            description="Your image: the script and its libraries.",
+            section="Model",
+        ),
+        epochs=Param(
+            3,
+            type="integer",
+            minimum=1,
+            title="Epochs",
+            description="Passes over the data.",
+            section="Training",
+        ),
+        learning_rate=Param(
+            0.001,
+            type="number",
+            exclusiveMinimum=0,
+            title="Learning rate",
+            description="Adam's learning rate.",
+            section="Training",
+        ),
+    ),
 ) as dag:
     training_pipeline(
         title="Keras digits",

@@ -37,7 +37,12 @@ from kubetrain.sweep.trainers import DIALOGUE_TRANSFORMER as TRAINER
 
 DATASET = "s3://datasets/dialogue/"
 TRAINING = TRAINER.params()
-SWEEP = SweepSettings(tunable=tunable_schemas(TRAINING, TRAINER.tunable), objective=TRAINER.objective, max_parallel_trials=4, rounds=4)
+SWEEP = SweepSettings(
+    tunable=tunable_schemas(TRAINING, TRAINER.tunable),
+    objective=TRAINER.objective,
+    max_parallel_trials=4,
+    rounds=4,
+)
 
 with DAG(
     dag_id=Path(__file__).stem,
@@ -46,10 +51,18 @@ with DAG(
     catchup=False,
     default_args=DEFAULT_ARGS,
     tags=["kubetrain", "sweep", "nlp", "transformer"],
-    params=form_order({
-        **common_params(dataset_uri=DATASET, model="dialogue-transformer"),
-        **TRAINING,
-        **SWEEP.params(space={"hidden_size": [64, 128], "num_layers": {"low": 1, "high": 3, "type": "int"}, "dropout": [0.1, 0.2]}),
-    }),
+    params=form_order(
+        {
+            **common_params(dataset_uri=DATASET, model="dialogue-transformer"),
+            **TRAINING,
+            **SWEEP.params(
+                space={
+                    "hidden_size": [64, 128],
+                    "num_layers": {"low": 1, "high": 3, "type": "int"},
+                    "dropout": [0.1, 0.2],
+                }
+            ),
+        }
+    ),
 ) as dag:
     sweep_pipeline(SWEEP, title=f"{TRAINER.title} sweep", cmds=TRAINER.cmds, arguments=TRAINER.arguments)

@@ -48,7 +48,12 @@ from kubetrain.sweep.trainers import IMAGE_CLASSIFIER as TRAINER
 
 DATASET = "s3://datasets/digits/"
 TRAINING = TRAINER.params()
-SWEEP = SweepSettings(tunable=tunable_schemas(TRAINING, TRAINER.tunable), objective=TRAINER.objective, max_parallel_trials=4, rounds=4)
+SWEEP = SweepSettings(
+    tunable=tunable_schemas(TRAINING, TRAINER.tunable),
+    objective=TRAINER.objective,
+    max_parallel_trials=4,
+    rounds=4,
+)
 
 with DAG(
     dag_id=Path(__file__).stem,
@@ -57,10 +62,17 @@ with DAG(
     catchup=False,
     default_args=DEFAULT_ARGS,
     tags=["kubetrain", "sweep", "image-classification"],
-    params=form_order({
-        **common_params(dataset_uri=DATASET, model="image-classifier"),
-        **TRAINING,
-        **SWEEP.params(space={"learning_rate": {"low": 0.0003, "high": 0.01, "log": True}, "batch_size": [32, 64, 128]}),
-    }),
+    params=form_order(
+        {
+            **common_params(dataset_uri=DATASET, model="image-classifier"),
+            **TRAINING,
+            **SWEEP.params(
+                space={
+                    "learning_rate": {"low": 0.0003, "high": 0.01, "log": True},
+                    "batch_size": [32, 64, 128],
+                }
+            ),
+        }
+    ),
 ) as dag:
     sweep_pipeline(SWEEP, title=f"{TRAINER.title} sweep", cmds=TRAINER.cmds, arguments=TRAINER.arguments)

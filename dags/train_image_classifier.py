@@ -39,29 +39,78 @@ with DAG(
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=["kubetrain", "training", "image-classification"],
-    params=form_order({
-        **common_params(dataset_uri=DATASET, model="image-classifier"),
-        "architecture": Param(
-            "cnn", type="string", enum=["cnn", "mobilenet_v2"], title="Architecture",
-            description="A small CNN, or MobileNetV2 (ImageNet weights only if the image ships them).", section="Model",
-        ),
-        "epochs": Param(5, type="integer", minimum=1, maximum=1000, title="Epochs", description="Passes over the training split.", section="Training"),
-        "batch_size": Param(64, type="integer", minimum=1, maximum=4096, title="Batch size", description="Global batch size.", section="Training"),
-        "learning_rate": Param(
-            0.001, type="number", exclusiveMinimum=0, maximum=1, title="Learning rate", description="Adam learning rate.", section="Training",
-        ),
-        "image_size": Param(
-            64, type="integer", minimum=16, maximum=512, title="Image size", description="Images are resized to SIZE x SIZE pixels.", section="Model",
-        ),
-        "augment": Param(False, type="boolean", title="Augment", description="Random shifts, brightness and contrast.", section="Training"),
-        "validation_split": Param(
-            0.2, type="number", exclusiveMinimum=0, exclusiveMaximum=1, title="Validation split",
-            description="Fraction held out for validation (seeded split).", section="Training",
-        ),
-        "mixed_precision": Param(
-            False, type="boolean", title="Mixed precision", description="float16 compute on GPUs that support it.", section="Training",
-        ),
-    }),
+    params=form_order(
+        {
+            **common_params(dataset_uri=DATASET, model="image-classifier"),
+            "architecture": Param(
+                "cnn",
+                type="string",
+                enum=["cnn", "mobilenet_v2"],
+                title="Architecture",
+                description="A small CNN, or MobileNetV2 (ImageNet weights only if the image ships them).",
+                section="Model",
+            ),
+            "epochs": Param(
+                5,
+                type="integer",
+                minimum=1,
+                maximum=1000,
+                title="Epochs",
+                description="Passes over the training split.",
+                section="Training",
+            ),
+            "batch_size": Param(
+                64,
+                type="integer",
+                minimum=1,
+                maximum=4096,
+                title="Batch size",
+                description="Global batch size.",
+                section="Training",
+            ),
+            "learning_rate": Param(
+                0.001,
+                type="number",
+                exclusiveMinimum=0,
+                maximum=1,
+                title="Learning rate",
+                description="Adam learning rate.",
+                section="Training",
+            ),
+            "image_size": Param(
+                64,
+                type="integer",
+                minimum=16,
+                maximum=512,
+                title="Image size",
+                description="Images are resized to SIZE x SIZE pixels.",
+                section="Model",
+            ),
+            "augment": Param(
+                False,
+                type="boolean",
+                title="Augment",
+                description="Random shifts, brightness and contrast.",
+                section="Training",
+            ),
+            "validation_split": Param(
+                0.2,
+                type="number",
+                exclusiveMinimum=0,
+                exclusiveMaximum=1,
+                title="Validation split",
+                description="Fraction held out for validation (seeded split).",
+                section="Training",
+            ),
+            "mixed_precision": Param(
+                False,
+                type="boolean",
+                title="Mixed precision",
+                description="float16 compute on GPUs that support it.",
+                section="Training",
+            ),
+        }
+    ),
 ) as dag:
     training_pipeline(
         title="Image classifier",

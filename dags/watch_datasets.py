@@ -22,7 +22,13 @@ from kubetrain.defaults import DEFAULT_ARGS
 from kubetrain.manifest import dataset_name_from_uri
 from kubetrain.operators.stage import StageDatasetOperator, dataset_asset
 
-WATCHED = [u.strip() for u in os.environ.get("KUBETRAIN_WATCHED_DATASETS", "s3://datasets/digits/,s3://datasets/dialogue/").split(",") if u.strip()]
+WATCHED = [
+    u.strip()
+    for u in os.environ.get(
+        "KUBETRAIN_WATCHED_DATASETS", "s3://datasets/digits/,s3://datasets/dialogue/"
+    ).split(",")
+    if u.strip()
+]
 
 with DAG(
     dag_id=Path(__file__).stem,

@@ -254,7 +254,9 @@ class AirflowUI:
         :param timeout: seconds to wait for the new process to be healthy.
         """
         if component not in self.procs:
-            raise AirflowUIError(f"{component!r} is not a running component: expected one of {', '.join(self.procs)}")
+            raise AirflowUIError(
+                f"{component!r} is not a running component: expected one of {', '.join(self.procs)}"
+            )
         proc = self.procs[component]
         strays = _descendants({proc.pid})
         _signal_group(proc.pid, sig)
@@ -329,7 +331,9 @@ class AirflowUI:
     def token(self) -> str:
         """A JWT for the REST API, from the SimpleAuthManager's ``/auth/token``."""
         if self._token is None:
-            body = self._request("POST", "/auth/token", {"username": self.username, "password": self.password}, auth=False)
+            body = self._request(
+                "POST", "/auth/token", {"username": self.username, "password": self.password}, auth=False
+            )
             self._token = body["access_token"]
         return self._token
 
@@ -359,7 +363,12 @@ class AirflowUI:
 
         Deferred tasks count by default: a deferred training task still holds its pod, and its GPU.
         """
-        body = {"name": name, "slots": slots, "description": description, "include_deferred": include_deferred}
+        body = {
+            "name": name,
+            "slots": slots,
+            "description": description,
+            "include_deferred": include_deferred,
+        }
         try:
             self.api("PATCH", f"/pools/{urllib.parse.quote(name)}", body)
         except AirflowUIError as exc:
@@ -388,7 +397,9 @@ class AirflowUI:
             if time.monotonic() > deadline:
                 errors = self.api("GET", "/importErrors?limit=20").get("import_errors", [])
                 detail = "; ".join(f"{e.get('filename')}: {str(e.get('stack_trace'))[-500:]}" for e in errors)
-                raise AirflowUIError(f"DAGs {sorted(wanted - found)} not loaded within {timeout:.0f} s. {detail}")
+                raise AirflowUIError(
+                    f"DAGs {sorted(wanted - found)} not loaded within {timeout:.0f} s. {detail}"
+                )
             time.sleep(1)
 
     def set_paused(self, dag_id: str, paused: bool) -> None:
@@ -405,7 +416,9 @@ class AirflowUI:
 
     def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
         """The run's task instances by task id (mapped ones as ``task[i]``)."""
-        body = self.api("GET", f"/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances?limit=100")
+        body = self.api(
+            "GET", f"/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances?limit=100"
+        )
         return {
             (ti["task_id"] if ti.get("map_index", -1) < 0 else f"{ti['task_id']}[{ti['map_index']}]"): ti
             for ti in body["task_instances"]
@@ -414,10 +427,16 @@ class AirflowUI:
     def task_errors(self, dag_id: str, run_id: str, task_id: str, limit: int = 3) -> list[str]:
         """The error lines of the latest attempt's log of a task (``exc_type: message``), for failure messages."""
         folder = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
-        attempts = sorted(
-            (p for p in folder.glob("attempt=*.log") if p.stem.split("=")[1].isdigit()),  # not attempt=3.log.trigger.2.log
-            key=lambda p: int(p.stem.split("=")[1]),
-        ) if folder.is_dir() else []
+        attempts = (
+            sorted(
+                (
+                    p for p in folder.glob("attempt=*.log") if p.stem.split("=")[1].isdigit()
+                ),  # not attempt=3.log.trigger.2.log
+                key=lambda p: int(p.stem.split("=")[1]),
+            )
+            if folder.is_dir()
+            else []
+        )
         errors: list[str] = []
         for line in attempts[-1].read_text(errors="replace").splitlines() if attempts else []:
             try:
@@ -426,11 +445,16 @@ class AirflowUI:
                 continue
             if not isinstance(record, dict) or record.get("level") not in ("error", "critical"):
                 continue
-            details = [f"{d.get('exc_type')}: {str(d.get('exc_value'))[:300]}" for d in record.get("error_detail") or []]
+            details = [
+                f"{d.get('exc_type')}: {str(d.get('exc_value'))[:300]}"
+                for d in record.get("error_detail") or []
+            ]
             errors.append(f"{record.get('event')}" + (f" ({'; '.join(details)})" if details else ""))
         return errors[-limit:]
 
-    def wait_run(self, dag_id: str, run_id: str, timeout: float = 600, states: Iterable[str] = TERMINAL_RUN_STATES) -> dict[str, Any]:
+    def wait_run(
+        self, dag_id: str, run_id: str, timeout: float = 600, states: Iterable[str] = TERMINAL_RUN_STATES
+    ) -> dict[str, Any]:
         """Wait until the run is in one of ``states``; return the run. Raise naming the task states on timeout."""
         wanted = set(states)
         deadline = time.monotonic() + timeout
@@ -442,7 +466,9 @@ class AirflowUI:
                 return run
             if time.monotonic() > deadline:
                 tis = {k: v["state"] for k, v in self.task_instances(dag_id, run_id).items()}
-                raise AirflowUIError(f"{dag_id} run {run_id} is {run['state']} after {timeout:.0f} s; tasks: {tis}")
+                raise AirflowUIError(
+                    f"{dag_id} run {run_id} is {run['state']} after {timeout:.0f} s; tasks: {tis}"
+                )
             time.sleep(2)
 
 

@@ -49,8 +49,16 @@ DEMOS = {
         generator="include.sample_data.digits",
         filename="digits.zip",
         # The dev stack has no GPU: each of the 2 workers trains on one CPU.
-        conf={"dataset_uri": "s3://datasets/digits/", "epochs": 3, "batch_size": 64, "image_size": 32, "workers": 2,
-              "gpus": 0, "cpu": "1", "memory": "2Gi"},
+        conf={
+            "dataset_uri": "s3://datasets/digits/",
+            "epochs": 3,
+            "batch_size": 64,
+            "image_size": 32,
+            "workers": 2,
+            "gpus": 0,
+            "cpu": "1",
+            "memory": "2Gi",
+        },
     ),
     "dialogue": Demo(
         dag_id="train_dialogue_transformer",
@@ -88,15 +96,19 @@ def require_images(stack: dict[str, str]) -> dict[str, str]:
 
     registry = stack["KUBETRAIN_REGISTRY"]
     variant = stack.get("KUBETRAIN_TRAINER_VARIANT") or "gpu"
-    wanted = [stack.get("KUBETRAIN_TRAINER_IMAGE") or default_image("trainer", registry, "latest", variant),
-              stack.get("KUBETRAIN_SYNC_IMAGE") or default_image("sync", registry)]  # fmt: skip
+    wanted = [
+        stack.get("KUBETRAIN_TRAINER_IMAGE") or default_image("trainer", registry, "latest", variant),
+        stack.get("KUBETRAIN_SYNC_IMAGE") or default_image("sync", registry),
+    ]
     digests = {}
     with RegistryClient(registry, insecure=True, timeout=30) as client:
         for image in wanted:
             ref = parse_reference(image, default_registry=registry)
             digest = client.manifest_digest(ref.repository, ref.digest or ref.tag)
             if digest is None:
-                raise SystemExit(f"error: {image} is not in the dev stack's registry: run `make stack-images` (make demo does)")
+                raise SystemExit(
+                    f"error: {image} is not in the dev stack's registry: run `make stack-images` (make demo does)"
+                )
             digests[image] = digest
     return digests
 
@@ -132,7 +144,11 @@ def upload_dataset(demo: Demo, stack: dict[str, str]) -> str:
 def dag_runs(dag_id: str, env: dict[str, str]) -> list[dict]:
     """The DAG's runs, as ``airflow dags list-runs -o json`` reports them."""
     out = subprocess.run(
-        [str(AIRFLOW), "dags", "list-runs", dag_id, "-o", "json"], cwd=REPO, env=env, capture_output=True, text=True
+        [str(AIRFLOW), "dags", "list-runs", dag_id, "-o", "json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     if out.returncode:
         if "does not exist in 'dag' table" in out.stderr:
@@ -168,8 +184,12 @@ def run_demo(name: str) -> int:
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [str(AIRFLOW), "dags", "test", demo.dag_id, "-c", json.dumps(demo.conf)],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for line in proc.stdout:
             out.write(line)
             if _worth_showing(line):
@@ -186,26 +206,33 @@ def run_demo(name: str) -> int:
         return 1
     if trained_by := _trained_before(log):
         # train once: the same dataset version, Params and image were trained by an earlier run
-        print(f"{demo.dag_id} trained nothing new: run {trained_by} already trained this dataset version "
-              "with these Params and image (train once); its outputs follow. Change the data, or trigger "
-              "the DAG with force=true in `make airflow`, to train again.", flush=True)  # fmt: skip
+        print(
+            f"{demo.dag_id} trained nothing new: run {trained_by} already trained this dataset version "
+            "with these Params and image (train once); its outputs follow. Change the data, or trigger "
+            "the DAG with force=true in `make airflow`, to train again.",
+            flush=True,
+        )
         run_id = trained_by
     report_uri, metrics = run_outputs(demo.dag_id, run_id, stack)
     local = DEMO_DIR / f"report-{name}.html"
     _download(report_uri, local, stack)
-    summary = {k: metrics.get(k) for k in ("trainer", "monitor", "final", "best", "epochs", "steps", "wall_time_s")}
+    summary = {
+        k: metrics.get(k) for k in ("trainer", "monitor", "final", "best", "epochs", "steps", "wall_time_s")
+    }
     print("\nmetrics: " + json.dumps(summary, default=str))
     print(f"report:  {report_uri}")
     print(f"         copied to {local} (open it in a browser: the plots are inlined)")
-    print("         or from the report task's \"Training report\" link in `make airflow`")
+    print('         or from the report task\'s "Training report" link in `make airflow`')
     print("run:     on the Training page of `make airflow`, and on its model's leaderboard")
     return 0
 
 
 def _trained_before(log: Path) -> str | None:
     """The run that the check_new task names when it skipped training as already done, else None."""
-    found = re.search(r"already trained on dataset version \S+ with these parameters and image \S+ in run (\S+) ",
-                      log.read_text(errors="replace"))  # fmt: skip
+    found = re.search(
+        r"already trained on dataset version \S+ with these parameters and image \S+ in run (\S+) ",
+        log.read_text(errors="replace"),
+    )
     return found.group(1) if found else None
 
 
@@ -214,7 +241,9 @@ def _worth_showing(line: str) -> bool:
     if "[DAG TEST] end task" in line or "Marking run" in line:
         return True
     if "[base] logs:" in line or "[chief " in line:
-        return any(k in line for k in (" INFO epoch ", "resumed from", " INFO done:", "ERROR", "collective ring"))
+        return any(
+            k in line for k in (" INFO epoch ", "resumed from", " INFO done:", "ERROR", "collective ring")
+        )
     if "Distributed training:" in line:
         return True
     return any(k in line for k in ("FailedScheduling", "Promoted s3://", "Report written", "[error"))
@@ -244,7 +273,7 @@ def _s3(stack: dict[str, str]):
 
 
 def _download(uri: str, path: Path, stack: dict[str, str]) -> None:
-    bucket, _, key = uri[len("s3://"):].partition("/")
+    bucket, _, key = uri[len("s3://") :].partition("/")
     _s3(stack).download_file(bucket, key, str(path))
 
 
@@ -258,14 +287,20 @@ def run_ui(port: int) -> int:
     stack = stack_env()
     with socket.socket() as sock:
         if sock.connect_ex(("127.0.0.1", port)) == 0:
-            print(f"error: port {port} is in use; choose another with KUBETRAIN_AIRFLOW_PORT=PORT or --port", file=sys.stderr)
+            print(
+                f"error: port {port} is in use; choose another with KUBETRAIN_AIRFLOW_PORT=PORT or --port",
+                file=sys.stderr,
+            )
             return 1
     require_images(stack)
     for demo in DEMOS.values():
         upload_dataset(demo, stack)
     # Cron schedules stay off unless asked for: unpausing a DAG would otherwise start a run for
     # the latest cron tick at once, next to the run the newcomer triggers.
-    env = {name: os.environ.get(name, "") for name in ("KUBETRAIN_IMAGE_CLASSIFIER_CRON", "KUBETRAIN_IMAGE_BUILD_CRON")}
+    env = {
+        name: os.environ.get(name, "")
+        for name in ("KUBETRAIN_IMAGE_CLASSIFIER_CRON", "KUBETRAIN_IMAGE_BUILD_CRON")
+    }
     ui = AirflowUI(
         Path(os.environ.get("AIRFLOW_HOME", REPO / ".airflow")),
         stack,
@@ -284,13 +319,25 @@ def run_ui(port: int) -> int:
     signal.signal(signal.SIGINT, stop_requested)
     rc = 0
     try:
-        print(f"starting Airflow (api-server, scheduler, dag-processor, triggerer); logs in {ui.home / 'logs'} ...", flush=True)
+        print(
+            f"starting Airflow (api-server, scheduler, dag-processor, triggerer); logs in {ui.home / 'logs'} ...",
+            flush=True,
+        )
         ui.start()
         ui.wait_dags([demo.dag_id for demo in DEMOS.values()])
         print(f"\nAirflow UI: {ui.url}  login: {ui.username} / {ui.password}", flush=True)
-        print("  trigger train_image_classifier from its trigger form (the form unpauses it) and follow the run;", flush=True)
-        print("  unpause watch_datasets to retrain when a new dataset version lands in s3://datasets/.", flush=True)
-        print("  Training (in the navigation) lists every run, `make demo`'s among them, and each model's leaderboard.", flush=True)
+        print(
+            "  trigger train_image_classifier from its trigger form (the form unpauses it) and follow the run;",
+            flush=True,
+        )
+        print(
+            "  unpause watch_datasets to retrain when a new dataset version lands in s3://datasets/.",
+            flush=True,
+        )
+        print(
+            "  Training (in the navigation) lists every run, `make demo`'s among them, and each model's leaderboard.",
+            flush=True,
+        )
         print("  Ctrl-C stops Airflow (the dev stack keeps running: `make stack-down`).", flush=True)
         while True:
             ui.check_alive()

@@ -68,8 +68,12 @@ def main() -> int:
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [str(AIRFLOW), "dags", "test", DAG_ID, "-c", json.dumps(CONF)],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for line in proc.stdout:
             out.write(line)
             if _sweep_line(line):
@@ -90,10 +94,14 @@ def main() -> int:
 
     s3 = _s3(stack)
     sweep = S3Layout(training_bucket=stack.get("KUBETRAIN_TRAINING_BUCKET") or "training").run(DAG_ID, run_id)
-    record = json.loads(s3.get_object(Bucket=sweep.bucket, Key=f"{sweep.prefix}/sweep/sweep.json")["Body"].read())
+    record = json.loads(
+        s3.get_object(Bucket=sweep.bucket, Key=f"{sweep.prefix}/sweep/sweep.json")["Body"].read()
+    )
     local = DEMO_DIR / "sweep-leaderboard"
     local.mkdir(exist_ok=True)
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=sweep.bucket, Prefix=f"{sweep.prefix}/report/")
+    pages = s3.get_paginator("list_objects_v2").paginate(
+        Bucket=sweep.bucket, Prefix=f"{sweep.prefix}/report/"
+    )
     for key in (o["Key"] for page in pages for o in page.get("Contents", [])):
         s3.download_file(sweep.bucket, key, str(local / key.rsplit("/", 1)[1]))
 
@@ -101,12 +109,15 @@ def main() -> int:
     objective = record.get("objective") or {}
     ranked = sorted(
         (t for t in record["trials"] if (t.get("objective") or {}).get("value") is not None),
-        key=lambda t: t["objective"]["value"], reverse=objective.get("mode", "max") == "max",
-    )  # fmt: skip
+        key=lambda t: t["objective"]["value"],
+        reverse=objective.get("mode", "max") == "max",
+    )
     for trial in ranked:
         flag = "  stopped early" if trial.get("stopped_early") else ""
-        print(f"  trial {trial['number']}: {json.dumps(trial['params'])}  "
-              f"{trial['objective'].get('name', '')} {trial['objective']['value']:.4f}{flag}")  # fmt: skip
+        print(
+            f"  trial {trial['number']}: {json.dumps(trial['params'])}  "
+            f"{trial['objective'].get('name', '')} {trial['objective']['value']:.4f}{flag}"
+        )
     print(f"\nbest:        trial {record['best']['best_trial']} ({record['best']['best_run_uri']})")
     print(f"promotion:   {json.dumps(record.get('promotion'), default=str)}")
     print(f"leaderboard: {record['report_uri']}")

@@ -27,5 +27,7 @@ class KubetrainPlugin(AirflowPlugin):
 
     name = "kubetrain"
     operator_extra_links = [ReportLink()]
-    fastapi_apps = [{"app": ReportsApp(), "url_prefix": URL_PREFIX, "name": "kubetrain training reports and runs"}]
+    fastapi_apps = [
+        {"app": ReportsApp(), "url_prefix": URL_PREFIX, "name": "kubetrain training reports and runs"}
+    ]
     external_views = [TRAINING_VIEW]

@@ -57,8 +57,17 @@ def s3_server(tmp_path_factory) -> S3Server:
     server = S3Server(f"http://127.0.0.1:{port}", "kt" + secrets.token_hex(8), secrets.token_hex(20))
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "include.devstack.s3", "--port", str(port), "--data-dir", str(root / "data"),
-             "--buckets", *BUCKETS],
+            [
+                sys.executable,
+                "-m",
+                "include.devstack.s3",
+                "--port",
+                str(port),
+                "--data-dir",
+                str(root / "data"),
+                "--buckets",
+                *BUCKETS,
+            ],
             cwd=REPO,
             env={
                 **os.environ,
@@ -123,9 +132,11 @@ def stack_images(devstack):
     builder = BuildahBuilder(REPO / ".tools" / "buildah", storage_driver="auto", log=log.info)
     publisher = ImagePublisher(builder, REPO / "trainer", REPO / ".tools" / "images" / "oci", log=log.info)
     trainer, sync = publisher.publish(
-        [TRAINER_CPU, SYNC], lambda item: PushTarget(registry, item.repository, insecure=True),
-        base="debian", rootfs=IMAGE_ROOTFS,
-    )  # fmt: skip
+        [TRAINER_CPU, SYNC],
+        lambda item: PushTarget(registry, item.repository, insecure=True),
+        base="debian",
+        rootfs=IMAGE_ROOTFS,
+    )
     return {"trainer": trainer, "sync": sync}
 
 

@@ -30,13 +30,24 @@ def test_valid_against_compose_spec(compose):
 def test_schema_catches_a_broken_file(compose):
     """The validation above would notice a mistake (guards against a vacuous schema)."""
     schema = json.loads(SCHEMA.read_text())
-    broken = {**compose, "services": {**compose["services"], "registry": {"image": "registry:2", "ports": {"5000": 5000}}}}
+    broken = {
+        **compose,
+        "services": {**compose["services"], "registry": {"image": "registry:2", "ports": {"5000": 5000}}},
+    }
     assert list(jsonschema.Draft201909Validator(schema).iter_errors(broken))
 
 
 def test_services_of_the_real_stack(compose):
     services = compose["services"]
-    for name in ("postgres", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer", "minio", "registry"):
+    for name in (
+        "postgres",
+        "airflow-apiserver",
+        "airflow-scheduler",
+        "airflow-dag-processor",
+        "airflow-triggerer",
+        "minio",
+        "registry",
+    ):
         assert name in services, f"docker-compose.yaml lacks {name}"
     for name in ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"):
         mounts = services[name]["volumes"]
@@ -44,13 +55,15 @@ def test_services_of_the_real_stack(compose):
             assert f"./{folder}:/opt/airflow/{folder}" in mounts, f"{name} does not mount {folder}/"
         # kubetrain comes from its wheel in the image, not from the checkout's plugins/
         assert not any(str(m).startswith("./plugins") for m in mounts), mounts
-        assert "3.3" in (services[name].get("image", "") + (REPO / "include/docker/airflow.Dockerfile").read_text())
+        assert "3.3" in (
+            services[name].get("image", "") + (REPO / "include/docker/airflow.Dockerfile").read_text()
+        )
 
 
 def test_the_airflow_image_installs_the_wheel_with_its_extras():
     """The image runs what the distribution declares (tests/test_provider_dist.py installs it the same way)."""
     dockerfile = (REPO / "include/docker/airflow.Dockerfile").read_text()
-    install = re.search(r'^RUN pip install (.*)$', dockerfile, re.M)
+    install = re.search(r"^RUN pip install (.*)$", dockerfile, re.M)
     assert install, dockerfile
     assert '--constraint /tmp/kubetrain/requirements.lock "/tmp/kubetrain[all]"' in install.group(1)
     assert "COPY --chown=airflow:root plugins/ /tmp/kubetrain/plugins/" in dockerfile
@@ -80,8 +93,15 @@ def test_kind_override_is_valid_against_compose_spec(compose):
 
 def test_healthchecks_logs_trainer_and_namespace(compose):
     services = compose["services"]
-    for name in ("postgres", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
-                 "minio", "registry"):  # fmt: skip
+    for name in (
+        "postgres",
+        "airflow-apiserver",
+        "airflow-scheduler",
+        "airflow-dag-processor",
+        "airflow-triggerer",
+        "minio",
+        "registry",
+    ):
         assert services[name].get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
     common = services["airflow-scheduler"]
     assert "airflow-logs:/opt/airflow/logs" in common["volumes"] and "airflow-logs" in compose["volumes"]
@@ -137,23 +157,37 @@ def test_compose_environment_defines_every_connection_the_dags_use(compose):
             key, _, val = line.partition("=")
             env[key.strip()] = val.strip()
     env.update({"AIRFLOW_FERNET_KEY": "k", "AIRFLOW_JWT_SECRET": "j", "POSTGRES_PASSWORD": "p"})
-    environment = {k: interpolate(str(v), env) for k, v in compose["services"]["airflow-scheduler"]["environment"].items()}
+    environment = {
+        k: interpolate(str(v), env)
+        for k, v in compose["services"]["airflow-scheduler"]["environment"].items()
+    }
     connections = {}
     for key, raw in environment.items():
         if key.startswith("AIRFLOW_CONN_"):
             conn_id = key.removeprefix("AIRFLOW_CONN_").lower()
-            connections[conn_id] = (Connection.from_json(raw, conn_id=conn_id) if raw.startswith("{")
-                                    else Connection(conn_id=conn_id, uri=raw))
+            connections[conn_id] = (
+                Connection.from_json(raw, conn_id=conn_id)
+                if raw.startswith("{")
+                else Connection(conn_id=conn_id, uri=raw)
+            )
     used = dag_connection_ids()
     assert {"kubernetes_default", "aws_default", "kubetrain_registry_default"} <= used
-    assert used <= set(connections), f"connections the DAGs use but compose does not define: {used - set(connections)}"
-    assert connections["kubernetes_default"].extra_dejson["namespace"] == "kubetrain" or env.get("KUBETRAIN_NAMESPACE")
+    assert used <= set(connections), (
+        f"connections the DAGs use but compose does not define: {used - set(connections)}"
+    )
+    assert connections["kubernetes_default"].extra_dejson["namespace"] == "kubetrain" or env.get(
+        "KUBETRAIN_NAMESPACE"
+    )
     registry = connections["kubetrain_registry_default"]
     assert registry.conn_type == "kubetrain_registry" and registry.host == environment["KUBETRAIN_REGISTRY"]
     assert registry.extra_dejson["insecure"] is True
     aws = connections["aws_default"]
     assert aws.extra_dejson == {"endpoint_url": "http://minio:9000", "region_name": "us-east-1"}
-    assert (aws.conn_type, aws.login, aws.password) == ("aws", env["MINIO_ROOT_USER"], env["MINIO_ROOT_PASSWORD"])
+    assert (aws.conn_type, aws.login, aws.password) == (
+        "aws",
+        env["MINIO_ROOT_USER"],
+        env["MINIO_ROOT_PASSWORD"],
+    )
 
 
 def test_aws_default_from_env_replaces_the_minio_default(compose):
@@ -177,10 +211,15 @@ def test_every_setting_of_env_example_reaches_the_airflow_containers(compose):
         if "=" in line and not line.lstrip().startswith("#")
     ]
     environment = compose["services"]["airflow-scheduler"]["environment"]
-    missing = [n for n in names if n.startswith("KUBETRAIN_") and n not in environment and "${" + n not in text]
+    missing = [
+        n for n in names if n.startswith("KUBETRAIN_") and n not in environment and "${" + n not in text
+    ]
     assert not missing, f".env.example settings that never reach the containers: {missing}"
     assert environment["KUBETRAIN_MLFLOW_TRACKING_URI"] == "${KUBETRAIN_MLFLOW_TRACKING_URI:-}"
     env = {"KUBETRAIN_DIALOGUE_CRON": "5 4 * * *"}
     assert interpolate(environment["KUBETRAIN_DIALOGUE_CRON"], env) == "5 4 * * *"
     assert interpolate(environment["KUBETRAIN_IMAGE_CLASSIFIER_CRON"], {}) == "0 3 * * 1"
-    assert interpolate(environment["KUBETRAIN_IMAGE_CLASSIFIER_CRON"], {"KUBETRAIN_IMAGE_CLASSIFIER_CRON": ""}) == ""
+    assert (
+        interpolate(environment["KUBETRAIN_IMAGE_CLASSIFIER_CRON"], {"KUBETRAIN_IMAGE_CLASSIFIER_CRON": ""})
+        == ""
+    )

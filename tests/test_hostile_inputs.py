@@ -482,8 +482,9 @@ def _par_tolerations(value) -> Callable[[], object]:
 
     def build():
         items = json.loads(value) if isinstance(value, str) else value
-        return TrainingPodConfig(image="r:5000/t:1", sync_image="r:5000/s:1", run_uri="s3://training/runs/d/r",
-                                 tolerations=items)  # fmt: skip
+        return TrainingPodConfig(
+            image="r:5000/t:1", sync_image="r:5000/s:1", run_uri="s3://training/runs/d/r", tolerations=items
+        )
 
     return build
 
@@ -491,60 +492,141 @@ def _par_tolerations(value) -> Callable[[], object]:
 def _par_pod(**changes) -> Callable[[], object]:
     from kubetrain.pod_spec import TrainingPodConfig, training_pod
 
-    return lambda: training_pod(TrainingPodConfig(image="r:5000/t:1", sync_image="r:5000/s:1",
-                                                  run_uri="s3://training/runs/d/r", **changes))  # fmt: skip
+    return lambda: training_pod(
+        TrainingPodConfig(
+            image="r:5000/t:1", sync_image="r:5000/s:1", run_uri="s3://training/runs/d/r", **changes
+        )
+    )
 
 
 PARAM_CASES = [
     # (id, call, exception, message fragment)
-    ("dataset-in-training-runs", _par_source("s3://training/runs/"), ValueError,
-     "dataset 's3://training/runs/' is inside kubetrain's own area of the training bucket"),
-    ("dataset-in-training-models", _par_source("s3://training/models/digits/"), ValueError,
-     "dataset 's3://training/models/digits/' is inside kubetrain's own area"),
-    ("dataset-in-another-bucket-area", _par_source("s3://training/team-data/"), ValueError,
-     "'s3://training/team-data/' is outside the deployment's dataset prefixes (s3://datasets/)"),
-    ("dataset-runs-even-if-allowed", _par_source("s3://training/runs/x/", allowed=("s3://training/",)), ValueError,
-     "inside kubetrain's own area of the training bucket"),
-    ("dataset-models-even-if-allowed", _par_source("s3://training/models", allowed=("s3://training/",)), ValueError,
-     "inside kubetrain's own area of the training bucket"),
-    ("dataset-whole-training-bucket", _par_source("s3://training/", allowed=("s3://training/",)), ValueError,
-     "inside kubetrain's own area"),
-    ("dataset-other-bucket", _par_source("s3://other-team/data/"), ValueError,
-     "'s3://other-team/data/' is outside the deployment's dataset prefixes (s3://datasets/)"),
-    ("dataset-dotdot-segment", _par_source("s3://datasets/../training/runs/"), ValueError, "has a '.' or '..' segment"),
-    ("dataset-prefix-boundary", _par_source("s3://datasets/team-a-evil/", allowed=("s3://datasets/team-a",)),
-     ValueError, "outside the deployment's dataset prefixes (s3://datasets/team-a)"),
-    ("dataset-outside-the-dags-own", _par_source("s3://datasets/team-b/x/", narrowed=("s3://datasets/team-a/",)),
-     ValueError, "outside this DAG's dataset prefixes"),
-    ("dag-prefix-widens-the-deployment", _par_source("s3://datasets/a/", allowed=("s3://datasets/a/",),
-                                                     narrowed=("s3://training/",)),
-     ValueError, "is outside the deployment's"),
+    (
+        "dataset-in-training-runs",
+        _par_source("s3://training/runs/"),
+        ValueError,
+        "dataset 's3://training/runs/' is inside kubetrain's own area of the training bucket",
+    ),
+    (
+        "dataset-in-training-models",
+        _par_source("s3://training/models/digits/"),
+        ValueError,
+        "dataset 's3://training/models/digits/' is inside kubetrain's own area",
+    ),
+    (
+        "dataset-in-another-bucket-area",
+        _par_source("s3://training/team-data/"),
+        ValueError,
+        "'s3://training/team-data/' is outside the deployment's dataset prefixes (s3://datasets/)",
+    ),
+    (
+        "dataset-runs-even-if-allowed",
+        _par_source("s3://training/runs/x/", allowed=("s3://training/",)),
+        ValueError,
+        "inside kubetrain's own area of the training bucket",
+    ),
+    (
+        "dataset-models-even-if-allowed",
+        _par_source("s3://training/models", allowed=("s3://training/",)),
+        ValueError,
+        "inside kubetrain's own area of the training bucket",
+    ),
+    (
+        "dataset-whole-training-bucket",
+        _par_source("s3://training/", allowed=("s3://training/",)),
+        ValueError,
+        "inside kubetrain's own area",
+    ),
+    (
+        "dataset-other-bucket",
+        _par_source("s3://other-team/data/"),
+        ValueError,
+        "'s3://other-team/data/' is outside the deployment's dataset prefixes (s3://datasets/)",
+    ),
+    (
+        "dataset-dotdot-segment",
+        _par_source("s3://datasets/../training/runs/"),
+        ValueError,
+        "has a '.' or '..' segment",
+    ),
+    (
+        "dataset-prefix-boundary",
+        _par_source("s3://datasets/team-a-evil/", allowed=("s3://datasets/team-a",)),
+        ValueError,
+        "outside the deployment's dataset prefixes (s3://datasets/team-a)",
+    ),
+    (
+        "dataset-outside-the-dags-own",
+        _par_source("s3://datasets/team-b/x/", narrowed=("s3://datasets/team-a/",)),
+        ValueError,
+        "outside this DAG's dataset prefixes",
+    ),
+    (
+        "dag-prefix-widens-the-deployment",
+        _par_source("s3://datasets/a/", allowed=("s3://datasets/a/",), narrowed=("s3://training/",)),
+        ValueError,
+        "is outside the deployment's",
+    ),
     ("dataset-not-s3", _par_source("file:///etc/passwd"), ValueError, "is not an S3 URI"),
     ("dataset-bad-bucket", _par_source("s3://UPPER/x/"), ValueError, "bucket name 'UPPER' is not valid"),
-    ("toleration-bogus-operator", _par_tolerations('[{"key": "a", "operator": "Bogus"}]'), ValueError,
-     "operator 'Bogus' must be Equal or Exists"),
-    ("toleration-unknown-field", _par_tolerations('[{"key": "a", "operator": "Exists", "sneaky": 1}]'), ValueError,
-     "unknown field(s) sneaky"),
-    ("toleration-bad-effect", _par_tolerations([{"key": "a", "operator": "Exists", "effect": "Evict"}]), ValueError,
-     "effect 'Evict' must be NoSchedule"),
-    ("toleration-exists-with-value", _par_tolerations([{"key": "a", "operator": "Exists", "value": "x"}]),
-     ValueError, "value must be empty when operator is Exists"),
-    ("toleration-empty-key-equal", _par_tolerations([{"operator": "Equal", "value": "x"}]), ValueError,
-     "an empty key needs operator Exists"),
-    ("toleration-seconds-not-noexecute", _par_tolerations([{"key": "a", "operator": "Exists",
-                                                            "tolerationSeconds": 5}]),
-     ValueError, "tolerationSeconds applies only with effect NoExecute"),
-    ("toleration-seconds-text", _par_tolerations([{"key": "a", "operator": "Exists", "effect": "NoExecute",
-                                                   "tolerationSeconds": "5; rm -rf /"}]),
-     ValueError, "tolerationSeconds must be a whole number"),
+    (
+        "toleration-bogus-operator",
+        _par_tolerations('[{"key": "a", "operator": "Bogus"}]'),
+        ValueError,
+        "operator 'Bogus' must be Equal or Exists",
+    ),
+    (
+        "toleration-unknown-field",
+        _par_tolerations('[{"key": "a", "operator": "Exists", "sneaky": 1}]'),
+        ValueError,
+        "unknown field(s) sneaky",
+    ),
+    (
+        "toleration-bad-effect",
+        _par_tolerations([{"key": "a", "operator": "Exists", "effect": "Evict"}]),
+        ValueError,
+        "effect 'Evict' must be NoSchedule",
+    ),
+    (
+        "toleration-exists-with-value",
+        _par_tolerations([{"key": "a", "operator": "Exists", "value": "x"}]),
+        ValueError,
+        "value must be empty when operator is Exists",
+    ),
+    (
+        "toleration-empty-key-equal",
+        _par_tolerations([{"operator": "Equal", "value": "x"}]),
+        ValueError,
+        "an empty key needs operator Exists",
+    ),
+    (
+        "toleration-seconds-not-noexecute",
+        _par_tolerations([{"key": "a", "operator": "Exists", "tolerationSeconds": 5}]),
+        ValueError,
+        "tolerationSeconds applies only with effect NoExecute",
+    ),
+    (
+        "toleration-seconds-text",
+        _par_tolerations(
+            [{"key": "a", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": "5; rm -rf /"}]
+        ),
+        ValueError,
+        "tolerationSeconds must be a whole number",
+    ),
     ("toleration-not-an-object", _par_tolerations(["spot"]), ValueError, "not a V1Toleration or a mapping"),
-    ("data-size-not-a-quantity", _par_pod(dataset_bytes=1, data_size="lots"), ValueError,
-     "data_size='lots' is not a Kubernetes quantity"),
+    (
+        "data-size-not-a-quantity",
+        _par_pod(dataset_bytes=1, data_size="lots"),
+        ValueError,
+        "data_size='lots' is not a Kubernetes quantity",
+    ),
     ("dataset-bytes-negative", _par_pod(dataset_bytes="-5"), ValueError, "dataset_bytes"),
-]  # fmt: skip
+]
 
 
-@pytest.mark.parametrize(("call", "error", "message"), [c[1:] for c in PARAM_CASES], ids=[c[0] for c in PARAM_CASES])
+@pytest.mark.parametrize(
+    ("call", "error", "message"), [c[1:] for c in PARAM_CASES], ids=[c[0] for c in PARAM_CASES]
+)
 def test_hostile_param(call, error, message):
     with pytest.raises(error) as err:
         call()
@@ -558,11 +640,15 @@ def test_a_hostile_dataset_uri_fails_the_stage_task_without_a_retry(monkeypatch)
     from kubetrain.operators.stage import StageDatasetOperator
 
     monkeypatch.setenv("KUBETRAIN_DATASET_PREFIXES", "s3://datasets/team-a/")
-    op = StageDatasetOperator(task_id="stage", source_uri="s3://training/runs/other_dag/", allowed_prefixes=())
+    op = StageDatasetOperator(
+        task_id="stage", source_uri="s3://training/runs/other_dag/", allowed_prefixes=()
+    )
     with pytest.raises(AirflowFailException, match="inside kubetrain's own area of the training bucket"):
         op.check_source()
     op = StageDatasetOperator(task_id="stage2", source_uri="s3://datasets/team-b/x/")
-    with pytest.raises(AirflowFailException, match=r"outside the deployment's dataset prefixes \(s3://datasets/team-a/\)"):
+    with pytest.raises(
+        AirflowFailException, match=r"outside the deployment's dataset prefixes \(s3://datasets/team-a/\)"
+    ):
         op.check_source()
     StageDatasetOperator(task_id="stage3", source_uri="s3://datasets/team-a/digits/").check_source()
 
@@ -586,24 +672,44 @@ def _ui_queries(s3_server):
     from kubetrain.ui.queries import TrainingQueries
     from tests.plugins.ui.training_records import T0, make_record
 
-    aws = {"conn_type": "aws", "login": s3_server.access_key_id, "password": s3_server.secret_access_key,
-           "extra": {"endpoint_url": s3_server.endpoint, "region_name": s3_server.region}}  # fmt: skip
+    aws = {
+        "conn_type": "aws",
+        "login": s3_server.access_key_id,
+        "password": s3_server.secret_access_key,
+        "extra": {"endpoint_url": s3_server.endpoint, "region_name": s3_server.region},
+    }
     saved = {k: os.environ.get(k) for k in ("AIRFLOW_CONN_AWS_DEFAULT", "KUBETRAIN_TRAINING_BUCKET")}
     os.environ["AIRFLOW_CONN_AWS_DEFAULT"] = json.dumps(aws)
     os.environ.pop("KUBETRAIN_TRAINING_BUCKET", None)
     store = RunStore(S3Hook(aws_conn_id="aws_default"), S3Layout())
     tag = os.urandom(3).hex()
     records = {}
-    for name, dag, model in (("mine", "ui_team_a", f"shared-{tag}"), ("theirs", "ui_team_b", f"shared-{tag}"),
-                             ("secret", "ui_team_b", f"secret-{tag}")):  # fmt: skip
-        record = make_record(dag_id=dag, run_id=f"manual__{tag}-{name}", model=model, when=T0 + timedelta(minutes=len(records)))
+    for name, dag, model in (
+        ("mine", "ui_team_a", f"shared-{tag}"),
+        ("theirs", "ui_team_b", f"shared-{tag}"),
+        ("secret", "ui_team_b", f"secret-{tag}"),
+    ):
+        record = make_record(
+            dag_id=dag, run_id=f"manual__{tag}-{name}", model=model, when=T0 + timedelta(minutes=len(records))
+        )
         store.write_run_record(record)
         records[name] = record
     theirs = S3Layout().run("ui_team_b", records["theirs"]["run_id"])
-    store.write_json("training", S3Layout().model_latest_key(f"shared-{tag}"), {
-        "kind": "kubetrain/model-pointer", "format_version": 1, "model": f"shared-{tag}", "version": "v9",
-        "uri": f"s3://training/models/shared-{tag}/v9/", "run_uri": theirs.uri, "sync_pass": 1, "files": [],
-        "promoted_at": "2026-01-01T00:00:00Z"})  # fmt: skip
+    store.write_json(
+        "training",
+        S3Layout().model_latest_key(f"shared-{tag}"),
+        {
+            "kind": "kubetrain/model-pointer",
+            "format_version": 1,
+            "model": f"shared-{tag}",
+            "version": "v9",
+            "uri": f"s3://training/models/shared-{tag}/v9/",
+            "run_uri": theirs.uri,
+            "sync_pass": 1,
+            "files": [],
+            "promoted_at": "2026-01-01T00:00:00Z",
+        },
+    )
     try:
         yield TrainingQueries(store, ["ui_team_a"]), records, tag
     finally:
@@ -621,24 +727,55 @@ def _ui(call: Callable) -> Callable:
 UI_CASES = [
     # (id, call(queries, records, tag), exception name, message fragment)
     ("record-of-another-team", lambda q, r, t: q.record(_ui_ref(r["theirs"])), "NotVisible", "ui_team_b"),
-    ("compare-with-another-teams-run", lambda q, r, t: q.compare([_ui_ref(r["mine"]), _ui_ref(r["theirs"])]),
-     "NotVisible", ""),
+    (
+        "compare-with-another-teams-run",
+        lambda q, r, t: q.compare([_ui_ref(r["mine"]), _ui_ref(r["theirs"])]),
+        "NotVisible",
+        "",
+    ),
     ("ref-with-traversal", lambda q, r, t: q.record("ui_team_a/../ui_team_b/manual__x"), "QueryError", ""),
     ("ref-not-a-ref", lambda q, r, t: q.record("%2e%2e"), "QueryError", ""),
-    ("leaderboard-of-a-hidden-model", lambda q, r, t: q.leaderboard(f"secret-{t}"), "ModelNotVisible",
-     "that you may read"),
-    ("promotions-of-a-hidden-model", lambda q, r, t: q.promotions(f"secret-{t}"), "ModelNotVisible",
-     "that you may read"),
-    ("leaderboard-of-a-model-with-slash", lambda q, r, t: q.leaderboard("../index"), "QueryError", "'../index'"),
-    ("runs-after-a-foreign-key", lambda q, r, t: q.runs(_ui_filter(), after="runs/ui_team_b/x"), "QueryError",
-     "is not a key of the run index"),
+    (
+        "leaderboard-of-a-hidden-model",
+        lambda q, r, t: q.leaderboard(f"secret-{t}"),
+        "ModelNotVisible",
+        "that you may read",
+    ),
+    (
+        "promotions-of-a-hidden-model",
+        lambda q, r, t: q.promotions(f"secret-{t}"),
+        "ModelNotVisible",
+        "that you may read",
+    ),
+    (
+        "leaderboard-of-a-model-with-slash",
+        lambda q, r, t: q.leaderboard("../index"),
+        "QueryError",
+        "'../index'",
+    ),
+    (
+        "runs-after-a-foreign-key",
+        lambda q, r, t: q.runs(_ui_filter(), after="runs/ui_team_b/x"),
+        "QueryError",
+        "is not a key of the run index",
+    ),
     ("runs-limit-zero", lambda q, r, t: q.runs(_ui_filter(), limit=0), "QueryError", "limit=0 is not valid"),
     ("runs-limit-huge", lambda q, r, t: q.runs(_ui_filter(), limit=10**9), "QueryError", "is not valid"),
-    ("sweep-of-another-team", lambda q, r, t: q.sweep(model=f"shared-{t}", dag_id="ui_team_b",
-                                                      run_id=r["theirs"]["run_id"], run_time="0"), "NotVisible", ""),
-    ("metric-not-on-the-board", lambda q, r, t: q.leaderboard(f"shared-{t}", metric="../../x"), "QueryError",
-     "has no leaderboard for metric"),
-]  # fmt: skip
+    (
+        "sweep-of-another-team",
+        lambda q, r, t: q.sweep(
+            model=f"shared-{t}", dag_id="ui_team_b", run_id=r["theirs"]["run_id"], run_time="0"
+        ),
+        "NotVisible",
+        "",
+    ),
+    (
+        "metric-not-on-the-board",
+        lambda q, r, t: q.leaderboard(f"shared-{t}", metric="../../x"),
+        "QueryError",
+        "has no leaderboard for metric",
+    ),
+]
 
 
 def _ui_ref(record: dict) -> str:
@@ -653,7 +790,9 @@ def _ui_filter():
     return RunFilter()
 
 
-@pytest.mark.parametrize(("call", "error", "message"), [c[1:] for c in UI_CASES], ids=[c[0] for c in UI_CASES])
+@pytest.mark.parametrize(
+    ("call", "error", "message"), [c[1:] for c in UI_CASES], ids=[c[0] for c in UI_CASES]
+)
 def test_hostile_ui_request(_ui_queries, call, error, message):
     queries, records, tag = _ui_queries
     with pytest.raises(Exception) as err:  # noqa: PT011 - the class is checked by name below
@@ -733,21 +872,43 @@ def _img_registry(realm: Callable[[int], str] | None = None, body: bytes = b"") 
 
 IMAGE_CASES = [
     # (id, registry factory, exception name, message fragment)
-    ("realm-at-another-local-port", _img_registry(lambda p: f"http://127.0.0.1:{p}/token"), "ImageNotFoundError",
-     "which is neither the registry's own host nor a trusted token service: refused, nothing was sent there"),
-    ("realm-at-localhost-name", _img_registry(lambda p: f"http://localhost:{p}/latest/meta-data/"),
-     "ImageNotFoundError", "points its Bearer realm at http://localhost"),
-    ("realm-at-metadata-service", _img_registry(lambda p: "http://169.254.169.254/latest/meta-data/iam/"),
-     "ImageNotFoundError", "http://169.254.169.254:80, which is neither"),
-    ("realm-file-scheme", _img_registry(lambda p: "file:///etc/passwd"), "ImageNotFoundError",
-     "a Bearer realm that is not an http(s) URL: refused"),
-    ("realm-https-other-host", _img_registry(lambda p: f"https://127.0.0.2:{p}/token"), "ImageNotFoundError",
-     "https://127.0.0.2"),
+    (
+        "realm-at-another-local-port",
+        _img_registry(lambda p: f"http://127.0.0.1:{p}/token"),
+        "ImageNotFoundError",
+        "which is neither the registry's own host nor a trusted token service: refused, nothing was sent there",
+    ),
+    (
+        "realm-at-localhost-name",
+        _img_registry(lambda p: f"http://localhost:{p}/latest/meta-data/"),
+        "ImageNotFoundError",
+        "points its Bearer realm at http://localhost",
+    ),
+    (
+        "realm-at-metadata-service",
+        _img_registry(lambda p: "http://169.254.169.254/latest/meta-data/iam/"),
+        "ImageNotFoundError",
+        "http://169.254.169.254:80, which is neither",
+    ),
+    (
+        "realm-file-scheme",
+        _img_registry(lambda p: "file:///etc/passwd"),
+        "ImageNotFoundError",
+        "a Bearer realm that is not an http(s) URL: refused",
+    ),
+    (
+        "realm-https-other-host",
+        _img_registry(lambda p: f"https://127.0.0.2:{p}/token"),
+        "ImageNotFoundError",
+        "https://127.0.0.2",
+    ),
     ("error-answer-of-a-registry", _img_registry(body=SECRET_BODY), "ImageResolutionError", "HTTP 500"),
-]  # fmt: skip
+]
 
 
-@pytest.mark.parametrize(("factory", "error", "message"), [c[1:] for c in IMAGE_CASES], ids=[c[0] for c in IMAGE_CASES])
+@pytest.mark.parametrize(
+    ("factory", "error", "message"), [c[1:] for c in IMAGE_CASES], ids=[c[0] for c in IMAGE_CASES]
+)
 def test_hostile_registry(monkeypatch, factory, error, message):
     from kubetrain.images import pin_image
 
@@ -756,7 +917,9 @@ def test_hostile_registry(monkeypatch, factory, error, message):
     registry = factory(other.port)
     try:
         with pytest.raises(Exception) as err:  # noqa: PT011 - the class is checked by name below
-            pin_image(f"127.0.0.1:{registry.port}/team/trainer:latest", registry_conn_id="no_such_registry_conn")
+            pin_image(
+                f"127.0.0.1:{registry.port}/team/trainer:latest", registry_conn_id="no_such_registry_conn"
+            )
     finally:
         registry.close()
         other.close()
@@ -769,13 +932,19 @@ def test_hostile_registry(monkeypatch, factory, error, message):
 IMAGE_REFERENCE_CASES = [
     ("uppercase-repository", "127.0.0.1:5000/Team/trainer:1", "invalid repository name 'Team/trainer'"),
     ("dotdot-repository", "127.0.0.1:5000/team/../trainer:1", "invalid repository name 'team/../trainer'"),
-    ("space-in-reference", "127.0.0.1:5000/team/trainer:1 --privileged", "invalid image tag '1 --privileged'"),
+    (
+        "space-in-reference",
+        "127.0.0.1:5000/team/trainer:1 --privileged",
+        "invalid image tag '1 --privileged'",
+    ),
     ("bad-digest", "127.0.0.1:5000/team/trainer@sha256:zz", "invalid digest 'sha256:zz'"),
     ("tag-too-long", "127.0.0.1:5000/team/trainer:" + "a" * 200, "expected 1 to 128 characters"),
 ]
 
 
-@pytest.mark.parametrize(("image", "message"), [c[1:] for c in IMAGE_REFERENCE_CASES], ids=[c[0] for c in IMAGE_REFERENCE_CASES])
+@pytest.mark.parametrize(
+    ("image", "message"), [c[1:] for c in IMAGE_REFERENCE_CASES], ids=[c[0] for c in IMAGE_REFERENCE_CASES]
+)
 def test_hostile_image_reference(image, message):
     """A malformed reference is refused before any registry is contacted."""
     from kubetrain.images import pin_image
@@ -790,8 +959,16 @@ def test_hostile_image_reference(image, message):
     [
         ("text/html", SECRET_BODY, f"HTTP 502 (a text/html body of {len(SECRET_BODY)} bytes, not shown)"),
         ("application/json", b'{"errors": [{"code": "DENIED", "message": "no"}]}', "HTTP 502 DENIED: no"),
-        ("application/json", b'{"error": "invalid_grant", "error_description": "expired"}', "HTTP 502 invalid_grant: expired"),
-        ("application/json", b'{"secret": "hunter2"}', "HTTP 502 (a application/json body of 21 bytes, not shown)"),
+        (
+            "application/json",
+            b'{"error": "invalid_grant", "error_description": "expired"}',
+            "HTTP 502 invalid_grant: expired",
+        ),
+        (
+            "application/json",
+            b'{"secret": "hunter2"}',
+            "HTTP 502 (a application/json body of 21 bytes, not shown)",
+        ),
     ],
     ids=["html", "registry-errors", "oauth-error", "other-json"],
 )

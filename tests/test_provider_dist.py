@@ -66,8 +66,11 @@ def source(tmp_path_factory) -> Path:
     shutil.copy(REPO / "README.md", src)
     shutil.copytree(REPO / "plugins", src / "plugins", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     # the contract both sides import lives in the images' build context, trainer/ (pyproject.toml's package-dir)
-    shutil.copytree(REPO / "trainer" / "kubetrain_contract", src / "trainer" / "kubetrain_contract",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))  # fmt: skip
+    shutil.copytree(
+        REPO / "trainer" / "kubetrain_contract",
+        src / "trainer" / "kubetrain_contract",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
     return src
 
 
@@ -92,8 +95,17 @@ def wheel(source, tmp_path_factory) -> Path:
 def installed(source, tmp_path_factory) -> Path:
     """`pip install .` of the project into a scratch directory (no dependencies: the Airflow environment has them)."""
     target = tmp_path_factory.mktemp("site")
-    uv("pip", "install", "--no-deps", "--no-build-isolation", "--python", sys.executable, "--target", str(target),
-       str(source))  # fmt: skip
+    uv(
+        "pip",
+        "install",
+        "--no-deps",
+        "--no-build-isolation",
+        "--python",
+        sys.executable,
+        "--target",
+        str(target),
+        str(source),
+    )
     return target
 
 
@@ -117,28 +129,47 @@ def test_the_wheel_holds_the_airflow_side_and_its_entry_points(wheel):
         dist_info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
         entry_points = zf.read(f"{dist_info}/entry_points.txt").decode()
         metadata = Parser().parsestr(zf.read(f"{dist_info}/METADATA").decode())
-    for module in ("kubetrain/__init__.py", "kubetrain/operators/training.py", "kubetrain/triggers/pod.py",
-                   "kubetrain/hooks/registry.py", "kubetrain/provider_info.py", "kubetrain_plugin.py"):  # fmt: skip
+    for module in (
+        "kubetrain/__init__.py",
+        "kubetrain/operators/training.py",
+        "kubetrain/triggers/pod.py",
+        "kubetrain/hooks/registry.py",
+        "kubetrain/provider_info.py",
+        "kubetrain_plugin.py",
+    ):
         assert module in names, sorted(names)
     sources = {p.relative_to(REPO / "plugins").as_posix() for p in (REPO / "plugins").rglob("*.py")}
-    sources |= {p.relative_to(REPO / "trainer").as_posix() for p in (REPO / "trainer" / "kubetrain_contract").rglob("*.py")}
+    sources |= {
+        p.relative_to(REPO / "trainer").as_posix()
+        for p in (REPO / "trainer" / "kubetrain_contract").rglob("*.py")
+    }
     assert "kubetrain_contract/exit_codes.py" in sources
-    assert {n for n in names if n.endswith(".py")} == sources  # every module, the contract's too, and nothing else
+    assert {
+        n for n in names if n.endswith(".py")
+    } == sources  # every module, the contract's too, and nothing else
     assert not [n for n in names if n.startswith(("dags/", "trainer/", "tests/", "include/"))]
-    assert "[apache_airflow_provider]\nprovider_info = kubetrain.provider_info:get_provider_info" in entry_points
+    assert (
+        "[apache_airflow_provider]\nprovider_info = kubetrain.provider_info:get_provider_info" in entry_points
+    )
     assert "[airflow.plugins]\nkubetrain = kubetrain_plugin:KubetrainPlugin" in entry_points
     assert metadata["Name"] == "kubetrain" and metadata["Version"] == "0.1.0"
     requires = metadata.get_all("Requires-Dist")
-    assert any(r.startswith("apache-airflow<3.4,>=3.3.2") or r.startswith("apache-airflow>=3.3.2") for r in requires), requires
+    assert any(
+        r.startswith("apache-airflow<3.4,>=3.3.2") or r.startswith("apache-airflow>=3.3.2") for r in requires
+    ), requires
     assert any(r.startswith("apache-airflow-providers-cncf-kubernetes") for r in requires), requires
 
 
 def test_airflow_sees_the_installed_provider(installed, tmp_path):
     env = airflow_env(installed, tmp_path / "home")
     listed = subprocess.run(
-        [str(AIRFLOW), "providers", "list", "-o", "json"], env=env, cwd=tmp_path, capture_output=True, text=True,
+        [str(AIRFLOW), "providers", "list", "-o", "json"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
         timeout=300,
-    )  # fmt: skip
+    )
     assert listed.returncode == 0, listed.stderr[-3000:]
     providers = {p["package_name"]: p for p in json.loads(listed.stdout[listed.stdout.index("[") :])}
     assert providers["kubetrain"]["version"] == "0.1.0"
@@ -252,15 +283,29 @@ def fresh(wheel, tmp_path_factory) -> Path:
     """A new virtual environment holding the wheel and the dependencies it declares, nothing else."""
     venv = tmp_path_factory.mktemp("fresh") / "venv"
     uv("venv", "--quiet", "--python", sys.executable, str(venv))
-    uv("pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), "--constraint",
-       str(REPO / "requirements.lock"), str(wheel))  # fmt: skip
+    uv(
+        "pip",
+        "install",
+        "--quiet",
+        "--python",
+        str(venv / "bin" / "python"),
+        "--constraint",
+        str(REPO / "requirements.lock"),
+        str(wheel),
+    )
     return venv
 
 
 def run_in(venv: Path, script: str, *args: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "PYTHON", "VIRTUAL_ENV"))}
-    out = subprocess.run([str(venv / "bin" / "python"), "-c", script, *args], env=env, cwd=venv, capture_output=True,
-                         text=True, timeout=600)  # fmt: skip
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", script, *args],
+        env=env,
+        cwd=venv,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -270,15 +315,31 @@ def test_the_wheel_alone_imports_and_its_extras_are_named_until_installed(fresh,
     present = {p["name"].lower() for p in json.loads(listed)}
     # the environment holds what kubetrain declares, not the test tools or optional parts of the lock
     assert "apache-airflow-providers-cncf-kubernetes" in present and "kubetrain" in present
-    assert not present & {"pytest", "moto", "deptry", "playwright", "kubernetes-validate", "optuna", "kubeflow-trainer-api"}
+    assert not present & {
+        "pytest",
+        "moto",
+        "deptry",
+        "playwright",
+        "kubernetes-validate",
+        "optuna",
+        "kubeflow-trainer-api",
+    }
     seen = run_in(fresh, IMPORT_ALL)
     assert seen["failed"] == {} and seen["modules"] > 60, seen
     optional = run_in(fresh, OPTIONAL)
     assert "pip install 'kubetrain[tpe]'" in optional["tpe"], optional
     assert "pip install 'kubetrain[trainjob]'" in optional["trainjob"], optional
 
-    uv("pip", "install", "--quiet", "--python", str(fresh / "bin" / "python"), "--constraint",
-       str(REPO / "requirements.lock"), f"{wheel}[all]")  # fmt: skip
+    uv(
+        "pip",
+        "install",
+        "--quiet",
+        "--python",
+        str(fresh / "bin" / "python"),
+        "--constraint",
+        str(REPO / "requirements.lock"),
+        f"{wheel}[all]",
+    )
     seen = run_in(fresh, IMPORT_ALL, "tpe", "trainjob", "all")
     assert seen["failed"] == {} and {"optuna", "kubeflow-trainer-api"} <= set(seen["declared"]), seen
     optional = run_in(fresh, OPTIONAL)
@@ -288,6 +349,12 @@ def test_the_wheel_alone_imports_and_its_extras_are_named_until_installed(fresh,
 
 def test_pyproject_declares_every_distribution_the_code_imports():
     """deptry: an import (at module level or inside a function) that no dependency or extra covers fails here."""
-    out = subprocess.run([str(REPO / ".venv" / "bin" / "deptry"), "plugins"], cwd=REPO, capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "NO_COLOR": "1"})  # fmt: skip
+    out = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "deptry"), "plugins"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -18,8 +18,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def build_and_push(context: Path, name: str, *, registry: str, mirror: str, dockerfile: str = "Dockerfile",
-                   log=lambda line: None) -> str:  # fmt: skip
+def build_and_push(
+    context: Path,
+    name: str,
+    *,
+    registry: str,
+    mirror: str,
+    dockerfile: str = "Dockerfile",
+    log=lambda line: None,
+) -> str:
     """Build ``context`` as ``<registry>/<name>`` and push it; returns ``<registry>/<repository>@<digest>``."""
     sys.path.insert(0, str(REPO / "plugins"))
     from kubetrain.imagebuild.buildah import BuildahBuilder
@@ -27,8 +34,9 @@ def build_and_push(context: Path, name: str, *, registry: str, mirror: str, dock
 
     repository, _, tag = name.partition(":")
     tag = tag or "latest"
-    builder = BuildahBuilder(REPO / ".tools" / "buildah", storage_driver="auto", mirror=mirror, mirror_insecure=True,
-                             log=log)  # fmt: skip
+    builder = BuildahBuilder(
+        REPO / ".tools" / "buildah", storage_driver="auto", mirror=mirror, mirror_insecure=True, log=log
+    )
     target = PushTarget(registry, repository, insecure=True)
     request = BuildRequest(context=context, repository=repository, tags=(tag,), dockerfile=dockerfile)
     local = builder.build(request, target, local_tag=f"devstack-{tag}")
@@ -37,18 +45,32 @@ def build_and_push(context: Path, name: str, *, registry: str, mirror: str, dock
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m include.devstack.build", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m include.devstack.build", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("context", type=Path, help="the build context (the folder of the Dockerfile)")
-    parser.add_argument("name", help="repository[:tag] in the dev stack's registry, e.g. examples/keras-model:1")
+    parser.add_argument(
+        "name", help="repository[:tag] in the dev stack's registry, e.g. examples/keras-model:1"
+    )
     parser.add_argument("--file", default="Dockerfile", help="the Dockerfile, relative to the context")
-    parser.add_argument("--state-dir", type=Path, default=REPO / ".stack", help="the dev stack (default: .stack)")
+    parser.add_argument(
+        "--state-dir", type=Path, default=REPO / ".stack", help="the dev stack (default: .stack)"
+    )
     args = parser.parse_args(argv)
     from include.devstack.stack import Stack, StackError
 
     try:
         state = Stack(args.state_dir.resolve()).load_state()
-        print(build_and_push(args.context.resolve(), args.name, registry=state["registry"], mirror=state["mirror"],
-                             dockerfile=args.file, log=lambda line: print(line, file=sys.stderr)))  # fmt: skip
+        print(
+            build_and_push(
+                args.context.resolve(),
+                args.name,
+                registry=state["registry"],
+                mirror=state["mirror"],
+                dockerfile=args.file,
+                log=lambda line: print(line, file=sys.stderr),
+            )
+        )
     except (StackError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -58,7 +58,9 @@ IMAGES = {
 
 def busybox_tree(out: Path) -> Path:
     """A root file system tarball like the busybox image's: the static binary, its applets, passwd and group."""
-    applets = subprocess.run([str(BUSYBOX), "--list-full"], capture_output=True, text=True, check=True).stdout.split()
+    applets = subprocess.run(
+        [str(BUSYBOX), "--list-full"], capture_output=True, text=True, check=True
+    ).stdout.split()
     with tarfile.open(out, "w") as tar:
 
         def add_dir(name: str, mode: int = 0o755) -> None:
@@ -80,7 +82,9 @@ def busybox_tree(out: Path) -> Path:
                 link = tarfile.TarInfo(applet)
                 link.type, link.linkname = tarfile.LNKTYPE, "bin/busybox"
                 tar.addfile(link)
-        add_file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/home:/bin/false\n")
+        add_file(
+            "etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/home:/bin/false\n"
+        )
         add_file("etc/group", b"root:x:0:\nnogroup:x:65534:\n")
     return out
 
@@ -101,15 +105,22 @@ def build(log=print) -> dict[str, str]:
         tree = busybox_tree(Path(tmp) / "busybox.tar")
         for name, cmd in (("busybox", ["sh"]), ("alpine", ["/bin/sh"])):
             ref = f"localhost/kubetrain/standin-{name}:latest"
-            builder.import_rootfs(tree, ref, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, cmd=cmd, labels=TITLE)
+            builder.import_rootfs(
+                tree, ref, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, cmd=cmd, labels=TITLE
+            )
             local[name] = ref
     local["python"] = publisher.local_base(ROOTFS)
     local["tensorflow"] = publisher.local_tensorflow(ROOTFS)
     local["buildah"] = builder.build(
-        BuildRequest(context=Path(__file__).with_name("mirror_images"), repository="kubetrain/standin-buildah",
-                     tags=("latest",), dockerfile="buildah.Dockerfile", build_args={"BASE_IMAGE": local["python"]}),
+        BuildRequest(
+            context=Path(__file__).with_name("mirror_images"),
+            repository="kubetrain/standin-buildah",
+            tags=("latest",),
+            dockerfile="buildah.Dockerfile",
+            build_args={"BASE_IMAGE": local["python"]},
+        ),
         local_tag="latest",
-    )  # fmt: skip
+    )
 
     data = MIRROR_DIR / "data"
     port = free_port()
@@ -120,7 +131,9 @@ def build(log=print) -> dict[str, str]:
     try:
         wait_http(f"http://127.0.0.1:{port}/v2/", 30, proc, MIRROR_DIR / "build.log")
         for public, which in IMAGES.items():
-            path, _, tag = public.split("/", 1)[1].rpartition(":")  # served as a mirror serves it: no registry host
+            path, _, tag = public.split("/", 1)[1].rpartition(
+                ":"
+            )  # served as a mirror serves it: no registry host
             target = PushTarget(f"127.0.0.1:{port}", path, insecure=True)
             digests[public] = builder.push(local[which], target, tag)
     finally:
@@ -147,7 +160,9 @@ def pinned(name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m include.devstack.mirror", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m include.devstack.mirror", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("command", choices=["build", "list"])
     args = parser.parse_args(argv)
     if args.command == "list":

@@ -19,17 +19,30 @@ ARTIFACT_ROOT = "s3://training/mlflow/"
 def command(state_dir: Path, port: int, *, host: str = "127.0.0.1") -> list[str]:
     """``mlflow server`` with a SQLite store in ``state_dir`` and artifacts in the embedded S3."""
     if not MLFLOW.exists():
-        raise FileNotFoundError(f"{MLFLOW} is missing: run `make mlflow-env` (make stack-up MLFLOW=1 and make test do)")
+        raise FileNotFoundError(
+            f"{MLFLOW} is missing: run `make mlflow-env` (make stack-up MLFLOW=1 and make test do)"
+        )
     state_dir.mkdir(parents=True, exist_ok=True)
     return [
-        str(MLFLOW), "server",
-        "--host", host, "--port", str(port), "--workers", "1",
-        "--backend-store-uri", f"sqlite:///{state_dir / 'mlflow.db'}",
-        "--default-artifact-root", ARTIFACT_ROOT, "--no-serve-artifacts",
-    ]  # fmt: skip
+        str(MLFLOW),
+        "server",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--backend-store-uri",
+        f"sqlite:///{state_dir / 'mlflow.db'}",
+        "--default-artifact-root",
+        ARTIFACT_ROOT,
+        "--no-serve-artifacts",
+    ]
 
 
-def environment(s3_endpoint: str, access_key_id: str, secret_access_key: str, region: str = "us-east-1") -> dict[str, str]:
+def environment(
+    s3_endpoint: str, access_key_id: str, secret_access_key: str, region: str = "us-east-1"
+) -> dict[str, str]:
     """What the server needs to reach the embedded S3 (its artifact store)."""
     return {
         "MLFLOW_S3_ENDPOINT_URL": s3_endpoint,
@@ -49,8 +62,8 @@ def health_url(port: int, host: str = "127.0.0.1") -> str:
 class MlflowServer:
     """An MLflow tracking server of its own (tests): started in ``state_dir`` against an S3 endpoint, stopped on exit.
 
-        with MlflowServer(tmp, s3_endpoint, key_id, secret) as server:
-            os.environ["KUBETRAIN_MLFLOW_TRACKING_URI"] = server.url
+    with MlflowServer(tmp, s3_endpoint, key_id, secret) as server:
+        os.environ["KUBETRAIN_MLFLOW_TRACKING_URI"] = server.url
     """
 
     def __init__(self, state_dir: Path, s3_endpoint: str, access_key_id: str, secret_access_key: str) -> None:
@@ -73,8 +86,15 @@ class MlflowServer:
         log = self.state_dir / "mlflow.log"
         argv = command(self.state_dir, self.port)
         with open(log, "ab") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
-                                         env={**os.environ, **self.env}, start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=REPO,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+            )
         try:
             wait_http(health_url(self.port), 180, self.proc, log)
         except BaseException:

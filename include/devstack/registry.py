@@ -14,8 +14,14 @@ from pathlib import Path
 REGISTRY_BINARY = "docker-registry"
 
 
-def command(root: Path, port: int, htpasswd: Path | None = None, *, data_dir: Path | None = None,
-            readonly: bool = False) -> list[str]:
+def command(
+    root: Path,
+    port: int,
+    htpasswd: Path | None = None,
+    *,
+    data_dir: Path | None = None,
+    readonly: bool = False,
+) -> list[str]:
     """Write ``root/config.yml`` and return the argv that serves the registry on 127.0.0.1:``port``."""
     binary = shutil.which(REGISTRY_BINARY) or "/usr/bin/docker-registry"
     if not Path(binary).exists():
@@ -26,8 +32,11 @@ def command(root: Path, port: int, htpasswd: Path | None = None, *, data_dir: Pa
     config = {
         "version": 0.1,
         "log": {"level": "info", "formatter": "text"},
-        "storage": {"filesystem": {"rootdirectory": str(data_dir or root / "data")}, "delete": {"enabled": not readonly},
-                    "maintenance": {"readonly": {"enabled": readonly}}},
+        "storage": {
+            "filesystem": {"rootdirectory": str(data_dir or root / "data")},
+            "delete": {"enabled": not readonly},
+            "maintenance": {"readonly": {"enabled": readonly}},
+        },
         "http": {"addr": f"127.0.0.1:{port}", "headers": {"X-Content-Type-Options": ["nosniff"]}},
     }
     if htpasswd is not None:

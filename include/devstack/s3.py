@@ -52,17 +52,24 @@ def command(host: str, port: int, data_dir: Path, access_key: str, secret_key: s
         if not value or any(c in value for c in ',"\n'):
             raise S3ServerError(f"{name} must be set, without commas, quotes or line breaks")
     argv = [
-        str(RCLONE), "serve", "s3",
-        "--addr", f"{host}:{port}",
-        "--config", "/dev/null",  # no rclone.conf: everything is on this command line
-        "--log-level", "NOTICE",
+        str(RCLONE),
+        "serve",
+        "s3",
+        "--addr",
+        f"{host}:{port}",
+        "--config",
+        "/dev/null",  # no rclone.conf: everything is on this command line
+        "--log-level",
+        "NOTICE",
         str(data_dir),
-    ]  # fmt: skip
+    ]
     return argv, {"RCLONE_AUTH_KEY": f'"{access_key},{secret_key}"'}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m include.devstack.s3", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m include.devstack.s3", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9000)
     parser.add_argument("--data-dir", type=Path, required=True, help="where buckets and objects are kept")
@@ -75,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     except S3ServerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"S3 on http://{args.host}:{args.port}, buckets {', '.join(args.buckets)} in {args.data_dir}", flush=True)
+    print(
+        f"S3 on http://{args.host}:{args.port}, buckets {', '.join(args.buckets)} in {args.data_dir}",
+        flush=True,
+    )
     # the server replaces this process: signals to it (or its process group) reach rclone itself
     os.execve(cmd[0], cmd, {**os.environ, **env})
     return 0  # not reached

@@ -82,7 +82,9 @@ def s3_keys(state_dir: Path) -> tuple[str, str]:
     except FileNotFoundError:
         pass
     except (ValueError, KeyError, TypeError) as exc:
-        raise StackError(f"{path} is not a key pair written by the stack ({exc}): remove it to generate a new one") from exc
+        raise StackError(
+            f"{path} is not a key pair written by the stack ({exc}): remove it to generate a new one"
+        ) from exc
     access_key, secret_key = "kt" + secrets.token_hex(8), secrets.token_hex(20)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -101,12 +103,35 @@ def serving_certificate(directory: Path) -> tuple[Path, Path]:
         return cert, key
     directory.mkdir(parents=True, exist_ok=True)
     made = subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", str(key), "-out", str(cert), "-days", "3650", "-subj", "/CN=kubetrain-dev-kubeapi",
-         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-addext", "basicConstraints=critical,CA:TRUE",
-         "-addext", "keyUsage=critical,digitalSignature,keyCertSign", "-addext", "extendedKeyUsage=serverAuth"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "3650",
+            "-subj",
+            "/CN=kubetrain-dev-kubeapi",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,digitalSignature,keyCertSign",
+            "-addext",
+            "extendedKeyUsage=serverAuth",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if made.returncode:
         raise StackError(f"openssl could not make the API server's certificate: {made.stderr.strip()[-500:]}")
     key.chmod(0o600)
@@ -122,8 +147,13 @@ def tls_context(ca: Path | None):
     return ssl.create_default_context(cafile=str(ca))
 
 
-def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None,
-              ca: Path | None = None) -> None:  # fmt: skip
+def wait_http(
+    url: str,
+    timeout: float,
+    proc: subprocess.Popen | None = None,
+    log: Path | None = None,
+    ca: Path | None = None,
+) -> None:
     """Wait until ``url`` answers with any HTTP status; fail early if ``proc`` dies."""
     deadline = time.monotonic() + timeout
     context = tls_context(ca)
@@ -164,7 +194,9 @@ class Stack:
 
     # -- start -----------------------------------------------------------------------------
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> tuple[subprocess.Popen, Path]:
         logs = self.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log = logs / f"{name}.log"
@@ -195,8 +227,11 @@ class Stack:
             self.down()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.chmod(0o700)  # it holds the generated S3 credentials
-        ports = {name: free_port(int(os.environ.get(f"KUBETRAIN_{name.upper()}_PORT", default))) for name, default in DEFAULT_PORTS.items()
-                 if name != "mlflow" or self.mlflow}
+        ports = {
+            name: free_port(int(os.environ.get(f"KUBETRAIN_{name.upper()}_PORT", default)))
+            for name, default in DEFAULT_PORTS.items()
+            if name != "mlflow" or self.mlflow
+        }
         access_key, secret_key = s3_keys(self.state_dir)
         state: dict = {"ports": ports, "components": {}, "strict_gpu": self.strict_gpu}
         try:
@@ -233,15 +268,27 @@ class Stack:
         proc, log = self._spawn(
             "s3",
             [
-                sys.executable, "-m", "include.devstack.s3", "--port", str(port),
-                "--data-dir", str(data_dir), "--buckets", *BUCKETS,
+                sys.executable,
+                "-m",
+                "include.devstack.s3",
+                "--port",
+                str(port),
+                "--data-dir",
+                str(data_dir),
+                "--buckets",
+                *BUCKETS,
             ],
             env={"KUBETRAIN_S3_ACCESS_KEY_ID": access_key, "KUBETRAIN_S3_SECRET_ACCESS_KEY": secret_key},
-        )  # fmt: skip
+        )
         # every bucket is a directory that exists before the server starts: once it answers
         # (403 to this unsigned request), it serves them
         wait_http(f"http://127.0.0.1:{port}/", 60, proc, log)
-        state["components"]["s3"] = {"pid": proc.pid, "port": port, "log": str(log), "data_dir": str(data_dir)}
+        state["components"]["s3"] = {
+            "pid": proc.pid,
+            "port": port,
+            "log": str(log),
+            "data_dir": str(data_dir),
+        }
 
     def _start_mlflow(self, state: dict, port: int, access_key: str, secret_key: str) -> None:
         from include.devstack import mlflow_server
@@ -291,13 +338,24 @@ class Stack:
         """The local Kubernetes API's command line for this stack's options."""
         cert, key = self.state_dir / "kubeapi.crt", self.state_dir / "kubeapi.key"
         argv = [
-            str(AIRFLOW_PYTHON), "-m", "include.devstack.kubeapi",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--state-dir", str(self.state_dir / "kube"),
-            "--mirror", f"127.0.0.1:{mirror_port}",
-            "--token-auth-file", str(self.token_file),
-            "--tls-cert-file", str(cert), "--tls-private-key-file", str(key),
-        ]  # fmt: skip
+            str(AIRFLOW_PYTHON),
+            "-m",
+            "include.devstack.kubeapi",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--state-dir",
+            str(self.state_dir / "kube"),
+            "--mirror",
+            f"127.0.0.1:{mirror_port}",
+            "--token-auth-file",
+            str(self.token_file),
+            "--tls-cert-file",
+            str(cert),
+            "--tls-private-key-file",
+            str(key),
+        ]
         if self.strict_gpu:
             argv.append("--strict-gpu")
         return argv
@@ -320,11 +378,18 @@ class Stack:
             kubeconfig = {
                 "apiVersion": "v1",
                 "kind": "Config",
-                "clusters": [{"name": "kubetrain-dev", "cluster": {"server": state["kubeapi"],
-                                                                   "certificate-authority-data": ca_data}}],
+                "clusters": [
+                    {
+                        "name": "kubetrain-dev",
+                        "cluster": {"server": state["kubeapi"], "certificate-authority-data": ca_data},
+                    }
+                ],
                 "users": [{"name": identity, "user": {"token": token}}],
                 "contexts": [
-                    {"name": "kubetrain-dev", "context": {"cluster": "kubetrain-dev", "user": identity, "namespace": NAMESPACE}}
+                    {
+                        "name": "kubetrain-dev",
+                        "context": {"cluster": "kubetrain-dev", "user": identity, "namespace": NAMESPACE},
+                    }
                 ],
                 "current-context": "kubetrain-dev",
             }
@@ -341,7 +406,10 @@ class Stack:
         req = urllib.request.Request(
             state["kubeapi"] + path,
             data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {state['tokens']['admin']}"},
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {state['tokens']['admin']}",
+            },
             method="POST",
         )
         urllib.request.urlopen(req, timeout=10, context=tls_context(Path(state["kubeapi_ca"]))).close()
@@ -352,16 +420,26 @@ class Stack:
         # the training namespace enforces Pod Security level restricted, as docs/real-cluster.md advises
         labels = {NAMESPACE: {"pod-security.kubernetes.io/enforce": "restricted"}, AIRFLOW_NAMESPACE: {}}
         for name, ns_labels in labels.items():
-            self._admin_request(state, "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                                              "metadata": {"name": name, "labels": ns_labels}})  # fmt: skip
+            self._admin_request(
+                state,
+                "/api/v1/namespaces",
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": ns_labels}},
+            )
         for identity in ("worker", "triggerer"):
             account = IDENTITIES[identity][0].rsplit(":", 1)[1]
-            self._admin_request(state, f"/api/v1/namespaces/{AIRFLOW_NAMESPACE}/serviceaccounts",
-                                {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}})  # fmt: skip
+            self._admin_request(
+                state,
+                f"/api/v1/namespaces/{AIRFLOW_NAMESPACE}/serviceaccounts",
+                {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}},
+            )
         if not KUBECTL.exists():
             raise StackError(f"{KUBECTL} is missing: run `make setup`")
-        applied = subprocess.run([str(KUBECTL), "--kubeconfig", state["kubeconfig_admin"], "apply", "-f", str(RBAC_MANIFEST)],
-                                 capture_output=True, text=True, timeout=120)  # fmt: skip
+        applied = subprocess.run(
+            [str(KUBECTL), "--kubeconfig", state["kubeconfig_admin"], "apply", "-f", str(RBAC_MANIFEST)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if applied.returncode:
             raise StackError(f"kubectl apply -f {RBAC_MANIFEST} failed: {applied.stderr.strip()}")
 
@@ -441,7 +519,14 @@ class Stack:
         for name, comp in state.get("components", {}).items():
             if _kill_group(comp["pid"]):
                 stopped.append(name)
-        for name in ("state.json", "env", "kubeconfig", "kubeconfig-admin", "kubeconfig-triggerer", "kube-tokens.csv"):
+        for name in (
+            "state.json",
+            "env",
+            "kubeconfig",
+            "kubeconfig-admin",
+            "kubeconfig-triggerer",
+            "kube-tokens.csv",
+        ):
             (self.state_dir / name).unlink(missing_ok=True)
         return stopped
 
@@ -450,7 +535,7 @@ class Stack:
         values = {}
         for line in (self.state_dir / "env").read_text().splitlines():
             if line.startswith("export "):
-                key, _, raw = line[len("export "):].partition("=")
+                key, _, raw = line[len("export ") :].partition("=")
                 values[key] = shlex.split(raw)[0] if raw else ""
         return values
 
@@ -495,7 +580,12 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m include.devstack", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["up", "down", "status", "env"])
-    parser.add_argument("--state-dir", type=Path, default=REPO / ".stack", help="where the stack keeps its files (default: .stack)")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=REPO / ".stack",
+        help="where the stack keeps its files (default: .stack)",
+    )
     parser.add_argument(
         "--strict-gpu",
         action="store_true",
@@ -513,19 +603,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "up":
             state = stack.up()
-            print(f"dev stack up: S3 {state['s3']['endpoint']}, registry {state['registry']} (mirror {state['mirror']}), "
-                  f"Kubernetes API {state['kubeapi']}")
+            print(
+                f"dev stack up: S3 {state['s3']['endpoint']}, registry {state['registry']} (mirror {state['mirror']}), "
+                f"Kubernetes API {state['kubeapi']}"
+            )
             print(f"  kubeconfig: {state['kubeconfig']}")
             if state.get("mlflow"):
                 print(f"  MLflow tracking server: {state['mlflow']}")
             print(f"  use it from a shell: . {stack.state_dir / 'env'}")
         elif args.command == "down":
             stopped = stack.down()
-            print("dev stack down" + (f": stopped {', '.join(stopped)}" if stopped else " (nothing was running)"))
+            print(
+                "dev stack down"
+                + (f": stopped {', '.join(stopped)}" if stopped else " (nothing was running)")
+            )
         elif args.command == "status":
             state = stack.load_state()
             for name, comp in state["components"].items():
-                print(f"{name:9} pid {comp['pid']:>7}  port {comp['port']:>5}  {'running' if _alive(comp['pid']) else 'DEAD'}")
+                print(
+                    f"{name:9} pid {comp['pid']:>7}  port {comp['port']:>5}  {'running' if _alive(comp['pid']) else 'DEAD'}"
+                )
         elif args.command == "env":
             sys.stdout.write((stack.state_dir / "env").read_text())
     except StackError as exc:

@@ -37,8 +37,11 @@ def clean(text: object) -> str:
     return " ".join(str(text).split())
 
 
-def pairs_from_corpus(language: str, categories: list[str] | None, exclude: list[str],
-                      ) -> list[tuple[str, str, str]]:
+def pairs_from_corpus(
+    language: str,
+    categories: list[str] | None,
+    exclude: list[str],
+) -> list[tuple[str, str, str]]:
     """(question, response, conversation id) of consecutive utterances, in file and file order."""
     folder = corpus_dir() / language
     if not folder.is_dir():
@@ -48,8 +51,10 @@ def pairs_from_corpus(language: str, categories: list[str] | None, exclude: list
     if categories:
         unknown = sorted(set(categories) - {f.stem for f in files})
         if unknown:
-            raise SystemExit(f"--categories {','.join(unknown)} not found in {language}; expected some of "
-                             f"{', '.join(f.stem for f in files)}")
+            raise SystemExit(
+                f"--categories {','.join(unknown)} not found in {language}; expected some of "
+                f"{', '.join(f.stem for f in files)}"
+            )
         files = [f for f in files if f.stem in categories]
     files = [f for f in files if f.stem not in exclude]
     try:
@@ -66,13 +71,19 @@ def pairs_from_corpus(language: str, categories: list[str] | None, exclude: list
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m include.sample_data.dialogue", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m include.sample_data.dialogue",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", required=True, type=Path, help="file to write: .tsv or .jsonl")
     parser.add_argument("--language", default="english", help="corpus language folder (default: english)")
     parser.add_argument("--categories", default="", help="comma-separated categories (default: all)")
-    parser.add_argument("--exclude", default=DEFAULT_EXCLUDE,
-                        help=f"comma-separated categories to leave out (default: {DEFAULT_EXCLUDE})")
+    parser.add_argument(
+        "--exclude",
+        default=DEFAULT_EXCLUDE,
+        help=f"comma-separated categories to leave out (default: {DEFAULT_EXCLUDE})",
+    )
     args = parser.parse_args(argv)
     suffix = args.out.suffix.lower()
     if suffix not in (".tsv", ".jsonl"):
@@ -84,12 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     if suffix == ".tsv":
         text = "question\tresponse\tconversation\n" + "".join(f"{q}\t{r}\t{c}\n" for q, r, c in pairs)
     else:
-        text = "".join(json.dumps({"question": q, "response": r, "conversation": c}, ensure_ascii=False) + "\n"
-                       for q, r, c in pairs)
+        text = "".join(
+            json.dumps({"question": q, "response": r, "conversation": c}, ensure_ascii=False) + "\n"
+            for q, r, c in pairs
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text, encoding="utf-8")
-    print(f"wrote {args.out}: {len(pairs)} question/response pairs of {len({c for _, _, c in pairs})} "
-          f"conversations from chatterbot-corpus/{args.language}")
+    print(
+        f"wrote {args.out}: {len(pairs)} question/response pairs of {len({c for _, _, c in pairs})} "
+        f"conversations from chatterbot-corpus/{args.language}"
+    )
     return 0
 
 

@@ -91,13 +91,20 @@ def parse_classes(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m include.sample_data.digits", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m include.sample_data.digits",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", required=True, type=Path, help="zip file to write")
     parser.add_argument("--size", type=int, default=32, help="image side in pixels (default: 32)")
     parser.add_argument("--corrupt", type=int, default=0, help="unreadable files to add (default: 0)")
-    parser.add_argument("--classes", type=parse_classes, default=list(range(10)),
-                        help="digits to include, comma-separated (default: all ten)")
+    parser.add_argument(
+        "--classes",
+        type=parse_classes,
+        default=list(range(10)),
+        help="digits to include, comma-separated (default: all ten)",
+    )
     parser.add_argument("--per-class", type=int, default=None, help="at most this many images per class")
     parser.add_argument("--seed", type=int, default=0, help="seed of the corrupt files' bytes (default: 0)")
     args = parser.parse_args(argv)
@@ -113,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     images = digit_pngs(args.size, args.classes, args.per_class)
     broken = corrupt_files(args.corrupt, args.classes, images[0][1], args.seed)
     write_zip(args.out, images + broken)
-    print(f"wrote {args.out}: {len(images)} images in {len(args.classes)} classes, {len(broken)} unreadable files")
+    print(
+        f"wrote {args.out}: {len(images)} images in {len(args.classes)} classes, {len(broken)} unreadable files"
+    )
     return 0
 
 

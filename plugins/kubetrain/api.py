@@ -49,7 +49,9 @@ def create_app() -> Any:
     from kubetrain.s3_layout import S3Layout
     from kubetrain.ui.app import create_router
 
-    app = FastAPI(title="kubetrain", description="Training reports and the Training page of kubetrain's DAGs.")
+    app = FastAPI(
+        title="kubetrain", description="Training reports and the Training page of kubetrain's DAGs."
+    )
     app.include_router(create_router())
 
     @app.exception_handler(HTTPException)

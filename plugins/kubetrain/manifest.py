@@ -108,14 +108,20 @@ def list_source_objects(store: RunStore, uri: str) -> tuple[str, list[ManifestOb
     if key and not key.endswith("/"):
         head = store.head(bucket, key)
         if head is not None:
-            obj = ManifestObject(bucket, key, posixpath.basename(key), int(head["ContentLength"]), quoted_etag(head["ETag"]))
+            obj = ManifestObject(
+                bucket, key, posixpath.basename(key), int(head["ContentLength"]), quoted_etag(head["ETag"])
+            )
             return s3_uri(bucket, key), [obj]
         key += "/"
     objects = []
     for item in store.list(bucket, key):
         if item["Key"].endswith("/"):
             continue  # "folder" placeholder objects made by consoles carry no data
-        objects.append(ManifestObject(bucket, item["Key"], item["Key"][len(key) :], int(item["Size"]), quoted_etag(item["ETag"])))
+        objects.append(
+            ManifestObject(
+                bucket, item["Key"], item["Key"][len(key) :], int(item["Size"]), quoted_etag(item["ETag"])
+            )
+        )
     if not objects:
         raise DatasetNotFoundError(
             f"nothing to stage at {uri}: no object with that key and no objects under s3://{bucket}/{key}"

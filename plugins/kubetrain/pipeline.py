@@ -86,7 +86,12 @@ def common_params(
             section="Model",
         ),
         "gpus": Param(
-            gpus, type="integer", minimum=0, maximum=8, title="GPUs", description="GPUs per pod, requested as the GPU resource.",
+            gpus,
+            type="integer",
+            minimum=0,
+            maximum=8,
+            title="GPUs",
+            description="GPUs per pod, requested as the GPU resource.",
             section="Resources",
         ),
         "gpu_resource": Param(
@@ -126,7 +131,12 @@ def common_params(
             section="Cluster",
         ),
         "cpu": Param(
-            cpu, type="string", pattern=r"^[0-9]+(\.[0-9]+)?m?$", title="CPU", description="CPU request and limit, e.g. 2 or 500m.", section="Resources"
+            cpu,
+            type="string",
+            pattern=r"^[0-9]+(\.[0-9]+)?m?$",
+            title="CPU",
+            description="CPU request and limit, e.g. 2 or 500m.",
+            section="Resources",
         ),
         "memory": Param(
             memory,
@@ -172,7 +182,12 @@ def common_params(
             section="Promotion",
         ),
         "experiment": Param(
-            None, type=["null", "string"], maxLength=63, title="Experiment", description="Free label for the pods and the report.", section="Promotion"
+            None,
+            type=["null", "string"],
+            maxLength=63,
+            title="Experiment",
+            description="Free label for the pods and the report.",
+            section="Promotion",
         ),
         "force": Param(
             False,

@@ -120,8 +120,12 @@ def resolve_image(explicit: str | None, kind: str = "trainer") -> str:
     configured = settings.get(f"{kind}_image")
     if configured:
         return configured
-    return default_image(kind, settings.get("registry"), settings.get("image_tag") or "latest",
-                         settings.get("trainer_variant") or "gpu")  # fmt: skip
+    return default_image(
+        kind,
+        settings.get("registry"),
+        settings.get("image_tag") or "latest",
+        settings.get("trainer_variant") or "gpu",
+    )
 
 
 def code_version_of(image: str) -> str:
@@ -152,11 +156,19 @@ class MedianStopping:
 
     def __post_init__(self) -> None:
         if not isinstance(self.objective, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]*$", self.objective):
-            raise ValueError(f"objective={self.objective!r} is not a metric name: expected e.g. 'val_accuracy'")
+            raise ValueError(
+                f"objective={self.objective!r} is not a metric name: expected e.g. 'val_accuracy'"
+            )
         if self.mode not in ("max", "min"):
             raise ValueError(f"mode={self.mode!r} is not valid: expected 'max' or 'min'")
-        if not isinstance(self.trials_uri, str) or not self.trials_uri.startswith("s3://") or not self.trials_uri.endswith("/"):
-            raise ValueError(f"trials_uri={self.trials_uri!r} is not valid: expected an s3:// prefix ending in '/'")
+        if (
+            not isinstance(self.trials_uri, str)
+            or not self.trials_uri.startswith("s3://")
+            or not self.trials_uri.endswith("/")
+        ):
+            raise ValueError(
+                f"trials_uri={self.trials_uri!r} is not valid: expected an s3:// prefix ending in '/'"
+            )
         object.__setattr__(self, "min_trials", _count("min_trials", self.min_trials, minimum=1))
         object.__setattr__(self, "start_step", _count("start_step", self.start_step, minimum=1))
 
@@ -483,8 +495,14 @@ def scratch_volumes(config: TrainingPodConfig) -> list[k8s.V1Volume]:
     if needs_shm(config):
         # counted against the container's memory limit, as memory-backed emptyDirs are, not against its
         # ephemeral storage: at most its memory
-        volumes.append(k8s.V1Volume(name=SHM_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource(
-            medium="Memory", size_limit=config.memory_limit or config.memory)))  # fmt: skip
+        volumes.append(
+            k8s.V1Volume(
+                name=SHM_VOLUME,
+                empty_dir=k8s.V1EmptyDirVolumeSource(
+                    medium="Memory", size_limit=config.memory_limit or config.memory
+                ),
+            )
+        )
     if config.cache_claim:
         volumes.append(
             k8s.V1Volume(
@@ -535,7 +553,9 @@ def base_resources(config: TrainingPodConfig) -> k8s.V1ResourceRequirements:
 def _helper_resources(config: TrainingPodConfig, cpu: tuple[str, str], memory: tuple[str, str], storage: str):
     """Requests and limits of a transfer container: (request, limit) of CPU and memory, and its disk."""
     return _with_storage(
-        k8s.V1ResourceRequirements(requests={"cpu": cpu[0], "memory": memory[0]}, limits={"cpu": cpu[1], "memory": memory[1]}),
+        k8s.V1ResourceRequirements(
+            requests={"cpu": cpu[0], "memory": memory[0]}, limits={"cpu": cpu[1], "memory": memory[1]}
+        ),
         storage,
         scratch_sizes(config).limited,
     )
@@ -569,8 +589,11 @@ def gpu_tolerations(gpus: int, gpu_resource: str = GPU_RESOURCE) -> list[k8s.V1T
 def _toleration(value: k8s.V1Toleration | Mapping[str, object]) -> k8s.V1Toleration:
     """A checked V1Toleration, whichever way it came (a Param's JSON, a dict, an object): the settings' rules."""
     if isinstance(value, k8s.V1Toleration):
-        value = {k8s.V1Toleration.attribute_map[a]: getattr(value, a) for a in k8s.V1Toleration.attribute_map
-                 if getattr(value, a) is not None}  # fmt: skip
+        value = {
+            k8s.V1Toleration.attribute_map[a]: getattr(value, a)
+            for a in k8s.V1Toleration.attribute_map
+            if getattr(value, a) is not None
+        }
     if not isinstance(value, Mapping):
         raise ValueError(f"toleration {value!r} is not a V1Toleration or a mapping of its fields")
     (checked,) = settings.parse_tolerations([dict(value)])
@@ -828,7 +851,8 @@ def replica_pod_template(
             security_context=pod_security_context(config),
             service_account_name=config.service_account_name,
             automount_service_account_token=bool(config.service_account_name and config.s3_secret is None),
-            image_pull_secrets=[k8s.V1LocalObjectReference(name=s) for s in config.image_pull_secrets] or None,
+            image_pull_secrets=[k8s.V1LocalObjectReference(name=s) for s in config.image_pull_secrets]
+            or None,
             node_selector=dict(config.node_selector) if config.node_selector else None,
             tolerations=pod_tolerations(config),
             termination_grace_period_seconds=config.termination_grace_period,

@@ -79,7 +79,9 @@ def failure_from_event(event: dict[str, Any]) -> AirflowException | None:
         return None
     cls = FAILURES.get(kind)
     if cls is None:
-        raise ValueError(f"unknown pod start-up failure {kind!r} in a trigger event: expected one of {', '.join(FAILURES)}")
+        raise ValueError(
+            f"unknown pod start-up failure {kind!r} in a trigger event: expected one of {', '.join(FAILURES)}"
+        )
     return cls(str(event.get("message") or kind))
 
 
@@ -178,7 +180,9 @@ class PodStartup:
         waiting = _waiting(pod)
         for container, reason, message in waiting:
             if reason in FATAL_WAITING_REASONS:
-                raise ImagePullError(f"container {container} of pod {name} cannot start: {reason}: {message}".rstrip(": "))
+                raise ImagePullError(
+                    f"container {container} of pod {name} cannot start: {reason}: {message}".rstrip(": ")
+                )
 
         scheduled = _condition(pod, "PodScheduled")
         if not (scheduled and scheduled.status == "True"):
@@ -238,7 +242,9 @@ class PodStartup:
             detail = f": container {container} is {reason}: {message}".rstrip(": ")
             if reason in PULL_WAITING_REASONS:
                 failure = ImagePullError
-        raise failure(f"pod {name} waited longer than startup_timeout={self.startup_timeout:g} s for {what}{detail}")
+        raise failure(
+            f"pod {name} waited longer than startup_timeout={self.startup_timeout:g} s for {what}{detail}"
+        )
 
 
 # -- after start-up --------------------------------------------------------------------------
@@ -251,7 +257,10 @@ def started_containers(pod: Any) -> list[str]:
     """Names of the containers (init containers first) that have started, so their log can be read."""
     names = []
     status = pod.status
-    for item in [*(getattr(status, "init_container_statuses", None) or []), *(getattr(status, "container_statuses", None) or [])]:
+    for item in [
+        *(getattr(status, "init_container_statuses", None) or []),
+        *(getattr(status, "container_statuses", None) or []),
+    ]:
         state = item.state
         if state is not None and (state.running is not None or state.terminated is not None):
             names.append(item.name)
@@ -278,7 +287,9 @@ def requested_gpus(pod: Any, gpu_resource: str) -> int:
     return total
 
 
-def gpu_served_on_cpu(pod: Any, gpu_resource: str, events: Iterable[Any] = (), node: Any = None) -> str | None:
+def gpu_served_on_cpu(
+    pod: Any, gpu_resource: str, events: Iterable[Any] = (), node: Any = None
+) -> str | None:
     """One line saying that the pod's GPU request was served on CPU, or None when it was not.
 
     A real cluster never starts a GPU pod on a node without GPUs; a development cluster such
@@ -296,7 +307,11 @@ def gpu_served_on_cpu(pod: Any, gpu_resource: str, events: Iterable[Any] = (), n
     node_name = getattr(pod.spec, "node_name", None) or "its node"
     if node is not None:
         status = node.status
-        capacity = (getattr(status, "allocatable", None) or getattr(status, "capacity", None) or {}) if status else {}
+        capacity = (
+            (getattr(status, "allocatable", None) or getattr(status, "capacity", None) or {})
+            if status
+            else {}
+        )
         if _quantity(capacity.get(gpu_resource, 0)) == 0:
             return (
                 f"GPU request served on CPU: pod {pod.metadata.name} asked for {wanted} {gpu_resource}, but node "

@@ -60,11 +60,17 @@ WORKER_ACCESS: tuple[tuple[str, str, str, str], ...] = (
     *((verb, "batch", "jobs", "") for verb in ("create", "get", "list", "watch", "patch", "delete")),
     ("get", "batch", "jobs/status", ""),
     *((verb, "kubeflow.org", "tfjobs", "") for verb in ("create", "get", "list", "watch", "patch", "delete")),
-    *((verb, "trainer.kubeflow.org", "trainjobs", "") for verb in ("create", "get", "list", "watch", "patch", "delete")),
-    *((verb, "trainer.kubeflow.org", "trainingruntimes", "") for verb in ("create", "get", "list", "watch", "delete")),
+    *(
+        (verb, "trainer.kubeflow.org", "trainjobs", "")
+        for verb in ("create", "get", "list", "watch", "patch", "delete")
+    ),
+    *(
+        (verb, "trainer.kubeflow.org", "trainingruntimes", "")
+        for verb in ("create", "get", "list", "watch", "delete")
+    ),
     ("create", "", "pods/exec", ""),
     ("get", "", "pods/exec", ""),
-)  # fmt: skip
+)
 TRIGGERER_ACCESS: tuple[tuple[str, str, str, str], ...] = (
     *((verb, "", "pods", "") for verb in ("get", "list", "watch", "delete")),
     ("get", "", "pods/log", ""),
@@ -75,9 +81,11 @@ TRIGGERER_ACCESS: tuple[tuple[str, str, str, str], ...] = (
     *((verb, "kubeflow.org", "tfjobs", "") for verb in ("get", "watch", "delete")),
     *((verb, "trainer.kubeflow.org", "trainjobs", "") for verb in ("get", "watch", "delete")),
     ("delete", "trainer.kubeflow.org", "trainingruntimes", ""),
-)  # fmt: skip
-RESTRICTED_FIX = ("the preflight's pods pass Pod Security level restricted, as training pods do; check the namespace's "
-                  "pod-security.kubernetes.io labels and admission webhooks")  # fmt: skip
+)
+RESTRICTED_FIX = (
+    "the preflight's pods pass Pod Security level restricted, as training pods do; check the namespace's "
+    "pod-security.kubernetes.io labels and admission webhooks"
+)
 
 
 def access_attributes(access, namespace: str, s3_secret: str | None) -> list[dict[str, str]]:
@@ -89,8 +97,16 @@ def access_attributes(access, namespace: str, s3_secret: str | None) -> list[dic
                 continue
             name = s3_secret
         base, _, sub = resource.partition("/")
-        out.append({"namespace": namespace, "verb": verb, "group": group, "resource": base, "subresource": sub,
-                    "name": name})  # fmt: skip
+        out.append(
+            {
+                "namespace": namespace,
+                "verb": verb,
+                "group": group,
+                "resource": base,
+                "subresource": sub,
+                "name": name,
+            }
+        )
     return out
 
 
@@ -103,18 +119,36 @@ def describe(attrs: dict[str, str]) -> str:
 def access_check(name: str, account: str, refused: list[dict[str, str]], total: int, namespace: str) -> Check:
     """The line of an access review: PASS, or FAIL naming what is refused and the manifest that grants it."""
     if not refused:
-        return Check(name, "PASS", f"{account} may do all {total} things kubetrain does in namespace {namespace!r}")
-    shown = ", ".join(describe(a) for a in refused[:6]) + (f" (+{len(refused) - 6} more)" if len(refused) > 6 else "")
-    return Check(name, "FAIL", f"{account} may not {shown} in namespace {namespace!r}",
-                 f"kubectl apply -f deploy/rbac.yaml in namespace {namespace} (it binds the Helm chart's airflow-worker "
-                 "and airflow-triggerer), or bind its Roles to this account")  # fmt: skip
+        return Check(
+            name, "PASS", f"{account} may do all {total} things kubetrain does in namespace {namespace!r}"
+        )
+    shown = ", ".join(describe(a) for a in refused[:6]) + (
+        f" (+{len(refused) - 6} more)" if len(refused) > 6 else ""
+    )
+    return Check(
+        name,
+        "FAIL",
+        f"{account} may not {shown} in namespace {namespace!r}",
+        f"kubectl apply -f deploy/rbac.yaml in namespace {namespace} (it binds the Helm chart's airflow-worker "
+        "and airflow-triggerer), or bind its Roles to this account",
+    )
+
 
 STATUSES = ("PASS", "FAIL", "WARN", "INFO", "SKIP")
 REQUIRED_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 OPTIONAL_SECRET_KEYS = ("AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")
-IDENTITY_ANNOTATIONS = ("eks.amazonaws.com/role-arn", "iam.gke.io/gcp-service-account",
-                        "azure.workload.identity/client-id")  # fmt: skip
-PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable")
+IDENTITY_ANNOTATIONS = (
+    "eks.amazonaws.com/role-arn",
+    "iam.gke.io/gcp-service-account",
+    "azure.workload.identity/client-id",
+)
+PULL_FAILURES = (
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "RegistryUnavailable",
+)
 CONFIG_FAILURES = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
 LABELS = {"app.kubernetes.io/name": "kubetrain", "app.kubernetes.io/component": "preflight"}
 # (group/version, resource, what it is) of the engines a multi-worker job can be handed to
@@ -196,8 +230,10 @@ class Preflight:
 
         d = self.deployment
         defaults = default_images(d.registry, d.image_tag, d.trainer_variant)
-        return {"trainer": self.deployment.trainer_image or defaults["trainer"],
-                "sync": self.deployment.sync_image or defaults["sync"]}  # fmt: skip
+        return {
+            "trainer": self.deployment.trainer_image or defaults["trainer"],
+            "sync": self.deployment.sync_image or defaults["sync"],
+        }
 
     # -- running ---------------------------------------------------------------------------
 
@@ -218,8 +254,14 @@ class Preflight:
             try:
                 pod_checks = self.check_pods()
             except Exception as exc:  # noqa: BLE001 - one line, never a traceback
-                pod_checks = [Check("image:trainer", "FAIL", f"could not be checked: {_short(exc)}",
-                                    "check the cluster's API server")]  # fmt: skip
+                pod_checks = [
+                    Check(
+                        "image:trainer",
+                        "FAIL",
+                        f"could not be checked: {_short(exc)}",
+                        "check the cluster's API server",
+                    )
+                ]
             for check in pod_checks:
                 add(check)
         else:
@@ -229,7 +271,11 @@ class Preflight:
         add(self.check_gpu_nodes() if reachable else Check("gpu-nodes", "SKIP", "needs the API (see api)"))
         add(self.check_pool())
         add(self.check_registry())
-        add(self.check_training_apis() if reachable else Check("training-apis", "SKIP", "needs the API (see api)"))
+        add(
+            self.check_training_apis()
+            if reachable
+            else Check("training-apis", "SKIP", "needs the API (see api)")
+        )
         return self.results
 
     @property
@@ -243,11 +289,18 @@ class Preflight:
         try:
             return check()
         except ApiException as exc:
-            return Check(name, "FAIL", f"the API refused: {exc.status} {_api_message(exc)}",
-                         "see the access line: kubectl apply -f deploy/rbac.yaml" if exc.status == 403 else
-                         "check the cluster's API server")  # fmt: skip
+            return Check(
+                name,
+                "FAIL",
+                f"the API refused: {exc.status} {_api_message(exc)}",
+                "see the access line: kubectl apply -f deploy/rbac.yaml"
+                if exc.status == 403
+                else "check the cluster's API server",
+            )
         except Exception as exc:  # noqa: BLE001 - one line, never a traceback
-            return Check(name, "FAIL", f"could not be checked: {_short(exc)}", "check the settings and the cluster")
+            return Check(
+                name, "FAIL", f"could not be checked: {_short(exc)}", "check the settings and the cluster"
+            )
 
     def check_access(self) -> Check:
         """Access reviews (SelfSubjectAccessReview) of everything the workers do."""
@@ -258,8 +311,11 @@ class Preflight:
         api = client.AuthorizationV1Api(self.hook.api_client)
         refused = []
         for attrs in wanted:
-            review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(
-                resource_attributes=client.V1ResourceAttributes(**{k: v for k, v in attrs.items() if v})))  # fmt: skip
+            review = client.V1SelfSubjectAccessReview(
+                spec=client.V1SelfSubjectAccessReviewSpec(
+                    resource_attributes=client.V1ResourceAttributes(**{k: v for k, v in attrs.items() if v})
+                )
+            )
             if not api.create_self_subject_access_review(review, _request_timeout=15).status.allowed:
                 refused.append(attrs)
         return access_check("access", "the workers' account", refused, len(wanted), self.namespace)
@@ -272,29 +328,46 @@ class Preflight:
         try:
             info, version = self._version()
         except Exception as exc:  # noqa: BLE001 - any failure to reach the API is this check's answer
-            return Check("api", "FAIL", f"the Kubernetes API of connection {self.kubernetes_conn_id!r} does not answer: "
-                         f"{_short(exc)}", f"point the {self.kubernetes_conn_id} connection (kube_config_path, in_cluster) "
-                         "or KUBECONFIG at a reachable cluster")  # fmt: skip
+            return Check(
+                "api",
+                "FAIL",
+                f"the Kubernetes API of connection {self.kubernetes_conn_id!r} does not answer: "
+                f"{_short(exc)}",
+                f"point the {self.kubernetes_conn_id} connection (kube_config_path, in_cluster) "
+                "or KUBECONFIG at a reachable cluster",
+            )
         if version < MINIMUM_VERSION:
             minimum = ".".join(map(str, MINIMUM_VERSION))
-            return Check("api", "FAIL", f"API {info} is older than {minimum}, the oldest Kubernetes kubetrain supports: "
-                         "the training pod's checkpoint-sync is a native sidecar (an init container with restartPolicy "
-                         "Always), which older servers drop, so pods would hang in Init",
-                         f"upgrade the cluster to Kubernetes {minimum} or later")  # fmt: skip
+            return Check(
+                "api",
+                "FAIL",
+                f"API {info} is older than {minimum}, the oldest Kubernetes kubetrain supports: "
+                "the training pod's checkpoint-sync is a native sidecar (an init container with restartPolicy "
+                "Always), which older servers drop, so pods would hang in Init",
+                f"upgrade the cluster to Kubernetes {minimum} or later",
+            )
         try:
             self.core.read_namespace(self.namespace)
         except ApiException as exc:
             if exc.status == 404:
-                return Check("api", "FAIL", f"API {info} answers, but namespace {self.namespace!r} does not exist",
-                             f"kubectl create namespace {self.namespace}, or set KUBETRAIN_NAMESPACE to an existing one")  # fmt: skip
+                return Check(
+                    "api",
+                    "FAIL",
+                    f"API {info} answers, but namespace {self.namespace!r} does not exist",
+                    f"kubectl create namespace {self.namespace}, or set KUBETRAIN_NAMESPACE to an existing one",
+                )
             if exc.status == 403:
                 # A Role in the namespace may not allow reading the namespace itself: listing pods there is enough.
                 try:
                     self.core.list_namespaced_pod(self.namespace, limit=1)
                 except ApiException as inner:
-                    return Check("api", "FAIL", f"API {info} answers, but namespace {self.namespace!r} is not "
-                                 f"usable: {inner.status} {inner.reason}", "apply deploy/rbac.yaml in the namespace "
-                                 "for Airflow's service account")  # fmt: skip
+                    return Check(
+                        "api",
+                        "FAIL",
+                        f"API {info} answers, but namespace {self.namespace!r} is not "
+                        f"usable: {inner.status} {inner.reason}",
+                        "apply deploy/rbac.yaml in the namespace for Airflow's service account",
+                    )
             else:
                 raise
         return Check("api", "PASS", f"API {info} answers and namespace {self.namespace!r} exists")
@@ -306,7 +379,9 @@ class Preflight:
 
         info = client.VersionApi(self.hook.api_client).get_code(_request_timeout=10)
         text = f"{info.git_version or info.major + '.' + info.minor} at {self.hook.api_client.configuration.host}"
-        major, minor = (int(re.sub(r"\D.*", "", part) or 0) for part in (info.major, info.minor))  # "27+" on EKS
+        major, minor = (
+            int(re.sub(r"\D.*", "", part) or 0) for part in (info.major, info.minor)
+        )  # "27+" on EKS
         return text, (major, minor)
 
     def check_s3_secret(self) -> Check:
@@ -319,48 +394,78 @@ class Preflight:
             except ApiException as exc:
                 if exc.status != 404:
                     raise
-                return Check("s3-secret", "FAIL", f"no S3 Secret (workload identity) and service account "
-                             f"{d.service_account!r} does not exist in {self.namespace!r}",
-                             f"kubectl -n {self.namespace} create serviceaccount {d.service_account} and bind it to an "
-                             "IAM role (IRSA) or GCP service account, or set KUBETRAIN_S3_SECRET")  # fmt: skip
+                return Check(
+                    "s3-secret",
+                    "FAIL",
+                    f"no S3 Secret (workload identity) and service account "
+                    f"{d.service_account!r} does not exist in {self.namespace!r}",
+                    f"kubectl -n {self.namespace} create serviceaccount {d.service_account} and bind it to an "
+                    "IAM role (IRSA) or GCP service account, or set KUBETRAIN_S3_SECRET",
+                )
             annotations = (account.metadata.annotations or {}) if account.metadata else {}
             found = [a for a in IDENTITY_ANNOTATIONS if a in annotations]
             if not found:
-                return Check("s3-secret", "WARN", f"workload identity: service account {d.service_account!r} has none "
-                             f"of the annotations {', '.join(IDENTITY_ANNOTATIONS)}",
-                             "annotate it with the IAM role or GCP service account that may read the buckets")  # fmt: skip
+                return Check(
+                    "s3-secret",
+                    "WARN",
+                    f"workload identity: service account {d.service_account!r} has none "
+                    f"of the annotations {', '.join(IDENTITY_ANNOTATIONS)}",
+                    "annotate it with the IAM role or GCP service account that may read the buckets",
+                )
             if "eks.amazonaws.com/role-arn" not in found:
                 # GKE's and Azure's workload identities hand out their clouds' tokens: S3's SigV4 needs AWS keys
-                return Check("s3-secret", "FAIL", f"workload identity through service account {d.service_account!r} "
-                             f"({found[0]}) gives pods {('GCP' if 'gke' in found[0] else 'Azure')} tokens, which the pods' "
-                             "S3 client (SigV4) cannot use",
-                             "put S3 credentials in a Secret and name it in KUBETRAIN_S3_SECRET: for Cloud Storage, "
-                             "HMAC keys with AWS_ENDPOINT_URL=https://storage.googleapis.com (docs/real-cluster.md, GKE)")  # fmt: skip
-            return Check("s3-secret", "PASS", f"workload identity through service account {d.service_account!r} "
-                         f"({found[0]})")  # fmt: skip
+                return Check(
+                    "s3-secret",
+                    "FAIL",
+                    f"workload identity through service account {d.service_account!r} "
+                    f"({found[0]}) gives pods {('GCP' if 'gke' in found[0] else 'Azure')} tokens, which the pods' "
+                    "S3 client (SigV4) cannot use",
+                    "put S3 credentials in a Secret and name it in KUBETRAIN_S3_SECRET: for Cloud Storage, "
+                    "HMAC keys with AWS_ENDPOINT_URL=https://storage.googleapis.com (docs/real-cluster.md, GKE)",
+                )
+            return Check(
+                "s3-secret",
+                "PASS",
+                f"workload identity through service account {d.service_account!r} ({found[0]})",
+            )
         try:
             secret = self.core.read_namespaced_secret(d.s3_secret, self.namespace)
         except ApiException as exc:
             if exc.status == 403:
-                return Check("s3-secret", "FAIL", f"the workers may not read Secret {d.s3_secret!r}: {_api_message(exc)}",
-                             f"name {d.s3_secret!r} in the resourceNames of deploy/rbac.yaml's Role kubetrain-airflow "
-                             "(it names kubetrain-s3) and apply it")  # fmt: skip
+                return Check(
+                    "s3-secret",
+                    "FAIL",
+                    f"the workers may not read Secret {d.s3_secret!r}: {_api_message(exc)}",
+                    f"name {d.s3_secret!r} in the resourceNames of deploy/rbac.yaml's Role kubetrain-airflow "
+                    "(it names kubetrain-s3) and apply it",
+                )
             if exc.status != 404:
                 raise
-            return Check("s3-secret", "FAIL", f"Secret {d.s3_secret!r} does not exist in namespace {self.namespace!r}",
-                         f"kubectl -n {self.namespace} create secret generic {d.s3_secret} "
-                         "--from-literal=AWS_ACCESS_KEY_ID=... --from-literal=AWS_SECRET_ACCESS_KEY=... "
-                         "--from-literal=AWS_ENDPOINT_URL=<endpoint pods reach> --from-literal=AWS_DEFAULT_REGION=...")  # fmt: skip
+            return Check(
+                "s3-secret",
+                "FAIL",
+                f"Secret {d.s3_secret!r} does not exist in namespace {self.namespace!r}",
+                f"kubectl -n {self.namespace} create secret generic {d.s3_secret} "
+                "--from-literal=AWS_ACCESS_KEY_ID=... --from-literal=AWS_SECRET_ACCESS_KEY=... "
+                "--from-literal=AWS_ENDPOINT_URL=<endpoint pods reach> --from-literal=AWS_DEFAULT_REGION=...",
+            )
         keys = set(secret.data or {}) | set(secret.string_data or {})
         missing = [k for k in REQUIRED_SECRET_KEYS if k not in keys]
         if missing:
-            return Check("s3-secret", "FAIL", f"Secret {d.s3_secret!r} lacks {', '.join(missing)} (has: "
-                         f"{', '.join(sorted(keys)) or 'nothing'})", f"add {', '.join(missing)} to Secret "
-                         f"{d.s3_secret!r}: kubectl -n {self.namespace} patch secret {d.s3_secret} --type merge "
-                         f"-p '{{\"stringData\": {{\"{missing[0]}\": \"...\"}}}}'")  # fmt: skip
+            return Check(
+                "s3-secret",
+                "FAIL",
+                f"Secret {d.s3_secret!r} lacks {', '.join(missing)} (has: "
+                f"{', '.join(sorted(keys)) or 'nothing'})",
+                f"add {', '.join(missing)} to Secret "
+                f"{d.s3_secret!r}: kubectl -n {self.namespace} patch secret {d.s3_secret} --type merge "
+                f'-p \'{{"stringData": {{"{missing[0]}": "..."}}}}\'',
+            )
         absent = [k for k in OPTIONAL_SECRET_KEYS if k not in keys]
         note = f"; no {', '.join(absent)} (pods use AWS defaults)" if absent else ""
-        return Check("s3-secret", "PASS", f"Secret {d.s3_secret!r} has {', '.join(REQUIRED_SECRET_KEYS)}{note}")
+        return Check(
+            "s3-secret", "PASS", f"Secret {d.s3_secret!r} has {', '.join(REQUIRED_SECRET_KEYS)}{note}"
+        )
 
     def check_pods(self) -> list[Check]:
         """Pull each image in a pod of its own; the sync image's pod also runs the S3 probe."""
@@ -369,8 +474,16 @@ class Preflight:
         # `python`, as the training pods run it (pod_spec.STAGE_IN_COMMAND and the trainers' commands)
         trainer_cmd = ["python", "-c", "import trainer; print('trainer package found')"]
         scratch = f"s3://{d.training_bucket}/preflight/{secrets.token_hex(6)}.bin"
-        sync_cmd = ["python", "-m", "trainer.sync", "probe", "--datasets-bucket", d.datasets_bucket,
-                    "--scratch-uri", scratch]  # fmt: skip
+        sync_cmd = [
+            "python",
+            "-m",
+            "trainer.sync",
+            "probe",
+            "--datasets-bucket",
+            d.datasets_bucket,
+            "--scratch-uri",
+            scratch,
+        ]
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             trainer = pool.submit(self.run_pod, "trainer", images["trainer"], trainer_cmd, with_s3=False)
             sync = pool.submit(self.run_pod, "sync", images["sync"], sync_cmd, with_s3=True)
@@ -384,18 +497,34 @@ class Preflight:
         if outcome.pulled:
             return Check(f"image:{name}", "PASS", f"{image} was pulled and started")
         if outcome.reason == "Forbidden":
-            return Check(f"image:{name}", "FAIL", f"a pod of {image} was refused: {outcome.message}",
-                         RESTRICTED_FIX if "PodSecurity" in outcome.message else
-                         "see the access line: kubectl apply -f deploy/rbac.yaml")  # fmt: skip
+            return Check(
+                f"image:{name}",
+                "FAIL",
+                f"a pod of {image} was refused: {outcome.message}",
+                RESTRICTED_FIX
+                if "PodSecurity" in outcome.message
+                else "see the access line: kubectl apply -f deploy/rbac.yaml",
+            )
         if outcome.reason in PULL_FAILURES:
-            pull = ("; for a private registry name its docker-registry Secret in KUBETRAIN_IMAGE_PULL_SECRETS"
-                    if not self.deployment.image_pull_secrets else "")  # fmt: skip
-            return Check(f"image:{name}", "FAIL", f"{image} cannot be pulled: {outcome.reason} {outcome.message}".strip(),
-                         f"push it (make images, or the build_trainer_image DAG) or set {setting} to an image the "
-                         f"nodes can pull{pull}")  # fmt: skip
-        return Check(f"image:{name}", "FAIL", f"a pod of {image} did not start: {outcome.reason} {outcome.message}".strip(),
-                     f"see `kubectl -n {self.namespace} get events`; the pod needs to be schedulable with the deployment's node "
-                     "selector and tolerations")  # fmt: skip
+            pull = (
+                "; for a private registry name its docker-registry Secret in KUBETRAIN_IMAGE_PULL_SECRETS"
+                if not self.deployment.image_pull_secrets
+                else ""
+            )
+            return Check(
+                f"image:{name}",
+                "FAIL",
+                f"{image} cannot be pulled: {outcome.reason} {outcome.message}".strip(),
+                f"push it (make images, or the build_trainer_image DAG) or set {setting} to an image the "
+                f"nodes can pull{pull}",
+            )
+        return Check(
+            f"image:{name}",
+            "FAIL",
+            f"a pod of {image} did not start: {outcome.reason} {outcome.message}".strip(),
+            f"see `kubectl -n {self.namespace} get events`; the pod needs to be schedulable with the deployment's node "
+            "selector and tolerations",
+        )
 
     def _s3_checks(self, image: str, outcome: PodOutcome) -> list[Check]:
         """The probe's report as three lines: the datasets listing, the buckets' regions, the write/read/delete."""
@@ -405,21 +534,38 @@ class Preflight:
             return [Check(name, "SKIP", f"needs the sync image ({image}) to run") for name in S3_CHECKS]
         reports = [line for line in outcome.logs.splitlines() if line.startswith(PROBE_PREFIX)]
         if outcome.exit_code != 0 or not reports:
-            error = _last_error(outcome.logs) or f"{outcome.reason} {outcome.message}".strip() or f"exit code {outcome.exit_code}"
-            return [Check("s3-from-pod", "FAIL", f"the S3 probe in {image} did not report: {error}",
-                          "rebuild and push the sync image (make images) so that it has `python -m trainer.sync "
-                          "probe`, or set KUBETRAIN_SYNC_IMAGE"),
-                    *(Check(name, "SKIP", "needs the S3 probe (see s3-from-pod)") for name in S3_CHECKS[1:])]  # fmt: skip
+            error = (
+                _last_error(outcome.logs)
+                or f"{outcome.reason} {outcome.message}".strip()
+                or f"exit code {outcome.exit_code}"
+            )
+            return [
+                Check(
+                    "s3-from-pod",
+                    "FAIL",
+                    f"the S3 probe in {image} did not report: {error}",
+                    "rebuild and push the sync image (make images) so that it has `python -m trainer.sync "
+                    "probe`, or set KUBETRAIN_SYNC_IMAGE",
+                ),
+                *(Check(name, "SKIP", "needs the S3 probe (see s3-from-pod)") for name in S3_CHECKS[1:]),
+            ]
         report = json.loads(reports[-1].removeprefix(PROBE_PREFIX))
-        return [self._list_check(report["list"]), self._region_check(report["region"]),
-                self._write_check(report["write"])]  # fmt: skip
+        return [
+            self._list_check(report["list"]),
+            self._region_check(report["region"]),
+            self._write_check(report["write"]),
+        ]
 
     def _list_check(self, step: dict[str, Any]) -> Check:
         bucket = self.deployment.datasets_bucket
         if step["ok"]:
             return Check("s3-from-pod", "PASS", f"a pod {step['detail']}")
-        return Check("s3-from-pod", "FAIL", f"a pod could not list bucket {bucket!r}: {step['detail']}",
-                     self._s3_fix(step["detail"], bucket, "list (s3:ListBucket) and read (s3:GetObject)"))  # fmt: skip
+        return Check(
+            "s3-from-pod",
+            "FAIL",
+            f"a pod could not list bucket {bucket!r}: {step['detail']}",
+            self._s3_fix(step["detail"], bucket, "list (s3:ListBucket) and read (s3:GetObject)"),
+        )
 
     def _region_check(self, step: dict[str, Any]) -> Check:
         if not step["ok"]:
@@ -431,38 +577,61 @@ class Preflight:
         region = next(iter(elsewhere.values()))
         where = ", ".join(f"{b!r} is in {r}" for b, r in elsewhere.items())
         secret = self.deployment.s3_secret
-        fix = (f"kubectl -n {self.namespace} patch secret {secret} --type merge -p "
-               f"'{{\"stringData\": {{\"AWS_REGION\": \"{region}\", \"AWS_DEFAULT_REGION\": \"{region}\"}}}}'"
-               if secret else f"set AWS_REGION={region} in the environment of service account "
-               f"{self.deployment.service_account!r}'s pods (or keep the buckets in {configured})")  # fmt: skip
+        fix = (
+            f"kubectl -n {self.namespace} patch secret {secret} --type merge -p "
+            f'\'{{"stringData": {{"AWS_REGION": "{region}", "AWS_DEFAULT_REGION": "{region}"}}}}\''
+            if secret
+            else f"set AWS_REGION={region} in the environment of service account "
+            f"{self.deployment.service_account!r}'s pods (or keep the buckets in {configured})"
+        )
         if len(set(elsewhere.values())) > 1:
             fix = "keep the datasets and training buckets in one region, and set AWS_REGION to it"
-        return Check("s3-region", "FAIL", f"bucket {where}, but the pods sign for {configured}: every first request "
-                     "to it is refused and retried, and tools that do not follow S3's region answer fail", fix)  # fmt: skip
+        return Check(
+            "s3-region",
+            "FAIL",
+            f"bucket {where}, but the pods sign for {configured}: every first request "
+            "to it is refused and retried, and tools that do not follow S3's region answer fail",
+            fix,
+        )
 
     def _write_check(self, step: dict[str, Any]) -> Check:
         bucket = self.deployment.training_bucket
         if step["ok"]:
             return Check("s3-write", "PASS", f"a pod {step['detail']}")
-        return Check("s3-write", "FAIL", f"a pod could not write, read back and delete in bucket {bucket!r}: "
-                     f"{step['detail']}", self._s3_fix(step["detail"], bucket, "s3:PutObject, s3:GetObject and "
-                     "s3:DeleteObject"))  # fmt: skip
+        return Check(
+            "s3-write",
+            "FAIL",
+            f"a pod could not write, read back and delete in bucket {bucket!r}: {step['detail']}",
+            self._s3_fix(step["detail"], bucket, "s3:PutObject, s3:GetObject and s3:DeleteObject"),
+        )
 
     def _s3_fix(self, error: str, bucket: str, rights: str) -> str:
         d = self.deployment
         if "Could not connect" in error or "Connect timeout" in error or "EndpointConnectionError" in error:
-            return (f"set AWS_ENDPOINT_URL in Secret {d.s3_secret!r} to an address pods reach (the in-cluster "
-                    "service or a routable host, not the Airflow host's localhost)")  # fmt: skip
+            return (
+                f"set AWS_ENDPOINT_URL in Secret {d.s3_secret!r} to an address pods reach (the in-cluster "
+                "service or a routable host, not the Airflow host's localhost)"
+            )
         if "PartialCredentialsError" in error or "NoCredentialsError" in error:
-            return (f"give Secret {d.s3_secret!r} both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" if d.s3_secret else
-                    f"bind service account {d.service_account!r} to an AWS identity (IRSA)")  # fmt: skip
+            return (
+                f"give Secret {d.s3_secret!r} both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+                if d.s3_secret
+                else f"bind service account {d.service_account!r} to an AWS identity (IRSA)"
+            )
         if "NoSuchBucket" in error:
             from kubetrain.settings import SETTINGS
 
             setting = SETTINGS["datasets_bucket" if bucket == d.datasets_bucket else "training_bucket"].env
             return f"create bucket {bucket!r} or set {setting}"
-        if "AccessDenied" in error or "InvalidAccessKeyId" in error or "SignatureDoesNotMatch" in error or "Forbidden" in error:
-            who = f"Secret {d.s3_secret!r}" if d.s3_secret else f"service account {d.service_account!r}'s role"
+        if (
+            "AccessDenied" in error
+            or "InvalidAccessKeyId" in error
+            or "SignatureDoesNotMatch" in error
+            or "Forbidden" in error
+        ):
+            who = (
+                f"Secret {d.s3_secret!r}" if d.s3_secret else f"service account {d.service_account!r}'s role"
+            )
             return f"give the pods' credentials ({who}) {rights} on {bucket!r}"
         return "check the pods' S3 credentials and endpoint"
 
@@ -476,12 +645,19 @@ class Preflight:
         for node in nodes:
             count = (node.status.allocatable or {}).get(resource) if node.status else None
             if count and str(count) not in ("0", ""):
-                taints = ", ".join(f"{t.key}={t.value or ''}:{t.effect}" for t in (node.spec.taints or [])) or "no taints"
+                taints = (
+                    ", ".join(f"{t.key}={t.value or ''}:{t.effect}" for t in (node.spec.taints or []))
+                    or "no taints"
+                )
                 gpu.append(f"{node.metadata.name} ({count} {resource}; {taints})")
         if not gpu:
-            return Check("gpu-nodes", "WARN", f"none of {len(nodes)} node(s) offers {resource}: training pods that ask "
-                         "for GPUs stay Pending; run with gpus=0 (training runs on CPU) or add GPU nodes with the "
-                         "device plugin")  # fmt: skip
+            return Check(
+                "gpu-nodes",
+                "WARN",
+                f"none of {len(nodes)} node(s) offers {resource}: training pods that ask "
+                "for GPUs stay Pending; run with gpus=0 (training runs on CPU) or add GPU nodes with the "
+                "device plugin",
+            )
         return Check("gpu-nodes", "PASS", f"{len(gpu)} of {len(nodes)} node(s): {'; '.join(gpu)}")
 
     def check_pool(self) -> Check:
@@ -490,11 +666,18 @@ class Preflight:
 
             pool = Pool.get_pool(self.pool)
         except Exception as exc:  # noqa: BLE001 - a task process may not read the metadata database
-            return Check("gpu-pool", "INFO", f"pools cannot be read here ({_short(exc)}); check with "
-                         f"`airflow pools get {self.pool}`")  # fmt: skip
+            return Check(
+                "gpu-pool",
+                "INFO",
+                f"pools cannot be read here ({_short(exc)}); check with `airflow pools get {self.pool}`",
+            )
         if pool is None:
-            return Check("gpu-pool", "FAIL", f"Airflow pool {self.pool!r} does not exist: GPU training tasks would not "
-                         "be scheduled", f"airflow pools set {self.pool} <number of GPUs> 'GPU training pods'")  # fmt: skip
+            return Check(
+                "gpu-pool",
+                "FAIL",
+                f"Airflow pool {self.pool!r} does not exist: GPU training tasks would not be scheduled",
+                f"airflow pools set {self.pool} <number of GPUs> 'GPU training pods'",
+            )
         return Check("gpu-pool", "PASS", f"Airflow pool {self.pool!r} has {pool.slots} slot(s)")
 
     def check_registry(self) -> Check:
@@ -507,34 +690,48 @@ class Preflight:
             client = hook.get_conn()
         except Exception as exc:  # noqa: BLE001 - not defined: the registry setting
             if type(exc).__name__ != "AirflowNotFoundException":
-                return Check("registry", "FAIL", f"connection {self.registry_conn_id!r}: {_short(exc)}",
-                             "fix the registry connection's host and extras")  # fmt: skip
+                return Check(
+                    "registry",
+                    "FAIL",
+                    f"connection {self.registry_conn_id!r}: {_short(exc)}",
+                    "fix the registry connection's host and extras",
+                )
             registry = self.deployment.registry
             where = f"KUBETRAIN_REGISTRY {registry}"
-            client = RegistryClient(registry, insecure=registry.split(":")[0] in ("localhost", "127.0.0.1"), timeout=10)
+            client = RegistryClient(
+                registry, insecure=registry.split(":")[0] in ("localhost", "127.0.0.1"), timeout=10
+            )
         try:
             with client:
                 client.ping()
         except RegistryError as exc:
-            return Check("registry", "FAIL", f"the registry of {where} does not answer the workers: {_short(exc)}",
-                         f"define connection {self.registry_conn_id} with the registry's host, port and credentials "
-                         "as the Airflow workers reach it")  # fmt: skip
+            return Check(
+                "registry",
+                "FAIL",
+                f"the registry of {where} does not answer the workers: {_short(exc)}",
+                f"define connection {self.registry_conn_id} with the registry's host, port and credentials "
+                "as the Airflow workers reach it",
+            )
         return Check("registry", "PASS", f"the registry of {where} answers the workers")
 
     def check_training_apis(self) -> Check:
         """Which engines a multi-worker job can go to, and whether Kueue is there, with the versions served."""
         from kubernetes import client
 
-        groups = {g.name: [v.version for v in g.versions]
-                  for g in client.ApisApi(self.hook.api_client).get_api_versions(_request_timeout=10).groups}  # fmt: skip
+        groups = {
+            g.name: [v.version for v in g.versions]
+            for g in client.ApisApi(self.hook.api_client).get_api_versions(_request_timeout=10).groups
+        }
         api = client.CustomObjectsApi(self.hook.api_client)
         served, missing = [], []
         for group_version, resource, what in TRAINING_APIS:
             group, version = group_version.split("/")
             if group != "batch" and version not in groups.get(group, []):
                 others = groups.get(group)
-                missing.append(f"{what} ({group_version}" + (f"; the cluster serves {group} {', '.join(others)})"
-                                                             if others else ")"))  # fmt: skip
+                missing.append(
+                    f"{what} ({group_version}"
+                    + (f"; the cluster serves {group} {', '.join(others)})" if others else ")")
+                )
                 continue
             try:
                 listing = api.get_api_resources(group, version, _request_timeout=10)
@@ -546,8 +743,12 @@ class Preflight:
         kueue = groups.get(KUEUE_GROUP)
         queues = f"Kueue served ({KUEUE_GROUP} {', '.join(kueue)})" if kueue else "Kueue not served"
         if not served:
-            return Check("training-apis", "FAIL", f"none served: {', '.join(missing)}",
-                         "batch/v1 Jobs are part of every cluster: check the API server")  # fmt: skip
+            return Check(
+                "training-apis",
+                "FAIL",
+                f"none served: {', '.join(missing)}",
+                "batch/v1 Jobs are part of every cluster: check the API server",
+            )
         detail = f"served: {', '.join(served)}" + (f"; not served: {', '.join(missing)}" if missing else "")
         return Check("training-apis", "INFO", f"{detail}; {queues}")
 
@@ -561,11 +762,21 @@ class Preflight:
         from kubetrain.pod_spec import gpu_tolerations
 
         d = self.deployment
-        tolerations = [*gpu_tolerations(1, d.gpu_resource), *(k8s.V1Toleration(**_snake(t)) for t in d.tolerations)]
-        env_from = [k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=d.s3_secret))] if with_s3 and d.s3_secret else None
+        tolerations = [
+            *gpu_tolerations(1, d.gpu_resource),
+            *(k8s.V1Toleration(**_snake(t)) for t in d.tolerations),
+        ]
+        env_from = (
+            [k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=d.s3_secret))]
+            if with_s3 and d.s3_secret
+            else None
+        )
         return k8s.V1Pod(
-            metadata=k8s.V1ObjectMeta(name=f"kubetrain-preflight-{purpose}-{secrets.token_hex(3)}",
-                                      namespace=self.namespace, labels={**LABELS, "kubetrain.io/preflight": purpose}),
+            metadata=k8s.V1ObjectMeta(
+                name=f"kubetrain-preflight-{purpose}-{secrets.token_hex(3)}",
+                namespace=self.namespace,
+                labels={**LABELS, "kubetrain.io/preflight": purpose},
+            ),
             spec=k8s.V1PodSpec(
                 restart_policy="Never",
                 active_deadline_seconds=max(int(self.pod_timeout) * 2, 60),
@@ -574,22 +785,29 @@ class Preflight:
                 image_pull_secrets=[k8s.V1LocalObjectReference(name=n) for n in d.image_pull_secrets] or None,
                 node_selector=d.node_selector or None,
                 tolerations=tolerations or None,
-                security_context=k8s.V1PodSecurityContext(run_as_non_root=True,
-                                                          seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
-                containers=[k8s.V1Container(
-                    name="check",
-                    image=image,
-                    command=list(command),
-                    env_from=env_from,
-                    resources=k8s.V1ResourceRequirements(requests={"cpu": "50m", "memory": "64Mi"},
-                                                         limits={"memory": "256Mi"}),
-                    security_context=k8s.V1SecurityContext(
-                        run_as_non_root=True, allow_privilege_escalation=False, privileged=False,
-                        capabilities=k8s.V1Capabilities(drop=["ALL"]),
-                        seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
-                )],
+                security_context=k8s.V1PodSecurityContext(
+                    run_as_non_root=True, seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")
+                ),
+                containers=[
+                    k8s.V1Container(
+                        name="check",
+                        image=image,
+                        command=list(command),
+                        env_from=env_from,
+                        resources=k8s.V1ResourceRequirements(
+                            requests={"cpu": "50m", "memory": "64Mi"}, limits={"memory": "256Mi"}
+                        ),
+                        security_context=k8s.V1SecurityContext(
+                            run_as_non_root=True,
+                            allow_privilege_escalation=False,
+                            privileged=False,
+                            capabilities=k8s.V1Capabilities(drop=["ALL"]),
+                            seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"),
+                        ),
+                    )
+                ],
             ),
-        )  # fmt: skip
+        )
 
     def run_pod(self, purpose: str, image: str, command: Sequence[str], *, with_s3: bool) -> PodOutcome:
         """Create the pod, watch it until it ran or cannot pull, read its log, delete it."""
@@ -616,8 +834,12 @@ class Preflight:
         started = False
         while time.monotonic() < deadline:
             w = watch.Watch()
-            for event in w.stream(self.core.list_namespaced_pod, self.namespace, field_selector=f"metadata.name={name}",
-                                  timeout_seconds=max(1, int(deadline - time.monotonic()))):  # fmt: skip
+            for event in w.stream(
+                self.core.list_namespaced_pod,
+                self.namespace,
+                field_selector=f"metadata.name={name}",
+                timeout_seconds=max(1, int(deadline - time.monotonic())),
+            ):
                 pod = event["object"]
                 outcome = self._decide(pod)
                 if outcome is not None:
@@ -627,8 +849,12 @@ class Preflight:
                         if outcome.exit_code is None:
                             continue  # running: wait for it to end
                     return self._with_logs(name, outcome)
-        return PodOutcome(started, reason="Timeout", message=f"the pod did not finish within {self.pod_timeout:.0f} s"
-                          + (f" (phase {pod.status.phase})" if pod is not None and pod.status else ""))  # fmt: skip
+        return PodOutcome(
+            started,
+            reason="Timeout",
+            message=f"the pod did not finish within {self.pod_timeout:.0f} s"
+            + (f" (phase {pod.status.phase})" if pod is not None and pod.status else ""),
+        )
 
     @staticmethod
     def _decide(pod) -> PodOutcome | None:
@@ -645,8 +871,12 @@ class Preflight:
             if state.waiting and state.waiting.reason in (*PULL_FAILURES, *CONFIG_FAILURES):
                 return PodOutcome(False, reason=state.waiting.reason, message=state.waiting.message or "")
             if state.terminated:
-                return PodOutcome(True, exit_code=state.terminated.exit_code, reason=state.terminated.reason or "",
-                                  message=state.terminated.message or "")  # fmt: skip
+                return PodOutcome(
+                    True,
+                    exit_code=state.terminated.exit_code,
+                    reason=state.terminated.reason or "",
+                    message=state.terminated.message or "",
+                )
             if state.running:
                 return PodOutcome(True)
         if status.phase == "Failed":
@@ -657,8 +887,14 @@ class Preflight:
         if not outcome.pulled:
             return outcome
         try:
-            response = self.core.read_namespaced_pod_log(name, self.namespace, container="check", tail_lines=50,
-                                                         _request_timeout=15, _preload_content=False)  # fmt: skip
+            response = self.core.read_namespaced_pod_log(
+                name,
+                self.namespace,
+                container="check",
+                tail_lines=50,
+                _request_timeout=15,
+                _preload_content=False,
+            )
             logs = response.data.decode("utf-8", "replace")
         except Exception as exc:  # noqa: BLE001 - the outcome stands without its log
             logs = f"(log unavailable: {_short(exc)})"
@@ -682,8 +918,13 @@ class Preflight:
             raise
         # from the version just read, so that a deletion between the read and the watch is replayed
         w = watch.Watch()
-        for event in w.stream(self.core.list_namespaced_pod, self.namespace, field_selector=f"metadata.name={name}",
-                              resource_version=pod.metadata.resource_version, timeout_seconds=30):  # fmt: skip
+        for event in w.stream(
+            self.core.list_namespaced_pod,
+            self.namespace,
+            field_selector=f"metadata.name={name}",
+            resource_version=pod.metadata.resource_version,
+            timeout_seconds=30,
+        ):
             if event["type"] == "DELETED":
                 w.stop()
                 return
@@ -719,10 +960,16 @@ def _snake(toleration: dict[str, Any]) -> dict[str, Any]:
 def triggerer_check(event: dict[str, Any], namespace: str) -> Check:
     """The line of the triggerer's access review (:class:`kubetrain.triggers.access.AccessReviewTrigger`'s event)."""
     if event.get("error"):
-        return Check("access:triggerer", "FAIL", f"the triggerer could not ask the API what it may do: {event['error']}",
-                     "give the triggerer a connection to the cluster (with the Helm chart: in_cluster, its service "
-                     "account airflow-triggerer) and apply deploy/rbac.yaml")  # fmt: skip
-    return access_check("access:triggerer", "the triggerer's account", event["refused"], event["total"], namespace)
+        return Check(
+            "access:triggerer",
+            "FAIL",
+            f"the triggerer could not ask the API what it may do: {event['error']}",
+            "give the triggerer a connection to the cluster (with the Helm chart: in_cluster, its service "
+            "account airflow-triggerer) and apply deploy/rbac.yaml",
+        )
+    return access_check(
+        "access:triggerer", "the triggerer's account", event["refused"], event["total"], namespace
+    )
 
 
 def run_preflight(emit: Callable[[Check], None] | None = None, **kwargs: Any) -> Preflight:
@@ -737,22 +984,35 @@ def fail_on_failures(preflight: Preflight) -> list[str]:
     from airflow.sdk.exceptions import AirflowFailException
 
     if preflight.failed:
-        raise AirflowFailException(f"{len(preflight.failed)} preflight check(s) failed:\n"
-                                   + "\n".join(c.line() for c in preflight.failed))  # fmt: skip
+        raise AirflowFailException(
+            f"{len(preflight.failed)} preflight check(s) failed:\n"
+            + "\n".join(c.line() for c in preflight.failed)
+        )
     return [c.line() for c in preflight.results]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kubetrain.preflight", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m kubetrain.preflight", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--kubernetes-conn-id", default="kubernetes_default")
     parser.add_argument("--registry-conn-id", default="kubetrain_registry_default")
-    parser.add_argument("--pool", default="gpu", help="the Airflow pool of GPU training tasks (default %(default)s)")
-    parser.add_argument("--pod-timeout", type=float, default=45.0, help="seconds per preflight pod (default %(default)s)")
+    parser.add_argument(
+        "--pool", default="gpu", help="the Airflow pool of GPU training tasks (default %(default)s)"
+    )
+    parser.add_argument(
+        "--pod-timeout", type=float, default=45.0, help="seconds per preflight pod (default %(default)s)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     try:
-        preflight = run_preflight(lambda check: print(check.line(), flush=True), kubernetes_conn_id=args.kubernetes_conn_id,
-                                  registry_conn_id=args.registry_conn_id, pool=args.pool, pod_timeout=args.pod_timeout)  # fmt: skip
+        preflight = run_preflight(
+            lambda check: print(check.line(), flush=True),
+            kubernetes_conn_id=args.kubernetes_conn_id,
+            registry_conn_id=args.registry_conn_id,
+            pool=args.pool,
+            pod_timeout=args.pod_timeout,
+        )
     except ValueError as exc:  # a setting that does not parse
         print(f"FAIL  settings: {exc}", flush=True)
         return 1

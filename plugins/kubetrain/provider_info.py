@@ -87,7 +87,10 @@ def get_provider_info() -> dict[str, Any]:
         ],
         "hooks": [{"integration-name": "kubetrain", "python-modules": ["kubetrain.hooks.registry"]}],
         "triggers": [
-            {"integration-name": "kubetrain", "python-modules": ["kubetrain.triggers.pod", "kubetrain.triggers.sync"]}
+            {
+                "integration-name": "kubetrain",
+                "python-modules": ["kubetrain.triggers.pod", "kubetrain.triggers.sync"],
+            }
         ],
         "connection-types": [
             {

@@ -115,7 +115,9 @@ class IndexEntry:
             raise ValueError(f"run index key {key!r} does not end in .json")
         parts = name[: -len(".json")].split(SEPARATOR)
         if len(parts) != 7:
-            raise ValueError(f"run index key {key!r} has {len(parts)} fields: expected 7 separated by {SEPARATOR!r}")
+            raise ValueError(
+                f"run index key {key!r} has {len(parts)} fields: expected 7 separated by {SEPARATOR!r}"
+            )
         stamp, model, dag, run, trial, version, status = parts
         return cls(key, time_of_inverted(stamp), model, dag, run, trial, version, status)
 
@@ -270,8 +272,11 @@ def promotion_reason(
     if this is None:
         return f"not promoted: promote=if_better and this run has no {monitor or 'metric'} to compare with {other}"
     if other_value is None:
-        return (f"promoted: promote=if_better, {other} has no {monitor} to compare with" if promoted
-                else f"not promoted: promote=if_better, {other} has no {monitor}")  # fmt: skip
+        return (
+            f"promoted: promote=if_better, {other} has no {monitor} to compare with"
+            if promoted
+            else f"not promoted: promote=if_better, {other} has no {monitor}"
+        )
     sign = (">" if mode == "max" else "<") if promoted else ("<=" if mode == "max" else ">=")
     if promoted:
         return f"promoted: promote=if_better, {this} {sign} {_fmt(other_value)} of {other}"
@@ -291,7 +296,8 @@ def _numbers(section: Any) -> dict[str, float | int | None]:
     if not isinstance(section, dict):
         return {}
     return {
-        str(k): v if isinstance(v, int) and not isinstance(v, bool) else finite_number(v) for k, v in section.items()
+        str(k): v if isinstance(v, int) and not isinstance(v, bool) else finite_number(v)
+        for k, v in section.items()
     }
 
 
@@ -359,7 +365,11 @@ def build_record(
     promotion = dict(promotion or {})
     report = dict(report or {})
     monitor = metrics.get("monitor") if isinstance(metrics.get("monitor"), str) else report.get("monitor")
-    mode = metrics.get("monitor_mode") if metrics.get("monitor_mode") in ("max", "min") else report.get("monitor_mode")
+    mode = (
+        metrics.get("monitor_mode")
+        if metrics.get("monitor_mode") in ("max", "min")
+        else report.get("monitor_mode")
+    )
     section = metrics.get(compare_on) if isinstance(metrics.get(compare_on), dict) else {}
     value = finite_number(section.get(monitor)) if monitor else None
     if value is None:
@@ -377,9 +387,14 @@ def build_record(
         reason = f"not promoted: the run failed in {failure.get('task')}"
     else:
         reason = promotion.get("reason") or promotion_reason(
-            rule=promote_rule, promoted=promoted, monitor=monitor, mode=mode, value=value,
-            other_version=other_version, other_value=other_value,
-        )  # fmt: skip
+            rule=promote_rule,
+            promoted=promoted,
+            monitor=monitor,
+            mode=mode,
+            value=value,
+            other_version=other_version,
+            other_value=other_value,
+        )
     if resumed_from_step is None and _integer(metrics.get("resumed_from_step")) is not None:
         resumed_from_step, resumed_from_source = _integer(metrics.get("resumed_from_step")), "metrics.json"
     record = {
@@ -394,7 +409,8 @@ def build_record(
         "status": status,
         "failure": (
             {"task": str(failure.get("task")), "error": str(failure.get("error") or "")[:_MAX_ERROR_CHARS]}
-            if failure is not None else None
+            if failure is not None
+            else None
         ),
         "model": model,
         "trainer": metrics.get("trainer") or run_params.get("trainer") or report.get("trainer"),
@@ -428,9 +444,7 @@ def build_record(
             "version": promotion.get("model_version") if promoted else None,
             "model_uri": promotion.get("model_uri") if promoted else None,
             "reason": reason,
-            "compared_with": (
-                {"version": other_version, "value": other_value} if other_version else None
-            ),
+            "compared_with": ({"version": other_version, "value": other_value} if other_version else None),
         },
         "report_uri": report.get("report_uri") or None,
         "report_url": report.get("report_url") or None,
@@ -473,6 +487,8 @@ def promotion_event(
         "rule": rule,
         "reason": reason,
         "metric": {"name": monitor, "value": finite_number(value)},
-        "previous": {"version": previous_version, "value": finite_number(previous_value)} if previous_version else None,
+        "previous": {"version": previous_version, "value": finite_number(previous_value)}
+        if previous_version
+        else None,
     }
     return check_document(event, "promotion")

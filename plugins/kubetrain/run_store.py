@@ -154,7 +154,8 @@ class RunStore:
         # S3Hook's uploads take their ExtraArgs from the hook: one hook per Content-Type.
         if content_type not in self._typed_hooks:
             self._typed_hooks[content_type] = type(self.hook)(
-                aws_conn_id=self.hook.aws_conn_id, extra_args={**self.hook.extra_args, "ContentType": content_type}
+                aws_conn_id=self.hook.aws_conn_id,
+                extra_args={**self.hook.extra_args, "ContentType": content_type},
             )
         return self._typed_hooks[content_type]
 
@@ -220,7 +221,9 @@ class RunStore:
             errors = "; ".join(
                 f"{e.get('area')}/{e.get('path')}: {e.get('error')}" for e in document.get("errors") or []
             )
-            raise SyncVerificationError(f"the final sync pass {found.uri} is incomplete: {errors or 'complete is false'}")
+            raise SyncVerificationError(
+                f"the final sync pass {found.uri} is incomplete: {errors or 'complete is false'}"
+            )
         problems = self.verify_files(run, found.files, checksums=checksums)
         if problems:
             shown = problems[:MAX_LISTED_PROBLEMS]
@@ -231,7 +234,9 @@ class RunStore:
             )
         return found
 
-    def verify_files(self, run: RunLocation, files: Sequence[dict[str, Any]], *, checksums: bool = True) -> list[str]:
+    def verify_files(
+        self, run: RunLocation, files: Sequence[dict[str, Any]], *, checksums: bool = True
+    ) -> list[str]:
         """Check that every listed file is in S3 with its size (and SHA-256); return the problems found.
 
         The SHA-256 is taken from the object's ``sha256`` metadata when the uploader set it,
@@ -241,17 +246,23 @@ class RunStore:
         for entry in files:
             area, path, key = entry.get("area"), entry.get("path"), entry.get("key")
             where = f"{area}/{path}"
-            if area not in ("checkpoints", "output") or not isinstance(key, str) or not key.startswith(
-                run.area_prefix(area)
+            if (
+                area not in ("checkpoints", "output")
+                or not isinstance(key, str)
+                or not key.startswith(run.area_prefix(area))
             ):
-                problems.append(f"{where}: key {key!r} is not inside the run's {area} area {run.area_prefix(str(area))}")
+                problems.append(
+                    f"{where}: key {key!r} is not inside the run's {area} area {run.area_prefix(str(area))}"
+                )
                 continue
             head = self.head(run.bucket, key)
             if head is None:
                 problems.append(f"{where}: missing from {s3_uri(run.bucket, key)}")
                 continue
             if head["ContentLength"] != entry.get("size"):
-                problems.append(f"{where}: size in S3 is {head['ContentLength']}, the manifest says {entry.get('size')}")
+                problems.append(
+                    f"{where}: size in S3 is {head['ContentLength']}, the manifest says {entry.get('size')}"
+                )
                 continue
             if not checksums or not entry.get("sha256"):
                 continue
@@ -296,8 +307,14 @@ class RunStore:
         """
         outputs = [f for f in sync_pass.files if f.get("area") == "output"]
         if not outputs:
-            raise SyncVerificationError(f"the final sync pass of {run.uri} lists no output files: there is no model to promote")
-        too_big = [f"{f['path']} ({f.get('size')} bytes)" for f in outputs if int(f.get("size") or 0) > MAX_COPY_BYTES]
+            raise SyncVerificationError(
+                f"the final sync pass of {run.uri} lists no output files: there is no model to promote"
+            )
+        too_big = [
+            f"{f['path']} ({f.get('size')} bytes)"
+            for f in outputs
+            if int(f.get("size") or 0) > MAX_COPY_BYTES
+        ]
         if too_big:
             raise ValueError(
                 f"cannot promote {run.uri}: S3 CopyObject copies objects up to 5 GiB, and {', '.join(too_big)} "
@@ -339,7 +356,9 @@ class RunStore:
         metrics = self.read_json(bucket, self.layout.model_prefix(model, version) + "metrics.json")
         return version, metrics if isinstance(metrics, dict) else {}
 
-    def prune(self, run: RunLocation, files: list[dict[str, Any]], keep: int) -> tuple[list[str], list[dict[str, Any]]]:
+    def prune(
+        self, run: RunLocation, files: list[dict[str, Any]], keep: int
+    ) -> tuple[list[str], list[dict[str, Any]]]:
         """Delete checkpoints beyond the newest ``keep`` prefixes of each family.
 
         The newest prefixes are those the final pass lists; for them, exactly the listed files
@@ -364,7 +383,9 @@ class RunStore:
 
         prefix = run.area_prefix("checkpoints")
         doomed = [
-            item["Key"] for item in self.list(run.bucket, prefix) if not keep_object(item["Key"][len(prefix) :], item["Key"])
+            item["Key"]
+            for item in self.list(run.bucket, prefix)
+            if not keep_object(item["Key"][len(prefix) :], item["Key"])
         ]
         if doomed:
             self.hook.delete_objects(run.bucket, doomed)
@@ -384,7 +405,9 @@ class RunStore:
 
     def trained_marker(self, dag_id: str, fingerprint: str) -> dict[str, Any] | None:
         """The record of a finished training with this fingerprint, or ``None``."""
-        record = self.read_json(self.layout.training_bucket, self.layout.trained_marker_key(dag_id, fingerprint))
+        record = self.read_json(
+            self.layout.training_bucket, self.layout.trained_marker_key(dag_id, fingerprint)
+        )
         return record if isinstance(record, dict) else None
 
     def marker_uri(self, dag_id: str, fingerprint: str) -> str:
@@ -392,7 +415,9 @@ class RunStore:
 
     def record_trained(self, dag_id: str, fingerprint: str, record: dict[str, Any]) -> str:
         """Write the train-once marker; return its URI."""
-        return self.write_json(self.layout.training_bucket, self.layout.trained_marker_key(dag_id, fingerprint), record)
+        return self.write_json(
+            self.layout.training_bucket, self.layout.trained_marker_key(dag_id, fingerprint), record
+        )
 
     # -- dataset manifests -----------------------------------------------------------------------
 
@@ -409,7 +434,9 @@ class RunStore:
         try:
             return check_manifest(document)
         except ValueError as exc:
-            raise ValueError(f"{s3_uri(bucket, key)} exists but is not a valid dataset manifest: {exc}") from exc
+            raise ValueError(
+                f"{s3_uri(bucket, key)} exists but is not a valid dataset manifest: {exc}"
+            ) from exc
 
     def stage_manifest(self, manifest: dict[str, Any]) -> str:
         """Write a dataset manifest under its dataset and version; return its URI."""
@@ -480,7 +507,9 @@ class RunStore:
         run = RunLocation.from_uri(record["run_uri"])
         bucket = self.layout.training_bucket
         if run.bucket != bucket:
-            raise ValueError(f"run {run.uri} is not in the training bucket {bucket}: its record would not be indexed")
+            raise ValueError(
+                f"run {run.uri} is not in the training bucket {bucket}: its record would not be indexed"
+            )
         previous = self.run_record(run)
         keys = record_keys(self.layout, record)
         body = (json.dumps(record, indent=1, sort_keys=False) + "\n").encode()
@@ -502,7 +531,12 @@ class RunStore:
 
         check_document(event, "promotion")
         key = self.layout.promotions_prefix(event["model"]) + promotion_name(event, written=datetime.now(UTC))
-        return self.write(self.layout.training_bucket, key, json.dumps(event, indent=1) + "\n", content_type="application/json")
+        return self.write(
+            self.layout.training_bucket,
+            key,
+            json.dumps(event, indent=1) + "\n",
+            content_type="application/json",
+        )
 
     def promotions(self, model: str, *, limit: int = 50) -> list[dict[str, Any]]:
         """The newest ``limit`` promotions of ``model``, newest first."""
@@ -515,12 +549,16 @@ class RunStore:
         from kubetrain.run_record import SEPARATOR
 
         suffix = f"{SEPARATOR}{safe_segment(version)}.json"
-        keys = self.list_keys(self.layout.training_bucket, self.layout.promotions_prefix(model), max_keys=newest)
+        keys = self.list_keys(
+            self.layout.training_bucket, self.layout.promotions_prefix(model), max_keys=newest
+        )
         return any(key.endswith(suffix) for key in keys)
 
     def promoted_pointer(self, model: str) -> dict[str, Any] | None:
         """The ``models/<model>/latest`` pointer, or ``None`` when nothing is promoted."""
-        pointer = self.read_json(self.layout.training_bucket, self.layout.model_latest_key(check_name("model", model)))
+        pointer = self.read_json(
+            self.layout.training_bucket, self.layout.model_latest_key(check_name("model", model))
+        )
         return pointer if isinstance(pointer, dict) else None
 
     def resumed_from_step(self, run: RunLocation) -> int | None:
@@ -534,7 +572,9 @@ class RunStore:
         numbered checkpoint.
         """
         numbers = sorted(
-            n for item in self.list(run.bucket, run.area_prefix("sync")) if (n := RunLocation.pass_number(item["Key"])) is not None
+            n
+            for item in self.list(run.bucket, run.area_prefix("sync"))
+            if (n := RunLocation.pass_number(item["Key"])) is not None
         )
         if not numbers:
             return None

@@ -112,14 +112,25 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
 
 
 # kubetrain's own areas of the training bucket: never a dataset (they hold other DAGs' runs and models)
-TRAINING_AREAS = ("manifests/", "runs/", "models/", "trained/", "index/", "leaderboard/", "promotions/", "preflight/")
+TRAINING_AREAS = (
+    "manifests/",
+    "runs/",
+    "models/",
+    "trained/",
+    "index/",
+    "leaderboard/",
+    "promotions/",
+    "preflight/",
+)
 
 
 def _prefix(uri: str, what: str) -> tuple[str, str]:
     bucket, key = parse_s3_uri(str(uri).strip())
     if any(part in (".", "..") for part in key.split("/")) or "//" in key:
-        raise ValueError(f"{what} {uri!r} is not a plain prefix: expected s3://<bucket>/<prefix>/ without '.', '..' "
-                         "or empty segments")  # fmt: skip
+        raise ValueError(
+            f"{what} {uri!r} is not a plain prefix: expected s3://<bucket>/<prefix>/ without '.', '..' "
+            "or empty segments"
+        )
     return bucket, key if not key or key.endswith("/") else key + "/"
 
 
@@ -127,7 +138,9 @@ def _within(bucket: str, key: str, prefix: tuple[str, str]) -> bool:
     return bucket == prefix[0] and (key if key.endswith("/") else key + "/").startswith(prefix[1])
 
 
-def check_dataset_source(uri: str, *, allowed: Sequence[str], training_bucket: str, narrowed: Sequence[str] = ()) -> str:
+def check_dataset_source(
+    uri: str, *, allowed: Sequence[str], training_bucket: str, narrowed: Sequence[str] = ()
+) -> str:
     """Return ``uri`` when a run may stage a dataset from it, else raise ``ValueError`` naming why.
 
     :param uri: the dataset URI a run asks for (a Param: whoever may trigger the DAG chose it).
@@ -138,20 +151,30 @@ def check_dataset_source(uri: str, *, allowed: Sequence[str], training_bucket: s
     """
     bucket, key = parse_s3_uri(str(uri).strip())
     if any(part in (".", "..") for part in key.split("/")):
-        raise ValueError(f"dataset {uri!r} has a '.' or '..' segment: expected a plain s3://<bucket>/<prefix>")
+        raise ValueError(
+            f"dataset {uri!r} has a '.' or '..' segment: expected a plain s3://<bucket>/<prefix>"
+        )
     deployment = [_prefix(a, "dataset prefix") for a in allowed]
     dag = [_prefix(n, "the DAG's dataset prefix") for n in narrowed]
     for prefix, raw in zip(dag, narrowed, strict=True):
         if not any(_within(prefix[0], prefix[1], d) for d in deployment):
-            raise ValueError(f"the DAG's dataset prefix {raw!r} is outside the deployment's ({', '.join(allowed)}): "
-                             "a DAG may only narrow them")  # fmt: skip
-    if bucket == training_bucket and (not key or any((key + "/").startswith(a) or key.startswith(a) for a in TRAINING_AREAS)):
-        raise ValueError(f"dataset {uri!r} is inside kubetrain's own area of the training bucket (runs, models, "
-                         "manifests, ...): datasets come from the datasets bucket")  # fmt: skip
+            raise ValueError(
+                f"the DAG's dataset prefix {raw!r} is outside the deployment's ({', '.join(allowed)}): "
+                "a DAG may only narrow them"
+            )
+    if bucket == training_bucket and (
+        not key or any((key + "/").startswith(a) or key.startswith(a) for a in TRAINING_AREAS)
+    ):
+        raise ValueError(
+            f"dataset {uri!r} is inside kubetrain's own area of the training bucket (runs, models, "
+            "manifests, ...): datasets come from the datasets bucket"
+        )
     for prefixes, names, whose in ((deployment, allowed, "the deployment's"), (dag, narrowed, "this DAG's")):
         if prefixes and not any(_within(bucket, key, p) for p in prefixes):
-            raise ValueError(f"dataset {uri!r} is outside {whose} dataset prefixes ({', '.join(names)}): a run may "
-                             "stage only from them (setting dataset_prefixes, default the datasets bucket)")  # fmt: skip
+            raise ValueError(
+                f"dataset {uri!r} is outside {whose} dataset prefixes ({', '.join(names)}): a run may "
+                "stage only from them (setting dataset_prefixes, default the datasets bucket)"
+            )
     return uri
 
 

@@ -146,6 +146,7 @@ SETTINGS: dict[str, Setting] = {
     )
 }
 
+
 def markdown_table() -> str:
     """README's settings table, generated from :data:`SETTINGS`."""
     rows = [
@@ -210,11 +211,15 @@ def parse_node_selector(value: str | Mapping[str, str] | None) -> dict[str, str]
         for item in parse_list("node_selector", str(value)):
             key, sep, val = item.partition("=")
             if not sep:
-                raise ValueError(f"node_selector item {item!r} is not key=value: expected e.g. pool=gpu,zone=a")
+                raise ValueError(
+                    f"node_selector item {item!r} is not key=value: expected e.g. pool=gpu,zone=a"
+                )
             labels[key.strip()] = val.strip()
     for key, val in labels.items():
         if not isinstance(key, str) or not _LABEL_KEY.match(key) or not isinstance(val, str):
-            raise ValueError(f"node_selector {key!r}={val!r} is not a valid node label: expected key=value strings")
+            raise ValueError(
+                f"node_selector {key!r}={val!r} is not a valid node label: expected key=value strings"
+            )
     return labels
 
 
@@ -233,7 +238,9 @@ def parse_tolerations(value: str | list[Any] | None) -> list[dict[str, Any]]:
         except json.JSONDecodeError as exc:
             raise ValueError(f"tolerations {value!r} is not a JSON list: {exc}") from None
     if not isinstance(items, list) or not all(isinstance(t, dict) for t in items):
-        raise ValueError(f"tolerations {value!r} is not a list of objects: expected e.g. [{{\"key\": \"spot\", \"operator\": \"Exists\"}}]")
+        raise ValueError(
+            f'tolerations {value!r} is not a list of objects: expected e.g. [{{"key": "spot", "operator": "Exists"}}]'
+        )
     for item in items:
         unknown = set(item) - TOLERATION_KEYS
         if unknown:
@@ -245,15 +252,19 @@ def parse_tolerations(value: str | list[Any] | None) -> list[dict[str, Any]]:
         if operator not in ("Equal", "Exists"):
             raise ValueError(f"toleration {item!r}: operator {operator!r} must be Equal or Exists")
         if item.get("effect") not in (None, "", "NoSchedule", "PreferNoSchedule", "NoExecute"):
-            raise ValueError(f"toleration {item!r}: effect {item.get('effect')!r} must be NoSchedule, PreferNoSchedule "
-                             "or NoExecute")  # fmt: skip
+            raise ValueError(
+                f"toleration {item!r}: effect {item.get('effect')!r} must be NoSchedule, PreferNoSchedule "
+                "or NoExecute"
+            )
         for name in ("key", "value", "effect"):
             if item.get(name) is not None and not isinstance(item[name], str):
                 raise ValueError(f"toleration {item!r}: {name} must be a string")
         if operator == "Exists" and item.get("value"):
             raise ValueError(f"toleration {item!r}: value must be empty when operator is Exists")
         if operator == "Equal" and not item.get("key"):
-            raise ValueError(f"toleration {item!r}: an empty key needs operator Exists (it tolerates every taint)")
+            raise ValueError(
+                f"toleration {item!r}: an empty key needs operator Exists (it tolerates every taint)"
+            )
         seconds = item.get("tolerationSeconds", item.get("toleration_seconds"))
         if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
             raise ValueError(f"toleration {item!r}: tolerationSeconds must be a whole number of seconds")
@@ -283,7 +294,9 @@ class Deployment:
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", self.namespace or ""):
-            raise ValueError(f"namespace {self.namespace!r} is not a valid namespace name: expected a DNS-1123 label")
+            raise ValueError(
+                f"namespace {self.namespace!r} is not a valid namespace name: expected a DNS-1123 label"
+            )
         if not self.s3_secret and not self.service_account:
             raise ValueError(
                 "s3_secret is empty (workload identity) but no service_account is set: training pods would "
@@ -294,7 +307,9 @@ class Deployment:
                 f"gpu_resource {self.gpu_resource!r} is not an extended resource name: expected e.g. nvidia.com/gpu"
             )
         if self.trainer_variant not in TRAINER_VARIANTS:
-            raise ValueError(f"trainer_variant {self.trainer_variant!r} is not a trainer variant: expected gpu or cpu")
+            raise ValueError(
+                f"trainer_variant {self.trainer_variant!r} is not a trainer variant: expected gpu or cpu"
+            )
         from kubetrain.imagebuild.reference import check_tag, split_registry
 
         split_registry(self.registry)

@@ -61,7 +61,9 @@ def test_params_are_typed_and_described(dagbag, path):
     for name in dag.params:
         schema = dag.params.get_param(name).schema
         assert "type" in schema or "enum" in schema, f"{dag.dag_id} Param {name!r} has no JSON-schema type"
-        assert schema.get("description") or schema.get("title"), f"{dag.dag_id} Param {name!r} has no description"
+        assert schema.get("description") or schema.get("title"), (
+            f"{dag.dag_id} Param {name!r} has no description"
+        )
 
 
 @pytest.fixture(scope="module")

@@ -40,22 +40,85 @@ K8S_VERSION = "1.33.0"
 # kubetrain deployment may need. A key outside this list is not silently accepted: check it in the
 # chart's documentation and add it here.
 CHART_TOP_LEVEL = {
-    "fullnameOverride", "nameOverride", "useStandardNaming", "uid", "gid", "airflowHome",
-    "defaultAirflowRepository", "defaultAirflowTag", "defaultAirflowDigest", "airflowVersion",
-    "images", "registry", "executor", "allowPodLaunching", "env", "volumes", "volumeMounts", "secret",
-    "enableBuiltInSecretEnvVars", "extraEnv", "extraEnvFrom", "extraSecrets", "extraConfigMaps",
-    "priorityClasses", "data", "fernetKey", "fernetKeySecretName", "apiSecretKeySecretName",
-    "jwtSecretName", "workers", "scheduler", "apiServer", "triggerer", "dagProcessor", "createUserJob",
-    "migrateDatabaseJob", "postgresql", "pgbouncer", "redis", "statsd", "flower", "ingress",
-    "networkPolicies", "nodeSelector", "affinity", "tolerations", "labels", "securityContexts",
-    "rbac", "dags", "logs", "config", "airflowLocalSettings", "cleanup", "podTemplate", "multiNamespaceMode",
-}  # fmt: skip
+    "fullnameOverride",
+    "nameOverride",
+    "useStandardNaming",
+    "uid",
+    "gid",
+    "airflowHome",
+    "defaultAirflowRepository",
+    "defaultAirflowTag",
+    "defaultAirflowDigest",
+    "airflowVersion",
+    "images",
+    "registry",
+    "executor",
+    "allowPodLaunching",
+    "env",
+    "volumes",
+    "volumeMounts",
+    "secret",
+    "enableBuiltInSecretEnvVars",
+    "extraEnv",
+    "extraEnvFrom",
+    "extraSecrets",
+    "extraConfigMaps",
+    "priorityClasses",
+    "data",
+    "fernetKey",
+    "fernetKeySecretName",
+    "apiSecretKeySecretName",
+    "jwtSecretName",
+    "workers",
+    "scheduler",
+    "apiServer",
+    "triggerer",
+    "dagProcessor",
+    "createUserJob",
+    "migrateDatabaseJob",
+    "postgresql",
+    "pgbouncer",
+    "redis",
+    "statsd",
+    "flower",
+    "ingress",
+    "networkPolicies",
+    "nodeSelector",
+    "affinity",
+    "tolerations",
+    "labels",
+    "securityContexts",
+    "rbac",
+    "dags",
+    "logs",
+    "config",
+    "airflowLocalSettings",
+    "cleanup",
+    "podTemplate",
+    "multiNamespaceMode",
+}
 # dags.gitSync parameters of the chart (Parameters reference, "Airflow" section).
 GIT_SYNC_KEYS = {
-    "enabled", "repo", "branch", "rev", "ref", "depth", "maxFailures", "subPath", "sshKeySecret",
-    "credentialsSecret", "knownHosts", "period", "wait", "containerName", "uid", "extraVolumeMounts",
-    "env", "resources", "securityContexts",
-}  # fmt: skip
+    "enabled",
+    "repo",
+    "branch",
+    "rev",
+    "ref",
+    "depth",
+    "maxFailures",
+    "subPath",
+    "sshKeySecret",
+    "credentialsSecret",
+    "knownHosts",
+    "period",
+    "wait",
+    "containerName",
+    "uid",
+    "extraVolumeMounts",
+    "env",
+    "resources",
+    "securityContexts",
+}
 SERVICE_ACCOUNT_KEYS = {"create", "name", "annotations", "automountServiceAccountToken"}
 
 # The types the chart gives the keys we set, written as JSON Schema (draft 7, as the chart's).
@@ -108,7 +171,10 @@ VALUES_SCHEMA = {
             }
             for component in ("workers", "triggerer")
         },
-        "config": {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": {"type": "string"}}},
+        "config": {
+            "type": "object",
+            "additionalProperties": {"type": "object", "additionalProperties": {"type": "string"}},
+        },
     },
     "required": ["defaultAirflowRepository", "defaultAirflowTag", "executor", "env", "extraEnvFrom", "dags"],
 }
@@ -136,11 +202,17 @@ def test_values_have_the_documented_keys_and_types(values):
     ("change", "expected"),
     [
         (lambda v: v.update(worker=v.pop("workers")), "'worker' is not one of"),  # a typo of a top-level key
-        (lambda v: v.update(extraEnvFrom=env_from_items(v)), "is not of type 'string', 'null'"),  # a list, not a string
+        (
+            lambda v: v.update(extraEnvFrom=env_from_items(v)),
+            "is not of type 'string', 'null'",
+        ),  # a list, not a string
         (lambda v: v["env"].append({"name": "X", "valueFrom": {}}), "Additional properties are not allowed"),
         (lambda v: v["dags"]["gitSync"].update(period=60), "60 is not of type 'string'"),
         (lambda v: v["dags"]["gitSync"].update(subpath="dags"), "'subpath' is not one of"),
-        (lambda v: v.update(executor="LocalKubernetesExecutor"), "is not one of ['KubernetesExecutor', 'CeleryExecutor']"),
+        (
+            lambda v: v.update(executor="LocalKubernetesExecutor"),
+            "is not one of ['KubernetesExecutor', 'CeleryExecutor']",
+        ),
     ],
 )
 def test_the_check_catches_a_mistake(values, change, expected):
@@ -151,8 +223,12 @@ def test_the_check_catches_a_mistake(values, change, expected):
 
 def test_env_from_items_are_valid_kubernetes(values):
     items = env_from_items(values)
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "airflow-worker"},
-           "spec": {"containers": [{"name": "base", "image": "airflow", "envFrom": items}]}}  # fmt: skip
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "airflow-worker"},
+        "spec": {"containers": [{"name": "base", "image": "airflow", "envFrom": items}]},
+    }
     kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
     broken = copy.deepcopy(pod)
     broken["spec"]["containers"][0]["envFrom"] = [{"secretRef": {"nmae": "x"}}]
@@ -167,7 +243,9 @@ def test_connections_come_from_a_secret(values):
     assert secrets == ["kubetrain-connections"]
     for conn in ("AIRFLOW_CONN_AWS_DEFAULT", "AIRFLOW_CONN_KUBETRAIN_REGISTRY_DEFAULT"):
         assert conn not in env, f"{conn} must come from the Secret kubetrain-connections, not from values"
-        assert conn in (REPO / "deploy" / "helm" / "values.yaml").read_text()  # the comment shows how to create it
+        assert (
+            conn in (REPO / "deploy" / "helm" / "values.yaml").read_text()
+        )  # the comment shows how to create it
     kube = json.loads(env["AIRFLOW_CONN_KUBERNETES_DEFAULT"])  # no credential: the worker's service account
     assert kube["extra"]["in_cluster"] is True and set(kube["extra"]) == {"in_cluster", "namespace"}
     text = (REPO / "deploy" / "helm" / "values.yaml").read_text()
@@ -183,11 +261,25 @@ def test_settings_namespace_and_service_account_match_rbac(values):
     rbac = [d for d in yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text()) if d]
     bindings = {d["roleRef"]["name"]: d for d in rbac if d["kind"] == "RoleBinding"}
     assert {b["metadata"]["namespace"] for b in bindings.values()} == {kubetrain["KUBETRAIN_NAMESPACE"]}
-    assert json.loads(env["AIRFLOW_CONN_KUBERNETES_DEFAULT"])["extra"]["namespace"] == kubetrain["KUBETRAIN_NAMESPACE"]
+    assert (
+        json.loads(env["AIRFLOW_CONN_KUBERNETES_DEFAULT"])["extra"]["namespace"]
+        == kubetrain["KUBETRAIN_NAMESPACE"]
+    )
     # the workers run pods and builds; the triggerer follows deferred tasks under its own account
-    worker_sa = {"kind": "ServiceAccount", "name": values["workers"]["serviceAccount"]["name"], "namespace": "airflow"}
-    triggerer_sa = {"kind": "ServiceAccount", "name": values["triggerer"]["serviceAccount"]["name"], "namespace": "airflow"}
-    assert worker_sa in bindings["kubetrain-airflow"]["subjects"] and worker_sa in bindings["kubetrain-build"]["subjects"]
+    worker_sa = {
+        "kind": "ServiceAccount",
+        "name": values["workers"]["serviceAccount"]["name"],
+        "namespace": "airflow",
+    }
+    triggerer_sa = {
+        "kind": "ServiceAccount",
+        "name": values["triggerer"]["serviceAccount"]["name"],
+        "namespace": "airflow",
+    }
+    assert (
+        worker_sa in bindings["kubetrain-airflow"]["subjects"]
+        and worker_sa in bindings["kubetrain-build"]["subjects"]
+    )
     assert triggerer_sa in bindings["kubetrain-triggerer"]["subjects"]
 
 

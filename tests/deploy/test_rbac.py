@@ -32,8 +32,13 @@ def documents() -> list[dict]:
 @pytest.fixture(scope="module")
 def authorizer(documents) -> rbac.Authorizer:
     store = Store()
-    plural = {"Role": "roles", "RoleBinding": "rolebindings", "ClusterRole": "clusterroles",
-              "ClusterRoleBinding": "clusterrolebindings", "ServiceAccount": "serviceaccounts"}  # fmt: skip
+    plural = {
+        "Role": "roles",
+        "RoleBinding": "rolebindings",
+        "ClusterRole": "clusterroles",
+        "ClusterRoleBinding": "clusterrolebindings",
+        "ServiceAccount": "serviceaccounts",
+    }
     for resource, obj in rbac.bootstrap_objects():
         store.create(resource, obj)
     for doc in documents:
@@ -42,8 +47,17 @@ def authorizer(documents) -> rbac.Authorizer:
 
 
 def test_every_object_is_valid_kubernetes(documents):
-    assert [d["kind"] for d in documents] == ["ServiceAccount", "Role", "Role", "Role", "RoleBinding", "RoleBinding",
-                                              "RoleBinding", "ClusterRole", "ClusterRoleBinding"]  # fmt: skip
+    assert [d["kind"] for d in documents] == [
+        "ServiceAccount",
+        "Role",
+        "Role",
+        "Role",
+        "RoleBinding",
+        "RoleBinding",
+        "RoleBinding",
+        "ClusterRole",
+        "ClusterRoleBinding",
+    ]
     for doc in documents:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
@@ -72,13 +86,19 @@ def can(authorizer, who, verb: str, group: str, resource: str, name: str = "", n
         ("kubeflow.org", "tfjobs", ("create", "get", "watch", "delete")),
         ("trainer.kubeflow.org", "trainjobs", ("create", "get", "watch", "delete")),
         ("trainer.kubeflow.org", "trainingruntimes", ("create", "get", "delete")),  # one per trainjob run
-        ("authorization.k8s.io", "selfsubjectaccessreviews", ("create",)),  # the preflight (a bootstrap grant)
+        (
+            "authorization.k8s.io",
+            "selfsubjectaccessreviews",
+            ("create",),
+        ),  # the preflight (a bootstrap grant)
     ],
 )
 def test_the_workers_may_do_what_the_operators_do(authorizer, group, resource, verbs):
     namespace = "" if resource == "selfsubjectaccessreviews" else NS
     for verb in verbs:
-        assert can(authorizer, WORKER, verb, group, resource, namespace=namespace), f"{verb} {group}/{resource}"
+        assert can(authorizer, WORKER, verb, group, resource, namespace=namespace), (
+            f"{verb} {group}/{resource}"
+        )
 
 
 def test_secrets_only_the_s3_one_and_only_to_read(authorizer):
@@ -99,18 +119,31 @@ def test_exec_only_for_the_builds_role(documents, authorizer):
 @pytest.mark.parametrize(
     ("verb", "group", "resource"),
     [
-        ("get", "", "pods"), ("watch", "", "pods"), ("list", "", "pods"), ("get", "", "pods/log"),
-        ("list", "", "events"), ("get", "batch", "jobs/status"), ("delete", "batch", "jobs"),
-        ("delete", "", "services"), ("delete", "", "pods"), ("get", "kubeflow.org", "tfjobs"),
-        ("delete", "trainer.kubeflow.org", "trainjobs"), ("delete", "trainer.kubeflow.org", "trainingruntimes"),
+        ("get", "", "pods"),
+        ("watch", "", "pods"),
+        ("list", "", "pods"),
+        ("get", "", "pods/log"),
+        ("list", "", "events"),
+        ("get", "batch", "jobs/status"),
+        ("delete", "batch", "jobs"),
+        ("delete", "", "services"),
+        ("delete", "", "pods"),
+        ("get", "kubeflow.org", "tfjobs"),
+        ("delete", "trainer.kubeflow.org", "trainjobs"),
+        ("delete", "trainer.kubeflow.org", "trainingruntimes"),
     ],
-)  # fmt: skip
+)
 def test_the_triggerer_may_follow_and_clean_up(authorizer, verb, group, resource):
     assert can(authorizer, TRIGGERER, verb, group, resource, name="x")
 
 
 def test_the_triggerer_creates_nothing(authorizer):
-    for group, resource in (("", "pods"), ("batch", "jobs"), ("", "services"), ("trainer.kubeflow.org", "trainjobs")):
+    for group, resource in (
+        ("", "pods"),
+        ("batch", "jobs"),
+        ("", "services"),
+        ("trainer.kubeflow.org", "trainjobs"),
+    ):
         assert not can(authorizer, TRIGGERER, "create", group, resource)
 
 
@@ -127,8 +160,12 @@ def test_the_manifest_grants_exactly_what_the_preflight_reviews(documents, autho
 
     for who, access in ((WORKER, WORKER_ACCESS), (TRIGGERER, TRIGGERER_ACCESS)):
         for attrs in access_attributes(access, NS, "kubetrain-s3"):
-            allowed = authorizer.allowed(who, rbac.Attributes(attrs["verb"], attrs["group"], attrs["resource"],
-                                                              attrs["subresource"], attrs["name"], NS))  # fmt: skip
+            allowed = authorizer.allowed(
+                who,
+                rbac.Attributes(
+                    attrs["verb"], attrs["group"], attrs["resource"], attrs["subresource"], attrs["name"], NS
+                ),
+            )
             assert allowed, f"{who.user} is not granted {attrs}"
     reviewed = {(v, g, r) for v, g, r, _ in (*WORKER_ACCESS, *TRIGGERER_ACCESS)}
     extra = set()
@@ -140,7 +177,11 @@ def test_the_manifest_grants_exactly_what_the_preflight_reviews(documents, autho
                         if (verb, group, resource) not in reviewed and not resource.endswith("/status"):
                             extra.add((role["metadata"]["name"], verb, group, resource))
     # the Kubeflow engines' cluster-wide runtimes and a few reads that only `kubectl` users need
-    allowed_extra = {("kubetrain-airflow", v, "trainer.kubeflow.org", "clustertrainingruntimes") for v in ("get", "list")}
-    allowed_extra |= {(role, v, g, r) for role, v, g, r in extra if role == "kubetrain-triggerer" and v == "list"}
+    allowed_extra = {
+        ("kubetrain-airflow", v, "trainer.kubeflow.org", "clustertrainingruntimes") for v in ("get", "list")
+    }
+    allowed_extra |= {
+        (role, v, g, r) for role, v, g, r in extra if role == "kubetrain-triggerer" and v == "list"
+    }
     allowed_extra |= {("kubetrain-triggerer", "get", "", "services")}
     assert extra <= allowed_extra, sorted(extra - allowed_extra)

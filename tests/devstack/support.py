@@ -45,7 +45,9 @@ class KubeApi:
 ADMIN_TOKEN = "kubetrain-tests-admin"
 
 
-def start_server(tmp: Path, *extra: str, mirror: str, users: dict[str, str] | None = None) -> tuple[KubeApi, subprocess.Popen]:
+def start_server(
+    tmp: Path, *extra: str, mirror: str, users: dict[str, str] | None = None
+) -> tuple[KubeApi, subprocess.Popen]:
     """A private local Kubernetes API over ``tmp``, pulling public images from the dev stack's ``mirror``; its
     kubeconfig is a cluster admin's (group system:masters). ``users`` adds ``{token: user}`` lines."""
     port = free_port()
@@ -58,11 +60,33 @@ def start_server(tmp: Path, *extra: str, mirror: str, users: dict[str, str] | No
     cert, key = serving_certificate(tmp)
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [str(AIRFLOW_PYTHON), "-m", "include.devstack.kubeapi", "--host", "127.0.0.1", "--port", str(port),
-             "--state-dir", str(state), "--backoff-seconds", "1", "--mirror", mirror, "--token-auth-file", str(tokens),
-             "--tls-cert-file", str(cert), "--tls-private-key-file", str(key), *extra],
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [
+                str(AIRFLOW_PYTHON),
+                "-m",
+                "include.devstack.kubeapi",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--state-dir",
+                str(state),
+                "--backoff-seconds",
+                "1",
+                "--mirror",
+                mirror,
+                "--token-auth-file",
+                str(tokens),
+                "--tls-cert-file",
+                str(cert),
+                "--tls-private-key-file",
+                str(key),
+                *extra,
+            ],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     url = f"https://127.0.0.1:{port}"
     wait_http(f"{url}/version", 60, proc, log, ca=cert)
     kubeconfig = tmp / "kubeconfig"
@@ -71,8 +95,15 @@ def start_server(tmp: Path, *extra: str, mirror: str, users: dict[str, str] | No
             {
                 "apiVersion": "v1",
                 "kind": "Config",
-                "clusters": [{"name": "t", "cluster": {"server": url, "certificate-authority-data":
-                                                       base64.b64encode(cert.read_bytes()).decode()}}],
+                "clusters": [
+                    {
+                        "name": "t",
+                        "cluster": {
+                            "server": url,
+                            "certificate-authority-data": base64.b64encode(cert.read_bytes()).decode(),
+                        },
+                    }
+                ],
                 "users": [{"name": "t", "user": {"token": ADMIN_TOKEN}}],
                 "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t", "namespace": "default"}}],
                 "current-context": "t",

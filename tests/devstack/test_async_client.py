@@ -15,8 +15,12 @@ async def scenario(kubeconfig: str) -> dict:
     api = await config.new_client_from_config(config_file=kubeconfig)
     async with api:
         core = client.CoreV1Api(api)
-        await core.create_namespaced_pod(NS, simple_pod("async-pod", "echo async-1; sleep 0.5; echo async-2",
-                                                        metadata={"labels": {"suite": "async"}}))  # fmt: skip
+        await core.create_namespaced_pod(
+            NS,
+            simple_pod(
+                "async-pod", "echo async-1; sleep 0.5; echo async-2", metadata={"labels": {"suite": "async"}}
+            ),
+        )
         phases = []
         w = watch.Watch()
         async with w.stream(

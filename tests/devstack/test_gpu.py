@@ -14,8 +14,11 @@ GPUS = count_gpus()
 
 
 def gpu_pod(name: str, count: int) -> dict:
-    return simple_pod(name, 'echo "cuda=[${CUDA_VISIBLE_DEVICES-unset}]"',
-                      container={"resources": {"limits": {"nvidia.com/gpu": str(count)}}})  # fmt: skip
+    return simple_pod(
+        name,
+        'echo "cuda=[${CUDA_VISIBLE_DEVICES-unset}]"',
+        container={"resources": {"limits": {"nvidia.com/gpu": str(count)}}},
+    )
 
 
 @pytest.fixture(scope="module")

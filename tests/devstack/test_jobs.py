@@ -20,12 +20,15 @@ def job_body(name: str, script: str, **spec) -> dict:
         "spec": {
             "template": {
                 "metadata": {"labels": {"suite": "jobs", "job": name}},
-                "spec": {"restartPolicy": restart, "terminationGracePeriodSeconds": 2,
-                         "containers": [{"name": "work", "image": "busybox", "command": ["sh", "-c", script]}]},
+                "spec": {
+                    "restartPolicy": restart,
+                    "terminationGracePeriodSeconds": 2,
+                    "containers": [{"name": "work", "image": "busybox", "command": ["sh", "-c", script]}],
+                },
             },
             **spec,
         },
-    }  # fmt: skip
+    }
 
 
 def condition(batch, name: str) -> str | None:
@@ -39,8 +42,16 @@ def logs(core, pod: str) -> str:
 
 
 def test_indexed_job_runs_every_index(core, batch):
-    job = batch.create_namespaced_job(NS, job_body("indexed", "echo index=$JOB_COMPLETION_INDEX; sleep 0.3",
-                                                   completions=3, parallelism=2, completionMode="Indexed"))  # fmt: skip
+    job = batch.create_namespaced_job(
+        NS,
+        job_body(
+            "indexed",
+            "echo index=$JOB_COMPLETION_INDEX; sleep 0.3",
+            completions=3,
+            parallelism=2,
+            completionMode="Indexed",
+        ),
+    )
     uid = job.metadata.uid
     assert job.spec.selector.match_labels == {"batch.kubernetes.io/controller-uid": uid}
     # the controller created the first pods before the API answered (the provider lists them right away)

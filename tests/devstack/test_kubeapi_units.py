@@ -187,8 +187,11 @@ def test_log_file_keeps_lines_and_streams(tmp_path):
 
     entries = asyncio.run(_log_roundtrip(tmp_path))
     assert [(e.stream, e.content) for e in entries] == [
-        ("stdout", b"one"), ("stderr", b"err"), ("stdout", b"two"), ("stdout", b"three"),
-    ]  # fmt: skip
+        ("stdout", b"one"),
+        ("stderr", b"err"),
+        ("stdout", b"two"),
+        ("stdout", b"three"),
+    ]
     from include.devstack.kubeapi.logs import render
 
     assert re.fullmatch(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z one\n", render(entries[0], True))
@@ -226,7 +229,9 @@ def test_protobuf_bodies_decode_to_the_json_form():
     assert container["readinessProbe"]["httpGet"]["port"] == "http"  # ProbeHandler is inline in JSON
     assert out["spec"]["activeDeadlineSeconds"] == 30
     assert out["spec"]["volumes"] == [{"name": "scratch", "emptyDir": {}}]  # VolumeSource is inline
-    assert container["env"] == [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}}]
+    assert container["env"] == [
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}}
+    ]
 
     secret = protobuf._message("k8s.io.api.core.v1.Secret")()
     secret.metadata.name = "s"
@@ -246,18 +251,33 @@ def test_protobuf_bodies_of_unknown_kinds_or_garbage_are_clear_errors():
     assert err.value.code == 400 and "magic" in err.value.message
 
 
-def _pod(name: str, labels: dict, *, ip: str | None = "127.1.2.3", ready: bool = True, hostname: str | None = "h",
-         subdomain: str = "svc", phase: str = "Running", namespace: str = "ns") -> dict:
+def _pod(
+    name: str,
+    labels: dict,
+    *,
+    ip: str | None = "127.1.2.3",
+    ready: bool = True,
+    hostname: str | None = "h",
+    subdomain: str = "svc",
+    phase: str = "Running",
+    namespace: str = "ns",
+) -> dict:
     status = {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
     if ip:
         status["podIP"] = ip
     spec = {"subdomain": subdomain, **({"hostname": hostname} if hostname else {})}
-    return {"metadata": {"name": name, "namespace": namespace, "labels": labels}, "spec": spec, "status": status}
+    return {
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": spec,
+        "status": status,
+    }
 
 
 def _svc(name: str = "svc", selector: dict | None = None, namespace: str = "ns", **spec) -> dict:
-    return {"metadata": {"name": name, "namespace": namespace},
-            "spec": {"clusterIP": "None", "selector": selector if selector is not None else {"app": "a"}, **spec}}  # fmt: skip
+    return {
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"clusterIP": "None", "selector": selector if selector is not None else {"app": "a"}, **spec},
+    }
 
 
 @pytest.mark.parametrize(
@@ -274,7 +294,7 @@ def _svc(name: str = "svc", selector: dict | None = None, namespace: str = "ns",
         (_pod("p", {"app": "a"}, phase="Succeeded"), [_svc()], False),
         (_pod("p", {"app": "a"}), [_svc(selector={})], False),  # a Service without selector has no endpoints
     ],
-)  # fmt: skip
+)
 def test_dns_records_follow_the_endpoints_rules(pod, services, listed):
     from include.devstack.kubeapi import podnet
 
@@ -286,8 +306,15 @@ def test_hosts_file_has_the_kubelet_entries_aliases_and_records():
 
     pod = _pod("w-0", {}, hostname="w-0", subdomain="ring")
     pod["spec"]["hostAliases"] = [{"ip": "127.0.0.1", "hostnames": ["s3.local", "registry.local"]}]
-    text = podnet.hosts_file(pod, "127.9.9.2", [("127.9.9.2", "w-0", "ring", "ns"), ("127.9.9.3", "w-1", "ring", "ns"),
-                                                 ("127.9.9.4", "x", "other", "team")])  # fmt: skip
+    text = podnet.hosts_file(
+        pod,
+        "127.9.9.2",
+        [
+            ("127.9.9.2", "w-0", "ring", "ns"),
+            ("127.9.9.3", "w-1", "ring", "ns"),
+            ("127.9.9.4", "x", "other", "team"),
+        ],
+    )
     lines = text.splitlines()
     assert lines[0] == "# Kubernetes-managed hosts file." and "127.0.0.1\tlocalhost" in lines
     assert "127.9.9.2\tw-0.ring.ns.svc.cluster.local\tw-0" in lines
@@ -316,15 +343,24 @@ def test_pod_addresses_are_per_server_and_reused_round_robin():
     [
         ("127.0.0.1:5000/kubetrain/sync:latest", "127.0.0.1:5000", "kubetrain/sync", "latest"),
         ("localhost:5000/kubetrain/sync", "localhost:5000", "kubetrain/sync", "latest"),
-        ("127.0.0.1:5000/kubetrain/trainer@sha256:" + "a" * 64, "127.0.0.1:5000", "kubetrain/trainer", "sha256:" + "a" * 64),
+        (
+            "127.0.0.1:5000/kubetrain/trainer@sha256:" + "a" * 64,
+            "127.0.0.1:5000",
+            "kubetrain/trainer",
+            "sha256:" + "a" * 64,
+        ),
         ("busybox:1.36", "docker.io", "library/busybox", "1.36"),
         ("library/python:3.11-slim", "docker.io", "library/python", "3.11-slim"),
         ("tensorflow/tensorflow:2.21.0", "docker.io", "tensorflow/tensorflow", "2.21.0"),
         ("registry.example.com/team/app:v1", "registry.example.com", "team/app", "v1"),
-        ("europe-west4-docker.pkg.dev/proj/repo/kubetrain/sync:v1", "europe-west4-docker.pkg.dev",
-         "proj/repo/kubetrain/sync", "v1"),
+        (
+            "europe-west4-docker.pkg.dev/proj/repo/kubetrain/sync:v1",
+            "europe-west4-docker.pkg.dev",
+            "proj/repo/kubetrain/sync",
+            "v1",
+        ),
     ],
-)  # fmt: skip
+)
 def test_image_references(image, registry, repository, ref):
     parsed = images.parse(image)
     assert (parsed.registry, parsed.repository, parsed.ref) == (registry, repository, ref)
@@ -349,11 +385,13 @@ def test_pull_secret_credentials_come_from_dockerconfigjson_secrets():
     def secret(doc: dict, key: str = ".dockerconfigjson") -> dict:
         return {"data": {key: base64.b64encode(json.dumps(doc).encode()).decode()}}
 
-    auths = images.pull_secret_auths([
-        secret({"auths": {"r.example": {"auth": "dTpw"}}}),
-        secret({"r.example": {"auth": "b3RoZXI6eA=="}, "old.example": {"auth": "eDp5"}}, ".dockercfg"),
-        {"data": {"other": "eA=="}},
-    ])  # fmt: skip
+    auths = images.pull_secret_auths(
+        [
+            secret({"auths": {"r.example": {"auth": "dTpw"}}}),
+            secret({"r.example": {"auth": "b3RoZXI6eA=="}, "old.example": {"auth": "eDp5"}}, ".dockercfg"),
+            {"data": {"other": "eA=="}},
+        ]
+    )
     assert auths == {"r.example": {"auth": "dTpw"}, "old.example": {"auth": "eDp5"}}  # the first Secret wins
 
 
@@ -375,10 +413,14 @@ def image_etc(tmp_path):
         ("app:video", {}, {}, (1234, 44, (), "/home/app")),
         ("1234", {}, {}, (1234, 2345, (44,), "/home/app")),
         ("app", {"runAsUser": 500}, {}, (500, 0, (), "/")),
-        ("app", {"runAsUser": 500, "runAsGroup": 600, "supplementalGroups": [7], "fsGroup": 8}, {"runAsUser": 1234},
-         (1234, 600, (44, 7, 8), "/home/app")),
+        (
+            "app",
+            {"runAsUser": 500, "runAsGroup": 600, "supplementalGroups": [7], "fsGroup": 8},
+            {"runAsUser": 1234},
+            (1234, 600, (44, 7, 8), "/home/app"),
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_process_user_is_resolved_in_the_image(image_etc, image_user, pod_sc, sc, expected):
     user = oci.resolve_user(image_etc, image_user, pod_sc, sc)
     assert (user.uid, user.gid, user.additional_gids, user.home) == expected
@@ -395,23 +437,51 @@ def test_runtime_spec_applies_the_security_context_and_resources(tmp_path):
     user = oci.User(10001, 10001, (), "/", None)
     container = {
         "name": "main",
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]},
+        },
         "resources": {"limits": {"memory": "64Mi", "cpu": "500m"}, "requests": {"cpu": "250m"}},
-    }  # fmt: skip
-    spec = oci.runtime_spec(rootfs=tmp_path, argv=["sh"], env={"A": "1"}, cwd="/w", user=user, hostname="h",
-                            mounts=[{"src": "/v", "dst": "/data", "ro": True}], container=container,
-                            cgroups_path="/kubetrain/x/1")  # fmt: skip
+    }
+    spec = oci.runtime_spec(
+        rootfs=tmp_path,
+        argv=["sh"],
+        env={"A": "1"},
+        cwd="/w",
+        user=user,
+        hostname="h",
+        mounts=[{"src": "/v", "dst": "/data", "ro": True}],
+        container=container,
+        cgroups_path="/kubetrain/x/1",
+    )
     assert spec["process"]["capabilities"]["bounding"] == ["CAP_NET_BIND_SERVICE"]
     assert spec["process"]["noNewPrivileges"] is True and spec["root"]["readonly"] is True
     assert spec["process"]["user"] == {"uid": 10001, "gid": 10001} and spec["process"]["env"] == ["A=1"]
     assert spec["linux"]["resources"]["memory"] == {"limit": 64 * 2**20}
     assert spec["linux"]["resources"]["cpu"] == {"quota": 50_000, "period": 100_000, "shares": 256}
     assert {"type": "network"} not in spec["linux"]["namespaces"]  # the pod binds its own loopback address
-    assert spec["mounts"][-1] == {"destination": "/data", "type": "bind", "source": "/v", "options": ["rbind", "rprivate", "ro"]}
-    privileged = oci.runtime_spec(rootfs=tmp_path, argv=["sh"], env={}, cwd="/", user=user, hostname="h", mounts=[],
-                                  container={"name": "b", "securityContext": {"privileged": True}}, cgroups_path="/k")  # fmt: skip
-    assert "CAP_SYS_ADMIN" in privileged["process"]["capabilities"]["bounding"] and not privileged["linux"]["maskedPaths"]
+    assert spec["mounts"][-1] == {
+        "destination": "/data",
+        "type": "bind",
+        "source": "/v",
+        "options": ["rbind", "rprivate", "ro"],
+    }
+    privileged = oci.runtime_spec(
+        rootfs=tmp_path,
+        argv=["sh"],
+        env={},
+        cwd="/",
+        user=user,
+        hostname="h",
+        mounts=[],
+        container={"name": "b", "securityContext": {"privileged": True}},
+        cgroups_path="/k",
+    )
+    assert (
+        "CAP_SYS_ADMIN" in privileged["process"]["capabilities"]["bounding"]
+        and not privileged["linux"]["maskedPaths"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -427,7 +497,7 @@ def test_runtime_spec_applies_the_security_context_and_resources(tmp_path):
         ({}, {"runAsNonRoot": True}, "0", "image will run as root"),
         ({"runAsNonRoot": True}, {"runAsNonRoot": False}, "0", None),  # the container's setting wins
     ],
-)  # fmt: skip
+)
 def test_run_as_non_root_verification(pod_sc, container_sc, user, problem):
     pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}, "spec": {"securityContext": pod_sc}}
     got = oci.non_root_problem(pod, {"name": "main", "securityContext": container_sc}, user)
@@ -451,18 +521,32 @@ def test_openapi_v3_documents_hold_every_schema_they_reference():
     from include.devstack.kubeapi import openapi
 
     index = openapi._v3_index()["paths"]
-    assert set(index) == {"api/v1", "apis/batch/v1", "apis/events.k8s.io/v1", "apis/apiextensions.k8s.io/v1",
-                          "apis/rbac.authorization.k8s.io/v1", "apis/authorization.k8s.io/v1"}
+    assert set(index) == {
+        "api/v1",
+        "apis/batch/v1",
+        "apis/events.k8s.io/v1",
+        "apis/apiextensions.k8s.io/v1",
+        "apis/rbac.authorization.k8s.io/v1",
+        "apis/authorization.k8s.io/v1",
+    }
     for group in ("", "batch", "events.k8s.io", "apiextensions.k8s.io"):
         body, digest = openapi._v3_document(group)
-        assert index[f"apis/{group}/v1" if group else "api/v1"]["serverRelativeURL"].endswith(f"?hash={digest}")
+        assert index[f"apis/{group}/v1" if group else "api/v1"]["serverRelativeURL"].endswith(
+            f"?hash={digest}"
+        )
         schemas = json.loads(body)["components"]["schemas"]
         refs = {part.split('"', 1)[0] for part in body.decode().split('"$ref":"#/components/schemas/')[1:]}
         assert refs and refs <= set(schemas), refs - set(schemas)
-        kinds = {gvk["kind"] for s in schemas.values() for gvk in s.get("x-kubernetes-group-version-kind", [])
-                 if gvk["group"] == group}  # fmt: skip
+        kinds = {
+            gvk["kind"]
+            for s in schemas.values()
+            for gvk in s.get("x-kubernetes-group-version-kind", [])
+            if gvk["group"] == group
+        }
         assert {r.kind for r in meta.RESOURCES.values() if r.group == group} <= kinds
     pod = json.loads(openapi._v3_document("")[0])["components"]["schemas"]["io.k8s.api.core.v1.Pod"]
-    assert pod["properties"]["spec"] == {"allOf": [{"$ref": "#/components/schemas/io.k8s.api.core.v1.PodSpec"}],
-                                         "description": pod["properties"]["spec"]["description"]}  # fmt: skip
+    assert pod["properties"]["spec"] == {
+        "allOf": [{"$ref": "#/components/schemas/io.k8s.api.core.v1.PodSpec"}],
+        "description": pod["properties"]["spec"]["description"],
+    }
     assert pod["properties"]["kind"]["type"] == "string" and "enum" not in pod["properties"]["kind"]

@@ -19,12 +19,24 @@ NS = "default"
 def training_shaped(name: str, main: str) -> dict:
     # The sidecar's SIGTERM comes after the main container's exit; it writes for a moment, as the
     # checkpoint-sync sidecar's final pass does, and exits.
-    sidecar = {"name": "sync", "image": "busybox", "restartPolicy": "Always",
-               "command": ["sh", "-c", "trap 'sleep 1; echo final-pass >> /w/log; exit 0' TERM; "
-                           "while true; do sleep 0.1; done"],
-               "volumeMounts": [{"name": "w", "mountPath": "/w"}]}  # fmt: skip
-    return simple_pod(name, main, initContainers=[sidecar], volumes=[{"name": "w", "emptyDir": {}}],
-                      container={"volumeMounts": [{"name": "w", "mountPath": "/w"}]})  # fmt: skip
+    sidecar = {
+        "name": "sync",
+        "image": "busybox",
+        "restartPolicy": "Always",
+        "command": [
+            "sh",
+            "-c",
+            "trap 'sleep 1; echo final-pass >> /w/log; exit 0' TERM; while true; do sleep 0.1; done",
+        ],
+        "volumeMounts": [{"name": "w", "mountPath": "/w"}],
+    }
+    return simple_pod(
+        name,
+        main,
+        initContainers=[sidecar],
+        volumes=[{"name": "w", "emptyDir": {}}],
+        container={"volumeMounts": [{"name": "w", "mountPath": "/w"}]},
+    )
 
 
 class CountingManager(TrainingPodManager):
@@ -59,13 +71,18 @@ def test_the_wait_ends_on_the_watch_event_of_the_pods_end(core):
 def test_a_pod_deleted_while_waited_for_ends_the_wait_with_404(core):
     core.create_namespaced_pod(NS, training_shaped("completion-deleted", "sleep 600"))
     pod = core.read_namespaced_pod("completion-deleted", NS)
-    wait_for(lambda: core.read_namespaced_pod("completion-deleted", NS).status.phase == "Running",
-             timeout=120, what="the pod to run")  # fmt: skip
+    wait_for(
+        lambda: core.read_namespaced_pod("completion-deleted", NS).status.phase == "Running",
+        timeout=120,
+        what="the pod to run",
+    )
     outcome: dict[str, object] = {}
 
     def wait() -> None:
         try:
-            outcome["pod"] = CountingManager(kube_client=core).await_pod_completion(pod, container_name="main")
+            outcome["pod"] = CountingManager(kube_client=core).await_pod_completion(
+                pod, container_name="main"
+            )
         except ApiException as exc:
             outcome["error"] = exc
 
@@ -93,7 +110,9 @@ def test_a_task_that_does_not_defer_sees_its_pod_start_on_a_watch(core):
     core.create_namespaced_pod(NS, training_shaped("start-watch", "sleep 600"))
     pod = core.read_namespaced_pod("start-watch", NS)
     # a poll would read the pod a second time after 600 s: only a watch can see the start sooner
-    operator = TrainingPodOperator(task_id="start_watch", deferrable=False, startup_check_interval_seconds=600)
+    operator = TrainingPodOperator(
+        task_id="start_watch", deferrable=False, startup_check_interval_seconds=600
+    )
     operator.pod_manager = manager = CountingManager(kube_client=core)
     try:
         operator.await_pod_start(pod)
@@ -108,8 +127,11 @@ def test_a_watch_without_a_change_reads_the_pod_again(core):
     core.create_namespaced_pod(NS, training_shaped("quiet-watch", "true"))
     try:
         # an ended pod changes no more: the watch from its resourceVersion sees nothing
-        ended = wait_for(lambda: (p := core.read_namespaced_pod("quiet-watch", NS)).status.phase == "Succeeded" and p,
-                         timeout=120, what="the pod to end")  # fmt: skip
+        ended = wait_for(
+            lambda: (p := core.read_namespaced_pod("quiet-watch", NS)).status.phase == "Succeeded" and p,
+            timeout=120,
+            what="the pod to end",
+        )
         manager = CountingManager(kube_client=core)
         again = manager.await_pod_change(ended, timeout_seconds=1)
         assert manager.reads == 1, "the watch's end did not read the pod again"

@@ -27,9 +27,13 @@ def test_secrets_and_configmaps_in_env_and_volumes(core):
         NS, {"metadata": {"name": "app-secret"}, "stringData": {"token": "s3cr3t", "user": "ada"}}
     )
     core.create_namespaced_config_map(
-        NS, {"metadata": {"name": "app-config"}, "data": {"mode": "fast", "path": "/data/in"},
-             "binaryData": {"blob.bin": base64.b64encode(b"\x00\x01").decode()}},
-    )  # fmt: skip
+        NS,
+        {
+            "metadata": {"name": "app-config"},
+            "data": {"mode": "fast", "path": "/data/in"},
+            "binaryData": {"blob.bin": base64.b64encode(b"\x00\x01").decode()},
+        },
+    )
     secret = core.read_namespaced_secret("app-secret", NS)
     assert base64.b64decode(secret.data["token"]) == b"s3cr3t" and secret.type == "Opaque"
     env = [
@@ -56,16 +60,35 @@ def test_secrets_and_configmaps_in_env_and_volumes(core):
         "cat /etc/app-secret/token-file; echo; stat -c %a /etc/app-secret/token-file; ls /etc/app-config; "
         "od -An -tx1 /etc/app-config/blob.bin"
     )
-    body = simple_pod("configured", script, metadata={"labels": {"team": "ml"}},
-                      volumes=[{"name": "sec", "secret": {"secretName": "app-secret", "defaultMode": 0o400,
-                                                          "items": [{"key": "token", "path": "token-file"}]}},
-                               {"name": "cfg", "configMap": {"name": "app-config"}}],
-                      container={"env": env, "args": ["$(MODE)"],
-                                 "envFrom": [{"configMapRef": {"name": "app-config"}, "prefix": "CM_"},
-                                             {"secretRef": {"name": "app-secret"}, "prefix": "SEC_"}],
-                                 "resources": {"limits": {"memory": "256Mi"}},
-                                 "volumeMounts": [{"name": "sec", "mountPath": "/etc/app-secret", "readOnly": True},
-                                                  {"name": "cfg", "mountPath": "/etc/app-config"}]})  # fmt: skip
+    body = simple_pod(
+        "configured",
+        script,
+        metadata={"labels": {"team": "ml"}},
+        volumes=[
+            {
+                "name": "sec",
+                "secret": {
+                    "secretName": "app-secret",
+                    "defaultMode": 0o400,
+                    "items": [{"key": "token", "path": "token-file"}],
+                },
+            },
+            {"name": "cfg", "configMap": {"name": "app-config"}},
+        ],
+        container={
+            "env": env,
+            "args": ["$(MODE)"],
+            "envFrom": [
+                {"configMapRef": {"name": "app-config"}, "prefix": "CM_"},
+                {"secretRef": {"name": "app-secret"}, "prefix": "SEC_"},
+            ],
+            "resources": {"limits": {"memory": "256Mi"}},
+            "volumeMounts": [
+                {"name": "sec", "mountPath": "/etc/app-secret", "readOnly": True},
+                {"name": "cfg", "mountPath": "/etc/app-config"},
+            ],
+        },
+    )
     body["spec"]["containers"][0]["command"] = ["sh", "-c", script, "sh"]
     pod = core.create_namespaced_pod(NS, body)
     wait_phase(core, "configured")
@@ -83,8 +106,13 @@ def test_secrets_and_configmaps_in_env_and_volumes(core):
 
 
 def test_missing_secret_is_a_config_error_until_it_exists(core):
-    body = simple_pod("needs-secret", "echo token=$TOKEN", container={
-        "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "late-secret", "key": "token"}}}]})  # fmt: skip
+    body = simple_pod(
+        "needs-secret",
+        "echo token=$TOKEN",
+        container={
+            "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "late-secret", "key": "token"}}}]
+        },
+    )
     core.create_namespaced_pod(NS, body)
 
     def waiting_reason():
@@ -100,16 +128,30 @@ def test_missing_secret_is_a_config_error_until_it_exists(core):
 
 
 def test_init_containers_run_one_at_a_time_in_order(core):
-    inits = [{"name": f"init-{i}", "image": "busybox", "command": ["sh", "-c", f"sleep 0.{3 - i}; echo init-{i} >> /w/order"],
-              "volumeMounts": [{"name": "w", "mountPath": "/w"}]} for i in (1, 2, 3)]  # fmt: skip
-    body = simple_pod("ordered", "cat /w/order", initContainers=inits, volumes=[{"name": "w", "emptyDir": {}}],
-                      container={"volumeMounts": [{"name": "w", "mountPath": "/w"}]})  # fmt: skip
+    inits = [
+        {
+            "name": f"init-{i}",
+            "image": "busybox",
+            "command": ["sh", "-c", f"sleep 0.{3 - i}; echo init-{i} >> /w/order"],
+            "volumeMounts": [{"name": "w", "mountPath": "/w"}],
+        }
+        for i in (1, 2, 3)
+    ]
+    body = simple_pod(
+        "ordered",
+        "cat /w/order",
+        initContainers=inits,
+        volumes=[{"name": "w", "emptyDir": {}}],
+        container={"volumeMounts": [{"name": "w", "mountPath": "/w"}]},
+    )
     core.create_namespaced_pod(NS, body)
     pod = wait_phase(core, "ordered")
     assert logs(core, "ordered") == "init-1\ninit-2\ninit-3\n"
     assert [(s.name, s.state.terminated.reason) for s in pod.status.init_container_statuses] == [
-        ("init-1", "Completed"), ("init-2", "Completed"), ("init-3", "Completed"),
-    ]  # fmt: skip
+        ("init-1", "Completed"),
+        ("init-2", "Completed"),
+        ("init-3", "Completed"),
+    ]
     conds = {c.type: c.status for c in pod.status.conditions}
     assert conds["Initialized"] == "True" and conds["PodScheduled"] == "True" and conds["Ready"] == "False"
     # a failing init container with restartPolicy Never fails the pod; the main container never starts
@@ -123,13 +165,26 @@ def test_init_containers_run_one_at_a_time_in_order(core):
 
 
 def test_native_sidecar_starts_first_and_stops_after_main(core):
-    sidecar = {"name": "beacon", "image": "busybox", "restartPolicy": "Always",
-               "command": ["sh", "-c", "trap 'echo beacon-term >> /w/log; exit 0' TERM; echo beacon-up >> /w/log; "
-                           "while true; do sleep 0.1; done"],
-               "volumeMounts": [{"name": "w", "mountPath": "/w"}]}  # fmt: skip
+    sidecar = {
+        "name": "beacon",
+        "image": "busybox",
+        "restartPolicy": "Always",
+        "command": [
+            "sh",
+            "-c",
+            "trap 'echo beacon-term >> /w/log; exit 0' TERM; echo beacon-up >> /w/log; "
+            "while true; do sleep 0.1; done",
+        ],
+        "volumeMounts": [{"name": "w", "mountPath": "/w"}],
+    }
     main = "for i in 1 2 3 4 5 6 7 8 9 10; do [ -s /w/log ] && break; sleep 0.1; done; cat /w/log; echo main-done >> /w/log"
-    body = simple_pod("with-sidecar", main, initContainers=[sidecar], volumes=[{"name": "w", "emptyDir": {}}],
-                      container={"volumeMounts": [{"name": "w", "mountPath": "/w"}]})  # fmt: skip
+    body = simple_pod(
+        "with-sidecar",
+        main,
+        initContainers=[sidecar],
+        volumes=[{"name": "w", "emptyDir": {}}],
+        container={"volumeMounts": [{"name": "w", "mountPath": "/w"}]},
+    )
     core.create_namespaced_pod(NS, body)
     pod = wait_phase(core, "with-sidecar")
     assert pod.status.phase == "Succeeded"
@@ -139,8 +194,10 @@ def test_native_sidecar_starts_first_and_stops_after_main(core):
     main_state = pod.status.container_statuses[0].state.terminated
     assert side.state.terminated.started_at <= main_state.started_at
     assert side.state.terminated.finished_at >= main_state.finished_at
-    reasons = [(e.reason, e.involved_object.field_path) for e in
-               core.list_namespaced_event(NS, field_selector="involvedObject.name=with-sidecar").items]  # fmt: skip
+    reasons = [
+        (e.reason, e.involved_object.field_path)
+        for e in core.list_namespaced_event(NS, field_selector="involvedObject.name=with-sidecar").items
+    ]
     assert ("Killing", "spec.initContainers{beacon}") in reasons
     core.delete_namespaced_pod("with-sidecar", NS)
 
@@ -149,23 +206,40 @@ def test_a_deleted_pod_with_a_native_sidecar_is_gone_once_both_have_exited(core)
     """As on Kubernetes >= 1.29: deleting a training-shaped pod sends SIGTERM to the main container, the
     sidecar's SIGTERM comes only after the main container has exited, and the pod leaves the API as soon
     as both have exited, not at the end of its 300 s grace period."""
-    sidecar = {"name": "sync", "image": "busybox", "restartPolicy": "Always",
-               # exit 0 only if the main container had exited before this SIGTERM came
-               "command": ["sh", "-c", "trap '[ -e /w/main-done ] && exit 0; exit 9' TERM; touch /w/sync-ready; "
-                           "while true; do sleep 0.1; done"],
-               "volumeMounts": [{"name": "w", "mountPath": "/w"}]}  # fmt: skip
-    main = ("trap 'touch /w/main-done; exit 75' TERM; while [ ! -e /w/sync-ready ]; do sleep 0.1; done; "
-            "echo ready; while true; do sleep 0.1; done")  # fmt: skip
-    body = simple_pod("deleted-with-sidecar", main, initContainers=[sidecar], terminationGracePeriodSeconds=300,
-                      volumes=[{"name": "w", "emptyDir": {}}],
-                      container={"volumeMounts": [{"name": "w", "mountPath": "/w"}]})  # fmt: skip
+    sidecar = {
+        "name": "sync",
+        "image": "busybox",
+        "restartPolicy": "Always",
+        # exit 0 only if the main container had exited before this SIGTERM came
+        "command": [
+            "sh",
+            "-c",
+            "trap '[ -e /w/main-done ] && exit 0; exit 9' TERM; touch /w/sync-ready; "
+            "while true; do sleep 0.1; done",
+        ],
+        "volumeMounts": [{"name": "w", "mountPath": "/w"}],
+    }
+    main = (
+        "trap 'touch /w/main-done; exit 75' TERM; while [ ! -e /w/sync-ready ]; do sleep 0.1; done; "
+        "echo ready; while true; do sleep 0.1; done"
+    )
+    body = simple_pod(
+        "deleted-with-sidecar",
+        main,
+        initContainers=[sidecar],
+        terminationGracePeriodSeconds=300,
+        volumes=[{"name": "w", "emptyDir": {}}],
+        container={"volumeMounts": [{"name": "w", "mountPath": "/w"}]},
+    )
     core.create_namespaced_pod(NS, body)
     wait_for(lambda: pod_logs_or_empty(core, "deleted-with-sidecar") == "ready\n", 60, what="both traps set")
     rv = core.list_namespaced_pod(NS).metadata.resource_version
     final: list = []
 
     def watcher():
-        for ev in watch.Watch().stream(core.list_namespaced_pod, NS, resource_version=rv, timeout_seconds=240):
+        for ev in watch.Watch().stream(
+            core.list_namespaced_pod, NS, resource_version=rv, timeout_seconds=240
+        ):
             if ev["type"] == "DELETED" and ev["object"].metadata.name == "deleted-with-sidecar":
                 final.append(ev["object"])
                 return
@@ -206,13 +280,21 @@ def test_an_image_no_registry_serves_stays_in_err_image_pull(core):
         )
 
     state = wait_for(waiting, 10, what="ErrImagePull")
-    assert state.message.startswith('rpc error: code = NotFound desc = failed to pull and unpack image '
-                                    '"quay.io/example/unknown:1.0"'), state.message  # fmt: skip
-    assert "Mirrors also failed" in state.message  # the mirror was asked first, as a node's registries.conf says
+    assert state.message.startswith(
+        'rpc error: code = NotFound desc = failed to pull and unpack image "quay.io/example/unknown:1.0"'
+    ), state.message
+    assert (
+        "Mirrors also failed" in state.message
+    )  # the mirror was asked first, as a node's registries.conf says
     assert core.read_namespaced_pod("unmapped", NS).status.phase == "Pending"
-    warnings = [e.message for e in core.list_namespaced_event(NS, field_selector="involvedObject.name=unmapped").items
-                if e.type == "Warning"]  # fmt: skip
-    assert any(m.startswith('Failed to pull image "quay.io/example/unknown:1.0": rpc error') for m in warnings)
+    warnings = [
+        e.message
+        for e in core.list_namespaced_event(NS, field_selector="involvedObject.name=unmapped").items
+        if e.type == "Warning"
+    ]
+    assert any(
+        m.startswith('Failed to pull image "quay.io/example/unknown:1.0": rpc error') for m in warnings
+    )
     with pytest.raises(ApiException) as err:
         core.read_namespaced_pod_log("unmapped", NS)
     assert err.value.status == 400 and "waiting to start" in json.loads(err.value.body)["message"]
@@ -253,22 +335,51 @@ def test_namespaces_scope_objects(core):
     [
         ("GET", "/apis/apps/v1/namespaces/default/deployments", None, None, 404),
         ("GET", "/apis/metrics.k8s.io/v1beta1/namespaces/default/pods", None, None, 404),
-        ("POST", "/api/v1/namespaces/default/services",
-         {"metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}}, "application/json", 422),
+        (
+            "POST",
+            "/api/v1/namespaces/default/services",
+            {"metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}},
+            "application/json",
+            422,
+        ),
         ("POST", "/api/v1/namespaces/default/pods/x/portforward", None, None, 404),
-        ("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", {"metadata": {"name": "a.b"}},
-         "application/json", 405),
+        (
+            "POST",
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+            {"metadata": {"name": "a.b"}},
+            "application/json",
+            405,
+        ),
         ("POST", "/api/v1/namespaces/default/pods/x", {}, "application/json", 405),
         ("PATCH", "/api/v1/namespaces/default/secrets/app-secret", {}, "application/apply-patch+yaml", 415),
         ("POST", "/api/v1/nodes", {"metadata": {"name": "n2"}}, "application/json", 405),
-        ("POST", "/apis/batch/v1/namespaces/default/jobs",
-         {"metadata": {"name": "pfp"}, "spec": {"podFailurePolicy": {"rules": []}, "template": {"spec": {
-             "restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}}, "application/json", 422),
-        ("POST", "/apis/batch/v1/namespaces/default/jobs",
-         {"metadata": {"name": "always"}, "spec": {"template": {"spec": {
-             "containers": [{"name": "c", "image": "busybox"}]}}}}, "application/json", 422),
+        (
+            "POST",
+            "/apis/batch/v1/namespaces/default/jobs",
+            {
+                "metadata": {"name": "pfp"},
+                "spec": {
+                    "podFailurePolicy": {"rules": []},
+                    "template": {
+                        "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}
+                    },
+                },
+            },
+            "application/json",
+            422,
+        ),
+        (
+            "POST",
+            "/apis/batch/v1/namespaces/default/jobs",
+            {
+                "metadata": {"name": "always"},
+                "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "busybox"}]}}},
+            },
+            "application/json",
+            422,
+        ),
     ],
-)  # fmt: skip
+)
 def test_unsupported_requests_are_status_errors(kubeapi, method, path, body, ctype, code):
     import urllib.error
     import urllib.request

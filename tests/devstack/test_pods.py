@@ -69,16 +69,38 @@ def test_crud_generate_name_and_errors(core):
     [
         (lambda p: p["metadata"].update(name="Bad_Name"), "metadata.name", "FieldValueInvalid"),
         (lambda p: p["spec"].update(containers=[]), "spec.containers", "FieldValueRequired"),
-        (lambda p: p["spec"]["containers"].append(dict(p["spec"]["containers"][0])), "spec.containers[1].name", "FieldValueDuplicate"),
-        (lambda p: p["spec"]["containers"][0].update(name="Not_A_Label"), "spec.containers[0].name", "FieldValueInvalid"),
-        (lambda p: p["spec"]["containers"][0].update(image=""), "spec.containers[0].image", "FieldValueRequired"),
-        (lambda p: p["spec"]["containers"][0].update(volumeMounts=[{"name": "nope", "mountPath": "/x"}]),
-         "spec.containers[0].volumeMounts[0].name", "FieldValueNotFound"),
-        (lambda p: p["spec"].update(volumes=[{"name": "v", "persistentVolumeClaim": {"claimName": "c"}}]),
-         "spec.volumes[0].persistentVolumeClaim", "FieldValueNotSupported"),
-        (lambda p: p["spec"].update(restartPolicy="Sometimes"), "spec.restartPolicy", "FieldValueNotSupported"),
+        (
+            lambda p: p["spec"]["containers"].append(dict(p["spec"]["containers"][0])),
+            "spec.containers[1].name",
+            "FieldValueDuplicate",
+        ),
+        (
+            lambda p: p["spec"]["containers"][0].update(name="Not_A_Label"),
+            "spec.containers[0].name",
+            "FieldValueInvalid",
+        ),
+        (
+            lambda p: p["spec"]["containers"][0].update(image=""),
+            "spec.containers[0].image",
+            "FieldValueRequired",
+        ),
+        (
+            lambda p: p["spec"]["containers"][0].update(volumeMounts=[{"name": "nope", "mountPath": "/x"}]),
+            "spec.containers[0].volumeMounts[0].name",
+            "FieldValueNotFound",
+        ),
+        (
+            lambda p: p["spec"].update(volumes=[{"name": "v", "persistentVolumeClaim": {"claimName": "c"}}]),
+            "spec.volumes[0].persistentVolumeClaim",
+            "FieldValueNotSupported",
+        ),
+        (
+            lambda p: p["spec"].update(restartPolicy="Sometimes"),
+            "spec.restartPolicy",
+            "FieldValueNotSupported",
+        ),
     ],
-)  # fmt: skip
+)
 def test_invalid_pods_are_422_with_the_field(core, mutate, field, reason):
     body = simple_pod("invalid-pod", "true")
     mutate(body)
@@ -149,17 +171,24 @@ def test_patches_and_conflicts(core, kubeapi):
     pod = core.patch_namespaced_pod("patched", NS, {"metadata": {"labels": {"already_checked": "True"}}})
     assert pod.metadata.labels == {"keep": "1", "drop": "1", "already_checked": "True"}
     # JSON patch (list bodies)
-    pod = core.patch_namespaced_pod("patched", NS, [{"op": "remove", "path": "/metadata/labels/drop"},
-                                                    {"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}}])  # fmt: skip
+    pod = core.patch_namespaced_pod(
+        "patched",
+        NS,
+        [
+            {"op": "remove", "path": "/metadata/labels/drop"},
+            {"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}},
+        ],
+    )
     assert pod.metadata.labels == {"keep": "1", "already_checked": "True"} and pod.metadata.annotations == {
         "a": "b"
     }
     # merge patch, explicitly
     req = urllib.request.Request(
-        f"{kubeapi.url}/api/v1/namespaces/{NS}/pods/patched", method="PATCH",
+        f"{kubeapi.url}/api/v1/namespaces/{NS}/pods/patched",
+        method="PATCH",
         data=json.dumps({"metadata": {"annotations": {"a": None, "c": "d"}}}).encode(),
         headers={"Content-Type": "application/merge-patch+json"},
-    )  # fmt: skip
+    )
     with kubeapi.urlopen(req) as resp:
         pod_json = json.load(resp)
     assert pod_json["metadata"]["annotations"] == {"c": "d"}
@@ -220,8 +249,13 @@ def test_restart_back_off_previous_logs_and_status(core):
     script = (
         "if [ -f /state/ran ]; then echo second-run; exit 0; fi; touch /state/ran; echo first-run; exit 4"
     )
-    body = simple_pod("restarter", script, restartPolicy="OnFailure", volumes=[{"name": "state", "emptyDir": {}}],
-                      container={"volumeMounts": [{"name": "state", "mountPath": "/state"}]})  # fmt: skip
+    body = simple_pod(
+        "restarter",
+        script,
+        restartPolicy="OnFailure",
+        volumes=[{"name": "state", "emptyDir": {}}],
+        container={"volumeMounts": [{"name": "state", "mountPath": "/state"}]},
+    )
     create(core, body)
     pod = wait_phase(core, "restarter", ("Succeeded",), 30)
     cs = pod.status.container_statuses[0]
@@ -244,8 +278,18 @@ def test_restart_back_off_previous_logs_and_status(core):
 
 def exec_run(core, name: str, command: list[str], container: str | None = None, stdin: str | None = None):
     kwargs = {"container": container} if container else {}
-    ws = stream(core.connect_get_namespaced_pod_exec, name, NS, command=command, stdin=stdin is not None,
-                stdout=True, stderr=True, tty=False, _preload_content=False, **kwargs)  # fmt: skip
+    ws = stream(
+        core.connect_get_namespaced_pod_exec,
+        name,
+        NS,
+        command=command,
+        stdin=stdin is not None,
+        stdout=True,
+        stderr=True,
+        tty=False,
+        _preload_content=False,
+        **kwargs,
+    )
     if stdin is not None:
         ws.write_stdin(stdin)
         ws.close_channel(0)
@@ -266,8 +310,12 @@ def host_init_start() -> str:
 
 def test_exec_channels_exit_codes_and_pid_namespace(core, kubeapi):
     script = 'trap "echo got-int; exit 0" INT; echo ready > /work/ready; while true; do sleep 0.2; done'
-    body = simple_pod("execd", script, volumes=[{"name": "work", "emptyDir": {}}],
-                      container={"volumeMounts": [{"name": "work", "mountPath": "/work"}]})  # fmt: skip
+    body = simple_pod(
+        "execd",
+        script,
+        volumes=[{"name": "work", "emptyDir": {}}],
+        container={"volumeMounts": [{"name": "work", "mountPath": "/work"}]},
+    )
     create(core, body)
     wait_for(
         lambda: core.read_namespaced_pod("execd", NS).status.phase == "Running", 20, what="execd running"
@@ -301,8 +349,13 @@ def test_watch_events_and_resource_versions(core):
     def watcher():
         # from start_rv: whenever the watch connects, it sees every change after that version
         w = watch.Watch()
-        for ev in w.stream(core.list_namespaced_pod, NS, label_selector="suite=watch", resource_version=start_rv,
-                           timeout_seconds=30):  # fmt: skip
+        for ev in w.stream(
+            core.list_namespaced_pod,
+            NS,
+            label_selector="suite=watch",
+            resource_version=start_rv,
+            timeout_seconds=30,
+        ):
             seen.append((ev["type"], ev["object"].status.phase))
             if ev["type"] == "DELETED":
                 w.stop()
@@ -325,7 +378,7 @@ def test_watch_events_and_resource_versions(core):
             resource_version=start_rv,
             label_selector="suite=watch",
             timeout_seconds=1,
-        )  # fmt: skip
+        )
     ]
     assert replay[0] == ("ADDED", "watched") and replay[-1] == ("DELETED", "watched")
     # events of the pod, by field selector, also as events.k8s.io/v1
@@ -342,8 +395,16 @@ def test_watch_events_and_resource_versions(core):
     assert {e.reason for e in v1.items} == set(reasons) and all(e.regarding.kind == "Pod" for e in v1.items)
     ev_rv = events.metadata.resource_version
     create(core, simple_pod("watched-2", "true", metadata={"labels": {"suite": "watch"}}))
-    later = [ev["object"].reason for ev in watch.Watch().stream(core.list_namespaced_event, NS, resource_version=ev_rv,
-             field_selector="involvedObject.name=watched-2", timeout_seconds=2)]  # fmt: skip
+    later = [
+        ev["object"].reason
+        for ev in watch.Watch().stream(
+            core.list_namespaced_event,
+            NS,
+            resource_version=ev_rv,
+            field_selector="involvedObject.name=watched-2",
+            timeout_seconds=2,
+        )
+    ]
     assert "Scheduled" in later
     wait_phase(core, "watched-2")
     core.delete_namespaced_pod("watched-2", NS)
@@ -399,9 +460,16 @@ def test_watch_list_initial_events_and_bookmarks(kubeapi, core, resource):
         core.create_namespaced_secret(NS, body)
     else:
         core.create_namespaced_config_map(NS, {**body, "data": {"k": "value"}})
-    query = urllib.parse.urlencode({"watch": "1", "sendInitialEvents": "true", "allowWatchBookmarks": "true",
-                                    "resourceVersionMatch": "NotOlderThan", "labelSelector": "suite=bookmarks",
-                                    "timeoutSeconds": "1"})  # fmt: skip
+    query = urllib.parse.urlencode(
+        {
+            "watch": "1",
+            "sendInitialEvents": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersionMatch": "NotOlderThan",
+            "labelSelector": "suite=bookmarks",
+            "timeoutSeconds": "1",
+        }
+    )
     with kubeapi.urlopen(f"{kubeapi.url}/api/v1/namespaces/{NS}/{resource}?{query}") as resp:
         assert resp.headers["Content-Type"] == "application/json"
         events = [json.loads(line) for line in resp.read().decode().splitlines()]

@@ -31,11 +31,17 @@ def test_the_container_sees_its_image_and_its_volumes_not_the_host(core, tmp_pat
     host_file.write_text("on the host")
     tag = uuid.uuid4().hex[:8]
     top, nested = f"/kt-mnt-{tag}/out", f"/var/tmp/kt-mnt-{tag}/out"
-    script = (f"echo x > {top}/f; echo y > {nested}/f; cat {top}/f {nested}/f; test -e {host_file} || echo no-host-file; "
-              "test -e /work || echo no-checkout; cat /etc/os-release 2>/dev/null || echo busybox-image")  # fmt: skip
+    script = (
+        f"echo x > {top}/f; echo y > {nested}/f; cat {top}/f {nested}/f; test -e {host_file} || echo no-host-file; "
+        "test -e /work || echo no-checkout; cat /etc/os-release 2>/dev/null || echo busybox-image"
+    )
     try:
-        body = simple_pod("isolated", script, volumes=[{"name": "o", "emptyDir": {}}, {"name": "n", "emptyDir": {}}],
-                          container={"volumeMounts": [{"name": "o", "mountPath": top}, {"name": "n", "mountPath": nested}]})  # fmt: skip
+        body = simple_pod(
+            "isolated",
+            script,
+            volumes=[{"name": "o", "emptyDir": {}}, {"name": "n", "emptyDir": {}}],
+            container={"volumeMounts": [{"name": "o", "mountPath": top}, {"name": "n", "mountPath": nested}]},
+        )
         core.create_namespaced_pod(NS, body)
         wait_phase(core, "isolated", timeout=60)
         out = core.read_namespaced_pod_log("isolated", NS, _preload_content=False).data.decode()
@@ -49,13 +55,30 @@ def test_the_container_sees_its_image_and_its_volumes_not_the_host(core, tmp_pat
 
 def test_exec_runs_in_the_container_as_its_user_with_its_environment(core):
     marker = sleeper()
-    body = simple_pod("exec-target", f"exec {marker}", securityContext={"runAsUser": 4242},
-                      container={"env": [{"name": "GREETING", "value": "hello"}]})  # fmt: skip
+    body = simple_pod(
+        "exec-target",
+        f"exec {marker}",
+        securityContext={"runAsUser": 4242},
+        container={"env": [{"name": "GREETING", "value": "hello"}]},
+    )
     core.create_namespaced_pod(NS, body)
-    wait_for(lambda: core.read_namespaced_pod("exec-target", NS).status.phase == "Running", 60, what="running")
-    out = stream(core.connect_get_namespaced_pod_exec, "exec-target", NS,
-                 command=["sh", "-c", "echo $GREETING; grep ^Uid /proc/self/status; cat /proc/1/cmdline | tr '\\0' ' '"],
-                 stdout=True, stderr=True, stdin=False, tty=False)  # fmt: skip
+    wait_for(
+        lambda: core.read_namespaced_pod("exec-target", NS).status.phase == "Running", 60, what="running"
+    )
+    out = stream(
+        core.connect_get_namespaced_pod_exec,
+        "exec-target",
+        NS,
+        command=[
+            "sh",
+            "-c",
+            "echo $GREETING; grep ^Uid /proc/self/status; cat /proc/1/cmdline | tr '\\0' ' '",
+        ],
+        stdout=True,
+        stderr=True,
+        stdin=False,
+        tty=False,
+    )
     assert out.splitlines() == ["hello", "Uid:\t4242\t4242\t4242\t4242", marker + " "]
     core.delete_namespaced_pod("exec-target", NS, grace_period_seconds=0)
 
@@ -92,9 +115,24 @@ def test_a_killed_server_s_containers_are_removed_when_it_starts_again(tmp_path,
         # and its root file system with it (the store's containers of this state directory)
         prefix = "kt-" + hashlib.sha256(str((tmp_path / "state").resolve()).encode()).hexdigest()[:10]
         store = images.DEFAULT_STORE
-        listed = subprocess.run(["buildah", "--root", str(store / "storage"), "--runroot", str(store / "run"),
-                                 "--storage-driver", "overlay", "containers", "--noheading", "--format",
-                                 "{{.ContainerName}}"], capture_output=True, text=True, check=True).stdout  # fmt: skip
+        listed = subprocess.run(
+            [
+                "buildah",
+                "--root",
+                str(store / "storage"),
+                "--runroot",
+                str(store / "run"),
+                "--storage-driver",
+                "overlay",
+                "containers",
+                "--noheading",
+                "--format",
+                "{{.ContainerName}}",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert not [name for name in listed.split() if name.startswith(prefix)]
     finally:
         stop_server(proc)

@@ -52,7 +52,10 @@ def test_objects_and_keys_outlive_a_stack_restart(tmp_path):
         assert client.get_object(Bucket="datasets", Key="digits/v1/digits.zip")["Body"].read() == data
         listed = client.list_objects_v2(Bucket="datasets", Prefix="digits/")["Contents"]
         assert [(o["Key"], o["Size"]) for o in listed] == [("digits/v1/digits.zip", len(data))]
-        assert json.loads((tmp_path / "stack" / "s3-keys.json").read_text())["access_key_id"] == before["access_key_id"]
+        assert (
+            json.loads((tmp_path / "stack" / "s3-keys.json").read_text())["access_key_id"]
+            == before["access_key_id"]
+        )
         assert oct((tmp_path / "stack" / "s3-keys.json").stat().st_mode & 0o777) == "0o600"
     finally:
         stack.down()
@@ -62,9 +65,14 @@ def test_only_requests_signed_with_the_stack_key_pair_are_served(s3_server):
     good = _client(s3_server.endpoint, s3_server.access_key_id, s3_server.secret_access_key)
     good.put_object(Bucket="training", Key="runs/x/report/index.html", Body=b"<html>report</html>")
 
-    for key_id, secret in ((s3_server.access_key_id, "0" * 40), ("kt0000000000000000", s3_server.secret_access_key)):
+    for key_id, secret in (
+        (s3_server.access_key_id, "0" * 40),
+        ("kt0000000000000000", s3_server.secret_access_key),
+    ):
         with pytest.raises(ClientError) as exc:
-            _client(s3_server.endpoint, key_id, secret).get_object(Bucket="training", Key="runs/x/report/index.html")
+            _client(s3_server.endpoint, key_id, secret).get_object(
+                Bucket="training", Key="runs/x/report/index.html"
+            )
         assert _status(exc) == 403
 
     # an x-amz-* header that is not part of the signature
@@ -82,10 +90,11 @@ def test_only_requests_signed_with_the_stack_key_pair_are_served(s3_server):
         urllib.request.urlopen(f"{s3_server.endpoint}/training/runs/x/report/index.html", timeout=30)
     assert http.value.code in (400, 403)
     # ... and a presigned URL (SigV4) opens it, until it is tampered with
-    url = _client(s3_server.endpoint, s3_server.access_key_id, s3_server.secret_access_key,
-                  signature_version="s3v4").generate_presigned_url(
+    url = _client(
+        s3_server.endpoint, s3_server.access_key_id, s3_server.secret_access_key, signature_version="s3v4"
+    ).generate_presigned_url(
         "get_object", Params={"Bucket": "training", "Key": "runs/x/report/index.html"}, ExpiresIn=300
-    )  # fmt: skip
+    )
     assert urllib.request.urlopen(url, timeout=30).read() == b"<html>report</html>"
     with pytest.raises(urllib.error.HTTPError) as http:
         urllib.request.urlopen(url.replace("report/index.html", "report/other.html"), timeout=30)
@@ -98,7 +107,10 @@ def test_the_project_signs_no_url_for_later_use():
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[2]
-    found = [str(path.relative_to(repo)) for folder in ("plugins", "dags", "trainer", "include")
-             for path in (repo / folder).rglob("*.py")
-             if ".venv" not in path.parts and "generate_presigned" in path.read_text(errors="replace")]  # fmt: skip
+    found = [
+        str(path.relative_to(repo))
+        for folder in ("plugins", "dags", "trainer", "include")
+        for path in (repo / folder).rglob("*.py")
+        if ".venv" not in path.parts and "generate_presigned" in path.read_text(errors="replace")
+    ]
     assert found == [], f"presigned URLs are made in {found}: serve the files through the API server instead"

@@ -13,8 +13,16 @@ NS = "default"
 
 
 def storage_pod(name: str, request: str) -> dict:
-    return simple_pod(name, "echo ran", container={"resources": {"requests": {"ephemeral-storage": request},
-                                                                 "limits": {"ephemeral-storage": request}}})  # fmt: skip
+    return simple_pod(
+        name,
+        "echo ran",
+        container={
+            "resources": {
+                "requests": {"ephemeral-storage": request},
+                "limits": {"ephemeral-storage": request},
+            }
+        },
+    )
 
 
 def test_the_node_reports_its_disk_less_the_eviction_threshold(core, kubeapi):
@@ -52,4 +60,9 @@ def test_the_pod_request_counts_sidecars_as_the_scheduler_does():
     spec = {"initContainers": [c("1Gi", restartPolicy="Always"), c("20Gi")], "containers": [c("2Gi")]}
     assert pod_request(spec, "ephemeral-storage") == 21 * 1024**3
     # a limit alone is the request
-    assert pod_request({"containers": [{"resources": {"limits": {"ephemeral-storage": "3Gi"}}}]}, "ephemeral-storage") == 3 * 1024**3
+    assert (
+        pod_request(
+            {"containers": [{"resources": {"limits": {"ephemeral-storage": "3Gi"}}}]}, "ephemeral-storage"
+        )
+        == 3 * 1024**3
+    )

@@ -31,10 +31,17 @@ def publish_example_image(registry: str, mirror: str) -> str:
     from kubetrain.imagebuild.buildah import BuildahBuilder
     from kubetrain.imagebuild.builders import BuildRequest, PushTarget
 
-    builder = BuildahBuilder(REPO / ".tools" / "buildah", storage_driver="auto", mirror=mirror, mirror_insecure=True,
-                             log=lambda line: None)  # fmt: skip
+    builder = BuildahBuilder(
+        REPO / ".tools" / "buildah",
+        storage_driver="auto",
+        mirror=mirror,
+        mirror_insecure=True,
+        log=lambda line: None,
+    )
     target = PushTarget(registry, "examples/keras-model", insecure=True)
-    request = BuildRequest(context=EXAMPLE, repository="examples/keras-model", tags=("1",), dockerfile="Dockerfile")
+    request = BuildRequest(
+        context=EXAMPLE, repository="examples/keras-model", tags=("1",), dockerfile="Dockerfile"
+    )
     local = builder.build(request, target, local_tag="keras-model")
     builder.push(local, target, "1")
     return f"{registry}/examples/keras-model:1"
@@ -51,21 +58,40 @@ def test_the_guides_dag_trains_reports_and_promotes_its_keras_script(airflow, de
     )
     archive = tmp_path / "digits.zip"
     subprocess.run(
-        [str(TRAINER_PYTHON), "-m", "include.sample_data.digits", "--out", str(archive), "--size", "16",
-         "--per-class", "16", "--seed", "7"],
-        cwd=REPO, check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            str(TRAINER_PYTHON),
+            "-m",
+            "include.sample_data.digits",
+            "--out",
+            str(archive),
+            "--size",
+            "16",
+            "--per-class",
+            "16",
+            "--seed",
+            "7",
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     s3.upload_file(str(archive), "datasets", "keras-digits/digits.zip")
     image = publish_example_image(env["KUBETRAIN_REGISTRY"], env["KUBETRAIN_REGISTRY_MIRROR"])
 
-    run = airflow.dags_test(DAG_ID, {"image": image, "epochs": 2, "force": True}, KUBETRAIN_RETRY_DELAY_SECONDS="1")
+    run = airflow.dags_test(
+        DAG_ID, {"image": image, "epochs": 2, "force": True}, KUBETRAIN_RETRY_DELAY_SECONDS="1"
+    )
     assert run.returncode == 0 and run.state() == "success", run.output[-4000:]
-    assert run.task_states() == dict.fromkeys(["stage_dataset", "check_new", "train", "report", "promote", "record"], "success")
+    assert run.task_states() == dict.fromkeys(
+        ["stage_dataset", "check_new", "train", "report", "promote", "record"], "success"
+    )
 
     # The unmodified script trained in the pod (Keras' own progress lines in the task log) ...
     assert "[base] Epoch 2/2" in run.output and "[base] trained 2 epochs: val_accuracy" in run.output
     # ... on the image the run names by digest ...
-    assert run.xcom("check_new")["image"].startswith(f"{env['KUBETRAIN_REGISTRY']}/examples/keras-model@sha256:")
+    assert run.xcom("check_new")["image"].startswith(
+        f"{env['KUBETRAIN_REGISTRY']}/examples/keras-model@sha256:"
+    )
     # ... and the platform did the rest: report, promotion, the train-once record.
     report = run.xcom("report")
     assert (report["trainer"], report["monitor"], report["epochs"]) == ("keras_model", "val_accuracy", 2)

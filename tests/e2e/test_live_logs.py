@@ -31,7 +31,9 @@ STEP = re.compile(
 def log_entries(ui, run_id: str, task_id: str, try_number: int) -> list[dict]:
     """The task try's log as the REST API gives it: structured entries with ``event`` and ``timestamp``."""
     quoted = urllib.parse.quote(run_id, safe="")
-    body = ui.api("GET", f"/dags/{DAG_ID}/dagRuns/{quoted}/taskInstances/{task_id}/logs/{try_number}?full_content=true")
+    body = ui.api(
+        "GET", f"/dags/{DAG_ID}/dagRuns/{quoted}/taskInstances/{task_id}/logs/{try_number}?full_content=true"
+    )
     content = body.get("content") or []
     return [entry for entry in content if isinstance(entry, dict)]
 
@@ -60,7 +62,9 @@ def test_train_log_shows_epochs_while_the_task_is_deferred(ui, devstack, page, t
         try:
             found = follow_train_log(ui, devstack.env(), run_id)
             step, epoch = found["step"], found["epoch"]
-            print(f"step {step} of epoch {epoch}/{EPOCHS} reached the task log {found['delay']:.1f} s after the pod wrote it")
+            print(
+                f"step {step} of epoch {epoch}/{EPOCHS} reached the task log {found['delay']:.1f} s after the pod wrote it"
+            )
 
             # The UI's log page of the task shows step lines while the task is still deferred (the
             # page renders only the lines in view of a log that grows by several lines a second,
@@ -73,7 +77,9 @@ def test_train_log_shows_epochs_while_the_task_is_deferred(ui, devstack, page, t
             shot(page, tmp_path, "train-log-while-deferred")
         finally:
             # Failing the run cancels the deferred task's trigger, which deletes the pod.
-            ui.api("PATCH", f"/dags/{DAG_ID}/dagRuns/{urllib.parse.quote(run_id, safe='')}", {"state": "failed"})
+            ui.api(
+                "PATCH", f"/dags/{DAG_ID}/dagRuns/{urllib.parse.quote(run_id, safe='')}", {"state": "failed"}
+            )
             ui.wait_run(DAG_ID, run_id, timeout=120)
     finally:
         ui.set_paused(DAG_ID, True)
@@ -89,14 +95,18 @@ def follow_train_log(ui, stack_env: dict[str, str], run_id: str, timeout: float 
         train = tis.get("train") or {}
         state = train.get("state")
         if state in ("failed", "upstream_failed", "success", "skipped"):
-            raise AssertionError(f"the train task ended ({state}) before its log showed a running epoch: {tis}")
+            raise AssertionError(
+                f"the train task ended ({state}) before its log showed a running epoch: {tis}"
+            )
         if state != "deferred":
             time.sleep(2)
             continue
         seen_deferred = True
         entries = log_entries(ui, run_id, "train", train["try_number"])
         events = [str(e.get("event", "")) for e in entries]
-        finished_epochs = {int(m.group(1)) for e in events if (m := re.search(r"\[base\] .*\bepoch (\d+): loss", e))}
+        finished_epochs = {
+            int(m.group(1)) for e in events if (m := re.search(r"\[base\] .*\bepoch (\d+): loss", e))
+        }
         for entry in entries:
             match = STEP.search(str(entry.get("event", "")))
             if not match:

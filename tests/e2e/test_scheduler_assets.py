@@ -50,10 +50,25 @@ def small_digits(out: Path) -> Path:
     """200 real digit images, plus two unreadable files whose bytes come from a fresh seed,
     so that this session's upload is a dataset version no earlier test has staged."""
     subprocess.run(
-        [str(TRAINER_PYTHON), "-m", "include.sample_data.digits", "--out", str(out), "--size", "16",
-         "--per-class", "20", "--corrupt", "2", "--seed", str(secrets.randbelow(2**31))],
-        cwd=REPO, check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            str(TRAINER_PYTHON),
+            "-m",
+            "include.sample_data.digits",
+            "--out",
+            str(out),
+            "--size",
+            "16",
+            "--per-class",
+            "20",
+            "--corrupt",
+            "2",
+            "--seed",
+            str(secrets.randbelow(2**31)),
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     return out
 
 
@@ -115,15 +130,23 @@ def test_new_dataset_version_triggers_one_training_run_and_the_same_bytes_none(d
         runs = new_runs(ui, TRAIN, train_before)
         assert [r["run_type"] for r in runs] == ["asset_triggered"], runs
         run_id = runs[0]["dag_run_id"]
-        events = ui.api("GET", f"/dags/{TRAIN}/dagRuns/{quote(run_id, safe='')}/upstreamAssetEvents")["asset_events"]
-        assert [(e["name"], e["source_dag_id"], e["source_task_id"], e["extra"].get("version")) for e in events] == [
-            (DATASET_URI, WATCH, STAGE_TASK, version)
+        events = ui.api("GET", f"/dags/{TRAIN}/dagRuns/{quote(run_id, safe='')}/upstreamAssetEvents")[
+            "asset_events"
         ]
+        assert [
+            (e["name"], e["source_dag_id"], e["source_task_id"], e["extra"].get("version")) for e in events
+        ] == [(DATASET_URI, WATCH, STAGE_TASK, version)]
         assert [(d["dag_id"], d["run_id"]) for d in events[0]["created_dagruns"]] == [(TRAIN, run_id)]
         stager = events[0]["source_run_id"]
         assert ui.task_instances(WATCH, stager)[STAGE_TASK]["state"] == "success"
-        manifest = json.loads(s3.get_object(Bucket="training", Key=f"manifests/digits/{version}.json")["Body"].read())
-        assert (manifest["kind"], manifest["version"], manifest["source"]) == ("kubetrain/dataset-manifest", version, DATASET_URI)
+        manifest = json.loads(
+            s3.get_object(Bucket="training", Key=f"manifests/digits/{version}.json")["Body"].read()
+        )
+        assert (manifest["kind"], manifest["version"], manifest["source"]) == (
+            "kubetrain/dataset-manifest",
+            version,
+            DATASET_URI,
+        )
         asset_id = events[0]["asset_id"]
 
         # The retraining run stages the same snapshot and gets past the dedupe check into training.
@@ -134,7 +157,10 @@ def test_new_dataset_version_triggers_one_training_run_and_the_same_bytes_none(d
             return tis["train"]["state"] in ("running", "deferred", "success")
 
         wait_for(training_started, 180, f"{TRAIN} run {run_id} reaching its train task", ui)
-        staged = ui.api("GET", f"/dags/{TRAIN}/dagRuns/{quote(run_id, safe='')}/taskInstances/stage_dataset/xcomEntries/return_value")
+        staged = ui.api(
+            "GET",
+            f"/dags/{TRAIN}/dagRuns/{quote(run_id, safe='')}/taskInstances/stage_dataset/xcomEntries/return_value",
+        )
         staged_value = staged["value"] if isinstance(staged["value"], dict) else json.loads(staged["value"])
         assert staged_value["version"] == version
         assert staged_value["manifest_uri"] == f"s3://training/manifests/digits/{version}.json"
@@ -149,15 +175,23 @@ def test_new_dataset_version_triggers_one_training_run_and_the_same_bytes_none(d
         time.sleep(10)
         assert [r["dag_run_id"] for r in new_runs(ui, TRAIN, train_before)] == [run_id]
         # Every other finished look at the data (this one, and the first one that did not stage) skipped.
-        later = [r for r in new_runs(ui, WATCH, watch_before) if r["dag_run_id"] != stager and r["state"] in ("success", "failed")]
+        later = [
+            r
+            for r in new_runs(ui, WATCH, watch_before)
+            if r["dag_run_id"] != stager and r["state"] in ("success", "failed")
+        ]
         assert again in [r["dag_run_id"] for r in later]
-        assert [(r["state"], ui.task_instances(WATCH, r["dag_run_id"])[STAGE_TASK]["state"]) for r in later] == [
-            ("success", "skipped")
-        ] * len(later)
-        assert ui.api("GET", f"/assets/events?asset_id={asset_id}&limit=100")["total_entries"] == events_before
+        assert [
+            (r["state"], ui.task_instances(WATCH, r["dag_run_id"])[STAGE_TASK]["state"]) for r in later
+        ] == [("success", "skipped")] * len(later)
+        assert (
+            ui.api("GET", f"/assets/events?asset_id={asset_id}&limit=100")["total_entries"] == events_before
+        )
 
         # Whatever the retraining run has left to do, it finishes by itself.
         final = ui.wait_run(TRAIN, run_id, timeout=300)
         tis = {k: v["state"] for k, v in ui.task_instances(TRAIN, run_id).items()}
         errors = {k: ui.task_errors(TRAIN, run_id, k) for k, state in tis.items() if state == "failed"}
-        assert final["state"] == "success", f"{TRAIN} run {run_id} ended {final['state']}: {tis}; errors: {errors}"
+        assert final["state"] == "success", (
+            f"{TRAIN} run {run_id} ended {final['state']}: {tis}; errors: {errors}"
+        )

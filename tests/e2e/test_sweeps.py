@@ -49,13 +49,17 @@ def s3(devstack):
 
 @pytest.fixture(scope="module")
 def core(devstack) -> client.CoreV1Api:
-    return client.CoreV1Api(config.new_client_from_config(config_file=devstack.env()["KUBETRAIN_ADMIN_KUBECONFIG"]))
+    return client.CoreV1Api(
+        config.new_client_from_config(config_file=devstack.env()["KUBETRAIN_ADMIN_KUBECONFIG"])
+    )
 
 
 @pytest.fixture(scope="module")
 def digits(s3, tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("data") / "digits.zip"
-    subprocess.run([str(TRAINER_PYTHON), "-m", "include.sample_data.digits", "--out", str(path)], cwd=REPO, check=True)
+    subprocess.run(
+        [str(TRAINER_PYTHON), "-m", "include.sample_data.digits", "--out", str(path)], cwd=REPO, check=True
+    )
     s3.upload_file(str(path), "datasets", "e2e-sweep-digits/digits.zip")
     return "s3://datasets/e2e-sweep-digits/"
 
@@ -118,8 +122,13 @@ class PodWatch:
             for pod in found:
                 self.seen.add(pod.metadata.name)
                 labels = pod.metadata.labels or {}
-                if (self.killed or self.kill_trial is None or labels.get("kubetrain.io/trial") != self.kill_trial
-                        or pod.metadata.deletion_timestamp or pod.status.phase != "Running"):  # fmt: skip
+                if (
+                    self.killed
+                    or self.kill_trial is None
+                    or labels.get("kubetrain.io/trial") != self.kill_trial
+                    or pod.metadata.deletion_timestamp
+                    or pod.status.phase != "Running"
+                ):
                     continue
                 try:
                     log = self.core.read_namespaced_pod_log(pod.metadata.name, NAMESPACE, container="base")
@@ -176,8 +185,16 @@ def test_grid_sweep_a_killed_trial_promotion_and_reuse(sweeps_airflow, devstack,
     # trials wait for their pods in their task process: every container's lines reach the task log,
     # the training container's as they come, the sidecar's (down to its final pass) when the pod ends
     lines = run.output.splitlines()
-    for container, text in (("stage-in", "stage-in"), ("base", "written (end of epoch;"), ("checkpoint-sync", "final pass")):
-        assert any(f"[{container}] " in line and text in line for line in lines), (container, text, run.output[-4000:])
+    for container, text in (
+        ("stage-in", "stage-in"),
+        ("base", "written (end of epoch;"),
+        ("checkpoint-sync", "final pass"),
+    ):
+        assert any(f"[{container}] " in line and text in line for line in lines), (
+            container,
+            text,
+            run.output[-4000:],
+        )
 
     sweep = S3Layout().run(DAG_ID, run.run_id).prefix
     record = read_json(s3, f"{sweep}/sweep/sweep.json")
@@ -187,7 +204,9 @@ def test_grid_sweep_a_killed_trial_promotion_and_reuse(sweeps_airflow, devstack,
     trials = {t["number"]: t for t in record["trials"]}
     assert sorted(trials) == [0, 1, 2, 3]
     assert [trials[n]["params"] for n in range(4)] == [{"batch_size": b} for b in (16, 32, 64, 128)]
-    assert all(t["status"] == "success" and not t["stopped_early"] and t["reports"] == 4 for t in trials.values()), trials
+    assert all(
+        t["status"] == "success" and not t["stopped_early"] and t["reports"] == 4 for t in trials.values()
+    ), trials
 
     # the killed trial resumed from its checkpoint, on a second try
     killed = read_json(s3, f"{sweep}/sweep/trials/0.json")
@@ -219,8 +238,12 @@ def test_grid_sweep_a_killed_trial_promotion_and_reuse(sweeps_airflow, devstack,
     assert again_watch.seen == set(), f"the re-run started pods: {again_watch.seen}"
     assert again.task_states()["round_0.train_2_at_a_time"] == "skipped"
     again_record = read_json(s3, f"{S3Layout().run(DAG_ID, again.run_id).prefix}/sweep/sweep.json")
-    assert [t["reused_from"]["run_uri"] for t in again_record["trials"]] == [trials[n]["run_uri"] for n in range(4)]
-    assert [t["objective"]["value"] for t in again_record["trials"]] == [trials[n]["objective"]["value"] for n in range(4)]
+    assert [t["reused_from"]["run_uri"] for t in again_record["trials"]] == [
+        trials[n]["run_uri"] for n in range(4)
+    ]
+    assert [t["objective"]["value"] for t in again_record["trials"]] == [
+        trials[n]["objective"]["value"] for n in range(4)
+    ]
     assert again_record["promotion"]["promoted"] is False  # not better than itself
     GRID.update(conf=conf, trials=trials)
 
@@ -238,7 +261,11 @@ def assert_trials_on_the_training_page(stack_env: dict, run_id: str, trials: dic
     os.environ["AIRFLOW_CONN_AWS_DEFAULT"] = stack_env["AIRFLOW_CONN_AWS_DEFAULT"]
     try:
         q = TrainingQueries(RunStore(S3Hook(aws_conn_id="aws_default"), S3Layout()), [DAG_ID])
-        runs = [r for r in q.runs(RunFilter(model="e2e-sweep-digits", dag_id=DAG_ID), limit=500).runs if r["run_id"] == run_id]
+        runs = [
+            r
+            for r in q.runs(RunFilter(model="e2e-sweep-digits", dag_id=DAG_ID), limit=500).runs
+            if r["run_id"] == run_id
+        ]
         assert sorted(r["trial"] for r in runs) == ["0", "1", "2", "3"], runs
         ranked = q.sweep(model="e2e-sweep-digits", dag_id=DAG_ID, run_id=run_id, run_time=sweep_time(runs[0]))
     finally:
@@ -277,7 +304,10 @@ def test_median_stopping_stops_a_bad_learning_rate(sweeps_airflow, core, s3):
     stop = sweeps_airflow.dags_test(DAG_ID, median, **FAST)
     assert stop.returncode == 0 and stop.state() == "success", stop.output[-6000:]
     stop_record = read_json(s3, f"{S3Layout().run(DAG_ID, stop.run_id).prefix}/sweep/sweep.json")
-    by_lr = {lr: [t for t in stop_record["trials"] if t["params"]["learning_rate"] == lr] for lr in (0.001, 0.000001)}
+    by_lr = {
+        lr: [t for t in stop_record["trials"] if t["params"]["learning_rate"] == lr]
+        for lr in (0.001, 0.000001)
+    }
     assert [t["reused_from"]["run_uri"] for t in by_lr[0.001]] == [trials[0]["run_uri"]]
     assert len(by_lr[0.000001]) == 1
     trial = by_lr[0.000001][0]
@@ -291,7 +321,10 @@ def test_median_stopping_stops_a_bad_learning_rate(sweeps_airflow, core, s3):
     stop_states = stop.task_states()
     stopped_tasks = [k for k in stop_states if k.startswith("round_0.train_2_at_a_time[")]
     assert len(stopped_tasks) == 1 and all(stop_states[k] == "success" for k in stopped_tasks), stop_states
-    assert stop_record["best"]["best_run_uri"] == max(by_lr[0.001], key=lambda t: t["objective"]["value"])["run_uri"]
+    assert (
+        stop_record["best"]["best_run_uri"]
+        == max(by_lr[0.001], key=lambda t: t["objective"]["value"])["run_uri"]
+    )
     assert_no_pods_left(core, DAG_ID)
 
 

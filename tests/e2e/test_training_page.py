@@ -36,8 +36,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 TRAINER_PYTHON = REPO / "trainer" / ".venv" / "bin" / "python"
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]  # fmt: skip
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 DAG_ID = "train_image_classifier"
 MODEL = f"digits-page-{secrets.token_hex(3)}"
 TRACKING_VARIABLE = "kubetrain_mlflow_tracking_uri"
@@ -54,17 +61,45 @@ def stack(devstack, tmp_path_factory):
     work = tmp_path_factory.mktemp("training-page")
     archive = work / "digits.zip"
     subprocess.run(
-        [str(TRAINER_PYTHON), "-m", "include.sample_data.digits", "--out", str(archive), "--size", "16",
-         "--per-class", "20", "--seed", str(secrets.randbelow(2**31))],
-        cwd=REPO, check=True, capture_output=True,
-    )  # fmt: skip
-    s3 = boto3.client("s3", endpoint_url=env["KUBETRAIN_S3_ENDPOINT"], aws_access_key_id=env["KUBETRAIN_S3_ACCESS_KEY_ID"],
-                      aws_secret_access_key=env["KUBETRAIN_S3_SECRET_ACCESS_KEY"], region_name="us-east-1")  # fmt: skip
+        [
+            str(TRAINER_PYTHON),
+            "-m",
+            "include.sample_data.digits",
+            "--out",
+            str(archive),
+            "--size",
+            "16",
+            "--per-class",
+            "20",
+            "--seed",
+            str(secrets.randbelow(2**31)),
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=env["KUBETRAIN_S3_ENDPOINT"],
+        aws_access_key_id=env["KUBETRAIN_S3_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
+        region_name="us-east-1",
+    )
     dataset = f"digits-{MODEL}"
     s3.upload_file(str(archive), "datasets", f"{dataset}/digits.zip")
-    with MlflowServer(work / "mlflow", env["KUBETRAIN_S3_ENDPOINT"], env["KUBETRAIN_S3_ACCESS_KEY_ID"],
-                      env["KUBETRAIN_S3_SECRET_ACCESS_KEY"]) as mlflow:  # fmt: skip
-        yield {"env": env, "s3": s3, "work": work, "mlflow": mlflow, "dataset_uri": f"s3://datasets/{dataset}/"}
+    with MlflowServer(
+        work / "mlflow",
+        env["KUBETRAIN_S3_ENDPOINT"],
+        env["KUBETRAIN_S3_ACCESS_KEY_ID"],
+        env["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
+    ) as mlflow:
+        yield {
+            "env": env,
+            "s3": s3,
+            "work": work,
+            "mlflow": mlflow,
+            "dataset_uri": f"s3://datasets/{dataset}/",
+        }
 
 
 @pytest.fixture(scope="module")
@@ -75,14 +110,21 @@ def runs(stack, ui):
     airflow.api("POST", "/variables", {"key": TRACKING_VARIABLE, "value": stack["mlflow"].url})
     try:
         airflow.set_paused(DAG_ID, False)
-        common = {"dataset_uri": stack["dataset_uri"], "model_name": MODEL, "image_size": 16, "batch_size": 32}
+        common = {
+            "dataset_uri": stack["dataset_uri"],
+            "model_name": MODEL,
+            "image_size": 16,
+            "batch_size": 32,
+        }
         run_a = airflow.trigger(DAG_ID, {**common, "epochs": 2, "promote": "always"})
         run_b = airflow.trigger(DAG_ID, {**common, "epochs": 3, "promote": "never"})
         for run_id in (run_a, run_b):
             final = airflow.wait_run(DAG_ID, run_id, timeout=600)
             states = {k: v["state"] for k, v in airflow.task_instances(DAG_ID, run_id).items()}
             errors = {k: airflow.task_errors(DAG_ID, run_id, k) for k, s in states.items() if s == "failed"}
-            assert final["state"] == "success", f"run {run_id} ended {final['state']}: {states}; errors: {errors}"
+            assert final["state"] == "success", (
+                f"run {run_id} ended {final['state']}: {states}; errors: {errors}"
+            )
         layout = S3Layout()
 
         def record(run_id):
@@ -104,9 +146,12 @@ def page(tmp_path):
 
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True,
+            str(tmp_path / "chromium-profile"),
+            executable_path=str(CHROMIUM),
+            args=CHROMIUM_ARGS,
+            headless=True,
             viewport={"width": 1500, "height": 1000},
-        )  # fmt: skip
+        )
         context.set_default_timeout(30_000)
         try:
             yield context.new_page()
@@ -119,7 +164,9 @@ def test_the_runs_records_say_what_ran_and_what_was_promoted(runs):
     assert a["status"] == b["status"] == "success" and a["model"] == MODEL
     assert (a["epochs"], b["epochs"]) == (2, 3) and a["resumed_from_step"] == 0
     assert a["image"]["digest"].startswith("sha256:") and a["dataset"]["version"] == b["dataset"]["version"]
-    assert a["promotion"]["promoted"] is True and a["promotion"]["reason"].startswith("promoted: promote=always")
+    assert a["promotion"]["promoted"] is True and a["promotion"]["reason"].startswith(
+        "promoted: promote=always"
+    )
     assert b["promotion"] == {**b["promotion"], "promoted": False, "reason": "not promoted: promote=never"}
     assert a["metrics"]["monitor"] == "val_accuracy" and isinstance(a["metrics"]["value"], float)
     assert a["report_url"].endswith("/report/report.html") and a["mlflow"]["run_id"]
@@ -195,8 +242,11 @@ def test_mlflow_has_both_runs_their_history_and_the_champion(runs, stack):
         return answer.json()
 
     experiment = api("experiments/get-by-name", experiment_name=MODEL)["experiment"]
-    found = requests.post(f"{mlflow}/api/2.0/mlflow/runs/search", json={"experiment_ids": [experiment["experiment_id"]]},
-                          timeout=30).json()["runs"]  # fmt: skip
+    found = requests.post(
+        f"{mlflow}/api/2.0/mlflow/runs/search",
+        json={"experiment_ids": [experiment["experiment_id"]]},
+        timeout=30,
+    ).json()["runs"]
     by_run = {next(t["value"] for t in r["data"]["tags"] if t["key"] == "kubetrain.run_id"): r for r in found}
     assert set(by_run) == {a["run_id"], b["run_id"]}
     for record, epochs in ((a, 2), (b, 3)):
@@ -208,7 +258,9 @@ def test_mlflow_has_both_runs_their_history_and_the_champion(runs, stack):
         assert tags["kubetrain.dataset_version"] == record["dataset"]["version"]
         assert tags["kubetrain.image_digest"] == record["image"]["digest"]
         assert tags["airflow.dag_run"].endswith(f"/dags/{DAG_ID}/runs/{quote(record['run_id'], safe='')}")
-        history = api("metrics/get-history", run_id=run["info"]["run_id"], metric_key="val_accuracy")["metrics"]
+        history = api("metrics/get-history", run_id=run["info"]["run_id"], metric_key="val_accuracy")[
+            "metrics"
+        ]
         assert len(history) == epochs
         steps = [m["step"] for m in history]
         assert steps == sorted(steps) and len(set(steps)) == epochs and steps[-1] == record["steps"]
@@ -216,8 +268,13 @@ def test_mlflow_has_both_runs_their_history_and_the_champion(runs, stack):
     champion = api("registered-models/alias", name=MODEL, alias="champion")["model_version"]
     assert champion["run_id"] == a["mlflow"]["run_id"]
     assert champion["source"] == a["promotion"]["model_uri"]
-    pointer = json.loads(stack["s3"].get_object(Bucket="training", Key=f"models/{MODEL}/latest")["Body"].read())
+    pointer = json.loads(
+        stack["s3"].get_object(Bucket="training", Key=f"models/{MODEL}/latest")["Body"].read()
+    )
     assert pointer["uri"] == champion["source"] and pointer["version"] == a["promotion"]["version"]
-    report = requests.get(f"{mlflow}/get-artifact", params={"path": "report/report.html", "run_uuid": a["mlflow"]["run_id"]},
-                          timeout=30)  # fmt: skip
+    report = requests.get(
+        f"{mlflow}/get-artifact",
+        params={"path": "report/report.html", "run_uuid": a["mlflow"]["run_id"]},
+        timeout=30,
+    )
     assert report.ok and a["run_uri"] in report.text

@@ -54,11 +54,16 @@ def test_trigger_from_the_form_and_follow_the_report_link(ui, page, tmp_path):
     form = page.get_by_role("dialog")
     expect(form.get_by_text(f"Trigger Dag - {DAG_ID}")).to_be_visible()
     expect(form.get_by_role("checkbox", name=f"Unpause {DAG_ID} on trigger")).to_be_checked()
-    groups = [t.strip() for t in form.locator("[data-scope='accordion'][data-part='item-trigger']").all_inner_texts()]
+    groups = [
+        t.strip()
+        for t in form.locator("[data-scope='accordion'][data-part='item-trigger']").all_inner_texts()
+    ]
     assert groups[:5] == ["Run Parameters", "Data", "Resources", "Cluster", "Promotion"], groups
     epochs_field = form.locator("input[name='element_epochs']")
     expect(epochs_field).to_be_visible()  # open without a click
-    expect(form.locator("input[name='element_architecture']").or_(form.get_by_text("Architecture")).first).to_be_visible()
+    expect(
+        form.locator("input[name='element_architecture']").or_(form.get_by_text("Architecture")).first
+    ).to_be_visible()
     dataset_field = form.locator("input[name='element_dataset_uri']")
     expect(dataset_field).to_be_hidden()  # folded
     shot(page, tmp_path, "2-trigger-form")
@@ -68,7 +73,9 @@ def test_trigger_from_the_form_and_follow_the_report_link(ui, page, tmp_path):
     expect(dataset_field).to_be_visible()
     dataset_field.fill("datasets/digits/")
     form.get_by_role("button", name="Trigger", exact=True).click()
-    refusal = form.get_by_text(re.compile(r"'datasets/digits/' is not a 'S3 URI: s3://<bucket>/<prefix>/")).first
+    refusal = form.get_by_text(
+        re.compile(r"'datasets/digits/' is not a 'S3 URI: s3://<bucket>/<prefix>/")
+    ).first
     expect(refusal).to_be_visible()
     assert "^s3://" not in refusal.inner_text()
     shot(page, tmp_path, "3-refused-dataset")
@@ -120,7 +127,9 @@ def test_trigger_from_the_form_and_follow_the_report_link(ui, page, tmp_path):
     states = {k: v["state"] for k, v in ui.task_instances(DAG_ID, run_id).items()}
     errors = {k: ui.task_errors(DAG_ID, run_id, k) for k, state in states.items() if state == "failed"}
     assert final["state"] == "success", f"run {run_id} ended {final['state']}: {states}; errors: {errors}"
-    assert ui.api("GET", f"/dags/{DAG_ID}")["is_paused"] is False, "the form's unpause box did not unpause the DAG"
+    assert ui.api("GET", f"/dags/{DAG_ID}")["is_paused"] is False, (
+        "the form's unpause box did not unpause the DAG"
+    )
 
     # The report task's documentation (its task page's "Documentation") is its operator's docstring.
     page.goto(f"{ui.url}/dags/{DAG_ID}/tasks/report")
@@ -146,7 +155,10 @@ def test_trigger_from_the_form_and_follow_the_report_link(ui, page, tmp_path):
     shot(page, tmp_path, "6-report-task")
     href = link.get_attribute("href")
 
-    report = ui.api("GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/report/xcomEntries/return_value")
+    report = ui.api(
+        "GET",
+        f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/report/xcomEntries/return_value",
+    )
     value = report["value"]
     run_location = S3Layout.from_environment().run(DAG_ID, run_id)
     report_key = run_location.key("report", "report.html")
@@ -179,11 +191,14 @@ def test_trigger_from_the_form_and_follow_the_report_link(ui, page, tmp_path):
     # The dev stack has no GPU node: the run's GPU request was served on CPU, and the report
     # says so in one line at the top, as the train task's log does.
     expect(report_page.locator("p.warning", has_text="GPU request served on CPU")).to_be_visible()
-    notes = ui.api("GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/train/xcomEntries/notes")
+    notes = ui.api(
+        "GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/train/xcomEntries/notes"
+    )
     assert len(notes["value"]) == 1 and notes["value"][0].startswith("GPU request served on CPU"), notes
     train_try = ui.task_instances(DAG_ID, run_id)["train"]["try_number"]
     train_log = ui.api(
-        "GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/train/logs/{train_try}?full_content=true"
+        "GET",
+        f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/train/logs/{train_try}?full_content=true",
     )
     assert [e for e in train_log["content"] if isinstance(e, dict) and e.get("event") == notes["value"][0]], (
         "the GPU line is not in the train task's log"

@@ -25,24 +25,47 @@ TRAINER_PYTHON = REPO / "trainer" / ".venv" / "bin" / "python"
 SEED_DB = Path(os.environ.get("AIRFLOW_HOME", REPO / ".airflow")) / "airflow.db"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 DAG_ID = "train_image_classifier"
 
 
 @contextlib.contextmanager
-def airflow_ui(stack_env: dict[str, str], work: Path, dags: tuple[str, ...] = (DAG_ID,)) -> Iterator[AirflowUI]:
+def airflow_ui(
+    stack_env: dict[str, str], work: Path, dags: tuple[str, ...] = (DAG_ID,)
+) -> Iterator[AirflowUI]:
     """Airflow as `make airflow` starts it, in a private home, with a small digits dataset uploaded."""
     import boto3
 
     archive = work / "digits.zip"
     # Unreadable files from a fresh seed make this upload a dataset version no other test trained.
     subprocess.run(
-        [str(TRAINER_PYTHON), "-m", "include.sample_data.digits", "--out", str(archive), "--size", "16",
-         "--per-class", "24", "--corrupt", "2", "--seed", str(secrets.randbelow(2**31))],
-        cwd=REPO, check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            str(TRAINER_PYTHON),
+            "-m",
+            "include.sample_data.digits",
+            "--out",
+            str(archive),
+            "--size",
+            "16",
+            "--per-class",
+            "24",
+            "--corrupt",
+            "2",
+            "--seed",
+            str(secrets.randbelow(2**31)),
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     s3 = boto3.client(
         "s3",
         endpoint_url=stack_env["KUBETRAIN_S3_ENDPOINT"],
@@ -57,7 +80,11 @@ def airflow_ui(stack_env: dict[str, str], work: Path, dags: tuple[str, ...] = (D
         port=free_port(),
         seed_db=SEED_DB,
         paused_at_creation=True,
-        env={"KUBETRAIN_IMAGE_CLASSIFIER_CRON": "", "KUBETRAIN_IMAGE_BUILD_CRON": "", "KUBETRAIN_RETRY_DELAY_SECONDS": "5"},
+        env={
+            "KUBETRAIN_IMAGE_CLASSIFIER_CRON": "",
+            "KUBETRAIN_IMAGE_BUILD_CRON": "",
+            "KUBETRAIN_RETRY_DELAY_SECONDS": "5",
+        },
     ) as airflow:
         airflow.wait_dags(dags)
         yield airflow

@@ -45,7 +45,11 @@ def client(s3_server, monkeypatch):
             }
         ),
     )
-    for name in ("KUBETRAIN_TRAINING_BUCKET", "AIRFLOW_VAR_KUBETRAIN_TRAINING_BUCKET", "KUBETRAIN_S3_PUBLIC_URL"):
+    for name in (
+        "KUBETRAIN_TRAINING_BUCKET",
+        "AIRFLOW_VAR_KUBETRAIN_TRAINING_BUCKET",
+        "KUBETRAIN_S3_PUBLIC_URL",
+    ):
         monkeypatch.delenv(name, raising=False)
     return s3_client(s3_server)
 

@@ -17,8 +17,14 @@ KEY = "runs/train_digits/manual__2026-11-22T04_00_00_00_00-1a2b3c4d/report/repor
 @pytest.mark.parametrize(
     ("base", "expected"),
     [
-        ("https://airflow.example/", f"https://airflow.example/kubetrain/reports/train_digits/training/{KEY}"),
-        ("https://example.org/airflow", f"https://example.org/airflow/kubetrain/reports/train_digits/training/{KEY}"),
+        (
+            "https://airflow.example/",
+            f"https://airflow.example/kubetrain/reports/train_digits/training/{KEY}",
+        ),
+        (
+            "https://example.org/airflow",
+            f"https://example.org/airflow/kubetrain/reports/train_digits/training/{KEY}",
+        ),
         ("", f"/kubetrain/reports/train_digits/training/{KEY}"),
     ],
 )
@@ -36,7 +42,12 @@ def test_report_url_quotes_what_a_path_cannot_hold():
     [
         ("train_digits", "training", KEY, True),
         ("train_digits", "training", KEY.replace("/report/report.html", "/trials/3/report/loss.png"), True),
-        ("train_other", "training", KEY, False),  # another DAG's run: the viewer's access was checked for train_other
+        (
+            "train_other",
+            "training",
+            KEY,
+            False,
+        ),  # another DAG's run: the viewer's access was checked for train_other
         ("train_digits", "datasets", KEY, False),  # only the training bucket
         ("train_digits", "training", KEY.replace("/report/", "/output/"), False),  # not the report area
         ("train_digits", "training", "runs/train_digits/x/report/../output/model.keras", False),
@@ -76,9 +87,18 @@ def test_unauthenticated_request_is_refused(monkeypatch):
         sent.append(message)
 
     scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
-        "path": f"/reports/train_digits/training/{KEY}", "raw_path": f"/reports/train_digits/training/{KEY}".encode(),
-        "root_path": "", "query_string": b"", "headers": [], "server": ("testserver", 80), "client": ("t", 1),
-    }  # fmt: skip
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": f"/reports/train_digits/training/{KEY}",
+        "raw_path": f"/reports/train_digits/training/{KEY}".encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [],
+        "server": ("testserver", 80),
+        "client": ("t", 1),
+    }
     asyncio.run(ReportsApp()(scope, receive, send))
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 401

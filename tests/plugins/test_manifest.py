@@ -171,14 +171,34 @@ def test_folder_markers_are_not_dataset_files(moto_server, monkeypatch):
 
     monkeypatch.setenv(
         "AIRFLOW_CONN_AWS_MOTO",
-        json.dumps({"conn_type": "aws", "login": moto_server.access_key_id, "password": moto_server.secret_access_key,
-                    "extra": {"endpoint_url": moto_server.endpoint, "region_name": moto_server.region}}),
-    )  # fmt: skip
-    s3 = boto3.client("s3", **{k: v for k, v in {
-        "endpoint_url": moto_server.endpoint, "aws_access_key_id": moto_server.access_key_id,
-        "aws_secret_access_key": moto_server.secret_access_key, "region_name": moto_server.region}.items()})  # fmt: skip
+        json.dumps(
+            {
+                "conn_type": "aws",
+                "login": moto_server.access_key_id,
+                "password": moto_server.secret_access_key,
+                "extra": {"endpoint_url": moto_server.endpoint, "region_name": moto_server.region},
+            }
+        ),
+    )
+    s3 = boto3.client(
+        "s3",
+        **{
+            k: v
+            for k, v in {
+                "endpoint_url": moto_server.endpoint,
+                "aws_access_key_id": moto_server.access_key_id,
+                "aws_secret_access_key": moto_server.secret_access_key,
+                "region_name": moto_server.region,
+            }.items()
+        },
+    )
     s3.create_bucket(Bucket="markers")
-    for key, body in (("ds/", b""), ("ds/images/", b""), ("ds/images/a.png", b"png bytes"), ("ds/train.csv", b"x\n")):
+    for key, body in (
+        ("ds/", b""),
+        ("ds/images/", b""),
+        ("ds/images/a.png", b"png bytes"),
+        ("ds/train.csv", b"x\n"),
+    ):
         s3.put_object(Bucket="markers", Key=key, Body=body)
     store = RunStore(S3Hook(aws_conn_id="aws_moto"), S3Layout())
     _, objects = list_source_objects(store, "s3://markers/ds/")

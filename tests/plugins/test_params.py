@@ -37,7 +37,15 @@ def test_form_order_opens_training_and_model_first_and_folds_the_rest():
         "epochs": Param(5, type="integer", description="Passes.", section="Training"),
     }
     ordered = form_order(params)
-    assert list(ordered) == ["epochs", "architecture", "dataset_uri", "cpu", "workers", "tolerations", "promote"]
+    assert list(ordered) == [
+        "epochs",
+        "architecture",
+        "dataset_uri",
+        "cpu",
+        "workers",
+        "tolerations",
+        "promote",
+    ]
     assert sections(ordered) == [None, "Data", "Resources", "Distributed", "Cluster", "Promotion"]
     # The open Params keep everything but their section.
     assert ordered["epochs"].schema == {"type": "integer"} and ordered["epochs"].description == "Passes."
@@ -47,10 +55,13 @@ def test_form_order_opens_training_and_model_first_and_folds_the_rest():
 
 def test_common_params_take_the_dags_own_and_replace_by_name():
     params = common_params(
-        dataset_uri="s3://datasets/x/", model="x",
+        dataset_uri="s3://datasets/x/",
+        model="x",
         epochs=Param(3, type="integer", title="Epochs", section="Training"),
-        promote=Param("always", type="string", enum=["always", "never"], title="Promote", section="Promotion"),
-    )  # fmt: skip
+        promote=Param(
+            "always", type="string", enum=["always", "never"], title="Promote", section="Promotion"
+        ),
+    )
     assert list(params)[:2] == ["epochs", "model_name"]
     assert params["promote"].value == "always"
     assert sections(params) == [None, "Data", "Resources", "Cluster", "Promotion"]
@@ -95,13 +106,17 @@ def test_a_bad_dataset_uri_is_refused_in_words_where_the_api_server_checks_it():
     params = common_params(dataset_uri="s3://datasets/digits/", model="m")
     assert params["dataset_uri"].schema["format"] == S3_URI
     # The SDK's check (the worker and `airflow dags test`).
-    with pytest.raises(Exception, match=r"'datasets/digits' is not a 'S3 URI: s3://<bucket>/<prefix>/") as sdk:
+    with pytest.raises(
+        Exception, match=r"'datasets/digits' is not a 'S3 URI: s3://<bucket>/<prefix>/"
+    ) as sdk:
         params["dataset_uri"].resolve("datasets/digits")
     # The API server's check of a submitted trigger form: the serialized Params, validated.
     served = SerializedParamsDict({k: _serialized(v) for k, v in params.items()}).deep_merge(
         {"dataset_uri": "datasets/digits"}
     )
-    with pytest.raises(Exception, match=r"Invalid input for param dataset_uri: 'datasets/digits' is not a 'S3 URI") as api:
+    with pytest.raises(
+        Exception, match=r"Invalid input for param dataset_uri: 'datasets/digits' is not a 'S3 URI"
+    ) as api:
         served.validate()
     for error in (sdk.value, api.value):
         assert "^s3://" not in str(error) and "pattern" not in str(error)

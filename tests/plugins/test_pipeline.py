@@ -11,7 +11,9 @@ from kubetrain.pipeline import common_params, training_pipeline
 
 
 def build():
-    with DAG("train_x", schedule=None, params=common_params(dataset_uri="s3://datasets/x/", model="x")) as dag:
+    with DAG(
+        "train_x", schedule=None, params=common_params(dataset_uri="s3://datasets/x/", model="x")
+    ) as dag:
         tasks = training_pipeline(title="x", cmds=["python"], arguments=["--epochs=1"])
     return dag, tasks
 
@@ -38,8 +40,13 @@ def test_tasks_hand_each_other_typed_xcoms():
     # Tasks whose dict results are read key by key push each key as its own XCom.
     assert all(task.multiple_outputs for task in (t.stage, t.check, t.report, t.promote))
     assert [task.task_id for task in dag.topological_sort()] == [
-        "stage_dataset", "check_new", "train", "report", "promote", "record"
-    ]  # fmt: skip
+        "stage_dataset",
+        "check_new",
+        "train",
+        "report",
+        "promote",
+        "record",
+    ]
 
 
 def test_no_template_pulls_xcoms_as_text():

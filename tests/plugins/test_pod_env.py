@@ -19,7 +19,12 @@ from kubetrain import pod_spec
 
 REPO = Path(__file__).resolve().parents[2]
 CONTRACT = json.loads((REPO / "trainer" / "sync" / "schemas" / "pod-env.v1.json").read_text())
-POD_SIDE = [REPO / "trainer" / "sync", REPO / "trainer" / "common", REPO / "trainer" / "dialogue", REPO / "trainer"]
+POD_SIDE = [
+    REPO / "trainer" / "sync",
+    REPO / "trainer" / "common",
+    REPO / "trainer" / "dialogue",
+    REPO / "trainer",
+]
 ENV_NAME = re.compile(r"^(KUBETRAIN_[A-Z0-9_]+|DATA_DIR|CHECKPOINT_DIR|OUTPUT_DIR|HOSTNAME)$")
 
 
@@ -33,7 +38,9 @@ def written_by_pod_spec() -> dict[str, list[str]]:
         cache_claim="dataset-cache",
         gpus=1,
         early_stopping=pod_spec.MedianStopping(
-            objective="val_accuracy", mode="max", trials_uri="s3://training/runs/sweep_x/manual__1/sweep/trials/"
+            objective="val_accuracy",
+            mode="max",
+            trials_uri="s3://training/runs/sweep_x/manual__1/sweep/trials/",
         ),
     )
     pod = pod_spec.training_pod(config)
@@ -57,7 +64,11 @@ def docstrings(tree: ast.AST) -> set[int]:
 def read_by_pod_side() -> dict[str, set[str]]:
     """Environment variable names in the pod side's code, and the files that name them."""
     found: dict[str, set[str]] = {}
-    files = {p for folder in POD_SIDE for p in (folder.glob("*.py") if folder.name == "trainer" else folder.rglob("*.py"))}
+    files = {
+        p
+        for folder in POD_SIDE
+        for p in (folder.glob("*.py") if folder.name == "trainer" else folder.rglob("*.py"))
+    }
     for path in sorted(files):
         if ".venv" in path.parts:
             continue
@@ -84,7 +95,11 @@ def test_the_pod_side_reads_every_variable_the_airflow_side_writes():
 
 def test_the_pod_side_reads_nothing_outside_the_contract():
     read = read_by_pod_side()
-    known = set(CONTRACT["written"]) | set(CONTRACT.get("written_for_replicas", {})) | set(CONTRACT["pod_side_options"])
+    known = (
+        set(CONTRACT["written"])
+        | set(CONTRACT.get("written_for_replicas", {}))
+        | set(CONTRACT["pod_side_options"])
+    )
     unknown = {name: sorted(files) for name, files in read.items() if name not in known}
     assert unknown == {}, (
         "trainer/ reads variables that trainer/sync/schemas/pod-env.v1.json does not list; add them to "

@@ -36,14 +36,18 @@ def test_lines_with_the_same_timestamp_are_counted_not_dropped(follower):
 
 
 def test_each_container_keeps_its_own_place(follower):
-    assert logged(follower, "stage-in", ["2026-11-22T04:00:09Z stage-in: done"]) == ["[stage-in] stage-in: done"]
+    assert logged(follower, "stage-in", ["2026-11-22T04:00:09Z stage-in: done"]) == [
+        "[stage-in] stage-in: done"
+    ]
     # The base container started earlier than the stage-in's last line was read: its lines still come.
     assert logged(follower, "base", ["2026-11-22T04:00:01Z starting"]) == ["[base] starting"]
 
 
 def test_continuation_lines_follow_the_line_they_belong_to(follower):
     lines = ["2026-11-22T04:00:01Z Traceback (most recent call last):", '  File "train.py", line 3']
-    assert logged(follower, "base", lines) == ["[base] Traceback (most recent call last):", '[base]   File "train.py", line 3']
+    assert logged(follower, "base", lines) == [
+        "[base] Traceback (most recent call last):",
+        '[base]   File "train.py", line 3',
+    ]
     # A continuation of a line logged before is not logged again.
     assert logged(follower, "base", lines) == []
-

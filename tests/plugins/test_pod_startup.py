@@ -29,7 +29,12 @@ def at(seconds: float) -> datetime:
 
 
 def startup(**budgets) -> PodStartup:
-    values = {"schedule_timeout": 600, "unschedulable_grace": 30, "startup_timeout": 120, "stage_in_timeout": 3600}
+    values = {
+        "schedule_timeout": 600,
+        "unschedulable_grace": 30,
+        "startup_timeout": 120,
+        "stage_in_timeout": 3600,
+    }
     return PodStartup(**{**values, **budgets})
 
 
@@ -45,7 +50,9 @@ def running(name: str, since: float) -> k8s.V1ContainerStatus:
 
 def terminated(name: str, code: int, since: float, message: str = "") -> k8s.V1ContainerStatus:
     state = k8s.V1ContainerState(
-        terminated=k8s.V1ContainerStateTerminated(exit_code=code, finished_at=at(since), message=message or None)
+        terminated=k8s.V1ContainerStateTerminated(
+            exit_code=code, finished_at=at(since), message=message or None
+        )
     )
     return k8s.V1ContainerStatus(name=name, image="i", image_id="", ready=False, restart_count=0, state=state)
 
@@ -56,7 +63,11 @@ def pod(phase="Pending", scheduled=None, init=(), containers=()) -> k8s.V1Pod:
         status, when, reason, message = scheduled
         conditions.append(
             k8s.V1PodCondition(
-                type="PodScheduled", status=status, reason=reason, message=message, last_transition_time=at(when)
+                type="PodScheduled",
+                status=status,
+                reason=reason,
+                message=message,
+                last_transition_time=at(when),
             )
         )
     return k8s.V1Pod(
@@ -72,7 +83,10 @@ def pod(phase="Pending", scheduled=None, init=(), containers=()) -> k8s.V1Pod:
 
 def event(reason: str, message: str = "") -> k8s.CoreV1Event:
     return k8s.CoreV1Event(
-        metadata=k8s.V1ObjectMeta(name="e"), involved_object=k8s.V1ObjectReference(), reason=reason, message=message
+        metadata=k8s.V1ObjectMeta(name="e"),
+        involved_object=k8s.V1ObjectReference(),
+        reason=reason,
+        message=message,
     )
 
 
@@ -88,28 +102,69 @@ SCHEDULED = ("True", 5, None, None)
         (pod(scheduled=UNSCHEDULABLE), [event("FailedScheduling", NO_GPU)], 10, False),
         (pod(scheduled=UNSCHEDULABLE), [event("FailedScheduling", NO_GPU)], 31, PodUnschedulableError),
         # an autoscaler is adding a node: wait up to the schedule timeout
-        (pod(scheduled=UNSCHEDULABLE), [event("FailedScheduling", NO_GPU), event("TriggeredScaleUp")], 300, False),
+        (
+            pod(scheduled=UNSCHEDULABLE),
+            [event("FailedScheduling", NO_GPU), event("TriggeredScaleUp")],
+            300,
+            False,
+        ),
         (pod(scheduled=UNSCHEDULABLE), [event("TriggeredScaleUp")], 601, PodUnschedulableError),
         (pod(), [], 601, PodStartupTimeout),
         # pulling the sync image: the start-up budget counts from scheduling
         (pod(scheduled=SCHEDULED, init=[waiting("stage-in", "ContainerCreating")]), [], 120, False),
-        (pod(scheduled=SCHEDULED, init=[waiting("stage-in", "ContainerCreating")]), [], 126, PodStartupTimeout),
-        (pod(scheduled=SCHEDULED, init=[waiting("stage-in", "ImagePullBackOff", "not found")]), [], 126, ImagePullError),
+        (
+            pod(scheduled=SCHEDULED, init=[waiting("stage-in", "ContainerCreating")]),
+            [],
+            126,
+            PodStartupTimeout,
+        ),
+        (
+            pod(scheduled=SCHEDULED, init=[waiting("stage-in", "ImagePullBackOff", "not found")]),
+            [],
+            126,
+            ImagePullError,
+        ),
         (pod(scheduled=SCHEDULED, init=[waiting("stage-in", "InvalidImageName")]), [], 6, ImagePullError),
-        (pod(scheduled=SCHEDULED, init=[waiting("stage-in", "CreateContainerConfigError", "secret not found")]), [], 6, ImagePullError),
+        (
+            pod(
+                scheduled=SCHEDULED,
+                init=[waiting("stage-in", "CreateContainerConfigError", "secret not found")],
+            ),
+            [],
+            6,
+            ImagePullError,
+        ),
         # staging the dataset: its own, longer budget
         (pod(scheduled=SCHEDULED, init=[running("stage-in", 60)]), [], 1800, False),
         (pod(scheduled=SCHEDULED, init=[running("stage-in", 60)]), [], 3661, StageInError),
         (pod(scheduled=SCHEDULED, init=[terminated("stage-in", 2, 70, "no such key")]), [], 71, StageInError),
         (pod("Failed", scheduled=SCHEDULED, init=[terminated("stage-in", 1, 70)]), [], 71, StageInError),
         # then the training image: the start-up budget again, from the end of the stage-in
-        (pod(scheduled=SCHEDULED, init=[terminated("stage-in", 0, 2000)], containers=[waiting("base", "ContainerCreating")]), [], 2100, False),
-        (pod(scheduled=SCHEDULED, init=[terminated("stage-in", 0, 2000)], containers=[waiting("base", "ErrImagePull")]), [], 2121, ImagePullError),
+        (
+            pod(
+                scheduled=SCHEDULED,
+                init=[terminated("stage-in", 0, 2000)],
+                containers=[waiting("base", "ContainerCreating")],
+            ),
+            [],
+            2100,
+            False,
+        ),
+        (
+            pod(
+                scheduled=SCHEDULED,
+                init=[terminated("stage-in", 0, 2000)],
+                containers=[waiting("base", "ErrImagePull")],
+            ),
+            [],
+            2121,
+            ImagePullError,
+        ),
         # running
         (pod("Running", scheduled=SCHEDULED, init=[terminated("stage-in", 0, 70)]), [], 80, True),
         (pod("Succeeded", scheduled=SCHEDULED), [], 80, True),
     ],
-)  # fmt: skip
+)
 def test_phases(observed, events, now, expected):
     judge = startup()
     if isinstance(expected, bool):
@@ -122,14 +177,20 @@ def test_phases(observed, events, now, expected):
 
 
 def test_unschedulable_fails_without_retries_naming_the_scheduler_reason():
-    with pytest.raises(PodUnschedulableError, match=r"FailedScheduling: 0/3 nodes .*Insufficient nvidia\.com/gpu") as info:
+    with pytest.raises(
+        PodUnschedulableError, match=r"FailedScheduling: 0/3 nodes .*Insufficient nvidia\.com/gpu"
+    ) as info:
         startup().observe(pod(scheduled=UNSCHEDULABLE), [event("FailedScheduling", NO_GPU)], at(45))
     assert isinstance(info.value, AirflowFailException)
 
 
 def test_pull_timeout_names_the_waiting_container():
-    observed = pod(scheduled=SCHEDULED, init=[waiting("stage-in", "ImagePullBackOff", 'Back-off pulling image "r/s:1"')])
-    with pytest.raises(ImagePullError, match=r"stage-in is ImagePullBackOff: Back-off pulling image \"r/s:1\""):
+    observed = pod(
+        scheduled=SCHEDULED, init=[waiting("stage-in", "ImagePullBackOff", 'Back-off pulling image "r/s:1"')]
+    )
+    with pytest.raises(
+        ImagePullError, match=r"stage-in is ImagePullBackOff: Back-off pulling image \"r/s:1\""
+    ):
         startup().observe(observed, [], at(200))
 
 
@@ -143,7 +204,12 @@ def test_without_timestamps_the_clock_starts_when_first_seen():
 
 
 def test_failures_travel_in_trigger_events_by_class():
-    for failure in (PodUnschedulableError("a"), ImagePullError("b"), StageInError("c"), PodStartupTimeout("d")):
+    for failure in (
+        PodUnschedulableError("a"),
+        ImagePullError("b"),
+        StageInError("c"),
+        PodStartupTimeout("d"),
+    ):
         event_payload = {"status": "timeout", "message": str(failure), EVENT_KEY: failure_kind(failure)}
         back = failure_from_event(event_payload)
         assert type(back) is type(failure) and str(back) == str(failure)
@@ -152,7 +218,9 @@ def test_failures_travel_in_trigger_events_by_class():
         failure_from_event({EVENT_KEY: "gone"})
 
 
-@pytest.mark.parametrize("name", ["schedule_timeout", "unschedulable_grace", "startup_timeout", "stage_in_timeout"])
+@pytest.mark.parametrize(
+    "name", ["schedule_timeout", "unschedulable_grace", "startup_timeout", "stage_in_timeout"]
+)
 def test_budgets_must_be_positive(name):
     with pytest.raises(ValueError, match=f"{name}=0 is not valid"):
         startup(**{name: 0})
@@ -167,7 +235,11 @@ def gpu_pod(gpus: int, resource: str = "nvidia.com/gpu") -> k8s.V1Pod:
         metadata=k8s.V1ObjectMeta(name="train-abc"),
         spec=k8s.V1PodSpec(
             node_name="node-1",
-            containers=[k8s.V1Container(name="base", resources=k8s.V1ResourceRequirements(limits=limits, requests=limits))],
+            containers=[
+                k8s.V1Container(
+                    name="base", resources=k8s.V1ResourceRequirements(limits=limits, requests=limits)
+                )
+            ],
         ),
     )
 
@@ -181,7 +253,12 @@ def node(**capacity: str) -> k8s.V1Node:
     ("observed", "events", "on_node", "expected"),
     [
         (gpu_pod(1), [], node(), "node node-1 has none (its capacity lists no nvidia.com/gpu)"),
-        (gpu_pod(2), [event("GPUNotAvailable", "0 free")], None, "node node-1 gave it none (event GPUNotAvailable)"),
+        (
+            gpu_pod(2),
+            [event("GPUNotAvailable", "0 free")],
+            None,
+            "node node-1 gave it none (event GPUNotAvailable)",
+        ),
         (gpu_pod(1), [event("Scheduled")], None, None),  # no node to read, no event: nothing is said
         (gpu_pod(1), [], k8s.V1Node(status=k8s.V1NodeStatus(capacity={"nvidia.com/gpu": "4"})), None),
         (gpu_pod(0), [event("GPUNotAvailable")], node(), None),  # no GPU asked for
@@ -193,5 +270,7 @@ def test_gpu_served_on_cpu(observed, events, on_node, expected):
     if expected is None:
         assert line is None
     else:
-        assert line.startswith("GPU request served on CPU: pod train-abc asked for ") and expected in line, line
+        assert line.startswith("GPU request served on CPU: pod train-abc asked for ") and expected in line, (
+            line
+        )
         assert "\n" not in line and line.endswith("so it trains on CPU")

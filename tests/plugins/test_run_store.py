@@ -24,8 +24,19 @@ def test_missing_keys_are_told_apart_from_other_errors(client, store):
     assert store.read("training", key) is None and store.head("training", key) is None
 
 
-@pytest.mark.parametrize(("value", "expected"), [(True, True), (False, False), ("True", True), ("false", False),
-                                                 ("1", True), ("0", False), (" yes ", True), ("No", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (True, True),
+        (False, False),
+        ("True", True),
+        ("false", False),
+        ("1", True),
+        ("0", False),
+        (" yes ", True),
+        ("No", False),
+    ],
+)
 def test_parse_bool(value, expected):
     assert parse_bool("flag", value) is expected
 
@@ -40,7 +51,9 @@ def test_read_write_and_json(store, client):
     assert store.write("training", key + ".json", '{"a": 1}') == f"s3://training/{key}.json"
     assert store.read_json("training", key + ".json") == {"a": 1}
     store.write("training", key + ".html", b"<p>hi</p>", content_type="text/html; charset=utf-8")
-    assert client.head_object(Bucket="training", Key=key + ".html")["ContentType"] == "text/html; charset=utf-8"
+    assert (
+        client.head_object(Bucket="training", Key=key + ".html")["ContentType"] == "text/html; charset=utf-8"
+    )
     store.write("training", key + ".bad", b"{broken")
     with pytest.raises(ValueError, match=rf"s3://training/{key}\.bad is not valid JSON"):
         store.read_json("training", key + ".bad")
@@ -69,7 +82,14 @@ def test_promoted_metrics(store):
 
 def test_promotion_refuses_files_cloud_copy_cannot_take_before_copying(store):
     run = S3Layout().run("train_x", f"manual__{uuid.uuid4().hex[:6]}")
-    huge = {"area": "output", "path": "model.bin", "key": run.key("output", "model.bin"), "size": MAX_COPY_BYTES + 1}
-    with pytest.raises(ValueError, match=r"CopyObject copies objects up to 5 GiB, and model.bin \(5368709121 bytes\)"):
+    huge = {
+        "area": "output",
+        "path": "model.bin",
+        "key": run.key("output", "model.bin"),
+        "size": MAX_COPY_BYTES + 1,
+    }
+    with pytest.raises(
+        ValueError, match=r"CopyObject copies objects up to 5 GiB, and model.bin \(5368709121 bytes\)"
+    ):
         store.promote(run, model="m", version="v1", sync_pass=SyncPass(1, "s3://x", {"files": [huge]}))
     assert list(store.list("training", S3Layout().model_prefix("m", "v1"))) == []

@@ -77,7 +77,9 @@ def names_read_from_the_environment() -> set[str]:
                 elif isinstance(node, ast.Subscript) and ast.unparse(node.value) in ("os.environ", "environ"):
                     args = [node.slice]
                 names.update(
-                    a.value for a in args if isinstance(a, ast.Constant) and str(a.value).startswith("KUBETRAIN_")
+                    a.value
+                    for a in args
+                    if isinstance(a, ast.Constant) and str(a.value).startswith("KUBETRAIN_")
                 )
     return names
 
@@ -119,7 +121,9 @@ def test_params_named_by_settings_exist():
     params = common_params(dataset_uri="s3://datasets/x/", model="x")
     for setting in settings.SETTINGS.values():
         if setting.param:
-            assert setting.param in params, f"setting {setting.name} names Param {setting.param!r}, which the DAGs lack"
+            assert setting.param in params, (
+                f"setting {setting.name} names Param {setting.param!r}, which the DAGs lack"
+            )
             assert params[setting.param].value is None or setting.param == "image", (
                 f"Param {setting.param} must default to empty, so that the deployment's setting applies"
             )

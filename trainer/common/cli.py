@@ -49,8 +49,11 @@ def run(train: Callable[[StopRequest], None]) -> int:
     try:
         train(stop)
     except Preempted as exc:
-        log.warning("%s; exit code %d: run again to resume", str(exc) or "stopped by SIGTERM after checkpointing",
-                    EXIT_PREEMPTED)
+        log.warning(
+            "%s; exit code %d: run again to resume",
+            str(exc) or "stopped by SIGTERM after checkpointing",
+            EXIT_PREEMPTED,
+        )
         return EXIT_PREEMPTED
     except UsageError as exc:
         log.error("%s", exc)

@@ -25,8 +25,21 @@ from kubetrain_contract.cluster import (
 )
 from trainer.common.contract import UsageError
 
-__all__ = ["CLUSTER_ROLES", "HOSTS_ENV", "INDEX_ENV", "REPLICAS_ENV", "ROLE_ENV", "ROLE_ORDER", "TF_CONFIG",
-           "ClusterConfigError", "ClusterInfo", "choose_mode", "placement", "serves_only", "tf_config"]  # fmt: skip
+__all__ = [
+    "CLUSTER_ROLES",
+    "HOSTS_ENV",
+    "INDEX_ENV",
+    "REPLICAS_ENV",
+    "ROLE_ENV",
+    "ROLE_ORDER",
+    "TF_CONFIG",
+    "ClusterConfigError",
+    "ClusterInfo",
+    "choose_mode",
+    "placement",
+    "serves_only",
+    "tf_config",
+]
 
 
 class ClusterConfigError(UsageError):
@@ -63,11 +76,15 @@ class ClusterInfo:
         task = config.get("task") or {}
         task_type, task_index = task.get("type", "worker"), task.get("index", 0)
         if task_type not in ROLE_ORDER or not isinstance(task_index, int) or task_index < 0:
-            raise ClusterConfigError(f"TF_CONFIG task {task!r} is not valid: expected a type of "
-                                     f"{', '.join(ROLE_ORDER)} and an index >= 0")
+            raise ClusterConfigError(
+                f"TF_CONFIG task {task!r} is not valid: expected a type of "
+                f"{', '.join(ROLE_ORDER)} and an index >= 0"
+            )
         members = config["cluster"].get(task_type)
         if task_type in CLUSTER_ROLES and (not members or task_index >= len(members)):
-            raise ClusterConfigError(f"TF_CONFIG task {task_type} {task_index} is not in its cluster {config['cluster']}")
+            raise ClusterConfigError(
+                f"TF_CONFIG task {task_type} {task_index} is not in its cluster {config['cluster']}"
+            )
         return cls(config, task_type, task_index)
 
     @property
@@ -106,7 +123,9 @@ class ClusterInfo:
         if self.config is None:
             return "a single process"
         roles = ", ".join(f"{role} {len(hosts)}" for role, hosts in self.cluster.items())
-        return f"{self.task_type} {self.task_index}{' (chief)' if self.is_chief else ''} of a cluster of {roles}"
+        return (
+            f"{self.task_type} {self.task_index}{' (chief)' if self.is_chief else ''} of a cluster of {roles}"
+        )
 
 
 MODES = ("mirrored", "multi_worker", "parameter_server")

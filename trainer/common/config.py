@@ -28,8 +28,14 @@ MONITORS = {"val_accuracy": "max", "val_loss": "min"}
 STRATEGIES = ("auto", "mirrored", "multi_worker", "parameter_server")
 
 
-def option(default: Any, help: str, *, choices: Sequence[Any] | None = None, hyper: bool = True,
-           metavar: str | None = None) -> Any:
+def option(
+    default: Any,
+    help: str,
+    *,
+    choices: Sequence[Any] | None = None,
+    hyper: bool = True,
+    metavar: str | None = None,
+) -> Any:
     """Declare a config field that is also a CLI flag.
 
     Args:
@@ -39,7 +45,9 @@ def option(default: Any, help: str, *, choices: Sequence[Any] | None = None, hyp
         hyper: whether the value is a hyperparameter recorded in params.json.
         metavar: how --help shows the value.
     """
-    return field(default=default, metadata={"help": help, "choices": choices, "hyper": hyper, "metavar": metavar})
+    return field(
+        default=default, metadata={"help": help, "choices": choices, "hyper": hyper, "metavar": metavar}
+    )
 
 
 def flag_name(name: str) -> str:
@@ -59,10 +67,16 @@ class TrainerConfig:
 
     data_dir: str | None = option(None, "dataset directory (default: $DATA_DIR)", hyper=False, metavar="DIR")
     checkpoint_dir: str | None = option(
-        None, "checkpoints are written and resumed here (default: $CHECKPOINT_DIR)", hyper=False, metavar="DIR"
+        None,
+        "checkpoints are written and resumed here (default: $CHECKPOINT_DIR)",
+        hyper=False,
+        metavar="DIR",
     )
     output_dir: str | None = option(
-        None, "metrics, history, params and the model go here (default: $OUTPUT_DIR)", hyper=False, metavar="DIR"
+        None,
+        "metrics, history, params and the model go here (default: $OUTPUT_DIR)",
+        hyper=False,
+        metavar="DIR",
     )
     epochs: int = option(10, "passes over the training split")
     max_steps: int | None = option(
@@ -84,12 +98,15 @@ class TrainerConfig:
         metavar="N",
     )
     steps_per_execution: int = option(
-        1, "training steps per call into the compiled step function; the host reads results only when it logs, "
-        "checkpoints, samples or ends an epoch (8-32 keeps a GPU busy with small steps)", metavar="K",
+        1,
+        "training steps per call into the compiled step function; the host reads results only when it logs, "
+        "checkpoints, samples or ends an epoch (8-32 keeps a GPU busy with small steps)",
+        metavar="K",
     )
     jit_compile: bool = option(False, "compile the forward and backward pass with XLA")
-    monitor: str = option("val_accuracy", "validation metric that picks the best epoch and drives --patience",
-                          choices=MONITORS)
+    monitor: str = option(
+        "val_accuracy", "validation metric that picks the best epoch and drives --patience", choices=MONITORS
+    )
     patience: int = option(
         0, "stop after N epochs without improvement of --monitor (0: never stop early)", metavar="N"
     )
@@ -97,14 +114,18 @@ class TrainerConfig:
         True, "export the weights of the best epoch by --monitor, not those of the last epoch"
     )
     deterministic: bool = option(
-        False, "deterministic TensorFlow ops (tf.config.experimental.enable_op_determinism): reruns repeat "
+        False,
+        "deterministic TensorFlow ops (tf.config.experimental.enable_op_determinism): reruns repeat "
         "bit for bit, at a cost in speed on GPUs (see trainer/README.md)",
     )
     tensorboard: bool = option(True, "write TensorBoard event files to OUTPUT_DIR/tensorboard", hyper=False)
     strategy: str = option(
-        "auto", "distribution over devices and pods: auto (MirroredStrategy over this pod's devices, "
+        "auto",
+        "distribution over devices and pods: auto (MirroredStrategy over this pod's devices, "
         "multi_worker when TF_CONFIG names several workers, parameter_server when it names parameter servers), "
-        "mirrored, multi_worker or parameter_server", choices=STRATEGIES, hyper=False,
+        "mirrored, multi_worker or parameter_server",
+        choices=STRATEGIES,
+        hyper=False,
     )
 
     def __post_init__(self) -> None:
@@ -116,27 +137,61 @@ class TrainerConfig:
         require(isinstance(self.epochs, int) and self.epochs >= 1, "epochs", self.epochs, "an integer >= 1")
         require(
             self.max_steps is None or (isinstance(self.max_steps, int) and self.max_steps >= 1),
-            "max_steps", self.max_steps, "an integer >= 1 (or unset)",
+            "max_steps",
+            self.max_steps,
+            "an integer >= 1 (or unset)",
         )
-        require(isinstance(self.batch_size, int) and self.batch_size >= 1, "batch_size", self.batch_size,
-                "an integer >= 1")
-        require(0.0 < self.validation_split < 1.0, "validation_split", self.validation_split,
-                "a fraction strictly between 0 and 1")
+        require(
+            isinstance(self.batch_size, int) and self.batch_size >= 1,
+            "batch_size",
+            self.batch_size,
+            "an integer >= 1",
+        )
+        require(
+            0.0 < self.validation_split < 1.0,
+            "validation_split",
+            self.validation_split,
+            "a fraction strictly between 0 and 1",
+        )
         require(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
-        require(isinstance(self.checkpoint_every_steps, int) and self.checkpoint_every_steps >= 0,
-                "checkpoint_every_steps", self.checkpoint_every_steps, "an integer >= 0")
-        require(isinstance(self.keep_checkpoints, int) and self.keep_checkpoints >= 1,
-                "keep_checkpoints", self.keep_checkpoints, "an integer >= 1")
-        require(isinstance(self.log_every_steps, int) and self.log_every_steps >= 1,
-                "log_every_steps", self.log_every_steps, "an integer >= 1")
-        require(isinstance(self.virtual_cpus, int) and 0 <= self.virtual_cpus <= 64,
-                "virtual_cpus", self.virtual_cpus, "an integer from 0 to 64")
-        require(isinstance(self.steps_per_execution, int) and 1 <= self.steps_per_execution <= 10_000,
-                "steps_per_execution", self.steps_per_execution, "an integer from 1 to 10000")
+        require(
+            isinstance(self.checkpoint_every_steps, int) and self.checkpoint_every_steps >= 0,
+            "checkpoint_every_steps",
+            self.checkpoint_every_steps,
+            "an integer >= 0",
+        )
+        require(
+            isinstance(self.keep_checkpoints, int) and self.keep_checkpoints >= 1,
+            "keep_checkpoints",
+            self.keep_checkpoints,
+            "an integer >= 1",
+        )
+        require(
+            isinstance(self.log_every_steps, int) and self.log_every_steps >= 1,
+            "log_every_steps",
+            self.log_every_steps,
+            "an integer >= 1",
+        )
+        require(
+            isinstance(self.virtual_cpus, int) and 0 <= self.virtual_cpus <= 64,
+            "virtual_cpus",
+            self.virtual_cpus,
+            "an integer from 0 to 64",
+        )
+        require(
+            isinstance(self.steps_per_execution, int) and 1 <= self.steps_per_execution <= 10_000,
+            "steps_per_execution",
+            self.steps_per_execution,
+            "an integer from 1 to 10000",
+        )
         require(self.monitor in MONITORS, "monitor", self.monitor, f"one of {', '.join(MONITORS)}")
         require(self.strategy in STRATEGIES, "strategy", self.strategy, f"one of {', '.join(STRATEGIES)}")
-        require(isinstance(self.patience, int) and self.patience >= 0, "patience", self.patience,
-                "an integer >= 0")
+        require(
+            isinstance(self.patience, int) and self.patience >= 0,
+            "patience",
+            self.patience,
+            "an integer >= 0",
+        )
 
     @property
     def monitor_mode(self) -> str:
@@ -145,7 +200,9 @@ class TrainerConfig:
 
     def hyperparameters(self) -> dict[str, Any]:
         """Every hyperparameter by field name, as recorded in params.json."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("hyper", True)}
+        return {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("hyper", True)
+        }
 
 
 def _value_type(annotation: Any) -> type:
@@ -155,7 +212,9 @@ def _value_type(annotation: Any) -> type:
     return annotation
 
 
-def build_parser(cls: type[TrainerConfig], *, prog: str, description: str, epilog: str = "") -> argparse.ArgumentParser:
+def build_parser(
+    cls: type[TrainerConfig], *, prog: str, description: str, epilog: str = ""
+) -> argparse.ArgumentParser:
     """An argparse parser with one flag per field of ``cls``."""
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -173,16 +232,35 @@ def build_parser(cls: type[TrainerConfig], *, prog: str, description: str, epilo
         if default is not None and kind is not bool and "default:" not in help_text:
             help_text += f" (default: {default})"
         if kind is bool:
-            parser.add_argument(flag_name(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
-                                default=default, help=help_text + f" (default: {'on' if default else 'off'})")
+            parser.add_argument(
+                flag_name(f.name),
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=default,
+                help=help_text + f" (default: {'on' if default else 'off'})",
+            )
         else:
-            parser.add_argument(flag_name(f.name), dest=f.name, type=kind, default=default,
-                                choices=meta.get("choices"), metavar=meta.get("metavar"), help=help_text)
+            parser.add_argument(
+                flag_name(f.name),
+                dest=f.name,
+                type=kind,
+                default=default,
+                choices=meta.get("choices"),
+                metavar=meta.get("metavar"),
+                help=help_text,
+            )
     return parser
 
 
-def parse_config(cls: type[C], argv: Sequence[str] | None, *, prog: str, description: str, epilog: str = "",
-                 environ: Mapping[str, str] | None = None) -> C:
+def parse_config(
+    cls: type[C],
+    argv: Sequence[str] | None,
+    *,
+    prog: str,
+    description: str,
+    epilog: str = "",
+    environ: Mapping[str, str] | None = None,
+) -> C:
     """Parse flags into ``cls``; the contract directories fall back to the environment.
 
     A bad value ends the process through ``parser.error``: exit code 2 and a message that

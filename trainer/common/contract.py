@@ -105,7 +105,9 @@ def check_data_dir(path: str | os.PathLike[str]) -> Path:
     if not data.exists():
         raise NoInputError(f"DATA_DIR {str(data)!r} does not exist; expected a directory holding the dataset")
     if not data.is_dir():
-        raise NoInputError(f"DATA_DIR {str(data)!r} is not a directory; expected a directory holding the dataset")
+        raise NoInputError(
+            f"DATA_DIR {str(data)!r} is not a directory; expected a directory holding the dataset"
+        )
     try:
         next(os.scandir(data), None)
     except OSError as exc:
@@ -161,7 +163,9 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
     return write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def write_csv_atomic(path: str | os.PathLike[str], header: Sequence[str], rows: Iterable[Sequence[Any]]) -> Path:
+def write_csv_atomic(
+    path: str | os.PathLike[str], header: Sequence[str], rows: Iterable[Sequence[Any]]
+) -> Path:
     """Write a CSV file with a header row, atomically."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
@@ -170,8 +174,9 @@ def write_csv_atomic(path: str | os.PathLike[str], header: Sequence[str], rows: 
     return write_bytes_atomic(path, buf.getvalue().encode("utf-8"))
 
 
-def write_params(output_dir: Path, trainer: str, hyperparameters: Mapping[str, Any], run: RunInfo,
-                 **extra: Any) -> Path:
+def write_params(
+    output_dir: Path, trainer: str, hyperparameters: Mapping[str, Any], run: RunInfo, **extra: Any
+) -> Path:
     """params.json: every hyperparameter plus the dataset version, image and code version."""
     doc: dict[str, Any] = {
         "trainer": trainer,

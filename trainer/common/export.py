@@ -37,9 +37,12 @@ def input_signature(model: keras.Model) -> list[Any]:
     return [keras.tree.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype, name=t.name), model.input)]
 
 
-def export_saved_model(model: keras.Model, output_dir: Path,
-                       add_endpoints: Callable[[keras.export.ExportArchive], None] | None = None,
-                       io_device: str | None = None) -> Path:
+def export_saved_model(
+    model: keras.Model,
+    output_dir: Path,
+    add_endpoints: Callable[[keras.export.ExportArchive], None] | None = None,
+    io_device: str | None = None,
+) -> Path:
     """OUTPUT_DIR/saved_model/1/: a SavedModel with a ``serve`` signature for TF Serving.
 
     TF Serving loads numbered version directories under a model base path, so the

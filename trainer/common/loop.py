@@ -90,7 +90,15 @@ BEST_DIR = "best"
 # first skip_batches batches.
 DatasetFn = Callable[[int, int], tf.data.Dataset]
 
-__all__ = ["SUM_KEYS", "ComputeFn", "DatasetFn", "LoopResult", "TrainingLoop", "history_header", "metrics_document"]
+__all__ = [
+    "SUM_KEYS",
+    "ComputeFn",
+    "DatasetFn",
+    "LoopResult",
+    "TrainingLoop",
+    "history_header",
+    "metrics_document",
+]
 
 
 def history_header(metric: str) -> list[str]:
@@ -241,8 +249,11 @@ class TrainingLoop:
         # directory that nothing syncs on the other workers (it restores from CHECKPOINT_DIR).
         self.write_dir = self.checkpoint_dir
         if not self.is_chief:
-            self.write_dir = Path(tempfile.mkdtemp(
-                prefix=f"kubetrain-{runtime.cluster.task_type}-{runtime.cluster.task_index}-checkpoints-"))
+            self.write_dir = Path(
+                tempfile.mkdtemp(
+                    prefix=f"kubetrain-{runtime.cluster.task_type}-{runtime.cluster.task_index}-checkpoints-"
+                )
+            )
             weakref.finalize(self, shutil.rmtree, str(self.write_dir), True)
         self.summaries = Summaries(config.output_dir, enabled=config.tensorboard and self.is_chief)
 
@@ -280,16 +291,24 @@ class TrainingLoop:
         # iteration count with this run's settings.
         self._flag_learning_rate = _constant_learning_rate(optimizer)
         self.runner = StepRunner(
-            strategy=runtime.strategy, model=model, optimizer=optimizer, compute_fn=compute_fn,
-            global_batch_size=global_batch_size, mixed_precision=runtime.mixed_precision,
-            jit_compile=config.jit_compile, time_input=not runtime.deterministic, coordinator=runtime.coordinator,
+            strategy=runtime.strategy,
+            model=model,
+            optimizer=optimizer,
+            compute_fn=compute_fn,
+            global_batch_size=global_batch_size,
+            mixed_precision=runtime.mixed_precision,
+            jit_compile=config.jit_compile,
+            time_input=not runtime.deterministic,
+            coordinator=runtime.coordinator,
         )
         self._timing.input_timed = self.runner.time_input
         # Keras keeps the state of its dropout and augmentation generators in variables
         # that TensorFlow's object graph does not reach; naming them here checkpoints the
         # random streams too, so a resumed run draws the masks it would have drawn.
-        rng = {f"generator_{i}": v for i, v in enumerate(
-            v for v in model.variables if v.path.endswith("seed_generator_state"))}
+        rng = {
+            f"generator_{i}": v
+            for i, v in enumerate(v for v in model.variables if v.path.endswith("seed_generator_state"))
+        }
         parts: dict[str, Any] = dict(
             model=model,
             optimizer=optimizer,
@@ -303,22 +322,35 @@ class TrainingLoop:
             parts["loss_scale"] = self.runner.loss_scale.checkpoint()
         self.checkpoint = tf.train.Checkpoint(**parts)
         # Parameter-server mode: all checkpoint I/O goes through the chief (Runtime.io_device).
-        self._io = (tf.train.CheckpointOptions(experimental_io_device=runtime.io_device)
-                    if runtime.io_device is not None else None)
+        self._io = (
+            tf.train.CheckpointOptions(experimental_io_device=runtime.io_device)
+            if runtime.io_device is not None
+            else None
+        )
         self.manager = tf.train.CheckpointManager(
-            self.checkpoint, str(self.write_dir), max_to_keep=config.keep_checkpoints,
+            self.checkpoint,
+            str(self.write_dir),
+            max_to_keep=config.keep_checkpoints,
             checkpoint_name=CHECKPOINT_NAME,
         )
         # The checkpoints to resume from: the chief's, in CHECKPOINT_DIR, on every worker.
-        self.restore_manager = self.manager if self.is_chief else tf.train.CheckpointManager(
-            self.checkpoint, str(self.checkpoint_dir), max_to_keep=config.keep_checkpoints,
-            checkpoint_name=CHECKPOINT_NAME,
+        self.restore_manager = (
+            self.manager
+            if self.is_chief
+            else tf.train.CheckpointManager(
+                self.checkpoint,
+                str(self.checkpoint_dir),
+                max_to_keep=config.keep_checkpoints,
+                checkpoint_name=CHECKPOINT_NAME,
+            )
         )
         self._best_checkpoint = tf.train.Checkpoint(model=model)
         # Two: the best recorded in the newest training checkpoint survives a newer best
         # written just before a crash.
         self._best_manager = tf.train.CheckpointManager(
-            self._best_checkpoint, str(self.write_dir / BEST_DIR), max_to_keep=2,
+            self._best_checkpoint,
+            str(self.write_dir / BEST_DIR),
+            max_to_keep=2,
             checkpoint_name=CHECKPOINT_NAME,
         )
 
@@ -366,8 +398,11 @@ class TrainingLoop:
         """
         if self.last_saved_step == self.step:
             # nothing trained since that checkpoint: it already holds this step
-            log.info("checkpoint %s already written at this step (%s)", Path(self.last_saved_path).name if
-                     self.last_saved_path else f"ckpt-{self.step}", reason)
+            log.info(
+                "checkpoint %s already written at this step (%s)",
+                Path(self.last_saved_path).name if self.last_saved_path else f"ckpt-{self.step}",
+                reason,
+            )
             return None
         broken = self.runner.variables_finite()
         if broken:
@@ -386,14 +421,22 @@ class TrainingLoop:
         self.last_saved_path = path
         # The JSON mirror is written strictly after the checkpoint it describes.
         write_json_atomic(self.write_dir / STATE_FILE, state)
-        log.info("checkpoint %s written (%s; epoch %d, batch %d)%s", Path(path).name, reason, self.epoch + 1,
-                 self.batch_in_epoch, "" if self.is_chief else f" to the scratch directory {self.write_dir}")
+        log.info(
+            "checkpoint %s written (%s; epoch %d, batch %d)%s",
+            Path(path).name,
+            reason,
+            self.epoch + 1,
+            self.batch_in_epoch,
+            "" if self.is_chief else f" to the scratch directory {self.write_dir}",
+        )
         return path
 
     def _last_finite_checkpoint(self) -> str:
         if self.last_saved_path:
-            return (f"The last finite checkpoint, {Path(self.last_saved_path).name} (step {self.last_saved_step}), "
-                    f"stays in {self.checkpoint_dir}.")
+            return (
+                f"The last finite checkpoint, {Path(self.last_saved_path).name} (step {self.last_saved_step}), "
+                f"stays in {self.checkpoint_dir}."
+            )
         return f"No checkpoint was written in {self.checkpoint_dir}."
 
     def _rerun_outcome(self) -> str:
@@ -405,8 +448,10 @@ class TrainingLoop:
     def _learning_rate_flag(self) -> str:
         """The flag that sets this trainer's learning rate."""
         names = {f.name for f in dataclasses.fields(self.config)}
-        return next((flag_name(n) for n in ("learning_rate", "learning_rate_scale") if n in names),
-                    "the learning rate")
+        return next(
+            (flag_name(n) for n in ("learning_rate", "learning_rate_scale") if n in names),
+            "the learning rate",
+        )
 
     def restore(self, at_step: int | None = None) -> bool:
         """Restore the newest usable checkpoint from CHECKPOINT_DIR (that of ``at_step`` when given); False when
@@ -422,8 +467,11 @@ class TrainingLoop:
                 status = self.checkpoint.restore(path, options=self._io)
                 status.assert_existing_objects_matched()
             except (tf.errors.NotFoundError, tf.errors.DataLossError, tf.errors.OutOfRangeError) as exc:
-                log.warning("checkpoint %s is unusable (%s): trying the one before it", Path(path).name,
-                            exc.message.splitlines()[0] if exc.message else type(exc).__name__)
+                log.warning(
+                    "checkpoint %s is unusable (%s): trying the one before it",
+                    Path(path).name,
+                    exc.message.splitlines()[0] if exc.message else type(exc).__name__,
+                )
                 continue
             except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as exc:
                 raise UsageError(
@@ -435,9 +483,15 @@ class TrainingLoop:
             self.last_saved_step = self.step
             self.last_saved_path = path
             self._use_flag_learning_rate()
-            log.info("resumed from %s: step %d, epoch %d, batch %d of %d in that epoch; learning rate %.6g",
-                     Path(path).name, self.step, self.epoch + 1, self.batch_in_epoch, self.steps_per_epoch,
-                     self._learning_rate())
+            log.info(
+                "resumed from %s: step %d, epoch %d, batch %d of %d in that epoch; learning rate %.6g",
+                Path(path).name,
+                self.step,
+                self.epoch + 1,
+                self.batch_in_epoch,
+                self.steps_per_epoch,
+                self._learning_rate(),
+            )
             return True
         raise UsageError(f"no usable checkpoint in {self.checkpoint_dir}: every listed one is damaged")
 
@@ -449,8 +503,11 @@ class TrainingLoop:
         self.optimizer.learning_rate = self._flag_learning_rate
         # The variable is float32: compare at its precision.
         if not math.isclose(restored, self._flag_learning_rate, rel_tol=1e-6):
-            log.info("learning rate %.6g from this run's settings replaces the checkpoint's %.6g",
-                     self._flag_learning_rate, restored)
+            log.info(
+                "learning rate %.6g from this run's settings replaces the checkpoint's %.6g",
+                self._flag_learning_rate,
+                restored,
+            )
 
     def _changes(self, saved: dict[str, Any]) -> list[str]:
         now = self.config.hyperparameters()
@@ -485,8 +542,11 @@ class TrainingLoop:
                 f"{saved_version!r} again to finish this one"
             )
         if saved_version != self.dataset_version and not (saved_version and self.dataset_version):
-            log.warning("dataset version of the checkpoint %r, of this run %r: cannot tell whether the data "
-                        "changed", saved_version, self.dataset_version)
+            log.warning(
+                "dataset version of the checkpoint %r, of this run %r: cannot tell whether the data changed",
+                saved_version,
+                self.dataset_version,
+            )
         saved_steps = state.get("steps_per_epoch")
         if saved_steps is not None and saved_steps != self.steps_per_epoch:
             raise UsageError(
@@ -557,15 +617,24 @@ class TrainingLoop:
         return self.config.max_steps is not None and self.step >= self.config.max_steps
 
     def _finished(self) -> bool:
-        return (self.epoch >= self.config.epochs or self._max_reached() or self.stopped_early is not None
-                or self._stop_file_seen())
+        return (
+            self.epoch >= self.config.epochs
+            or self._max_reached()
+            or self.stopped_early is not None
+            or self._stop_file_seen()
+        )
 
     def _stop_file_seen(self) -> bool:
         """Whether the sweep's sidecar asked this run to stop (``KUBETRAIN_STOP_FILE``): early stopping."""
         request = self.stop.stop_file_request()
         if request is not None and self.stopped_early is None:
-            self.stopped_early = {"epoch": self.epoch + (1 if self.batch_in_epoch else 0), "step": self.step,
-                                  "by": "stop file", "monitor": self.monitor, "request": request}
+            self.stopped_early = {
+                "epoch": self.epoch + (1 if self.batch_in_epoch else 0),
+                "step": self.step,
+                "by": "stop file",
+                "monitor": self.monitor,
+                "request": request,
+            }
             log.info("early stopping requested through the stop file at step %d", self.step)
         return request is not None
 
@@ -603,31 +672,56 @@ class TrainingLoop:
             self.sums = dict.fromkeys(SUM_KEYS, 0.0)
         log.info(
             "epoch %d%s: loss %.4f %s %.4f val_loss %.4f val_%s %.4f%s",
-            row["epoch"], " (partial, --max-steps reached)" if partial else "", row["loss"], self.metric,
-            row[self.metric], val_loss, self.metric, val_metric,
+            row["epoch"],
+            " (partial, --max-steps reached)" if partial else "",
+            row["loss"],
+            self.metric,
+            row[self.metric],
+            val_loss,
+            self.metric,
+            val_metric,
             f" (best {self.monitor} so far)" if self.best and self.best["step"] == self.step else "",
         )
         self.summaries.scalars("train", self.step, {f"epoch_{k}": row[k] for k in ("loss", self.metric)})
-        self.summaries.scalars("validation", self.step, {"epoch_loss": val_loss, f"epoch_{self.metric}": val_metric})
+        self.summaries.scalars(
+            "validation", self.step, {"epoch_loss": val_loss, f"epoch_{self.metric}": val_metric}
+        )
         self.summaries.flush()
         if not partial and self.config.patience and self.best is not None:
             waited = row["epoch"] - self.best["epoch"]
             if waited >= self.config.patience:
-                self.stopped_early = {"epoch": row["epoch"], "step": self.step, "best_epoch": self.best["epoch"],
-                                      "patience": self.config.patience, "monitor": self.monitor}
-                log.info("early stopping: %s has not improved for %d epoch(s) since epoch %d (--patience %d)",
-                         self.monitor, waited, self.best["epoch"], self.config.patience)
+                self.stopped_early = {
+                    "epoch": row["epoch"],
+                    "step": self.step,
+                    "best_epoch": self.best["epoch"],
+                    "patience": self.config.patience,
+                    "monitor": self.monitor,
+                }
+                log.info(
+                    "early stopping: %s has not improved for %d epoch(s) since epoch %d (--patience %d)",
+                    self.monitor,
+                    waited,
+                    self.best["epoch"],
+                    self.config.patience,
+                )
 
     def _save_best(self, row: dict[str, Any]) -> None:
         """Keep the weights of the best epoch so far in CHECKPOINT_DIR/best/ckpt-<step>."""
-        self.best = {"epoch": row["epoch"], "step": self.step, "value": row[self.monitor], "monitor": self.monitor,
-                     "row": dict(row)}
+        self.best = {
+            "epoch": row["epoch"],
+            "step": self.step,
+            "value": row[self.monitor],
+            "monitor": self.monitor,
+            "row": dict(row),
+        }
         if not self.config.restore_best:
             return
         # Closing the epoch of a restored SIGTERM checkpoint again must not rewrite a file
         # the sidecar may already have uploaded: the same step's weights are the same.
-        if any((d / BEST_DIR / f"{CHECKPOINT_NAME}-{self.step}.index").exists()
-               for d in (self.write_dir, self.checkpoint_dir)):
+        if any(
+            (d / BEST_DIR / f"{CHECKPOINT_NAME}-{self.step}.index").exists()
+            for d in (self.write_dir, self.checkpoint_dir)
+        ):
             return
         self._best_manager.save(checkpoint_number=self.step, options=self._io)
 
@@ -639,16 +733,31 @@ class TrainingLoop:
             return True  # the model already holds them
         name = f"{CHECKPOINT_NAME}-{self.best['step']}"
         # Written by this process, or by an earlier one of the run (restored into CHECKPOINT_DIR).
-        path = next((d / BEST_DIR / name for d in (self.write_dir, self.checkpoint_dir)
-                     if (d / BEST_DIR / f"{name}.index").exists()), self.write_dir / BEST_DIR / name)
+        path = next(
+            (
+                d / BEST_DIR / name
+                for d in (self.write_dir, self.checkpoint_dir)
+                if (d / BEST_DIR / f"{name}.index").exists()
+            ),
+            self.write_dir / BEST_DIR / name,
+        )
         try:
             self._best_checkpoint.restore(str(path), options=self._io).assert_existing_objects_matched()
         except (tf.errors.NotFoundError, tf.errors.DataLossError, AssertionError, ValueError) as exc:
-            log.warning("the best epoch's weights (%s) cannot be read (%s): exporting the last epoch's weights",
-                        path, str(exc).splitlines()[0][:200])
+            log.warning(
+                "the best epoch's weights (%s) cannot be read (%s): exporting the last epoch's weights",
+                path,
+                str(exc).splitlines()[0][:200],
+            )
             return False
-        log.info("restored the weights of epoch %d (step %d, %s %.4f), the best by %s", self.best["epoch"],
-                 self.best["step"], self.monitor, self.best["value"], self.monitor)
+        log.info(
+            "restored the weights of epoch %d (step %d, %s %.4f), the best by %s",
+            self.best["epoch"],
+            self.best["step"],
+            self.monitor,
+            self.best["value"],
+            self.monitor,
+        )
         return True
 
     def write_history(self, path: Path) -> None:
@@ -668,17 +777,29 @@ class TrainingLoop:
         self.step += counters.steps
         self.batch_in_epoch += counters.steps
         self.sums = counters.epoch_sums
-        self._timing.add(seconds, counters.steps, counters.window["examples"] - self._window_examples_seen,
-                         counters.input_wait_s)
+        self._timing.add(
+            seconds,
+            counters.steps,
+            counters.window["examples"] - self._window_examples_seen,
+            counters.input_wait_s,
+        )
         self._window_examples_seen = counters.window["examples"]
         self._window_s += seconds
         self._window_wait_s += counters.input_wait_s
-        if counters.nonfinite_loss or (counters.nonfinite_grads and (
-                counters.loss_scale is None or counters.loss_scale < 1.0)):
+        if counters.nonfinite_loss or (
+            counters.nonfinite_grads and (counters.loss_scale is None or counters.loss_scale < 1.0)
+        ):
             bad_step = before + max(1, counters.first_nonfinite)
-            what = ("the loss was NaN or infinite" if counters.nonfinite_loss else
-                    "the all-replica gradient was NaN or infinite"
-                    + (f" even with the loss scale down to {counters.loss_scale:g}" if counters.loss_scale else ""))
+            what = (
+                "the loss was NaN or infinite"
+                if counters.nonfinite_loss
+                else "the all-replica gradient was NaN or infinite"
+                + (
+                    f" even with the loss scale down to {counters.loss_scale:g}"
+                    if counters.loss_scale
+                    else ""
+                )
+            )
             raise TrainingDiverged(
                 f"training diverged at step {bad_step} (epoch {self.epoch + 1}): {what} "
                 f"({counters.nonfinite_loss} step(s) with a non-finite loss, {counters.nonfinite_grads} with a "
@@ -687,8 +808,11 @@ class TrainingLoop:
                 f"the gradients or check the data; {self._rerun_outcome()}"
             )
         if counters.nonfinite_grads:
-            log.info("mixed precision: %d step(s) with overflowing gradients skipped; loss scale now %g",
-                     counters.nonfinite_grads, counters.loss_scale)
+            log.info(
+                "mixed precision: %d step(s) with overflowing gradients skipped; loss scale now %g",
+                counters.nonfinite_grads,
+                counters.loss_scale,
+            )
         if self.step >= self._next_log or self._first_log:
             self._log_step(counters)
         return counters
@@ -697,25 +821,42 @@ class TrainingLoop:
         w = counters.window
         total_epochs = self.config.epochs
         rate = w["examples"] / self._window_s if self._window_s > 0 else 0.0
-        wait = self._window_wait_s / self._window_s if self._window_s > 0 and self.runner.time_input else math.nan
+        wait = (
+            self._window_wait_s / self._window_s
+            if self._window_s > 0 and self.runner.time_input
+            else math.nan
+        )
         lr = self._learning_rate()
         log.info(
             "step %d epoch %d/%d batch %d/%d loss %.4f %s %.4f (epoch mean loss %.4f) lr %.3g examples/s %.1f "
             "input wait %s eta %s",
-            self.step, self.epoch + 1, total_epochs, self.batch_in_epoch, self.steps_per_epoch,
-            _ratio(w["loss_sum"], w["examples"]), self.metric, _ratio(w["correct"], w["count"]),
-            _ratio(self.sums["loss_sum"], self.sums["examples"]), lr, rate,
-            f"{wait:.0%}" if math.isfinite(wait) else "not measured", self._eta(),
+            self.step,
+            self.epoch + 1,
+            total_epochs,
+            self.batch_in_epoch,
+            self.steps_per_epoch,
+            _ratio(w["loss_sum"], w["examples"]),
+            self.metric,
+            _ratio(w["correct"], w["count"]),
+            _ratio(self.sums["loss_sum"], self.sums["examples"]),
+            lr,
+            rate,
+            f"{wait:.0%}" if math.isfinite(wait) else "not measured",
+            self._eta(),
         )
-        self.summaries.scalars("train", self.step, {
-            "loss": _ratio(w["loss_sum"], w["examples"]),
-            self.metric: _ratio(w["correct"], w["count"]),
-            "learning_rate": lr,
-            "gradient_global_norm": _ratio(w["grad_norm_sum"], w["applied_steps"]),
-            "examples_per_s": rate,
-            "input_wait_fraction": wait,
-            **({"loss_scale": counters.loss_scale} if counters.loss_scale is not None else {}),
-        })
+        self.summaries.scalars(
+            "train",
+            self.step,
+            {
+                "loss": _ratio(w["loss_sum"], w["examples"]),
+                self.metric: _ratio(w["correct"], w["count"]),
+                "learning_rate": lr,
+                "gradient_global_norm": _ratio(w["grad_norm_sum"], w["applied_steps"]),
+                "examples_per_s": rate,
+                "input_wait_fraction": wait,
+                **({"loss_scale": counters.loss_scale} if counters.loss_scale is not None else {}),
+            },
+        )
         self.runner.reset_window()
         self._window_examples_seen = 0.0
         self._window_s = self._window_wait_s = 0.0
@@ -743,7 +884,9 @@ class TrainingLoop:
             return self.stop.requested
         stop = self._all_sum(1.0 if self.stop.requested else 0.0) > 0
         if stop and not self.stop.requested:
-            log.warning("another worker received SIGTERM: checkpointing at step %d with it, then exiting", self.step)
+            log.warning(
+                "another worker received SIGTERM: checkpointing at step %d with it, then exiting", self.step
+            )
         return stop
 
     def _check_same_step(self) -> None:
@@ -759,8 +902,10 @@ class TrainingLoop:
         steps = [int(round(v)) for v in self._all_sum(vector)]
         if len(set(steps)) > 1:
             common = min(steps)
-            held = (f"{CHECKPOINT_NAME}-{common}" in {Path(p).name for p in self.restore_manager.checkpoints}
-                    or self.step == common)
+            held = (
+                f"{CHECKPOINT_NAME}-{common}" in {Path(p).name for p in self.restore_manager.checkpoints}
+                or self.step == common
+            )
             missing = self._all_sum(0.0 if held else 1.0)
             if common == 0 or missing:
                 raise ReplicasDisagree(
@@ -768,12 +913,20 @@ class TrainingLoop:
                     "stage-in ran before the chief's newest checkpoint reached S3. Every worker stops before training "
                     "so that they start again and all restore the chief's newest checkpoint"
                 )
-            log.warning("the workers restored steps %s (a stage-in ran before the chief's newest checkpoint reached "
-                        "S3): every worker resumes from step %d, the newest that all of them hold", steps, common)
+            log.warning(
+                "the workers restored steps %s (a stage-in ran before the chief's newest checkpoint reached "
+                "S3): every worker resumes from step %d, the newest that all of them hold",
+                steps,
+                common,
+            )
             if self.step != common:
                 self.restore(at_step=common)
         if self.step:
-            log.info("all %d worker(s) resume from the chief's checkpoint at step %d", self.runtime.workers, self.step)
+            log.info(
+                "all %d worker(s) resume from the chief's checkpoint at step %d",
+                self.runtime.workers,
+                self.step,
+            )
 
     def _train_epoch(self) -> bool:
         """Train until the epoch ends, ``--max-steps``, or SIGTERM; True when the epoch was completed."""
@@ -789,9 +942,12 @@ class TrainingLoop:
         planned = self.step
         epoch_end = self.step + (self.steps_per_epoch - self.batch_in_epoch)
         while True:
-            target = min(epoch_end, config.max_steps or math.inf,
-                         _next_multiple(planned, config.checkpoint_every_steps),
-                         _next_multiple(planned, self.on_step_every))
+            target = min(
+                epoch_end,
+                config.max_steps or math.inf,
+                _next_multiple(planned, config.checkpoint_every_steps),
+                _next_multiple(planned, self.on_step_every),
+            )
             steps = int(min(config.steps_per_execution, target - planned))
             if self._segment_started is None:
                 self._segment_started = time.perf_counter()
@@ -816,8 +972,12 @@ class TrainingLoop:
                         f"--batch-size {config.batch_size}"
                     )
                 if self.step < planned:
-                    log.warning("epoch %d ended after %d of %d batches: the input pipeline dropped examples",
-                                self.epoch + 1, self.batch_in_epoch, self.steps_per_epoch)
+                    log.warning(
+                        "epoch %d ended after %d of %d batches: the input pipeline dropped examples",
+                        self.epoch + 1,
+                        self.batch_in_epoch,
+                        self.steps_per_epoch,
+                    )
                 return ended
             every = config.checkpoint_every_steps
             if every and self.step % every == 0:
@@ -856,8 +1016,13 @@ class TrainingLoop:
             self._close_epoch(partial=not finished_epoch)
             if history_path is not None:
                 self.write_history(history_path)
-            reason = ("early stopping" if self.stopped_early else
-                      "end of epoch" if finished_epoch else "--max-steps reached")
+            reason = (
+                "early stopping"
+                if self.stopped_early
+                else "end of epoch"
+                if finished_epoch
+                else "--max-steps reached"
+            )
             self.save(reason)
             if self.on_step is not None and self.step % self.on_step_every == 0:
                 self.on_step(self.step)  # a hook step that ends an epoch runs after the close
@@ -865,7 +1030,9 @@ class TrainingLoop:
             self.write_history(history_path)
         self.summaries.close()
         restored = self.restore_best_weights()
-        exported = self.best["row"] if restored and self.best else (self.history[-1] if self.history else None)
+        exported = (
+            self.best["row"] if restored and self.best else (self.history[-1] if self.history else None)
+        )
         throughput = self._timing.report()
         return LoopResult(
             history=self.history,
@@ -900,8 +1067,17 @@ def shard_by_data(dataset: tf.data.Dataset) -> tf.data.Dataset:
     return dataset.with_options(options)
 
 
-def metrics_document(*, trainer: str, task: str, metric: str, result: LoopResult, runtime: Runtime,
-                     skipped_files: int = 0, config: TrainerConfig | None = None, **extra: Any) -> dict[str, Any]:
+def metrics_document(
+    *,
+    trainer: str,
+    task: str,
+    metric: str,
+    result: LoopResult,
+    runtime: Runtime,
+    skipped_files: int = 0,
+    config: TrainerConfig | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
     """metrics.json: the exported model's metrics (``final``), the best and last epochs, steps,
     time, throughput split into input wait and compute, and devices."""
     monitor = result.monitor
@@ -918,8 +1094,11 @@ def metrics_document(*, trainer: str, task: str, metric: str, result: LoopResult
         "final": {k: exported.get(k) for k in keys},
         "best": {monitor: best.get("value"), "epoch": best.get("epoch"), "step": best.get("step")},
         "last": {k: last.get(k) for k in keys},
-        "exported": {"epoch": exported.get("epoch"), "step": exported.get("step"),
-                     "restored_best": result.restored_best},
+        "exported": {
+            "epoch": exported.get("epoch"),
+            "step": exported.get("step"),
+            "restored_best": result.restored_best,
+        },
         "stopped_early": result.stopped_early,
         "epochs": len(result.history),
         "steps": result.steps,

@@ -28,7 +28,10 @@ from trainer.common.signals import StopRequest
 log = logging.getLogger("kubetrain.trainer")
 # TensorFlow's class names differ from the public ones (MultiWorkerMirroredStrategy is a CollectiveAllReduceStrategy).
 CHIEF_IO_DEVICE = "/job:chief/replica:0/task:0/device:CPU:0"
-STRATEGY_NAMES = {"multi_worker": "MultiWorkerMirroredStrategy", "parameter_server": "ParameterServerStrategy"}
+STRATEGY_NAMES = {
+    "multi_worker": "MultiWorkerMirroredStrategy",
+    "parameter_server": "ParameterServerStrategy",
+}
 
 
 @dataclass
@@ -90,10 +93,19 @@ def serve(cluster: ClusterInfo, stop: StopRequest) -> None:
     """
     os.environ["TF_CONFIG"] = json.dumps(cluster.config)
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    server = tf.distribute.Server(resolver.cluster_spec(), job_name=cluster.task_type, task_index=cluster.task_index,
-                                  protocol=resolver.rpc_layer or "grpc", start=True)
+    server = tf.distribute.Server(
+        resolver.cluster_spec(),
+        job_name=cluster.task_type,
+        task_index=cluster.task_index,
+        protocol=resolver.rpc_layer or "grpc",
+        start=True,
+    )
     keep_sigterm_handler()
-    log.info("parameter-server mode: %s serves at %s until the chief has finished", cluster.describe(), server.target)
+    log.info(
+        "parameter-server mode: %s serves at %s until the chief has finished",
+        cluster.describe(),
+        server.target,
+    )
     while not stop.requested:
         time.sleep(0.5)
     log.info("stopping: the job is over")
@@ -121,9 +133,12 @@ def configure(config: TrainerConfig) -> Runtime:
         os.environ["TF_CONFIG"] = json.dumps(cluster.config)
     if mode == "multi_worker":
         strategy: tf.distribute.Strategy = tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=tf.distribute.cluster_resolver.TFConfigClusterResolver())
+            cluster_resolver=tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        )
     elif mode == "parameter_server":
-        strategy = tf.distribute.ParameterServerStrategy(tf.distribute.cluster_resolver.TFConfigClusterResolver())
+        strategy = tf.distribute.ParameterServerStrategy(
+            tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        )
         coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     keras.utils.set_random_seed(config.seed)
     if config.deterministic:
@@ -156,7 +171,9 @@ def configure(config: TrainerConfig) -> Runtime:
         keras.mixed_precision.set_dtype_policy("mixed_float16")
         if not gpus:
             log.warning("mixed precision on CPU is supported but slow: float16 pays off on GPUs")
-    where = f" on {', '.join(strategy.extended.worker_devices)}" if replicas > 1 and mode == "mirrored" else ""
+    where = (
+        f" on {', '.join(strategy.extended.worker_devices)}" if replicas > 1 and mode == "mirrored" else ""
+    )
     if mode != "mirrored":
         where = f" across {cluster.workers} worker(s); this process is {cluster.describe()}"
     log.info(
@@ -168,8 +185,16 @@ def configure(config: TrainerConfig) -> Runtime:
         keras.mixed_precision.dtype_policy().name,
         "; deterministic ops" if config.deterministic else "",
     )
-    runtime = Runtime(strategy=strategy, devices=devices, replicas=replicas, mixed_precision=config.mixed_precision,
-                      deterministic=config.deterministic, cluster=cluster, mode=mode, coordinator=coordinator)
+    runtime = Runtime(
+        strategy=strategy,
+        devices=devices,
+        replicas=replicas,
+        mixed_precision=config.mixed_precision,
+        deterministic=config.deterministic,
+        cluster=cluster,
+        mode=mode,
+        coordinator=coordinator,
+    )
     if runtime.multi_worker:
         check_collectives(runtime)
     if mode != "mirrored":
@@ -197,9 +222,16 @@ def check_collectives(runtime: Runtime) -> None:
     total = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None)
     answered = int(round(float(total)))
     if answered != runtime.replicas:
-        raise RuntimeError(f"collective check: {answered} of {runtime.replicas} replicas answered the all-reduce")
-    log.info("collective ring of %d worker(s) is up: an all-reduce over %d replica(s) answered in %.1f s (cluster %s)",
-             runtime.workers, answered, time.monotonic() - started, json.dumps(runtime.cluster.cluster))
+        raise RuntimeError(
+            f"collective check: {answered} of {runtime.replicas} replicas answered the all-reduce"
+        )
+    log.info(
+        "collective ring of %d worker(s) is up: an all-reduce over %d replica(s) answered in %.1f s (cluster %s)",
+        runtime.workers,
+        answered,
+        time.monotonic() - started,
+        json.dumps(runtime.cluster.cluster),
+    )
 
 
 def to_float(value: Any) -> float:

@@ -55,8 +55,9 @@ class StopRequest:
         if self.received_at is None:
             self.received_at = time.monotonic()
             self.signum = signum
-            log.warning("received %s: checkpointing after the current step, then exiting",
-                        signal.Signals(signum).name)
+            log.warning(
+                "received %s: checkpointing after the current step, then exiting", signal.Signals(signum).name
+            )
 
     def install(self, signums: tuple[int, ...] = (signal.SIGTERM,)) -> StopRequest:
         """Install the handler for ``signums`` (main thread only) and return self."""

@@ -63,10 +63,20 @@ class DynamicLossScale:
     def __init__(self, initial: float = 2.0**15, growth_steps: int = 2000) -> None:
         self.growth_steps = growth_steps
         # Every replica computes the same value from the same global gradient.
-        self.scale = tf.Variable(initial, dtype=tf.float32, trainable=False, name="loss_scale",
-                                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-        self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="good_steps",
-                                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self.scale = tf.Variable(
+            initial,
+            dtype=tf.float32,
+            trainable=False,
+            name="loss_scale",
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
+        self.good_steps = tf.Variable(
+            0,
+            dtype=tf.int64,
+            trainable=False,
+            name="good_steps",
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
 
     def checkpoint(self) -> tf.train.Checkpoint:
         """The loss scale's state, for the training checkpoint."""
@@ -76,8 +86,13 @@ class DynamicLossScale:
         """Halve on a non-finite step, double after ``growth_steps`` finite ones (cross-replica context)."""
         grow = tf.logical_and(finite, self.good_steps + 1 >= self.growth_steps)
         self.scale.assign(tf.where(finite, tf.where(grow, self.scale * 2.0, self.scale), self.scale * 0.5))
-        self.good_steps.assign(tf.where(tf.logical_and(finite, tf.logical_not(grow)), self.good_steps + 1,
-                                        tf.zeros_like(self.good_steps)))
+        self.good_steps.assign(
+            tf.where(
+                tf.logical_and(finite, tf.logical_not(grow)),
+                self.good_steps + 1,
+                tf.zeros_like(self.good_steps),
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -91,8 +106,11 @@ class Clipping:
     @classmethod
     def take_from(cls, optimizer: keras.optimizers.Optimizer) -> Clipping:
         """Move the optimizer's clipping settings here, so that Keras no longer clips each replica's share."""
-        clip = cls(global_norm=optimizer.global_clipnorm or None, norm=optimizer.clipnorm or None,
-                   value=optimizer.clipvalue or None)
+        clip = cls(
+            global_norm=optimizer.global_clipnorm or None,
+            norm=optimizer.clipnorm or None,
+            value=optimizer.clipvalue or None,
+        )
         optimizer.global_clipnorm = optimizer.clipnorm = optimizer.clipvalue = None
         return clip
 
@@ -148,10 +166,19 @@ class StepRunner:
         coordinator: the ClusterCoordinator in parameter-server mode.
     """
 
-    def __init__(self, *, strategy: tf.distribute.Strategy, model: keras.Model,
-                 optimizer: keras.optimizers.Optimizer, compute_fn: ComputeFn, global_batch_size: int,
-                 mixed_precision: bool, jit_compile: bool = False, time_input: bool = True,
-                 coordinator: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        strategy: tf.distribute.Strategy,
+        model: keras.Model,
+        optimizer: keras.optimizers.Optimizer,
+        compute_fn: ComputeFn,
+        global_batch_size: int,
+        mixed_precision: bool,
+        jit_compile: bool = False,
+        time_input: bool = True,
+        coordinator: Any = None,
+    ) -> None:
         self.strategy = strategy
         self.coordinator = coordinator
         # With a coordinator the chief hands each step its batch: there is no input wait to time on the worker.
@@ -169,12 +196,20 @@ class StepRunner:
         # Bookkeeping lives outside the strategy scope: one copy, written in cross-replica context.
         # With parameter servers it lives on them, where the workers' steps can reach it.
         with strategy.scope() if coordinator is not None else contextlib.nullcontext():
-            self.epoch_sums = tf.Variable(tf.zeros([len(SUM_KEYS)], tf.float64), trainable=False, name="epoch_sums")
-            self.window = tf.Variable(tf.zeros([len(WINDOW_KEYS)], tf.float64), trainable=False, name="window")
+            self.epoch_sums = tf.Variable(
+                tf.zeros([len(SUM_KEYS)], tf.float64), trainable=False, name="epoch_sums"
+            )
+            self.window = tf.Variable(
+                tf.zeros([len(WINDOW_KEYS)], tf.float64), trainable=False, name="window"
+            )
             self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_run")
             self.nonfinite_loss = tf.Variable(0, dtype=tf.int64, trainable=False, name="nonfinite_loss_steps")
-            self.nonfinite_grads = tf.Variable(0, dtype=tf.int64, trainable=False, name="nonfinite_gradient_steps")
-            self.first_nonfinite = tf.Variable(-1, dtype=tf.int64, trainable=False, name="first_nonfinite_step")
+            self.nonfinite_grads = tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="nonfinite_gradient_steps"
+            )
+            self.first_nonfinite = tf.Variable(
+                -1, dtype=tf.int64, trainable=False, name="first_nonfinite_step"
+            )
             self.input_wait = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="input_wait_s")
         self.eval_sums = tf.Variable(tf.zeros([len(SUM_KEYS)], tf.float64), trainable=False, name="eval_sums")
         self._train_chunk = self._make_train_chunk()
@@ -204,7 +239,8 @@ class StepRunner:
             sums, grads = gradients(batch)
             present = [i for i, g in enumerate(grads) if g is not None]
             reduced = tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.SUM, [grads[i] for i in present])
+                tf.distribute.ReduceOp.SUM, [grads[i] for i in present]
+            )
             full: list[tf.Tensor] = [tf.zeros_like(v) for v in variables]
             for i, g in zip(present, reduced, strict=True):
                 full[i] = g
@@ -220,7 +256,9 @@ class StepRunner:
 
         def one_step(batch: Any) -> None:
             per_replica_sums, per_replica_grads = strategy.run(replica_step, args=(batch,))
-            sums = [strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_sums[k], axis=None) for k in SUM_KEYS]
+            sums = [
+                strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_sums[k], axis=None) for k in SUM_KEYS
+            ]
             # After the all-reduce every replica holds the same gradient: replica 0's copy decides.
             grads = strategy.experimental_local_results(per_replica_grads)[0]
             grads_finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
@@ -238,8 +276,9 @@ class StepRunner:
             bad = tf.logical_not(apply)
             self.nonfinite_loss.assign_add(tf.cast(tf.logical_not(loss_finite), tf.int64))
             self.nonfinite_grads.assign_add(tf.cast(tf.logical_not(grads_finite), tf.int64))
-            self.first_nonfinite.assign(tf.where(tf.logical_and(bad, self.first_nonfinite < 0), self.steps,
-                                                 self.first_nonfinite))
+            self.first_nonfinite.assign(
+                tf.where(tf.logical_and(bad, self.first_nonfinite < 0), self.steps, self.first_nonfinite)
+            )
             step_sums = tf.cast(tf.stack(sums), tf.float64)
             self.epoch_sums.assign_add(step_sums)
             self.window.assign_add(tf.concat([step_sums, tf.stack([norm, tf.cast(apply, tf.float64)])], 0))
@@ -272,6 +311,7 @@ class StepRunner:
     def _make_eval(self) -> Callable[[Any], tf.Tensor]:
         strategy, model, compute_fn = self.strategy, self.model, self.compute_fn
         if self.coordinator is not None:
+
             @tf.function(reduce_retracing=True)
             def eval_on_chief(dataset: Any) -> tf.Tensor:
                 # The chief evaluates by itself, reading the variables from the parameter servers.
@@ -292,7 +332,9 @@ class StepRunner:
             self.eval_sums.assign(tf.zeros_like(self.eval_sums))
             for batch in iterator:
                 per_replica = strategy.run(replica_eval, args=(batch,))
-                sums = [strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica[k], axis=None) for k in SUM_KEYS]
+                sums = [
+                    strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica[k], axis=None) for k in SUM_KEYS
+                ]
                 self.eval_sums.assign_add(tf.cast(tf.stack(sums), tf.float64))
             return self.eval_sums.read_value()
 
@@ -352,8 +394,11 @@ class StepRunner:
 
     def variables_finite(self) -> list[str]:
         """Paths of the model's variables that hold a NaN or an infinity (empty when all are finite)."""
-        return [v.path for v in self.model.variables
-                if tf.as_dtype(v.dtype).is_floating and not bool(tf.reduce_all(tf.math.is_finite(v.value)))]
+        return [
+            v.path
+            for v in self.model.variables
+            if tf.as_dtype(v.dtype).is_floating and not bool(tf.reduce_all(tf.math.is_finite(v.value)))
+        ]
 
 
 @dataclass

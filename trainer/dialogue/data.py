@@ -140,7 +140,9 @@ def read_jsonl(path: Path) -> Pairs:
             question, response = _clean(question), _clean(response)
             group = next((record[k] for k in GROUP_KEYS if isinstance(record.get(k), str | int)), None)
             if question and response:
-                out.add(question, response, f"{path.name}:{'c' + str(group) if group is not None else number}")
+                out.add(
+                    question, response, f"{path.name}:{'c' + str(group) if group is not None else number}"
+                )
             else:
                 out.skipped += 1
     return out
@@ -194,10 +196,14 @@ def _format_of(path: Path) -> str:
         return "tsv"
     if suffix in (".jsonl", ".json", ".ndjson"):
         return "jsonl"
-    raise DataError(f"cannot tell the format of {path.name!r} from its name; pass --data-format tsv, jsonl or cornell")
+    raise DataError(
+        f"cannot tell the format of {path.name!r} from its name; pass --data-format tsv, jsonl or cornell"
+    )
 
 
-def find_sources(data_dir: Path, data_format: str = "auto", data_file: str | None = None) -> list[tuple[Path, str]]:
+def find_sources(
+    data_dir: Path, data_format: str = "auto", data_file: str | None = None
+) -> list[tuple[Path, str]]:
     """The files (or Cornell folder) to read and their formats.
 
     With ``data_file``, that path (relative to DATA_DIR) is read. Otherwise DATA_DIR is
@@ -230,15 +236,17 @@ def find_sources(data_dir: Path, data_format: str = "auto", data_file: str | Non
     if not found:
         wanted = {
             "auto": f"*.tsv or *.jsonl files, or the Cornell {CORNELL_LINES} and {CORNELL_CONVERSATIONS}",
-            "tsv": "*.tsv files", "jsonl": "*.jsonl files",
+            "tsv": "*.tsv files",
+            "jsonl": "*.jsonl files",
             "cornell": f"the Cornell {CORNELL_LINES} and {CORNELL_CONVERSATIONS}",
         }[data_format]
         raise DataError(f"no dialogue data in DATA_DIR {str(data_dir)!r}: expected {wanted}")
     return found
 
 
-def load_pairs(data_dir: Path, data_format: str = "auto", data_file: str | None = None,
-               max_pairs: int | None = None) -> Pairs:
+def load_pairs(
+    data_dir: Path, data_format: str = "auto", data_file: str | None = None, max_pairs: int | None = None
+) -> Pairs:
     """Read every source and return the pairs.
 
     Raises:
@@ -250,21 +258,29 @@ def load_pairs(data_dir: Path, data_format: str = "auto", data_file: str | None 
         try:
             part = reader(path)
         except UnicodeDecodeError as exc:
-            raise DataError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); {fmt} files must be "
-                            "UTF-8") from exc
+            raise DataError(
+                f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); {fmt} files must be UTF-8"
+            ) from exc
         except FileNotFoundError as exc:
             raise DataError(f"{fmt} data incomplete: {exc.filename} is missing") from exc
-        log.info("read %d pairs from %s (%s), skipped %d unparsable record(s)", len(part.pairs), path, fmt,
-                 part.skipped)
+        log.info(
+            "read %d pairs from %s (%s), skipped %d unparsable record(s)",
+            len(part.pairs),
+            path,
+            fmt,
+            part.skipped,
+        )
         total.pairs.extend(part.pairs)
         total.groups.extend(f"{path}:{g}" for g in part.groups)
         names = [path / s for s in part.sources] if path.is_dir() else [path]
         total.sources.extend(os.path.relpath(n, data_dir) for n in names)
         total.skipped += part.skipped
     if not total.pairs:
-        raise DataError(f"no parsable question/response pairs in {', '.join(total.sources) or str(data_dir)} "
-                        f"({total.skipped} record(s) skipped); expected question<TAB>response lines, JSON lines "
-                        f"with {'/'.join(QUESTION_KEYS)} and {'/'.join(RESPONSE_KEYS)} keys, or Cornell files")
+        raise DataError(
+            f"no parsable question/response pairs in {', '.join(total.sources) or str(data_dir)} "
+            f"({total.skipped} record(s) skipped); expected question<TAB>response lines, JSON lines "
+            f"with {'/'.join(QUESTION_KEYS)} and {'/'.join(RESPONSE_KEYS)} keys, or Cornell files"
+        )
     if max_pairs is not None:
         total.pairs = total.pairs[:max_pairs]
         total.groups = total.groups[:max_pairs]
@@ -310,9 +326,11 @@ class Split:
         }
 
 
-def dedupe_pairs(pairs: Sequence[tuple[str, str]], groups: Sequence[str],
-                 key: Callable[[tuple[str, str]], Hashable] = tuple,
-                 ) -> tuple[list[tuple[str, str]], list[str], int]:
+def dedupe_pairs(
+    pairs: Sequence[tuple[str, str]],
+    groups: Sequence[str],
+    key: Callable[[tuple[str, str]], Hashable] = tuple,
+) -> tuple[list[tuple[str, str]], list[str], int]:
     """The pairs without repeats, each kept where it first occurs; also how many were dropped.
 
     ``key`` says when two pairs are the same: the dialogue trainer passes the tokens the
@@ -332,8 +350,13 @@ def dedupe_pairs(pairs: Sequence[tuple[str, str]], groups: Sequence[str],
     return kept_pairs, kept_groups, len(pairs) - len(kept_pairs)
 
 
-def make_split(pairs: Sequence[tuple[str, str]], fraction: float, seed: int, groups: Sequence[str] | None = None,
-               key: Callable[[tuple[str, str]], Hashable] = tuple) -> Split:
+def make_split(
+    pairs: Sequence[tuple[str, str]],
+    fraction: float,
+    seed: int,
+    groups: Sequence[str] | None = None,
+    key: Callable[[tuple[str, str]], Hashable] = tuple,
+) -> Split:
     """Remove duplicate pairs, then split by group with a seed: a conversation lands whole on one side.
 
     Groups are drawn in a seeded random order into validation until it holds
@@ -352,16 +375,22 @@ def make_split(pairs: Sequence[tuple[str, str]], fraction: float, seed: int, gro
     read = len(pairs)
     pairs, groups, removed = dedupe_pairs(pairs, groups, key)
     if removed:
-        log.info("removed %d duplicate pair(s) of %d before the split (kept the first of each)", removed, read)
+        log.info(
+            "removed %d duplicate pair(s) of %d before the split (kept the first of each)", removed, read
+        )
     if len(pairs) < 2:
-        raise DataError(f"only {len(pairs)} distinct question/response pair(s) among {read} read; training and "
-                        "validation need at least two")
+        raise DataError(
+            f"only {len(pairs)} distinct question/response pair(s) among {read} read; training and "
+            "validation need at least two"
+        )
     members: dict[str, list[int]] = {}
     for i, group in enumerate(groups):
         members.setdefault(group, []).append(i)
     target = min(len(pairs) - 1, max(1, round(len(pairs) * fraction)))
     if len(members) == 1:
-        log.warning("all %d pairs come from one conversation: validating on its last %d pairs", len(pairs), target)
+        log.warning(
+            "all %d pairs come from one conversation: validating on its last %d pairs", len(pairs), target
+        )
         cut = len(pairs) - target
         return Split(list(pairs[:cut]), list(pairs[cut:]), groups[:cut], groups[cut:], read, removed, key)
     names = list(members)
@@ -374,12 +403,23 @@ def make_split(pairs: Sequence[tuple[str, str]], fraction: float, seed: int, gro
         taken += len(members[names[k]])
     val = [i for i, g in enumerate(groups) if g in chosen]
     train = [i for i, g in enumerate(groups) if g not in chosen]
-    return Split([pairs[i] for i in train], [pairs[i] for i in val], [groups[i] for i in train],
-                 [groups[i] for i in val], read, removed, key)
+    return Split(
+        [pairs[i] for i in train],
+        [pairs[i] for i in val],
+        [groups[i] for i in train],
+        [groups[i] for i in val],
+        read,
+        removed,
+        key,
+    )
 
 
-def split_pairs(pairs: Sequence[tuple[str, str]], fraction: float, seed: int, groups: Sequence[str] | None = None,
-                ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+def split_pairs(
+    pairs: Sequence[tuple[str, str]],
+    fraction: float,
+    seed: int,
+    groups: Sequence[str] | None = None,
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """The training and validation pairs of :func:`make_split` (exact duplicates removed first)."""
     split = make_split(pairs, fraction, seed, groups)
     return split.train, split.val

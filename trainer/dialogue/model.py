@@ -39,7 +39,9 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.vocab_size, self.max_length, self.hidden_size = vocab_size, max_length, hidden_size
         # Sub-layers share this layer's dtype policy, also when a mixed-precision model is
         # loaded back into a float32 process.
-        self.embedding = keras.layers.Embedding(vocab_size, hidden_size, name="tokens", dtype=self.dtype_policy)
+        self.embedding = keras.layers.Embedding(
+            vocab_size, hidden_size, name="tokens", dtype=self.dtype_policy
+        )
         self._positions = positional_encoding(max_length, hidden_size)
 
     def build(self, tokens_shape: Any) -> None:
@@ -52,8 +54,12 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         return x + ops.cast(ops.convert_to_tensor(self._positions)[:length], x.dtype)
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "vocab_size": self.vocab_size, "max_length": self.max_length,
-                "hidden_size": self.hidden_size}
+        return {
+            **super().get_config(),
+            "vocab_size": self.vocab_size,
+            "max_length": self.max_length,
+            "hidden_size": self.hidden_size,
+        }
 
 
 def _pair_mask(query_tokens: Any, key_tokens: Any) -> Any:
@@ -66,16 +72,25 @@ def _pair_mask(query_tokens: Any, key_tokens: Any) -> Any:
 class _Block(keras.layers.Layer):
     def __init__(self, hidden_size: int, num_heads: int, ff_size: int, dropout: float, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.hidden_size, self.num_heads, self.ff_size, self.dropout = hidden_size, num_heads, ff_size, dropout
+        self.hidden_size, self.num_heads, self.ff_size, self.dropout = (
+            hidden_size,
+            num_heads,
+            ff_size,
+            dropout,
+        )
         self.ff_in = keras.layers.Dense(ff_size, activation="relu", name="ff_in", dtype=self.dtype_policy)
         self.ff_out = keras.layers.Dense(hidden_size, name="ff_out", dtype=self.dtype_policy)
         self.ff_norm = keras.layers.LayerNormalization(epsilon=1e-6, name="ff_norm", dtype=self.dtype_policy)
         self.ff_drop = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
 
     def _attention(self, name: str) -> keras.layers.MultiHeadAttention:
-        return keras.layers.MultiHeadAttention(self.num_heads, self.hidden_size // self.num_heads,
-                                               dropout=self.dropout, name=name,
-                                               dtype=self.dtype_policy)
+        return keras.layers.MultiHeadAttention(
+            self.num_heads,
+            self.hidden_size // self.num_heads,
+            dropout=self.dropout,
+            name=name,
+            dtype=self.dtype_policy,
+        )
 
     def _build_feed_forward(self, x_shape: Any) -> None:
         self.ff_norm.build(x_shape)
@@ -86,8 +101,13 @@ class _Block(keras.layers.Layer):
         return x + self.ff_drop(self.ff_out(self.ff_in(self.ff_norm(x))), training=training)
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "hidden_size": self.hidden_size, "num_heads": self.num_heads,
-                "ff_size": self.ff_size, "dropout": self.dropout}
+        return {
+            **super().get_config(),
+            "hidden_size": self.hidden_size,
+            "num_heads": self.num_heads,
+            "ff_size": self.ff_size,
+            "dropout": self.dropout,
+        }
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -97,7 +117,9 @@ class EncoderBlock(_Block):
     def __init__(self, hidden_size: int, num_heads: int, ff_size: int, dropout: float, **kwargs: Any) -> None:
         super().__init__(hidden_size, num_heads, ff_size, dropout, **kwargs)
         self.attention = self._attention("self_attention")
-        self.norm = keras.layers.LayerNormalization(epsilon=1e-6, name="attention_norm", dtype=self.dtype_policy)
+        self.norm = keras.layers.LayerNormalization(
+            epsilon=1e-6, name="attention_norm", dtype=self.dtype_policy
+        )
         self.drop = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
 
     def build(self, x_shape: Any, tokens_shape: Any) -> None:
@@ -121,8 +143,12 @@ class DecoderBlock(_Block):
         self.self_attention = self._attention("self_attention")
         self.cross_attention = self._attention("cross_attention")
         policy = self.dtype_policy
-        self.self_norm = keras.layers.LayerNormalization(epsilon=1e-6, name="self_attention_norm", dtype=policy)
-        self.cross_norm = keras.layers.LayerNormalization(epsilon=1e-6, name="cross_attention_norm", dtype=policy)
+        self.self_norm = keras.layers.LayerNormalization(
+            epsilon=1e-6, name="self_attention_norm", dtype=policy
+        )
+        self.cross_norm = keras.layers.LayerNormalization(
+            epsilon=1e-6, name="cross_attention_norm", dtype=policy
+        )
         self.self_drop = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
         self.cross_drop = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
 
@@ -135,36 +161,55 @@ class DecoderBlock(_Block):
 
     def call(self, y: Any, encoded: Any, tokens: Any, encoder_tokens: Any, training: Any = None) -> Any:
         h = self.self_norm(y)
-        h = self.self_attention(h, h, attention_mask=_pair_mask(tokens, tokens), use_causal_mask=True,
-                                training=training)
+        h = self.self_attention(
+            h, h, attention_mask=_pair_mask(tokens, tokens), use_causal_mask=True, training=training
+        )
         y = y + self.self_drop(h, training=training)
         h = self.cross_norm(y)
-        h = self.cross_attention(h, encoded, attention_mask=_pair_mask(tokens, encoder_tokens), training=training)
+        h = self.cross_attention(
+            h, encoded, attention_mask=_pair_mask(tokens, encoder_tokens), training=training
+        )
         y = y + self.cross_drop(h, training=training)
         return self._feed_forward(y, training)
 
 
-def build_transformer(*, vocab_size: int, max_input_length: int, max_output_length: int, num_layers: int,
-                      num_heads: int, hidden_size: int, ff_size: int, dropout: float) -> keras.Model:
+def build_transformer(
+    *,
+    vocab_size: int,
+    max_input_length: int,
+    max_output_length: int,
+    num_layers: int,
+    num_heads: int,
+    hidden_size: int,
+    ff_size: int,
+    dropout: float,
+) -> keras.Model:
     """Encoder tokens and decoder tokens (reply shifted right, starting with ``<s>``) in,
     next-token logits (float32) out."""
     encoder_tokens = keras.Input((max_input_length,), dtype="int32", name="encoder_tokens")
     decoder_tokens = keras.Input((max_output_length,), dtype="int32", name="decoder_tokens")
-    x = TokenAndPositionEmbedding(vocab_size, max_input_length, hidden_size, name="encoder_embedding")(encoder_tokens)
+    x = TokenAndPositionEmbedding(vocab_size, max_input_length, hidden_size, name="encoder_embedding")(
+        encoder_tokens
+    )
     x = keras.layers.Dropout(dropout)(x)
     for i in range(num_layers):
         x = EncoderBlock(hidden_size, num_heads, ff_size, dropout, name=f"encoder_{i}")(x, encoder_tokens)
     encoded = keras.layers.LayerNormalization(epsilon=1e-6, name="encoder_norm")(x)
     y = TokenAndPositionEmbedding(vocab_size, max_output_length, hidden_size, name="decoder_embedding")(
-        decoder_tokens)
+        decoder_tokens
+    )
     y = keras.layers.Dropout(dropout)(y)
     for i in range(num_layers):
         y = DecoderBlock(hidden_size, num_heads, ff_size, dropout, name=f"decoder_{i}")(
-            y, encoded, decoder_tokens, encoder_tokens)
+            y, encoded, decoder_tokens, encoder_tokens
+        )
     y = keras.layers.LayerNormalization(epsilon=1e-6, name="decoder_norm")(y)
     logits = keras.layers.Dense(vocab_size, dtype="float32", name="logits")(y)
-    return keras.Model({"encoder_tokens": encoder_tokens, "decoder_tokens": decoder_tokens}, logits,
-                       name="dialogue_transformer")
+    return keras.Model(
+        {"encoder_tokens": encoder_tokens, "decoder_tokens": decoder_tokens},
+        logits,
+        name="dialogue_transformer",
+    )
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -176,8 +221,9 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def __call__(self, step: Any) -> Any:
         step = ops.cast(step, "float32") + 1.0  # the optimizer counts from 0
-        return (self.scale * self.hidden_size**-0.5) * ops.minimum(ops.power(step, -0.5),
-                                                                   step * self.warmup_steps**-1.5)
+        return (self.scale * self.hidden_size**-0.5) * ops.minimum(
+            ops.power(step, -0.5), step * self.warmup_steps**-1.5
+        )
 
     def get_config(self) -> dict[str, Any]:
         return {"hidden_size": self.hidden_size, "warmup_steps": self.warmup_steps, "scale": self.scale}
@@ -188,7 +234,9 @@ def seq2seq_sums(model: keras.Model, batch: Any, training: bool) -> dict[str, tf
     inputs, targets = batch
     logits = model(inputs, training=training)
     mask = tf.cast(tf.not_equal(targets, 0), tf.float32)
-    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=tf.cast(logits, tf.float32))
+    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=targets, logits=tf.cast(logits, tf.float32)
+    )
     tokens = tf.reduce_sum(mask, axis=1)
     per_example = tf.reduce_sum(losses * mask, axis=1) / tf.maximum(tokens, 1.0)
     predicted = tf.argmax(logits, axis=-1, output_type=targets.dtype)
@@ -201,8 +249,14 @@ def seq2seq_sums(model: keras.Model, batch: Any, training: bool) -> dict[str, tf
     }
 
 
-def greedy_token_ids(model: keras.Model, encoder_tokens: tf.Tensor, max_output_length: int, bos_id: int,
-                     eos_id: int, banned: tuple[int, ...] = (0,)) -> tf.Tensor:
+def greedy_token_ids(
+    model: keras.Model,
+    encoder_tokens: tf.Tensor,
+    max_output_length: int,
+    bos_id: int,
+    eos_id: int,
+    banned: tuple[int, ...] = (0,),
+) -> tf.Tensor:
     """Reply token ids by greedy decoding, in the graph: shape (batch, max_output_length).
 
     Each step takes the most likely next token among those not ``banned`` (``<pad>``, and
@@ -246,11 +300,15 @@ class GreedyDecoder:
         pad_id: id of ``<pad>``; neither it nor ``<s>`` is ever generated.
     """
 
-    def __init__(self, model: keras.Model, max_output_length: int, bos_id: int, eos_id: int, pad_id: int = 0) -> None:
+    def __init__(
+        self, model: keras.Model, max_output_length: int, bos_id: int, eos_id: int, pad_id: int = 0
+    ) -> None:
         self.max_output_length, self.bos_id, self.eos_id = max_output_length, bos_id, eos_id
         max_input_length = model.input["encoder_tokens"].shape[1]
         self._generate = tf.function(
-            lambda enc: greedy_token_ids(model, enc, max_output_length, bos_id, eos_id, banned=(pad_id, bos_id)),
+            lambda enc: greedy_token_ids(
+                model, enc, max_output_length, bos_id, eos_id, banned=(pad_id, bos_id)
+            ),
             input_signature=[tf.TensorSpec([None, max_input_length], tf.int32)],
         )
 

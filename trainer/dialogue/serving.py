@@ -44,8 +44,12 @@ class GraphTokenizer(tf.Module):
         super().__init__(name="tokenizer")
         self.lowercase = tokenizer.lowercase
         self.max_input_length = max_input_length
-        self.pad_id, self.unk_id, self.bos_id, self.eos_id = (tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id,
-                                                              tokenizer.eos_id)
+        self.pad_id, self.unk_id, self.bos_id, self.eos_id = (
+            tokenizer.pad_id,
+            tokenizer.unk_id,
+            tokenizer.bos_id,
+            tokenizer.eos_id,
+        )
         self.size = tokenizer.size
         self.vocabulary = tf.constant(tokenizer.vocabulary)
         self.table = tf.lookup.StaticHashTable(
@@ -70,23 +74,43 @@ class GraphTokenizer(tf.Module):
         """Reply texts of (batch, length) ids, up to the first ``</s>``."""
         ids = tf.convert_to_tensor(ids, tf.int32)
         before_end = tf.equal(tf.cumsum(tf.cast(tf.equal(ids, self.eos_id), tf.int32), axis=1), 0)
-        keep = (before_end & tf.not_equal(ids, self.pad_id) & tf.not_equal(ids, self.bos_id)
-                & tf.greater_equal(ids, 0) & tf.less(ids, self.size))
-        words = tf.ragged.boolean_mask(tf.gather(self.vocabulary, tf.clip_by_value(ids, 0, self.size - 1)), keep)
+        keep = (
+            before_end
+            & tf.not_equal(ids, self.pad_id)
+            & tf.not_equal(ids, self.bos_id)
+            & tf.greater_equal(ids, 0)
+            & tf.less(ids, self.size)
+        )
+        words = tf.ragged.boolean_mask(
+            tf.gather(self.vocabulary, tf.clip_by_value(ids, 0, self.size - 1)), keep
+        )
         text = tf.strings.reduce_join(words, axis=1, separator=" ")
         text = tf.strings.regex_replace(text, NO_SPACE_BEFORE, r"\1")
         return tf.strings.regex_replace(text, NO_SPACE_AFTER, r"\1")
 
 
-def add_generate_endpoint(archive: keras.export.ExportArchive, model: keras.Model, tokenizer: WordTokenizer,
-                          max_input_length: int, max_output_length: int) -> None:
+def add_generate_endpoint(
+    archive: keras.export.ExportArchive,
+    model: keras.Model,
+    tokenizer: WordTokenizer,
+    max_input_length: int,
+    max_output_length: int,
+) -> None:
     """Register ``generate(text: string[batch]) -> {"reply": string[batch]}`` on ``archive``."""
     graph_tokenizer = GraphTokenizer(tokenizer, max_input_length)
     archive.track(graph_tokenizer)
 
     def generate(text: tf.Tensor) -> dict[str, tf.Tensor]:
-        ids = greedy_token_ids(model, graph_tokenizer.encode(text), max_output_length, tokenizer.bos_id,
-                               tokenizer.eos_id, banned=(tokenizer.pad_id, tokenizer.bos_id))
+        ids = greedy_token_ids(
+            model,
+            graph_tokenizer.encode(text),
+            max_output_length,
+            tokenizer.bos_id,
+            tokenizer.eos_id,
+            banned=(tokenizer.pad_id, tokenizer.bos_id),
+        )
         return {"reply": graph_tokenizer.decode(ids)}
 
-    archive.add_endpoint("generate", generate, input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    archive.add_endpoint(
+        "generate", generate, input_signature=[tf.TensorSpec([None], tf.string, name="text")]
+    )

@@ -54,8 +54,13 @@ class WordTokenizer:
         return self._pattern.findall(text.lower() if self.lowercase else text)
 
     @classmethod
-    def build(cls, texts: Iterable[str], vocab_size: int, min_count: int = 1, lowercase: bool = True,
-              ) -> WordTokenizer:
+    def build(
+        cls,
+        texts: Iterable[str],
+        vocab_size: int,
+        min_count: int = 1,
+        lowercase: bool = True,
+    ) -> WordTokenizer:
         """A tokenizer with the ``vocab_size`` most useful tokens of ``texts``."""
         probe = cls(SPECIALS, lowercase)
         counts = Counter(token for text in texts for token in probe.split(text))
@@ -86,8 +91,11 @@ class WordTokenizer:
 
     def fingerprint(self) -> str:
         """SHA-256 of what fixes the token ids: the vocabulary, the lower-casing and the split pattern."""
-        doc = json.dumps({"vocabulary": self.vocabulary, "lowercase": self.lowercase, "pattern": PATTERN},
-                         ensure_ascii=False, separators=(",", ":"))
+        doc = json.dumps(
+            {"vocabulary": self.vocabulary, "lowercase": self.lowercase, "pattern": PATTERN},
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
         return hashlib.sha256(doc.encode("utf-8")).hexdigest()
 
     def difference(self, other: WordTokenizer) -> str:
@@ -118,10 +126,14 @@ class WordTokenizer:
     def from_json(cls, doc: dict[str, Any]) -> WordTokenizer:
         """Read a tokenizer document, refusing kinds and versions it does not know."""
         if doc.get("kind") != KIND:
-            raise UsageError(f"tokenizer file of kind {doc.get('kind')!r} is not understood; expected {KIND!r}")
+            raise UsageError(
+                f"tokenizer file of kind {doc.get('kind')!r} is not understood; expected {KIND!r}"
+            )
         if doc.get("format_version") != FORMAT_VERSION:
-            raise UsageError(f"tokenizer format_version {doc.get('format_version')!r} is not understood; "
-                             f"expected {FORMAT_VERSION}")
+            raise UsageError(
+                f"tokenizer format_version {doc.get('format_version')!r} is not understood; "
+                f"expected {FORMAT_VERSION}"
+            )
         if doc.get("pattern", PATTERN) != PATTERN:
             raise UsageError("tokenizer file uses a different split pattern than this trainer")
         return cls(doc["vocabulary"], bool(doc.get("lowercase", True)))

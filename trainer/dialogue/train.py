@@ -50,9 +50,12 @@ class DialogueConfig(TrainerConfig):
 
     batch_size: int = option(64, "global batch size, split evenly over the devices")
     validation_split: float = option(0.1, "fraction of the pairs held out for validation (seeded split)")
-    data_format: str = option("auto", "input format; auto detects it from the files in DATA_DIR", choices=FORMATS)
-    data_file: str | None = option(None, "read only this file (or Cornell folder), relative to DATA_DIR",
-                                   hyper=False, metavar="PATH")
+    data_format: str = option(
+        "auto", "input format; auto detects it from the files in DATA_DIR", choices=FORMATS
+    )
+    data_file: str | None = option(
+        None, "read only this file (or Cornell folder), relative to DATA_DIR", hyper=False, metavar="PATH"
+    )
     max_pairs: int | None = option(None, "use at most this many pairs (the first ones read)", metavar="N")
     vocab_size: int = option(8000, "tokenizer vocabulary size, four special tokens included")
     min_count: int = option(1, "leave out words seen fewer times than this")
@@ -67,37 +70,77 @@ class DialogueConfig(TrainerConfig):
     warmup_steps: int = option(4000, "steps of linear learning-rate warm-up")
     learning_rate_scale: float = option(1.0, "multiplier of the warm-up schedule's learning rate")
     clip_norm: float = option(1.0, "clip gradients to this global norm")
-    sample_every_steps: int = option(200, "log greedy replies to validation questions every N steps", metavar="N")
+    sample_every_steps: int = option(
+        200, "log greedy replies to validation questions every N steps", metavar="N"
+    )
     num_samples: int = option(3, "validation questions answered at each sample")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require(self.max_pairs is None or self.max_pairs >= 2, "max_pairs", self.max_pairs, "an integer >= 2")
-        require(isinstance(self.vocab_size, int) and 8 <= self.vocab_size <= 1_000_000, "vocab_size",
-                self.vocab_size, "an integer from 8 to 1000000")
-        require(isinstance(self.min_count, int) and self.min_count >= 1, "min_count", self.min_count,
-                "an integer >= 1")
+        require(
+            isinstance(self.vocab_size, int) and 8 <= self.vocab_size <= 1_000_000,
+            "vocab_size",
+            self.vocab_size,
+            "an integer from 8 to 1000000",
+        )
+        require(
+            isinstance(self.min_count, int) and self.min_count >= 1,
+            "min_count",
+            self.min_count,
+            "an integer >= 1",
+        )
         for name in ("max_input_length", "max_output_length"):
             value = getattr(self, name)
             require(isinstance(value, int) and 2 <= value <= 1024, name, value, "an integer from 2 to 1024")
-        require(isinstance(self.num_layers, int) and 1 <= self.num_layers <= 64, "num_layers", self.num_layers,
-                "an integer from 1 to 64")
-        require(isinstance(self.num_heads, int) and self.num_heads >= 1, "num_heads", self.num_heads,
-                "an integer >= 1")
-        require(isinstance(self.hidden_size, int) and self.hidden_size >= 2, "hidden_size", self.hidden_size,
-                "an integer >= 2")
-        require(self.hidden_size % self.num_heads == 0, "hidden_size", self.hidden_size,
-                f"a multiple of --num-heads {self.num_heads}")
-        require(isinstance(self.ff_size, int) and self.ff_size >= 1, "ff_size", self.ff_size, "an integer >= 1")
+        require(
+            isinstance(self.num_layers, int) and 1 <= self.num_layers <= 64,
+            "num_layers",
+            self.num_layers,
+            "an integer from 1 to 64",
+        )
+        require(
+            isinstance(self.num_heads, int) and self.num_heads >= 1,
+            "num_heads",
+            self.num_heads,
+            "an integer >= 1",
+        )
+        require(
+            isinstance(self.hidden_size, int) and self.hidden_size >= 2,
+            "hidden_size",
+            self.hidden_size,
+            "an integer >= 2",
+        )
+        require(
+            self.hidden_size % self.num_heads == 0,
+            "hidden_size",
+            self.hidden_size,
+            f"a multiple of --num-heads {self.num_heads}",
+        )
+        require(
+            isinstance(self.ff_size, int) and self.ff_size >= 1, "ff_size", self.ff_size, "an integer >= 1"
+        )
         require(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "a fraction in [0, 1)")
-        require(isinstance(self.warmup_steps, int) and self.warmup_steps >= 1, "warmup_steps", self.warmup_steps,
-                "an integer >= 1")
+        require(
+            isinstance(self.warmup_steps, int) and self.warmup_steps >= 1,
+            "warmup_steps",
+            self.warmup_steps,
+            "an integer >= 1",
+        )
         require(self.learning_rate_scale > 0, "learning_rate_scale", self.learning_rate_scale, "a number > 0")
         require(self.clip_norm > 0, "clip_norm", self.clip_norm, "a number > 0")
-        require(isinstance(self.sample_every_steps, int) and self.sample_every_steps >= 1, "sample_every_steps",
-                self.sample_every_steps, "an integer >= 1")
-        require(isinstance(self.num_samples, int) and 1 <= self.num_samples <= 100, "num_samples",
-                self.num_samples, "an integer from 1 to 100")
+        require(
+            isinstance(self.sample_every_steps, int) and self.sample_every_steps >= 1,
+            "sample_every_steps",
+            self.sample_every_steps,
+            "an integer >= 1",
+        )
+        require(
+            isinstance(self.num_samples, int) and 1 <= self.num_samples <= 100,
+            "num_samples",
+            self.num_samples,
+            "an integer from 1 to 100",
+        )
 
 
 @dataclass
@@ -110,7 +153,9 @@ class Encoded:
     pairs: list[tuple[str, str]]
 
 
-def encode_pairs(pairs: Sequence[tuple[str, str]], tokenizer: WordTokenizer, max_in: int, max_out: int) -> Encoded:
+def encode_pairs(
+    pairs: Sequence[tuple[str, str]], tokenizer: WordTokenizer, max_in: int, max_out: int
+) -> Encoded:
     """Encode questions for the encoder and replies as decoder inputs and targets."""
     import numpy as np
 
@@ -130,7 +175,9 @@ def encode_pairs(pairs: Sequence[tuple[str, str]], tokenizer: WordTokenizer, max
 class Sampler:
     """Logs greedy replies to fixed validation questions and keeps the latest ones."""
 
-    def __init__(self, decoder: Any, tokenizer: WordTokenizer, data: Encoded, count: int, path: Path | None) -> None:
+    def __init__(
+        self, decoder: Any, tokenizer: WordTokenizer, data: Encoded, count: int, path: Path | None
+    ) -> None:
         self.decoder, self.tokenizer, self.path = decoder, tokenizer, path
         self.inputs = data.encoder[:count]
         self.pairs = data.pairs[:count]
@@ -151,8 +198,9 @@ class Sampler:
         write_json_atomic(self.path, self.samples)
 
 
-def get_tokenizer(config: DialogueConfig, train_pairs: Sequence[tuple[str, str]], checkpoint_dir: Path,
-                  save: bool = True) -> WordTokenizer:
+def get_tokenizer(
+    config: DialogueConfig, train_pairs: Sequence[tuple[str, str]], checkpoint_dir: Path, save: bool = True
+) -> WordTokenizer:
     """The tokenizer of the training pairs; when resuming, it must equal the checkpointed run's.
 
     Building it again from the same pairs and flags gives the same token ids (ties are
@@ -166,14 +214,18 @@ def get_tokenizer(config: DialogueConfig, train_pairs: Sequence[tuple[str, str]]
     texts = (text for pair in train_pairs for text in pair)
     tokenizer = WordTokenizer.build(texts, config.vocab_size, config.min_count, config.lowercase)
     if tokenizer.size < 5:
-        raise DataError(f"the training pairs yield only {tokenizer.size - 4} word(s) with --min-count "
-                        f"{config.min_count}; nothing to learn")
+        raise DataError(
+            f"the training pairs yield only {tokenizer.size - 4} word(s) with --min-count "
+            f"{config.min_count}; nothing to learn"
+        )
     saved = checkpoint_dir / TOKENIZER_FILE
     if saved.exists() and (checkpoint_dir / "checkpoint").exists():
         difference = WordTokenizer.load(saved).difference(tokenizer)
         if difference:
             raise DataError(_vocabulary_changed(difference))
-        log.info("resuming: the training pairs give the checkpointed run's tokenizer (%d tokens)", tokenizer.size)
+        log.info(
+            "resuming: the training pairs give the checkpointed run's tokenizer (%d tokens)", tokenizer.size
+        )
     else:
         if save:  # the chief's copy; the other workers build the same one and write nothing
             tokenizer.save(saved)
@@ -182,9 +234,11 @@ def get_tokenizer(config: DialogueConfig, train_pairs: Sequence[tuple[str, str]]
 
 
 def _vocabulary_changed(difference: str) -> str:
-    return (f"the checkpoint in CHECKPOINT_DIR was trained with another vocabulary than the training pairs give "
-            f"now ({difference}): the data, --vocab-size, --min-count or --lowercase changed since, and its "
-            "embeddings would read other words; use an empty --checkpoint-dir to start a new run")
+    return (
+        f"the checkpoint in CHECKPOINT_DIR was trained with another vocabulary than the training pairs give "
+        f"now ({difference}): the data, --vocab-size, --min-count or --lowercase changed since, and its "
+        "embeddings would read other words; use an empty --checkpoint-dir to start a new run"
+    )
 
 
 def train(config: DialogueConfig, stop: StopRequest) -> None:
@@ -204,22 +258,38 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
     output_dir = prepare_dir(config.output_dir, "OUTPUT_DIR")
     data = load_pairs(data_dir, config.data_format, config.data_file, config.max_pairs)
     if len(data.pairs) < 2:
-        raise DataError(f"only {len(data.pairs)} question/response pair found; training and validation need at "
-                        "least two")
+        raise DataError(
+            f"only {len(data.pairs)} question/response pair found; training and validation need at least two"
+        )
     # Two pairs that give the model the same tokens are one pair: kept twice, one copy could
     # validate on the other.
     words = WordTokenizer(SPECIALS, config.lowercase)
-    split = make_split(data.pairs, config.validation_split, config.seed, data.groups,
-                       key=lambda pair: (tuple(words.split(pair[0])), tuple(words.split(pair[1]))))
+    split = make_split(
+        data.pairs,
+        config.validation_split,
+        config.seed,
+        data.groups,
+        key=lambda pair: (tuple(words.split(pair[0])), tuple(words.split(pair[1]))),
+    )
     train_pairs, val_pairs = split.train, split.val
     if len(train_pairs) < config.batch_size:
-        raise DataError(f"{len(train_pairs)} training pairs are fewer than --batch-size {config.batch_size}; "
-                        "lower --batch-size or add data")
+        raise DataError(
+            f"{len(train_pairs)} training pairs are fewer than --batch-size {config.batch_size}; "
+            "lower --batch-size or add data"
+        )
     report = split.report()
-    log.info("split: %d training and %d validation pairs from %d and %d conversation(s) (seed %d); %d duplicate "
-             "pair(s) removed; %d validation pair(s) and %d conversation(s) also in training", len(train_pairs),
-             len(val_pairs), report["train_groups"], report["val_groups"], config.seed, split.duplicates_removed,
-             report["val_pairs_in_train"], report["groups_in_both"])
+    log.info(
+        "split: %d training and %d validation pairs from %d and %d conversation(s) (seed %d); %d duplicate "
+        "pair(s) removed; %d validation pair(s) and %d conversation(s) also in training",
+        len(train_pairs),
+        len(val_pairs),
+        report["train_groups"],
+        report["val_groups"],
+        config.seed,
+        split.duplicates_removed,
+        report["val_pairs_in_train"],
+        report["groups_in_both"],
+    )
     tokenizer = get_tokenizer(config, train_pairs, checkpoint_dir, save=chief)
     run = RunInfo.from_env()
     if chief:
@@ -246,54 +316,84 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
         # The epoch's order is a pure function of (seed, epoch), so skipping the consumed
         # batches after a resume lands exactly where training stopped.
         order = np.random.default_rng([config.seed, epoch]).permutation(len(train_pairs))
-        index = order[skip_batches * batch: steps_per_epoch * batch]
-        ds = tf.data.Dataset.from_tensor_slices((
-            {"encoder_tokens": train_data.encoder[index], "decoder_tokens": train_data.decoder[index]},
-            train_data.target[index],
-        ))
+        index = order[skip_batches * batch : steps_per_epoch * batch]
+        ds = tf.data.Dataset.from_tensor_slices(
+            (
+                {"encoder_tokens": train_data.encoder[index], "decoder_tokens": train_data.decoder[index]},
+                train_data.target[index],
+            )
+        )
         return ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
-    val_dataset = tf.data.Dataset.from_tensor_slices((
-        {"encoder_tokens": val_data.encoder, "decoder_tokens": val_data.decoder}, val_data.target,
-    )).batch(batch).prefetch(tf.data.AUTOTUNE)
+    val_dataset = (
+        tf.data.Dataset.from_tensor_slices(
+            (
+                {"encoder_tokens": val_data.encoder, "decoder_tokens": val_data.decoder},
+                val_data.target,
+            )
+        )
+        .batch(batch)
+        .prefetch(tf.data.AUTOTUNE)
+    )
 
     with runtime.strategy.scope():
         model = build_transformer(
-            vocab_size=tokenizer.size, max_input_length=config.max_input_length,
-            max_output_length=config.max_output_length, num_layers=config.num_layers,
-            num_heads=config.num_heads, hidden_size=config.hidden_size, ff_size=config.ff_size,
+            vocab_size=tokenizer.size,
+            max_input_length=config.max_input_length,
+            max_output_length=config.max_output_length,
+            num_layers=config.num_layers,
+            num_heads=config.num_heads,
+            hidden_size=config.hidden_size,
+            ff_size=config.ff_size,
             dropout=config.dropout,
         )
         schedule = WarmupSchedule(config.hidden_size, config.warmup_steps, config.learning_rate_scale)
         # The training loop applies global_clipnorm to the all-replica gradient, after
         # loss-scale unscaling.
-        optimizer = keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9,
-                                          global_clipnorm=config.clip_norm)
+        optimizer = keras.optimizers.Adam(
+            schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9, global_clipnorm=config.clip_norm
+        )
     log.info("transformer: %d parameters", model.count_params())
 
-    sampler = Sampler(GreedyDecoder(model, config.max_output_length, tokenizer.bos_id, tokenizer.eos_id),
-                      tokenizer, val_data, config.num_samples,
-                      output_dir / "samples.json" if chief else None)
-
+    sampler = Sampler(
+        GreedyDecoder(model, config.max_output_length, tokenizer.bos_id, tokenizer.eos_id),
+        tokenizer,
+        val_data,
+        config.num_samples,
+        output_dir / "samples.json" if chief else None,
+    )
 
     def check_resume(extra: dict[str, Any]) -> None:
         # tokenizer.json may be missing or replaced: the fingerprint in the checkpoint decides.
         saved = extra.get("vocabulary_fingerprint")
         if saved is not None and saved != tokenizer.fingerprint():
-            raise DataError(_vocabulary_changed(
-                f"{extra.get('vocabulary_size')} vs {tokenizer.size} tokens, fingerprint {saved[:12]} vs "
-                f"{tokenizer.fingerprint()[:12]}"))
+            raise DataError(
+                _vocabulary_changed(
+                    f"{extra.get('vocabulary_size')} vs {tokenizer.size} tokens, fingerprint {saved[:12]} vs "
+                    f"{tokenizer.fingerprint()[:12]}"
+                )
+            )
         size = extra.get("vocabulary_size")
         if size is not None and size != tokenizer.size:
             raise DataError(_vocabulary_changed(f"{size} vs {tokenizer.size} tokens"))
 
     loop = TrainingLoop(
-        trainer=TRAINER, config=config, runtime=runtime, model=model, optimizer=optimizer,
-        compute_fn=seq2seq_sums, train_dataset_fn=train_dataset, val_dataset=val_dataset,
-        steps_per_epoch=steps_per_epoch, global_batch_size=batch, stop=stop,
+        trainer=TRAINER,
+        config=config,
+        runtime=runtime,
+        model=model,
+        optimizer=optimizer,
+        compute_fn=seq2seq_sums,
+        train_dataset_fn=train_dataset,
+        val_dataset=val_dataset,
+        steps_per_epoch=steps_per_epoch,
+        global_batch_size=batch,
+        stop=stop,
         extra_state={"vocabulary_size": tokenizer.size, "vocabulary_fingerprint": tokenizer.fingerprint()},
-        check_resume=check_resume, on_step=sampler,
-        on_step_every=config.sample_every_steps, dataset_version=run.dataset_version,
+        check_resume=check_resume,
+        on_step=sampler,
+        on_step_every=config.sample_every_steps,
+        dataset_version=run.dataset_version,
     )
     result = loop.run(history_path=output_dir / "history.csv")
     if not chief:
@@ -302,15 +402,37 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
     if sampler.last_step != result.steps:
         sampler(result.steps)
     save_keras_model(model, output_dir)
-    export_saved_model(model, output_dir, lambda archive: add_generate_endpoint(
-        archive, model, tokenizer, config.max_input_length, config.max_output_length), io_device=runtime.io_device)
-    write_json_atomic(output_dir / "metrics.json", metrics_document(
-        trainer=TRAINER, task="seq2seq", metric="accuracy", result=result, runtime=runtime,
-        config=config, skipped_files=0, skipped_records=data.skipped, train_examples=len(train_pairs),
-        val_examples=len(val_pairs), vocabulary_size=tokenizer.size, split=report,
-    ))
-    log.info("done: %d steps, val_loss %.4f; outputs in %s", result.steps,
-             result.history[-1]["val_loss"] if result.history else float("nan"), output_dir)
+    export_saved_model(
+        model,
+        output_dir,
+        lambda archive: add_generate_endpoint(
+            archive, model, tokenizer, config.max_input_length, config.max_output_length
+        ),
+        io_device=runtime.io_device,
+    )
+    write_json_atomic(
+        output_dir / "metrics.json",
+        metrics_document(
+            trainer=TRAINER,
+            task="seq2seq",
+            metric="accuracy",
+            result=result,
+            runtime=runtime,
+            config=config,
+            skipped_files=0,
+            skipped_records=data.skipped,
+            train_examples=len(train_pairs),
+            val_examples=len(val_pairs),
+            vocabulary_size=tokenizer.size,
+            split=report,
+        ),
+    )
+    log.info(
+        "done: %d steps, val_loss %.4f; outputs in %s",
+        result.steps,
+        result.history[-1]["val_loss"] if result.history else float("nan"),
+        output_dir,
+    )
 
 
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
@@ -333,8 +455,9 @@ outputs (OUTPUT_DIR):
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse flags, train, and return the exit code."""
     cli.setup_logging()
-    config = parse_config(DialogueConfig, argv, prog="python -m trainer.dialogue", description=DESCRIPTION,
-                          epilog=EPILOG)
+    config = parse_config(
+        DialogueConfig, argv, prog="python -m trainer.dialogue", description=DESCRIPTION, epilog=EPILOG
+    )
     return cli.run(lambda stop: train(config, stop))
 
 

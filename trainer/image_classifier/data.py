@@ -90,8 +90,11 @@ def scan_image_folder(data_dir: Path, workers: int = 8) -> ImageFolder:
     for class_dir in class_dirs:
         for dirpath, dirnames, filenames in os.walk(class_dir):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in IGNORED_NAMES)
-            candidates.extend((os.path.join(dirpath, name), class_dir.name)
-                              for name in sorted(filenames) if not name.startswith("."))
+            candidates.extend(
+                (os.path.join(dirpath, name), class_dir.name)
+                for name in sorted(filenames)
+                if not name.startswith(".")
+            )
     with ThreadPoolExecutor(max_workers=workers) as pool:
         problems = list(pool.map(check_image, (path for path, _ in candidates)))
     per_class: dict[str, list[str]] = {d.name: [] for d in class_dirs}
@@ -107,8 +110,12 @@ def scan_image_folder(data_dir: Path, workers: int = 8) -> ImageFolder:
     class_names = [name for name, paths in per_class.items() if paths]
     if skipped:
         shown = "; ".join(f"{path}: {why}" for path, why in skipped[:10])
-        log.warning("skipped %d file(s) that are not readable images: %s%s", len(skipped), shown,
-                    " ..." if len(skipped) > 10 else "")
+        log.warning(
+            "skipped %d file(s) that are not readable images: %s%s",
+            len(skipped),
+            shown,
+            " ..." if len(skipped) > 10 else "",
+        )
     if not class_names:
         raise DataError(f"no readable images in DATA_DIR {str(data_dir)!r} ({len(skipped)} file(s) skipped)")
     if len(class_names) < 2:
@@ -121,8 +128,11 @@ def scan_image_folder(data_dir: Path, workers: int = 8) -> ImageFolder:
     return ImageFolder(root=root, class_names=class_names, files=files, skipped=skipped)
 
 
-def split_files(files: Sequence[tuple[str, int]], fraction: float, seed: int,
-                ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+def split_files(
+    files: Sequence[tuple[str, int]],
+    fraction: float,
+    seed: int,
+) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """Seeded split, stratified by class: every class with two or more images is in both sets."""
     import numpy as np
 
@@ -169,8 +179,9 @@ class ImagePipeline:
         config: image size, channels, batch size, augmentation, cache and shuffle flags.
     """
 
-    def __init__(self, train: Sequence[tuple[str, int]], val: Sequence[tuple[str, int]],
-                 config: ClassifierConfig) -> None:
+    def __init__(
+        self, train: Sequence[tuple[str, int]], val: Sequence[tuple[str, int]], config: ClassifierConfig
+    ) -> None:
         import tensorflow as tf
 
         self.tf = tf
@@ -228,7 +239,9 @@ class ImagePipeline:
         bad = []
         for path, _ in [*self.train_items, *self.val_items]:
             try:
-                tf.io.decode_image(tf.io.read_file(path), channels=self.config.channels, expand_animations=False)
+                tf.io.decode_image(
+                    tf.io.read_file(path), channels=self.config.channels, expand_animations=False
+                )
             except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError, tf.errors.UnimplementedError):
                 bad.append(path)
         return bad
@@ -255,14 +268,19 @@ class ImagePipeline:
         if self.config.cache:
             ds = self.train_base.shuffle(self.shuffle_buffer(), seed=seed, reshuffle_each_iteration=False)
         else:
-            ds = self._decoded([self.train_items[i] for i in file_order(self.config.seed, epoch, self.train_count)])
+            ds = self._decoded(
+                [self.train_items[i] for i in file_order(self.config.seed, epoch, self.train_count)]
+            )
         if self.config.augment:
             # Numbering the elements before skipping keeps each image's augmentation seed
             # tied to its position in the epoch, so a resumed epoch augments identically.
             base = tf.constant(seed, tf.int64)
             ds = ds.enumerate().skip(skip_batches * batch)
-            ds = ds.map(lambda i, xy: (self._augment(xy[0], tf.stack([base, i])), xy[1]),
-                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            ds = ds.map(
+                lambda i, xy: (self._augment(xy[0], tf.stack([base, i])), xy[1]),
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True,
+            )
             ds = ds.batch(batch, drop_remainder=True)
         else:
             ds = ds.skip(skip_batches * batch).batch(batch, drop_remainder=True)

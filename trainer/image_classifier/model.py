@@ -33,7 +33,9 @@ def batch_norm_momentum(steps_per_epoch: int) -> float:
     return round(min(high, max(low, 1.0 - 1.0 / window)), 4)
 
 
-def build_model(config: ClassifierConfig, num_classes: int, steps_per_epoch: int | None = None) -> keras.Model:
+def build_model(
+    config: ClassifierConfig, num_classes: int, steps_per_epoch: int | None = None
+) -> keras.Model:
     """The classifier: pixel values 0-255 in, class probabilities out.
 
     ``steps_per_epoch`` sets the momentum of the batch-norm layers that train from random
@@ -58,13 +60,22 @@ def build_model(config: ClassifierConfig, num_classes: int, steps_per_epoch: int
         if config.weights:
             log.info("MobileNetV2 starts from the local weights file %s", config.weights)
         else:
-            log.info("no --weights given: MobileNetV2 starts from random weights (weights are never downloaded)")
+            log.info(
+                "no --weights given: MobileNetV2 starts from random weights (weights are never downloaded)"
+            )
         try:
-            base = keras.applications.MobileNetV2(input_shape=(size, size, 3), include_top=False,
-                                                  weights=config.weights, alpha=config.alpha, pooling="avg")
+            base = keras.applications.MobileNetV2(
+                input_shape=(size, size, 3),
+                include_top=False,
+                weights=config.weights,
+                alpha=config.alpha,
+                pooling="avg",
+            )
         except (ValueError, OSError) as exc:
-            raise UsageError(f"--weights {config.weights!r} cannot be loaded into MobileNetV2 "
-                             f"(alpha {config.alpha}, include_top=False): {exc}") from exc
+            raise UsageError(
+                f"--weights {config.weights!r} cannot be loaded into MobileNetV2 "
+                f"(alpha {config.alpha}, include_top=False): {exc}"
+            ) from exc
         frozen = bool(config.weights) and config.freeze_base
         base.trainable = not frozen
         if momentum:  # MobileNetV2's own momentum, 0.999, is for its loaded statistics
@@ -76,8 +87,12 @@ def build_model(config: ClassifierConfig, num_classes: int, steps_per_epoch: int
     x = keras.layers.Dropout(config.dropout, seed=config.seed)(x)
     outputs = keras.layers.Dense(num_classes, activation="softmax", dtype="float32", name="probabilities")(x)
     if momentum:
-        log.info("batch norm momentum %.4g: moving statistics over about %.0f%% of an epoch's %d steps",
-                 momentum, 100 * BN_WINDOW_EPOCHS, steps_per_epoch)
+        log.info(
+            "batch norm momentum %.4g: moving statistics over about %.0f%% of an epoch's %d steps",
+            momentum,
+            100 * BN_WINDOW_EPOCHS,
+            steps_per_epoch,
+        )
     return keras.Model(inputs, outputs, name=f"{config.model}_classifier")
 
 

@@ -60,9 +60,13 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
     if not val_files:
         raise DataError("the validation split is empty: every class has a single image")
     if len(train_files) < config.batch_size:
-        raise DataError(f"{len(train_files)} training images are fewer than --batch-size {config.batch_size}; "
-                        "lower --batch-size or add images")
-    log.info("split: %d training and %d validation images (seed %d)", len(train_files), len(val_files), config.seed)
+        raise DataError(
+            f"{len(train_files)} training images are fewer than --batch-size {config.batch_size}; "
+            "lower --batch-size or add images"
+        )
+    log.info(
+        "split: %d training and %d validation images (seed %d)", len(train_files), len(val_files), config.seed
+    )
     run = RunInfo.from_env()
     if chief:
         write_params(output_dir, TRAINER, config.hyperparameters(), run, classes=folder.class_names)
@@ -83,15 +87,26 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
     def check_resume(extra: dict[str, Any]) -> None:
         saved = extra.get("classes")
         if saved is not None and saved != folder.class_names:
-            raise DataError(f"the checkpoint in CHECKPOINT_DIR was trained on classes {saved} but DATA_DIR now "
-                            f"holds {folder.class_names}; use an empty --checkpoint-dir for a new run")
+            raise DataError(
+                f"the checkpoint in CHECKPOINT_DIR was trained on classes {saved} but DATA_DIR now "
+                f"holds {folder.class_names}; use an empty --checkpoint-dir for a new run"
+            )
 
     loop = TrainingLoop(
-        trainer=TRAINER, config=config, runtime=runtime, model=model, optimizer=optimizer,
-        compute_fn=classification_sums, train_dataset_fn=pipeline.train_dataset,
-        val_dataset=pipeline.val_dataset(), steps_per_epoch=steps_per_epoch,
-        global_batch_size=config.batch_size, stop=stop, extra_state={"classes": folder.class_names},
-        check_resume=check_resume, dataset_version=run.dataset_version,
+        trainer=TRAINER,
+        config=config,
+        runtime=runtime,
+        model=model,
+        optimizer=optimizer,
+        compute_fn=classification_sums,
+        train_dataset_fn=pipeline.train_dataset,
+        val_dataset=pipeline.val_dataset(),
+        steps_per_epoch=steps_per_epoch,
+        global_batch_size=config.batch_size,
+        stop=stop,
+        extra_state={"classes": folder.class_names},
+        check_resume=check_resume,
+        dataset_version=run.dataset_version,
     )
     result = loop.run(history_path=output_dir / "history.csv")
     if not chief:
@@ -99,13 +114,16 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
         log.info("done: %d steps; the chief writes the outputs", result.steps)
         return
 
-    write_json_atomic(output_dir / "confusion_matrix.json", {
-        "classes": folder.class_names,
-        "matrix": confusion_matrix(model, pipeline.val_dataset(), len(folder.class_names)),
-        "split": "validation",
-        "rows": "true class",
-        "columns": "predicted class",
-    })
+    write_json_atomic(
+        output_dir / "confusion_matrix.json",
+        {
+            "classes": folder.class_names,
+            "matrix": confusion_matrix(model, pipeline.val_dataset(), len(folder.class_names)),
+            "split": "validation",
+            "rows": "true class",
+            "columns": "predicted class",
+        },
+    )
     save_keras_model(model, output_dir)
     export_saved_model(model, output_dir, io_device=runtime.io_device)
     dropped = pipeline.dropped_files()
@@ -115,19 +133,36 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
     val_examples = sum(1 for path, _ in val_files if path not in left_out)
     if dropped:
         root = str(folder.root)
-        log.warning("TensorFlow could not decode %d file(s) that Pillow read; they were left out: %s%s",
-                    len(dropped), "; ".join(os.path.relpath(p, root) for p in dropped[:10]),
-                    " ..." if len(dropped) > 10 else "")
+        log.warning(
+            "TensorFlow could not decode %d file(s) that Pillow read; they were left out: %s%s",
+            len(dropped),
+            "; ".join(os.path.relpath(p, root) for p in dropped[:10]),
+            " ..." if len(dropped) > 10 else "",
+        )
     # metrics.json comes last: its presence tells readers the run's outputs are complete.
-    write_json_atomic(output_dir / "metrics.json", metrics_document(
-        trainer=TRAINER, task="classification", metric="accuracy", result=result, runtime=runtime,
-        config=config, skipped_files=len(folder.skipped) + len(dropped), undecodable_files=len(dropped),
-        classes=folder.class_names,
-        train_examples=train_examples, val_examples=val_examples,
-    ))
-    log.info("done: %d steps; exported epoch %s, val_accuracy %.4f; outputs in %s", result.steps,
-             (result.exported or {}).get("epoch"), (result.exported or {}).get("val_accuracy", float("nan")),
-             output_dir)
+    write_json_atomic(
+        output_dir / "metrics.json",
+        metrics_document(
+            trainer=TRAINER,
+            task="classification",
+            metric="accuracy",
+            result=result,
+            runtime=runtime,
+            config=config,
+            skipped_files=len(folder.skipped) + len(dropped),
+            undecodable_files=len(dropped),
+            classes=folder.class_names,
+            train_examples=train_examples,
+            val_examples=val_examples,
+        ),
+    )
+    log.info(
+        "done: %d steps; exported epoch %s, val_accuracy %.4f; outputs in %s",
+        result.steps,
+        (result.exported or {}).get("epoch"),
+        (result.exported or {}).get("val_accuracy", float("nan")),
+        output_dir,
+    )
 
 
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
@@ -144,8 +179,13 @@ outputs (OUTPUT_DIR):
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse flags, train, and return the exit code."""
     cli.setup_logging()
-    config = parse_config(ClassifierConfig, argv, prog="python -m trainer.image_classifier",
-                          description=DESCRIPTION, epilog=EPILOG)
+    config = parse_config(
+        ClassifierConfig,
+        argv,
+        prog="python -m trainer.image_classifier",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+    )
     return cli.run(lambda stop: train(config, stop))
 
 

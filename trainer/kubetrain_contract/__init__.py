@@ -14,4 +14,13 @@ it through the ``kubetrain_contract`` link at the repository root.
 from kubetrain_contract.exit_codes import EXIT_CODES, ExitCode, final_exit_codes
 from kubetrain_contract.pod import CHECKPOINT_DIR, DATA_DIR, OUTPUT_DIR, STOP_FILE, Env
 
-__all__ = ["CHECKPOINT_DIR", "DATA_DIR", "EXIT_CODES", "OUTPUT_DIR", "STOP_FILE", "Env", "ExitCode", "final_exit_codes"]
+__all__ = [
+    "CHECKPOINT_DIR",
+    "DATA_DIR",
+    "EXIT_CODES",
+    "OUTPUT_DIR",
+    "STOP_FILE",
+    "Env",
+    "ExitCode",
+    "final_exit_codes",
+]

@@ -45,13 +45,17 @@ def parse_replicas(text: str) -> dict[str, int]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ClusterError(f"{REPLICAS_ENV}={text!r} is not JSON: expected e.g. {{\"worker\": 2}}") from exc
+        raise ClusterError(f'{REPLICAS_ENV}={text!r} is not JSON: expected e.g. {{"worker": 2}}') from exc
     if not isinstance(value, dict) or not value:
-        raise ClusterError(f"{REPLICAS_ENV}={text!r} is not a JSON object of role counts, e.g. {{\"worker\": 2}}")
+        raise ClusterError(
+            f'{REPLICAS_ENV}={text!r} is not a JSON object of role counts, e.g. {{"worker": 2}}'
+        )
     counts = {}
     for role, count in value.items():
         if role not in ROLE_ORDER:
-            raise ClusterError(f"{REPLICAS_ENV}: unknown role {role!r}; expected some of {', '.join(ROLE_ORDER)}")
+            raise ClusterError(
+                f"{REPLICAS_ENV}: unknown role {role!r}; expected some of {', '.join(ROLE_ORDER)}"
+            )
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise ClusterError(f"{REPLICAS_ENV}: {role} count {count!r} is not an integer >= 0")
         if count:
@@ -96,10 +100,14 @@ def task_of(replicas: Mapping[str, int], index: int, role: str | None = None) ->
         if index < offset + count:
             return name, index - offset
         offset += count
-    raise ClusterError(f"{INDEX_ENV}={index} is outside the job's {offset} replica(s) ({json.dumps(dict(replicas))})")
+    raise ClusterError(
+        f"{INDEX_ENV}={index} is outside the job's {offset} replica(s) ({json.dumps(dict(replicas))})"
+    )
 
 
-def tf_config_of(replicas: Mapping[str, int], hosts: str, index: int, role: str | None = None) -> dict[str, Any]:
+def tf_config_of(
+    replicas: Mapping[str, int], hosts: str, index: int, role: str | None = None
+) -> dict[str, Any]:
     """The TF_CONFIG of the replica at ``index`` (within ``role`` when given)."""
     task_role, task_index = task_of(replicas, index, role)
     return {"cluster": cluster_spec(replicas, hosts), "task": {"type": task_role, "index": task_index}}
@@ -113,20 +121,24 @@ def tf_config(environ: Mapping[str, str]) -> dict[str, Any] | None:
         except json.JSONDecodeError as exc:
             raise ClusterError(f"TF_CONFIG is not JSON: {exc}") from None
         if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
-            raise ClusterError("TF_CONFIG has no cluster: expected {\"cluster\": {...}, \"task\": {...}}")
+            raise ClusterError('TF_CONFIG has no cluster: expected {"cluster": {...}, "task": {...}}')
         return config
     if not environ.get(REPLICAS_ENV):
         return None
     replicas = parse_replicas(environ[REPLICAS_ENV])
     hosts = environ.get(HOSTS_ENV)
     if not hosts:
-        raise ClusterError(f"{REPLICAS_ENV} is set but {HOSTS_ENV} is not: the replicas' addresses are unknown")
+        raise ClusterError(
+            f"{REPLICAS_ENV} is set but {HOSTS_ENV} is not: the replicas' addresses are unknown"
+        )
     raw = environ.get(INDEX_ENV)
     try:
         index = int(raw) if raw is not None else None
     except ValueError:
         index = None
     if index is None or index < 0:
-        raise ClusterError(f"{INDEX_ENV}={raw!r} is not a replica index: expected an integer >= 0 "
-                           "(Kubernetes sets it in the pods of an Indexed Job)")  # fmt: skip
+        raise ClusterError(
+            f"{INDEX_ENV}={raw!r} is not a replica index: expected an integer >= 0 "
+            "(Kubernetes sets it in the pods of an Indexed Job)"
+        )
     return tf_config_of(replicas, hosts, index, environ.get(ROLE_ENV) or None)

@@ -31,21 +31,42 @@ EXIT_STOPPED = 79
 EXIT_CODES: tuple[ExitCode, ...] = (
     ExitCode(EXIT_OK, "EXIT_OK", "training finished; OUTPUT_DIR holds the contract files", retry=False),
     ExitCode(EXIT_FAILURE, "EXIT_FAILURE", "unexpected error", retry=True),
-    ExitCode(EXIT_USAGE, "EXIT_USAGE",
-             "bad parameters: a bad flag value or combination, or a checkpoint that does not fit them", retry=False),
-    ExitCode(EXIT_DIVERGED, "EXIT_DIVERGED",
-             "training diverged: the loss or the weights stopped being finite (the last finite checkpoint is kept)",
-             retry=False),
-    ExitCode(EXIT_DATAERR, "EXIT_DATAERR", "unusable data (empty, a single class, no parsable pairs, ...)", retry=False),
+    ExitCode(
+        EXIT_USAGE,
+        "EXIT_USAGE",
+        "bad parameters: a bad flag value or combination, or a checkpoint that does not fit them",
+        retry=False,
+    ),
+    ExitCode(
+        EXIT_DIVERGED,
+        "EXIT_DIVERGED",
+        "training diverged: the loss or the weights stopped being finite (the last finite checkpoint is kept)",
+        retry=False,
+    ),
+    ExitCode(
+        EXIT_DATAERR,
+        "EXIT_DATAERR",
+        "unusable data (empty, a single class, no parsable pairs, ...)",
+        retry=False,
+    ),
     # the stage-in container succeeded, so a DATA_DIR the trainer cannot find or read is the container's own
     # setting or permissions: a retry would find the same
     ExitCode(EXIT_NOINPUT, "EXIT_NOINPUT", "DATA_DIR missing or unreadable", retry=False),
-    ExitCode(EXIT_PREEMPTED, "EXIT_PREEMPTED", "SIGTERM received after a checkpoint was written: a rerun resumes",
-             retry=True),
+    ExitCode(
+        EXIT_PREEMPTED,
+        "EXIT_PREEMPTED",
+        "SIGTERM received after a checkpoint was written: a rerun resumes",
+        retry=True,
+    ),
     # a sweep's trial stopped by its early-stopping rule ends as a success (the sweep's operator decides); a run
     # stopped by hand is retried as any other interruption
-    ExitCode(EXIT_STOPPED, "EXIT_STOPPED", "stopped on request (the stop file appeared): outputs written", retry=True),
-)  # fmt: skip
+    ExitCode(
+        EXIT_STOPPED,
+        "EXIT_STOPPED",
+        "stopped on request (the stop file appeared): outputs written",
+        retry=True,
+    ),
+)
 
 
 def final_exit_codes() -> dict[int, str]:

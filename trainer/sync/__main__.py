@@ -246,7 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     o.add("--objective", "KUBETRAIN_OBJECTIVE", "median stopping: the metric of history.csv or metrics.jsonl")
     o.add(
-        "--objective-mode", "KUBETRAIN_OBJECTIVE_MODE", "median stopping: max or min", choices=["max", "min"], default="max"
+        "--objective-mode",
+        "KUBETRAIN_OBJECTIVE_MODE",
+        "median stopping: max or min",
+        choices=["max", "min"],
+        default="max",
     )
     o.add(
         "--min-trials",
@@ -262,8 +266,17 @@ def build_parser() -> argparse.ArgumentParser:
         conv=_positive_int,
         default=4,
     )
-    o.add("--trials-uri", "KUBETRAIN_SWEEP_TRIALS_URI", "median stopping: s3:// prefix of the finished trial records")
-    o.add("--stop-file", "KUBETRAIN_STOP_FILE", "median stopping: the file that tells the trainer to stop", conv=Path)
+    o.add(
+        "--trials-uri",
+        "KUBETRAIN_SWEEP_TRIALS_URI",
+        "median stopping: s3:// prefix of the finished trial records",
+    )
+    o.add(
+        "--stop-file",
+        "KUBETRAIN_STOP_FILE",
+        "median stopping: the file that tells the trainer to stop",
+        conv=Path,
+    )
     _common(o, 8)
 
     p = sub.add_parser(
@@ -299,7 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
         "download engine and delete a small object at SCRATCH_URI; the last line is KUBETRAIN_PROBE <json>.",
     )
     p.add_argument("--datasets-bucket", required=True, help="the bucket of the users' datasets")
-    p.add_argument("--scratch-uri", required=True, help="s3:// key in the training bucket to write and delete")
+    p.add_argument(
+        "--scratch-uri", required=True, help="s3:// key in the training bucket to write and delete"
+    )
     return parser
 
 
@@ -309,8 +324,15 @@ def _median_stopper(s3: Any, args: argparse.Namespace) -> Any:
         return None
     from trainer.sync.median import MedianRule, MedianStopper
 
-    missing = [flag for flag, value in (("--objective", args.objective), ("--trials-uri", args.trials_uri),
-                                        ("--stop-file", args.stop_file)) if not value]  # fmt: skip
+    missing = [
+        flag
+        for flag, value in (
+            ("--objective", args.objective),
+            ("--trials-uri", args.trials_uri),
+            ("--stop-file", args.stop_file),
+        )
+        if not value
+    ]
     if missing:
         raise SyncError(f"median stopping needs {', '.join(missing)} (or their KUBETRAIN_* variables)")
     try:
@@ -323,9 +345,13 @@ def _median_stopper(s3: Any, args: argparse.Namespace) -> Any:
         f"once {rule.min_trials} trials of {trials} have finished"
     )
     return MedianStopper(
-        s3, rule, run=parse_s3_uri(args.run_uri, "KUBETRAIN_RUN_URI"), trials=trials, output_dir=args.output_dir,
+        s3,
+        rule,
+        run=parse_s3_uri(args.run_uri, "KUBETRAIN_RUN_URI"),
+        trials=trials,
+        output_dir=args.output_dir,
         stop_file=args.stop_file,
-    )  # fmt: skip
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -360,8 +386,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "probe":
             from trainer.sync.probe import probe
 
-            probe(S3(max_attempts=2, read_timeout=10), args.datasets_bucket,
-                  parse_s3_uri(args.scratch_uri, "--scratch-uri"))  # fmt: skip
+            probe(
+                S3(max_attempts=2, read_timeout=10),
+                args.datasets_bucket,
+                parse_s3_uri(args.scratch_uri, "--scratch-uri"),
+            )
             return 0
         if args.command == "restore":
             from trainer.sync.restore import restore

@@ -43,8 +43,18 @@ from kubetrain_contract.reports import (
 from trainer.sync.progress import log
 from trainer.sync.s3 import S3, S3Uri
 
-__all__ = ["EARLY_STOP_KIND", "EARLY_STOP_RECORD", "HISTORY_CSV", "METRICS_JSONL", "MODES", "Decision", "MedianRule",
-           "MedianStopper", "parse_reports", "report_values"]  # fmt: skip
+__all__ = [
+    "EARLY_STOP_KIND",
+    "EARLY_STOP_RECORD",
+    "HISTORY_CSV",
+    "METRICS_JSONL",
+    "MODES",
+    "Decision",
+    "MedianRule",
+    "MedianStopper",
+    "parse_reports",
+    "report_values",
+]
 
 MODES = ("max", "min")
 
@@ -86,11 +96,15 @@ class MedianRule:
 
     def __post_init__(self) -> None:
         if not self.objective:
-            raise ValueError("the objective metric is empty: expected a history.csv column or metrics.jsonl key")
+            raise ValueError(
+                "the objective metric is empty: expected a history.csv column or metrics.jsonl key"
+            )
         if self.mode not in MODES:
             raise ValueError(f"objective mode {self.mode!r} is not valid: expected 'max' or 'min'")
         if self.min_trials < 1 or self.start_step < 1:
-            raise ValueError(f"min_trials {self.min_trials} and start_step {self.start_step} must be at least 1")
+            raise ValueError(
+                f"min_trials {self.min_trials} and start_step {self.start_step} must be at least 1"
+            )
 
     def decide(self, values: list[float], finished: list[list[float]]) -> Decision | None:
         """A stop decision for a trial that reported ``values`` so far, or ``None`` to let it run."""
@@ -130,7 +144,9 @@ class MedianStopper:
         stop_file: where to tell the trainer to stop (``KUBETRAIN_STOP_FILE``).
     """
 
-    def __init__(self, s3: S3, rule: MedianRule, *, run: S3Uri, trials: S3Uri, output_dir: Path, stop_file: Path) -> None:
+    def __init__(
+        self, s3: S3, rule: MedianRule, *, run: S3Uri, trials: S3Uri, output_dir: Path, stop_file: Path
+    ) -> None:
         self.s3 = s3
         self.rule = rule
         self.run = run
@@ -140,7 +156,9 @@ class MedianStopper:
         self.decision: Decision | None = None
         self._seen: tuple | None = None
         self._finished: dict[str, list[float]] = {}  # record key -> objective per report
-        self._not_finished: set[tuple[str, str]] = set()  # (key, etag) of records of trials that did not succeed
+        self._not_finished: set[tuple[str, str]] = (
+            set()
+        )  # (key, etag) of records of trials that did not succeed
 
     def _local_reports(self) -> tuple[tuple, list[dict[str, Any]] | None]:
         """(what the report files look like, their rows); no rows when nothing changed since the last look."""
@@ -179,13 +197,21 @@ class MedianStopper:
                 except ValueError:
                     self._not_finished.add((key, etag))
                     continue
-                if not isinstance(record, dict) or record.get("status") != "success" or record.get("stopped_early"):
+                if (
+                    not isinstance(record, dict)
+                    or record.get("status") != "success"
+                    or record.get("stopped_early")
+                ):
                     self._not_finished.add((key, etag))
                     continue
                 rows = record.get("history") if isinstance(record.get("history"), list) else []
                 values = report_values([r for r in rows if isinstance(r, dict)], self.rule.objective)
                 if not values and (record.get("objective") or {}).get("name") == self.rule.objective:
-                    values = [v for v in map(finite_number, record["objective"].get("values") or []) if v is not None]
+                    values = [
+                        v
+                        for v in map(finite_number, record["objective"].get("values") or [])
+                        if v is not None
+                    ]
                 self._finished[key] = values
         return [v for v in self._finished.values() if v]
 

@@ -46,13 +46,18 @@ def probe(s3: S3, datasets_bucket: str, scratch: S3Uri) -> dict:
 
     def listing() -> dict:
         page = s3.client.list_objects_v2(Bucket=datasets_bucket, MaxKeys=1)
-        return {"detail": f"listed {datasets_bucket} ({page.get('KeyCount', 0)} object(s) in the first page) "
-                          f"from {s3.client.meta.endpoint_url}"}  # fmt: skip
+        return {
+            "detail": f"listed {datasets_bucket} ({page.get('KeyCount', 0)} object(s) in the first page) "
+            f"from {s3.client.meta.endpoint_url}"
+        }
 
     def regions() -> dict:
         found = {b: s3.bucket_region(b) for b in dict.fromkeys((datasets_bucket, scratch.bucket))}
-        return {"configured": s3.region, "buckets": found,
-                "detail": ", ".join(f"{b} in {r}" for b, r in found.items()) + f"; pods sign for {s3.region}"}  # fmt: skip
+        return {
+            "configured": s3.region,
+            "buckets": found,
+            "detail": ", ".join(f"{b} in {r}" for b, r in found.items()) + f"; pods sign for {s3.region}",
+        }
 
     def write_read_delete() -> dict:
         payload = os.urandom(PAYLOAD_SIZE)
@@ -67,7 +72,9 @@ def probe(s3: S3, datasets_bucket: str, scratch: S3Uri) -> dict:
 
             s3.get_object(scratch.bucket, scratch.key, on_body=on_body).wait()
             if seen["bytes"] != len(payload) or bytes(got) != payload:
-                raise ValueError(f"{scratch} came back different through the CRT ({seen['bytes']} of {len(payload)} bytes)")
+                raise ValueError(
+                    f"{scratch} came back different through the CRT ({seen['bytes']} of {len(payload)} bytes)"
+                )
         finally:
             s3.client.delete_object(Bucket=scratch.bucket, Key=scratch.key)
         return {"detail": f"wrote, read back through the CRT and deleted {len(payload)} bytes at {scratch}"}

@@ -272,7 +272,9 @@ class S3:
                     self._provider = AwsCredentialsProvider.new_static(
                         key_id, secret, os.environ.get("AWS_SESSION_TOKEN") or None
                     )
-                    self.region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+                    self.region = (
+                        os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+                    )
                 else:  # workload identity: botocore's credential chain, refreshed as it expires
                     from s3transfer.crt import BotocoreCRTCredentialsWrapper
 
@@ -302,7 +304,9 @@ class S3:
                     bootstrap=ClientBootstrap(elg, DefaultHostResolver(elg)),
                     region=region,
                     credential_provider=self._provider,
-                    tls_mode=S3RequestTlsMode.ENABLED if self._scheme == "https" else S3RequestTlsMode.DISABLED,
+                    tls_mode=S3RequestTlsMode.ENABLED
+                    if self._scheme == "https"
+                    else S3RequestTlsMode.DISABLED,
                     tls_connection_options=tls_options,
                     part_size=PART_SIZE,
                     throughput_target_gbps=target_gbps(),
@@ -330,13 +334,16 @@ class S3:
         with self._region_lock:  # one probe per bucket, whatever the number of threads asking
             if bucket not in self._regions:
                 self._crt_client()
-                _status, headers, _ = self._crt_request("HEAD", bucket, "", [], "", region=self.region,
-                                                        operation="HeadBucket", raise_errors=False)  # fmt: skip
+                _status, headers, _ = self._crt_request(
+                    "HEAD", bucket, "", [], "", region=self.region, operation="HeadBucket", raise_errors=False
+                )
                 region = headers.get("x-amz-bucket-region", "").strip() or self.region
                 if region != self.region:
                     from trainer.sync.progress import log
 
-                    log(f"s3://{bucket}: the bucket is in region {region}, not {self.region}: signing for {region}")
+                    log(
+                        f"s3://{bucket}: the bucket is in region {region}, not {self.region}: signing for {region}"
+                    )
                 self._regions[bucket] = region
             return self._regions[bucket]
 
@@ -351,8 +358,15 @@ class S3:
         self, method: str, bucket: str, key: str, extra: list[tuple[str, str]], query: str = ""
     ) -> tuple[int, dict[str, str], bytes]:
         """One plain request through the CRT (retried by it): status, lower-cased headers, body."""
-        return self._crt_request(method, bucket, key, extra, query, region=self.bucket_region(bucket),
-                                 operation="HeadObject" if method == "HEAD" else "GetObject")  # fmt: skip
+        return self._crt_request(
+            method,
+            bucket,
+            key,
+            extra,
+            query,
+            region=self.bucket_region(bucket),
+            operation="HeadObject" if method == "HEAD" else "GetObject",
+        )
 
     def _crt_request(
         self,
@@ -384,7 +398,9 @@ class S3:
         handle.request = crt.make_request(
             type=S3RequestType.DEFAULT,
             request=HttpRequest(
-                method, f"{path}?{query}" if query else path, HttpHeaders([("host", host), ("content-length", "0"), *extra])
+                method,
+                f"{path}?{query}" if query else path,
+                HttpHeaders([("host", host), ("content-length", "0"), *extra]),
             ),
             operation_name=operation,
             on_headers=on_headers,

@@ -368,7 +368,11 @@ class Sidecar:
             else:
                 timeout = max(0.0, deadline - time.monotonic() - MANIFEST_RESERVE)
                 _, pending = wait(round_, timeout=timeout)
-            batch = [item for fut, item in round_.items() if fut not in pending and fut.exception() is None and fut.result()]
+            batch = [
+                item
+                for fut, item in round_.items()
+                if fut not in pending and fut.exception() is None and fut.result()
+            ]
             if pending or not batch:
                 break
         done = {fut for fut in futures if fut.done()}
@@ -534,7 +538,9 @@ class Sidecar:
             return  # a checkpoint outside the synced directory: not ours to upload
         files = sorted(prefix.parent.glob(f"{prefix.name}.*")) if prefix.parent.is_dir() else []
         if not any(f.name == f"{prefix.name}.index" for f in files):
-            log(f"checkpoint-sync: {area}/{rel} names {prefix_rel}, whose files are gone; not listed in this pass")
+            log(
+                f"checkpoint-sync: {area}/{rel} names {prefix_rel}, whose files are gone; not listed in this pass"
+            )
             raise _Changed()
         for dep in files:
             dep_ident = (area, dep.relative_to(root).as_posix())

@@ -227,7 +227,9 @@ class Downloader:
         failed: list[BaseException] = []
         try:
             for d in items:
-                d._md5_allowed = self.verify == "md5" or (self.verify == "auto" and d.size <= self.md5_max_size)
+                d._md5_allowed = self.verify == "md5" or (
+                    self.verify == "auto" and d.size <= self.md5_max_size
+                )
             self._plan_ranged(items)
             for d in items:
                 while not slots.acquire(timeout=0.5):
@@ -395,7 +397,9 @@ class Downloader:
 
         def on_body(chunk: memoryview, offset: int) -> None:
             if offset != d._next or offset + len(chunk) > d.size:
-                raise SyncError(f"{d.uri}: body piece at offset {offset} out of order or past the size {d.size}")
+                raise SyncError(
+                    f"{d.uri}: body piece at offset {offset} out of order or past the size {d.size}"
+                )
             try:
                 _pwrite_all(d._fd, chunk, offset)
             except OSError as exc:
@@ -507,16 +511,22 @@ class _EmptyObject:
         try:
             s3 = downloader.s3
             if s3.small_calls_on_crt:
-                _, headers, data = s3._crt_call("GET", d.bucket, d.key, [("if-match", d.etag)] if d.etag else [])
+                _, headers, data = s3._crt_call(
+                    "GET", d.bucket, d.key, [("if-match", d.etag)] if d.etag else []
+                )
                 sent = headers.get("etag")
             else:
                 kwargs = {"Bucket": d.bucket, "Key": d.key, **({"IfMatch": d.etag} if d.etag else {})}
                 resp = s3.client.get_object(**kwargs)
                 data, sent = resp["Body"].read(), resp.get("ETag")
             if sent and d.etag and strip_etag(sent) != strip_etag(d.etag):
-                raise NotAsListed(f"{d.uri}: ETag mismatch: the server sent ETag {sent}, the manifest says {d.etag}; refused")
+                raise NotAsListed(
+                    f"{d.uri}: ETag mismatch: the server sent ETag {sent}, the manifest says {d.etag}; refused"
+                )
             if data:
-                raise NotAsListed(f"{d.uri}: the server has {len(data)} bytes where the manifest says 0; refused")
+                raise NotAsListed(
+                    f"{d.uri}: the server has {len(data)} bytes where the manifest says 0; refused"
+                )
             for seg in d._segments:
                 seg.hash.update(b"")
         except Exception as exc:  # noqa: BLE001 - raised by wait()

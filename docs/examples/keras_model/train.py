@@ -27,22 +27,34 @@ while len(entries := list(data.iterdir())) == 1 and entries[0].is_dir():  # an a
     data = entries[0]
 size = (args.image_size, args.image_size)
 train, val = keras.utils.image_dataset_from_directory(
-    data, validation_split=0.2, subset="both", seed=42, image_size=size, color_mode="grayscale",
+    data,
+    validation_split=0.2,
+    subset="both",
+    seed=42,
+    image_size=size,
+    color_mode="grayscale",
     batch_size=args.batch_size,
 )
 classes = train.class_names
 
-model = keras.Sequential([
-    keras.Input((*size, 1)),
-    keras.layers.Rescaling(1 / 255),
-    keras.layers.Conv2D(16, 3, activation="relu"),
-    keras.layers.MaxPooling2D(),
-    keras.layers.Flatten(),
-    keras.layers.Dense(len(classes), activation="softmax"),
-])
-model.compile(keras.optimizers.Adam(args.learning_rate), "sparse_categorical_crossentropy", metrics=["accuracy"])
+model = keras.Sequential(
+    [
+        keras.Input((*size, 1)),
+        keras.layers.Rescaling(1 / 255),
+        keras.layers.Conv2D(16, 3, activation="relu"),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Flatten(),
+        keras.layers.Dense(len(classes), activation="softmax"),
+    ]
+)
+model.compile(
+    keras.optimizers.Adam(args.learning_rate), "sparse_categorical_crossentropy", metrics=["accuracy"]
+)
 history = model.fit(
-    train, validation_data=val, epochs=args.epochs, verbose=2,
+    train,
+    validation_data=val,
+    epochs=args.epochs,
+    verbose=2,
     callbacks=[keras.callbacks.BackupAndRestore(str(checkpoints / "backup"))],  # resume after a killed pod
 ).history
 
@@ -53,8 +65,17 @@ with open(output / "history.csv", "w", newline="") as f:
     writer.writeheader()
     writer.writerows(rows)
 final = {k: float(v) for k, v in rows[-1].items() if k != "epoch"}
-(output / "metrics.json").write_text(json.dumps({
-    "trainer": "keras_model", "task": "classification", "monitor": "val_accuracy", "monitor_mode": "max",
-    "final": final, "epochs": args.epochs, "classes": classes,
-}))
+(output / "metrics.json").write_text(
+    json.dumps(
+        {
+            "trainer": "keras_model",
+            "task": "classification",
+            "monitor": "val_accuracy",
+            "monitor_mode": "max",
+            "final": final,
+            "epochs": args.epochs,
+            "classes": classes,
+        }
+    )
+)
 print(f"trained {args.epochs} epochs: val_accuracy {final['val_accuracy']:.3f}", flush=True)

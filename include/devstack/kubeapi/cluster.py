@@ -39,7 +39,9 @@ def cgroup_hierarchies() -> list[Path]:
     """The cgroup mounts runc places a container in: every v1 controller hierarchy, or the v2 root."""
     base = Path("/sys/fs/cgroup")
     if (base / "memory" / "memory.limit_in_bytes").exists():
-        return [p for p in base.iterdir() if p.is_dir() and (p / "cgroup.procs").exists() and p.name != "unified"]
+        return [
+            p for p in base.iterdir() if p.is_dir() and (p / "cgroup.procs").exists() and p.name != "unified"
+        ]
     return [base]
 
 
@@ -93,12 +95,26 @@ class Cluster:
     async def remove_stale(self) -> None:
         """Delete the containers and file systems a killed predecessor on this state directory left."""
         if self.runc_root.exists():
-            proc = await asyncio.create_subprocess_exec(self.runc, "--root", str(self.runc_root), "list", "--quiet",
-                                                        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
+            proc = await asyncio.create_subprocess_exec(
+                self.runc,
+                "--root",
+                str(self.runc_root),
+                "list",
+                "--quiet",
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
             out, _ = await proc.communicate()
             for cid in out.decode().split():
-                kill = await asyncio.create_subprocess_exec(self.runc, "--root", str(self.runc_root), "delete",
-                                                            "--force", cid, stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
+                kill = await asyncio.create_subprocess_exec(
+                    self.runc,
+                    "--root",
+                    str(self.runc_root),
+                    "delete",
+                    "--force",
+                    cid,
+                    stderr=asyncio.subprocess.DEVNULL,
+                )
                 await kill.wait()
         await self.images.remove_stale()
 
@@ -113,8 +129,14 @@ class Cluster:
     def create_default_service_account(self, namespace: str) -> None:
         """The ``default`` service account that every namespace gets."""
         if self.store.get("serviceaccounts", namespace, "default") is None:
-            self.store.create("serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount",
-                                                  "metadata": {"name": "default", "namespace": namespace}})  # fmt: skip
+            self.store.create(
+                "serviceaccounts",
+                {
+                    "apiVersion": "v1",
+                    "kind": "ServiceAccount",
+                    "metadata": {"name": "default", "namespace": namespace},
+                },
+            )
 
     def storage_capacity(self) -> int:
         """Bytes of the node's file system (where the pods' emptyDirs, logs and writable layers live)."""
@@ -131,7 +153,12 @@ class Cluster:
             mem = f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') // 1024}Ki"
         except (ValueError, OSError):
             mem = "0"
-        capacity = {"cpu": cpu, "memory": mem, "pods": "110", "ephemeral-storage": f"{self.storage_capacity() // 1024}Ki"}
+        capacity = {
+            "cpu": cpu,
+            "memory": mem,
+            "pods": "110",
+            "ephemeral-storage": f"{self.storage_capacity() // 1024}Ki",
+        }
         if self.gpus:
             capacity["nvidia.com/gpu"] = str(len(self.gpus))
         allocatable = {**capacity, "ephemeral-storage": f"{self.allocatable_storage() // 1024}Ki"}
@@ -163,7 +190,7 @@ class Cluster:
                         "lastHeartbeatTime": now,
                         "lastTransitionTime": now,
                     },
-                ],  # fmt: skip
+                ],
                 "addresses": [
                     {"type": "InternalIP", "address": NODE_IP},
                     {"type": "Hostname", "address": NODE_NAME},

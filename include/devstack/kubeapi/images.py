@@ -101,7 +101,9 @@ class Image:
     reference: str  # as the pod named it
     id: str  # the store's image id (its config's digest)
     image_id: str  # status.imageID: <registry>/<repository>@sha256:...
-    config: dict = field(default_factory=dict)  # the OCI image config's "config" (Entrypoint, Cmd, Env, User, ...)
+    config: dict = field(
+        default_factory=dict
+    )  # the OCI image config's "config" (Entrypoint, Cmd, Env, User, ...)
 
     @property
     def entrypoint(self) -> list[str]:
@@ -177,8 +179,15 @@ class ImageStore:
 
     @property
     def global_args(self) -> list[str]:
-        return [self.executable, "--root", str(self.root / "storage"), "--runroot", str(self.root / "run"),
-                "--storage-driver", "overlay"]  # fmt: skip
+        return [
+            self.executable,
+            "--root",
+            str(self.root / "storage"),
+            "--runroot",
+            str(self.root / "run"),
+            "--storage-driver",
+            "overlay",
+        ]
 
     def _conf(self, registry: str) -> Path:
         text = registries_conf(self.mirror, [registry] if is_loopback(registry) else [])
@@ -189,13 +198,23 @@ class ImageStore:
             os.replace(tmp, path)
         return path
 
-    async def _buildah(self, *args: str, registry: str = "docker.io", timeout: float = 1800) -> tuple[int, str, str]:
-        env = {**os.environ, "CONTAINERS_REGISTRIES_CONF": str(self._conf(registry)),
-               "TMPDIR": str(self.root / "tmp"), "STORAGE_DRIVER": "overlay"}  # fmt: skip
+    async def _buildah(
+        self, *args: str, registry: str = "docker.io", timeout: float = 1800
+    ) -> tuple[int, str, str]:
+        env = {
+            **os.environ,
+            "CONTAINERS_REGISTRIES_CONF": str(self._conf(registry)),
+            "TMPDIR": str(self.root / "tmp"),
+            "STORAGE_DRIVER": "overlay",
+        }
         proc = await asyncio.create_subprocess_exec(
-            *self.global_args, *args, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
-        )  # fmt: skip
+            *self.global_args,
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout)
         except (TimeoutError, asyncio.CancelledError):
@@ -222,8 +241,10 @@ class ImageStore:
             known = self.present.get(ref.name)
             if policy == "Never" or (policy == "IfNotPresent" and known is not None):
                 if known is None:
-                    raise PullError(f'Container image "{image}" is not present with pull policy of Never',
-                                    "ErrImageNeverPull")  # fmt: skip
+                    raise PullError(
+                        f'Container image "{image}" is not present with pull policy of Never',
+                        "ErrImageNeverPull",
+                    )
                 return known, False
             args = ["pull", "--quiet", "--policy", "always", "--retry", "0"]
             authfile = None
@@ -251,7 +272,12 @@ class ImageStore:
         data = json.loads(out)
         digest = ref.digest or data.get("FromImageDigest") or ""
         config = (data.get("OCIv1") or {}).get("config") or {}
-        return Image(image, image_id or data.get("FromImageID", ""), f"{ref.registry}/{ref.repository}@{digest}", config)
+        return Image(
+            image,
+            image_id or data.get("FromImageID", ""),
+            f"{ref.registry}/{ref.repository}@{digest}",
+            config,
+        )
 
     # -- container root file systems -----------------------------------------------------------
 
@@ -260,8 +286,10 @@ class ImageStore:
         container = f"{self.prefix}-{name}"
         rc, _, err = await self._buildah("from", "--quiet", "--pull-never", "--name", container, image.id)
         if rc:
-            raise PullError(f"failed to create containerd task: cannot create the root file system of "
-                            f"{image.reference}: {err.strip()}")  # fmt: skip
+            raise PullError(
+                f"failed to create containerd task: cannot create the root file system of "
+                f"{image.reference}: {err.strip()}"
+            )
         rc, out, err = await self._buildah("mount", container)
         if rc:
             await self.remove_rootfs(name)
@@ -289,7 +317,13 @@ def pull_error_message(image: str, ref: Reference, err: str) -> str:
     prefix = f'failed to pull and unpack image "{ref.name}": failed to resolve reference "{ref.name}"'
     if "manifest unknown" in detail or "name unknown" in detail or "not found" in detail:
         return f"rpc error: code = NotFound desc = {prefix}: {ref.name}: not found ({detail})"
-    if "unauthorized" in detail.lower() or "authentication required" in detail.lower() or "denied" in detail.lower():
-        return (f"rpc error: code = Unknown desc = {prefix}: pull access denied, repository does not exist or may "
-                f"require authorization: authorization failed ({detail})")  # fmt: skip
+    if (
+        "unauthorized" in detail.lower()
+        or "authentication required" in detail.lower()
+        or "denied" in detail.lower()
+    ):
+        return (
+            f"rpc error: code = Unknown desc = {prefix}: pull access denied, repository does not exist or may "
+            f"require authorization: authorization failed ({detail})"
+        )
     return f"rpc error: code = Unknown desc = {prefix}: {detail}"

@@ -216,8 +216,16 @@ class JobController:
                         c.update(status=value, lastTransitionTime=rfc3339())
                     c.update(reason=reason, message=message, lastProbeTime=rfc3339())
                     return
-            new_conds.append({"type": type_, "status": value, "reason": reason, "message": message,
-                              "lastProbeTime": rfc3339(), "lastTransitionTime": rfc3339()})  # fmt: skip
+            new_conds.append(
+                {
+                    "type": type_,
+                    "status": value,
+                    "reason": reason,
+                    "message": message,
+                    "lastProbeTime": rfc3339(),
+                    "lastTransitionTime": rfc3339(),
+                }
+            )
 
         suspended = bool(spec.get("suspend"))
         if not suspended and not new_status.get("startTime"):
@@ -345,8 +353,17 @@ class JobController:
             for c in (pod_spec.get("initContainers") or []) + pod_spec.get("containers", []):
                 env = c.setdefault("env", [])
                 if not any(e.get("name") == "JOB_COMPLETION_INDEX" for e in env):
-                    env.append({"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
-                        "apiVersion": "v1", "fieldPath": f"metadata.annotations['{INDEX_KEY}']"}}})  # fmt: skip
+                    env.append(
+                        {
+                            "name": "JOB_COMPLETION_INDEX",
+                            "valueFrom": {
+                                "fieldRef": {
+                                    "apiVersion": "v1",
+                                    "fieldPath": f"metadata.annotations['{INDEX_KEY}']",
+                                }
+                            },
+                        }
+                    )
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -365,7 +382,7 @@ class JobController:
                         "controller": True,
                         "blockOwnerDeletion": True,
                     }
-                ],  # fmt: skip
+                ],
             },
             "spec": pod_spec,
         }
@@ -378,8 +395,13 @@ class JobController:
                 job, "Warning", "FailedCreate", f"Error creating: {exc}", component="job-controller"
             )
             return None
-        self.cluster.record_event(job, "Normal", "SuccessfulCreate", f"Created pod: {created['metadata']['name']}",
-                                  component="job-controller")  # fmt: skip
+        self.cluster.record_event(
+            job,
+            "Normal",
+            "SuccessfulCreate",
+            f"Created pod: {created['metadata']['name']}",
+            component="job-controller",
+        )
         return created
 
     def _ttl(self, job: dict, status: dict) -> None:

@@ -215,9 +215,11 @@ class PodWorker:
                 if not (c.done and c.last_exit == 0) and not (c.kind == "sidecar" and c.started)
             ]
             self._condition(
-                "Initialized", not incomplete, "" if not incomplete else "ContainersNotInitialized",
+                "Initialized",
+                not incomplete,
+                "" if not incomplete else "ContainersNotInitialized",
                 "" if not incomplete else f"containers with incomplete status: [{' '.join(incomplete)}]",
-            )  # fmt: skip
+            )
             unready = [
                 c.name for c in self.mains + [s for s in self.inits if s.kind == "sidecar"] if not c.ready
             ]
@@ -300,8 +302,10 @@ class PodWorker:
         # never satisfied, as on a real scheduler; nvidia.com/gpu keeps the GPU rules below.
         missing = unadvertised_resources(self.spec)
         if missing:
-            message = (f"0/1 nodes are available: 1 Insufficient {missing[0]}. preemption: 0/1 nodes are available: "
-                       "1 No preemption victims found for incoming pod.")
+            message = (
+                f"0/1 nodes are available: 1 Insufficient {missing[0]}. preemption: 0/1 nodes are available: "
+                "1 No preemption victims found for incoming pod."
+            )
             self.scheduled = False
             self.sched_message = message
             self.event("Warning", "FailedScheduling", message, component="default-scheduler")
@@ -309,14 +313,23 @@ class PodWorker:
             await self.stop_event.wait()
             return False
         storage, allocatable = pod_request(self.spec, "ephemeral-storage"), self.cluster.allocatable_storage()
-        if storage > allocatable:  # the pod alone does not fit the node: Unschedulable, as the scheduler's NodeResourcesFit
-            message = ("0/1 nodes are available: 1 Insufficient ephemeral-storage. preemption: 0/1 nodes are available: "
-                       "1 No preemption victims found for incoming pod.")  # fmt: skip
+        if (
+            storage > allocatable
+        ):  # the pod alone does not fit the node: Unschedulable, as the scheduler's NodeResourcesFit
+            message = (
+                "0/1 nodes are available: 1 Insufficient ephemeral-storage. preemption: 0/1 nodes are available: "
+                "1 No preemption victims found for incoming pod."
+            )
             self.scheduled = False
             self.sched_message = message
             self.event("Warning", "FailedScheduling", message, component="default-scheduler")
-            log.info("pod %s/%s requests %d bytes of ephemeral-storage, the node has %d", self.namespace, self.name,
-                     storage, allocatable)  # fmt: skip
+            log.info(
+                "pod %s/%s requests %d bytes of ephemeral-storage, the node has %d",
+                self.namespace,
+                self.name,
+                storage,
+                allocatable,
+            )
             self.publish()
             await self.stop_event.wait()
             return False
@@ -354,15 +367,20 @@ class PodWorker:
 
         self.cluster.store.mutate("pods", self.namespace, self.name, bind)
         self.scheduled = True
-        self.event("Normal", "Scheduled", f"Successfully assigned {self.namespace}/{self.name} to {NODE_NAME}",
-                   component="default-scheduler")  # fmt: skip
+        self.event(
+            "Normal",
+            "Scheduled",
+            f"Successfully assigned {self.namespace}/{self.name} to {NODE_NAME}",
+            component="default-scheduler",
+        )
         if wanted and not self.gpus:
             self.event(
-                "Warning", "GPUNotAvailable",
+                "Warning",
+                "GPUNotAvailable",
                 f"the pod requests {wanted} nvidia.com/gpu but this machine has {len(self.cluster.gpus)} free GPU(s): "
                 'its containers run on CPU (CUDA_VISIBLE_DEVICES=""); start the dev stack with --strict-gpu '
                 "to keep such pods Pending as a real cluster would",
-            )  # fmt: skip
+            )
         self.start_time = rfc3339()
         self.publish()
         return True
@@ -372,7 +390,9 @@ class PodWorker:
             try:
                 self.volume_paths = setup_volumes(self.cluster, self.spec, self.dir, self.pod or {})
                 # a hostNetwork pod has the node's address and /etc/hosts, as on a cluster
-                self.pod_ip = NODE_IP if self.spec.get("hostNetwork") else self.cluster.addresses.allocate(self.uid)
+                self.pod_ip = (
+                    NODE_IP if self.spec.get("hostNetwork") else self.cluster.addresses.allocate(self.uid)
+                )
                 etc = self.dir / "etc"
                 etc.mkdir(parents=True, exist_ok=True)
                 (etc / "hostname").write_text((self.spec.get("hostname") or self.name[:63]) + "\n")
@@ -465,8 +485,12 @@ class PodWorker:
             }
         }
         c.ready = False
-        self.event("Warning", "BackOff", f"Back-off restarting failed container {c.name} in pod "
-                   f"{self.name}_{self.namespace}({self.uid})", c.field_path)  # fmt: skip
+        self.event(
+            "Warning",
+            "BackOff",
+            f"Back-off restarting failed container {c.name} in pod {self.name}_{self.namespace}({self.uid})",
+            c.field_path,
+        )
         self.publish()
         if not await self.sleep(delay):
             return False
@@ -584,11 +608,19 @@ class PodWorker:
             else:
                 if pulled:
                     took = time.monotonic() - started
-                    self.event("Normal", "Pulled", f'Successfully pulled image "{image}" in {took:.3f}s '
-                               f"({found.image_id})", c.field_path)  # fmt: skip
+                    self.event(
+                        "Normal",
+                        "Pulled",
+                        f'Successfully pulled image "{image}" in {took:.3f}s ({found.image_id})',
+                        c.field_path,
+                    )
                 else:
-                    self.event("Normal", "Pulled", f'Container image "{image}" already present on machine',
-                               c.field_path)  # fmt: skip
+                    self.event(
+                        "Normal",
+                        "Pulled",
+                        f'Container image "{image}" already present on machine',
+                        c.field_path,
+                    )
                 return found
             c.state = {"waiting": {"reason": reason, "message": problem}}
             if reason == "ErrImageNeverPull":
@@ -600,8 +632,12 @@ class PodWorker:
             if not await self.sleep(min(delay, 2.0)):
                 return None
             if reason == "ErrImagePull":
-                c.state = {"waiting": {"reason": "ImagePullBackOff",
-                                       "message": f'Back-off pulling image "{image}": ErrImagePull: {problem}'}}  # fmt: skip
+                c.state = {
+                    "waiting": {
+                        "reason": "ImagePullBackOff",
+                        "message": f'Back-off pulling image "{image}": ErrImagePull: {problem}',
+                    }
+                }
                 self.event("Normal", "BackOff", f'Back-off pulling image "{image}"', c.field_path)
                 self.event("Warning", "Failed", "Error: ImagePullBackOff", c.field_path)
                 self.publish()
@@ -628,7 +664,9 @@ class PodWorker:
             except (ConfigError, oci.UserError, PullError) as exc:
                 if rootfs is not None:
                     await self.cluster.images.remove_rootfs(instance)
-                reason = "CreateContainerConfigError" if isinstance(exc, ConfigError) else "CreateContainerError"
+                reason = (
+                    "CreateContainerConfigError" if isinstance(exc, ConfigError) else "CreateContainerError"
+                )
                 c.state = {"waiting": {"reason": reason, "message": str(exc)}}
                 self.event("Warning", "Failed", f"Error: {exc}", c.field_path)
                 self.publish()
@@ -648,11 +686,17 @@ class PodWorker:
         bundle.mkdir(parents=True, exist_ok=True)
         gpus = self.gpus_for(c)
         spec = oci.runtime_spec(
-            rootfs=rootfs, argv=argv, env=env, cwd=cwd, user=user,
-            hostname=self.spec.get("hostname") or self.name[:63], mounts=mounts,
-            container=c.spec, cgroups_path=f"{self.cluster.cgroup_parent}/{c.runtime_id[:12]}",
+            rootfs=rootfs,
+            argv=argv,
+            env=env,
+            cwd=cwd,
+            user=user,
+            hostname=self.spec.get("hostname") or self.name[:63],
+            mounts=mounts,
+            container=c.spec,
+            cgroups_path=f"{self.cluster.cgroup_parent}/{c.runtime_id[:12]}",
             hooks=self.cluster.gpu_hooks() if gpus else None,
-        )  # fmt: skip
+        )
         (bundle / "config.json").write_text(json.dumps(spec))
         self.event("Normal", "Created", f"Created container: {c.name}", c.field_path)
         shim_spec = {
@@ -675,13 +719,23 @@ class PodWorker:
             await self.cluster.images.remove_rootfs(instance)
             shutil.rmtree(bundle, ignore_errors=True)
             c.log.close()
-            c.state = {"terminated": {"exitCode": 128, "reason": "StartError", "message": error,
-                                      "startedAt": "1970-01-01T00:00:00Z", "finishedAt": now, "containerID": c.container_id}}  # fmt: skip
+            c.state = {
+                "terminated": {
+                    "exitCode": 128,
+                    "reason": "StartError",
+                    "message": error,
+                    "startedAt": "1970-01-01T00:00:00Z",
+                    "finishedAt": now,
+                    "containerID": c.container_id,
+                }
+            }
             c.last_exit, c.ever_ran, c.ready = 128, True, False
             self.event(
-                "Warning", "Failed", f'Error: failed to create containerd task: failed to create shim task: {error}',
+                "Warning",
+                "Failed",
+                f"Error: failed to create containerd task: failed to create shim task: {error}",
                 c.field_path,
-            )  # fmt: skip
+            )
             self.publish()
             return 128
         c.run_started = time.time()
@@ -714,7 +768,9 @@ class PodWorker:
         self.publish()
         return code
 
-    def container_config(self, c: Container, image: Image) -> tuple[dict[str, str], list[str], str, list[dict]]:
+    def container_config(
+        self, c: Container, image: Image
+    ) -> tuple[dict[str, str], list[str], str, list[dict]]:
         """The process's environment, argv and working directory, and the bind mounts (volumes, kubelet files)."""
         pod = self.pod or {}
         env = container_env(self.cluster, pod, c.spec, image, self.gpus_for(c))
@@ -735,8 +791,10 @@ class PodWorker:
             args = [] if c.spec.get("command") else image.cmd
         argv = [runtime.expand(a, env) for a in command + args]
         if not argv:
-            raise ConfigError(f'no command specified: image "{c.spec.get("image")}" has no ENTRYPOINT or CMD, '
-                              "so the container must set command")  # fmt: skip
+            raise ConfigError(
+                f'no command specified: image "{c.spec.get("image")}" has no ENTRYPOINT or CMD, '
+                "so the container must set command"
+            )
         cwd = c.spec.get("workingDir") or image.working_dir
         if self.cluster.preload is not None:
             # at a path of its own in the container's root: a volume at /work or /usr must not hide it
@@ -747,8 +805,13 @@ class PodWorker:
             etc["hosts"] = Path("/etc/hosts")
         for name, src in etc.items():
             if not any(m["dst"].rstrip("/") == f"/etc/{name}" for m in mounts):
-                mounts.append({"src": str(src), "dst": f"/etc/{name}", "ro": self.spec.get("hostNetwork", False)
-                               and name == "hosts"})  # fmt: skip
+                mounts.append(
+                    {
+                        "src": str(src),
+                        "dst": f"/etc/{name}",
+                        "ro": self.spec.get("hostNetwork", False) and name == "hosts",
+                    }
+                )
         return env, argv, cwd, mounts
 
     def gpus_for(self, c: Container) -> list[int] | None:
@@ -770,7 +833,9 @@ class PodWorker:
 
     # -- exec --------------------------------------------------------------------------------
 
-    async def exec(self, container: str, argv: list[str], on_output, stdin: bool) -> tuple[runtime.Proc, bytes]:
+    async def exec(
+        self, container: str, argv: list[str], on_output, stdin: bool
+    ) -> tuple[runtime.Proc, bytes]:
         """``runc exec`` of ``argv`` in the running ``container``: its namespaces, root, user and environment."""
         c = self.container(container)
         assert c is not None and c.proc is not None and c.proc.pid
@@ -809,8 +874,12 @@ def unadvertised_resources(spec: dict) -> list[str]:
     for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
         res = c.get("resources") or {}
         for name in {**(res.get("requests") or {}), **(res.get("limits") or {})}:
-            if "/" in name and name != "nvidia.com/gpu" and not name.startswith(("kubernetes.io/", "hugepages-")) \
-                    and name not in found:
+            if (
+                "/" in name
+                and name != "nvidia.com/gpu"
+                and not name.startswith(("kubernetes.io/", "hugepages-"))
+                and name not in found
+            ):
                 found.append(name)
     return found
 
@@ -941,11 +1010,15 @@ def container_env(
     # the kubernetes Service variables are set in every container, whatever enableServiceLinks says
     port = str(cluster.port)
     env.update(
-        KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT=port, KUBERNETES_SERVICE_PORT_HTTPS=port,
-        KUBERNETES_PORT=f"tcp://127.0.0.1:{port}", KUBERNETES_PORT_443_TCP=f"tcp://127.0.0.1:{port}",
-        KUBERNETES_PORT_443_TCP_PROTO="tcp", KUBERNETES_PORT_443_TCP_PORT=port,
+        KUBERNETES_SERVICE_HOST="127.0.0.1",
+        KUBERNETES_SERVICE_PORT=port,
+        KUBERNETES_SERVICE_PORT_HTTPS=port,
+        KUBERNETES_PORT=f"tcp://127.0.0.1:{port}",
+        KUBERNETES_PORT_443_TCP=f"tcp://127.0.0.1:{port}",
+        KUBERNETES_PORT_443_TCP_PROTO="tcp",
+        KUBERNETES_PORT_443_TCP_PORT=port,
         KUBERNETES_PORT_443_TCP_ADDR="127.0.0.1",
-    )  # fmt: skip
+    )
     pod_ip = (pod.get("status") or {}).get("podIP")
     if pod_ip and pod_ip != NODE_IP and cluster.preload is not None:
         # wildcard binds go to the pod's own address (podnet.py); set before the container's env, as a runtime's
@@ -1092,8 +1165,11 @@ def _projection_files(
         if item["key"] not in data:
             if ref.get("optional"):
                 continue
-            raise MountError(f'MountVolume.SetUp failed for volume "{volume}" : configmap references non-existent config key: {item["key"]}'
-                             if kind == "ConfigMap" else f'MountVolume.SetUp failed for volume "{volume}" : references non-existent secret key: {item["key"]}')  # fmt: skip
+            raise MountError(
+                f'MountVolume.SetUp failed for volume "{volume}" : configmap references non-existent config key: {item["key"]}'
+                if kind == "ConfigMap"
+                else f'MountVolume.SetUp failed for volume "{volume}" : references non-existent secret key: {item["key"]}'
+            )
         out[item.get("path") or item["key"]] = (data[item["key"]], item.get("mode"))
     return out
 

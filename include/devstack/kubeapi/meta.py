@@ -30,7 +30,11 @@ def set_version(version: str) -> None:
     if len(parts) < 2 or not all(p.isdigit() for p in parts[:3]):
         raise ValueError(f"invalid Kubernetes version {version!r}: expected major.minor[.patch], e.g. 1.29")
     patch = parts[2] if len(parts) > 2 else "0"
-    SERVER_VERSION.update(major=parts[0], minor=parts[1], gitVersion=f"v{parts[0]}.{parts[1]}.{patch}-kubetrain")
+    SERVER_VERSION.update(
+        major=parts[0], minor=parts[1], gitVersion=f"v{parts[0]}.{parts[1]}.{patch}-kubetrain"
+    )
+
+
 NODE_IP = "127.0.0.1"
 
 
@@ -240,51 +244,111 @@ def _register(res: Resource) -> None:
 
 _register(
     Resource(
-        "pods", "Pod", "", "v1", True, CRUD, ("po",), ("all",),
-        {"log": ("get",), "exec": ("create", "get"), "attach": ("create", "get"), "status": ("get", "patch", "update")},
+        "pods",
+        "Pod",
+        "",
+        "v1",
+        True,
+        CRUD,
+        ("po",),
+        ("all",),
+        {
+            "log": ("get",),
+            "exec": ("create", "get"),
+            "attach": ("create", "get"),
+            "status": ("get", "patch", "update"),
+        },
     )
-)  # fmt: skip
+)
 _register(Resource("events", "Event", "", "v1", True, CRUD, ("ev",)))
 _register(Resource("secrets", "Secret", "", "v1", True, CRUD))
 _register(Resource("configmaps", "ConfigMap", "", "v1", True, CRUD, ("cm",)))
 _register(
     Resource(
-        "namespaces", "Namespace", "", "v1", False, ("create", "delete", "get", "list", "patch", "update", "watch"),
-        ("ns",), (), {"status": ("get", "patch", "update")},
+        "namespaces",
+        "Namespace",
+        "",
+        "v1",
+        False,
+        ("create", "delete", "get", "list", "patch", "update", "watch"),
+        ("ns",),
+        (),
+        {"status": ("get", "patch", "update")},
     )
-)  # fmt: skip
+)
 _register(
     Resource("nodes", "Node", "", "v1", False, ("get", "list", "watch"), ("no",), (), {"status": ("get",)})
 )
 _register(
     Resource(
-        "jobs", "Job", "batch", "v1", True, CRUD, (), ("all",), {"status": ("get", "patch", "update")},
+        "jobs",
+        "Job",
+        "batch",
+        "v1",
+        True,
+        CRUD,
+        (),
+        ("all",),
+        {"status": ("get", "patch", "update")},
     )
-)  # fmt: skip
+)
 _register(Resource("events", "Event", "events.k8s.io", "v1", True, ("get", "list", "watch"), ("ev",)))
 # headless Services only (no kube-proxy): the names of an Indexed Job's pods, as cluster DNS gives them
 _register(
-    Resource("services", "Service", "", "v1", True, CRUD, ("svc",), ("all",), {"status": ("get", "patch", "update")})
+    Resource(
+        "services",
+        "Service",
+        "",
+        "v1",
+        True,
+        CRUD,
+        ("svc",),
+        ("all",),
+        {"status": ("get", "patch", "update")},
+    )
 )
 # no custom resources are served: the list is empty, so clients see that no CRD (TFJob, TrainJob) exists
 _register(
     Resource(
-        "customresourcedefinitions", "CustomResourceDefinition", "apiextensions.k8s.io", "v1", False,
-        ("get", "list", "watch"), ("crd", "crds"), ("api-extensions",), {"status": ("get",)},
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        "apiextensions.k8s.io",
+        "v1",
+        False,
+        ("get", "list", "watch"),
+        ("crd", "crds"),
+        ("api-extensions",),
+        {"status": ("get",)},
     )
-)  # fmt: skip
+)
 
 # RBAC (authorized by kubeapi/rbac.py), the service accounts it names, and the access reviews clients ask
 _register(Resource("serviceaccounts", "ServiceAccount", "", "v1", True, CRUD, ("sa",)))
-for _name, _kind, _namespaced in (("roles", "Role", True), ("rolebindings", "RoleBinding", True),
-                                  ("clusterroles", "ClusterRole", False),
-                                  ("clusterrolebindings", "ClusterRoleBinding", False)):  # fmt: skip
+for _name, _kind, _namespaced in (
+    ("roles", "Role", True),
+    ("rolebindings", "RoleBinding", True),
+    ("clusterroles", "ClusterRole", False),
+    ("clusterrolebindings", "ClusterRoleBinding", False),
+):
     _register(Resource(_name, _kind, "rbac.authorization.k8s.io", "v1", _namespaced, CRUD))
-_register(Resource("selfsubjectaccessreviews", "SelfSubjectAccessReview", "authorization.k8s.io", "v1", False,
-                   ("create",)))  # fmt: skip
+_register(
+    Resource(
+        "selfsubjectaccessreviews",
+        "SelfSubjectAccessReview",
+        "authorization.k8s.io",
+        "v1",
+        False,
+        ("create",),
+    )
+)
 
-GROUPS = {"batch": "v1", "events.k8s.io": "v1", "apiextensions.k8s.io": "v1", "rbac.authorization.k8s.io": "v1",
-          "authorization.k8s.io": "v1"}  # fmt: skip
+GROUPS = {
+    "batch": "v1",
+    "events.k8s.io": "v1",
+    "apiextensions.k8s.io": "v1",
+    "rbac.authorization.k8s.io": "v1",
+    "authorization.k8s.io": "v1",
+}
 SERVED_SUMMARY = (
     "pods, pods/log, pods/exec, pods/attach (output only), events, secrets, configmaps, namespaces, nodes, services (headless), "
     "serviceaccounts, jobs.batch, roles, rolebindings, clusterroles and clusterrolebindings "
@@ -298,13 +362,21 @@ def resource_for(group: str, version: str, name: str) -> Resource:
     expected = "v1" if group == "" else GROUPS.get(group)
     if res is None or version != expected:
         gv = f"{group}/{version}" if group else version
-        raise ApiError(404, "NotFound", f"the server could not find the requested resource ({name} in {gv}): "
-                       f"the local Kubernetes API serves {SERVED_SUMMARY}")  # fmt: skip
+        raise ApiError(
+            404,
+            "NotFound",
+            f"the server could not find the requested resource ({name} in {gv}): "
+            f"the local Kubernetes API serves {SERVED_SUMMARY}",
+        )
     return res
 
 
 def unsupported_group(group: str, version: str | None = None) -> ApiError:
     """404 for an API group the local server does not serve (apps, metrics.k8s.io, kubeflow.org, ...)."""
     gv = f"{group}/{version}" if version else group
-    return ApiError(404, "NotFound", f"the server could not find the requested resource: the local Kubernetes API "
-                    f"does not serve {gv}; it serves {SERVED_SUMMARY}")  # fmt: skip
+    return ApiError(
+        404,
+        "NotFound",
+        f"the server could not find the requested resource: the local Kubernetes API "
+        f"does not serve {gv}; it serves {SERVED_SUMMARY}",
+    )

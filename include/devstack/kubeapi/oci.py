@@ -28,24 +28,77 @@ from include.devstack.kubeapi.validation import parse_quantity
 
 # containerd's default capabilities (pkg/oci/spec.go, populateDefaultUnixSpec)
 DEFAULT_CAPS = (
-    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
-    "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL",
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
     "CAP_AUDIT_WRITE",
-)  # fmt: skip
+)
 # every capability the kernel knows, for privileged containers and "ALL"
 ALL_CAPS = (
-    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID",
-    "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE", "CAP_NET_BIND_SERVICE", "CAP_NET_BROADCAST",
-    "CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_IPC_LOCK", "CAP_IPC_OWNER", "CAP_SYS_MODULE", "CAP_SYS_RAWIO",
-    "CAP_SYS_CHROOT", "CAP_SYS_PTRACE", "CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT", "CAP_SYS_NICE",
-    "CAP_SYS_RESOURCE", "CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE", "CAP_AUDIT_WRITE",
-    "CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_MAC_OVERRIDE", "CAP_MAC_ADMIN", "CAP_SYSLOG", "CAP_WAKE_ALARM",
-    "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ", "CAP_PERFMON", "CAP_BPF", "CAP_CHECKPOINT_RESTORE",
-)  # fmt: skip
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_LINUX_IMMUTABLE",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_NET_BROADCAST",
+    "CAP_NET_ADMIN",
+    "CAP_NET_RAW",
+    "CAP_IPC_LOCK",
+    "CAP_IPC_OWNER",
+    "CAP_SYS_MODULE",
+    "CAP_SYS_RAWIO",
+    "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE",
+    "CAP_SYS_PACCT",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_BOOT",
+    "CAP_SYS_NICE",
+    "CAP_SYS_RESOURCE",
+    "CAP_SYS_TIME",
+    "CAP_SYS_TTY_CONFIG",
+    "CAP_MKNOD",
+    "CAP_LEASE",
+    "CAP_AUDIT_WRITE",
+    "CAP_AUDIT_CONTROL",
+    "CAP_SETFCAP",
+    "CAP_MAC_OVERRIDE",
+    "CAP_MAC_ADMIN",
+    "CAP_SYSLOG",
+    "CAP_WAKE_ALARM",
+    "CAP_BLOCK_SUSPEND",
+    "CAP_AUDIT_READ",
+    "CAP_PERFMON",
+    "CAP_BPF",
+    "CAP_CHECKPOINT_RESTORE",
+)
 MASKED_PATHS = (
-    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
-    "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware",
-)  # fmt: skip
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+)
 READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 CFS_PERIOD = 100_000
 
@@ -94,7 +147,7 @@ def resolve_user(rootfs: Path, image_user: str, pod_sc: dict, sc: dict) -> User:
         else:
             entry = next((e for e in passwd if e[0] == user), None)
             if entry is None:
-                raise UserError(f'unable to find user {user}: no matching entries in passwd file')
+                raise UserError(f"unable to find user {user}: no matching entries in passwd file")
             uid = int(entry[2])
         if group:
             if group.isdigit():
@@ -122,7 +175,7 @@ def capabilities(sc: dict) -> dict[str, list[str]]:
     if sc.get("privileged"):
         caps = list(ALL_CAPS)
     else:
-        wanted = (sc.get("capabilities") or {})
+        wanted = sc.get("capabilities") or {}
         drop = {_cap(c) for c in wanted.get("drop") or []}
         caps = [] if "CAP_ALL" in drop else [c for c in DEFAULT_CAPS if c not in drop]
         for c in wanted.get("add") or []:
@@ -184,8 +237,11 @@ def runtime_spec(
         "ociVersion": "1.0.2-dev",
         "process": {
             "terminal": False,
-            "user": {"uid": user.uid, "gid": user.gid, **({"additionalGids": list(user.additional_gids)}
-                                                         if user.additional_gids else {})},  # fmt: skip
+            "user": {
+                "uid": user.uid,
+                "gid": user.gid,
+                **({"additionalGids": list(user.additional_gids)} if user.additional_gids else {}),
+            },
             "args": argv,
             "env": [f"{k}={v}" for k, v in env.items()],
             "cwd": cwd,
@@ -197,18 +253,49 @@ def runtime_spec(
         "root": {"path": str(rootfs), "readonly": bool(sc.get("readOnlyRootFilesystem"))},
         "hostname": hostname,
         "mounts": [
-            {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
-            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755",
-                                                                                     "size=65536k"]},
-            {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
-             "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
-            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
-             "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
-            {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
-            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
-            {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
-             "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]},
-        ],  # fmt: skip
+            {
+                "destination": "/proc",
+                "type": "proc",
+                "source": "proc",
+                "options": ["nosuid", "noexec", "nodev"],
+            },
+            {
+                "destination": "/dev",
+                "type": "tmpfs",
+                "source": "tmpfs",
+                "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
+            },
+            {
+                "destination": "/dev/pts",
+                "type": "devpts",
+                "source": "devpts",
+                "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"],
+            },
+            {
+                "destination": "/dev/shm",
+                "type": "tmpfs",
+                "source": "shm",
+                "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+            },
+            {
+                "destination": "/dev/mqueue",
+                "type": "mqueue",
+                "source": "mqueue",
+                "options": ["nosuid", "noexec", "nodev"],
+            },
+            {
+                "destination": "/sys",
+                "type": "sysfs",
+                "source": "sysfs",
+                "options": ["nosuid", "noexec", "nodev", "ro"],
+            },
+            {
+                "destination": "/sys/fs/cgroup",
+                "type": "cgroup",
+                "source": "cgroup",
+                "options": ["nosuid", "noexec", "nodev", "relatime", "ro"],
+            },
+        ],
         "linux": {
             "resources": resources(container),
             "cgroupsPath": cgroups_path,
@@ -219,7 +306,9 @@ def runtime_spec(
     }
     for m in mounts:
         options = ["rbind", "rprivate", "ro" if m.get("ro") else "rw"]
-        spec["mounts"].append({"destination": m["dst"], "type": "bind", "source": m["src"], "options": options})
+        spec["mounts"].append(
+            {"destination": m["dst"], "type": "bind", "source": m["src"], "options": options}
+        )
     if hooks:
         spec["hooks"] = hooks
     return spec
@@ -238,7 +327,9 @@ def non_root_problem(pod: dict, container: dict, image_user: str) -> str | None:
     if not non_root:
         return None
     meta = pod["metadata"]
-    who = f'(pod: "{meta["name"]}_{meta["namespace"]}({meta.get("uid", "")})", container: {container["name"]})'
+    who = (
+        f'(pod: "{meta["name"]}_{meta["namespace"]}({meta.get("uid", "")})", container: {container["name"]})'
+    )
     run_as = sc.get("runAsUser", pod_sc.get("runAsUser"))
     if run_as is not None:
         return f"container's runAsUser breaks non-root policy {who}" if int(run_as) == 0 else None

@@ -95,7 +95,9 @@ def _v3_index() -> dict:
     # the hash in each URL lets kubectl keep the document in its disk cache, as with a real server
     paths = {"api/v1": {"serverRelativeURL": f"/openapi/v3/api/v1?hash={_v3_document('')[1]}"}}
     for group in sorted({r.group for r in RESOURCES.values() if r.group}):
-        paths[f"apis/{group}/v1"] = {"serverRelativeURL": f"/openapi/v3/apis/{group}/v1?hash={_v3_document(group)[1]}"}
+        paths[f"apis/{group}/v1"] = {
+            "serverRelativeURL": f"/openapi/v3/apis/{group}/v1?hash={_v3_document(group)[1]}"
+        }
     return {"paths": paths}
 
 
@@ -136,16 +138,28 @@ def _v3_group(group: str) -> dict:
                 }
         coll_ops = {}
         if "create" in res.verbs:
-            coll_ops["post"] = {"operationId": f"create{res.kind}", "parameters": [_field_validation_param()],
-                                "x-kubernetes-action": "post", **ops}  # fmt: skip
+            coll_ops["post"] = {
+                "operationId": f"create{res.kind}",
+                "parameters": [_field_validation_param()],
+                "x-kubernetes-action": "post",
+                **ops,
+            }
         if "list" in res.verbs:
             coll_ops["get"] = {"operationId": f"list{res.kind}", "x-kubernetes-action": "list", **ops}
         paths[f"{prefix}{ns}/{res.name}"] = coll_ops
         paths[f"{prefix}{ns}/{res.name}/{{name}}"] = item_ops
-    roots = [f"{_definition_prefix(group, res.version)}.{res.kind}" for res in RESOURCES.values() if res.group == group]
+    roots = [
+        f"{_definition_prefix(group, res.version)}.{res.kind}"
+        for res in RESOURCES.values()
+        if res.group == group
+    ]
     roots += [f"{name}List" for name in roots] + [f"{META}.Status", f"{META}.DeleteOptions"]
-    return {"openapi": "3.0.0", "info": {"title": "Kubernetes (kubetrain local API)", "version": f"v{SCHEMA_VERSION}"},
-            "paths": paths, "components": {"schemas": _schemas(tuple(roots))}}  # fmt: skip
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes (kubetrain local API)", "version": f"v{SCHEMA_VERSION}"},
+        "paths": paths,
+        "components": {"schemas": _schemas(tuple(roots))},
+    }
 
 
 # -- component schemas, from kubernetes-validate's JSON schemas ---------------------------------
@@ -167,7 +181,12 @@ def _definition_prefix(group: str, version: str) -> str:
 def _definitions() -> dict:
     from importlib.resources import files
 
-    path = files("kubernetes_validate") / "kubernetes-json-schema" / f"v{SCHEMA_VERSION}-local" / "_definitions.json"
+    path = (
+        files("kubernetes_validate")
+        / "kubernetes-json-schema"
+        / f"v{SCHEMA_VERSION}-local"
+        / "_definitions.json"
+    )
     return json.loads(path.read_text())["$defs"]
 
 
@@ -178,7 +197,9 @@ def _convert(node):
     if not isinstance(node, dict):
         return node
     out = {}
-    ref = node.get("$ref") if isinstance(node.get("$ref"), str) else None  # JSONSchemaProps has a "$ref" property
+    ref = (
+        node.get("$ref") if isinstance(node.get("$ref"), str) else None
+    )  # JSONSchemaProps has a "$ref" property
     for key, value in node.items():
         if key == "$ref" and ref is not None:
             continue

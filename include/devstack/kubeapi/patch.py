@@ -223,7 +223,9 @@ def _merge_list(field: str, current: Any, patch: list) -> list:
                 out.append(v)
         return out
     key = MERGE_KEYS.get(field)
-    if field == "ports" and any(isinstance(p, dict) and "port" in p and "containerPort" not in p for p in patch):
+    if field == "ports" and any(
+        isinstance(p, dict) and "port" in p and "containerPort" not in p for p in patch
+    ):
         key = "port"  # a Service's ports merge on port, a container's on containerPort
     if not key or not all(isinstance(p, dict) for p in patch):
         return [p for p in copy.deepcopy(patch) if not (isinstance(p, dict) and p.get("$patch"))]

@@ -44,8 +44,12 @@ def build_preload(fallback_dir: Path) -> Path | None:
         try:
             directory.mkdir(parents=True, exist_ok=True)
             tmp = directory / f".{name}.{os.getpid()}"
-            subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(SOURCE), "-ldl"],
-                           check=True, capture_output=True, timeout=120)  # fmt: skip
+            subprocess.run(
+                [compiler, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(SOURCE), "-ldl"],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
             os.replace(tmp, target)
             return target
         except (OSError, subprocess.SubprocessError) as exc:
@@ -108,7 +112,9 @@ def hosts_file(pod: dict, pod_ip: str, records: list[tuple[str, str, str, str]])
         lines += [f"{a.get('ip')}\t{chr(9).join(a.get('hostnames') or [])}" for a in aliases]
     if records:
         lines.append("")
-        lines.append("# Pods of headless Services (the cluster DNS records), kept up to date by the local kubelet.")
+        lines.append(
+            "# Pods of headless Services (the cluster DNS records), kept up to date by the local kubelet."
+        )
         for ip, host, sub, ns in records:
             names = [fqdn(host, sub, ns), f"{host}.{sub}.{ns}.svc", f"{host}.{sub}.{ns}"]
             if ns == namespace:
@@ -130,7 +136,12 @@ def dns_records(pods: list[dict], services: list[dict]) -> list[tuple[str, str, 
         meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
         svc = by_name.get((meta.get("namespace"), spec.get("subdomain")))
         ip = status.get("podIP")
-        if svc is None or not spec.get("hostname") or not ip or status.get("phase") in ("Succeeded", "Failed"):
+        if (
+            svc is None
+            or not spec.get("hostname")
+            or not ip
+            or status.get("phase") in ("Succeeded", "Failed")
+        ):
             continue
         if meta.get("deletionTimestamp"):
             continue
@@ -138,7 +149,9 @@ def dns_records(pods: list[dict], services: list[dict]) -> list[tuple[str, str, 
         labels = meta.get("labels") or {}
         if not selector or any(labels.get(k) != v for k, v in selector.items()):
             continue
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
         if not ready and not (svc.get("spec") or {}).get("publishNotReadyAddresses"):
             continue
         out.append((ip, spec["hostname"], spec["subdomain"], meta["namespace"]))

@@ -17,29 +17,83 @@ LEVELS = ("privileged", "baseline", "restricted")
 ENFORCE = "pod-security.kubernetes.io/enforce"
 WARN = "pod-security.kubernetes.io/warn"
 BASELINE_CAPABILITIES = {
-    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE", "SETFCAP",
-    "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
-}  # fmt: skip
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+}
 SAFE_SYSCTLS = {
-    "kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
-    "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
-    "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.ping_group_range",
+    "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time",
+    "net.ipv4.tcp_fin_timeout",
+    "net.ipv4.tcp_keepalive_intvl",
     "net.ipv4.tcp_keepalive_probes",
-}  # fmt: skip
-RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-                      "projected", "secret"}  # fmt: skip
+}
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
 VOLUME_SOURCES = {
-    "hostPath", "emptyDir", "gcePersistentDisk", "awsElasticBlockStore", "gitRepo", "secret", "nfs", "iscsi",
-    "glusterfs", "persistentVolumeClaim", "rbd", "flexVolume", "cinder", "cephfs", "flocker", "downwardAPI", "fc",
-    "azureFile", "configMap", "vsphereVolume", "quobyte", "azureDisk", "photonPersistentDisk", "projected",
-    "portworxVolume", "scaleIO", "storageos", "csi", "ephemeral", "image",
-}  # fmt: skip
+    "hostPath",
+    "emptyDir",
+    "gcePersistentDisk",
+    "awsElasticBlockStore",
+    "gitRepo",
+    "secret",
+    "nfs",
+    "iscsi",
+    "glusterfs",
+    "persistentVolumeClaim",
+    "rbd",
+    "flexVolume",
+    "cinder",
+    "cephfs",
+    "flocker",
+    "downwardAPI",
+    "fc",
+    "azureFile",
+    "configMap",
+    "vsphereVolume",
+    "quobyte",
+    "azureDisk",
+    "photonPersistentDisk",
+    "projected",
+    "portworxVolume",
+    "scaleIO",
+    "storageos",
+    "csi",
+    "ephemeral",
+    "image",
+}
 APPARMOR_PREFIX = "container.apparmor.security.beta.kubernetes.io/"
 
 
 def _containers(spec: dict) -> list[dict]:
-    return [*(spec.get("initContainers") or []), *(spec.get("containers") or []),
-            *(spec.get("ephemeralContainers") or [])]  # fmt: skip
+    return [
+        *(spec.get("initContainers") or []),
+        *(spec.get("containers") or []),
+        *(spec.get("ephemeralContainers") or []),
+    ]
 
 
 def _names(kind: str, names: list[str]) -> str:
@@ -67,11 +121,16 @@ def privileged(meta: dict, spec: dict):
 def capabilities_baseline(meta: dict, spec: dict):
     details = []
     for c in _containers(spec):
-        added = [a for a in ((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or []
-                 if a not in BASELINE_CAPABILITIES]  # fmt: skip
+        added = [
+            a
+            for a in ((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or []
+            if a not in BASELINE_CAPABILITIES
+        ]
         if added:
             quoted = ", ".join(f'"{a}"' for a in added)
-            details.append(f'container "{c["name"]}" must not include {quoted} in securityContext.capabilities.add')
+            details.append(
+                f'container "{c["name"]}" must not include {quoted} in securityContext.capabilities.add'
+            )
     return ("non-default capabilities", "; ".join(details)) if details else None
 
 
@@ -85,7 +144,9 @@ def host_ports(meta: dict, spec: dict):
     for c in _containers(spec):
         ports = [str(p["hostPort"]) for p in c.get("ports") or [] if p.get("hostPort")]
         if ports:
-            details.append(f'container "{c["name"]}" uses hostPort{"s" if len(ports) > 1 else ""} {", ".join(ports)}')
+            details.append(
+                f'container "{c["name"]}" uses hostPort{"s" if len(ports) > 1 else ""} {", ".join(ports)}'
+            )
     return ("hostPort", "; ".join(details)) if details else None
 
 
@@ -93,11 +154,17 @@ def apparmor(meta: dict, spec: dict):
     bad = []
     annotations = meta.get("annotations") or {}
     for key, value in annotations.items():
-        if key.startswith(APPARMOR_PREFIX) and value not in ("runtime/default",) and not value.startswith("localhost/"):
+        if (
+            key.startswith(APPARMOR_PREFIX)
+            and value not in ("runtime/default",)
+            and not value.startswith("localhost/")
+        ):
             bad.append(f'{key}="{value}"')
     profiles = [((spec.get("securityContext") or {}).get("appArmorProfile") or {}, "pod")]
-    profiles += [((c.get("securityContext") or {}).get("appArmorProfile") or {}, f'container "{c["name"]}"')
-                 for c in _containers(spec)]  # fmt: skip
+    profiles += [
+        ((c.get("securityContext") or {}).get("appArmorProfile") or {}, f'container "{c["name"]}"')
+        for c in _containers(spec)
+    ]
     for profile, who in profiles:
         if profile.get("type") == "Unconfined":
             bad.append(f'{who} must not set securityContext.appArmorProfile.type to "Unconfined"')
@@ -105,8 +172,11 @@ def apparmor(meta: dict, spec: dict):
 
 
 def proc_mount(meta: dict, spec: dict):
-    bad = [c["name"] for c in _containers(spec)
-           if (c.get("securityContext") or {}).get("procMount") not in (None, "Default")]  # fmt: skip
+    bad = [
+        c["name"]
+        for c in _containers(spec)
+        if (c.get("securityContext") or {}).get("procMount") not in (None, "Default")
+    ]
     return ("procMount", _must(bad, 'not set securityContext.procMount to "Unmasked"')) if bad else None
 
 
@@ -114,8 +184,11 @@ def seccomp_baseline(meta: dict, spec: dict):
     bad = []
     if ((spec.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "Unconfined":
         bad.append("pod")
-    bad += [c["name"] for c in _containers(spec)
-            if ((c.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "Unconfined"]  # fmt: skip
+    bad += [
+        c["name"]
+        for c in _containers(spec)
+        if ((c.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "Unconfined"
+    ]
     if not bad:
         return None
     who = "pod" if bad == ["pod"] else _names("container", [b for b in bad if b != "pod"])
@@ -125,15 +198,22 @@ def seccomp_baseline(meta: dict, spec: dict):
 
 
 def sysctls(meta: dict, spec: dict):
-    bad = [s["name"] for s in (spec.get("securityContext") or {}).get("sysctls") or [] if s.get("name") not in SAFE_SYSCTLS]
+    bad = [
+        s["name"]
+        for s in (spec.get("securityContext") or {}).get("sysctls") or []
+        if s.get("name") not in SAFE_SYSCTLS
+    ]
     return ("forbidden sysctls", ", ".join(bad)) if bad else None
 
 
 def host_process(meta: dict, spec: dict):
     options = [((spec.get("securityContext") or {}).get("windowsOptions") or {})]
     options += [((c.get("securityContext") or {}).get("windowsOptions") or {}) for c in _containers(spec)]
-    return ("hostProcess", "pod or containers must not set securityContext.windowsOptions.hostProcess=true") if any(
-        o.get("hostProcess") for o in options) else None  # fmt: skip
+    return (
+        ("hostProcess", "pod or containers must not set securityContext.windowsOptions.hostProcess=true")
+        if any(o.get("hostProcess") for o in options)
+        else None
+    )
 
 
 def volume_types(meta: dict, spec: dict):
@@ -146,20 +226,35 @@ def volume_types(meta: dict, spec: dict):
 
 
 def privilege_escalation(meta: dict, spec: dict):
-    bad = [c["name"] for c in _containers(spec) if (c.get("securityContext") or {}).get("allowPrivilegeEscalation") is not False]
-    return ("allowPrivilegeEscalation != false", _must(bad, "set securityContext.allowPrivilegeEscalation=false")) if bad else None
+    bad = [
+        c["name"]
+        for c in _containers(spec)
+        if (c.get("securityContext") or {}).get("allowPrivilegeEscalation") is not False
+    ]
+    return (
+        (
+            "allowPrivilegeEscalation != false",
+            _must(bad, "set securityContext.allowPrivilegeEscalation=false"),
+        )
+        if bad
+        else None
+    )
 
 
 def run_as_non_root(meta: dict, spec: dict):
     pod_value = (spec.get("securityContext") or {}).get("runAsNonRoot")
     if pod_value is False:
         return ("runAsNonRoot != true", "pod must not set securityContext.runAsNonRoot=false")
-    explicit_false = [c["name"] for c in _containers(spec) if (c.get("securityContext") or {}).get("runAsNonRoot") is False]
+    explicit_false = [
+        c["name"] for c in _containers(spec) if (c.get("securityContext") or {}).get("runAsNonRoot") is False
+    ]
     if explicit_false:
         return ("runAsNonRoot != true", _must(explicit_false, "not set securityContext.runAsNonRoot=false"))
     if pod_value is True:
         return None
-    unset = [c["name"] for c in _containers(spec) if (c.get("securityContext") or {}).get("runAsNonRoot") is None]
+    unset = [
+        c["name"] for c in _containers(spec) if (c.get("securityContext") or {}).get("runAsNonRoot") is None
+    ]
     if not unset:
         return None
     return ("runAsNonRoot != true", f"pod or {_must(unset, 'set securityContext.runAsNonRoot=true')}")
@@ -189,39 +284,77 @@ def seccomp_restricted(meta: dict, spec: dict):
     if not missing and not bad_pod:
         return None
     who = ("pod or " + _names("container", missing)) if missing else "pod"
-    return ("seccompProfile", f'{who} must set securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost"')
+    return (
+        "seccompProfile",
+        f'{who} must set securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost"',
+    )
 
 
 def capabilities_restricted(meta: dict, spec: dict):
     details = []
-    no_drop = [c["name"] for c in _containers(spec)
-               if "ALL" not in (((c.get("securityContext") or {}).get("capabilities") or {}).get("drop") or [])]  # fmt: skip
+    no_drop = [
+        c["name"]
+        for c in _containers(spec)
+        if "ALL" not in (((c.get("securityContext") or {}).get("capabilities") or {}).get("drop") or [])
+    ]
     if no_drop:
         details.append(_must(no_drop, 'set securityContext.capabilities.drop=["ALL"]'))
     for c in _containers(spec):
-        added = [a for a in ((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or []
-                 if a != "NET_BIND_SERVICE"]  # fmt: skip
+        added = [
+            a
+            for a in ((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or []
+            if a != "NET_BIND_SERVICE"
+        ]
         if added:
             quoted = ", ".join(f'"{a}"' for a in added)
-            details.append(f'container "{c["name"]}" must not include {quoted} in securityContext.capabilities.add')
+            details.append(
+                f'container "{c["name"]}" must not include {quoted} in securityContext.capabilities.add'
+            )
     return ("unrestricted capabilities", "; ".join(details)) if details else None
 
 
-BASELINE: tuple[Check, ...] = (host_process, host_namespaces, privileged, capabilities_baseline, host_path, host_ports,
-                               apparmor, proc_mount, seccomp_baseline, sysctls)  # fmt: skip
-RESTRICTED: tuple[Check, ...] = (*BASELINE, volume_types, privilege_escalation, run_as_non_root, run_as_user,
-                                 seccomp_restricted, capabilities_restricted)  # fmt: skip
+BASELINE: tuple[Check, ...] = (
+    host_process,
+    host_namespaces,
+    privileged,
+    capabilities_baseline,
+    host_path,
+    host_ports,
+    apparmor,
+    proc_mount,
+    seccomp_baseline,
+    sysctls,
+)
+RESTRICTED: tuple[Check, ...] = (
+    *BASELINE,
+    volume_types,
+    privilege_escalation,
+    run_as_non_root,
+    run_as_user,
+    seccomp_restricted,
+    capabilities_restricted,
+)
 
 
 # the admission plugin's check IDs: its message lists the failed checks in the order of their IDs
 CHECK_IDS = {
-    host_process: "hostProcess", host_namespaces: "hostNamespaces", privileged: "privileged",
-    capabilities_baseline: "capabilities_baseline", host_path: "hostPathVolumes", host_ports: "hostPorts",
-    apparmor: "appArmorProfile", proc_mount: "procMount", seccomp_baseline: "seccompProfile_baseline",
-    sysctls: "sysctls", volume_types: "restrictedVolumes", privilege_escalation: "allowPrivilegeEscalation",
-    run_as_non_root: "runAsNonRoot", run_as_user: "runAsUser", seccomp_restricted: "seccompProfile_restricted",
+    host_process: "hostProcess",
+    host_namespaces: "hostNamespaces",
+    privileged: "privileged",
+    capabilities_baseline: "capabilities_baseline",
+    host_path: "hostPathVolumes",
+    host_ports: "hostPorts",
+    apparmor: "appArmorProfile",
+    proc_mount: "procMount",
+    seccomp_baseline: "seccompProfile_baseline",
+    sysctls: "sysctls",
+    volume_types: "restrictedVolumes",
+    privilege_escalation: "allowPrivilegeEscalation",
+    run_as_non_root: "runAsNonRoot",
+    run_as_user: "runAsUser",
+    seccomp_restricted: "seccompProfile_restricted",
     capabilities_restricted: "capabilities_restricted",
-}  # fmt: skip
+}
 
 
 def violations(level: str, pod: dict) -> list[tuple[str, str]]:
@@ -243,7 +376,9 @@ def violations(level: str, pod: dict) -> list[tuple[str, str]]:
 
 def summary(level: str, found: list[tuple[str, str]]) -> str:
     """``violates PodSecurity "restricted:latest": check (detail), ...``"""
-    return f'violates PodSecurity "{level}:latest": ' + ", ".join(f"{name} ({detail})" for name, detail in found)
+    return f'violates PodSecurity "{level}:latest": ' + ", ".join(
+        f"{name} ({detail})" for name, detail in found
+    )
 
 
 def levels(namespace: dict) -> tuple[str, str]:

@@ -27,30 +27,64 @@ from include.devstack.kubeapi.meta import ApiError
 MAGIC = b"k8s\x00"
 DESCRIPTORS = Path(__file__).with_name("k8s-v1.32.pb")
 MEDIA_TYPE = "application/vnd.kubernetes.protobuf"
-PACKAGES = {"v1": "k8s.io.api.core.v1", "batch/v1": "k8s.io.api.batch.v1", "meta.k8s.io/v1": "k8s.io.apimachinery.pkg.apis.meta.v1",
-            "authorization.k8s.io/v1": "k8s.io.api.authorization.v1"}  # fmt: skip
+PACKAGES = {
+    "v1": "k8s.io.api.core.v1",
+    "batch/v1": "k8s.io.api.batch.v1",
+    "meta.k8s.io/v1": "k8s.io.apimachinery.pkg.apis.meta.v1",
+    "authorization.k8s.io/v1": "k8s.io.api.authorization.v1",
+}
 # `kubectl auth can-i` sends a SelfSubjectAccessReview as protobuf: its messages, as k8s.io/api's
 # authorization/v1/generated.proto numbers their fields (the selector fields, alpha, left out)
 AUTHORIZATION_MESSAGES = {
-    "SelfSubjectAccessReview": [("metadata", 1, ".k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta"),
-                                ("spec", 2, ".k8s.io.api.authorization.v1.SelfSubjectAccessReviewSpec"),
-                                ("status", 3, ".k8s.io.api.authorization.v1.SubjectAccessReviewStatus")],
-    "SelfSubjectAccessReviewSpec": [("resourceAttributes", 1, ".k8s.io.api.authorization.v1.ResourceAttributes"),
-                                    ("nonResourceAttributes", 2, ".k8s.io.api.authorization.v1.NonResourceAttributes")],
-    "ResourceAttributes": [(name, i, "string") for i, name in enumerate(
-        ("namespace", "verb", "group", "version", "resource", "subresource", "name"), start=1)],
+    "SelfSubjectAccessReview": [
+        ("metadata", 1, ".k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta"),
+        ("spec", 2, ".k8s.io.api.authorization.v1.SelfSubjectAccessReviewSpec"),
+        ("status", 3, ".k8s.io.api.authorization.v1.SubjectAccessReviewStatus"),
+    ],
+    "SelfSubjectAccessReviewSpec": [
+        ("resourceAttributes", 1, ".k8s.io.api.authorization.v1.ResourceAttributes"),
+        ("nonResourceAttributes", 2, ".k8s.io.api.authorization.v1.NonResourceAttributes"),
+    ],
+    "ResourceAttributes": [
+        (name, i, "string")
+        for i, name in enumerate(
+            ("namespace", "verb", "group", "version", "resource", "subresource", "name"), start=1
+        )
+    ],
     "NonResourceAttributes": [("path", 1, "string"), ("verb", 2, "string")],
-    "SubjectAccessReviewStatus": [("allowed", 1, "bool"), ("reason", 2, "string"), ("evaluationError", 3, "string"),
-                                  ("denied", 4, "bool")],
-}  # fmt: skip
+    "SubjectAccessReviewStatus": [
+        ("allowed", 1, "bool"),
+        ("reason", 2, "string"),
+        ("evaluationError", 3, "string"),
+        ("denied", 4, "bool"),
+    ],
+}
 META = "k8s.io.apimachinery.pkg.apis.meta.v1."
 # Go structs embedded with `json:",inline"`: protobuf nests them in a field, JSON lifts their fields up
 # (every such field of k8s.io/api core/v1 and batch/v1 and apimachinery's meta/v1 at v0.32)
-INLINE = {"localObjectReference", "volumeSource", "persistentVolumeSource", "handler", "ephemeralContainerCommon"}
+INLINE = {
+    "localObjectReference",
+    "volumeSource",
+    "persistentVolumeSource",
+    "handler",
+    "ephemeralContainerCommon",
+}
 # non-pointer numbers and booleans that Go always writes in protobuf and its JSON leaves out when zero
 # (`json:",omitempty"`); a pointer field's 0 or false is a value of its own and stays
-OMIT_ZERO = {"generation", "nodePort", "healthCheckNodePort", "publishNotReadyAddresses", "hostPort", "stdin",
-             "stdinOnce", "tty", "hostNetwork", "hostPID", "hostIPC", "readOnly"}  # fmt: skip
+OMIT_ZERO = {
+    "generation",
+    "nodePort",
+    "healthCheckNodePort",
+    "publishNotReadyAddresses",
+    "hostPort",
+    "stdin",
+    "stdinOnce",
+    "tty",
+    "hostNetwork",
+    "hostPID",
+    "hostIPC",
+    "readOnly",
+}
 
 
 @cache
@@ -62,14 +96,21 @@ def _pool():
     for f in fds.file:
         pool.Add(f)
     authorization = descriptor_pb2.FileDescriptorProto(
-        name="k8s.io/api/authorization/v1/generated.proto", package="k8s.io.api.authorization.v1", syntax="proto2",
+        name="k8s.io/api/authorization/v1/generated.proto",
+        package="k8s.io.api.authorization.v1",
+        syntax="proto2",
         dependency=["k8s.io/apimachinery/pkg/apis/meta/v1/generated.proto"],
-    )  # fmt: skip
-    scalar = {"string": descriptor_pb2.FieldDescriptorProto.TYPE_STRING, "bool": descriptor_pb2.FieldDescriptorProto.TYPE_BOOL}
+    )
+    scalar = {
+        "string": descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+        "bool": descriptor_pb2.FieldDescriptorProto.TYPE_BOOL,
+    }
     for message, fields in AUTHORIZATION_MESSAGES.items():
         proto = authorization.message_type.add(name=message)
         for name, number, kind in fields:
-            field = proto.field.add(name=name, number=number, label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+            field = proto.field.add(
+                name=name, number=number, label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL
+            )
             if kind in scalar:
                 field.type = scalar[kind]
             else:
@@ -99,7 +140,9 @@ def _unsupported(what: str) -> ApiError:
 def decode(raw: bytes) -> dict:
     """The JSON-shaped object of a protobuf request body."""
     if not raw.startswith(MAGIC):
-        raise ApiError(400, "BadRequest", "the protobuf body does not start with the Kubernetes magic bytes k8s\\0")
+        raise ApiError(
+            400, "BadRequest", "the protobuf body does not start with the Kubernetes magic bytes k8s\\0"
+        )
     unknown_cls = _message("k8s.io.apimachinery.pkg.runtime.Unknown")
     try:
         envelope = unknown_cls.FromString(raw[len(MAGIC) :])

@@ -53,8 +53,10 @@ def anonymous() -> Identity:
 
 
 def service_account_identity(namespace: str, name: str) -> Identity:
-    return Identity(f"system:serviceaccount:{namespace}:{name}",
-                    ("system:serviceaccounts", f"system:serviceaccounts:{namespace}", AUTHENTICATED))  # fmt: skip
+    return Identity(
+        f"system:serviceaccount:{namespace}:{name}",
+        ("system:serviceaccounts", f"system:serviceaccounts:{namespace}", AUTHENTICATED),
+    )
 
 
 def read_token_file(path: Path) -> dict[str, Identity]:
@@ -69,8 +71,15 @@ def read_token_file(path: Path) -> dict[str, Identity]:
         identity = Identity(row[1], tuple(dict.fromkeys([*groups, AUTHENTICATED])), row[2])
         if identity.service_account:
             ns = identity.service_account[0]
-            identity = Identity(identity.user, tuple(dict.fromkeys(
-                [*identity.groups, "system:serviceaccounts", f"system:serviceaccounts:{ns}"])), row[2])  # fmt: skip
+            identity = Identity(
+                identity.user,
+                tuple(
+                    dict.fromkeys(
+                        [*identity.groups, "system:serviceaccounts", f"system:serviceaccounts:{ns}"]
+                    )
+                ),
+                row[2],
+            )
         tokens[row[0]] = identity
     return tokens
 
@@ -109,8 +118,12 @@ def rule_allows(rule: dict, attrs: Attributes) -> bool:
         return False
     resources = rule.get("resources") or []
     combined = f"{attrs.resource}/{attrs.subresource}" if attrs.subresource else attrs.resource
-    if not ("*" in resources or combined in resources or (attrs.subresource and f"*/{attrs.subresource}" in resources)
-            or (attrs.subresource and f"{attrs.resource}/*" in resources)):  # fmt: skip
+    if not (
+        "*" in resources
+        or combined in resources
+        or (attrs.subresource and f"*/{attrs.subresource}" in resources)
+        or (attrs.subresource and f"{attrs.resource}/*" in resources)
+    ):
         return False
     names = rule.get("resourceNames") or []
     return not names or (bool(attrs.name) and attrs.name in names)
@@ -129,16 +142,35 @@ def subject_matches(subject: dict, identity: Identity) -> bool:
 
 def bootstrap_objects() -> list[tuple[str, dict]]:
     """The default ClusterRoles and ClusterRoleBindings every cluster has (the subset that applies here)."""
-    discovery = ["/api", "/api/*", "/apis", "/apis/*", "/openapi", "/openapi/*", "/version", "/version/",
-                 "/healthz", "/livez", "/readyz"]  # fmt: skip
+    discovery = [
+        "/api",
+        "/api/*",
+        "/apis",
+        "/apis/*",
+        "/openapi",
+        "/openapi/*",
+        "/version",
+        "/version/",
+        "/healthz",
+        "/livez",
+        "/readyz",
+    ]
     roles = {
-        "cluster-admin": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
-                          {"nonResourceURLs": ["*"], "verbs": ["*"]}],  # fmt: skip
+        "cluster-admin": [
+            {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
+            {"nonResourceURLs": ["*"], "verbs": ["*"]},
+        ],
         "system:discovery": [{"nonResourceURLs": discovery, "verbs": ["get"]}],
-        "system:basic-user": [{"apiGroups": ["authorization.k8s.io"],
-                               "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"], "verbs": ["create"]}],  # fmt: skip
-        "system:public-info-viewer": [{"nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version", "/version/"],
-                                       "verbs": ["get"]}],  # fmt: skip
+        "system:basic-user": [
+            {
+                "apiGroups": ["authorization.k8s.io"],
+                "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
+                "verbs": ["create"],
+            }
+        ],
+        "system:public-info-viewer": [
+            {"nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version", "/version/"], "verbs": ["get"]}
+        ],
     }
     bindings = {
         "cluster-admin": [MASTERS],
@@ -148,15 +180,30 @@ def bootstrap_objects() -> list[tuple[str, dict]]:
     }
     out: list[tuple[str, dict]] = []
     for name, rules in roles.items():
-        out.append(("clusterroles", {"apiVersion": f"{RBAC_GROUP}/v1", "kind": "ClusterRole",
-                                     "metadata": {"name": name, "labels": dict(BOOTSTRAP_LABEL)}, "rules": rules}))  # fmt: skip
+        out.append(
+            (
+                "clusterroles",
+                {
+                    "apiVersion": f"{RBAC_GROUP}/v1",
+                    "kind": "ClusterRole",
+                    "metadata": {"name": name, "labels": dict(BOOTSTRAP_LABEL)},
+                    "rules": rules,
+                },
+            )
+        )
     for name, groups in bindings.items():
-        out.append(("clusterrolebindings", {
-            "apiVersion": f"{RBAC_GROUP}/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": name, "labels": dict(BOOTSTRAP_LABEL)},
-            "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": name},
-            "subjects": [{"apiGroup": RBAC_GROUP, "kind": "Group", "name": g} for g in groups],
-        }))  # fmt: skip
+        out.append(
+            (
+                "clusterrolebindings",
+                {
+                    "apiVersion": f"{RBAC_GROUP}/v1",
+                    "kind": "ClusterRoleBinding",
+                    "metadata": {"name": name, "labels": dict(BOOTSTRAP_LABEL)},
+                    "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": name},
+                    "subjects": [{"apiGroup": RBAC_GROUP, "kind": "Group", "name": g} for g in groups],
+                },
+            )
+        )
     return out
 
 
@@ -200,5 +247,7 @@ def forbidden_message(identity: Identity, attrs: Attributes) -> str:
     resource = f"{attrs.resource}/{attrs.subresource}" if attrs.subresource else attrs.resource
     what = f'{attrs.resource} "{attrs.name}"' if attrs.name else attrs.resource
     where = f'in the namespace "{attrs.namespace}"' if attrs.namespace else "at the cluster scope"
-    return (f'{what} is forbidden: User "{identity.user}" cannot {attrs.verb} resource "{resource}" in API group '
-            f'"{attrs.api_group}" {where}')  # fmt: skip
+    return (
+        f'{what} is forbidden: User "{identity.user}" cannot {attrs.verb} resource "{resource}" in API group '
+        f'"{attrs.api_group}" {where}'
+    )

@@ -44,7 +44,9 @@ def find_runc() -> str:
     """The runc binary; :class:`RuntimeUnavailable` with what to do when it cannot be used."""
     runc = shutil.which(RUNC)
     if runc is None:
-        raise RuntimeUnavailable("runc is not installed: run `make setup` (it installs Debian's runc package)")
+        raise RuntimeUnavailable(
+            "runc is not installed: run `make setup` (it installs Debian's runc package)"
+        )
     if os.geteuid() != 0:
         raise RuntimeUnavailable(
             "the local kubelet runs containers with runc and mounts their images' file systems, which needs root: "

@@ -122,8 +122,10 @@ def _pod_fields(obj: dict) -> dict[str, str]:
 
 def _event_fields(obj: dict) -> dict[str, str]:
     inv = obj.get("involvedObject", {})
-    out = {f"involvedObject.{k}": str(inv.get(k, "")) for k in
-           ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath")}  # fmt: skip
+    out = {
+        f"involvedObject.{k}": str(inv.get(k, ""))
+        for k in ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath")
+    }
     out.update(
         {
             "reason": obj.get("reason", ""),

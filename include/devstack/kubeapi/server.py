@@ -91,12 +91,22 @@ class Api:
     def authorize(self, request: web.Request, attrs: rbac.Attributes) -> None:
         identity = request["identity"]
         if not self.authorizer.allowed(identity, attrs):
-            raise ApiError(403, "Forbidden", rbac.forbidden_message(identity, attrs),
-                           kind=attrs.resource or None, name=attrs.name or None, group=attrs.api_group)  # fmt: skip
+            raise ApiError(
+                403,
+                "Forbidden",
+                rbac.forbidden_message(identity, attrs),
+                kind=attrs.resource or None,
+                name=attrs.name or None,
+                group=attrs.api_group,
+            )
 
     def authorize_path(self, request: web.Request) -> None:
-        self.authorize(request, rbac.Attributes(verb=request.method.lower() if request.method != "HEAD" else "get",
-                                                path=request.path))  # fmt: skip
+        self.authorize(
+            request,
+            rbac.Attributes(
+                verb=request.method.lower() if request.method != "HEAD" else "get", path=request.path
+            ),
+        )
 
     # -- routing -----------------------------------------------------------------------------
 
@@ -115,13 +125,36 @@ class Api:
     async def _route(self, request: web.Request) -> web.StreamResponse:
         parts = [p for p in request.path.split("/") if p]
         method = request.method
-        discovery = not parts or parts[0] in ("version", "healthz", "livez", "readyz", "openapi") or (
-            parts[0] == "api" and len(parts) <= 2) or (parts[0] == "apis" and len(parts) <= 3)  # fmt: skip
+        discovery = (
+            not parts
+            or parts[0] in ("version", "healthz", "livez", "readyz", "openapi")
+            or (parts[0] == "api" and len(parts) <= 2)
+            or (parts[0] == "apis" and len(parts) <= 3)
+        )
         if discovery:
             self.authorize_path(request)
         if not parts:
-            return _json({"paths": ["/api", "/api/v1", "/apis", "/apis/batch", "/apis/batch/v1", "/apis/events.k8s.io",
-                                    "/apis/events.k8s.io/v1", "/apis/apiextensions.k8s.io", "/apis/apiextensions.k8s.io/v1", "/healthz", "/livez", "/openapi/v2", "/openapi/v3", "/readyz", "/version"]})  # fmt: skip
+            return _json(
+                {
+                    "paths": [
+                        "/api",
+                        "/api/v1",
+                        "/apis",
+                        "/apis/batch",
+                        "/apis/batch/v1",
+                        "/apis/events.k8s.io",
+                        "/apis/events.k8s.io/v1",
+                        "/apis/apiextensions.k8s.io",
+                        "/apis/apiextensions.k8s.io/v1",
+                        "/healthz",
+                        "/livez",
+                        "/openapi/v2",
+                        "/openapi/v3",
+                        "/readyz",
+                        "/version",
+                    ]
+                }
+            )
         head = parts[0]
         if head == "version":
             return _json(SERVER_VERSION)
@@ -131,8 +164,15 @@ class Api:
             return openapi.handle(request, parts[1:])
         if head == "api":
             if len(parts) == 1:
-                return _json({"kind": "APIVersions", "versions": ["v1"],
-                              "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})  # fmt: skip
+                return _json(
+                    {
+                        "kind": "APIVersions",
+                        "versions": ["v1"],
+                        "serverAddressByClientCIDRs": [
+                            {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}
+                        ],
+                    }
+                )
             group, version, rest = "", parts[1], parts[2:]
         elif head == "apis":
             if len(parts) == 1:
@@ -172,10 +212,20 @@ class Api:
         if res.namespaced and ns is None and name is not None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if sub is not None and sub not in res.subresources:
-            what = {"portforward": "port-forward", "attach": "attach", "proxy": "proxy", "eviction": "eviction",
-                    "ephemeralcontainers": "ephemeral containers", "scale": "scale"}.get(sub, sub)  # fmt: skip
-            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({res.name}/{sub}): "
-                           f"{what} is not supported by the local Kubernetes API")  # fmt: skip
+            what = {
+                "portforward": "port-forward",
+                "attach": "attach",
+                "proxy": "proxy",
+                "eviction": "eviction",
+                "ephemeralcontainers": "ephemeral containers",
+                "scale": "scale",
+            }.get(sub, sub)
+            raise ApiError(
+                404,
+                "NotFound",
+                f"the server could not find the requested resource ({res.name}/{sub}): "
+                f"{what} is not supported by the local Kubernetes API",
+            )
         q = request.query
         self.authorize_resource(request, res, ns, name, sub, watch_path or q.get("watch") in TRUE)
         verb_ok = res.subresources.get(sub, ()) if sub else res.verbs
@@ -211,8 +261,12 @@ class Api:
             "DELETE": "delete" if name else "deletecollection",
         }
         if needed.get(method) not in verb_ok:
-            raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested resource "
-                           f"({method} {res.name}{'/' + sub if sub else ''})")  # fmt: skip
+            raise ApiError(
+                405,
+                "MethodNotAllowed",
+                f"the server does not allow this method on the requested resource "
+                f"({method} {res.name}{'/' + sub if sub else ''})",
+            )
         dry = "All" in q.getall("dryRun", [])
         if method == "POST" and res.name == "selfsubjectaccessreviews":
             return self.access_review(request, body)
@@ -238,7 +292,11 @@ class Api:
             ):
                 # server-side apply of a new object creates it; of an existing one it is refused (415)
                 if "create" not in res.verbs:
-                    raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested resource (create {res.name})")  # fmt: skip
+                    raise ApiError(
+                        405,
+                        "MethodNotAllowed",
+                        f"the server does not allow this method on the requested resource (create {res.name})",
+                    )
                 if not isinstance(body, dict):
                     raise bad_request("the server-side apply body must be an object")
                 if (body.get("metadata") or {}).get("name") not in (None, name):
@@ -276,8 +334,15 @@ class Api:
             405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
         )
 
-    def authorize_resource(self, request: web.Request, res: Resource, ns: str | None, name: str | None,
-                           sub: str | None, watching: bool) -> None:  # fmt: skip
+    def authorize_resource(
+        self,
+        request: web.Request,
+        res: Resource,
+        ns: str | None,
+        name: str | None,
+        sub: str | None,
+        watching: bool,
+    ) -> None:
         """RBAC for a resource request, with the verb kube-apiserver derives from the method."""
         method = request.method
         if method in ("GET", "HEAD"):
@@ -287,12 +352,23 @@ class Api:
                 # supported minor, so both are checked
                 verbs = ["get", "create"]
         else:
-            verbs = [{"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method)
-                     or ("delete" if name else "deletecollection")]  # fmt: skip
+            verbs = [
+                {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method)
+                or ("delete" if name else "deletecollection")
+            ]
         namespace = name if res.name == "namespaces" and name else (ns or "")
         for verb in verbs:
-            self.authorize(request, rbac.Attributes(verb=verb, api_group=res.group, resource=res.name,
-                                                    subresource=sub or "", name=name or "", namespace=namespace))  # fmt: skip
+            self.authorize(
+                request,
+                rbac.Attributes(
+                    verb=verb,
+                    api_group=res.group,
+                    resource=res.name,
+                    subresource=sub or "",
+                    name=name or "",
+                    namespace=namespace,
+                ),
+            )
 
     def access_review(self, request: web.Request, body) -> web.Response:
         """SelfSubjectAccessReview: may the asking user do what the spec says?"""
@@ -303,17 +379,27 @@ class Api:
         if bool(res) == bool(nonres):
             raise v_invalid_review()
         if res:
-            attrs = rbac.Attributes(verb=res.get("verb", ""), api_group=res.get("group", ""),
-                                    resource=res.get("resource", ""), subresource=res.get("subresource", ""),
-                                    name=res.get("name", ""), namespace=res.get("namespace", ""))  # fmt: skip
+            attrs = rbac.Attributes(
+                verb=res.get("verb", ""),
+                api_group=res.get("group", ""),
+                resource=res.get("resource", ""),
+                subresource=res.get("subresource", ""),
+                name=res.get("name", ""),
+                namespace=res.get("namespace", ""),
+            )
         else:
             attrs = rbac.Attributes(verb=nonres.get("verb", ""), path=nonres.get("path", ""))
         allowed = self.authorizer.allowed(request["identity"], attrs)
         status = {"allowed": allowed}
         if allowed:
             status["reason"] = "RBAC: allowed by a RoleBinding or ClusterRoleBinding"
-        out = {"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
-               "metadata": {"creationTimestamp": None}, "spec": spec, "status": status}  # fmt: skip
+        out = {
+            "kind": "SelfSubjectAccessReview",
+            "apiVersion": "authorization.k8s.io/v1",
+            "metadata": {"creationTimestamp": None},
+            "spec": spec,
+            "status": status,
+        }
         return _json(out, 201)
 
     # -- reads -------------------------------------------------------------------------------
@@ -492,8 +578,12 @@ class Api:
 
     def create(self, res: Resource, ns: str | None, body, q, dry: bool) -> tuple[dict, list[str]]:
         if res.name == "customresourcedefinitions":
-            raise ApiError(405, "MethodNotAllowed", "the local Kubernetes API serves no custom resources: "
-                           "creating a CustomResourceDefinition is not supported")  # fmt: skip
+            raise ApiError(
+                405,
+                "MethodNotAllowed",
+                "the local Kubernetes API serves no custom resources: "
+                "creating a CustomResourceDefinition is not supported",
+            )
         if res.group == "events.k8s.io" or res.name == "nodes":
             raise ApiError(
                 405,
@@ -529,8 +619,10 @@ class Api:
         if res.name == "pods":
             _, warn = podsecurity.levels(self.store.get("namespaces", "", ns or "default") or {})
             if podsecurity.violations(warn, obj):
-                warnings.append(f'would violate PodSecurity "{warn}:latest": ' + ", ".join(
-                    f"{name} ({detail})" for name, detail in podsecurity.violations(warn, obj)))  # fmt: skip
+                warnings.append(
+                    f'would violate PodSecurity "{warn}:latest": '
+                    + ", ".join(f"{name} ({detail})" for name, detail in podsecurity.violations(warn, obj))
+                )
             return self.create_pod_object(obj, dry=dry), warnings
         if res.name == "jobs":
             obj.pop("status", None)
@@ -572,7 +664,9 @@ class Api:
         if res.name == "services":
             self.cluster.refresh_hosts()
         if res.name == "namespaces":
-            self.cluster.create_default_service_account(meta["name"])  # as the service account controller does
+            self.cluster.create_default_service_account(
+                meta["name"]
+            )  # as the service account controller does
         return created, warnings
 
     def create_pod_object(self, pod: dict, dry: bool = False) -> dict:
@@ -590,14 +684,24 @@ class Api:
         enforce, _ = podsecurity.levels(self.store.get("namespaces", "", namespace) or {})
         found = podsecurity.violations(enforce, pod)
         if found:
-            raise ApiError(403, "Forbidden", f'pods "{meta.get("name", "")}" is forbidden: '
-                           f"{podsecurity.summary(enforce, found)}", kind="pods", name=meta.get("name", ""))  # fmt: skip
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'pods "{meta.get("name", "")}" is forbidden: {podsecurity.summary(enforce, found)}',
+                kind="pods",
+                name=meta.get("name", ""),
+            )
         # the ServiceAccount admission plugin: the pod's service account must exist
         account = spec.setdefault("serviceAccountName", spec.get("serviceAccount") or "default")
         if self.store.get("serviceaccounts", namespace, account) is None:
-            raise ApiError(403, "Forbidden", f'pods "{meta.get("name", "")}" is forbidden: error looking up service '
-                           f'account {namespace}/{account}: serviceaccount "{account}" not found',
-                           kind="pods", name=meta.get("name", ""))  # fmt: skip
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'pods "{meta.get("name", "")}" is forbidden: error looking up service '
+                f'account {namespace}/{account}: serviceaccount "{account}" not found',
+                kind="pods",
+                name=meta.get("name", ""),
+            )
         pod["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
         if dry:
             return pod
@@ -723,8 +827,17 @@ class Api:
         if policy is None and (body.get("orphanDependents") is True or q.get("orphanDependents") in TRUE):
             policy = "Orphan"
         if policy not in (None, "Orphan", "Background", "Foreground"):
-            raise v.invalid("DeleteOptions", "", [("propagationPolicy", "FieldValueNotSupported",
-                            f'Unsupported value: "{policy}": supported values: "Foreground", "Background", "Orphan"')])  # fmt: skip
+            raise v.invalid(
+                "DeleteOptions",
+                "",
+                [
+                    (
+                        "propagationPolicy",
+                        "FieldValueNotSupported",
+                        f'Unsupported value: "{policy}": supported values: "Foreground", "Background", "Orphan"',
+                    )
+                ],
+            )
         if dry:
             return current
         if res.name == "pods":
@@ -779,7 +892,15 @@ class Api:
                 self.cluster.delete_pod(name, pod["metadata"]["name"], None)
         while self.store.list("pods", name):
             await asyncio.sleep(0.1)
-        for kind in ("secrets", "configmaps", "services", "events", "serviceaccounts", "roles", "rolebindings"):
+        for kind in (
+            "secrets",
+            "configmaps",
+            "services",
+            "events",
+            "serviceaccounts",
+            "roles",
+            "rolebindings",
+        ):
             for obj in self.store.list(kind, name):
                 self.store.remove(kind, name, obj["metadata"]["name"])
         self.store.remove("namespaces", "", name)
@@ -905,10 +1026,14 @@ class Api:
         if c is None:
             raise bad_request(f"container {container} is not valid for pod {name}")
         if c.log is None or (c.proc is None and "running" not in c.state):
-            raise bad_request(f'unable to upgrade connection: container {container} not found in pod {name}_{ns}')
+            raise bad_request(
+                f"unable to upgrade connection: container {container} not found in pod {name}_{ns}"
+            )
         if request.headers.get("Upgrade", "").lower() != "websocket":
-            raise bad_request("Upgrade request required: the local Kubernetes API serves attach over WebSocket "
-                              f"({', '.join(EXEC_PROTOCOLS[:2])}), not SPDY")  # fmt: skip
+            raise bad_request(
+                "Upgrade request required: the local Kubernetes API serves attach over WebSocket "
+                f"({', '.join(EXEC_PROTOCOLS[:2])}), not SPDY"
+            )
         ws = web.WebSocketResponse(protocols=EXEC_PROTOCOLS, autoping=True, max_msg_size=0)
         await ws.prepare(request)
         proto = ws.ws_protocol or "channel.k8s.io"
@@ -925,7 +1050,9 @@ class Api:
         reader = asyncio.ensure_future(drain_client())
         # kubectl reads the log so far, then attaches: go on from that read, so that no line is lost or repeated
         now = time.time_ns()
-        opts = LogOptions(follow=True, since_ns=c.log_read_ns if now - c.log_read_ns < 10_000_000_000 else now)
+        opts = LogOptions(
+            follow=True, since_ns=c.log_read_ns if now - c.log_read_ns < 10_000_000_000 else now
+        )
         with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
             async for chunk in stream_log(c.log, c.log.path, opts, alive):
                 if q.get("stdout", "true") in TRUE:
@@ -957,8 +1084,10 @@ class Api:
         if c.proc is None or c.proc.finished.is_set() or not c.proc.pid or "running" not in c.state:
             raise bad_request(f'unable to upgrade connection: container not found ("{container}")')
         if request.headers.get("Upgrade", "").lower() != "websocket":
-            raise bad_request("Upgrade request required: the local Kubernetes API serves exec over WebSocket "
-                              f"({', '.join(EXEC_PROTOCOLS[:2])}), not SPDY")  # fmt: skip
+            raise bad_request(
+                "Upgrade request required: the local Kubernetes API serves exec over WebSocket "
+                f"({', '.join(EXEC_PROTOCOLS[:2])}), not SPDY"
+            )
         ws = web.WebSocketResponse(protocols=EXEC_PROTOCOLS, autoping=True, max_msg_size=0)
         await ws.prepare(request)
         proto = ws.ws_protocol or "channel.k8s.io"
@@ -1030,15 +1159,27 @@ class Api:
 
 
 def v_invalid_review() -> ApiError:
-    return ApiError(422, "Invalid", 'SelfSubjectAccessReview.authorization.k8s.io "" is invalid: [spec.resourceAttributes: '
-                    'Invalid value: "null": exactly one of nonResourceAttributes or resourceAttributes must be specified]',
-                    kind="SelfSubjectAccessReview", group="authorization.k8s.io")  # fmt: skip
+    return ApiError(
+        422,
+        "Invalid",
+        'SelfSubjectAccessReview.authorization.k8s.io "" is invalid: [spec.resourceAttributes: '
+        'Invalid value: "null": exactly one of nonResourceAttributes or resourceAttributes must be specified]',
+        kind="SelfSubjectAccessReview",
+        group="authorization.k8s.io",
+    )
 
 
 def exec_status(code: int | None, error: str | None) -> str:
     if error:
-        return json.dumps({"metadata": {}, "status": "Failure", "message": error, "reason": "InternalError",
-                           "details": {"causes": [{"message": error}]}})  # fmt: skip
+        return json.dumps(
+            {
+                "metadata": {},
+                "status": "Failure",
+                "message": error,
+                "reason": "InternalError",
+                "details": {"causes": [{"message": error}]},
+            }
+        )
     if code == 0:
         return json.dumps({"metadata": {}, "status": "Success"})
     return json.dumps(
@@ -1141,8 +1282,13 @@ def resource_list(group: str, version: str) -> dict:
     for (g, _), res in RESOURCES.items():
         if g != group:
             continue
-        entry = {"name": res.name, "singularName": res.singular, "namespaced": res.namespaced, "kind": res.kind,
-                 "verbs": list(res.verbs)}  # fmt: skip
+        entry = {
+            "name": res.name,
+            "singularName": res.singular,
+            "namespaced": res.namespaced,
+            "kind": res.kind,
+            "verbs": list(res.verbs),
+        }
         if res.short_names:
             entry["shortNames"] = list(res.short_names)
         if res.categories:
@@ -1204,24 +1350,53 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=6443)
     parser.add_argument("--state-dir", type=Path, required=True, help="where pods keep volumes and logs")
-    parser.add_argument("--strict-gpu", action="store_true",
-                        help="pods that request more nvidia.com/gpu than present stay Pending (FailedScheduling)")  # fmt: skip
-    parser.add_argument("--image-store", type=Path, default=Path(os.environ.get("KUBETRAIN_IMAGE_STORE") or DEFAULT_STORE),
-                        help="the node's image store (layers unpacked once; may be shared by dev stacks on a machine)")  # fmt: skip
-    parser.add_argument("--mirror", default=os.environ.get("KUBETRAIN_REGISTRY_MIRROR") or None, metavar="HOST:PORT",
-                        help="registry mirror for docker.io and quay.io images (the dev stack's, include/devstack/mirror.py)")  # fmt: skip
-    parser.add_argument("--backoff-seconds", type=float, default=float(os.environ.get("KUBETRAIN_BACKOFF_SECONDS", "10")),
-                        help="initial restart back-off (the kubelet's is 10 s)")  # fmt: skip
-    parser.add_argument("--kubernetes-version", default=None, metavar="1.MINOR",
-                        help=f"report this Kubernetes version instead of 1.{MINIMUM_MINOR}, the oldest kubetrain supports "
-                        "(to see how clients treat an older cluster)")  # fmt: skip
-    parser.add_argument("--tls-cert-file", type=Path, default=None,
-                        help="serve HTTPS with this certificate (PEM), as every real API server does: kubectl sends a "
-                        "bearer token over HTTPS only")  # fmt: skip
-    parser.add_argument("--tls-private-key-file", type=Path, default=None, help="the certificate's private key (PEM)")
-    parser.add_argument("--token-auth-file", type=Path, required=True,
-                        help="bearer tokens and the users they stand for, one token,user,uid,\"groups\" per line "
-                        "(kube-apiserver's format); every request is then authorized by RBAC")  # fmt: skip
+    parser.add_argument(
+        "--strict-gpu",
+        action="store_true",
+        help="pods that request more nvidia.com/gpu than present stay Pending (FailedScheduling)",
+    )
+    parser.add_argument(
+        "--image-store",
+        type=Path,
+        default=Path(os.environ.get("KUBETRAIN_IMAGE_STORE") or DEFAULT_STORE),
+        help="the node's image store (layers unpacked once; may be shared by dev stacks on a machine)",
+    )
+    parser.add_argument(
+        "--mirror",
+        default=os.environ.get("KUBETRAIN_REGISTRY_MIRROR") or None,
+        metavar="HOST:PORT",
+        help="registry mirror for docker.io and quay.io images (the dev stack's, include/devstack/mirror.py)",
+    )
+    parser.add_argument(
+        "--backoff-seconds",
+        type=float,
+        default=float(os.environ.get("KUBETRAIN_BACKOFF_SECONDS", "10")),
+        help="initial restart back-off (the kubelet's is 10 s)",
+    )
+    parser.add_argument(
+        "--kubernetes-version",
+        default=None,
+        metavar="1.MINOR",
+        help=f"report this Kubernetes version instead of 1.{MINIMUM_MINOR}, the oldest kubetrain supports "
+        "(to see how clients treat an older cluster)",
+    )
+    parser.add_argument(
+        "--tls-cert-file",
+        type=Path,
+        default=None,
+        help="serve HTTPS with this certificate (PEM), as every real API server does: kubectl sends a "
+        "bearer token over HTTPS only",
+    )
+    parser.add_argument(
+        "--tls-private-key-file", type=Path, default=None, help="the certificate's private key (PEM)"
+    )
+    parser.add_argument(
+        "--token-auth-file",
+        type=Path,
+        required=True,
+        help='bearer tokens and the users they stand for, one token,user,uid,"groups" per line '
+        "(kube-apiserver's format); every request is then authorized by RBAC",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout
@@ -1232,14 +1407,27 @@ def main(argv: list[str] | None = None) -> int:
         if args.kubernetes_version:
             set_version(args.kubernetes_version)
         tokens = rbac.read_token_file(args.token_auth_file)
-        cluster = Cluster(state_dir, port=args.port, image_store=args.image_store, mirror=args.mirror,
-                          strict_gpu=args.strict_gpu, backoff=args.backoff_seconds)  # fmt: skip
+        cluster = Cluster(
+            state_dir,
+            port=args.port,
+            image_store=args.image_store,
+            mirror=args.mirror,
+            strict_gpu=args.strict_gpu,
+            backoff=args.backoff_seconds,
+        )
     except (RuntimeUnavailable, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    log.info("local Kubernetes API on http://%s:%d: runc %s, image store %s, mirror %s, %d GPU(s)%s", args.host,
-             args.port, cluster.runc, args.image_store, args.mirror or "(none)", len(cluster.gpus),
-             " (strict)" if args.strict_gpu else "")  # fmt: skip
+    log.info(
+        "local Kubernetes API on http://%s:%d: runc %s, image store %s, mirror %s, %d GPU(s)%s",
+        args.host,
+        args.port,
+        cluster.runc,
+        args.image_store,
+        args.mirror or "(none)",
+        len(cluster.gpus),
+        " (strict)" if args.strict_gpu else "",
+    )
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     ssl_context = None
     if args.tls_cert_file:
@@ -1248,7 +1436,12 @@ def main(argv: list[str] | None = None) -> int:
         ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ssl_context.load_cert_chain(args.tls_cert_file, args.tls_private_key_file)
     web.run_app(
-        build_app(cluster, tokens), host=args.host, port=args.port, access_log=None, print=None, shutdown_timeout=5,
+        build_app(cluster, tokens),
+        host=args.host,
+        port=args.port,
+        access_log=None,
+        print=None,
+        shutdown_timeout=5,
         ssl_context=ssl_context,
     )
     return 0

@@ -87,15 +87,29 @@ def pod_row(pod: dict) -> list:
     reason, ready, total, restarts, _ = pod_status_reason(pod)
     status = pod.get("status", {})
     return [
-        pod["metadata"]["name"], f"{ready}/{total}", reason, restarts, _age(pod),
-        status.get("podIP") or "<none>", pod.get("spec", {}).get("nodeName") or "<none>", "<none>", "<none>",
-    ]  # fmt: skip
+        pod["metadata"]["name"],
+        f"{ready}/{total}",
+        reason,
+        restarts,
+        _age(pod),
+        status.get("podIP") or "<none>",
+        pod.get("spec", {}).get("nodeName") or "<none>",
+        "<none>",
+        "<none>",
+    ]
 
 
 POD_COLUMNS = [
-    _col("Name", fmt="name"), _col("Ready"), _col("Status"), _col("Restarts", "string"), _col("Age"),
-    _col("IP", priority=1), _col("Node", priority=1), _col("Nominated Node", priority=1), _col("Readiness Gates", priority=1),
-]  # fmt: skip
+    _col("Name", fmt="name"),
+    _col("Ready"),
+    _col("Status"),
+    _col("Restarts", "string"),
+    _col("Age"),
+    _col("IP", priority=1),
+    _col("Node", priority=1),
+    _col("Nominated Node", priority=1),
+    _col("Readiness Gates", priority=1),
+]
 
 
 def job_row(job: dict) -> list:
@@ -133,9 +147,15 @@ def job_row(job: dict) -> list:
 
 
 JOB_COLUMNS = [
-    _col("Name", fmt="name"), _col("Status"), _col("Completions"), _col("Duration"), _col("Age"),
-    _col("Containers", priority=1), _col("Images", priority=1), _col("Selector", priority=1),
-]  # fmt: skip
+    _col("Name", fmt="name"),
+    _col("Status"),
+    _col("Completions"),
+    _col("Duration"),
+    _col("Age"),
+    _col("Containers", priority=1),
+    _col("Images", priority=1),
+    _col("Selector", priority=1),
+]
 
 
 def event_row(ev: dict) -> list:
@@ -147,17 +167,31 @@ def event_row(ev: dict) -> list:
     src = ev.get("source", {})
     source = src.get("component", "") + (f", {src['host']}" if src.get("host") else "")
     return [
-        seen, ev.get("type", ""), ev.get("reason", ""), obj, ev.get("message", ""),
-        inv.get("fieldPath", ""), source, human_duration(time.time() - parse_time(first)) if first else "",
-        ev.get("count", 1), ev["metadata"]["name"],
-    ]  # fmt: skip
+        seen,
+        ev.get("type", ""),
+        ev.get("reason", ""),
+        obj,
+        ev.get("message", ""),
+        inv.get("fieldPath", ""),
+        source,
+        human_duration(time.time() - parse_time(first)) if first else "",
+        ev.get("count", 1),
+        ev["metadata"]["name"],
+    ]
 
 
 EVENT_COLUMNS = [
-    _col("Last Seen"), _col("Type"), _col("Reason"), _col("Object"), _col("Message"),
-    _col("Subobject", priority=1), _col("Source", priority=1), _col("First Seen", priority=1),
-    _col("Count", "integer", priority=1), _col("Name", priority=1),
-]  # fmt: skip
+    _col("Last Seen"),
+    _col("Type"),
+    _col("Reason"),
+    _col("Object"),
+    _col("Message"),
+    _col("Subobject", priority=1),
+    _col("Source", priority=1),
+    _col("First Seen", priority=1),
+    _col("Count", "integer", priority=1),
+    _col("Name", priority=1),
+]
 
 
 def secret_row(obj: dict) -> list:
@@ -179,24 +213,50 @@ def node_row(obj: dict) -> list:
         if k.startswith("node-role.kubernetes.io/")
     )
     info = obj.get("status", {}).get("nodeInfo", {})
-    return [obj["metadata"]["name"], "Ready", roles or "<none>", _age(obj), info.get("kubeletVersion", ""),
-            "127.0.0.1", "<none>", info.get("osImage", ""), info.get("kernelVersion", ""), info.get("containerRuntimeVersion", "")]  # fmt: skip
+    return [
+        obj["metadata"]["name"],
+        "Ready",
+        roles or "<none>",
+        _age(obj),
+        info.get("kubeletVersion", ""),
+        "127.0.0.1",
+        "<none>",
+        info.get("osImage", ""),
+        info.get("kernelVersion", ""),
+        info.get("containerRuntimeVersion", ""),
+    ]
 
 
 def service_row(obj: dict) -> list:
     spec = obj.get("spec") or {}
-    ports = ",".join(f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in spec.get("ports") or []) or "<none>"
+    ports = (
+        ",".join(f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in spec.get("ports") or []) or "<none>"
+    )
     selector = ",".join(f"{k}={v}" for k, v in sorted((spec.get("selector") or {}).items())) or "<none>"
-    return [obj["metadata"]["name"], spec.get("type", "ClusterIP"), spec.get("clusterIP", "None"), "<none>", ports,
-            _age(obj), selector]  # fmt: skip
+    return [
+        obj["metadata"]["name"],
+        spec.get("type", "ClusterIP"),
+        spec.get("clusterIP", "None"),
+        "<none>",
+        ports,
+        _age(obj),
+        selector,
+    ]
 
 
 TABLES = {
     "services": (
-        [_col("Name", fmt="name"), _col("Type"), _col("Cluster-IP"), _col("External-IP"), _col("Port(s)"),
-         _col("Age"), _col("Selector", priority=1)],
+        [
+            _col("Name", fmt="name"),
+            _col("Type"),
+            _col("Cluster-IP"),
+            _col("External-IP"),
+            _col("Port(s)"),
+            _col("Age"),
+            _col("Selector", priority=1),
+        ],
         service_row,
-    ),  # fmt: skip
+    ),
     "pods": (POD_COLUMNS, pod_row),
     "jobs": (JOB_COLUMNS, job_row),
     "events": (EVENT_COLUMNS, event_row),
@@ -217,7 +277,7 @@ TABLES = {
             _col("Container-Runtime", priority=1),
         ],
         node_row,
-    ),  # fmt: skip
+    ),
 }
 
 

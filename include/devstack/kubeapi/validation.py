@@ -71,13 +71,23 @@ def check_metadata(causes: Causes, meta: dict, label_name: bool = False) -> None
     for key, value in (meta.get("labels") or {}).items():
         prefix, _, base = key.rpartition("/")
         if (prefix and not DNS1123_SUBDOMAIN.match(prefix)) or not LABEL_NAME.match(base) or len(base) > 63:
-            bad(causes, "metadata.labels", key, "name part must consist of alphanumeric characters, '-', '_' "
-                "or '.', and must start and end with an alphanumeric character")  # fmt: skip
+            bad(
+                causes,
+                "metadata.labels",
+                key,
+                "name part must consist of alphanumeric characters, '-', '_' "
+                "or '.', and must start and end with an alphanumeric character",
+            )
         if not isinstance(value, str):
             bad(causes, f"metadata.labels[{key}]", value, "label values must be strings")
         elif value and (len(value) > 63 or not LABEL_NAME.match(value)):
-            bad(causes, "metadata.labels", value, "a valid label must be an empty string or consist of "
-                "alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character")  # fmt: skip
+            bad(
+                causes,
+                "metadata.labels",
+                value,
+                "a valid label must be an empty string or consist of "
+                "alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+            )
     for key, value in (meta.get("annotations") or {}).items():
         if not isinstance(value, str):
             bad(causes, f"metadata.annotations[{key}]", value, "annotation values must be strings")
@@ -86,10 +96,23 @@ def check_metadata(causes: Causes, meta: dict, label_name: bool = False) -> None
 # -- quantities ------------------------------------------------------------------------------
 
 _SUFFIX = {
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1,
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-}  # fmt: skip
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+}
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
 
 
@@ -224,12 +247,23 @@ def validate_container(
         if init:
             unsupported(causes, f"{path}.restartPolicy", rp, ("Always",))
         else:
-            causes.append((f"{path}.restartPolicy", "FieldValueForbidden",
-                           "Forbidden: may not be set for non-init containers"))  # fmt: skip
+            causes.append(
+                (
+                    f"{path}.restartPolicy",
+                    "FieldValueForbidden",
+                    "Forbidden: may not be set for non-init containers",
+                )
+            )
     if init and rp != "Always":
         for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
             if c.get(probe):
-                causes.append((f"{path}.{probe}", "FieldValueForbidden", "Forbidden: may not be set for init containers without restartPolicy=Always"))  # fmt: skip
+                causes.append(
+                    (
+                        f"{path}.{probe}",
+                        "FieldValueForbidden",
+                        "Forbidden: may not be set for init containers without restartPolicy=Always",
+                    )
+                )
     mounts: set[str] = set()
     for j, m in enumerate(c.get("volumeMounts") or []):
         mpath = f"{path}.volumeMounts[{j}]"
@@ -256,8 +290,13 @@ def validate_container(
         if not ename:
             req(causes, f"{epath}.name")
         elif not ENV_NAME.match(ename):
-            bad(causes, f"{epath}.name", ename, "a valid environment variable name must consist of alphabetic "
-                "characters, digits, '_', '-', or '.', and must not start with a digit")  # fmt: skip
+            bad(
+                causes,
+                f"{epath}.name",
+                ename,
+                "a valid environment variable name must consist of alphabetic "
+                "characters, digits, '_', '-', or '.', and must not start with a digit",
+            )
         env_names.add(ename)
         src = e.get("valueFrom")
         if src is not None:
@@ -282,18 +321,37 @@ def validate_container(
     gpu_req = (resources.get("requests") or {}).get("nvidia.com/gpu")
     gpu_lim = (resources.get("limits") or {}).get("nvidia.com/gpu")
     if gpu_req is not None and gpu_lim is None:
-        causes.append((f"{path}.resources.limits", "FieldValueRequired",
-                       "Required value: Limit must be set for non overcommitable resources"))  # fmt: skip
+        causes.append(
+            (
+                f"{path}.resources.limits",
+                "FieldValueRequired",
+                "Required value: Limit must be set for non overcommitable resources",
+            )
+        )
     elif gpu_req is not None and str(gpu_req) != str(gpu_lim):
-        bad(causes, f"{path}.resources.requests", str(gpu_req), "must be equal to nvidia.com/gpu limit of "
-            f"{gpu_lim}")  # fmt: skip
+        bad(
+            causes,
+            f"{path}.resources.requests",
+            str(gpu_req),
+            f"must be equal to nvidia.com/gpu limit of {gpu_lim}",
+        )
 
 
 FIELD_REF_PATHS = (
-    "metadata.name", "metadata.namespace", "metadata.uid", "metadata.labels['<KEY>']",
-    "metadata.annotations['<KEY>']", "spec.nodeName", "spec.serviceAccountName", "status.hostIP",
-    "status.hostIPs", "status.podIP", "status.podIPs", "metadata.labels", "metadata.annotations",
-)  # fmt: skip
+    "metadata.name",
+    "metadata.namespace",
+    "metadata.uid",
+    "metadata.labels['<KEY>']",
+    "metadata.annotations['<KEY>']",
+    "spec.nodeName",
+    "spec.serviceAccountName",
+    "status.hostIP",
+    "status.hostIPs",
+    "status.podIP",
+    "status.podIPs",
+    "metadata.labels",
+    "metadata.annotations",
+)
 FIELD_REF = re.compile(
     r"^(metadata\.(name|namespace|uid|labels|annotations)|metadata\.(labels|annotations)\['[^']+'\]"
     r"|spec\.(nodeName|serviceAccountName)|status\.(hostIP|hostIPs|podIP|podIPs))$"
@@ -313,9 +371,15 @@ def validate_pod_update(old: dict, new: dict) -> None:
         os_.pop(key, None)
         ns_.pop(key, None)
     if os_ != ns_:
-        causes.append(("spec", "FieldValueForbidden", "Forbidden: pod updates may not change fields other than "
-                       "`spec.activeDeadlineSeconds` or `spec.tolerations` (only additions to existing "
-                       "tolerations); the local Kubernetes API does not update container images in place"))  # fmt: skip
+        causes.append(
+            (
+                "spec",
+                "FieldValueForbidden",
+                "Forbidden: pod updates may not change fields other than "
+                "`spec.activeDeadlineSeconds` or `spec.tolerations` (only additions to existing "
+                "tolerations); the local Kubernetes API does not update container images in place",
+            )
+        )
     if causes:
         raise invalid("Pod", name, causes)
 
@@ -403,8 +467,13 @@ def validate_job(job: dict) -> None:
         "maxFailedIndexes",
     ):
         if spec.get(unsupported_field) is not None:
-            causes.append((f"spec.{unsupported_field}", "FieldValueNotSupported",
-                           "Unsupported value: not implemented by the local Kubernetes API"))  # fmt: skip
+            causes.append(
+                (
+                    f"spec.{unsupported_field}",
+                    "FieldValueNotSupported",
+                    "Unsupported value: not implemented by the local Kubernetes API",
+                )
+            )
     tspec = (spec.get("template") or {}).get("spec")
     if not isinstance(tspec, dict):
         req(causes, "spec.template.spec")
@@ -454,17 +523,26 @@ def validate_data_object(kind: str, obj: dict) -> None:
     for field in ("data", "binaryData", "stringData"):
         for key, value in (obj.get(field) or {}).items():
             if not key_re.match(key) or len(key) > 253:
-                bad(causes, f"{field}[{key}]", key, "a valid config key must consist of alphanumeric characters, "
+                bad(
+                    causes,
+                    f"{field}[{key}]",
+                    key,
+                    "a valid config key must consist of alphanumeric characters, "
                     "'-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is "
-                    "'[-._a-zA-Z0-9]+')")  # fmt: skip
+                    "'[-._a-zA-Z0-9]+')",
+                )
             if not isinstance(value, str):
                 bad(causes, f"{field}[{key}]", value, "must be a string")
             elif (kind == "Secret" and field == "data") or field == "binaryData":
                 try:
                     base64.b64decode(value, validate=True)
                 except (binascii.Error, ValueError):
-                    raise ApiError(400, "BadRequest", f"{kind} in version \"v1\" cannot be handled as a {kind}: "
-                                   f"illegal base64 data in {field}[{key}]") from None  # fmt: skip
+                    raise ApiError(
+                        400,
+                        "BadRequest",
+                        f'{kind} in version "v1" cannot be handled as a {kind}: '
+                        f"illegal base64 data in {field}[{key}]",
+                    ) from None
     if causes:
         raise invalid(kind, meta.get("name", ""), causes)
 
@@ -504,14 +582,25 @@ def validate_service(svc: dict) -> None:
     check_metadata(causes, meta)
     name = meta.get("name") or ""
     if name and not DNS1035_LABEL.match(name):
-        bad(causes, "metadata.name", name, "a DNS-1035 label must consist of lower case alphanumeric characters "
+        bad(
+            causes,
+            "metadata.name",
+            name,
+            "a DNS-1035 label must consist of lower case alphanumeric characters "
             "or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  "
-            "or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')")  # fmt: skip
+            "or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')",
+        )
     if spec.get("type") != "ClusterIP":
         unsupported(causes, "spec.type", spec.get("type"), ("ClusterIP",))
     if spec.get("clusterIP") != "None":
-        causes.append(("spec.clusterIP", "FieldValueNotSupported", f'Unsupported value: "{spec.get("clusterIP", "")}": '
-                       'the local Kubernetes API has no kube-proxy and serves headless Services only (clusterIP: None)'))  # fmt: skip
+        causes.append(
+            (
+                "spec.clusterIP",
+                "FieldValueNotSupported",
+                f'Unsupported value: "{spec.get("clusterIP", "")}": '
+                "the local Kubernetes API has no kube-proxy and serves headless Services only (clusterIP: None)",
+            )
+        )
     if spec.get("clusterIPs") not in (None, ["None"]):
         bad(causes, "spec.clusterIPs", spec.get("clusterIPs"), 'must be ["None"] for a headless Service')
     selector = spec.get("selector")
@@ -545,5 +634,8 @@ def validate_service(svc: dict) -> None:
 def validate_service_update(old: dict, new: dict) -> None:
     validate_service(new)
     if (old.get("spec") or {}).get("clusterIP") != (new.get("spec") or {}).get("clusterIP"):
-        raise invalid("Service", new["metadata"].get("name", ""),
-                      [("spec.clusterIP", "FieldValueInvalid", "Invalid value: field is immutable")])  # fmt: skip
+        raise invalid(
+            "Service",
+            new["metadata"].get("name", ""),
+            [("spec.clusterIP", "FieldValueInvalid", "Invalid value: field is immutable")],
+        )

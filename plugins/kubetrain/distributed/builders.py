@@ -101,16 +101,28 @@ class Submission:
         return cluster_spec(self.replicas, self.hosts)
 
 
-def role_config(config: pod_spec.TrainingPodConfig, spec: DistributedSpec, role: str) -> pod_spec.TrainingPodConfig:
+def role_config(
+    config: pod_spec.TrainingPodConfig, spec: DistributedSpec, role: str
+) -> pod_spec.TrainingPodConfig:
     """The pod settings of ``role``: its own CPU, memory and GPUs (request == limit)."""
     res = spec.resources(role)
-    return dataclasses.replace(config, cpu=res.cpu, memory=res.memory, cpu_limit=None, memory_limit=None,
-                               gpus=res.gpus)
+    return dataclasses.replace(
+        config, cpu=res.cpu, memory=res.memory, cpu_limit=None, memory_limit=None, gpus=res.gpus
+    )
 
 
-def replica_template(config: pod_spec.TrainingPodConfig, spec: DistributedSpec, role: str, *, name: str,
-                     env: Mapping[str, str], subdomain: str | None, container: str, port_name: str,
-                     restart_policy: str = "Never") -> k8s.V1PodTemplateSpec:
+def replica_template(
+    config: pod_spec.TrainingPodConfig,
+    spec: DistributedSpec,
+    role: str,
+    *,
+    name: str,
+    env: Mapping[str, str],
+    subdomain: str | None,
+    container: str,
+    port_name: str,
+    restart_policy: str = "Never",
+) -> k8s.V1PodTemplateSpec:
     """The pod template of ``role``'s replicas."""
     return pod_spec.replica_pod_template(
         role_config(config, spec, role),
@@ -125,37 +137,61 @@ def replica_template(config: pod_spec.TrainingPodConfig, spec: DistributedSpec, 
 
 
 def _meta(name: str, namespace: str, labels: Mapping[str, str]) -> k8s.V1ObjectMeta:
-    return k8s.V1ObjectMeta(name=name, namespace=namespace,
-                            labels={**{k: pod_spec.label_value(v) for k, v in labels.items()}, JOB_LABEL: name})
+    return k8s.V1ObjectMeta(
+        name=name,
+        namespace=namespace,
+        labels={**{k: pod_spec.label_value(v) for k, v in labels.items()}, JOB_LABEL: name},
+    )
 
 
 # -- indexed_job ---------------------------------------------------------------------------------
 
 
-def indexed_job(config: pod_spec.TrainingPodConfig, spec: DistributedSpec, *, name: str, namespace: str,
-                labels: Mapping[str, str]) -> Submission:
+def indexed_job(
+    config: pod_spec.TrainingPodConfig,
+    spec: DistributedSpec,
+    *,
+    name: str,
+    namespace: str,
+    labels: Mapping[str, str],
+) -> Submission:
     """A headless Service and one Indexed Job per role."""
     replicas = spec.replicas()
     hosts = host_pattern("indexed_job", job=name, namespace=namespace, port=spec.port)
     meta = _meta(name, namespace, labels)
     service = k8s.V1Service(
-        api_version="v1", kind="Service", metadata=meta,
+        api_version="v1",
+        kind="Service",
+        metadata=meta,
         spec=k8s.V1ServiceSpec(
             cluster_ip="None",
             selector={JOB_LABEL: name},
             # Workers look each other up while they start, before they are Ready.
             publish_not_ready_addresses=True,
-            ports=[k8s.V1ServicePort(name=TF_PORT_NAME, port=spec.port, target_port=spec.port, protocol="TCP")],
+            ports=[
+                k8s.V1ServicePort(name=TF_PORT_NAME, port=spec.port, target_port=spec.port, protocol="TCP")
+            ],
         ),
     )
     resources = [Resource("v1", "Service", "services", name, to_dict(service))]
     for role, count in replicas.items():
         job_name = f"{name}-{role}"
-        template = replica_template(config, spec, role, name=name, env=replica_env(replicas, hosts, role),
-                                    subdomain=name, container=pod_spec.BASE_CONTAINER, port_name=TF_PORT_NAME)
+        template = replica_template(
+            config,
+            spec,
+            role,
+            name=name,
+            env=replica_env(replicas, hosts, role),
+            subdomain=name,
+            container=pod_spec.BASE_CONTAINER,
+            port_name=TF_PORT_NAME,
+        )
         job = k8s.V1Job(
-            api_version="batch/v1", kind="Job",
-            metadata=k8s.V1ObjectMeta(name=job_name, namespace=namespace, labels={**meta.labels, ROLE_LABEL: role}),
+            api_version="batch/v1",
+            kind="Job",
+            metadata=k8s.V1ObjectMeta(
+                name=job_name, namespace=namespace, labels={**meta.labels, ROLE_LABEL: role}
+            ),
             spec=k8s.V1JobSpec(
                 completion_mode="Indexed",
                 completions=count,
@@ -182,10 +218,16 @@ class TFReplicaSpec:
 
     def __post_init__(self) -> None:
         if self.restart_policy not in ("Always", "OnFailure", "Never", "ExitCode"):
-            raise ValueError(f"restart_policy {self.restart_policy!r}: expected Always, OnFailure, Never or ExitCode")
+            raise ValueError(
+                f"restart_policy {self.restart_policy!r}: expected Always, OnFailure, Never or ExitCode"
+            )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"replicas": self.replicas, "restartPolicy": self.restart_policy, "template": to_dict(self.template)}
+        return {
+            "replicas": self.replicas,
+            "restartPolicy": self.restart_policy,
+            "template": to_dict(self.template),
+        }
 
 
 @dataclass(frozen=True)
@@ -218,7 +260,9 @@ class TFJob:
     def __post_init__(self) -> None:
         unknown = set(self.replica_specs) - {"Chief", "Worker", "PS", "Evaluator", "Master"}
         if unknown:
-            raise ValueError(f"TFJob replica types {sorted(unknown)} are not Chief, Worker, PS, Evaluator or Master")
+            raise ValueError(
+                f"TFJob replica types {sorted(unknown)} are not Chief, Worker, PS, Evaluator or Master"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -232,8 +276,14 @@ class TFJob:
         }
 
 
-def tfjob(config: pod_spec.TrainingPodConfig, spec: DistributedSpec, *, name: str, namespace: str,
-          labels: Mapping[str, str]) -> Submission:
+def tfjob(
+    config: pod_spec.TrainingPodConfig,
+    spec: DistributedSpec,
+    *,
+    name: str,
+    namespace: str,
+    labels: Mapping[str, str],
+) -> Submission:
     """A TFJob whose Chief, Worker and PS replicas follow the training pod contract."""
     replicas = spec.replicas()
     hosts = host_pattern("tfjob", job=name, namespace=namespace, port=spec.port)
@@ -243,22 +293,46 @@ def tfjob(config: pod_spec.TrainingPodConfig, spec: DistributedSpec, *, name: st
             # ExitCode: the operator replaces a pod killed by a signal (exit 128+N); an exit of 1-127
             # (75 after SIGTERM included) fails the TFJob and the task's retry resumes the run.
             restart_policy="ExitCode",
-            template=replica_template(config, spec, role, name=name, env={}, subdomain=None,
-                                      container=TFJOB_CONTAINER, port_name=TFJOB_PORT_NAME),
+            template=replica_template(
+                config,
+                spec,
+                role,
+                name=name,
+                env={},
+                subdomain=None,
+                container=TFJOB_CONTAINER,
+                port_name=TFJOB_PORT_NAME,
+            ),
         )
         for role, count in replicas.items()
     }
-    job = TFJob(metadata=_meta(name, namespace, labels), replica_specs=replica_specs,
-                run_policy=TFRunPolicy(clean_pod_policy="All", backoff_limit=spec.max_restarts * spec.total))
-    return Submission("tfjob", name, namespace, replicas, hosts, TFJOB_CONTAINER,
-                      [Resource("kubeflow.org/v1", "TFJob", "tfjobs", name, job.to_dict())])
+    job = TFJob(
+        metadata=_meta(name, namespace, labels),
+        replica_specs=replica_specs,
+        run_policy=TFRunPolicy(clean_pod_policy="All", backoff_limit=spec.max_restarts * spec.total),
+    )
+    return Submission(
+        "tfjob",
+        name,
+        namespace,
+        replicas,
+        hosts,
+        TFJOB_CONTAINER,
+        [Resource("kubeflow.org/v1", "TFJob", "tfjobs", name, job.to_dict())],
+    )
 
 
 # -- trainjob ------------------------------------------------------------------------------------
 
 
-def trainjob(config: pod_spec.TrainingPodConfig, spec: DistributedSpec, *, name: str, namespace: str,
-             labels: Mapping[str, str]) -> Submission:
+def trainjob(
+    config: pod_spec.TrainingPodConfig,
+    spec: DistributedSpec,
+    *,
+    name: str,
+    namespace: str,
+    labels: Mapping[str, str],
+) -> Submission:
     """A TrainingRuntime (a JobSet template, one replicated job per role) and the TrainJob that runs it."""
     try:
         from kubeflow_trainer_api import models as kf
@@ -270,15 +344,33 @@ def trainjob(config: pod_spec.TrainingPodConfig, spec: DistributedSpec, *, name:
     meta = to_dict(_meta(name, namespace, labels))
     replicated = []
     for role, count in replicas.items():
-        template = replica_template(config, spec, role, name=name, env=replica_env(replicas, hosts, role),
-                                    subdomain=None, container=pod_spec.BASE_CONTAINER, port_name=TF_PORT_NAME)
+        template = replica_template(
+            config,
+            spec,
+            role,
+            name=name,
+            env=replica_env(replicas, hosts, role),
+            subdomain=None,
+            container=pod_spec.BASE_CONTAINER,
+            port_name=TF_PORT_NAME,
+        )
         job_template = k8s.V1JobTemplateSpec(
             metadata=k8s.V1ObjectMeta(labels={ROLE_LABEL: role}),
-            spec=k8s.V1JobSpec(completion_mode="Indexed", completions=count, parallelism=count, backoff_limit=0,
-                               template=template),
+            spec=k8s.V1JobSpec(
+                completion_mode="Indexed",
+                completions=count,
+                parallelism=count,
+                backoff_limit=0,
+                template=template,
+            ),
         )
-        replicated.append(kf.JobsetV1alpha2ReplicatedJob(
-            name=role, replicas=1, template=kf.IoK8sApiBatchV1JobTemplateSpec.from_dict(to_dict(job_template))))
+        replicated.append(
+            kf.JobsetV1alpha2ReplicatedJob(
+                name=role,
+                replicas=1,
+                template=kf.IoK8sApiBatchV1JobTemplateSpec.from_dict(to_dict(job_template)),
+            )
+        )
     runtime = kf.TrainerV1alpha1TrainingRuntime(
         api_version="trainer.kubeflow.org/v1alpha1",
         kind="TrainingRuntime",
@@ -288,9 +380,13 @@ def trainjob(config: pod_spec.TrainingPodConfig, spec: DistributedSpec, *, name:
             template=kf.TrainerV1alpha1JobSetTemplateSpec(
                 spec=kf.JobsetV1alpha2JobSetSpec(
                     replicated_jobs=replicated,
-                    network=kf.JobsetV1alpha2Network(enable_dns_hostnames=True, publish_not_ready_addresses=True),
+                    network=kf.JobsetV1alpha2Network(
+                        enable_dns_hostnames=True, publish_not_ready_addresses=True
+                    ),
                     # The chief's success ends the JobSet; any failure restarts every replica together.
-                    success_policy=kf.JobsetV1alpha2SuccessPolicy(operator="Any", target_replicated_jobs=["chief"]),
+                    success_policy=kf.JobsetV1alpha2SuccessPolicy(
+                        operator="Any", target_replicated_jobs=["chief"]
+                    ),
                     failure_policy=kf.JobsetV1alpha2FailurePolicy(max_restarts=spec.max_restarts),
                 ),
             ),
@@ -301,22 +397,44 @@ def trainjob(config: pod_spec.TrainingPodConfig, spec: DistributedSpec, *, name:
         kind="TrainJob",
         metadata=kf.IoK8sApimachineryPkgApisMetaV1ObjectMeta.from_dict(meta),
         spec=kf.TrainerV1alpha1TrainJobSpec(
-            runtime_ref=kf.TrainerV1alpha1RuntimeRef(name=name, kind="TrainingRuntime",
-                                                     api_group="trainer.kubeflow.org"),
+            runtime_ref=kf.TrainerV1alpha1RuntimeRef(
+                name=name, kind="TrainingRuntime", api_group="trainer.kubeflow.org"
+            ),
         ),
     )
-    return Submission("trainjob", name, namespace, replicas, hosts, pod_spec.BASE_CONTAINER, [
-        Resource("trainer.kubeflow.org/v1alpha1", "TrainingRuntime", "trainingruntimes", name, runtime.to_dict()),
-        Resource("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjobs", name, train.to_dict()),
-    ])
+    return Submission(
+        "trainjob",
+        name,
+        namespace,
+        replicas,
+        hosts,
+        pod_spec.BASE_CONTAINER,
+        [
+            Resource(
+                "trainer.kubeflow.org/v1alpha1",
+                "TrainingRuntime",
+                "trainingruntimes",
+                name,
+                runtime.to_dict(),
+            ),
+            Resource("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjobs", name, train.to_dict()),
+        ],
+    )
 
 
 BUILDERS = {"tfjob": tfjob, "trainjob": trainjob, "indexed_job": indexed_job}
 assert set(BUILDERS) == set(BACKENDS)
 
 
-def build(backend: str, config: pod_spec.TrainingPodConfig, spec: DistributedSpec, *, name: str, namespace: str,
-          labels: Mapping[str, str]) -> Submission:
+def build(
+    backend: str,
+    config: pod_spec.TrainingPodConfig,
+    spec: DistributedSpec,
+    *,
+    name: str,
+    namespace: str,
+    labels: Mapping[str, str],
+) -> Submission:
     """The objects ``backend`` submits for a run of ``config`` with the replicas of ``spec``."""
     if backend not in BUILDERS:
         raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")

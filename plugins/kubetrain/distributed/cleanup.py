@@ -16,7 +16,9 @@ def _body() -> Any:
     return V1DeleteOptions(propagation_policy="Background")
 
 
-def delete_sync(hook: Any, namespace: str, resources: Sequence[Sequence[str]], logger: Any = log) -> list[str]:
+def delete_sync(
+    hook: Any, namespace: str, resources: Sequence[Sequence[str]], logger: Any = log
+) -> list[str]:
     """Delete every resource (``[api_version, kind, plural, name]``) that still exists; return what was deleted."""
     from kubernetes.client.rest import ApiException
 
@@ -30,7 +32,8 @@ def delete_sync(hook: Any, namespace: str, resources: Sequence[Sequence[str]], l
             else:
                 group, _, version = api_version.rpartition("/")
                 hook.custom_object_client.delete_namespaced_custom_object(
-                    group, version, namespace, plural, name, body=_body())
+                    group, version, namespace, plural, name, body=_body()
+                )
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -41,7 +44,9 @@ def delete_sync(hook: Any, namespace: str, resources: Sequence[Sequence[str]], l
     return deleted
 
 
-async def delete_async(hook: Any, namespace: str, resources: Sequence[Sequence[str]], logger: Any = log) -> None:
+async def delete_async(
+    hook: Any, namespace: str, resources: Sequence[Sequence[str]], logger: Any = log
+) -> None:
     """:func:`delete_sync` for a trigger (the provider's async hook)."""
     from kubernetes_asyncio import client as aclient
 
@@ -56,7 +61,8 @@ async def delete_async(hook: Any, namespace: str, resources: Sequence[Sequence[s
                 else:
                     group, _, version = api_version.rpartition("/")
                     await aclient.CustomObjectsApi(conn).delete_namespaced_custom_object(
-                        group, version, namespace, plural, name, body=options)
+                        group, version, namespace, plural, name, body=options
+                    )
                 logger.info("Deleted %s %s in namespace %s", kind, name, namespace)
             except aclient.ApiException as exc:
                 if exc.status != 404:

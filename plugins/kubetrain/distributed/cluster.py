@@ -28,8 +28,20 @@ from kubetrain_contract.cluster import (
     tf_config_of,
 )
 
-__all__ = ["BACKENDS", "CLUSTER_ROLES", "DEFAULT_PORT", "HOSTS_ENV", "REPLICAS_ENV", "ROLE_ENV", "ROLE_ORDER",
-           "cluster_spec", "host_pattern", "replica_env", "task_of", "tf_config"]  # fmt: skip
+__all__ = [
+    "BACKENDS",
+    "CLUSTER_ROLES",
+    "DEFAULT_PORT",
+    "HOSTS_ENV",
+    "REPLICAS_ENV",
+    "ROLE_ENV",
+    "ROLE_ORDER",
+    "cluster_spec",
+    "host_pattern",
+    "replica_env",
+    "task_of",
+    "tf_config",
+]
 
 DEFAULT_PORT = 2222
 BACKENDS = ("tfjob", "trainjob", "indexed_job")

@@ -98,13 +98,17 @@ class DistributedSpec:
         if role == "ps":
             return RoleResources(self.ps_cpu, self.ps_memory, self.gpus_per_ps)
         if role == "chief" and self.parameter_server:
-            return RoleResources(self.chief_cpu or self.worker_cpu, self.chief_memory or self.worker_memory, 0)
+            return RoleResources(
+                self.chief_cpu or self.worker_cpu, self.chief_memory or self.worker_memory, 0
+            )
         return RoleResources(self.worker_cpu, self.worker_memory, self.gpus_per_worker)
 
     def describe(self) -> str:
         if self.parameter_server:
-            return (f"parameter servers: chief (coordinator) + {self.workers} worker(s) + {self.ps_replicas} ps, "
-                    f"{self.gpus_per_worker} GPU(s) per worker")
+            return (
+                f"parameter servers: chief (coordinator) + {self.workers} worker(s) + {self.ps_replicas} ps, "
+                f"{self.gpus_per_worker} GPU(s) per worker"
+            )
         return f"multi-worker mirrored: {self.workers} worker(s) (the chief first), {self.gpus_per_worker} GPU(s) each"
 
     def replace(self, **changes: object) -> DistributedSpec:

@@ -42,7 +42,9 @@ if TYPE_CHECKING:
 
 _TRUE = {"1", "true", "yes", "on"}
 # Amazon ECR's private registries: <account>.dkr.ecr[-fips].<region>.amazonaws.com[.cn]
-ECR_HOST = re.compile(r"^(?P<account>\d{12})\.dkr\.ecr(?:-fips)?\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?(?::\d+)?$")
+ECR_HOST = re.compile(
+    r"^(?P<account>\d{12})\.dkr\.ecr(?:-fips)?\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?(?::\d+)?$"
+)
 _FALSE = {"0", "false", "no", "off", ""}
 
 
@@ -85,7 +87,9 @@ class RegistrySettings:
                 "when certificates are verified"
             )
         if self.token and self.password:
-            raise ValueError("token cannot be combined with a password: the connection must give one or the other")
+            raise ValueError(
+                "token cannot be combined with a password: the connection must give one or the other"
+            )
         if self.ca_bundle and not Path(self.ca_bundle).is_file():
             raise ValueError(f"ca_bundle {self.ca_bundle!r} does not exist: expected a PEM file")
         if self.timeout <= 0:
@@ -124,18 +128,29 @@ class RegistryHook(BaseHook):
     ) -> None:
         super().__init__()
         self.registry_conn_id = registry_conn_id
-        self._explicit = {"insecure": insecure, "tls_verify": tls_verify, "ca_bundle": ca_bundle, "token": token,
-                          "timeout": timeout}  # fmt: skip
+        self._explicit = {
+            "insecure": insecure,
+            "tls_verify": tls_verify,
+            "ca_bundle": ca_bundle,
+            "token": token,
+            "timeout": timeout,
+        }
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
         return {
             "hidden_fields": ["schema"],
-            "relabeling": {"host": "Registry host", "login": "Username", "password": "Password or access token"},
+            "relabeling": {
+                "host": "Registry host",
+                "login": "Username",
+                "password": "Password or access token",
+            },
             "placeholders": {
                 "host": "registry.example.com",
                 "port": "443",
-                "extra": json.dumps({"insecure": False, "tls_verify": True, "ca_bundle": None, "token": None}),
+                "extra": json.dumps(
+                    {"insecure": False, "tls_verify": True, "ca_bundle": None, "token": None}
+                ),
             },
         }
 
@@ -151,7 +166,9 @@ class RegistryHook(BaseHook):
                 scheme, host = prefix[:-3], host[len(prefix) :]
         host = host.rstrip("/")
         if not host:
-            raise ValueError(f"connection {self.registry_conn_id!r} has no host: expected the registry's host name")
+            raise ValueError(
+                f"connection {self.registry_conn_id!r} has no host: expected the registry's host name"
+            )
         name, slash, path = host.partition("/")
         if conn.port and ":" not in name:
             host = f"{name}:{conn.port}{slash}{path}"
@@ -170,15 +187,21 @@ class RegistryHook(BaseHook):
         timeout = pick("timeout")
         username, password = conn.login or None, conn.password or None
         ecr = ECR_HOST.match(host.partition("/")[0])
-        aws_conn_id = extra.get("aws_conn_id") or ("aws_default" if ecr and not password and not pick("token") else None)
+        aws_conn_id = extra.get("aws_conn_id") or (
+            "aws_default" if ecr and not password and not pick("token") else None
+        )
         if aws_conn_id:
             if not ecr:
-                raise ValueError(f"connection {self.registry_conn_id!r}: extra aws_conn_id={aws_conn_id!r} asks ECR for "
-                                 f"a password, but host {host!r} is not an ECR registry (<account>.dkr.ecr.<region>"
-                                 ".amazonaws.com)")  # fmt: skip
+                raise ValueError(
+                    f"connection {self.registry_conn_id!r}: extra aws_conn_id={aws_conn_id!r} asks ECR for "
+                    f"a password, but host {host!r} is not an ECR registry (<account>.dkr.ecr.<region>"
+                    ".amazonaws.com)"
+                )
             if password or pick("token"):
-                raise ValueError(f"connection {self.registry_conn_id!r}: extra aws_conn_id={aws_conn_id!r} cannot be "
-                                 "combined with a password or token: ECR gives the password")  # fmt: skip
+                raise ValueError(
+                    f"connection {self.registry_conn_id!r}: extra aws_conn_id={aws_conn_id!r} cannot be "
+                    "combined with a password or token: ECR gives the password"
+                )
             username, password = self._ecr_login(aws_conn_id, ecr["account"], ecr["region"])
         return RegistrySettings(
             registry=host,

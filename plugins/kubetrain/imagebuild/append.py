@@ -60,7 +60,9 @@ class AppendSpec:
         if not Path(self.source).is_dir():
             raise ValueError(f"code directory {str(self.source)!r} does not exist or is not a directory")
         if not self.dest.startswith("/") or self.dest.rstrip("/") == "":
-            raise ValueError(f"invalid destination {self.dest!r}: expected an absolute directory such as /app/trainer")
+            raise ValueError(
+                f"invalid destination {self.dest!r}: expected an absolute directory such as /app/trainer"
+            )
         for name in self.env:
             if not name or "=" in name:
                 raise ValueError(f"invalid environment variable name {name!r}: expected a name without '='")
@@ -115,7 +117,9 @@ def _check_platform(base: ImageReference, config: Mapping[str, Any], platform: s
     got = (config.get("os"), config.get("architecture"), config.get("variant"))
     if got[0] and got[1] and (got[:2] != want[:2] or (want[2] and got[2] != want[2])):
         have = "/".join(p for p in got if p)
-        raise RegistryError(f"base image {base} is built for {have}, not for the platform {platform} asked for")
+        raise RegistryError(
+            f"base image {base} is built for {have}, not for the platform {platform} asked for"
+        )
 
 
 def append_layer(
@@ -163,10 +167,14 @@ def append_layer(
 
     oci = image.is_oci
     with tempfile.TemporaryDirectory(dir=work_dir, prefix="kubetrain-layer-") as tmp:
-        layer = write_layer(spec.source, Path(tmp) / "layer.tar.gz", dest=spec.dest, excludes=spec.excludes, opaque=True)
+        layer = write_layer(
+            spec.source, Path(tmp) / "layer.tar.gz", dest=spec.dest, excludes=spec.excludes, opaque=True
+        )
         code_hash = tree_hash(spec.source, spec.excludes)
         layer_blob = layer.blob(OCI_LAYER_GZIP if oci else DOCKER_LAYER_GZIP)
-        log(f"code layer {layer.digest}: {layer.entries} entries, {layer.size} bytes gzipped (code {code_hash[:16]})")
+        log(
+            f"code layer {layer.digest}: {layer.entries} entries, {layer.size} bytes gzipped (code {code_hash[:16]})"
+        )
 
         config = copy.deepcopy(base_config)
         created = spec.created or base_config.get("created") or EPOCH
@@ -188,7 +196,10 @@ def append_layer(
         }
         config["created"] = created
         config.setdefault("history", []).append(
-            {"created": created, "created_by": f"kubetrain append-layer: code {code_hash[:16]} -> {spec.dest}"}
+            {
+                "created": created,
+                "created_by": f"kubetrain append-layer: code {code_hash[:16]} -> {spec.dest}",
+            }
         )
         config.setdefault("rootfs", {"type": "layers", "diff_ids": []})["diff_ids"] = [
             *(config.get("rootfs", {}).get("diff_ids") or []),
@@ -212,15 +223,26 @@ def append_layer(
         existing = client.manifest_digest(repository, tag)
         if existing == digest:
             log(f"{client.registry}/{repository}:{tag} already holds {digest}: nothing to push")
-            return AppendResult(client.registry, repository, tag, digest, image.digest, layer.digest, code_hash,
-                                False, client.stats.as_dict())  # fmt: skip
+            return AppendResult(
+                client.registry,
+                repository,
+                tag,
+                digest,
+                image.digest,
+                layer.digest,
+                code_hash,
+                False,
+                client.stats.as_dict(),
+            )
         if existing:
             log(f"tag {tag} points at {existing}; it will be moved to {digest}")
 
         for desc in manifest.get("layers", []):
             if client.blob_exists(repository, desc["digest"]):
                 continue
-            if base_repository != repository and client.mount_blob(repository, desc["digest"], base_repository):
+            if base_repository != repository and client.mount_blob(
+                repository, desc["digest"], base_repository
+            ):
                 client.stats.blobs_mounted += 1
                 continue
             raise RegistryError(
@@ -233,5 +255,14 @@ def append_layer(
         client.put_manifest(repository, digest, raw, image.media_type)
         client.put_manifest(repository, tag, raw, image.media_type)
         log(f"pushed {client.registry}/{repository}@{digest} as :{tag}")
-        return AppendResult(client.registry, repository, tag, digest, image.digest, layer.digest, code_hash,
-                            True, client.stats.as_dict())  # fmt: skip
+        return AppendResult(
+            client.registry,
+            repository,
+            tag,
+            digest,
+            image.digest,
+            layer.digest,
+            code_hash,
+            True,
+            client.stats.as_dict(),
+        )

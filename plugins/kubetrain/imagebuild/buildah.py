@@ -50,8 +50,15 @@ def detect_storage_driver(storage_root: Path, executable: str = BUILDAH) -> str:
         return remembered.read_text().strip()
     storage_root.mkdir(parents=True, exist_ok=True)
     probe = Path(tempfile.mkdtemp(prefix="overlay-probe-", dir=storage_root))
-    base = [shutil.which(executable) or executable, "--root", str(probe / "storage"), "--runroot",
-            str(probe / "run"), "--storage-driver", "overlay"]  # fmt: skip
+    base = [
+        shutil.which(executable) or executable,
+        "--root",
+        str(probe / "storage"),
+        "--runroot",
+        str(probe / "run"),
+        "--storage-driver",
+        "overlay",
+    ]
     driver = "vfs"
     try:
         made = subprocess.run([*base, "from", "scratch"], capture_output=True, text=True, timeout=60)
@@ -111,10 +118,13 @@ class BuildahBuilder:
         store = "storage" if self.storage_driver == "vfs" else f"storage-{self.storage_driver}"
         return [
             self.executable,
-            "--root", str(self.storage_root / store),
-            "--runroot", str(self.storage_root / f"run-{self.storage_driver}"),
-            "--storage-driver", self.storage_driver,
-        ]  # fmt: skip
+            "--root",
+            str(self.storage_root / store),
+            "--runroot",
+            str(self.storage_root / f"run-{self.storage_driver}"),
+            "--storage-driver",
+            self.storage_driver,
+        ]
 
     def _env(self, target: PushTarget | None = None) -> dict[str, str]:
         tmp = self.storage_root / "tmp"
@@ -123,8 +133,14 @@ class BuildahBuilder:
         # instead of turning TLS verification off for every registry the build touches.
         lines = ['unqualified-search-registries = ["docker.io"]']
         if self.mirror:
-            lines += ["", "[[registry]]", 'prefix = "docker.io"', 'location = "docker.io"', "[[registry.mirror]]",
-                      f'location = "{self.mirror}"'] + (["insecure = true"] if self.mirror_insecure else [])  # fmt: skip
+            lines += [
+                "",
+                "[[registry]]",
+                'prefix = "docker.io"',
+                'location = "docker.io"',
+                "[[registry.mirror]]",
+                f'location = "{self.mirror}"',
+            ] + (["insecure = true"] if self.mirror_insecure else [])
         if target is not None and (target.insecure or not target.tls_verify):
             lines += ["", "[[registry]]", f'location = "{target.registry}"', "insecure = true"]
         text = "\n".join(lines) + "\n"
@@ -178,17 +194,31 @@ class BuildahBuilder:
 
     def _quiet(self, args: Sequence[str], what: str, env: dict[str, str] | None = None) -> str:
         """Run a buildah subcommand whose output is a value (an id, JSON), not a log."""
-        proc = subprocess.run([*self._global_args, *args], capture_output=True, text=True,
-                              env=env or self._env(), stdin=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.run(
+            [*self._global_args, *args],
+            capture_output=True,
+            text=True,
+            env=env or self._env(),
+            stdin=subprocess.DEVNULL,
+        )
         if proc.returncode:
-            raise BuildError(f"{what} failed with exit code {proc.returncode}: {proc.stderr.strip()[-2000:]}",
-                             proc.returncode, proc.stderr.splitlines()[-TAIL_LINES:])  # fmt: skip
+            raise BuildError(
+                f"{what} failed with exit code {proc.returncode}: {proc.stderr.strip()[-2000:]}",
+                proc.returncode,
+                proc.stderr.splitlines()[-TAIL_LINES:],
+            )
         return proc.stdout.strip()
 
     # -- building ----------------------------------------------------------------------------
 
-    def build(self, request: BuildRequest, target: PushTarget | None = None, *, local_tag: str = "kubetrain-build",
-              local_name: str | None = None) -> str:  # fmt: skip
+    def build(
+        self,
+        request: BuildRequest,
+        target: PushTarget | None = None,
+        *,
+        local_tag: str = "kubetrain-build",
+        local_name: str | None = None,
+    ) -> str:
         """Build ``request`` into the local store; returns the local image name.
 
         :param target: where the image will go (its registry settings also apply to FROM pulls).
@@ -202,14 +232,19 @@ class BuildahBuilder:
             extra += self._cert_args(target)
         local = local_name or f"localhost/{request.repository}:{local_tag}"
         bud = [
-            *self._global_args, "bud",
-            "--isolation", "chroot",
+            *self._global_args,
+            "bud",
+            "--isolation",
+            "chroot",
             "--layers",
-            "--format", request.image_format,
-            "--file", str(request.dockerfile_path),
-            "--tag", local,
+            "--format",
+            request.image_format,
+            "--file",
+            str(request.dockerfile_path),
+            "--tag",
+            local,
             *extra,
-        ]  # fmt: skip
+        ]
         for name, value in request.build_args.items():
             bud += ["--build-arg", f"{name}={value}"]
         for name, value in request.labels.items():
@@ -219,7 +254,9 @@ class BuildahBuilder:
         if request.platform:
             bud += ["--platform", request.platform]
         bud.append(str(request.context))
-        self.log(f"building {request.dockerfile_path} with buildah (storage {self.storage_root}, {self.storage_driver})")
+        self.log(
+            f"building {request.dockerfile_path} with buildah (storage {self.storage_root}, {self.storage_driver})"
+        )
         self.run(bud, env, "buildah bud")
         return local
 
@@ -229,12 +266,17 @@ class BuildahBuilder:
         auth = ["--authfile", str(target.authfile)] if target.authfile else []
         digest_file = self.storage_root / "tmp" / f"push-{secrets.token_hex(6)}.digest"
         push = [
-            *self._global_args, "push",
-            "--digestfile", str(digest_file),
-            "--format", "oci" if image_format == "oci" else "v2s2",
-            *auth, *self._cert_args(target),
-            local, f"docker://{target.name}:{tag}",
-        ]  # fmt: skip
+            *self._global_args,
+            "push",
+            "--digestfile",
+            str(digest_file),
+            "--format",
+            "oci" if image_format == "oci" else "v2s2",
+            *auth,
+            *self._cert_args(target),
+            local,
+            f"docker://{target.name}:{tag}",
+        ]
         self.log(f"pushing to {target.name}:{tag}")
         self.run(push, env, "buildah push")
         try:
@@ -253,8 +295,13 @@ class BuildahBuilder:
 
     def image_id(self, name: str) -> str | None:
         """The id of local image ``name``, or None when the store has no such image."""
-        proc = subprocess.run([*self._global_args, "inspect", "--type", "image", "--format", "{{.FromImageID}}", name],
-                              capture_output=True, text=True, env=self._env(), stdin=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.run(
+            [*self._global_args, "inspect", "--type", "image", "--format", "{{.FromImageID}}", name],
+            capture_output=True,
+            text=True,
+            env=self._env(),
+            stdin=subprocess.DEVNULL,
+        )
         if proc.returncode:
             return None
         return proc.stdout.strip() or None
@@ -264,11 +311,20 @@ class BuildahBuilder:
         raw = self._quiet(["inspect", "--type", "image", name], f"buildah inspect {name}")
         return json.loads(raw).get("OCIv1", {})
 
-    def import_rootfs(self, tarball: Path, name: str, *, env: Mapping[str, str] | None = None,
-                      cmd: Sequence[str] | None = None, labels: Mapping[str, str] | None = None) -> str:  # fmt: skip
+    def import_rootfs(
+        self,
+        tarball: Path,
+        name: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        cmd: Sequence[str] | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> str:
         """Make local image ``name`` from a root file system tarball (``FROM scratch`` plus the tree)."""
         if not Path(tarball).is_file():
-            raise ValueError(f"root file system {str(tarball)!r} does not exist: expected a tar of a whole tree")
+            raise ValueError(
+                f"root file system {str(tarball)!r} does not exist: expected a tar of a whole tree"
+            )
         container = self._quiet(["from", "--quiet", "scratch"], "buildah from scratch").splitlines()[-1]
         try:
             mountpoint = self._quiet(["mount", container], "buildah mount")
@@ -305,7 +361,9 @@ class BuildahBuilder:
         :param volumes: host directory -> path in the container (``:ro`` may end the path).
         :raises BuildError: when the command fails, with its last output lines.
         """
-        container = self._quiet(["from", "--quiet", "--pull-never", image], f"buildah from {image}").splitlines()[-1]
+        container = self._quiet(
+            ["from", "--quiet", "--pull-never", image], f"buildah from {image}"
+        ).splitlines()[-1]
         try:
             argv = [*self._global_args, "run", "--isolation", "chroot"]
             for host, path in (volumes or {}).items():
@@ -324,10 +382,15 @@ class BuildahBuilder:
     def export_layout(self, local: str, layout: Path, ref: str) -> None:
         """Write local image ``local`` into the OCI layout ``layout`` as ``ref`` (layers compressed once)."""
         layout.mkdir(parents=True, exist_ok=True)
-        self.run([*self._global_args, "push", "--format", "oci", local, f"oci:{layout}:{ref}"], self._env(),
-                 "buildah push to an OCI layout")  # fmt: skip
+        self.run(
+            [*self._global_args, "push", "--format", "oci", local, f"oci:{layout}:{ref}"],
+            self._env(),
+            "buildah push to an OCI layout",
+        )
 
-    def push_layout(self, layout: Path, ref: str, target: PushTarget, tag: str, *, skopeo: str = SKOPEO) -> str:
+    def push_layout(
+        self, layout: Path, ref: str, target: PushTarget, tag: str, *, skopeo: str = SKOPEO
+    ) -> str:
         """Copy image ``ref`` of an OCI layout to ``target`` as ``tag`` with skopeo; returns its digest.
 
         The layout's compressed blobs go over the wire as they are, so pushing a large image

@@ -67,11 +67,15 @@ class BuildRequest:
             raise ValueError(f"invalid build target {self.target!r}: expected a stage name such as 'runtime'")
         for name in self.labels:
             if not LABEL_RE.match(name):
-                raise ValueError(f"invalid label key {name!r}: expected e.g. org.opencontainers.image.revision")
+                raise ValueError(
+                    f"invalid label key {name!r}: expected e.g. org.opencontainers.image.revision"
+                )
         if self.platform is not None:
             parse_platform(self.platform)
         if self.image_format not in IMAGE_FORMATS:
-            raise ValueError(f"invalid image format {self.image_format!r}: expected one of {', '.join(IMAGE_FORMATS)}")
+            raise ValueError(
+                f"invalid image format {self.image_format!r}: expected one of {', '.join(IMAGE_FORMATS)}"
+            )
 
     @property
     def dockerfile_path(self) -> Path:

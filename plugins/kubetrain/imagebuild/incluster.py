@@ -115,19 +115,34 @@ class InClusterSettings:
 
     def __post_init__(self) -> None:
         if self.tool not in TOOLS:
-            raise ValueError(f"invalid in-cluster build tool {self.tool!r}: expected one of {', '.join(TOOLS)}")
+            raise ValueError(
+                f"invalid in-cluster build tool {self.tool!r}: expected one of {', '.join(TOOLS)}"
+            )
         if not self.fetch_image:
-            raise ValueError("no fetch_image: expected an image with Python 3 and botocore, such as kubetrain's sync image")
+            raise ValueError(
+                "no fetch_image: expected an image with Python 3 and botocore, such as kubetrain's sync image"
+            )
         if not self.builder_image:
-            object.__setattr__(self, "builder_image", BUILDKIT_IMAGE if self.tool == "buildkit" else BUILDAH_IMAGE)
+            object.__setattr__(
+                self, "builder_image", BUILDKIT_IMAGE if self.tool == "buildkit" else BUILDAH_IMAGE
+            )
         if not self.s3_secret and not self.service_account:
-            raise ValueError("no s3_secret and no service_account: the builder pod could not fetch its context from S3")
-        for name, value in (("namespace", self.namespace), ("s3_secret", self.s3_secret or "x"),
-                            ("registry_secret", self.registry_secret or "x")):  # fmt: skip
+            raise ValueError(
+                "no s3_secret and no service_account: the builder pod could not fetch its context from S3"
+            )
+        for name, value in (
+            ("namespace", self.namespace),
+            ("s3_secret", self.s3_secret or "x"),
+            ("registry_secret", self.registry_secret or "x"),
+        ):
             if not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", value) or len(value) > 253:
-                raise ValueError(f"invalid {name} {value!r}: expected a Kubernetes object name (lowercase, '-', '.')")
+                raise ValueError(
+                    f"invalid {name} {value!r}: expected a Kubernetes object name (lowercase, '-', '.')"
+                )
         if self.active_deadline_seconds < 60:
-            raise ValueError(f"invalid active_deadline_seconds {self.active_deadline_seconds}: expected at least 60")
+            raise ValueError(
+                f"invalid active_deadline_seconds {self.active_deadline_seconds}: expected at least 60"
+            )
 
 
 # The Pod Security Standards level the builder pod needs (its builder container's Unconfined profiles).
@@ -151,11 +166,15 @@ def buildctl_args(request: BuildRequest, target: PushTarget) -> list[str]:
     dockerfile = PurePosixPath(request.dockerfile)
     args = [
         "build",
-        "--frontend", "dockerfile.v0",
-        "--local", f"context={WORKSPACE}/context",
-        "--local", f"dockerfile={PurePosixPath(WORKSPACE, 'context', dockerfile.parent)}",
-        "--opt", f"filename={dockerfile.name}",
-    ]  # fmt: skip
+        "--frontend",
+        "dockerfile.v0",
+        "--local",
+        f"context={WORKSPACE}/context",
+        "--local",
+        f"dockerfile={PurePosixPath(WORKSPACE, 'context', dockerfile.parent)}",
+        "--opt",
+        f"filename={dockerfile.name}",
+    ]
     for name, value in request.build_args.items():
         args += ["--opt", f"build-arg:{name}={value}"]
     for name, value in request.labels.items():
@@ -223,9 +242,12 @@ def builder_pod(
         command=["python3", "-c", FETCH_SCRIPT],
         args=[context_uri, f"{WORKSPACE}/context.tar.gz"],
         env_from=[k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=settings.s3_secret))]
-        if settings.s3_secret else None,
+        if settings.s3_secret
+        else None,
         volume_mounts=[workspace],
-        security_context=k8s.V1SecurityContext(allow_privilege_escalation=False, run_as_non_root=True, run_as_user=1000),
+        security_context=k8s.V1SecurityContext(
+            allow_privilege_escalation=False, run_as_non_root=True, run_as_user=1000
+        ),
         env=[k8s.V1EnvVar(name="HOME", value="/tmp")],
     )
     # The script is constant; the only variable input (buildkitd.toml) arrives as data in an env var.
@@ -234,18 +256,22 @@ def builder_pod(
         image=settings.unpack_image,
         command=["sh", "-c"],
         args=[
-            f'set -e; mkdir -p {WORKSPACE}/context; tar -xzf {WORKSPACE}/context.tar.gz -C {WORKSPACE}/context; '
+            f"set -e; mkdir -p {WORKSPACE}/context; tar -xzf {WORKSPACE}/context.tar.gz -C {WORKSPACE}/context; "
             f'rm {WORKSPACE}/context.tar.gz; if [ -n "$BUILDKITD_TOML" ]; then printf "%s" "$BUILDKITD_TOML" '
-            f'> {WORKSPACE}/buildkitd.toml; fi'
+            f"> {WORKSPACE}/buildkitd.toml; fi"
         ],
         env=[k8s.V1EnvVar(name="BUILDKITD_TOML", value=toml)],
         volume_mounts=[workspace],
-        security_context=k8s.V1SecurityContext(allow_privilege_escalation=False, run_as_non_root=True, run_as_user=1000),
+        security_context=k8s.V1SecurityContext(
+            allow_privilege_escalation=False, run_as_non_root=True, run_as_user=1000
+        ),
     )
     home = BUILDAH_HOME if buildah else BUILDKIT_HOME
     mounts = [workspace]
     if not buildah:
-        mounts.append(k8s.V1VolumeMount(name="buildkitd", mount_path=f"{BUILDKIT_HOME}/.local/share/buildkit"))
+        mounts.append(
+            k8s.V1VolumeMount(name="buildkitd", mount_path=f"{BUILDKIT_HOME}/.local/share/buildkit")
+        )
     volumes = [k8s.V1Volume(name="workspace", empty_dir=k8s.V1EmptyDirVolumeSource())]
     if not buildah:
         volumes.append(k8s.V1Volume(name="buildkitd", empty_dir=k8s.V1EmptyDirVolumeSource()))
@@ -254,7 +280,9 @@ def builder_pod(
             k8s.V1EnvVar(name="IMAGE", value=target.name),
             k8s.V1EnvVar(name="STAGING_TAG", value=f"kubetrain-staging-{secrets.token_hex(6)}"),
             k8s.V1EnvVar(name="DOCKERFILE", value=str(PurePosixPath(request.dockerfile))),
-            k8s.V1EnvVar(name="TLS_VERIFY", value=str(not (target.insecure or not target.tls_verify)).lower()),
+            k8s.V1EnvVar(
+                name="TLS_VERIFY", value=str(not (target.insecure or not target.tls_verify)).lower()
+            ),
             k8s.V1EnvVar(name="BUILDAH_ISOLATION", value="chroot"),
             k8s.V1EnvVar(name="HOME", value=home),
         ]
@@ -302,15 +330,22 @@ def builder_pod(
         metadata=k8s.V1ObjectMeta(
             name=name,
             namespace=settings.namespace,
-            labels={"app.kubernetes.io/name": "kubetrain", "app.kubernetes.io/component": "image-build", **(labels or {})},
+            labels={
+                "app.kubernetes.io/name": "kubetrain",
+                "app.kubernetes.io/component": "image-build",
+                **(labels or {}),
+            },
         ),
         spec=k8s.V1PodSpec(
             restart_policy="Never",
             active_deadline_seconds=settings.active_deadline_seconds,
             service_account_name=settings.service_account,
-            image_pull_secrets=[k8s.V1LocalObjectReference(name=n) for n in settings.image_pull_secrets] or None,
+            image_pull_secrets=[k8s.V1LocalObjectReference(name=n) for n in settings.image_pull_secrets]
+            or None,
             node_selector=dict(settings.node_selector) or None,
-            tolerations=[k8s.V1Toleration(**{_SNAKE.get(k, k): v for k, v in t.items()}) for t in settings.tolerations]
+            tolerations=[
+                k8s.V1Toleration(**{_SNAKE.get(k, k): v for k, v in t.items()}) for t in settings.tolerations
+            ]
             or None,
             init_containers=[fetch, unpack],
             containers=[build],

@@ -202,13 +202,20 @@ def write_layer(
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("wb") as fh:
         compressed = _HashingWriter(fh)
-        with gzip.GzipFile(filename="", mode="wb", fileobj=compressed, mtime=0, compresslevel=GZIP_LEVEL) as gz:
+        with gzip.GzipFile(
+            filename="", mode="wb", fileobj=compressed, mtime=0, compresslevel=GZIP_LEVEL
+        ) as gz:
             uncompressed = _HashingWriter(gz)
             with tarfile.open(fileobj=uncompressed, mode="w|", format=tarfile.PAX_FORMAT) as tar:
                 for _, name, kind, source, mode in entries:
                     _add(tar, name, kind, source, mode)
-    return LayerFile(out, "sha256:" + compressed.sha.hexdigest(), compressed.size,
-                     "sha256:" + uncompressed.sha.hexdigest(), len(entries))  # fmt: skip
+    return LayerFile(
+        out,
+        "sha256:" + compressed.sha.hexdigest(),
+        compressed.size,
+        "sha256:" + uncompressed.sha.hexdigest(),
+        len(entries),
+    )
 
 
 def _add(tar: tarfile.TarFile, name: str, kind: str, source: Path | bytes | None, mode: int) -> None:

@@ -142,10 +142,15 @@ def error_detail(response: requests.Response) -> str:
     try:
         body = response.json()
         if isinstance(body, dict) and isinstance(body.get("errors"), list):
-            text = "; ".join(f"{e.get('code', '?')}: {e.get('message', '')}".strip()
-                             for e in body["errors"] if isinstance(e, dict))  # fmt: skip
+            text = "; ".join(
+                f"{e.get('code', '?')}: {e.get('message', '')}".strip()
+                for e in body["errors"]
+                if isinstance(e, dict)
+            )
         elif isinstance(body, dict) and isinstance(body.get("error"), str):
-            text = body["error"] + (f": {body['error_description']}" if isinstance(body.get("error_description"), str) else "")
+            text = body["error"] + (
+                f": {body['error_description']}" if isinstance(body.get("error_description"), str) else ""
+            )
     except ValueError:
         pass
     if not text and response.content:
@@ -245,14 +250,18 @@ class RegistryClient:
             if refresh or scopes not in self._bearer:
                 self._bearer[scopes] = self._fetch_token(params, scopes)
             return {"Authorization": f"Bearer {self._bearer[scopes]}"}
-        raise RegistryAuthError(f"registry {self.registry} asks for {scheme!r} auth; expected Basic or Bearer")
+        raise RegistryAuthError(
+            f"registry {self.registry} asks for {scheme!r} auth; expected Basic or Bearer"
+        )
 
     def check_realm(self, realm: str) -> None:
         """Refuse a Bearer realm outside the registry's own host and the trusted token services."""
         where = _endpoint(realm)
         own = _endpoint(self.base_url)
         if where is None:
-            raise RealmRefused(f"registry {self.registry} sent a Bearer realm that is not an http(s) URL: refused")
+            raise RealmRefused(
+                f"registry {self.registry} sent a Bearer realm that is not an http(s) URL: refused"
+            )
         if where == own:
             return
         trusted = list(KNOWN_TOKEN_SERVICES.get(self.host.lower(), ()))
@@ -287,18 +296,24 @@ class RegistryClient:
         try:
             resp = self._session.get(realm, params=query, auth=auth, timeout=self.timeout)
         except requests.RequestException as exc:
-            raise RegistryUnreachable(f"token service {realm} of registry {self.registry} is unreachable: {exc}") from exc
+            raise RegistryUnreachable(
+                f"token service {realm} of registry {self.registry} is unreachable: {exc}"
+            ) from exc
         self.stats.requests += 1
         if resp.status_code in (401, 403):
             raise RegistryAuthError(
                 f"token service {realm} of registry {self.registry} refused {self._who()} ({error_detail(resp)})"
             )
         if resp.status_code != 200:
-            raise RegistryAuthError(f"token service {realm} of registry {self.registry} failed: {error_detail(resp)}")
+            raise RegistryAuthError(
+                f"token service {realm} of registry {self.registry} failed: {error_detail(resp)}"
+            )
         body = resp.json()
         token = body.get("token") or body.get("access_token")
         if not token:
-            raise RegistryAuthError(f"token service {realm} of registry {self.registry} answered without a token")
+            raise RegistryAuthError(
+                f"token service {realm} of registry {self.registry} answered without a token"
+            )
         return token
 
     # -- transport ---------------------------------------------------------------------------
@@ -361,7 +376,9 @@ class RegistryClient:
                 f"({error_detail(response)})"
             )
         if response.status_code == 403:
-            raise RegistryAuthError(f"registry {self.registry} denied {self._who()} {target} ({error_detail(response)})")
+            raise RegistryAuthError(
+                f"registry {self.registry} denied {self._who()} {target} ({error_detail(response)})"
+            )
         if response.status_code == 404 and not_found is not None:
             raise not_found(f"{target}: not found in registry {self.registry} ({error_detail(response)})")
         raise RegistryError(f"registry {self.registry} failed {target}: {error_detail(response)}")
@@ -418,7 +435,9 @@ class RegistryClient:
         raw = resp.content
         digest = sha256_digest(raw)
         if reference.startswith("sha256:") and digest != reference:
-            raise RegistryError(f"registry {self.registry} returned a manifest {digest} for {repository}@{reference}")
+            raise RegistryError(
+                f"registry {self.registry} returned a manifest {digest} for {repository}@{reference}"
+            )
         media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
         if media_type not in (*IMAGE_MANIFESTS, *INDEXES):
             media_type = json.loads(raw).get("mediaType", media_type)
@@ -470,7 +489,9 @@ class RegistryClient:
             what=f"blob {repository}@{digest}",
         )
         if sha256_digest(resp.content) != digest:
-            raise RegistryError(f"registry {self.registry} returned corrupt content for blob {repository}@{digest}")
+            raise RegistryError(
+                f"registry {self.registry} returned corrupt content for blob {repository}@{digest}"
+            )
         return resp.content
 
     def blob_exists(self, repository: str, digest: str) -> bool:
@@ -588,7 +609,9 @@ def select_platform(client: RegistryClient, repository: str, manifest: Manifest,
 def parse_platform(platform: str) -> tuple[str, str, str | None]:
     parts = platform.split("/") if isinstance(platform, str) else []
     if len(parts) not in (2, 3) or not all(parts):
-        raise ValueError(f"invalid platform {platform!r}: expected os/architecture[/variant], e.g. linux/amd64")
+        raise ValueError(
+            f"invalid platform {platform!r}: expected os/architecture[/variant], e.g. linux/amd64"
+        )
     return parts[0], parts[1], parts[2] if len(parts) == 3 else None
 
 

@@ -36,14 +36,23 @@ CONTRACT_PACKAGE = "kubetrain_contract"
 
 def contract_files(trainer_dir: Path) -> list[Path]:
     package = trainer_dir / CONTRACT_PACKAGE
-    return sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts) if package.is_dir() else []
+    return (
+        sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts) if package.is_dir() else []
+    )
 
 
 def deps_files(trainer_dir: Path) -> list[Path]:
     """The files whose change needs a full build of the trainer image."""
     sync_only = set(SYNC_FILES) - {".dockerignore"}
-    return sorted({p for pattern in DEPS_PATTERNS for p in trainer_dir.glob(pattern)
-                   if p.is_file() and p.name not in sync_only} | set(contract_files(trainer_dir)))  # fmt: skip
+    return sorted(
+        {
+            p
+            for pattern in DEPS_PATTERNS
+            for p in trainer_dir.glob(pattern)
+            if p.is_file() and p.name not in sync_only
+        }
+        | set(contract_files(trainer_dir))
+    )
 
 
 def _with_args(digest: str, build_args: Mapping[str, str] | None) -> str:
@@ -75,14 +84,17 @@ def sync_source_hash(trainer_dir: Path, build_args: Mapping[str, str] | None = N
     if not package.is_dir():
         raise ValueError(f"{str(package)!r} does not exist: the sync image is built from trainer/sync")
     files = files_hash([*(trainer_dir / name for name in SYNC_FILES), *contract_files(trainer_dir)])
-    return _with_args(hashlib.sha256(f"{files}\n{tree_hash(package, DEFAULT_EXCLUDES)}".encode()).hexdigest(),
-                      build_args)  # fmt: skip
+    return _with_args(
+        hashlib.sha256(f"{files}\n{tree_hash(package, DEFAULT_EXCLUDES)}".encode()).hexdigest(), build_args
+    )
 
 
 def git_revision(path: Path) -> str | None:
     """The commit checked out at ``path``, when it is a git work tree."""
     try:
-        out = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
@@ -132,19 +144,32 @@ def plan_image(
     check_variant(variant)
     code_hash = tree_hash(trainer_dir, DEFAULT_EXCLUDES)
     tag = base_tag(trainer_dir, variant, build_args)
-    common = {"code_hash": code_hash, "deps_hash": deps_hash(trainer_dir, build_args), "base_tag": tag,
-              "revision": git_revision(trainer_dir), "variant": variant}  # fmt: skip
-    unchanged = (bool(previous) and previous.get("code_hash") == code_hash
-                 and previous.get("variant", "gpu") == variant and previous.get("deps_hash") == common["deps_hash"])  # fmt: skip
+    common = {
+        "code_hash": code_hash,
+        "deps_hash": deps_hash(trainer_dir, build_args),
+        "base_tag": tag,
+        "revision": git_revision(trainer_dir),
+        "variant": variant,
+    }
+    unchanged = (
+        bool(previous)
+        and previous.get("code_hash") == code_hash
+        and previous.get("variant", "gpu") == variant
+        and previous.get("deps_hash") == common["deps_hash"]
+    )
     if mode == "full":
         return ImagePlan("full", "a full build was asked for", **common)
     if mode == "append":
         if not base_exists:
-            raise ValueError(f"mode 'append' needs the base image tagged {tag}, which the registry lacks: "
-                             "run with mode 'full' first")  # fmt: skip
+            raise ValueError(
+                f"mode 'append' needs the base image tagged {tag}, which the registry lacks: "
+                "run with mode 'full' first"
+            )
         return ImagePlan("append", "a code layer was asked for", **common)
     if unchanged and not force:
-        return ImagePlan("skip", f"trainer code unchanged since the last build ({code_hash[:16]}, {variant})", **common)
+        return ImagePlan(
+            "skip", f"trainer code unchanged since the last build ({code_hash[:16]}, {variant})", **common
+        )
     if not base_exists:
         return ImagePlan("full", f"dependencies changed: no base image {tag} yet", **common)
     return ImagePlan("append", f"code changed, dependencies unchanged ({tag})", **common)

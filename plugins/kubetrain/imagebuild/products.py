@@ -83,15 +83,29 @@ class ImageProduct:
 
 
 TRAINER_GPU = ImageProduct(
-    "trainer-gpu", TRAINER_REPOSITORY, "Dockerfile", f"tensorflow/tensorflow:{TENSORFLOW_VERSION}-gpu", "gpu",
+    "trainer-gpu",
+    TRAINER_REPOSITORY,
+    "Dockerfile",
+    f"tensorflow/tensorflow:{TENSORFLOW_VERSION}-gpu",
+    "gpu",
     ("python3", "-m", "trainer.image_classifier", "--help"),
-)  # fmt: skip
+)
 TRAINER_CPU = ImageProduct(
-    "trainer-cpu", TRAINER_REPOSITORY, "Dockerfile", f"tensorflow/tensorflow:{TENSORFLOW_VERSION}", "cpu",
+    "trainer-cpu",
+    TRAINER_REPOSITORY,
+    "Dockerfile",
+    f"tensorflow/tensorflow:{TENSORFLOW_VERSION}",
+    "cpu",
     ("python3", "-m", "trainer.image_classifier", "--help"),
-)  # fmt: skip
-SYNC = ImageProduct("sync", SYNC_REPOSITORY, "Dockerfile.sync", "python:3.11-slim", None,
-                    ("python3", "-m", "trainer.sync", "--help"))  # fmt: skip
+)
+SYNC = ImageProduct(
+    "sync",
+    SYNC_REPOSITORY,
+    "Dockerfile.sync",
+    "python:3.11-slim",
+    None,
+    ("python3", "-m", "trainer.sync", "--help"),
+)
 PRODUCTS: dict[str, ImageProduct] = {p.name: p for p in (TRAINER_GPU, TRAINER_CPU, SYNC)}
 
 
@@ -118,7 +132,9 @@ def default_image(kind: str, registry: str, tag: str = "latest", variant: str = 
     if kind not in DEFAULT_PRODUCTS:
         raise ValueError(f"unknown image kind {kind!r}: expected one of {', '.join(DEFAULT_PRODUCTS)}")
     if variant not in TRAINER_VARIANTS:
-        raise ValueError(f"unknown trainer variant {variant!r}: expected one of {', '.join(TRAINER_VARIANTS)}")
+        raise ValueError(
+            f"unknown trainer variant {variant!r}: expected one of {', '.join(TRAINER_VARIANTS)}"
+        )
     item = TRAINER_VARIANTS[variant] if kind == "trainer" else DEFAULT_PRODUCTS[kind]
     return item.reference(registry, tag)
 
@@ -201,8 +217,9 @@ class ImagePublisher:
         if name not in self._bases:
             with _locked(self.builder.storage_root / "base.lock"):
                 if self.builder.image_id(name) is None:
-                    self.builder.import_rootfs(rootfs, name, env=LOCAL_BASE_ENV, cmd=["python3"],
-                                               labels=LOCAL_BASE_LABELS)  # fmt: skip
+                    self.builder.import_rootfs(
+                        rootfs, name, env=LOCAL_BASE_ENV, cmd=["python3"], labels=LOCAL_BASE_LABELS
+                    )
             self._bases[name] = name
         return name
 
@@ -215,29 +232,47 @@ class ImagePublisher:
         if name not in self._bases:
             with _locked(self.builder.storage_root / "base.lock"):
                 if self.builder.image_id(name) is None:
-                    request = BuildRequest(context=Path(self.trainer_dir), repository=LOCAL_BASE_REPOSITORY + "-tensorflow",
-                                           tags=(tag,), dockerfile="Dockerfile.tensorflow",
-                                           build_args={"BASE_IMAGE": base, "TENSORFLOW_PACKAGE": requirement})  # fmt: skip
+                    request = BuildRequest(
+                        context=Path(self.trainer_dir),
+                        repository=LOCAL_BASE_REPOSITORY + "-tensorflow",
+                        tags=(tag,),
+                        dockerfile="Dockerfile.tensorflow",
+                        build_args={"BASE_IMAGE": base, "TENSORFLOW_PACKAGE": requirement},
+                    )
                     self.builder.build(request, local_tag=tag, local_name=name)
             self._bases[name] = name
         return name
 
-    def request(self, item: ImageProduct, *, base: str = "official", rootfs: Path | None = None,
-                labels: Mapping[str, str] | None = None) -> BuildRequest:  # fmt: skip
+    def request(
+        self,
+        item: ImageProduct,
+        *,
+        base: str = "official",
+        rootfs: Path | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> BuildRequest:
         """The build request of ``item`` on the official base or on the Debian-made one."""
         if base not in BASES:
             raise ValueError(f"invalid base {base!r}: expected one of {', '.join(BASES)}")
         args = {"BASE_IMAGE": item.base_image}
         if base == "debian":
             if item.variant == "gpu":
-                raise ValueError("the GPU trainer needs a CUDA base image, which the Debian-made base is not: "
-                                 "build trainer-cpu and sync with the Debian base, trainer-gpu with the official one")  # fmt: skip
+                raise ValueError(
+                    "the GPU trainer needs a CUDA base image, which the Debian-made base is not: "
+                    "build trainer-cpu and sync with the Debian base, trainer-gpu with the official one"
+                )
             if rootfs is None:
                 raise ValueError("base 'debian' needs the root file system made by `make images-base`")
             tensorflow = item.repository == TRAINER_REPOSITORY
             args["BASE_IMAGE"] = self.local_tensorflow(rootfs) if tensorflow else self.local_base(rootfs)
-        return BuildRequest(context=Path(self.trainer_dir), repository=item.repository, tags=item.tags(),
-                            dockerfile=item.dockerfile, build_args=args, labels=dict(labels or {}))  # fmt: skip
+        return BuildRequest(
+            context=Path(self.trainer_dir),
+            repository=item.repository,
+            tags=item.tags(),
+            dockerfile=item.dockerfile,
+            build_args=args,
+            labels=dict(labels or {}),
+        )
 
     def build(self, item: ImageProduct, request: BuildRequest, target: PushTarget | None = None) -> str:
         """Build ``request`` into the local store and run the image's check command in it."""
@@ -267,17 +302,31 @@ class ImagePublisher:
         tags = item.tags(tag)
         digests = {self.builder.push_layout(layout, ref, target, t) for t in tags}
         if len(digests) != 1:
-            raise RuntimeError(f"the tags {', '.join(tags)} of {target.name} got different digests: {sorted(digests)}")
+            raise RuntimeError(
+                f"the tags {', '.join(tags)} of {target.name} got different digests: {sorted(digests)}"
+            )
         user = str(self.builder.image_config(local).get("config", {}).get("User", ""))
         return PublishedImage(item.name, item.repository, target.registry, digests.pop(), tags, local, user)
 
-    def publish(self, items: Sequence[ImageProduct], target_for: Callable[[ImageProduct], PushTarget], *,
-                tag: str = "latest", base: str = "official", rootfs: Path | None = None,
-                labels: Mapping[str, str] | None = None) -> list[PublishedImage]:  # fmt: skip
+    def publish(
+        self,
+        items: Sequence[ImageProduct],
+        target_for: Callable[[ImageProduct], PushTarget],
+        *,
+        tag: str = "latest",
+        base: str = "official",
+        rootfs: Path | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> list[PublishedImage]:
         """Build and check every image first, then push them: a broken image stops the release whole."""
         built = []
         for item in items:
             target = target_for(item)
-            built.append((item, target, self.build(item, self.request(item, base=base, rootfs=rootfs, labels=labels),
-                                                   target)))  # fmt: skip
+            built.append(
+                (
+                    item,
+                    target,
+                    self.build(item, self.request(item, base=base, rootfs=rootfs, labels=labels), target),
+                )
+            )
         return [self.push(item, local, target, tag) for item, target, local in built]

@@ -100,7 +100,9 @@ def parse_reference(text: str, default_registry: str = "") -> ImageReference:
     :raises ValueError: naming the reference and what part of it is wrong.
     """
     if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"invalid image reference {text!r}: expected [registry/]repository[:tag][@sha256:...]")
+        raise ValueError(
+            f"invalid image reference {text!r}: expected [registry/]repository[:tag][@sha256:...]"
+        )
     rest = text.strip()
     for scheme in ("docker://", "https://", "http://"):
         if rest.startswith(scheme):

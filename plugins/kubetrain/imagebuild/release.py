@@ -38,8 +38,14 @@ def registry_target(registry: str | None, conn_id: str, authdir: Path, insecure:
                 raise
         else:
             authfile = hook.write_authfile(authdir / "auth.json") if settings.username else None
-            return PushTarget(settings.registry, "", insecure=settings.insecure if insecure is None else insecure,
-                              ca_bundle=settings.ca_bundle, tls_verify=settings.tls_verify, authfile=authfile)  # fmt: skip
+            return PushTarget(
+                settings.registry,
+                "",
+                insecure=settings.insecure if insecure is None else insecure,
+                ca_bundle=settings.ca_bundle,
+                tls_verify=settings.tls_verify,
+                authfile=authfile,
+            )
         from kubetrain import settings as kubetrain_settings
 
         registry = kubetrain_settings.get("registry")
@@ -63,25 +69,50 @@ def list_images(images: str, tag: str, registry: str | None, conn_id: str) -> in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kubetrain.imagebuild.release", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m kubetrain.imagebuild.release",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--images", default=",".join(PRODUCTS), help="comma-separated: %(default)s")
     parser.add_argument("--tag", default="latest", help="release tag (default %(default)s)")
-    parser.add_argument("--base", choices=BASES, default="official",
-                        help="official bases (TensorFlow, python:3.11-slim) or the Debian-made one")
+    parser.add_argument(
+        "--base",
+        choices=BASES,
+        default="official",
+        help="official bases (TensorFlow, python:3.11-slim) or the Debian-made one",
+    )
     parser.add_argument("--rootfs", type=Path, help="root file system tarball of the Debian-made base")
-    parser.add_argument("--registry", help="host[:port]; default: the registry connection, else KUBETRAIN_REGISTRY")
+    parser.add_argument(
+        "--registry", help="host[:port]; default: the registry connection, else KUBETRAIN_REGISTRY"
+    )
     parser.add_argument("--registry-conn-id", default="kubetrain_registry_default")
-    parser.add_argument("--insecure", action=argparse.BooleanOptionalAction, default=None,
-                        help="plain HTTP (default: only for loopback registries or as the connection says)")
+    parser.add_argument(
+        "--insecure",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="plain HTTP (default: only for loopback registries or as the connection says)",
+    )
     parser.add_argument("--trainer-dir", type=Path, default=Path("trainer"))
-    parser.add_argument("--storage-root", type=Path, default=Path(".tools/buildah"),
-                        help="buildah's store (layer cache) (default %(default)s)")
+    parser.add_argument(
+        "--storage-root",
+        type=Path,
+        default=Path(".tools/buildah"),
+        help="buildah's store (layer cache) (default %(default)s)",
+    )
     parser.add_argument("--storage-driver", default="auto", choices=("auto", "vfs", "overlay"))
-    parser.add_argument("--layouts", type=Path, default=Path(".tools/images/oci"),
-                        help="OCI layouts kept between pushes (default %(default)s)")
+    parser.add_argument(
+        "--layouts",
+        type=Path,
+        default=Path(".tools/images/oci"),
+        help="OCI layouts kept between pushes (default %(default)s)",
+    )
     parser.add_argument("--revision", help="source revision recorded in the images' labels")
-    parser.add_argument("--list", action="store_true", help="print the references each image would be pushed as; build nothing")
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="print the references each image would be pushed as; build nothing",
+    )
     args = parser.parse_args(argv)
     if args.list:
         return list_images(args.images, args.tag, args.registry, args.registry_conn_id)
@@ -90,8 +121,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         items = [product(name.strip()) for name in args.images.split(",") if name.strip()]
-        builder = BuildahBuilder(args.storage_root, storage_driver=args.storage_driver,
-                                 log=lambda line: print(line, file=sys.stderr, flush=True))  # fmt: skip
+        builder = BuildahBuilder(
+            args.storage_root,
+            storage_driver=args.storage_driver,
+            log=lambda line: print(line, file=sys.stderr, flush=True),
+        )
         publisher = ImagePublisher(builder, args.trainer_dir, args.layouts, log=builder.log)
         labels = {"org.opencontainers.image.revision": args.revision} if args.revision else {}
         with tempfile.TemporaryDirectory(prefix="kubetrain-auth-") as tmp:
@@ -102,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
 
                 return replace(target, repository=item.repository)
 
-            published = publisher.publish(items, target_for, tag=args.tag, base=args.base, rootfs=args.rootfs,
-                                          labels=labels)  # fmt: skip
+            published = publisher.publish(
+                items, target_for, tag=args.tag, base=args.base, rootfs=args.rootfs, labels=labels
+            )
     except (ValueError, BuildError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

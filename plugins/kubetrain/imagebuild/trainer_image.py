@@ -51,13 +51,20 @@ def build_args(product: ImageProduct, overrides: Mapping[str, Any] | None) -> di
     """
     overrides = overrides or {}
     if not isinstance(overrides, Mapping) or not all(isinstance(v, Mapping) for v in overrides.values()):
-        raise ValueError(f"Variable {BUILD_ARGS_VARIABLE} must map image names to build arguments, e.g. "
-                         f'{{"sync": {{"BASE_IMAGE": "python:3.11-slim"}}}}; got {overrides!r}')  # fmt: skip
+        raise ValueError(
+            f"Variable {BUILD_ARGS_VARIABLE} must map image names to build arguments, e.g. "
+            f'{{"sync": {{"BASE_IMAGE": "python:3.11-slim"}}}}; got {overrides!r}'
+        )
     unknown = set(overrides) - {p.name for p in (*TRAINERS.values(), SYNC)}
     if unknown:
-        raise ValueError(f"Variable {BUILD_ARGS_VARIABLE} names unknown image(s) {', '.join(sorted(unknown))}: "
-                         "expected trainer-gpu, trainer-cpu or sync")  # fmt: skip
-    return {"BASE_IMAGE": product.base_image, **{k: str(v) for k, v in overrides.get(product.name, {}).items()}}
+        raise ValueError(
+            f"Variable {BUILD_ARGS_VARIABLE} names unknown image(s) {', '.join(sorted(unknown))}: "
+            "expected trainer-gpu, trainer-cpu or sync"
+        )
+    return {
+        "BASE_IMAGE": product.base_image,
+        **{k: str(v) for k, v in overrides.get(product.name, {}).items()},
+    }
 
 
 def plan_images(
@@ -92,12 +99,27 @@ def plan_images(
     previous_sync = _json_variable(SYNC_SOURCE_VARIABLE)
     hook = RegistryHook(registry_conn_id)
     with hook.get_conn() as client:
-        base_exists = client.manifest_digest(trainer_repository, base_tag(trainer_dir_path, variant, trainer_args)) is not None
+        base_exists = (
+            client.manifest_digest(trainer_repository, base_tag(trainer_dir_path, variant, trainer_args))
+            is not None
+        )
         existing_sync = client.manifest_digest(sync_repository, sync_tag(trainer_dir_path, sync_args))
-    trainer_plan = plan_image(trainer_dir_path, previous=previous, base_exists=base_exists, mode=mode, force=force,
-                              variant=variant, build_args=trainer_args)  # fmt: skip
-    sync_plan = plan_sync_image(trainer_dir_path, previous=previous_sync, existing_digest=existing_sync, force=force,
-                                build_args=sync_args)  # fmt: skip
+    trainer_plan = plan_image(
+        trainer_dir_path,
+        previous=previous,
+        base_exists=base_exists,
+        mode=mode,
+        force=force,
+        variant=variant,
+        build_args=trainer_args,
+    )
+    sync_plan = plan_sync_image(
+        trainer_dir_path,
+        previous=previous_sync,
+        existing_digest=existing_sync,
+        force=force,
+        build_args=sync_args,
+    )
     log.info("trainer image (%s): %s (%s)", variant, trainer_plan.action, trainer_plan.reason)
     log.info("sync image: %s (%s)", sync_plan.action, sync_plan.reason)
     if trainer_plan.action == "skip" and sync_plan.action == "skip":
@@ -155,19 +177,33 @@ def publish_images(
         repositories = {name: client.relative(ref) for name, ref in refs.items()}
         for name, ref in refs.items():
             if client.manifest_digest(repositories[name], ref.digest) is None:
-                raise RuntimeError(f"the {name} image {ref} is not in the registry: nothing is published, the "
-                                   "Variables keep the images of the last complete run")  # fmt: skip
+                raise RuntimeError(
+                    f"the {name} image {ref} is not in the registry: nothing is published, the "
+                    "Variables keep the images of the last complete run"
+                )
         client.tag(repositories["trainer"], refs["trainer"].digest, list(product.tags(release)))
         client.tag(repositories["sync"], refs["sync"].digest, list(SYNC.tags(release)))
     Variable.set(IMAGE_VARIABLE, trainer_ref)
     Variable.set(SYNC_IMAGE_VARIABLE, sync_ref)
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     trainer = plan["trainer"]
-    record = {"reference": trainer_ref, "action": trainer["action"], "variant": trainer["variant"],
-              "code_hash": trainer["code_hash"], "deps_hash": trainer["deps_hash"],
-              "revision": trainer.get("revision"), "tags": list(product.tags(release)), "published_at": now}  # fmt: skip
-    sync_record = {"reference": sync_ref, "action": plan["sync"]["action"], "source_hash": plan["sync"]["source_hash"],
-                   "tags": list(SYNC.tags(release)), "published_at": now}  # fmt: skip
+    record = {
+        "reference": trainer_ref,
+        "action": trainer["action"],
+        "variant": trainer["variant"],
+        "code_hash": trainer["code_hash"],
+        "deps_hash": trainer["deps_hash"],
+        "revision": trainer.get("revision"),
+        "tags": list(product.tags(release)),
+        "published_at": now,
+    }
+    sync_record = {
+        "reference": sync_ref,
+        "action": plan["sync"]["action"],
+        "source_hash": plan["sync"]["source_hash"],
+        "tags": list(SYNC.tags(release)),
+        "published_at": now,
+    }
     Variable.set(SOURCE_VARIABLE, json.dumps(record))
     Variable.set(SYNC_SOURCE_VARIABLE, json.dumps(sync_record))
     log.info("published %s and %s", trainer_ref, sync_ref)

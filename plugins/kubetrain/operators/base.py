@@ -26,7 +26,9 @@ class RunStoreOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("training_bucket",)
 
-    def __init__(self, *, training_bucket: str | None = None, aws_conn_id: str | None = "aws_default", **kwargs: Any) -> None:
+    def __init__(
+        self, *, training_bucket: str | None = None, aws_conn_id: str | None = "aws_default", **kwargs: Any
+    ) -> None:
         kwargs.setdefault("doc_md", class_doc_md(type(self)))  # the task's documentation in the UI
         super().__init__(**kwargs)
         self.training_bucket = training_bucket
@@ -64,4 +66,6 @@ class RunOperator(RunStoreOperator):
 
     def run_location(self, context: Context) -> RunLocation:
         """The run this task works on."""
-        return run_from_context(context, run_uri=self.run_uri, trial=self.trial, training_bucket=self.training_bucket)
+        return run_from_context(
+            context, run_uri=self.run_uri, trial=self.trial, training_bucket=self.training_bucket
+        )

@@ -78,9 +78,17 @@ class BuildImageOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        "context", "repository", "tags", "dockerfile", "build_args", "target", "labels", "revision",
-        "context_bucket", "context_prefix",
-    )  # fmt: skip
+        "context",
+        "repository",
+        "tags",
+        "dockerfile",
+        "build_args",
+        "target",
+        "labels",
+        "revision",
+        "context_bucket",
+        "context_prefix",
+    )
     ui_color = "#d6eaf8"
 
     def __init__(
@@ -196,15 +204,22 @@ class BuildImageOperator(BaseOperator):
     def _publish(self, request: BuildRequest, output: BuildOutput) -> dict[str, Any]:
         """Move the requested tags onto the complete image; the XCom names it by digest."""
         registry = self.hook.registry
-        self.log.info("image complete in the registry as %s/%s@%s; tagging %s", registry, request.repository,
-                      output.digest, ", ".join(request.tags))  # fmt: skip
+        self.log.info(
+            "image complete in the registry as %s/%s@%s; tagging %s",
+            registry,
+            request.repository,
+            output.digest,
+            ", ".join(request.tags),
+        )
         with self.hook.get_conn() as client:
             client.tag(request.repository, output.digest, request.tags)
             if output.staging_tag:
                 if client.delete_tag(request.repository, output.staging_tag):
                     self.log.info("removed staging tag %s", output.staging_tag)
                 else:
-                    self.log.info("staging tag %s stays (this registry cannot delete tags)", output.staging_tag)
+                    self.log.info(
+                        "staging tag %s stays (this registry cannot delete tags)", output.staging_tag
+                    )
         reference = f"{registry}/{request.repository}@{output.digest}"
         self.log.info("pushed %s", reference)
         return {
@@ -219,7 +234,11 @@ class BuildImageOperator(BaseOperator):
 
         from kubetrain.imagebuild.buildah import BuildahBuilder
 
-        root = Path(os.path.expanduser(self.buildah_root or os.environ.get("KUBETRAIN_BUILDAH_ROOT") or DEFAULT_BUILDAH_ROOT))
+        root = Path(
+            os.path.expanduser(
+                self.buildah_root or os.environ.get("KUBETRAIN_BUILDAH_ROOT") or DEFAULT_BUILDAH_ROOT
+            )
+        )
         root.mkdir(parents=True, exist_ok=True)
         builder = BuildahBuilder(root, log=lambda line: self.log.info("%s", line))
         with tempfile.TemporaryDirectory(prefix="auth-", dir=root) as tmp:
@@ -260,7 +279,9 @@ class BuildImageOperator(BaseOperator):
         with tempfile.TemporaryDirectory(prefix="kubetrain-context-") as tmp:
             tarball = write_context(request.context, Path(tmp) / "context.tar.gz")
             key = context_key(self.context_prefix, context, tarball.digest)
-            S3Hook(aws_conn_id=self.aws_conn_id).load_file(str(tarball.path), key, bucket_name=self.bucket, replace=True)
+            S3Hook(aws_conn_id=self.aws_conn_id).load_file(
+                str(tarball.path), key, bucket_name=self.bucket, replace=True
+            )
         uri = f"s3://{self.bucket}/{key}"
         self.log.info("build context (%s bytes) uploaded to %s", tarball.size, uri)
         return uri
@@ -300,7 +321,9 @@ class BuildImageOperator(BaseOperator):
 
     def execute_in_cluster_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """Resume after the builder pod ended (the provider's trigger fired): logs, XCom, cleanup, tags."""
-        result = self._run_launcher(lambda launcher: launcher.trigger_reentry(context, event), None, event["namespace"])
+        result = self._run_launcher(
+            lambda launcher: launcher.trigger_reentry(context, event), None, event["namespace"]
+        )
         return self._publish(self.build_request(), self._builder_output(result))
 
     def _run_launcher(self, call: Any, pod: k8s.V1Pod | None, namespace: str) -> Any:
@@ -323,7 +346,9 @@ class BuildImageOperator(BaseOperator):
         except TaskDeferred as deferred:
             # The provider's trigger watches the pod from the triggerer; this task, not the inner
             # pod operator, resumes when it fires.
-            self.defer(trigger=deferred.trigger, method_name="execute_in_cluster_complete", timeout=deferred.timeout)
+            self.defer(
+                trigger=deferred.trigger, method_name="execute_in_cluster_complete", timeout=deferred.timeout
+            )
 
     @staticmethod
     def _builder_output(result: Any) -> BuildOutput:
@@ -333,7 +358,9 @@ class BuildImageOperator(BaseOperator):
 
         digest = result.get(METADATA_DIGEST) if isinstance(result, dict) else None
         if not digest:
-            raise BuildError(f"the builder pod finished without reporting an image digest (metadata: {result!r})")
+            raise BuildError(
+                f"the builder pod finished without reporting an image digest (metadata: {result!r})"
+            )
         staging = result.get(STAGING_TAG_KEY)
         return BuildOutput(check_digest(digest), check_tag(staging) if staging else None)
 
@@ -341,8 +368,11 @@ class BuildImageOperator(BaseOperator):
 def context_key(prefix: str, context: Context, digest: str) -> str:
     """S3 key of a build context: per DAG, run and task, named by its content digest."""
     ti = context.get("ti")
-    parts = [getattr(ti, "dag_id", None) or "adhoc", str(context.get("run_id") or "manual"),
-             getattr(ti, "task_id", None) or "build"]  # fmt: skip
+    parts = [
+        getattr(ti, "dag_id", None) or "adhoc",
+        str(context.get("run_id") or "manual"),
+        getattr(ti, "task_id", None) or "build",
+    ]
     safe = [re.sub(r"[^A-Za-z0-9._=-]+", "_", p) for p in parts]
     return "/".join([prefix.strip("/"), *safe, f"context-{digest.removeprefix('sha256:')[:16]}.tar.gz"])
 
@@ -370,9 +400,18 @@ class AppendLayerOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        "base_image", "repository", "source", "dest", "tag", "env", "entrypoint", "cmd", "workdir", "labels",
+        "base_image",
+        "repository",
+        "source",
+        "dest",
+        "tag",
+        "env",
+        "entrypoint",
+        "cmd",
+        "workdir",
+        "labels",
         "platform",
-    )  # fmt: skip
+    )
     ui_color = "#d5f5e3"
 
     def __init__(
@@ -442,7 +481,10 @@ class AppendLayerOperator(BaseOperator):
         stats = result.stats
         self.log.info(
             "%s %s (%d requests, %d bytes sent, %d bytes received)",
-            "pushed" if result.pushed else "already present:", result.reference,
-            stats["requests"], stats["bytes_sent"], stats["bytes_received"],
-        )  # fmt: skip
+            "pushed" if result.pushed else "already present:",
+            result.reference,
+            stats["requests"],
+            stats["bytes_sent"],
+            stats["bytes_received"],
+        )
         return result.as_xcom()

@@ -65,7 +65,9 @@ def fingerprint(
     if not dataset_version:
         raise ValueError(f"dataset version {dataset_version!r} is empty: stage the dataset first")
     if not isinstance(image, str) or not has_digest(image):
-        raise ValueError(f"image {image!r} carries no digest: the fingerprint needs the image that runs, by digest")
+        raise ValueError(
+            f"image {image!r} carries no digest: the fingerprint needs the image that runs, by digest"
+        )
     payload = {
         "dag_id": dag_id,
         "dataset_version": dataset_version,
@@ -115,7 +117,9 @@ class SkipIfTrainedOperator(RunStoreOperator):
 
     def execute(self, context: Context) -> dict[str, str]:
         dag_id = context["ti"].dag_id
-        image = pin_image(pod_spec.resolve_image(self.image, "trainer"), registry_conn_id=self.registry_conn_id)
+        image = pin_image(
+            pod_spec.resolve_image(self.image, "trainer"), registry_conn_id=self.registry_conn_id
+        )
         fp = fingerprint(dag_id, self.dataset_version, dict(context["params"]), image, self.exclude_params)
         marker = self.store.marker_uri(dag_id, fp)
         previous = self.store.trained_marker(dag_id, fp)
@@ -222,7 +226,12 @@ class RecordTrainingOperator(RunOperator):
         }
         marker = self.store.record_trained(dag_id, self.fingerprint, record)
         self.log.info("Recorded fingerprint %s at %s", self.fingerprint, marker)
-        result: dict[str, Any] = {"fingerprint": self.fingerprint, "marker": marker, "run_record": None, "mlflow_run_id": None}
+        result: dict[str, Any] = {
+            "fingerprint": self.fingerprint,
+            "marker": marker,
+            "run_record": None,
+            "mlflow_run_id": None,
+        }
         params = dict(context["params"])
         model = self.model or params.get("model_name")
         if not model:
@@ -261,8 +270,9 @@ class RunRecorder:
         self.store = store
         self.log = log
 
-    def build(self, context: Context, *, run: RunLocation, model: str, trial: str | None, status: str,
-              **fields: Any) -> dict[str, Any]:  # fmt: skip
+    def build(
+        self, context: Context, *, run: RunLocation, model: str, trial: str | None, status: str, **fields: Any
+    ) -> dict[str, Any]:
         from kubetrain.run_record import build_record
 
         metrics = self._read_json(run, "metrics.json")
@@ -276,10 +286,20 @@ class RunRecorder:
             index = getattr(ti, "map_index", -1)
             trial = str(index) if isinstance(index, int) and index >= 0 else None
         return build_record(
-            dag_id=ti.dag_id, run_id=context["run_id"], run=run, run_time=run_time(context), model=model,
-            status=status, trial=trial, params=dict(context.get("params") or {}), metrics=metrics,
-            run_params=run_params, resumed_from_step=resumed, resumed_from_source=source, **fields,
-        )  # fmt: skip
+            dag_id=ti.dag_id,
+            run_id=context["run_id"],
+            run=run,
+            run_time=run_time(context),
+            model=model,
+            status=status,
+            trial=trial,
+            params=dict(context.get("params") or {}),
+            metrics=metrics,
+            run_params=run_params,
+            resumed_from_step=resumed,
+            resumed_from_source=source,
+            **fields,
+        )
 
     def _read_json(self, run: RunLocation, name: str) -> dict[str, Any] | None:
         try:
@@ -316,8 +336,13 @@ class RecordFailedRun:
     :param aws_conn_id: the S3 connection.
     """
 
-    def __init__(self, *, stage_task_id: str = "stage_dataset", check_task_id: str = "check_new",
-                 aws_conn_id: str | None = "aws_default") -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        stage_task_id: str = "stage_dataset",
+        check_task_id: str = "check_new",
+        aws_conn_id: str | None = "aws_default",
+    ) -> None:
         self.stage_task_id = stage_task_id
         self.check_task_id = check_task_id
         self.aws_conn_id = aws_conn_id

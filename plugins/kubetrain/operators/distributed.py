@@ -78,9 +78,18 @@ class DistributedTrainingOperator(TrainingPodOperator):
 
     template_fields: Sequence[str] = (
         *TrainingPodOperator.template_fields,
-        "backend", "workers", "ps_replicas", "gpus_per_worker", "gpus_per_ps", "worker_cpu", "worker_memory",
-        "ps_cpu", "ps_memory", "chief_cpu", "chief_memory",
-    )  # fmt: skip
+        "backend",
+        "workers",
+        "ps_replicas",
+        "gpus_per_worker",
+        "gpus_per_ps",
+        "worker_cpu",
+        "worker_memory",
+        "ps_cpu",
+        "ps_memory",
+        "chief_cpu",
+        "chief_memory",
+    )
     ui_color = "#e8f0fe"
 
     def __init__(
@@ -123,21 +132,33 @@ class DistributedTrainingOperator(TrainingPodOperator):
         """The replicas and their resources, checked (a bad count fails before anything is created)."""
         gpus = self.gpus if _unset_is_none(self.gpus_per_worker) is None else self.gpus_per_worker
         return DistributedSpec(
-            workers=self.workers, ps_replicas=self.ps_replicas, gpus_per_worker=gpus, gpus_per_ps=self.gpus_per_ps,
-            worker_cpu=str(self.worker_cpu or self.cpu), worker_memory=str(self.worker_memory or self.memory),
-            ps_cpu=str(self.ps_cpu), ps_memory=str(self.ps_memory), chief_cpu=_unset_is_none(self.chief_cpu),
-            chief_memory=_unset_is_none(self.chief_memory), port=self.port, max_restarts=self.max_restarts,
+            workers=self.workers,
+            ps_replicas=self.ps_replicas,
+            gpus_per_worker=gpus,
+            gpus_per_ps=self.gpus_per_ps,
+            worker_cpu=str(self.worker_cpu or self.cpu),
+            worker_memory=str(self.worker_memory or self.memory),
+            ps_cpu=str(self.ps_cpu),
+            ps_memory=str(self.ps_memory),
+            chief_cpu=_unset_is_none(self.chief_cpu),
+            chief_memory=_unset_is_none(self.chief_memory),
+            port=self.port,
+            max_restarts=self.max_restarts,
         )
 
-    def submission(self, context: Context, spec: DistributedSpec, *, backend: str,
-                   pin: bool = True) -> builders.Submission:
+    def submission(
+        self, context: Context, spec: DistributedSpec, *, backend: str, pin: bool = True
+    ) -> builders.Submission:
         """The objects of this task's job on ``backend``."""
         config = self.pod_config(context, pin=pin)
         namespace = config.namespace or self.hook.get_namespace() or "default"
         ti = context["ti"]
         name = job_name(ti.dag_id, context["run_id"], getattr(ti, "try_number", 1) or 1)
-        labels = {"kubetrain.io/dag-id": ti.dag_id, "kubetrain.io/run-id": context["run_id"],
-                  "kubetrain.io/task-id": ti.task_id}
+        labels = {
+            "kubetrain.io/dag-id": ti.dag_id,
+            "kubetrain.io/run-id": context["run_id"],
+            "kubetrain.io/task-id": ti.task_id,
+        }
         if self.experiment:
             labels["kubetrain.io/experiment"] = self.experiment
         ti.xcom_push(key="run_uri", value=config.run_uri)
@@ -148,8 +169,14 @@ class DistributedTrainingOperator(TrainingPodOperator):
         backend = choose_backend(self.backend, served_backends(self.hook.api_client))
         submission = self.submission(context, spec, backend=backend)
         self._submission = submission
-        self.log.info("Distributed training: %s on %s %s/%s; cluster %s", spec.describe(), backend,
-                      submission.namespace, submission.name, submission.cluster())
+        self.log.info(
+            "Distributed training: %s on %s %s/%s; cluster %s",
+            spec.describe(),
+            backend,
+            submission.namespace,
+            submission.name,
+            submission.cluster(),
+        )
         resources = [[r.api_version, r.kind, r.plural, r.name] for r in submission.resources]
         delete_sync(self.hook, submission.namespace, resources, self.log)  # leftovers of an earlier attempt
         try:
@@ -163,16 +190,26 @@ class DistributedTrainingOperator(TrainingPodOperator):
             deadline = time.time() + self.execution_timeout.total_seconds() - 30
         self.defer(
             trigger=DistributedJobTrigger(
-                backend=backend, name=submission.name, namespace=submission.namespace, resources=resources,
-                roles=list(submission.replicas), container=submission.container,
-                pod_selector=submission.pod_selector, deadline=deadline, poll_interval=self.poll_interval,
-                startup={"schedule_timeout": self.schedule_timeout_seconds,
-                         "unschedulable_grace": self.unschedulable_grace_seconds,
-                         "startup_timeout": self.startup_timeout_seconds,
-                         "stage_in_timeout": self.stage_in_timeout_seconds,
-                         "stage_in_container": pod_spec.STAGE_IN_CONTAINER},
-                kubernetes_conn_id=self.kubernetes_conn_id, config_file=self.config_file,
-                cluster_context=self.cluster_context, in_cluster=self.in_cluster,
+                backend=backend,
+                name=submission.name,
+                namespace=submission.namespace,
+                resources=resources,
+                roles=list(submission.replicas),
+                container=submission.container,
+                pod_selector=submission.pod_selector,
+                deadline=deadline,
+                poll_interval=self.poll_interval,
+                startup={
+                    "schedule_timeout": self.schedule_timeout_seconds,
+                    "unschedulable_grace": self.unschedulable_grace_seconds,
+                    "startup_timeout": self.startup_timeout_seconds,
+                    "stage_in_timeout": self.stage_in_timeout_seconds,
+                    "stage_in_container": pod_spec.STAGE_IN_CONTAINER,
+                },
+                kubernetes_conn_id=self.kubernetes_conn_id,
+                config_file=self.config_file,
+                cluster_context=self.cluster_context,
+                in_cluster=self.in_cluster,
             ),
             method_name="execute_complete",
             kwargs={"resources": resources, "cluster": submission.cluster(), "spec": spec.describe()},
@@ -184,12 +221,23 @@ class DistributedTrainingOperator(TrainingPodOperator):
         elif resource.api_version == "batch/v1" and resource.kind == "Job":
             self.hook.batch_v1_client.create_namespaced_job(namespace, resource.body)
         else:
-            self.hook.create_custom_object(group=resource.group, version=resource.version, plural=resource.plural,
-                                           body=resource.body, namespace=namespace)
+            self.hook.create_custom_object(
+                group=resource.group,
+                version=resource.version,
+                plural=resource.plural,
+                body=resource.body,
+                namespace=namespace,
+            )
         self.log.info("Created %s %s/%s", resource.kind, namespace, resource.name)
 
-    def execute_complete(self, context: Context, event: dict[str, Any], resources: list[list[str]] | None = None,
-                         cluster: dict[str, list[str]] | None = None, spec: str | None = None) -> dict[str, Any]:
+    def execute_complete(
+        self,
+        context: Context,
+        event: dict[str, Any],
+        resources: list[list[str]] | None = None,
+        cluster: dict[str, list[str]] | None = None,
+        spec: str | None = None,
+    ) -> dict[str, Any]:
         namespace = event["namespace"]
         resources = resources or event.get("resources") or []
         # the report task reads XCom ``notes`` of every training task, as the single pod pushes it
@@ -204,8 +252,14 @@ class DistributedTrainingOperator(TrainingPodOperator):
         status = event.get("status")
         if status == "success":
             self.log.info("%s %s succeeded: %s", event["backend"], event["name"], event.get("message"))
-            return {"backend": event["backend"], "job": event["name"], "namespace": namespace, "cluster": cluster,
-                    "replicas": spec, "run_uri": context["ti"].xcom_pull(task_ids=self.task_id, key="run_uri")}
+            return {
+                "backend": event["backend"],
+                "job": event["name"],
+                "namespace": namespace,
+                "cluster": cluster,
+                "replicas": spec,
+                "run_uri": context["ti"].xcom_pull(task_ids=self.task_id, key="run_uri"),
+            }
         if status == "startup":
             failure = failure_from_event(event)
             if failure is not None:
@@ -213,8 +267,10 @@ class DistributedTrainingOperator(TrainingPodOperator):
         replica = event.get("replica") or {}
         detail = ""
         if replica:
-            detail = (f"; first failed replica: {replica.get('role')} pod {replica.get('pod')} exited "
-                      f"{replica.get('exit_code')} ({replica.get('reason')})")
+            detail = (
+                f"; first failed replica: {replica.get('role')} pod {replica.get('pod')} exited "
+                f"{replica.get('exit_code')} ({replica.get('reason')})"
+            )
             if replica.get("last_lines"):
                 detail += "\nlast log lines:\n  " + "\n  ".join(replica["last_lines"])
             if replica.get("events"):
@@ -239,9 +295,13 @@ class DistributedTrainingOperator(TrainingPodOperator):
                 return
             w = watch.Watch()
             try:
-                for event in w.stream(core.list_namespaced_pod, namespace, label_selector=selector,
-                                      resource_version=listed.metadata.resource_version,
-                                      timeout_seconds=max(1, int(deadline - time.monotonic()))):  # fmt: skip
+                for event in w.stream(
+                    core.list_namespaced_pod,
+                    namespace,
+                    label_selector=selector,
+                    resource_version=listed.metadata.resource_version,
+                    timeout_seconds=max(1, int(deadline - time.monotonic())),
+                ):
                     if event["type"] == "DELETED":
                         left.discard(event["object"].metadata.name)
                     if not left:

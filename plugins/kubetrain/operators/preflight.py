@@ -16,8 +16,9 @@ class TriggererAccessOperator(BaseOperator):
 
     template_fields = ("kubernetes_conn_id", "config_file")
 
-    def __init__(self, *, kubernetes_conn_id: str = "kubernetes_default", config_file: str | None = None,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self, *, kubernetes_conn_id: str = "kubernetes_default", config_file: str | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.kubernetes_conn_id = kubernetes_conn_id
         self.config_file = config_file
@@ -29,8 +30,14 @@ class TriggererAccessOperator(BaseOperator):
 
         deployment = settings.Deployment.from_environment()
         attributes = access_attributes(TRIGGERER_ACCESS, deployment.namespace, deployment.s3_secret)
-        self.defer(trigger=AccessReviewTrigger(attributes=attributes, kubernetes_conn_id=self.kubernetes_conn_id,
-                                               config_file=self.config_file), method_name="execute_complete")  # fmt: skip
+        self.defer(
+            trigger=AccessReviewTrigger(
+                attributes=attributes,
+                kubernetes_conn_id=self.kubernetes_conn_id,
+                config_file=self.config_file,
+            ),
+            method_name="execute_complete",
+        )
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> str:
         from airflow.sdk.exceptions import AirflowFailException

@@ -88,7 +88,9 @@ class PromoteModelOperator(RunOperator):
         """``(promote?, checkpoint prefixes to keep)``, checked before anything is touched."""
         check_name("model", self.model)
         if self.promote not in PROMOTE_CHOICES:
-            raise ValueError(f"promote={self.promote!r} is not valid: expected one of {', '.join(PROMOTE_CHOICES)}")
+            raise ValueError(
+                f"promote={self.promote!r} is not valid: expected one of {', '.join(PROMOTE_CHOICES)}"
+            )
         promote = self.promote == "always"
         if self.promote == "if_better":
             if self.is_better is None:
@@ -105,7 +107,9 @@ class PromoteModelOperator(RunOperator):
         except (TypeError, ValueError):
             keep = -1
         if keep < 0:
-            raise ValueError(f"keep_checkpoints={self.keep_checkpoints!r} is not valid: expected an integer >= 0 or None")
+            raise ValueError(
+                f"keep_checkpoints={self.keep_checkpoints!r} is not valid: expected an integer >= 0 or None"
+            )
         return promote, keep
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -119,9 +123,11 @@ class PromoteModelOperator(RunOperator):
             self.log.info("Waiting, deferred, for the sidecar's final sync pass: %s", exc)
             self.defer(
                 trigger=FinalSyncPassTrigger(
-                    run_uri=run.uri, aws_conn_id=self.aws_conn_id, timeout=self.final_pass_timeout,
+                    run_uri=run.uri,
+                    aws_conn_id=self.aws_conn_id,
+                    timeout=self.final_pass_timeout,
                     poll_interval=self.poll_interval,
-                ),  # fmt: skip
+                ),
                 method_name="execute_complete",
                 timeout=timedelta(seconds=self.final_pass_timeout + 60),
             )
@@ -160,17 +166,20 @@ class PromoteModelOperator(RunOperator):
             result.update(promoted=True, model_uri=pointer["uri"], model_version=version)
             result.update(self.record_promotion(context, run, pointer, previous_version, previous_metrics))
         else:
-            self.log.info("Not promoting %s (promote=%s, is_better=%s)", run.uri, self.promote, self.is_better)
+            self.log.info(
+                "Not promoting %s (promote=%s, is_better=%s)", run.uri, self.promote, self.is_better
+            )
 
         if keep is not None:
             deleted, remaining = self.store.prune(run, files, keep)
             result["pruned"] = len(deleted)
             self.log.info("Pruned %d checkpoint objects, keeping the newest %d prefixes", len(deleted), keep)
             if len(remaining) != len(files):
-                recorded = self.store.record_pass(run, final, remaining, writer=f"airflow:{self.dag_id}/{self.task_id}")
+                recorded = self.store.record_pass(
+                    run, final, remaining, writer=f"airflow:{self.dag_id}/{self.task_id}"
+                )
                 result["sync_pass"] = recorded.number
         return result
-
 
     def record_promotion(
         self,
@@ -199,19 +208,31 @@ class PromoteModelOperator(RunOperator):
         if again:
             previous_version = previous_value = None
         reason = promotion_reason(
-            rule=self.promote, promoted=True, monitor=monitor, mode=mode,
-            value=value if isinstance(value, int | float) else None, other_version=previous_version,
+            rule=self.promote,
+            promoted=True,
+            monitor=monitor,
+            mode=mode,
+            value=value if isinstance(value, int | float) else None,
+            other_version=previous_version,
             other_value=previous_value if isinstance(previous_value, int | float) else None,
-        )  # fmt: skip
+        )
         ti = context["ti"]
         event = promotion_event(
-            model=self.model, version=pointer["version"], model_uri=pointer["uri"], dag_id=ti.dag_id,
-            run_id=context["run_id"], trial=self.trial if self.trial not in (None, "") else _map_index(ti),
-            run_uri=run.uri, rule=self.promote, reason=reason, monitor=monitor,
-            value=value if isinstance(value, int | float) else None, previous_version=previous_version,
+            model=self.model,
+            version=pointer["version"],
+            model_uri=pointer["uri"],
+            dag_id=ti.dag_id,
+            run_id=context["run_id"],
+            trial=self.trial if self.trial not in (None, "") else _map_index(ti),
+            run_uri=run.uri,
+            rule=self.promote,
+            reason=reason,
+            monitor=monitor,
+            value=value if isinstance(value, int | float) else None,
+            previous_version=previous_version,
             previous_value=previous_value if isinstance(previous_value, int | float) else None,
             promoted_at=pointer.get("promoted_at"),
-        )  # fmt: skip
+        )
         if again and self.store.has_promotion(self.model, pointer["version"]):
             self.log.info("Promotion history already lists version %s", pointer["version"])
         else:

@@ -23,9 +23,23 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 RESULT_KEYS = (
-    "run_uri", "report_uri", "report_url", "trainer", "monitor", "monitor_mode", "value", "final", "best", "epochs",
-    "steps", "wall_time_s", "examples_per_s", "better_than_promoted", "promoted_metric", "promoted_version",
-)  # fmt: skip
+    "run_uri",
+    "report_uri",
+    "report_url",
+    "trainer",
+    "monitor",
+    "monitor_mode",
+    "value",
+    "final",
+    "best",
+    "epochs",
+    "steps",
+    "wall_time_s",
+    "examples_per_s",
+    "better_than_promoted",
+    "promoted_metric",
+    "promoted_version",
+)
 
 
 def note_lines(notes: Any) -> list[str]:
@@ -68,7 +82,13 @@ class ReportOperator(RunOperator):
     :param aws_conn_id: Airflow connection for S3.
     """
 
-    template_fields: Sequence[str] = (*RunOperator.template_fields, "model", "title", "require_metrics", "notes")
+    template_fields: Sequence[str] = (
+        *RunOperator.template_fields,
+        "model",
+        "title",
+        "require_metrics",
+        "notes",
+    )
     operator_extra_links = (ReportLink(),)
     ui_color = "#fdf5e6"
 

@@ -77,16 +77,23 @@ class StageDatasetOperator(RunStoreOperator):
 
         layout = self.store.layout
         allowed = settings.parse_list("dataset_prefixes", settings.get("dataset_prefixes")) or (
-            f"s3://{layout.datasets_bucket}/",)  # fmt: skip
+            f"s3://{layout.datasets_bucket}/",
+        )
         try:
-            check_dataset_source(self.source_uri, allowed=allowed, training_bucket=layout.training_bucket,
-                                 narrowed=self.allowed_prefixes)  # fmt: skip
+            check_dataset_source(
+                self.source_uri,
+                allowed=allowed,
+                training_bucket=layout.training_bucket,
+                narrowed=self.allowed_prefixes,
+            )
         except ValueError as exc:
             raise AirflowFailException(str(exc)) from None
 
     def execute(self, context: Context) -> dict[str, Any]:
         self.check_source()
-        dataset = check_name("dataset", self.dataset) if self.dataset else dataset_name_from_uri(self.source_uri)
+        dataset = (
+            check_name("dataset", self.dataset) if self.dataset else dataset_name_from_uri(self.source_uri)
+        )
         source, objects = list_source_objects(self.store, self.source_uri)
         manifest = build_manifest(dataset, source, objects)
         version = manifest["version"]

@@ -150,7 +150,11 @@ class TrainingPodManager(PodManager):
         return self.read_pod(remote)
 
     def await_pod_completion(
-        self, pod: k8s.V1Pod, istio_enabled: bool = False, container_name: str = "base", do_xcom_push: bool = False
+        self,
+        pod: k8s.V1Pod,
+        istio_enabled: bool = False,
+        container_name: str = "base",
+        do_xcom_push: bool = False,
     ) -> k8s.V1Pod:
         def done(remote: k8s.V1Pod) -> bool:
             if remote.status is not None and remote.status.phase in PodPhase.terminal_states:
@@ -402,7 +406,11 @@ class TrainingPodOperator(KubernetesPodOperator):
         self.stage_in_timeout_seconds = stage_in_timeout_seconds
         self.unschedulable_grace_seconds = unschedulable_grace_seconds
         self.log_containers = list(log_containers)
-        if not self.deferrable and not self.init_container_logs and pod_spec.STAGE_IN_CONTAINER in self.log_containers:
+        if (
+            not self.deferrable
+            and not self.init_container_logs
+            and pod_spec.STAGE_IN_CONTAINER in self.log_containers
+        ):
             # The task follows the training container's log itself; the stage-in container's
             # log, complete by then, comes first (the sidecar's comes when the pod ends: cleanup()).
             self.init_container_logs = [pod_spec.STAGE_IN_CONTAINER]
@@ -427,7 +435,9 @@ class TrainingPodOperator(KubernetesPodOperator):
             )
             run_id = context["run_id"]
         else:
-            run = RunLocation.from_uri(self.run_uri) if self.run_uri else S3Layout().run(self.dag_id, "dry-run")
+            run = (
+                RunLocation.from_uri(self.run_uri) if self.run_uri else S3Layout().run(self.dag_id, "dry-run")
+            )
             run_id = "dry-run"
         image = pod_spec.resolve_image(self.image, "trainer")
         sync_image = pod_spec.resolve_image(self.sync_image, "sync")
@@ -504,7 +514,11 @@ class TrainingPodOperator(KubernetesPodOperator):
             context["ti"].xcom_push(key="run_uri", value=config.run_uri)
             context["ti"].xcom_push(key=NOTES_XCOM_KEY, value=[])
         self.log.info(
-            "Training pod: image %s, run %s, %d x %s", config.image, config.run_uri, config.gpus, config.gpu_resource
+            "Training pod: image %s, run %s, %d x %s",
+            config.image,
+            config.run_uri,
+            config.gpus,
+            config.gpu_resource,
         )
         return super().build_pod_request_obj(context, dry_run=dry_run)
 
@@ -553,14 +567,18 @@ class TrainingPodOperator(KubernetesPodOperator):
         if remote.spec.node_name:
             try:
                 node = self.client.read_node(remote.spec.node_name)
-            except Exception as exc:  # reading nodes needs a cluster role that a namespace's Role does not give
+            except (
+                Exception
+            ) as exc:  # reading nodes needs a cluster role that a namespace's Role does not give
                 self.log.debug("Could not read node %s: %s", remote.spec.node_name, exc)
         note = gpu_served_on_cpu(remote, gpu_resource, events, node)
         if note:
             self.log.warning("%s", note)
             self._notes.append(note)
 
-    def defer(self, *, trigger: Any, method_name: str, kwargs: dict[str, Any] | None = None, timeout: Any = None) -> None:
+    def defer(
+        self, *, trigger: Any, method_name: str, kwargs: dict[str, Any] | None = None, timeout: Any = None
+    ) -> None:
         """Defer as the base class does, with its pod trigger extended by kubetrain's start-up phases and logs."""
         if type(trigger) is KubernetesPodTrigger:
             _, arguments = trigger.serialize()
@@ -638,8 +656,15 @@ class TrainingPodOperator(KubernetesPodOperator):
                     container_name_log_prefix_enabled=self.container_name_log_prefix_enabled,
                     log_formatter=self.log_formatter,
                 )
-            except Exception as exc:  # a pod already gone has no log; the task's outcome does not depend on it
-                self.log.info("The log of container %s of pod %s could not be read: %s", name, remote_pod.metadata.name, exc)
+            except (
+                Exception
+            ) as exc:  # a pod already gone has no log; the task's outcome does not depend on it
+                self.log.info(
+                    "The log of container %s of pod %s could not be read: %s",
+                    name,
+                    remote_pod.metadata.name,
+                    exc,
+                )
 
     def _no_retry_failure(self, remote_pod: k8s.V1Pod) -> AirflowFailException | None:
         """The failure that ends the task without retries, when the training container's exit code says so."""

@@ -99,7 +99,10 @@ def parse_confusion(data: bytes) -> dict[str, Any]:
         raise ValueError(
             f"confusion_matrix.json: the matrix must be {len(classes)}x{len(classes)} for {len(classes)} classes"
         )
-    return {"classes": [str(c) for c in classes], "matrix": [[finite_number(v) or 0 for v in r] for r in matrix]}
+    return {
+        "classes": [str(c) for c in classes],
+        "matrix": [[finite_number(v) or 0 for v in r] for r in matrix],
+    }
 
 
 def parse_samples(data: bytes) -> list[dict[str, Any]]:

@@ -42,7 +42,11 @@ class SweepReportInputs:
 
 def _value(trial: Mapping[str, Any]) -> float | None:
     value = (trial.get("objective") or {}).get("value")
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) else None
+    return (
+        float(value)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        else None
+    )
 
 
 def _outcome(trial: Mapping[str, Any]) -> str:
@@ -69,18 +73,32 @@ def summary_rows(inputs: SweepReportInputs) -> list[tuple[str, str]]:
     rows = [
         ("Sweep", str(plan.get("uri"))),
         ("Algorithm", f"{plan.get('algorithm')} (seed {plan.get('seed')})"),
-        ("Trials", f"{len(inputs.trials)} of max {plan.get('max_trials')}, {plan.get('parallel_trials')} at a time"),
+        (
+            "Trials",
+            f"{len(inputs.trials)} of max {plan.get('max_trials')}, {plan.get('parallel_trials')} at a time",
+        ),
         ("Objective", f"{objective.get('metric')} ({objective.get('mode')})"),
-        ("Early stopping", "off" if early.get("rule") != "median" else
-         f"median, after {early.get('start_step')} reports, once {early.get('min_trials')} trials finished"),
+        (
+            "Early stopping",
+            "off"
+            if early.get("rule") != "median"
+            else f"median, after {early.get('start_step')} reports, once {early.get('min_trials')} trials finished",
+        ),
         ("Dataset version", _fmt(dataset.get("version"))),
         ("Image", _fmt(plan.get("image"))),
-    ]  # fmt: skip
+    ]
     if inputs.best is not None:
-        rows.append(("Best trial", f"{inputs.best.get('trial')}: {objective.get('metric')} {_fmt(_value(inputs.best))} "
-                                   f"with {_fmt(inputs.best.get('params'))}"))  # fmt: skip
+        rows.append(
+            (
+                "Best trial",
+                f"{inputs.best.get('trial')}: {objective.get('metric')} {_fmt(_value(inputs.best))} "
+                f"with {_fmt(inputs.best.get('params'))}",
+            )
+        )
     counts = {
-        "finished": sum(1 for t in inputs.trials if t.get("status") == "success" and not t.get("stopped_early")),
+        "finished": sum(
+            1 for t in inputs.trials if t.get("status") == "success" and not t.get("stopped_early")
+        ),
         "stopped early": sum(1 for t in inputs.trials if t.get("stopped_early")),
         "failed": sum(1 for t in inputs.trials if t.get("status") != "success"),
     }
@@ -106,10 +124,19 @@ def objective_plot(inputs: SweepReportInputs) -> bytes | None:
     if done:
         axes.scatter(*zip(*done, strict=True), label="finished", color="#1f77b4")
     if stopped:
-        axes.scatter(*zip(*stopped, strict=True), label="stopped early", facecolors="none", edgecolors="#d62728")
+        axes.scatter(
+            *zip(*stopped, strict=True), label="stopped early", facecolors="none", edgecolors="#d62728"
+        )
     if inputs.best is not None and _value(inputs.best) is not None:
-        axes.scatter([int(inputs.best.get("number", 0))], [_value(inputs.best)], marker="*", s=200, color="#2ca02c",
-                     label="best", zorder=3)  # fmt: skip
+        axes.scatter(
+            [int(inputs.best.get("number", 0))],
+            [_value(inputs.best)],
+            marker="*",
+            s=200,
+            color="#2ca02c",
+            label="best",
+            zorder=3,
+        )
     axes.set_xlabel("trial")
     axes.set_ylabel(metric)
     axes.set_title(f"{metric} per trial")
@@ -168,15 +195,25 @@ def parallel_coordinates_plot(inputs: SweepReportInputs) -> bytes | None:
         ys = [position(trial["params"].get(n)) for n, (position, _) in zip(names, axes_maps, strict=True)]
         ys.append(norm(value))
         style = "--" if trial.get("stopped_early") else "-"
-        axes.plot(xs, [y if y is not None else float("nan") for y in ys], style, color=cmap(norm(value)), alpha=0.8,
-                  linewidth=2.5 if inputs.best is not None and trial.get("number") == inputs.best.get("number") else 1.2)  # fmt: skip
+        axes.plot(
+            xs,
+            [y if y is not None else float("nan") for y in ys],
+            style,
+            color=cmap(norm(value)),
+            alpha=0.8,
+            linewidth=2.5
+            if inputs.best is not None and trial.get("number") == inputs.best.get("number")
+            else 1.2,
+        )
     for x, (_, ticks) in enumerate(axes_maps):
         axes.axvline(x, color="#888", linewidth=0.8)
         for y, label in ticks:
             axes.annotate(label, (x, y), textcoords="offset points", xytext=(3, 0), fontsize=7, va="center")
     axes.axvline(len(names), color="#888", linewidth=0.8)
     for y, label in ((0.0, _fmt(vmin)), (1.0, _fmt(vmax))):
-        axes.annotate(label, (len(names), y), textcoords="offset points", xytext=(3, 0), fontsize=7, va="center")
+        axes.annotate(
+            label, (len(names), y), textcoords="offset points", xytext=(3, 0), fontsize=7, va="center"
+        )
     axes.set_xticks(xs, labels=[*names, objective.get("metric", "objective")])
     axes.set_yticks([])
     axes.set_ylim(-0.05, 1.05)
@@ -211,13 +248,23 @@ def render_html(inputs: SweepReportInputs, plots: dict[str, tuple[str, bytes]]) 
     parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in summary_rows(inputs)]
     parts.append("</table><h2>Trials</h2><table><tr><th>rank</th><th>trial</th>")
     parts += [f"<th>{e(n)}</th>" for n in names]
-    parts.append(f"<th>{e(metric)}</th><th>reports</th><th>steps</th><th>outcome</th><th>trainer wall (s)</th><th>report</th></tr>")
+    parts.append(
+        f"<th>{e(metric)}</th><th>reports</th><th>steps</th><th>outcome</th><th>trainer wall (s)</th><th>report</th></tr>"
+    )
     for rank, trial in enumerate(inputs.trials, start=1):
         params = trial.get("params") or {}
         url = inputs.trial_report_url(trial)
         link = f'<a href="{e(url)}">report</a>' if url else ""
-        cells = [str(rank), str(trial.get("trial")), *(_fmt(params.get(n)) for n in names), _fmt(_value(trial)),
-                 _fmt(trial.get("reports")), _fmt(trial.get("steps")), _outcome(trial), _wall(trial)]  # fmt: skip
+        cells = [
+            str(rank),
+            str(trial.get("trial")),
+            *(_fmt(params.get(n)) for n in names),
+            _fmt(_value(trial)),
+            _fmt(trial.get("reports")),
+            _fmt(trial.get("steps")),
+            _outcome(trial),
+            _wall(trial),
+        ]
         parts.append("<tr>" + "".join(f"<td>{e(c)}</td>" for c in cells) + f"<td>{link}</td></tr>")
     parts.append("</table>")
     if plots:
@@ -241,12 +288,26 @@ def render_markdown(inputs: SweepReportInputs, plots: dict[str, tuple[str, bytes
         lines += [f"**{_md(text)}.**", ""]
     lines += ["| | |", "|---|---|"] + [f"| {_md(k)} | {_md(v)} |" for k, v in summary_rows(inputs)]
     header = ["rank", "trial", *names, metric, "reports", "steps", "outcome", "trainer wall (s)", "report"]
-    lines += ["", "## Trials", "", "| " + " | ".join(_md(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += [
+        "",
+        "## Trials",
+        "",
+        "| " + " | ".join(_md(h) for h in header) + " |",
+        "|" + "---|" * len(header),
+    ]
     for rank, trial in enumerate(inputs.trials, start=1):
         params = trial.get("params") or {}
         url = inputs.trial_report_url(trial)
-        cells = [str(rank), str(trial.get("trial")), *(_fmt(params.get(n)) for n in names), _fmt(_value(trial)),
-                 _fmt(trial.get("reports")), _fmt(trial.get("steps")), _outcome(trial), _wall(trial)]  # fmt: skip
+        cells = [
+            str(rank),
+            str(trial.get("trial")),
+            *(_fmt(params.get(n)) for n in names),
+            _fmt(_value(trial)),
+            _fmt(trial.get("reports")),
+            _fmt(trial.get("steps")),
+            _outcome(trial),
+            _wall(trial),
+        ]
         lines.append("| " + " | ".join(_md(c) for c in cells) + f" | {f'[report]({url})' if url else ''} |")
     if plots:
         lines += ["", "## Plots", ""] + [f"![{_md(caption)}]({name})" for name, (caption, _) in plots.items()]
@@ -260,7 +321,10 @@ def render_sweep_report(inputs: SweepReportInputs) -> dict[str, bytes]:
     if png := objective_plot(inputs):
         plots["objective.png"] = (f"{metric} per trial", png)
     if png := parallel_coordinates_plot(inputs):
-        plots["parallel_coordinates.png"] = ("Parallel coordinates: hyperparameters against the objective", png)
+        plots["parallel_coordinates.png"] = (
+            "Parallel coordinates: hyperparameters against the objective",
+            png,
+        )
     files = {name: png for name, (_, png) in plots.items()}
     files["report.html"] = render_html(inputs, plots).encode("utf-8")
     files["report.md"] = render_markdown(inputs, plots).encode("utf-8")

@@ -62,7 +62,9 @@ class SweepSettings:
         if not isinstance(self.rounds, int) or self.rounds < 1:
             raise ValueError(f"rounds={self.rounds!r} is not valid: expected an integer >= 1")
         if self.objective[1] not in ("max", "min") or not _METRIC.match(self.objective[0]):
-            raise ValueError(f"objective={self.objective!r} is not valid: expected (metric name, 'max' or 'min')")
+            raise ValueError(
+                f"objective={self.objective!r} is not valid: expected (metric name, 'max' or 'min')"
+            )
 
     @property
     def parallel_choices(self) -> tuple[int, ...]:
@@ -80,37 +82,55 @@ class SweepSettings:
     ) -> dict[str, Param]:
         """The sweep's Params (section "Sweep"), with these defaults."""
         tunable = sorted(self.tunable) if self.tunable is not None else None
-        names = f" ({', '.join(tunable)})" if tunable else " (any name; each trial gets --name=value arguments)"
+        names = (
+            f" ({', '.join(tunable)})" if tunable else " (any name; each trial gets --name=value arguments)"
+        )
         return {
             "space": Param(
                 dict(space),
                 **space_param_schema(tunable),
                 title="Search space",
-                description="Per hyperparameter" + names + ': a list of values, {"choices": [...]}, or a range '
+                description="Per hyperparameter"
+                + names
+                + ': a list of values, {"choices": [...]}, or a range '
                 '{"low": 0.0001, "high": 0.1, "log": true, "step": null, "type": "float"}. A hyperparameter of '
                 "the space overrides its fixed Param in every trial.",
                 section="Sweep",
             ),
             "algorithm": Param(
-                algorithm, type="string", enum=list(ALGORITHMS), title="Algorithm",
+                algorithm,
+                type="string",
+                enum=list(ALGORITHMS),
+                title="Algorithm",
                 description="grid: every point of the space (each hyperparameter a list, choices or a stepped "
                 "range); random: max_trials points drawn with the seed; tpe: Bayesian search (Optuna's TPE) "
                 "in rounds of parallel_trials trials, each round learning from the trials before it.",
                 section="Sweep",
             ),
             "max_trials": Param(
-                max_trials, type="integer", minimum=1, maximum=1000, title="Max trials",
-                description="Trials at most; a grid larger than this is refused.", section="Sweep",
+                max_trials,
+                type="integer",
+                minimum=1,
+                maximum=1000,
+                title="Max trials",
+                description="Trials at most; a grid larger than this is refused.",
+                section="Sweep",
             ),
             "parallel_trials": Param(
-                parallel_trials or self.max_parallel_trials, type="integer", enum=list(self.parallel_choices),
+                parallel_trials or self.max_parallel_trials,
+                type="integer",
+                enum=list(self.parallel_choices),
                 title="Parallel trials",
                 description=f"Trials that run at once (at most {self.max_parallel_trials}, this DAG's bound; the "
                 "gpu pool bounds all GPU pods). tpe asks for this many per round.",
                 section="Sweep",
             ),
             "seed": Param(
-                0, type="integer", minimum=0, maximum=2**31 - 1, title="Seed",
+                0,
+                type="integer",
+                minimum=0,
+                maximum=2**31 - 1,
+                title="Seed",
                 description="Seed of random and tpe: the same space, seed and data give the same trials.",
                 section="Sweep",
             ),
@@ -144,7 +164,7 @@ class SweepSettings:
                 "once min_trials trials have finished.",
                 section="Sweep",
             ),
-        }  # fmt: skip
+        }
 
     def plan(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Check a run's sweep settings and size its rounds; :class:`SpaceError` names the bad field.
@@ -174,7 +194,10 @@ class SweepSettings:
         early = dict(params.get("early_stopping") or {"rule": "off"})
         rule = early.get("rule", "off")
         if rule not in EARLY_STOPPING_RULES:
-            raise SpaceError("early_stopping.rule", f"{rule!r} is not a rule: expected one of {', '.join(EARLY_STOPPING_RULES)}")
+            raise SpaceError(
+                "early_stopping.rule",
+                f"{rule!r} is not a rule: expected one of {', '.join(EARLY_STOPPING_RULES)}",
+            )
         for key, default in (("min_trials", 3), ("start_step", 4)):
             value = early.setdefault(key, default)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -167,7 +167,13 @@ class PlanSweepOperator(SweepStoreOperator, SkipMixin):
     :param title: the sweep's title (reports). (templated)
     """
 
-    template_fields: Sequence[str] = (*RunStoreOperator.template_fields, "dataset_version", "dataset_manifest", "image", "title")
+    template_fields: Sequence[str] = (
+        *RunStoreOperator.template_fields,
+        "dataset_version",
+        "dataset_manifest",
+        "image",
+        "title",
+    )
     ui_color = "#f0f0f0"
     inherits_from_skipmixin = True
 
@@ -198,7 +204,9 @@ class PlanSweepOperator(SweepStoreOperator, SkipMixin):
             plan = self.settings.plan(params)
         except SpaceError as exc:
             raise AirflowFailException(f"the sweep's settings are refused, no trial started: {exc}") from exc
-        image = pin_image(pod_spec.resolve_image(self.image, "trainer"), registry_conn_id=self.registry_conn_id)
+        image = pin_image(
+            pod_spec.resolve_image(self.image, "trainer"), registry_conn_id=self.registry_conn_id
+        )
         dag_id, run_id = context["ti"].dag_id, context["run_id"]
         sweep = self.sweep_location(context)
         document = {
@@ -212,7 +220,11 @@ class PlanSweepOperator(SweepStoreOperator, SkipMixin):
             **plan,
             "image": image,
             "code_version": pod_spec.code_version_of(image),
-            "dataset": {"uri": params.get("dataset_uri"), "version": self.dataset_version, "manifest": self.dataset_manifest},
+            "dataset": {
+                "uri": params.get("dataset_uri"),
+                "version": self.dataset_version,
+                "manifest": self.dataset_manifest,
+            },
             "model": params.get("model_name"),
             "fixed_params": self.settings.fixed_params(params, ()),
             "hyperparameter_args": self.settings.hyperparameter_args,
@@ -221,10 +233,17 @@ class PlanSweepOperator(SweepStoreOperator, SkipMixin):
         self.store.write_json(sweep.bucket, sweep.plan_key, document)
         self.log.info(
             "Sweep %s: %s over %s, %s trial(s) in round(s) %s, %d at a time; objective %s (%s); early stopping %s; image %s",
-            sweep.uri, plan["algorithm"], ", ".join(plan["space"]), sum(plan["rounds"]), plan["rounds"],
-            plan["parallel_trials"], plan["objective"]["metric"], plan["objective"]["mode"],
-            plan["early_stopping"]["rule"], image,
-        )  # fmt: skip
+            sweep.uri,
+            plan["algorithm"],
+            ", ".join(plan["space"]),
+            sum(plan["rounds"]),
+            plan["rounds"],
+            plan["parallel_trials"],
+            plan["objective"]["metric"],
+            plan["objective"]["mode"],
+            plan["early_stopping"]["rule"],
+            image,
+        )
         trial_settings = {
             "id": document["id"],
             "dag_id": dag_id,
@@ -244,7 +263,11 @@ class PlanSweepOperator(SweepStoreOperator, SkipMixin):
         for key, value in result.items():
             ti.xcom_push(key=key, value=value)
         ti.xcom_push(key="return_value", value=result)
-        self.log.info("Round 0 trains with %s; skipping %s", self.variant_tasks[plan["parallel_trials"]], ", ".join(sorted(others)))
+        self.log.info(
+            "Round 0 trains with %s; skipping %s",
+            self.variant_tasks[plan["parallel_trials"]],
+            ", ".join(sorted(others)),
+        )
         # ends the task (a success) by raising what tells the task runner to skip these tasks
         self.skip(ti, [task for task in self.downstream_list if task.task_id in others])
         return result
@@ -309,9 +332,13 @@ class SuggestTrialsOperator(SweepStoreOperator):
         history = all_trials(self.store, sweep)
         self.log.info("tpe round %d: the study is rebuilt from %d earlier trial(s)", self.round, len(history))
         return tpe_points(
-            space, history, count=len(numbers), seed=plan["seed"] + self.round, mode=plan["objective"]["mode"],
+            space,
+            history,
+            count=len(numbers),
+            seed=plan["seed"] + self.round,
+            mode=plan["objective"]["mode"],
             startup_trials=plan["rounds"][0],
-        )  # fmt: skip
+        )
 
     def render_arguments(self, context: Context, point: Mapping[str, Any], number: int) -> list[str]:
         """The trial's container arguments: the templates with ``params`` overridden by the point."""
@@ -329,7 +356,12 @@ class SuggestTrialsOperator(SweepStoreOperator):
         plan = self.load_plan(sweep)
         sizes = plan["rounds"]
         if self.round >= len(sizes):
-            self.log.info("Round %d: the %s sweep has %d round(s); nothing to ask for", self.round, plan["algorithm"], len(sizes))
+            self.log.info(
+                "Round %d: the %s sweep has %d round(s); nothing to ask for",
+                self.round,
+                plan["algorithm"],
+                len(sizes),
+            )
             return []
         start = sum(sizes[: self.round])
         numbers = range(start, start + sizes[self.round])
@@ -362,18 +394,33 @@ class SuggestTrialsOperator(SweepStoreOperator):
         self.store.write_json(
             sweep.bucket,
             sweep.round_key(self.round),
-            {"kind": ROUND_KIND, "format_version": FORMAT_VERSION, "round": self.round, "algorithm": plan["algorithm"],
-             "trials": planned, "asked_at": utc_stamp()},
-        )  # fmt: skip
+            {
+                "kind": ROUND_KIND,
+                "format_version": FORMAT_VERSION,
+                "round": self.round,
+                "algorithm": plan["algorithm"],
+                "trials": planned,
+                "asked_at": utc_stamp(),
+            },
+        )
         self.log.info(
             "Round %d: %d point(s), %d to train, %d reused or done: %s",
-            self.round, len(planned), len(entries), len(planned) - len(entries),
+            self.round,
+            len(planned),
+            len(entries),
+            len(planned) - len(entries),
             "; ".join(f"{p['number']}: {p['params']}" for p in planned),
-        )  # fmt: skip
+        )
         return entries
 
     def reuse(
-        self, context: Context, sweep: SweepLocation, plan: dict[str, Any], number: int, point: dict[str, Any], fp: str
+        self,
+        context: Context,
+        sweep: SweepLocation,
+        plan: dict[str, Any],
+        number: int,
+        point: dict[str, Any],
+        fp: str,
     ) -> dict[str, Any] | None:
         """Copy a finished trial with the same fingerprint into this sweep; where it came from, or ``None``."""
         dag_id = context["ti"].dag_id
@@ -381,11 +428,19 @@ class SuggestTrialsOperator(SweepStoreOperator):
         if not isinstance(marker, dict) or marker.get("status") != "success":
             return None
         if marker.get("stopped_early") and marker.get("early_stopping") != plan["early_stopping"]:
-            self.log.info("Trial %d %s was stopped early under other early-stopping settings: training it again", number, point)
+            self.log.info(
+                "Trial %d %s was stopped early under other early-stopping settings: training it again",
+                number,
+                point,
+            )
             return None
         metric, mode = plan["objective"]["metric"], plan["objective"]["mode"]
         values = objective_values(marker.get("history") or [], metric)
-        source = {"run_uri": marker.get("run_uri"), "sweep": (marker.get("sweep") or {}).get("id"), "trial": marker.get("trial")}
+        source = {
+            "run_uri": marker.get("run_uri"),
+            "sweep": (marker.get("sweep") or {}).get("id"),
+            "trial": marker.get("trial"),
+        }
         record = {
             **marker,
             "sweep": _sweep_fields(plan),
@@ -393,13 +448,19 @@ class SuggestTrialsOperator(SweepStoreOperator):
             "number": number,
             "round": self.round,
             "params": point,
-            "objective": {"name": metric, "mode": mode, "values": values,
-                          "value": objective_value({"final": marker.get("final_metrics")}, values, metric, mode)},
+            "objective": {
+                "name": metric,
+                "mode": mode,
+                "values": values,
+                "value": objective_value({"final": marker.get("final_metrics")}, values, metric, mode),
+            },
             "reused_from": source,
             "finished_at": utc_stamp(),
-        }  # fmt: skip
+        }
         self.store.write_json(sweep.bucket, sweep.trial_record_key(number), record)
-        self.log.info("Trial %d %s: trained before (%s), its result is reused: no pod", number, point, source["run_uri"])
+        self.log.info(
+            "Trial %d %s: trained before (%s), its result is reused: no pod", number, point, source["run_uri"]
+        )
         return source
 
 
@@ -445,7 +506,12 @@ class TrialPodOperator(TrainingPodOperator):
     :param kwargs: TrainingPodOperator arguments (``trial`` is the trial number).
     """
 
-    template_fields: Sequence[str] = (*TrainingPodOperator.template_fields, "sweep", "hyperparameters", "fingerprint")
+    template_fields: Sequence[str] = (
+        *TrainingPodOperator.template_fields,
+        "sweep",
+        "hyperparameters",
+        "fingerprint",
+    )
     operator_extra_links = (ReportLink(),)
 
     def __init__(
@@ -486,7 +552,9 @@ class TrialPodOperator(TrainingPodOperator):
 
     def settings(self) -> dict[str, Any]:
         if not isinstance(self.sweep, Mapping) or not self.sweep.get("trials_uri"):
-            raise ValueError(f"sweep={self.sweep!r} is not a sweep's trial settings: expected plan.output['trial_settings']")
+            raise ValueError(
+                f"sweep={self.sweep!r} is not a sweep's trial settings: expected plan.output['trial_settings']"
+            )
         return dict(self.sweep)
 
     def sweep_location(self) -> SweepLocation:
@@ -501,9 +569,12 @@ class TrialPodOperator(TrainingPodOperator):
         return dataclasses.replace(
             config,
             early_stopping=pod_spec.MedianStopping(
-                objective=objective["metric"], mode=objective["mode"], trials_uri=self.settings()["trials_uri"],
-                min_trials=early.get("min_trials", 3), start_step=early.get("start_step", 4),
-            ),  # fmt: skip
+                objective=objective["metric"],
+                mode=objective["mode"],
+                trials_uri=self.settings()["trials_uri"],
+                min_trials=early.get("min_trials", 3),
+                start_step=early.get("start_step", 4),
+            ),
         )
 
     # -- the pod ------------------------------------------------------------------------------
@@ -512,7 +583,9 @@ class TrialPodOperator(TrainingPodOperator):
         sweep = self.sweep_location()
         existing = self.store.read_json(sweep.bucket, sweep.trial_record_key(self.number))
         if isinstance(existing, dict) and existing.get("status") == "success":
-            self.log.info("Trial %s finished earlier in this run (%s): no pod", self.trial, existing.get("run_uri"))
+            self.log.info(
+                "Trial %s finished earlier in this run (%s): no pod", self.trial, existing.get("run_uri")
+            )
             return self._result(context, existing)
         self.log.info("Trial %s: %s (fingerprint %s)", self.trial, self.hyperparameters, self.fingerprint)
         # The task runner renders the "Training report" link when the task defers, before the
@@ -539,13 +612,20 @@ class TrialPodOperator(TrainingPodOperator):
         # process keeps the pod's last state from the watch in self.remote_pod.
         pod = getattr(self, "pod", None) if self.deferrable else getattr(self, "remote_pod", None)
         status = getattr(pod, "status", None)
-        out: dict[str, Any] = {"pod_created": _iso(getattr(getattr(pod, "metadata", None), "creation_timestamp", None))}
-        containers = [*(getattr(status, "init_container_statuses", None) or []), *(getattr(status, "container_statuses", None) or [])]
+        out: dict[str, Any] = {
+            "pod_created": _iso(getattr(getattr(pod, "metadata", None), "creation_timestamp", None))
+        }
+        containers = [
+            *(getattr(status, "init_container_statuses", None) or []),
+            *(getattr(status, "container_statuses", None) or []),
+        ]
         for container in containers:
             terminated = getattr(getattr(container, "state", None), "terminated", None)
             running = getattr(getattr(container, "state", None), "running", None)
             entry = {
-                "started": _iso(getattr(terminated, "started_at", None) or getattr(running, "started_at", None)),
+                "started": _iso(
+                    getattr(terminated, "started_at", None) or getattr(running, "started_at", None)
+                ),
                 "finished": _iso(getattr(terminated, "finished_at", None)),
                 "exit_code": getattr(terminated, "exit_code", None),
             }
@@ -556,8 +636,14 @@ class TrialPodOperator(TrainingPodOperator):
         state = self._base_state()
         exit_code = (state.get(self.base_container_name) or {}).get("exit_code")
         run = self.trial_run(context)
-        if exit_code == EXIT_STOPPED and self.store.read_json(run.bucket, f"{run.prefix}/sync/{EARLY_STOP_RECORD}"):
-            self.log.info("Trial %s was stopped early by the median rule (exit code %d): a success", self.trial, exit_code)
+        if exit_code == EXIT_STOPPED and self.store.read_json(
+            run.bucket, f"{run.prefix}/sync/{EARLY_STOP_RECORD}"
+        ):
+            self.log.info(
+                "Trial %s was stopped early by the median rule (exit code %d): a success",
+                self.trial,
+                exit_code,
+            )
             return self.finish(context, state=state)
         if exit_code in FINAL_EXIT_CODES:
             reason = f"the trainer exited with {exit_code} ({FINAL_EXIT_CODES[exit_code]}); a retry would end the same"
@@ -566,7 +652,9 @@ class TrialPodOperator(TrainingPodOperator):
         raise exc
 
     def trial_run(self, context: Context) -> RunLocation:
-        return run_from_context(context, run_uri=self.run_uri, trial=self.trial, training_bucket=self.training_bucket)
+        return run_from_context(
+            context, run_uri=self.run_uri, trial=self.trial, training_bucket=self.training_bucket
+        )
 
     # -- after the pod ------------------------------------------------------------------------
 
@@ -586,17 +674,23 @@ class TrialPodOperator(TrainingPodOperator):
 
                     self.log.info("Waiting, deferred, for the sidecar's final sync pass: %s", exc)
                     self.defer(
-                        trigger=FinalSyncPassTrigger(run_uri=run.uri, aws_conn_id=self.aws_conn_id, timeout=300),
+                        trigger=FinalSyncPassTrigger(
+                            run_uri=run.uri, aws_conn_id=self.aws_conn_id, timeout=300
+                        ),
                         method_name="final_pass_landed",
                         kwargs={"state": state},
                     )
                 time.sleep(0.5)
         return self.record(context, state)
 
-    def final_pass_landed(self, context: Context, event: dict[str, Any], state: dict[str, Any] | None = None) -> dict[str, Any]:
+    def final_pass_landed(
+        self, context: Context, event: dict[str, Any], state: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Resume when the sidecar's final pass has landed."""
         if event.get("status") != "final":
-            raise AirflowException(event.get("message") or f"no final sync pass for trial {self.trial}: {event}")
+            raise AirflowException(
+                event.get("message") or f"no final sync pass for trial {self.trial}: {event}"
+            )
         return self.record(context, state or {})
 
     def _read(self, run: RunLocation, area: str, name: str) -> bytes | None:
@@ -619,12 +713,17 @@ class TrialPodOperator(TrainingPodOperator):
         metrics = parse_json("metrics.json", raw_metrics) if raw_metrics is not None else None
         metrics = metrics if isinstance(metrics, dict) else None
         rows = history_rows(
-            metrics_jsonl=self._read(run, "output", METRICS_JSONL), history_csv=self._read(run, "output", HISTORY_CSV)
+            metrics_jsonl=self._read(run, "output", METRICS_JSONL),
+            history_csv=self._read(run, "output", HISTORY_CSV),
         )
         values = objective_values(rows, metric)
         early_stop = self.store.read_json(run.bucket, f"{run.prefix}/sync/{EARLY_STOP_RECORD}")
         exit_code = (state.get(self.base_container_name) or {}).get("exit_code")
-        stopped_by = ((metrics or {}).get("stopped_early") or {}).get("by") if isinstance((metrics or {}).get("stopped_early"), dict) else None
+        stopped_by = (
+            ((metrics or {}).get("stopped_early") or {}).get("by")
+            if isinstance((metrics or {}).get("stopped_early"), dict)
+            else None
+        )
         stopped = early_stop is not None and (exit_code == EXIT_STOPPED or stopped_by == "stop file")
         report_uri = url = None
         inputs = load_run_inputs(lambda name: self._read(run, "output", name), run.uri, title=self._title())
@@ -650,7 +749,12 @@ class TrialPodOperator(TrainingPodOperator):
             "early_stop": early_stop if stopped else None,
             "stop_requested": early_stop if (early_stop is not None and not stopped) else None,
             "early_stopping": settings.get("early_stopping"),
-            "objective": {"name": metric, "mode": mode, "value": objective_value(metrics, values, metric, mode), "values": values},
+            "objective": {
+                "name": metric,
+                "mode": mode,
+                "value": objective_value(metrics, values, metric, mode),
+                "values": values,
+            },
             "final_metrics": (metrics or {}).get("final"),
             "steps": (metrics or {}).get("steps") or (rows[-1].get("step") if rows else None),
             "epochs": (metrics or {}).get("epochs"),
@@ -674,18 +778,26 @@ class TrialPodOperator(TrainingPodOperator):
             "report_url": url,
             "reused_from": None,
             "finished_at": utc_stamp(),
-        }  # fmt: skip
+        }
         sweep = self.sweep_location()
         self.store.write_json(sweep.bucket, sweep.trial_record_key(self.number), record)
         if self.fingerprint:
-            self.store.write_json(self.store.layout.training_bucket, trial_marker_key(ti.dag_id, self.fingerprint), record)
+            self.store.write_json(
+                self.store.layout.training_bucket, trial_marker_key(ti.dag_id, self.fingerprint), record
+            )
         self.log.info(
             "Trial %s %s: %s %s = %s after %d report(s)%s; record %s",
-            self.trial, record["params"], "stopped early," if stopped else "finished,", metric,
-            record["objective"]["value"], len(rows),
-            f" (median rule at report {early_stop.get('step')}: best {early_stop.get('best')} vs median {early_stop.get('median')})" if stopped else "",
+            self.trial,
+            record["params"],
+            "stopped early," if stopped else "finished,",
+            metric,
+            record["objective"]["value"],
+            len(rows),
+            f" (median rule at report {early_stop.get('step')}: best {early_stop.get('best')} vs median {early_stop.get('median')})"
+            if stopped
+            else "",
             s3_uri(sweep.bucket, sweep.trial_record_key(self.number)),
-        )  # fmt: skip
+        )
         return self._result(context, record)
 
     def write_failed(self, context: Context, reason: str, state: dict[str, Any]) -> None:
@@ -704,7 +816,12 @@ class TrialPodOperator(TrainingPodOperator):
             "status": "failed",
             "stopped_early": False,
             "error": reason,
-            "objective": {"name": settings["objective"]["metric"], "mode": settings["objective"]["mode"], "value": None, "values": []},
+            "objective": {
+                "name": settings["objective"]["metric"],
+                "mode": settings["objective"]["mode"],
+                "value": None,
+                "values": [],
+            },
             "exit_code": (state.get(self.base_container_name) or {}).get("exit_code"),
             "timing": state,
             "run_uri": run.uri,
@@ -751,9 +868,14 @@ class SweepReportOperator(SweepStoreOperator):
     ui_color = "#fdf5e6"
 
     def __init__(
-        self, *, model: str | None = None, title: str | None = None, compare_on: str = "final",
-        multiple_outputs: bool = True, **kwargs: Any,
-    ) -> None:  # fmt: skip
+        self,
+        *,
+        model: str | None = None,
+        title: str | None = None,
+        compare_on: str = "final",
+        multiple_outputs: bool = True,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(multiple_outputs=multiple_outputs, **kwargs)
         self.model = model
         self.title = title
@@ -768,11 +890,17 @@ class SweepReportOperator(SweepStoreOperator):
         trials = all_trials(self.store, sweep)
         metric, mode = plan["objective"]["metric"], plan["objective"]["mode"]
         order = ranked(trials, mode)
-        candidates = [t for t in order if t.get("status") == "success" and (t.get("objective") or {}).get("value") is not None]
+        candidates = [
+            t
+            for t in order
+            if t.get("status") == "success" and (t.get("objective") or {}).get("value") is not None
+        ]
         if not candidates:
             raise AirflowFailException(
                 f"no trial of the sweep has a {metric}: {len(trials)} trial(s), "
-                + ", ".join(f"{t['number']}: {t.get('status')} {t.get('error') or ''}".strip() for t in trials)
+                + ", ".join(
+                    f"{t['number']}: {t.get('status')} {t.get('error') or ''}".strip() for t in trials
+                )
             )
         best = candidates[0]
         comparison = None
@@ -782,26 +910,43 @@ class SweepReportOperator(SweepStoreOperator):
             if raw is not None:
                 version, promoted = self.store.promoted_metrics(self.model)
                 comparison = compare(parse_metrics(raw), promoted, version, on=self.compare_on)
-                self.log.info("Best trial %s against the promoted %s: %s", best["trial"], self.model, comparison.reason)
+                self.log.info(
+                    "Best trial %s against the promoted %s: %s", best["trial"], self.model, comparison.reason
+                )
             else:
-                self.log.info("Best trial %s wrote no metrics.json: nothing to compare with the promoted model", best["trial"])
+                self.log.info(
+                    "Best trial %s wrote no metrics.json: nothing to compare with the promoted model",
+                    best["trial"],
+                )
         files = render_sweep_report(
-            SweepReportInputs(plan=plan, trials=order, best=best, comparison=comparison, title=self.title,
-                              trial_report_url=lambda t: t.get("report_url"))
-        )  # fmt: skip
+            SweepReportInputs(
+                plan=plan,
+                trials=order,
+                best=best,
+                comparison=comparison,
+                title=self.title,
+                trial_report_url=lambda t: t.get("report_url"),
+            )
+        )
         report_uri = self.store.write_report(sweep.run, files)
         url = report_url(context["ti"].dag_id, sweep.bucket, sweep.run.key("report", "report.html"))
         context["ti"].xcom_push(key=REPORT_URL_XCOM_KEY, value=url)
         counts = {
-            "succeeded": sum(1 for t in trials if t.get("status") == "success" and not t.get("stopped_early")),
+            "succeeded": sum(
+                1 for t in trials if t.get("status") == "success" and not t.get("stopped_early")
+            ),
             "stopped_early": sum(1 for t in trials if t.get("stopped_early")),
             "failed": sum(1 for t in trials if t.get("status") != "success"),
         }
         self.log.info(
             "Leaderboard of %d trial(s) (%s) at %s: best trial %s, %s %s",
-            len(trials), ", ".join(f"{v} {k}" for k, v in counts.items()), url, best["trial"], metric,
+            len(trials),
+            ", ".join(f"{v} {k}" for k, v in counts.items()),
+            url,
+            best["trial"],
+            metric,
             best["objective"]["value"],
-        )  # fmt: skip
+        )
         return {
             "best_trial": best["trial"],
             "best_run_uri": best["run_uri"],
@@ -829,7 +974,13 @@ class RecordSweepOperator(SweepStoreOperator):
     template_fields: Sequence[str] = (*RunStoreOperator.template_fields, "leaderboard", "promotion")
     ui_color = "#f0f0f0"
 
-    def __init__(self, *, leaderboard: Mapping[str, Any] | None = None, promotion: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        leaderboard: Mapping[str, Any] | None = None,
+        promotion: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.leaderboard = leaderboard
         self.promotion = promotion
@@ -842,26 +993,54 @@ class RecordSweepOperator(SweepStoreOperator):
         document = {
             "kind": SWEEP_KIND,
             "format_version": FORMAT_VERSION,
-            **{k: plan.get(k) for k in ("id", "dag_id", "run_id", "uri", "title", "space", "algorithm", "seed",
-                                         "max_trials", "parallel_trials", "objective", "early_stopping", "rounds",
-                                         "image", "code_version", "dataset", "model", "fixed_params")},
+            **{
+                k: plan.get(k)
+                for k in (
+                    "id",
+                    "dag_id",
+                    "run_id",
+                    "uri",
+                    "title",
+                    "space",
+                    "algorithm",
+                    "seed",
+                    "max_trials",
+                    "parallel_trials",
+                    "objective",
+                    "early_stopping",
+                    "rounds",
+                    "image",
+                    "code_version",
+                    "dataset",
+                    "model",
+                    "fixed_params",
+                )
+            },
             "trials": [summary(t) for t in trials],
             "best": {k: leaderboard.get(k) for k in ("best_trial", "best_run_uri", "best_value")},
             "counts": {k: leaderboard.get(k) for k in ("trials", "succeeded", "stopped_early", "failed")},
-            "comparison": {"better_than_promoted": leaderboard.get("better_than_promoted"), "reason": leaderboard.get("comparison")},
+            "comparison": {
+                "better_than_promoted": leaderboard.get("better_than_promoted"),
+                "reason": leaderboard.get("comparison"),
+            },
             "promotion": dict(self.promotion or {}),
             "report_uri": leaderboard.get("report_uri"),
             "report_url": leaderboard.get("report_url"),
             "created_at": plan.get("created_at"),
             "finished_at": utc_stamp(),
-        }  # fmt: skip
+        }
         uri = self.store.write_json(sweep.bucket, sweep.record_key, document)
         self.log.info("Sweep record: %s (%d trials)", uri, len(trials))
         runs = self.record_trial_runs(context, plan, trials, document)
         return {"record_uri": uri, "run_records": runs}
 
-    def record_trial_runs(self, context: Context, plan: Mapping[str, Any], trials: Sequence[Mapping[str, Any]],
-                          document: Mapping[str, Any]) -> list[str]:  # fmt: skip
+    def record_trial_runs(
+        self,
+        context: Context,
+        plan: Mapping[str, Any],
+        trials: Sequence[Mapping[str, Any]],
+        document: Mapping[str, Any],
+    ) -> list[str]:
         """One run record per trial (kind ``kubetrain/run``, its ``sweep`` field set), so the Training
         page lists the trials with the model's other runs and shows the sweep's leaderboard."""
         from kubetrain.operators.dedupe import RunRecorder
@@ -886,9 +1065,15 @@ class RecordSweepOperator(SweepStoreOperator):
             if str(number) == str(best) and promotion.get("promoted"):
                 trial_promotion = promotion
             elif str(number) == str(best):
-                trial_promotion = {"reason": f"the sweep's best trial, not promoted: {promotion.get('reason') or (document.get('comparison') or {}).get('reason') or 'see the sweep record'}"}
+                trial_promotion = {
+                    "reason": f"the sweep's best trial, not promoted: {promotion.get('reason') or (document.get('comparison') or {}).get('reason') or 'see the sweep record'}"
+                }
             else:
-                trial_promotion = {"reason": f"not promoted: trial {best} is the sweep's best" if best is not None else "not promoted: the sweep has no best trial"}
+                trial_promotion = {
+                    "reason": f"not promoted: trial {best} is the sweep's best"
+                    if best is not None
+                    else "not promoted: the sweep has no best trial"
+                }
             record = recorder.build(
                 context,
                 run=run,
@@ -902,7 +1087,9 @@ class RecordSweepOperator(SweepStoreOperator):
                 fingerprint=trial.get("fingerprint"),
                 promotion=trial_promotion,
                 report={"report_uri": trial.get("report_uri"), "report_url": trial.get("report_url")},
-                failure={"task": "train", "error": str(trial.get("error") or "the trial failed")} if failed else None,
+                failure={"task": "train", "error": str(trial.get("error") or "the trial failed")}
+                if failed
+                else None,
                 sweep={
                     "id": str(document.get("id") or plan.get("id")),
                     "trial": str(number),

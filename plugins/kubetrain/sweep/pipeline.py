@@ -136,18 +136,25 @@ def sweep_pipeline(
             if number == 0:
                 tasks = [
                     TrialPodOperator.partial(
-                        task_id=f"train_{p}_at_a_time", max_active_tis_per_dagrun=p, sweep_round=0, **trial_kwargs
+                        task_id=f"train_{p}_at_a_time",
+                        max_active_tis_per_dagrun=p,
+                        sweep_round=0,
+                        **trial_kwargs,
                     ).expand_kwargs(suggest.output)
                     for p in settings.parallel_choices
                 ]
-                plan.variant_tasks = {p: task.task_id for p, task in zip(settings.parallel_choices, tasks, strict=True)}
+                plan.variant_tasks = {
+                    p: task.task_id for p, task in zip(settings.parallel_choices, tasks, strict=True)
+                }
             else:
                 tasks = [
                     TrialPodOperator.partial(
-                        task_id="train", max_active_tis_per_dagrun=settings.max_parallel_trials, sweep_round=number,
+                        task_id="train",
+                        max_active_tis_per_dagrun=settings.max_parallel_trials,
+                        sweep_round=number,
                         **trial_kwargs,
                     ).expand_kwargs(suggest.output)
-                ]  # fmt: skip
+                ]
         previous >> suggest
         suggests.append(suggest)
         rounds.append(tasks)

@@ -125,7 +125,9 @@ def parse_jsonl(data: bytes) -> list[dict[str, Any]]:
     return contract_parse_jsonl(data.decode("utf-8", errors="replace"))
 
 
-def history_rows(*, history_csv: bytes | None = None, metrics_jsonl: bytes | None = None) -> list[dict[str, Any]]:
+def history_rows(
+    *, history_csv: bytes | None = None, metrics_jsonl: bytes | None = None
+) -> list[dict[str, Any]]:
     """A trial's reports in order: metrics.jsonl when the container writes one, else history.csv."""
     if metrics_jsonl is not None:
         return parse_jsonl(metrics_jsonl)
@@ -142,7 +144,9 @@ def best_of(values: Sequence[float], mode: str) -> float | None:
     return max(values) if mode == "max" else min(values)
 
 
-def objective_value(metrics: Mapping[str, Any] | None, values: Sequence[float], metric: str, mode: str) -> float | None:
+def objective_value(
+    metrics: Mapping[str, Any] | None, values: Sequence[float], metric: str, mode: str
+) -> float | None:
     """A trial's result: metrics.json's ``final`` value of the metric (the exported model), else the best report."""
     final = (metrics or {}).get("final")
     if isinstance(final, Mapping):
@@ -167,7 +171,25 @@ def ranked(records: Sequence[Mapping[str, Any]], mode: str) -> list[Mapping[str,
 
 def summary(record: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a trial record that the sweep record keeps for every trial (no history)."""
-    keep = ("trial", "number", "round", "params", "fingerprint", "status", "stopped_early", "early_stop",
-            "objective", "steps", "reports", "wall_time_s", "timing", "run_uri", "report_uri", "report_url",
-            "reused_from", "exit_code", "finished_at")  # fmt: skip
+    keep = (
+        "trial",
+        "number",
+        "round",
+        "params",
+        "fingerprint",
+        "status",
+        "stopped_early",
+        "early_stop",
+        "objective",
+        "steps",
+        "reports",
+        "wall_time_s",
+        "timing",
+        "run_uri",
+        "report_uri",
+        "report_url",
+        "reused_from",
+        "exit_code",
+        "finished_at",
+    )
     return {k: record.get(k) for k in keep}

@@ -49,7 +49,11 @@ def _is_number(value: Any) -> bool:
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) or (isinstance(value, float) and value.is_integer())
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        or (isinstance(value, float) and value.is_integer())
+    )
 
 
 def _clean_float(value: float) -> float:
@@ -237,7 +241,9 @@ def _range_type(name: str, spec: Mapping[str, Any], schema: Mapping[str, Any] | 
     declared = spec.get("type")
     if declared is not None:
         if declared not in ("int", "float"):
-            raise SpaceError(f"space.{name}.type", f"{declared!r} is not a range type: expected 'int' or 'float'")
+            raise SpaceError(
+                f"space.{name}.type", f"{declared!r} is not a range type: expected 'int' or 'float'"
+            )
         return declared
     types = (schema or {}).get("type")
     types = types if isinstance(types, list) else [types]
@@ -257,7 +263,7 @@ def parse_hyperparameter(name: str, spec: Any, schema: Mapping[str, Any] | None 
     if not isinstance(spec, Mapping):
         raise SpaceError(
             field,
-            f"{spec!r} is not a hyperparameter: expected a list of values, {{\"choices\": [...]}} or a range "
+            f'{spec!r} is not a hyperparameter: expected a list of values, {{"choices": [...]}} or a range '
             '{"low": ..., "high": ..., "log": false, "step": null, "type": "int|float"}',
         )
     if "choices" in spec:
@@ -271,14 +277,19 @@ def parse_hyperparameter(name: str, spec: Any, schema: Mapping[str, Any] | None 
             if not (value is None or isinstance(value, bool | int | float | str)) or (
                 isinstance(value, float) and not math.isfinite(value)
             ):
-                raise SpaceError(f"{field}[{index}]", f"{value!r} is not a plain value: expected a number, string, boolean or null")
+                raise SpaceError(
+                    f"{field}[{index}]",
+                    f"{value!r} is not a plain value: expected a number, string, boolean or null",
+                )
             _check_against(f"{field}[{index}]", value, schema)
         if len({point_key({"v": v}) for v in values}) != len(values):
             raise SpaceError(field, f"{values!r} lists a value twice")
         return Hyperparameter(name, "values", values=tuple(values))
     unknown = sorted(set(spec) - _RANGE_KEYS)
     if unknown:
-        raise SpaceError(field, f"unknown key(s) {', '.join(unknown)}: a range has low, high, log, step and type")
+        raise SpaceError(
+            field, f"unknown key(s) {', '.join(unknown)}: a range has low, high, log, step and type"
+        )
     for bound in ("low", "high"):
         if bound not in spec:
             raise SpaceError(f"{field}.{bound}", "missing: a range needs low and high")
@@ -302,7 +313,9 @@ def parse_hyperparameter(name: str, spec: Any, schema: Mapping[str, Any] | None 
     if kind == "int":
         for key, value in (("low", low), ("high", high), ("step", step)):
             if value is not None and not _is_int(value):
-                raise SpaceError(f"{field}.{key}", f"{value!r} is not an integer, and the range's type is int")
+                raise SpaceError(
+                    f"{field}.{key}", f"{value!r} is not an integer, and the range's type is int"
+                )
         low, high = int(low), int(high)
         step = int(step) if step is not None else None
     else:
@@ -322,11 +335,15 @@ def parse_space(raw: Any, *, tunable: Mapping[str, Mapping[str, Any] | None] | N
         that gets its hyperparameters as ``--name=value`` arguments).
     """
     if not isinstance(raw, Mapping) or not raw:
-        raise SpaceError("space", f"{raw!r} is not a search space: expected an object with at least one hyperparameter")
+        raise SpaceError(
+            "space", f"{raw!r} is not a search space: expected an object with at least one hyperparameter"
+        )
     hyperparameters = []
     for name in sorted(raw):
         if not isinstance(name, str) or not NAME.match(name):
-            raise SpaceError(f"space.{name}", "is not a hyperparameter name: expected letters, digits, '_', '.' and '-'")
+            raise SpaceError(
+                f"space.{name}", "is not a hyperparameter name: expected letters, digits, '_', '.' and '-'"
+            )
         if tunable is not None and name not in tunable:
             known = ", ".join(sorted(tunable)) or "none"
             raise SpaceError(f"space.{name}", f"unknown hyperparameter: this trainer's are {known}")
@@ -337,7 +354,9 @@ def parse_space(raw: Any, *, tunable: Mapping[str, Mapping[str, Any] | None] | N
 def check_settings(space: Space, *, algorithm: str, max_trials: int, parallel_trials: int) -> None:
     """Refuse an algorithm that cannot search ``space`` within ``max_trials``."""
     if algorithm not in ALGORITHMS:
-        raise SpaceError("algorithm", f"{algorithm!r} is not an algorithm: expected one of {', '.join(ALGORITHMS)}")
+        raise SpaceError(
+            "algorithm", f"{algorithm!r} is not an algorithm: expected one of {', '.join(ALGORITHMS)}"
+        )
     if not isinstance(max_trials, int) or isinstance(max_trials, bool) or max_trials < 1:
         raise SpaceError("max_trials", f"{max_trials!r} is not an integer >= 1")
     if not isinstance(parallel_trials, int) or isinstance(parallel_trials, bool) or parallel_trials < 1:
@@ -362,7 +381,11 @@ def tunable_schemas(params: Mapping[str, Any], names: Sequence[str]) -> dict[str
     for name in names:
         param = params.get(name)
         schema = getattr(param, "schema", param)
-        out[name] = {k: v for k, v in dict(schema).items() if k not in ("title", "description", "section")} if schema else None
+        out[name] = (
+            {k: v for k, v in dict(schema).items() if k not in ("title", "description", "section")}
+            if schema
+            else None
+        )
     return out
 
 

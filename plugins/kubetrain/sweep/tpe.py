@@ -72,7 +72,9 @@ def tpe_points(
     seen: set[str] = set()
     for record in history:
         params = record.get("params") or {}
-        if set(params) != set(distributions) or not all(space[name].contains(v) for name, v in params.items()):
+        if set(params) != set(distributions) or not all(
+            space[name].contains(v) for name, v in params.items()
+        ):
             continue  # a point outside this space (it changed since): nothing to learn from it
         seen.add(point_key(params))
         objective = record.get("objective") or {}
@@ -80,11 +82,20 @@ def tpe_points(
         steps = {i + 1: v for i, v in enumerate(map(_finite, objective.get("values") or [])) if v is not None}
         succeeded = record.get("status") == "success"
         if succeeded and not record.get("stopped_early") and value is not None:
-            trial = create_trial(state=TrialState.COMPLETE, value=value, params=dict(params),
-                                 distributions=distributions, intermediate_values=steps)  # fmt: skip
+            trial = create_trial(
+                state=TrialState.COMPLETE,
+                value=value,
+                params=dict(params),
+                distributions=distributions,
+                intermediate_values=steps,
+            )
         elif succeeded and steps:
-            trial = create_trial(state=TrialState.PRUNED, params=dict(params), distributions=distributions,
-                                 intermediate_values=steps)  # fmt: skip
+            trial = create_trial(
+                state=TrialState.PRUNED,
+                params=dict(params),
+                distributions=distributions,
+                intermediate_values=steps,
+            )
         else:
             trial = create_trial(state=TrialState.FAIL, params=dict(params), distributions=distributions)
         study.add_trial(trial)

@@ -73,15 +73,21 @@ def configured() -> TrackingSettings | None:
         return None
     host = (conn.host or "").strip()
     if not host:
-        raise ValueError(f"the {CONN_ID} connection has no host: expected the tracking server, e.g. http://mlflow:5000")
+        raise ValueError(
+            f"the {CONN_ID} connection has no host: expected the tracking server, e.g. http://mlflow:5000"
+        )
     if "://" not in host:
         scheme = conn.schema or "http"
         host = f"{scheme}://{host}"
     if conn.port and urlsplit(host).port is None:
         host = f"{host}:{conn.port}"
     extra = conn.extra_dejson or {}
-    return TrackingSettings(host.rstrip("/"), username=conn.login or None, password=conn.password or None,
-                            token=extra.get("token") or None)  # fmt: skip
+    return TrackingSettings(
+        host.rstrip("/"),
+        username=conn.login or None,
+        password=conn.password or None,
+        token=extra.get("token") or None,
+    )
 
 
 def _connection(conn_id: str) -> Any | None:
@@ -94,7 +100,9 @@ def _connection(conn_id: str) -> Any | None:
         return None
 
 
-def log_run(settings: TrackingSettings, store: RunStore, record: dict[str, Any], *, log: Any) -> dict[str, Any]:
+def log_run(
+    settings: TrackingSettings, store: RunStore, record: dict[str, Any], *, log: Any
+) -> dict[str, Any]:
     """Log a run record to MLflow; return ``{"experiment_id", "run_id", "url", "model_version"}``."""
     from kubetrain.tracking.mlflow_rest import MlflowTracker
 

@@ -58,9 +58,16 @@ class MlflowRestClient:
 
         session = requests.Session()
         retry = Retry(
-            total=5, connect=5, read=0, status=4, backoff_factor=0.5, status_forcelist=(429, 503),
-            allowed_methods=None, respect_retry_after_header=True, raise_on_status=False,
-        )  # fmt: skip
+            total=5,
+            connect=5,
+            read=0,
+            status=4,
+            backoff_factor=0.5,
+            status_forcelist=(429, 503),
+            allowed_methods=None,
+            respect_retry_after_header=True,
+            raise_on_status=False,
+        )
         session.mount("http://", HTTPAdapter(max_retries=retry))
         session.mount("https://", HTTPAdapter(max_retries=retry))
         if self.settings.token:
@@ -69,7 +76,14 @@ class MlflowRestClient:
             session.auth = (self.settings.username, self.settings.password or "")
         return session
 
-    def call(self, method: str, endpoint: str, body: dict[str, Any] | None = None, *, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    def call(
+        self,
+        method: str,
+        endpoint: str,
+        body: dict[str, Any] | None = None,
+        *,
+        params: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """One request to ``/api/2.0/mlflow/<endpoint>``; the decoded answer, or :class:`MlflowError`."""
         url = f"{self.settings.uri}/api/2.0/mlflow/{endpoint}"
         response = self.session.request(method, url, json=body, params=params, timeout=TIMEOUT)
@@ -86,8 +100,9 @@ class MlflowRestClient:
         message = error.get("message") if isinstance(error, dict) else str(error)
         raise MlflowError(
             f"MLflow at {self.settings.public_uri} refused {what}: HTTP {response.status_code} {code or ''} {message}".strip(),
-            code, response.status_code,
-        )  # fmt: skip
+            code,
+            response.status_code,
+        )
 
     def upload_artifact(self, artifact_path: str, body: bytes, content_type: str) -> None:
         """Upload through the server's artifact proxy (``mlflow-artifacts:`` artifact roots)."""
@@ -100,7 +115,9 @@ class MlflowRestClient:
     def experiment_id(self, name: str) -> str:
         """The id of the experiment ``name``, created when missing."""
         try:
-            return self.call("GET", "experiments/get-by-name", params={"experiment_name": name})["experiment"]["experiment_id"]
+            return self.call("GET", "experiments/get-by-name", params={"experiment_name": name})[
+                "experiment"
+            ]["experiment_id"]
         except MlflowError as exc:
             if exc.code != "RESOURCE_DOES_NOT_EXIST":
                 raise
@@ -109,17 +126,26 @@ class MlflowRestClient:
         except MlflowError as exc:  # created meanwhile by another run's record step
             if exc.code != "RESOURCE_ALREADY_EXISTS":
                 raise
-            return self.call("GET", "experiments/get-by-name", params={"experiment_name": name})["experiment"]["experiment_id"]
+            return self.call("GET", "experiments/get-by-name", params={"experiment_name": name})[
+                "experiment"
+            ]["experiment_id"]
 
     def find_run(self, experiment_id: str, tag: str, value: str) -> dict[str, Any] | None:
         body = {"experiment_ids": [experiment_id], "filter": f"tags.`{tag}` = '{value}'", "max_results": 1}
         runs = self.call("POST", "runs/search", body).get("runs") or []
         return runs[0] if runs else None
 
-    def log_batch(self, run_id: str, *, params: list[dict] = (), tags: list[dict] = (), metrics: list[dict] = ()) -> None:
+    def log_batch(
+        self, run_id: str, *, params: list[dict] = (), tags: list[dict] = (), metrics: list[dict] = ()
+    ) -> None:
         params, tags, metrics = list(params), list(tags), list(metrics)
         while params or tags or metrics:
-            body = {"run_id": run_id, "params": params[:MAX_PARAMS], "tags": tags[:MAX_TAGS], "metrics": metrics[:MAX_METRICS]}
+            body = {
+                "run_id": run_id,
+                "params": params[:MAX_PARAMS],
+                "tags": tags[:MAX_TAGS],
+                "metrics": metrics[:MAX_METRICS],
+            }
             self.call("POST", "runs/log-batch", body)
             params, tags, metrics = params[MAX_PARAMS:], tags[MAX_TAGS:], metrics[MAX_METRICS:]
 
@@ -133,7 +159,9 @@ class MlflowRestClient:
                 raise
 
     def model_version_of_run(self, name: str, run_id: str) -> str | None:
-        found = self.call("GET", "model-versions/search", params={"filter": f"name='{name}' and run_id='{run_id}'"})
+        found = self.call(
+            "GET", "model-versions/search", params={"filter": f"name='{name}' and run_id='{run_id}'"}
+        )
         versions = found.get("model_versions") or []
         return str(versions[0]["version"]) if versions else None
 
@@ -181,28 +209,49 @@ class MlflowTracker:
 
         client = self.client
         run = RunLocation.from_uri(record["run_uri"])
-        key = f"{record['dag_id']}/{record['run_id']}" + (f"/{record['trial']}" if record.get("trial") else "")
+        key = f"{record['dag_id']}/{record['run_id']}" + (
+            f"/{record['trial']}" if record.get("trial") else ""
+        )
         key_hash = hashlib.sha256(key.encode()).hexdigest()[:32]
         experiment_id = client.experiment_id(record["model"])
         found = client.find_run(experiment_id, RUN_KEY_TAG, key_hash)
         start = _millis(record["run_time"])
         if found is None:
-            created = client.call("POST", "runs/create", {
-                "experiment_id": experiment_id, "run_name": key, "start_time": start,
-                "tags": [_tag(RUN_KEY_TAG, key_hash)],
-            })["run"]  # fmt: skip
+            created = client.call(
+                "POST",
+                "runs/create",
+                {
+                    "experiment_id": experiment_id,
+                    "run_name": key,
+                    "start_time": start,
+                    "tags": [_tag(RUN_KEY_TAG, key_hash)],
+                },
+            )["run"]
         else:
             created = found
         info = created["info"]
         run_id = info["run_id"]
-        if info.get("status") in ("FINISHED", "FAILED", "KILLED"):  # a re-run of the same DAG run: open it again
+        if info.get("status") in (
+            "FINISHED",
+            "FAILED",
+            "KILLED",
+        ):  # a re-run of the same DAG run: open it again
             client.call("POST", "runs/update", {"run_id": run_id, "status": "RUNNING"})
 
-        client.log_batch(run_id, params=self.params(record), tags=self.tags(record, key), metrics=self.metrics(record, run, start))
+        client.log_batch(
+            run_id,
+            params=self.params(record),
+            tags=self.tags(record, key),
+            metrics=self.metrics(record, run, start),
+        )
         self.log_dataset(run_id, record)
         self.log_report(info, run, record)
         status = "FINISHED" if record["status"] == "success" else "FAILED"
-        client.call("POST", "runs/update", {"run_id": run_id, "status": status, "end_time": _millis(record["recorded_at"])})
+        client.call(
+            "POST",
+            "runs/update",
+            {"run_id": run_id, "status": status, "end_time": _millis(record["recorded_at"])},
+        )
         model_version = self.register(record, run_id) if record["promotion"]["promoted"] else None
         url = f"{client.settings.public_uri}/#/experiments/{experiment_id}/runs/{run_id}"
         self.log.info("MLflow run %s of experiment %s: %s", run_id, record["model"], url)
@@ -216,7 +265,11 @@ class MlflowTracker:
         values = _flat("", record.get("hyperparameters") or {})
         for name, value in _flat("", record.get("params") or {}).items():
             values.setdefault(name, value)
-        return [{"key": name[:250], "value": _param_value(value)} for name, value in sorted(values.items()) if value is not None]
+        return [
+            {"key": name[:250], "value": _param_value(value)}
+            for name, value in sorted(values.items())
+            if value is not None
+        ]
 
     @staticmethod
     def tags(record: dict[str, Any], key: str) -> list[dict[str, str]]:
@@ -289,10 +342,24 @@ class MlflowTracker:
         except ValueError:
             name = "dataset"
         source = {"uri": dataset.get("uri"), "manifest_uri": dataset.get("manifest_uri")}
-        self.client.call("POST", "runs/log-inputs", {"run_id": run_id, "datasets": [{
-            "tags": [_tag("mlflow.data.context", "training")],
-            "dataset": {"name": name, "digest": dataset["version"], "source_type": "s3", "source": json.dumps(source)},
-        }]})  # fmt: skip
+        self.client.call(
+            "POST",
+            "runs/log-inputs",
+            {
+                "run_id": run_id,
+                "datasets": [
+                    {
+                        "tags": [_tag("mlflow.data.context", "training")],
+                        "dataset": {
+                            "name": name,
+                            "digest": dataset["version"],
+                            "source_type": "s3",
+                            "source": json.dumps(source),
+                        },
+                    }
+                ],
+            },
+        )
 
     def log_report(self, info: dict[str, Any], run: Any, record: dict[str, Any]) -> None:
         """The report files as run artifacts under ``report/``.
@@ -311,19 +378,27 @@ class MlflowTracker:
                 bucket, prefix = parse_s3_uri(root.rstrip("/") + "/report/" + name)
                 if self.store.head(run.bucket, source_key) is None:
                     continue
-                self.store.hook.copy_object(source_bucket_key=source_key, dest_bucket_key=prefix,
-                                            source_bucket_name=run.bucket, dest_bucket_name=bucket)  # fmt: skip
+                self.store.hook.copy_object(
+                    source_bucket_key=source_key,
+                    dest_bucket_key=prefix,
+                    source_bucket_name=run.bucket,
+                    dest_bucket_name=bucket,
+                )
             elif root.startswith("mlflow-artifacts:"):
                 body = self.store.read(run.bucket, source_key)
                 if body is None:
                     continue
                 from urllib.parse import urlsplit
 
-                path = urlsplit(root).path.strip("/")  # mlflow-artifacts:/<path> or mlflow-artifacts://host:port/<path>
+                path = urlsplit(root).path.strip(
+                    "/"
+                )  # mlflow-artifacts:/<path> or mlflow-artifacts://host:port/<path>
                 kind = "text/html" if name.endswith(".html") else "text/markdown"
                 self.client.upload_artifact(f"{path}/report/{name}", body, kind)
             else:
-                self.log.info("MLflow artifact root %s is neither S3 nor the server's proxy: report not copied", root)
+                self.log.info(
+                    "MLflow artifact root %s is neither S3 nor the server's proxy: report not copied", root
+                )
                 return
 
     def register(self, record: dict[str, Any], run_id: str) -> str:
@@ -333,17 +408,40 @@ class MlflowTracker:
         client.registered_model(name)
         version = client.model_version_of_run(name, run_id)
         if version is None:
-            version = str(client.call("POST", "model-versions/create", {
-                "name": name, "source": promotion["model_uri"], "run_id": run_id,
-                "tags": [_tag("kubetrain.version", promotion["version"]), _tag("kubetrain.reason", promotion["reason"])],
-            })["model_version"]["version"])  # fmt: skip
+            version = str(
+                client.call(
+                    "POST",
+                    "model-versions/create",
+                    {
+                        "name": name,
+                        "source": promotion["model_uri"],
+                        "run_id": run_id,
+                        "tags": [
+                            _tag("kubetrain.version", promotion["version"]),
+                            _tag("kubetrain.reason", promotion["reason"]),
+                        ],
+                    },
+                )["model_version"]["version"]
+            )
         # Runs of one model may finish out of order: only the version that models/<model>/latest names
         # becomes the champion (a later promotion's record step moves the alias on).
         pointer = self.store.promoted_pointer(name)
         if pointer is not None and pointer.get("version") != promotion["version"]:
-            self.log.info("MLflow version %s of %s registered; the champion stays with the promoted %s",
-                          version, name, pointer.get("version"))  # fmt: skip
+            self.log.info(
+                "MLflow version %s of %s registered; the champion stays with the promoted %s",
+                version,
+                name,
+                pointer.get("version"),
+            )
             return version
-        client.call("POST", "registered-models/alias", {"name": name, "alias": CHAMPION_ALIAS, "version": version})
-        self.log.info("MLflow registered model %s version %s is the %s (%s)", name, version, CHAMPION_ALIAS, promotion["model_uri"])
+        client.call(
+            "POST", "registered-models/alias", {"name": name, "alias": CHAMPION_ALIAS, "version": version}
+        )
+        self.log.info(
+            "MLflow registered model %s version %s is the %s (%s)",
+            name,
+            version,
+            CHAMPION_ALIAS,
+            promotion["model_uri"],
+        )
         return version

@@ -25,16 +25,27 @@ class AccessReviewTrigger(BaseTrigger):
     :param config_file: a kubeconfig path to use instead, read in the triggerer.
     """
 
-    def __init__(self, *, attributes: list[dict[str, str]], kubernetes_conn_id: str = "kubernetes_default",
-                 config_file: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        attributes: list[dict[str, str]],
+        kubernetes_conn_id: str = "kubernetes_default",
+        config_file: str | None = None,
+    ) -> None:
         super().__init__()
         self.attributes = attributes
         self.kubernetes_conn_id = kubernetes_conn_id
         self.config_file = config_file
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return ("kubetrain.triggers.access.AccessReviewTrigger", {
-            "attributes": self.attributes, "kubernetes_conn_id": self.kubernetes_conn_id, "config_file": self.config_file})  # fmt: skip
+        return (
+            "kubetrain.triggers.access.AccessReviewTrigger",
+            {
+                "attributes": self.attributes,
+                "kubernetes_conn_id": self.kubernetes_conn_id,
+                "config_file": self.config_file,
+            },
+        )
 
     @contextlib.asynccontextmanager
     async def api_client(self):
@@ -59,12 +70,21 @@ class AccessReviewTrigger(BaseTrigger):
             async with self.api_client() as conn:
                 api = aclient.AuthorizationV1Api(conn)
                 for attrs in self.attributes:
-                    body = aclient.V1SelfSubjectAccessReview(spec=aclient.V1SelfSubjectAccessReviewSpec(
-                        resource_attributes=aclient.V1ResourceAttributes(**{k: v for k, v in attrs.items() if v})))  # fmt: skip
+                    body = aclient.V1SelfSubjectAccessReview(
+                        spec=aclient.V1SelfSubjectAccessReviewSpec(
+                            resource_attributes=aclient.V1ResourceAttributes(
+                                **{k: v for k, v in attrs.items() if v}
+                            )
+                        )
+                    )
                     review = await api.create_self_subject_access_review(body)
                     if not review.status.allowed:
                         refused.append(attrs)
         except Exception as exc:  # noqa: BLE001 - the task reports it as one line
-            yield TriggerEvent({"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"})
+            yield TriggerEvent(
+                {
+                    "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                }
+            )
             return
         yield TriggerEvent({"refused": refused, "total": len(self.attributes)})

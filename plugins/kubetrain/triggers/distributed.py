@@ -57,11 +57,24 @@ class DistributedJobTrigger(BaseTrigger):
     :param in_cluster: use the in-cluster configuration.
     """
 
-    def __init__(self, *, backend: str, name: str, namespace: str, resources: list[list[str]], roles: list[str],
-                 container: str, pod_selector: str, deadline: float | None, poll_interval: float = 5.0,
-                 startup: dict[str, float] | None = None, kubernetes_conn_id: str | None = None,
-                 config_file: str | None = None, cluster_context: str | None = None,
-                 in_cluster: bool | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        backend: str,
+        name: str,
+        namespace: str,
+        resources: list[list[str]],
+        roles: list[str],
+        container: str,
+        pod_selector: str,
+        deadline: float | None,
+        poll_interval: float = 5.0,
+        startup: dict[str, float] | None = None,
+        kubernetes_conn_id: str | None = None,
+        config_file: str | None = None,
+        cluster_context: str | None = None,
+        in_cluster: bool | None = None,
+    ) -> None:
         super().__init__()
         self.backend = backend
         self.name = name
@@ -81,11 +94,20 @@ class DistributedJobTrigger(BaseTrigger):
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return f"{type(self).__module__}.{type(self).__qualname__}", {
-            "backend": self.backend, "name": self.name, "namespace": self.namespace, "resources": self.resources,
-            "roles": self.roles, "container": self.container, "pod_selector": self.pod_selector,
-            "deadline": self.deadline, "poll_interval": self.poll_interval, "startup": self.startup,
-            "kubernetes_conn_id": self.kubernetes_conn_id, "config_file": self.config_file,
-            "cluster_context": self.cluster_context, "in_cluster": self.in_cluster,
+            "backend": self.backend,
+            "name": self.name,
+            "namespace": self.namespace,
+            "resources": self.resources,
+            "roles": self.roles,
+            "container": self.container,
+            "pod_selector": self.pod_selector,
+            "deadline": self.deadline,
+            "poll_interval": self.poll_interval,
+            "startup": self.startup,
+            "kubernetes_conn_id": self.kubernetes_conn_id,
+            "config_file": self.config_file,
+            "cluster_context": self.cluster_context,
+            "in_cluster": self.in_cluster,
         }
 
     @cached_property
@@ -98,8 +120,12 @@ class DistributedJobTrigger(BaseTrigger):
 
             with open(self.config_file) as f:
                 config_dict = yaml.safe_load(f)
-        return AsyncKubernetesHook(conn_id=self.kubernetes_conn_id, in_cluster=self.in_cluster,
-                                   config_dict=config_dict, cluster_context=self.cluster_context)
+        return AsyncKubernetesHook(
+            conn_id=self.kubernetes_conn_id,
+            in_cluster=self.in_cluster,
+            config_dict=config_dict,
+            cluster_context=self.cluster_context,
+        )
 
     # -- reading the job -----------------------------------------------------------------------
 
@@ -122,7 +148,8 @@ class DistributedJobTrigger(BaseTrigger):
             api_version, kind, plural, name = self.resources[-1]
             group, _, version = api_version.rpartition("/")
             obj = await aclient.CustomObjectsApi(conn).get_namespaced_custom_object(
-                group, version, self.namespace, plural, name)
+                group, version, self.namespace, plural, name
+            )
             conditions = (obj.get("status") or {}).get("conditions") or []
             failed = _true(conditions, "Failed")
             if failed is not None:
@@ -136,8 +163,12 @@ class DistributedJobTrigger(BaseTrigger):
         from kubernetes_asyncio import client as aclient
 
         async with self.hook.get_conn() as conn:
-            listing = await aclient.CoreV1Api(conn).list_namespaced_pod(self.namespace, label_selector=self.pod_selector)
-        return sorted(listing.items, key=lambda p: p.metadata.creation_timestamp or datetime.min.replace(tzinfo=UTC))
+            listing = await aclient.CoreV1Api(conn).list_namespaced_pod(
+                self.namespace, label_selector=self.pod_selector
+            )
+        return sorted(
+            listing.items, key=lambda p: p.metadata.creation_timestamp or datetime.min.replace(tzinfo=UTC)
+        )
 
     async def stream_chief(self, pods: list[Any]) -> None:
         """Log the chief's new trainer lines (each pod of the chief in turn, restarts included)."""
@@ -145,11 +176,15 @@ class DistributedJobTrigger(BaseTrigger):
             if (pod.metadata.labels or {}).get(ROLE_LABEL) != "chief":
                 continue
             statuses = pod.status.container_statuses or []
-            if not any(s.name == self.container and (s.state.running or s.state.terminated) for s in statuses):
+            if not any(
+                s.name == self.container and (s.state.running or s.state.terminated) for s in statuses
+            ):
                 continue
             name = pod.metadata.name
             try:
-                lines = await self.hook.read_logs(name=name, namespace=self.namespace, container_name=self.container)
+                lines = await self.hook.read_logs(
+                    name=name, namespace=self.namespace, container_name=self.container
+                )
             except Exception as exc:  # the pod may be going away; the next poll tries again
                 self.log.debug("cannot read the log of %s: %s", name, exc)
                 continue
@@ -174,7 +209,9 @@ class DistributedJobTrigger(BaseTrigger):
         _, pod, term = min(failed, key=lambda item: item[0])
         name = pod.metadata.name
         try:
-            lines = await self.hook.read_logs(name=name, namespace=self.namespace, container_name=self.container)
+            lines = await self.hook.read_logs(
+                name=name, namespace=self.namespace, container_name=self.container
+            )
         except Exception:
             lines = []
         try:
@@ -196,8 +233,12 @@ class DistributedJobTrigger(BaseTrigger):
         judges: dict[str, PodStartup] = {}
         # The objects to delete travel in the event too: `airflow dags test` resumes the task with the event
         # alone, without the kwargs given to defer().
-        base = {"name": self.name, "namespace": self.namespace, "backend": self.backend,
-                "resources": [list(r) for r in self.resources]}
+        base = {
+            "name": self.name,
+            "namespace": self.namespace,
+            "backend": self.backend,
+            "resources": [list(r) for r in self.resources],
+        }
         while True:
             try:
                 pods = await self.pods()
@@ -208,14 +249,16 @@ class DistributedJobTrigger(BaseTrigger):
                     judge = judges.setdefault(pod.metadata.name, PodStartup(**self.startup))
                     events = []
                     if judge.needs_events(pod):
-                        events = (await self.hook.get_pod_events(name=pod.metadata.name,
-                                                                  namespace=self.namespace)).items or []
+                        events = (
+                            await self.hook.get_pod_events(name=pod.metadata.name, namespace=self.namespace)
+                        ).items or []
                     judge.observe(pod, events, datetime.now(UTC))
                 state, detail = await self.job_state()
             except STARTUP_FAILURES as exc:
                 self.log.warning("A replica of %s cannot start: %s", self.name, exc)
-                yield TriggerEvent({**base, "status": "startup", "message": str(exc),
-                                    "kubetrain_startup": failure_kind(exc)})
+                yield TriggerEvent(
+                    {**base, "status": "startup", "message": str(exc), "kubetrain_startup": failure_kind(exc)}
+                )
                 return
             if state == "succeeded":
                 await self.stream_chief(await self.pods())
@@ -224,12 +267,18 @@ class DistributedJobTrigger(BaseTrigger):
             if state == "failed":
                 pods = await self.pods()
                 await self.stream_chief(pods)
-                yield TriggerEvent({**base, "status": "error", "message": detail,
-                                    "replica": await self.failure_detail(pods)})
+                yield TriggerEvent(
+                    {**base, "status": "error", "message": detail, "replica": await self.failure_detail(pods)}
+                )
                 return
             if self.deadline is not None and time.time() >= self.deadline:
-                yield TriggerEvent({**base, "status": "timeout",
-                                    "message": f"{self.backend} {self.name} did not finish within the task's execution_timeout"})
+                yield TriggerEvent(
+                    {
+                        **base,
+                        "status": "timeout",
+                        "message": f"{self.backend} {self.name} did not finish within the task's execution_timeout",
+                    }
+                )
                 return
             await asyncio.sleep(self.poll_interval)
 

@@ -94,7 +94,9 @@ class PodLogFollower(AsyncPodManager):
                     since_seconds=since_seconds,
                 )
             except Exception as exc:  # a log read must never fail the wait for the pod
-                self.log.warning("Could not read the log of container %s of pod %s: %s", name, pod.metadata.name, exc)
+                self.log.warning(
+                    "Could not read the log of container %s of pod %s: %s", name, pod.metadata.name, exc
+                )
                 continue
             logged += await asyncio.to_thread(self._log_lines, name, lines)
         return logged
@@ -224,7 +226,9 @@ class TrainingPodTrigger(KubernetesPodTrigger):
             yield TriggerEvent(await self._finish(payload))
             return
         except Exception as exc:  # the provider's own wait below reads the pod again and reports errors
-            self.log.warning("Could not follow the start-up of pod %s/%s: %s", self.pod_namespace, self.pod_name, exc)
+            self.log.warning(
+                "Could not follow the start-up of pod %s/%s: %s", self.pod_namespace, self.pod_name, exc
+            )
         else:
             await self._check_gpus(pod)
         async for event in super().run():
@@ -267,7 +271,9 @@ class TrainingPodTrigger(KubernetesPodTrigger):
         try:
             pod = await self.hook.get_pod(name=self.pod_name, namespace=self.pod_namespace)
         except Exception as exc:
-            self.log.warning("Could not read pod %s/%s for its last log lines: %s", self.pod_namespace, self.pod_name, exc)
+            self.log.warning(
+                "Could not read pod %s/%s for its last log lines: %s", self.pod_namespace, self.pod_name, exc
+            )
             return payload
         await self.pod_manager.follow(
             pod, [*self.log_containers, self.base_container_name], since_time=self.last_log_time

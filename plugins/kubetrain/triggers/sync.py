@@ -24,7 +24,9 @@ class FinalSyncPassTrigger(BaseTrigger):
     :param poll_interval: seconds between looks.
     """
 
-    def __init__(self, *, run_uri: str, aws_conn_id: str | None, timeout: float, poll_interval: float = 2.0) -> None:
+    def __init__(
+        self, *, run_uri: str, aws_conn_id: str | None, timeout: float, poll_interval: float = 2.0
+    ) -> None:
         super().__init__()
         self.run_uri = run_uri
         self.aws_conn_id = aws_conn_id
@@ -49,7 +51,9 @@ class FinalSyncPassTrigger(BaseTrigger):
         from kubetrain.s3_layout import RunLocation, S3Layout
 
         run = RunLocation.from_uri(self.run_uri)
-        found = RunStore(S3Hook(aws_conn_id=self.aws_conn_id), S3Layout(training_bucket=run.bucket)).newest_pass(run)
+        found = RunStore(
+            S3Hook(aws_conn_id=self.aws_conn_id), S3Layout(training_bucket=run.bucket)
+        ).newest_pass(run)
         return (found.number, found.final) if found else (None, False)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -60,7 +64,9 @@ class FinalSyncPassTrigger(BaseTrigger):
                 # boto3 is synchronous: the look runs in a thread, off the triggerer's event loop.
                 number, final = await asyncio.to_thread(self._newest)
             except Exception as exc:
-                yield TriggerEvent({"status": "error", "message": f"cannot read the sync passes of {self.run_uri}: {exc}"})
+                yield TriggerEvent(
+                    {"status": "error", "message": f"cannot read the sync passes of {self.run_uri}: {exc}"}
+                )
                 return
             if final:
                 yield TriggerEvent({"status": "final", "pass": number})

@@ -94,7 +94,11 @@ def varied_params(runs: list[dict[str, Any]]) -> list[str]:
     import json
 
     names = sorted({n for run in runs for n in trial_params(run)})
-    return [n for n in names if len({json.dumps(trial_params(r).get(n), sort_keys=True, default=str) for r in runs}) > 1]
+    return [
+        n
+        for n in names
+        if len({json.dumps(trial_params(r).get(n), sort_keys=True, default=str) for r in runs}) > 1
+    ]
 
 
 def create_router() -> Any:
@@ -116,7 +120,9 @@ def create_router() -> Any:
         layout = S3Layout.from_environment()
         store = getattr(local, "store", None)
         if store is None or store.layout != layout:
-            store = local.store = RunStore(S3Hook(aws_conn_id="aws_default", config={"max_pool_connections": 16}), layout)
+            store = local.store = RunStore(
+                S3Hook(aws_conn_id="aws_default", config={"max_pool_connections": 16}), layout
+            )
         return store
 
     def queries(user: Any = Depends(get_user)) -> TrainingQueries:  # noqa: B008
@@ -126,13 +132,19 @@ def create_router() -> Any:
     def base_of(request: Request) -> str:
         return request.scope.get("root_path", "").rstrip("/") + PREFIX
 
-    def page(request: Request, q: TrainingQueries, template: str, *, status: int = 200, **values: Any) -> HTMLResponse:
+    def page(
+        request: Request, q: TrainingQueries, template: str, *, status: int = 200, **values: Any
+    ) -> HTMLResponse:
         base = base_of(request)
         values.setdefault("models", _models(q))
         values.setdefault("section", "")
         values.setdefault("model", None)
         html = templates().get_template(template).render(base=base, links=Links(base), **values)
-        return HTMLResponse(html, status_code=status, headers={"Content-Security-Policy": PAGE_CSP, "Cache-Control": "private, no-store"})
+        return HTMLResponse(
+            html,
+            status_code=status,
+            headers={"Content-Security-Policy": PAGE_CSP, "Cache-Control": "private, no-store"},
+        )
 
     def _models(q: TrainingQueries) -> list[str]:
         try:
@@ -142,10 +154,18 @@ def create_router() -> Any:
 
     def error_page(request: Request, q: TrainingQueries, exc: Exception) -> HTMLResponse:
         if isinstance(exc, NotVisible):
-            return page(request, q, "error.html", status=404, title="Not found",
-                        message=f"No run {exc} that you may read.")  # fmt: skip
+            return page(
+                request,
+                q,
+                "error.html",
+                status=404,
+                title="Not found",
+                message=f"No run {exc} that you may read.",
+            )
         if isinstance(exc, ModelNotVisible):
-            return page(request, q, "error.html", status=404, title="Not found", message=f"{str(exc).capitalize()}.")
+            return page(
+                request, q, "error.html", status=404, title="Not found", message=f"{str(exc).capitalize()}."
+            )
         return page(request, q, "error.html", status=400, title="Bad request", message=str(exc))
 
     def api_error(exc: Exception) -> HTTPException:
@@ -155,8 +175,15 @@ def create_router() -> Any:
             return HTTPException(status_code=404, detail=str(exc))
         return HTTPException(status_code=400, detail=str(exc))
 
-    def run_filter(model: str | None, dag_id: str | None, dataset_version: str | None, status: str | None) -> RunFilter:
-        return RunFilter(model=model or None, dag_id=dag_id or None, dataset_version=dataset_version or None, status=status or None)
+    def run_filter(
+        model: str | None, dag_id: str | None, dataset_version: str | None, status: str | None
+    ) -> RunFilter:
+        return RunFilter(
+            model=model or None,
+            dag_id=dag_id or None,
+            dataset_version=dataset_version or None,
+            status=status or None,
+        )
 
     Q = Depends(queries)
 
@@ -164,31 +191,63 @@ def create_router() -> Any:
 
     @router.get("/", response_class=HTMLResponse)
     def runs_page(
-        request: Request, q: TrainingQueries = Q, model: str | None = None, dag_id: str | None = None,
-        dataset_version: str | None = None, status: str | None = None, after: str | None = None,
-    ) -> HTMLResponse:  # fmt: skip
+        request: Request,
+        q: TrainingQueries = Q,
+        model: str | None = None,
+        dag_id: str | None = None,
+        dataset_version: str | None = None,
+        status: str | None = None,
+        after: str | None = None,
+    ) -> HTMLResponse:
         try:
             filt = run_filter(model, dag_id, dataset_version, status)
             found = q.runs(filt, after=after or None)
         except QueryError as exc:
             return error_page(request, q, exc)
         params = {k: v for k, v in request.query_params.items() if k != "after" and v}
-        next_url = f"{base_of(request)}/?{urlencode({**params, 'after': found.next_after})}" if found.next_after else None
-        return page(request, q, "runs.html", title="Training runs", section="runs", filt=filt, page=found,
-                    dags=q.dag_ids, next_url=next_url)  # fmt: skip
+        next_url = (
+            f"{base_of(request)}/?{urlencode({**params, 'after': found.next_after})}"
+            if found.next_after
+            else None
+        )
+        return page(
+            request,
+            q,
+            "runs.html",
+            title="Training runs",
+            section="runs",
+            filt=filt,
+            page=found,
+            dags=q.dag_ids,
+            next_url=next_url,
+        )
 
     @router.get("/models/{model}", response_class=HTMLResponse)
-    def model_page(request: Request, model: str, q: TrainingQueries = Q, metric: str | None = None) -> HTMLResponse:
+    def model_page(
+        request: Request, model: str, q: TrainingQueries = Q, metric: str | None = None
+    ) -> HTMLResponse:
         try:
             board = q.leaderboard(model, metric=metric)
             promotions = q.promotions(model)
         except QueryError as exc:
             return error_page(request, q, exc)
-        return page(request, q, "model.html", title=f"Model {model}", section="model", model=model, board=board,
-                    promotions=promotions)  # fmt: skip
+        return page(
+            request,
+            q,
+            "model.html",
+            title=f"Model {model}",
+            section="model",
+            model=model,
+            board=board,
+            promotions=promotions,
+        )
 
     @router.get("/compare", response_class=HTMLResponse)
-    def compare_page(request: Request, q: TrainingQueries = Q, run: list[str] = Query(default=[])) -> HTMLResponse:  # noqa: B008
+    def compare_page(
+        request: Request,
+        q: TrainingQueries = Q,
+        run: list[str] = Query(default=[]),  # noqa: B008
+    ) -> HTMLResponse:
         from kubetrain.ui.charts import COLORS, curves_svg
 
         try:
@@ -198,17 +257,37 @@ def create_router() -> Any:
         labels = _labels(len(comparison.runs))
         chart = curves_svg(labels, comparison.histories)
         missing = [label for label, h in zip(labels, comparison.histories, strict=True) if h is None]
-        return page(request, q, "compare.html", title=f"{len(labels)} runs compared", comparison=comparison,
-                    labels=labels, colors=COLORS, chart=chart, missing_history=missing)  # fmt: skip
+        return page(
+            request,
+            q,
+            "compare.html",
+            title=f"{len(labels)} runs compared",
+            comparison=comparison,
+            labels=labels,
+            colors=COLORS,
+            chart=chart,
+            missing_history=missing,
+        )
 
     @router.get("/sweeps/{dag_id}/{run_id}", response_class=HTMLResponse)
-    def sweep_page(request: Request, dag_id: str, run_id: str, model: str, t: str, q: TrainingQueries = Q) -> HTMLResponse:
+    def sweep_page(
+        request: Request, dag_id: str, run_id: str, model: str, t: str, q: TrainingQueries = Q
+    ) -> HTMLResponse:
         try:
             trials = q.sweep(model=model, dag_id=dag_id, run_id=run_id, run_time=t)
         except (QueryError, NotVisible) as exc:
             return error_page(request, q, exc)
-        return page(request, q, "sweep.html", title=f"Sweep {run_id}", dag_id=dag_id, run_id=run_id, trials=trials,
-                    varied=varied_params(trials), trial_params=trial_params)  # fmt: skip
+        return page(
+            request,
+            q,
+            "sweep.html",
+            title=f"Sweep {run_id}",
+            dag_id=dag_id,
+            run_id=run_id,
+            trials=trials,
+            varied=varied_params(trials),
+            trial_params=trial_params,
+        )
 
     @router.get("/files/{ref:path}", response_class=HTMLResponse)
     def files_page(request: Request, ref: str, q: TrainingQueries = Q) -> HTMLResponse:
@@ -217,33 +296,55 @@ def create_router() -> Any:
         except (QueryError, NotVisible) as exc:
             return error_page(request, q, exc)
         files, truncated = _files(q, record)
-        return page(request, q, "files.html", title="Files of the run", run=record, files=files, truncated=truncated)
+        return page(
+            request, q, "files.html", title="Files of the run", run=record, files=files, truncated=truncated
+        )
 
     # -- JSON ---------------------------------------------------------------------------------------
 
     @router.get("/api/runs")
     def runs_api(
-        q: TrainingQueries = Q, model: str | None = None, dag_id: str | None = None, dataset_version: str | None = None,
-        status: str | None = None, after: str | None = None, limit: int = PAGE_SIZE,
-    ) -> dict[str, Any]:  # fmt: skip
+        q: TrainingQueries = Q,
+        model: str | None = None,
+        dag_id: str | None = None,
+        dataset_version: str | None = None,
+        status: str | None = None,
+        after: str | None = None,
+        limit: int = PAGE_SIZE,
+    ) -> dict[str, Any]:
         try:
-            found = q.runs(run_filter(model, dag_id, dataset_version, status), after=after or None, limit=limit)
+            found = q.runs(
+                run_filter(model, dag_id, dataset_version, status), after=after or None, limit=limit
+            )
         except QueryError as exc:
             raise api_error(exc) from None
-        return {"runs": found.runs, "next_after": found.next_after, "scanned": found.scanned, "searched_all": found.searched_all}
+        return {
+            "runs": found.runs,
+            "next_after": found.next_after,
+            "scanned": found.scanned,
+            "searched_all": found.searched_all,
+        }
 
     @router.get("/api/models")
     def models_api(q: TrainingQueries = Q) -> dict[str, Any]:
         return {"models": q.models()}
 
     @router.get("/api/models/{model}/leaderboard")
-    def leaderboard_api(model: str, q: TrainingQueries = Q, metric: str | None = None, limit: int = PAGE_SIZE) -> dict[str, Any]:
+    def leaderboard_api(
+        model: str, q: TrainingQueries = Q, metric: str | None = None, limit: int = PAGE_SIZE
+    ) -> dict[str, Any]:
         try:
             board = q.leaderboard(model, metric=metric, limit=limit)
         except QueryError as exc:
             raise api_error(exc) from None
-        return {"model": board.model, "metric": board.metric, "mode": board.mode, "metrics": board.metrics,
-                "promoted": board.promoted, "entries": board.entries}  # fmt: skip
+        return {
+            "model": board.model,
+            "metric": board.metric,
+            "mode": board.mode,
+            "metrics": board.metrics,
+            "promoted": board.promoted,
+            "entries": board.entries,
+        }
 
     @router.get("/api/models/{model}/promotions")
     def promotions_api(model: str, q: TrainingQueries = Q) -> dict[str, Any]:
@@ -277,8 +378,11 @@ def create_router() -> Any:
     def static(name: str) -> Response:
         if name not in STATIC:
             raise HTTPException(status_code=404, detail=f"no file {name}")
-        return Response((HERE / "static" / name).read_bytes(), media_type=STATIC[name],
-                        headers={"Cache-Control": "public, max-age=300", "X-Content-Type-Options": "nosniff"})  # fmt: skip
+        return Response(
+            (HERE / "static" / name).read_bytes(),
+            media_type=STATIC[name],
+            headers={"Cache-Control": "public, max-age=300", "X-Content-Type-Options": "nosniff"},
+        )
 
     return router
 
@@ -305,8 +409,14 @@ def _files(q: TrainingQueries, record: dict[str, Any], limit: int = 500) -> tupl
             break
         url = report_url(record["dag_id"], run.bucket, item["Key"]) if rel.startswith("report/") else None
         modified = item.get("LastModified")
-        files.append({"path": rel, "size": item.get("Size"), "url": url,
-                      "modified": modified.strftime("%Y-%m-%dT%H:%M:%SZ") if modified else ""})  # fmt: skip
+        files.append(
+            {
+                "path": rel,
+                "size": item.get("Size"),
+                "url": url,
+                "modified": modified.strftime("%Y-%m-%dT%H:%M:%SZ") if modified else "",
+            }
+        )
     return files, truncated
 
 

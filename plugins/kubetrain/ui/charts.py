@@ -55,11 +55,18 @@ def curves_svg(labels: list[str], histories: list[History | None]) -> str | None
         axes.grid(True, alpha=0.3)
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], color=COLORS[i % len(COLORS)], marker="o", markersize=3, label=label)
-               for i, (label, history) in enumerate(zip(labels, histories, strict=True)) if history is not None]  # fmt: skip
-    handles += [Line2D([], [], color="#555555", linestyle="-", label="training"),
-                Line2D([], [], color="#555555", linestyle="--", label="validation")]  # fmt: skip
-    figure.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize="small", frameon=False)
+    handles = [
+        Line2D([], [], color=COLORS[i % len(COLORS)], marker="o", markersize=3, label=label)
+        for i, (label, history) in enumerate(zip(labels, histories, strict=True))
+        if history is not None
+    ]
+    handles += [
+        Line2D([], [], color="#555555", linestyle="-", label="training"),
+        Line2D([], [], color="#555555", linestyle="--", label="validation"),
+    ]
+    figure.legend(
+        handles=handles, loc="outside lower center", ncols=len(handles), fontsize="small", frameon=False
+    )
     buffer = io.StringIO()
     figure.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None})
     svg = buffer.getvalue()

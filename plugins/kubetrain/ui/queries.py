@@ -28,7 +28,9 @@ SCAN_CHUNK = 1000
 # offers to search on from where it stopped: a rare filter never makes one request slow.
 MAX_SCAN = 5000
 COMPARE_MIN, COMPARE_MAX = 2, 5
-_REF = re.compile(r"^(?P<dag>[A-Za-z0-9._-]+)/(?P<run>[A-Za-z0-9._-]+)(?:/trials/(?P<trial>[A-Za-z0-9._-]+))?$")
+_REF = re.compile(
+    r"^(?P<dag>[A-Za-z0-9._-]+)/(?P<run>[A-Za-z0-9._-]+)(?:/trials/(?P<trial>[A-Za-z0-9._-]+))?$"
+)
 
 
 class QueryError(ValueError):
@@ -78,15 +80,20 @@ def run_ref(dag: str, run: str, trial: str = "") -> str:
 
 def record_ref(record: dict[str, Any]) -> str:
     trial = record.get("trial")
-    return run_ref(safe_segment(record["dag_id"]), safe_segment(record["run_id"]),
-                   safe_segment(str(trial)) if trial not in (None, "") else "")  # fmt: skip
+    return run_ref(
+        safe_segment(record["dag_id"]),
+        safe_segment(record["run_id"]),
+        safe_segment(str(trial)) if trial not in (None, "") else "",
+    )
 
 
 def parse_ref(ref: str) -> tuple[str, str, str]:
     """``(dag segment, run segment, trial segment)`` of a run reference."""
     match = _REF.match(ref or "")
     if not match or any(part in (".", "..") for part in ref.split("/")):
-        raise QueryError(f"run reference {ref!r} is not valid: expected <dag>/<run> or <dag>/<run>/trials/<trial>")
+        raise QueryError(
+            f"run reference {ref!r} is not valid: expected <dag>/<run> or <dag>/<run>/trials/<trial>"
+        )
     return match.group("dag"), match.group("run"), match.group("trial") or ""
 
 
@@ -150,7 +157,9 @@ class TrainingQueries:
                 return
             after, chunk = keys[-1], SCAN_CHUNK
 
-    def runs(self, filt: RunFilter, *, after: str | None = None, limit: int = PAGE_SIZE, max_scan: int = MAX_SCAN) -> RunsPage:
+    def runs(
+        self, filt: RunFilter, *, after: str | None = None, limit: int = PAGE_SIZE, max_scan: int = MAX_SCAN
+    ) -> RunsPage:
         """Runs newest first (by the DAG run's time), ``limit`` of them after the index key ``after``."""
         if not 1 <= limit <= MAX_PAGE_SIZE:
             raise QueryError(f"limit={limit} is not valid: expected 1 to {MAX_PAGE_SIZE}")
@@ -228,9 +237,15 @@ class TrainingQueries:
             pointer = None  # it names a run (its URI, its DAG) the viewer may not read
         if metric is None:
             wanted = ((promoted_record or {}).get("metrics") or {}).get("monitor")
-            metric = safe_segment(wanted) if wanted and safe_segment(wanted) in metrics else (metrics[0] if metrics else None)
+            metric = (
+                safe_segment(wanted)
+                if wanted and safe_segment(wanted) in metrics
+                else (metrics[0] if metrics else None)
+            )
         elif safe_segment(metric) not in metrics:
-            raise QueryError(f"model {model} has no leaderboard for metric {metric!r}: it has {', '.join(metrics) or 'none'}")
+            raise QueryError(
+                f"model {model} has no leaderboard for metric {metric!r}: it has {', '.join(metrics) or 'none'}"
+            )
         if metric is None:
             return Leaderboard(model, None, None, metrics, [], pointer)
         prefix = layout.leaderboard_prefix(model, metric)
@@ -269,7 +284,11 @@ class TrainingQueries:
     def promotions(self, model: str, *, limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
         """The model's promotion history, newest first; promotions of unreadable DAGs' runs are left out."""
         self._check_model(model)
-        return [p for p in self.store.promotions(model, limit=limit) if safe_segment(str(p.get("dag_id"))) in self.readable]
+        return [
+            p
+            for p in self.store.promotions(model, limit=limit)
+            if safe_segment(str(p.get("dag_id"))) in self.readable
+        ]
 
     # -- runs side by side ---------------------------------------------------------------------
 
@@ -334,7 +353,9 @@ class TrainingQueries:
             (run_time, model, safe_segment(dag_id), safe_segment(run_id), "")
         )
         entries = [e for e in self._entries(prefix, None) if e.trial]
-        records = [r for r in self.store.read_many(self.bucket, [e.key for e in entries]) if isinstance(r, dict)]
+        records = [
+            r for r in self.store.read_many(self.bucket, [e.key for e in entries]) if isinstance(r, dict)
+        ]
         return rank_trials([self._row(r) for r in records])
 
 
@@ -386,12 +407,17 @@ def param_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             seen.add(name)
             values = [
                 (run.get("hyperparameters") or {}).get(name, (run.get("params") or {}).get(name))
-                if source == "hyperparameters" else (run.get("params") or {}).get(name)
+                if source == "hyperparameters"
+                else (run.get("params") or {}).get(name)
                 for run in runs
-            ]  # fmt: skip
-            rows.append({
-                "name": name, "source": source, "values": values,
-                "differs": len({_canonical(v) for v in values}) > 1,
-            })  # fmt: skip
+            ]
+            rows.append(
+                {
+                    "name": name,
+                    "source": source,
+                    "values": values,
+                    "differs": len({_canonical(v) for v in values}) > 1,
+                }
+            )
     # what differs first: with a trainer's dozens of hyperparameters, the differences are the point
     return sorted(rows, key=lambda row: not row["differs"])

@@ -16,9 +16,13 @@ from airflow.sdk import dag
 from kubernetes.client import models as k8s
 
 # the namespace enforces Pod Security level restricted
-RESTRICTED = k8s.V1SecurityContext(allow_privilege_escalation=False, capabilities=k8s.V1Capabilities(drop=["ALL"]),
-                                   run_as_non_root=True, run_as_user=10001,
-                                   seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"))
+RESTRICTED = k8s.V1SecurityContext(
+    allow_privilege_escalation=False,
+    capabilities=k8s.V1Capabilities(drop=["ALL"]),
+    run_as_non_root=True,
+    run_as_user=10001,
+    seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"),
+)
 
 
 @dag(

@@ -26,10 +26,18 @@ from kubernetes.client import models as k8s
 S3_SECRET = os.environ.get("KUBETRAIN_S3_SECRET", "kubetrain-s3")
 # The namespace enforces Pod Security level restricted: every container, the provider's XCom sidecar too,
 # runs as a non-root user without privileges or capabilities, under the runtime's default seccomp profile.
-RESTRICTED = k8s.V1SecurityContext(allow_privilege_escalation=False, capabilities=k8s.V1Capabilities(drop=["ALL"]),
-                                   run_as_non_root=True, seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"))
-POD_SECURITY = k8s.V1PodSecurityContext(run_as_user=10001, run_as_group=10001, run_as_non_root=True,
-                                        seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"))
+RESTRICTED = k8s.V1SecurityContext(
+    allow_privilege_escalation=False,
+    capabilities=k8s.V1Capabilities(drop=["ALL"]),
+    run_as_non_root=True,
+    seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"),
+)
+POD_SECURITY = k8s.V1PodSecurityContext(
+    run_as_user=10001,
+    run_as_group=10001,
+    run_as_non_root=True,
+    seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"),
+)
 SHARED = k8s.V1Volume(name="shared", empty_dir=k8s.V1EmptyDirVolumeSource())
 SHARED_MOUNT = k8s.V1VolumeMount(name="shared", mount_path="/shared")
 

@@ -15,7 +15,9 @@ from airflow.sdk import DAG, Param
 
 from kubetrain.pipeline import DEFAULT_ARGS, SweepSettings, common_params, sweep_pipeline
 
-SWEEP = SweepSettings(tunable=None, objective=("score", "max"), max_parallel_trials=2, rounds=2, hyperparameter_args=True)
+SWEEP = SweepSettings(
+    tunable=None, objective=("score", "max"), max_parallel_trials=2, rounds=2, hyperparameter_args=True
+)
 
 with DAG(
     dag_id=Path(__file__).stem,
@@ -26,12 +28,29 @@ with DAG(
     tags=["kubetrain", "sweep", "e2e"],
     params={
         **common_params(dataset_uri="s3://datasets/digits/", model="script-model", gpus=0),
-        "promote": Param("always", type="string", enum=["always", "if_better", "never"], title="Promote", description="Promotion rule."),
+        "promote": Param(
+            "always",
+            type="string",
+            enum=["always", "if_better", "never"],
+            title="Promote",
+            description="Promotion rule.",
+        ),
         # the test passes python:3.11-slim pinned by the digest the dev stack's mirror serves
-        "image": Param("python:3.11-slim", type="string", title="Image", description="Any image, pinned by digest."),
-        "command": Param(["python"], type="array", items={"type": "string"}, title="Command", description="Entrypoint."),
-        "args": Param([], type="array", items={"type": "string"}, title="Arguments", description="Its arguments."),
+        "image": Param(
+            "python:3.11-slim", type="string", title="Image", description="Any image, pinned by digest."
+        ),
+        "command": Param(
+            ["python"], type="array", items={"type": "string"}, title="Command", description="Entrypoint."
+        ),
+        "args": Param(
+            [], type="array", items={"type": "string"}, title="Arguments", description="Its arguments."
+        ),
         **SWEEP.params(space={"lr": {"low": 0.0001, "high": 0.1, "log": True}}),
     },
 ) as dag:
-    sweep_pipeline(SWEEP, title="Script sweep", cmds="{{ params.command | tojson }}", arguments="{{ params.args | tojson }}")
+    sweep_pipeline(
+        SWEEP,
+        title="Script sweep",
+        cmds="{{ params.command | tojson }}",
+        arguments="{{ params.args | tojson }}",
+    )

@@ -25,10 +25,16 @@ import kubernetes_validate
 REPO = Path(__file__).resolve().parents[3]
 K8S_VERSION = "1.37.0"
 KUBEFLOW_TRAINING = REPO / ".tools" / "kubeflow-training" / "kubeflow" / "training" / "models"
-PRIMITIVES = {"int": {"type": "integer"}, "str": {"type": "string"}, "bool": {"type": "boolean"},
-              "float": {"type": "number"}, "datetime": {"type": "string"}, "object": {},
-              # resource.Quantity travels as a string or a number, as in Kubernetes' own schemas
-              "Quantity": {"type": ["string", "number"]}}
+PRIMITIVES = {
+    "int": {"type": "integer"},
+    "str": {"type": "string"},
+    "bool": {"type": "boolean"},
+    "float": {"type": "number"},
+    "datetime": {"type": "string"},
+    "object": {},
+    # resource.Quantity travels as a string or a number, as in Kubernetes' own schemas
+    "Quantity": {"type": ["string", "number"]},
+}
 # The generated pydantic models describe resource.Quantity as an object; on the wire it is a string or a number.
 QUANTITY = "IoK8sApimachineryPkgApiResourceQuantity"
 # Kubernetes types the TFJob models reference: checked separately with kubernetes-validate.
@@ -39,7 +45,9 @@ K8S_REF = "x-kubernetes-type"
 def training_models() -> dict[str, tuple[dict[str, str], dict[str, str]]]:
     """Model class -> (openapi_types, attribute_map), read from the SDK's source without importing it."""
     if not KUBEFLOW_TRAINING.is_dir():
-        raise FileNotFoundError(f"{KUBEFLOW_TRAINING} is missing: run `make setup` (it installs kubeflow-training 1.9.4 there)")
+        raise FileNotFoundError(
+            f"{KUBEFLOW_TRAINING} is missing: run `make setup` (it installs kubeflow-training 1.9.4 there)"
+        )
     models = {}
     for path in KUBEFLOW_TRAINING.glob("kubeflow_org_v1_*.py"):
         for node in ast.parse(path.read_text()).body:
@@ -70,8 +78,11 @@ def _type_schema(spec: str) -> dict[str, Any]:
 @cache
 def model_schema(name: str) -> dict[str, Any]:
     types, names = training_models()[name]
-    return {"type": "object", "additionalProperties": False,
-            "properties": {names[attr]: _type_schema(kind) for attr, kind in types.items()}}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {names[attr]: _type_schema(kind) for attr, kind in types.items()},
+    }
 
 
 def tfjob_schema() -> dict[str, Any]:
@@ -101,11 +112,15 @@ def validate_tfjob(body: dict[str, Any]) -> None:
     jsonschema.validate(body, permissive)
     for _path, kind, value in _k8s_leaves(schema, body, "tfjob"):
         if kind == "V1PodTemplateSpec":
-            kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
-                                          "template": value}, K8S_VERSION, strict=True)
+            kubernetes_validate.validate(
+                {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": value},
+                K8S_VERSION,
+                strict=True,
+            )
         elif kind == "V1ObjectMeta":
-            kubernetes_validate.validate({"apiVersion": "v1", "kind": "ConfigMap", "metadata": value},
-                                         K8S_VERSION, strict=True)
+            kubernetes_validate.validate(
+                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": value}, K8S_VERSION, strict=True
+            )
 
 
 def _without_k8s(schema: Any) -> Any:
@@ -126,7 +141,9 @@ def trainer_schema(model: str) -> dict[str, Any]:
 
 
 def validate_trainer(body: dict[str, Any]) -> None:
-    model = {"TrainJob": "TrainerV1alpha1TrainJob", "TrainingRuntime": "TrainerV1alpha1TrainingRuntime"}[body["kind"]]
+    model = {"TrainJob": "TrainerV1alpha1TrainJob", "TrainingRuntime": "TrainerV1alpha1TrainingRuntime"}[
+        body["kind"]
+    ]
     jsonschema.validate(body, trainer_schema(model))
 
 

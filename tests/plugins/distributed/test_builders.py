@@ -68,13 +68,19 @@ def test_every_replica_follows_the_pod_contract_and_the_chief_alone_syncs(backen
         base = pod["containers"][0]
         assert base["name"] == (builders.TFJOB_CONTAINER if backend == "tfjob" else "base")
         res = spec.resources(role)
-        want = {"cpu": res.cpu, "memory": res.memory, **({"nvidia.com/gpu": str(res.gpus)} if res.gpus else {})}
+        want = {
+            "cpu": res.cpu,
+            "memory": res.memory,
+            **({"nvidia.com/gpu": str(res.gpus)} if res.gpus else {}),
+        }
         # no dataset size in CONFIG: an ephemeral-storage request without a limit
         assert base["resources"]["requests"] == {**want, "ephemeral-storage": "7Gi"}
         assert base["resources"]["limits"] == want
         assert {"key": "spot", "operator": "Exists"} in pod["tolerations"]
         if res.gpus:
-            assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+            assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+                "tolerations"
+            ]
         assert pod["securityContext"]["runAsNonRoot"] is True and pod["restartPolicy"] == "Never"
         for c in pod["initContainers"]:
             assert c["envFrom"] == [{"secretRef": {"name": "kubetrain-s3"}}]
@@ -122,7 +128,10 @@ def test_parameter_servers_request_no_gpu_unless_asked():
 def test_indexed_jobs_and_service_are_valid_kubernetes_objects(mode):
     sub = build("indexed_job", SPECS[mode])
     service, *jobs = sub.resources
-    assert service.body["spec"]["clusterIP"] == "None" and service.body["spec"]["publishNotReadyAddresses"] is True
+    assert (
+        service.body["spec"]["clusterIP"] == "None"
+        and service.body["spec"]["publishNotReadyAddresses"] is True
+    )
     assert service.body["spec"]["selector"] == {builders.JOB_LABEL: sub.name}
     for resource in sub.resources:
         validate_k8s(resource.body)
@@ -138,7 +147,9 @@ def test_tfjob_is_valid_against_the_training_operators_models(mode):
     (resource,) = build("tfjob", SPECS[mode]).resources
     validate_tfjob(resource.body)
     assert resource.body["apiVersion"] == "kubeflow.org/v1" and resource.body["kind"] == "TFJob"
-    assert set(resource.body["spec"]["tfReplicaSpecs"]) == ({"Chief", "Worker", "PS"} if mode == "ps" else {"Chief", "Worker"})
+    assert set(resource.body["spec"]["tfReplicaSpecs"]) == (
+        {"Chief", "Worker", "PS"} if mode == "ps" else {"Chief", "Worker"}
+    )
     # The schema is strict: an unknown field, or a bad pod template, is refused.
     bad = copy.deepcopy(resource.body)
     bad["spec"]["tfReplicaSpecs"]["Chief"]["replica"] = 1
@@ -155,8 +166,11 @@ def test_trainjob_and_runtime_are_valid_against_the_trainer_api_models(mode):
     runtime, train = build("trainjob", SPECS[mode]).resources
     validate_trainer(runtime.body)
     validate_trainer(train.body)
-    assert train.body["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime",
-                                                "name": runtime.name}
+    assert train.body["spec"]["runtimeRef"] == {
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "TrainingRuntime",
+        "name": runtime.name,
+    }
     jobset = runtime.body["spec"]["template"]["spec"]
     assert jobset["successPolicy"] == {"operator": "Any", "targetReplicatedJobs": ["chief"]}
     bad = copy.deepcopy(train.body)
@@ -165,12 +179,15 @@ def test_trainjob_and_runtime_are_valid_against_the_trainer_api_models(mode):
         validate_trainer(bad)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"workers": 0}, "workers=0 is not valid: expected an integer from 1 to 64"),
-    ({"workers": 65}, "workers=65 is not valid"),
-    ({"ps_replicas": 17}, "ps_replicas=17 is not valid: expected an integer from 0 to 16"),
-    ({"workers": "two"}, "workers='two' is not valid"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"workers": 0}, "workers=0 is not valid: expected an integer from 1 to 64"),
+        ({"workers": 65}, "workers=65 is not valid"),
+        ({"ps_replicas": 17}, "ps_replicas=17 is not valid: expected an integer from 0 to 16"),
+        ({"workers": "two"}, "workers='two' is not valid"),
+    ],
+)
 def test_bad_replica_counts_are_refused(kwargs, message):
     with pytest.raises(ValueError) as err:
         DistributedSpec(**kwargs)
@@ -182,8 +199,10 @@ def test_backend_choice_names_the_missing_api_and_what_is_served():
     assert choose_backend("auto", ["trainjob", "indexed_job"]) == "trainjob"
     with pytest.raises(BackendUnavailableError) as err:
         choose_backend("tfjob", ["indexed_job"])
-    assert str(err.value) == ("backend 'tfjob' needs the API kubeflow.org/v1 (tfjobs), which this cluster does not serve "
-                              "(install the Kubeflow training operator v1 (TFJob CRD)); it serves: indexed_job")
+    assert str(err.value) == (
+        "backend 'tfjob' needs the API kubeflow.org/v1 (tfjobs), which this cluster does not serve "
+        "(install the Kubeflow training operator v1 (TFJob CRD)); it serves: indexed_job"
+    )
     with pytest.raises(ValueError, match="backend='mpi' is not valid"):
         choose_backend("mpi", ["indexed_job"])
 
@@ -191,10 +210,15 @@ def test_backend_choice_names_the_missing_api_and_what_is_served():
 def test_replica_pods_write_the_contract_plus_the_cluster_variables():
     from pathlib import Path
 
-    contract = json.loads((Path(__file__).resolve().parents[3] / "trainer/sync/schemas/pod-env.v1.json").read_text())
+    contract = json.loads(
+        (Path(__file__).resolve().parents[3] / "trainer/sync/schemas/pod-env.v1.json").read_text()
+    )
     # A multi-worker job is no sweep trial: the early-stopping variables of trials are not written.
-    expected = {n for n, s in contract["written"].items()
-                if "base" in s["containers"] and not s["description"].startswith("Sweep trials")}
+    expected = {
+        n
+        for n, s in contract["written"].items()
+        if "base" in s["containers"] and not s["description"].startswith("Sweep trials")
+    }
     expected |= set(contract["written_for_replicas"])
     for role, template in templates(build("indexed_job", SPECS["ps"])).items():
         names = {e["name"] for e in template["spec"]["containers"][0]["env"]}

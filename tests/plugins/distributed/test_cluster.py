@@ -21,10 +21,14 @@ def hosts_of(case: dict) -> str:
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_the_rule_gives_the_tables_tf_config(case):
-    assert cluster.tf_config(case["replicas"], hosts_of(case), case["index"], case["role"]) == case["tf_config"]
+    assert (
+        cluster.tf_config(case["replicas"], hosts_of(case), case["index"], case["role"]) == case["tf_config"]
+    )
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c["backend"] not in (None, "tfjob")], ids=lambda c: c["name"])
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c["backend"] not in (None, "tfjob")], ids=lambda c: c["name"]
+)
 def test_the_replica_env_carries_what_the_pod_side_needs(case):
     env = cluster.replica_env(case["replicas"], hosts_of(case), case["role"])
     assert json.loads(env[cluster.REPLICAS_ENV]) == case["replicas"]

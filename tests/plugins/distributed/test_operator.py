@@ -20,19 +20,26 @@ def test_job_names_are_dns_labels_with_room_for_role_and_index():
 
 
 def test_params_become_the_replica_spec_and_the_single_pod_resources_are_the_workers():
-    op = DistributedTrainingOperator(task_id="t", workers="3", ps_replicas="0", gpus="2", cpu="4", memory="8Gi")
+    op = DistributedTrainingOperator(
+        task_id="t", workers="3", ps_replicas="0", gpus="2", cpu="4", memory="8Gi"
+    )
     spec = op.distributed_spec()
     assert spec.replicas() == {"chief": 1, "worker": 2}
     assert spec.resources("worker").gpus == 2 and spec.resources("chief").cpu == "4"
-    ps = DistributedTrainingOperator(task_id="t", workers=2, ps_replicas=1, gpus=1, gpus_per_ps="0").distributed_spec()
+    ps = DistributedTrainingOperator(
+        task_id="t", workers=2, ps_replicas=1, gpus=1, gpus_per_ps="0"
+    ).distributed_spec()
     assert ps.replicas() == {"chief": 1, "worker": 2, "ps": 1}
     assert ps.resources("ps").gpus == 0 and ps.resources("chief").gpus == 0
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"workers": "0"}, "workers='0' is not valid: expected an integer from 1 to 64"),
-    ({"ps_replicas": 20}, "ps_replicas=20 is not valid: expected an integer from 0 to 16"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"workers": "0"}, "workers='0' is not valid: expected an integer from 1 to 64"),
+        ({"ps_replicas": 20}, "ps_replicas=20 is not valid: expected an integer from 0 to 16"),
+    ],
+)
 def test_a_bad_replica_count_fails_before_anything_is_created(kwargs, message):
     with pytest.raises(ValueError) as err:
         DistributedTrainingOperator(task_id="t", **kwargs).distributed_spec()
@@ -41,11 +48,21 @@ def test_a_bad_replica_count_fails_before_anything_is_created(kwargs, message):
 
 def test_the_trigger_serializes_to_plain_arguments():
     trigger = DistributedJobTrigger(
-        backend="indexed_job", name="kt-x-1", namespace="kubetrain",
+        backend="indexed_job",
+        name="kt-x-1",
+        namespace="kubetrain",
         resources=[["v1", "Service", "services", "kt-x-1"], ["batch/v1", "Job", "jobs", "kt-x-1-chief"]],
-        roles=["chief", "worker"], container="base", pod_selector="kubetrain.io/distributed-job=kt-x-1",
-        deadline=123.0, startup={"schedule_timeout": 900, "unschedulable_grace": 60, "startup_timeout": 600,
-                                 "stage_in_timeout": 3600, "stage_in_container": "stage-in"},
+        roles=["chief", "worker"],
+        container="base",
+        pod_selector="kubetrain.io/distributed-job=kt-x-1",
+        deadline=123.0,
+        startup={
+            "schedule_timeout": 900,
+            "unschedulable_grace": 60,
+            "startup_timeout": 600,
+            "stage_in_timeout": 3600,
+            "stage_in_container": "stage-in",
+        },
         kubernetes_conn_id="kubernetes_default",
     )
     path, kwargs = trigger.serialize()
@@ -65,12 +82,27 @@ def test_the_chief_of_a_parameter_server_job_gets_its_own_resources_from_the_dag
     assert isinstance(task, TrainingPodOperator)
     defaults = {name: dag.params[name] for name in dag.params}
 
-    names = ("workers", "ps_replicas", "ps_cpu", "ps_memory", "chief_cpu", "chief_memory", "cpu", "memory", "gpus",
-             "gpus_per_worker", "gpus_per_ps", "worker_cpu", "worker_memory")
+    names = (
+        "workers",
+        "ps_replicas",
+        "ps_cpu",
+        "ps_memory",
+        "chief_cpu",
+        "chief_memory",
+        "cpu",
+        "memory",
+        "gpus",
+        "gpus_per_worker",
+        "gpus_per_ps",
+        "worker_cpu",
+        "worker_memory",
+    )
     templates = {name: getattr(task, name) for name in names}
 
     def spec(**params):
-        context = {"params": {**defaults, "ps_replicas": 1, "workers": 2, "cpu": "2", "memory": "4Gi", **params}}
+        context = {
+            "params": {**defaults, "ps_replicas": 1, "workers": 2, "cpu": "2", "memory": "4Gi", **params}
+        }
         for name, template in templates.items():
             setattr(task, name, task.render_template(template, context))
         return task.distributed_spec()

@@ -22,18 +22,35 @@ def set_conn(monkeypatch, conn_id: str, **conn) -> str:
     ("conn", "hook_args", "expected"),
     [
         ({"host": "registry.example.com"}, {}, ("registry.example.com", False, True, None)),
-        ({"host": "127.0.0.1", "port": 5000, "extra": {"insecure": True}}, {}, ("127.0.0.1:5000", True, True, None)),
+        (
+            {"host": "127.0.0.1", "port": 5000, "extra": {"insecure": True}},
+            {},
+            ("127.0.0.1:5000", True, True, None),
+        ),
         ({"host": "http://reg.local:5000"}, {}, ("reg.local:5000", True, True, None)),
         ({"host": "https://reg.example.com/"}, {}, ("reg.example.com", False, True, None)),
-        ({"host": "reg.example.com", "extra": {"insecure": "true"}}, {"insecure": False},
-         ("reg.example.com", False, True, None)),
-        ({"host": "reg.example.com", "extra": {"tls_verify": "false"}}, {}, ("reg.example.com", False, False, None)),
-        ({"host": "reg.example.com", "extra": {"tls_verify": False}}, {"tls_verify": True},
-         ("reg.example.com", False, True, None)),
-        ({"conn_type": "docker", "host": "ghcr.io", "login": "bot", "password": "pat"}, {},
-         ("ghcr.io", False, True, None)),
+        (
+            {"host": "reg.example.com", "extra": {"insecure": "true"}},
+            {"insecure": False},
+            ("reg.example.com", False, True, None),
+        ),
+        (
+            {"host": "reg.example.com", "extra": {"tls_verify": "false"}},
+            {},
+            ("reg.example.com", False, False, None),
+        ),
+        (
+            {"host": "reg.example.com", "extra": {"tls_verify": False}},
+            {"tls_verify": True},
+            ("reg.example.com", False, True, None),
+        ),
+        (
+            {"conn_type": "docker", "host": "ghcr.io", "login": "bot", "password": "pat"},
+            {},
+            ("ghcr.io", False, True, None),
+        ),
     ],
-)  # fmt: skip
+)
 def test_settings(monkeypatch, conn, hook_args, expected):
     hook = RegistryHook(set_conn(monkeypatch, "reg_case", **conn), **hook_args)
     s = hook.settings
@@ -41,8 +58,10 @@ def test_settings(monkeypatch, conn, hook_args, expected):
 
 
 def test_explicit_token_beats_extra_and_never_shows_in_repr(monkeypatch):
-    hook = RegistryHook(set_conn(monkeypatch, "reg_tok", host="r.example.com", extra={"token": "from-extra"}),
-                        token="from-arg")  # fmt: skip
+    hook = RegistryHook(
+        set_conn(monkeypatch, "reg_tok", host="r.example.com", extra={"token": "from-extra"}),
+        token="from-arg",
+    )
     assert hook.settings.token == "from-arg"
     assert "from-arg" not in repr(hook.settings)
     assert hook.docker_config() == {"auths": {"r.example.com": {"registrytoken": "from-arg"}}}
@@ -51,23 +70,45 @@ def test_explicit_token_beats_extra_and_never_shows_in_repr(monkeypatch):
 @pytest.mark.parametrize(
     ("conn", "hook_args", "message"),
     [
-        ({"host": "r.example.com", "extra": {"insecure": True, "ca_bundle": "/etc/ssl/ca.pem"}}, {},
-         r"insecure=True \(plain HTTP\) cannot be combined with ca_bundle='/etc/ssl/ca.pem'"),
-        ({"host": "r.example.com", "extra": {"ca_bundle": "/etc/ssl/ca.pem"}}, {"tls_verify": False},
-         "tls_verify=False cannot be combined with ca_bundle='/etc/ssl/ca.pem'"),
-        ({"host": "r.example.com", "password": "p", "login": "u", "extra": {"token": "t"}}, {},
-         "token cannot be combined with a password"),
-        ({"host": "https://r.example.com"}, {"insecure": True},
-         "host 'https://r.example.com' says HTTPS but the insecure argument says insecure=True"),
-        ({"host": "http://r.example.com", "extra": {"insecure": False}}, {},
-         "host 'http://r.example.com' says HTTP but the insecure extra says insecure=False"),
-        ({"host": "r.example.com", "extra": {"insecure": "maybe"}}, {}, "invalid insecure 'maybe': expected true or false"),
+        (
+            {"host": "r.example.com", "extra": {"insecure": True, "ca_bundle": "/etc/ssl/ca.pem"}},
+            {},
+            r"insecure=True \(plain HTTP\) cannot be combined with ca_bundle='/etc/ssl/ca.pem'",
+        ),
+        (
+            {"host": "r.example.com", "extra": {"ca_bundle": "/etc/ssl/ca.pem"}},
+            {"tls_verify": False},
+            "tls_verify=False cannot be combined with ca_bundle='/etc/ssl/ca.pem'",
+        ),
+        (
+            {"host": "r.example.com", "password": "p", "login": "u", "extra": {"token": "t"}},
+            {},
+            "token cannot be combined with a password",
+        ),
+        (
+            {"host": "https://r.example.com"},
+            {"insecure": True},
+            "host 'https://r.example.com' says HTTPS but the insecure argument says insecure=True",
+        ),
+        (
+            {"host": "http://r.example.com", "extra": {"insecure": False}},
+            {},
+            "host 'http://r.example.com' says HTTP but the insecure extra says insecure=False",
+        ),
+        (
+            {"host": "r.example.com", "extra": {"insecure": "maybe"}},
+            {},
+            "invalid insecure 'maybe': expected true or false",
+        ),
         ({"host": ""}, {}, "connection 'reg_bad' has no host"),
-        ({"host": "r.example.com", "extra": {"ca_bundle": "/nonexistent/ca.pem"}}, {},
-         "ca_bundle '/nonexistent/ca.pem' does not exist"),
+        (
+            {"host": "r.example.com", "extra": {"ca_bundle": "/nonexistent/ca.pem"}},
+            {},
+            "ca_bundle '/nonexistent/ca.pem' does not exist",
+        ),
         ({"host": "r.example.com", "extra": {"timeout": -1}}, {}, "invalid timeout -1.0"),
     ],
-)  # fmt: skip
+)
 def test_contradictions_fail_loudly(monkeypatch, conn, hook_args, message):
     hook = RegistryHook(set_conn(monkeypatch, "reg_bad", **conn), **hook_args)
     with pytest.raises(ValueError, match=message):
@@ -83,7 +124,9 @@ def test_ca_bundle_is_used_for_verification(monkeypatch, tmp_path):
 
 
 def test_authfile_is_private_and_holds_basic_auth(monkeypatch, tmp_path):
-    hook = RegistryHook(set_conn(monkeypatch, "reg_auth", host="127.0.0.1", port=5000, login="ci", password="pw"))
+    hook = RegistryHook(
+        set_conn(monkeypatch, "reg_auth", host="127.0.0.1", port=5000, login="ci", password="pw")
+    )
     path = hook.write_authfile(tmp_path / "auth" / "auth.json")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     auth = json.loads(path.read_text())["auths"]["127.0.0.1:5000"]["auth"]
@@ -100,9 +143,13 @@ def test_test_connection_against_htpasswd_registry(monkeypatch, tmp_path):
     reg = start_registry(tmp_path / "reg", users={"ci": "good"})
     try:
         base = {"host": "127.0.0.1", "port": reg.port, "login": "ci", "extra": {"insecure": True}}
-        ok, message = RegistryHook(set_conn(monkeypatch, "reg_live", password="good", **base)).test_connection()
+        ok, message = RegistryHook(
+            set_conn(monkeypatch, "reg_live", password="good", **base)
+        ).test_connection()
         assert ok, message
-        ok, message = RegistryHook(set_conn(monkeypatch, "reg_live", password="bad", **base)).test_connection()
+        ok, message = RegistryHook(
+            set_conn(monkeypatch, "reg_live", password="bad", **base)
+        ).test_connection()
         assert not ok and "refused the credentials of user 'ci'" in message and "bad" not in message
     finally:
         reg.stop()
@@ -112,9 +159,17 @@ ECR = "123456789012.dkr.ecr.eu-west-2.amazonaws.com"
 
 
 def _aws_conn(monkeypatch, moto_server, conn_id: str = "aws_default") -> None:
-    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({
-        "conn_type": "aws", "login": moto_server.access_key_id, "password": moto_server.secret_access_key,
-        "extra": {"endpoint_url": moto_server.endpoint}}))  # fmt: skip
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{conn_id.upper()}",
+        json.dumps(
+            {
+                "conn_type": "aws",
+                "login": moto_server.access_key_id,
+                "password": moto_server.secret_access_key,
+                "extra": {"endpoint_url": moto_server.endpoint},
+            }
+        ),
+    )
 
 
 def test_an_ecr_registry_gets_a_fresh_password_from_ecr_each_time(monkeypatch, moto_server):
@@ -123,11 +178,15 @@ def test_an_ecr_registry_gets_a_fresh_password_from_ecr_each_time(monkeypatch, m
     hook = RegistryHook(set_conn(monkeypatch, "reg_ecr", host=ECR))
     s = hook.settings
     assert (s.registry, s.username, s.password) == (ECR, "AWS", "123456789012-auth-token")
-    assert hook.docker_config() == {"auths": {ECR: {"auth": base64.b64encode(b"AWS:123456789012-auth-token").decode()}}}
+    assert hook.docker_config() == {
+        "auths": {ECR: {"auth": base64.b64encode(b"AWS:123456789012-auth-token").decode()}}
+    }
     # a connection named in the extra
     _aws_conn(monkeypatch, moto_server, "aws_ecr_pushes")
     monkeypatch.delenv("AIRFLOW_CONN_AWS_DEFAULT")
-    hook = RegistryHook(set_conn(monkeypatch, "reg_ecr2", host=f"https://{ECR}", extra={"aws_conn_id": "aws_ecr_pushes"}))
+    hook = RegistryHook(
+        set_conn(monkeypatch, "reg_ecr2", host=f"https://{ECR}", extra={"aws_conn_id": "aws_ecr_pushes"})
+    )
     assert hook.settings.password == "123456789012-auth-token"
     # a password in the connection is the user's choice, kept as it is
     hook = RegistryHook(set_conn(monkeypatch, "reg_ecr3", host=ECR, login="AWS", password="pasted"))
@@ -137,12 +196,16 @@ def test_an_ecr_registry_gets_a_fresh_password_from_ecr_each_time(monkeypatch, m
 @pytest.mark.parametrize(
     ("conn", "message"),
     [
-        ({"host": "registry.example.com", "extra": {"aws_conn_id": "aws_default"}},
-         "extra aws_conn_id='aws_default' asks ECR for a password, but host 'registry.example.com' is not an ECR registry"),
-        ({"host": ECR, "login": "AWS", "password": "p", "extra": {"aws_conn_id": "aws_default"}},
-         "cannot be combined with a password or token: ECR gives the password"),
+        (
+            {"host": "registry.example.com", "extra": {"aws_conn_id": "aws_default"}},
+            "extra aws_conn_id='aws_default' asks ECR for a password, but host 'registry.example.com' is not an ECR registry",
+        ),
+        (
+            {"host": ECR, "login": "AWS", "password": "p", "extra": {"aws_conn_id": "aws_default"}},
+            "cannot be combined with a password or token: ECR gives the password",
+        ),
     ],
-)  # fmt: skip
+)
 def test_ecr_settings_that_contradict_fail_naming_them(monkeypatch, conn, message):
     with pytest.raises(ValueError, match=message):
         _ = RegistryHook(set_conn(monkeypatch, "reg_ecr_bad", **conn)).settings
@@ -156,10 +219,19 @@ def test_refused_credentials_fail_the_digest_lookup_with_a_retry(monkeypatch, tm
 
     reg = start_registry(tmp_path / "reg", users={"ci": "good"})
     try:
-        set_conn(monkeypatch, "reg_expired", host="127.0.0.1", port=reg.port, login="ci", password="expired",
-                 extra={"insecure": True})  # fmt: skip
+        set_conn(
+            monkeypatch,
+            "reg_expired",
+            host="127.0.0.1",
+            port=reg.port,
+            login="ci",
+            password="expired",
+            extra={"insecure": True},
+        )
         image = f"127.0.0.1:{reg.port}/kubetrain/trainer:latest"
-        with pytest.raises(ImageResolutionError, match="refused the credentials of user 'ci'.*renew it") as err:
+        with pytest.raises(
+            ImageResolutionError, match="refused the credentials of user 'ci'.*renew it"
+        ) as err:
             pin_image(image, registry_conn_id="reg_expired")
         assert not isinstance(err.value, AirflowFailException) and "expired" not in str(err.value)
     finally:

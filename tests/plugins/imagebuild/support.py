@@ -85,9 +85,16 @@ class LocalRegistry:
             text = fh.read().decode(errors="replace")
         return [Request(m, p, int(s)) for m, p, s in _ACCESS_LINE.findall(text)]
 
-    def conn_env(self, conn_id: str, username: str | None = None, password: str | None = None) -> dict[str, str]:
+    def conn_env(
+        self, conn_id: str, username: str | None = None, password: str | None = None
+    ) -> dict[str, str]:
         """``AIRFLOW_CONN_<ID>`` in JSON form for this registry."""
-        conn = {"conn_type": "kubetrain_registry", "host": "127.0.0.1", "port": self.port, "extra": {"insecure": True}}
+        conn = {
+            "conn_type": "kubetrain_registry",
+            "host": "127.0.0.1",
+            "port": self.port,
+            "extra": {"insecure": True},
+        }
         if username:
             conn.update(login=username, password=password or "")
         return {f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(conn)}
@@ -142,11 +149,17 @@ def push_busybox_base(
         "architecture": go_arch(),
         "os": "linux",
         "created": "2026-01-01T00:00:00Z",
-        "config": {"Env": ["PATH=/bin", "BASE_ONLY=1"], "Cmd": ["/bin/sh"], "Labels": {"base.label": "busybox"}},
+        "config": {
+            "Env": ["PATH=/bin", "BASE_ONLY=1"],
+            "Cmd": ["/bin/sh"],
+            "Labels": {"base.label": "busybox"},
+        },
         "history": [{"created": "2026-01-01T00:00:00Z", "created_by": "busybox-static"}],
     }
     layers = [layer.blob(OCI_LAYER_GZIP), *(extra_layers or [])]
-    config["history"] += [{"created": "2026-01-01T00:00:00Z", "created_by": "extra"} for _ in extra_layers or []]
+    config["history"] += [
+        {"created": "2026-01-01T00:00:00Z", "created_by": "extra"} for _ in extra_layers or []
+    ]
     return push_image(client, repository, tag, layers, config)
 
 
@@ -231,7 +244,9 @@ def tags(registry: LocalRegistry, repository: str) -> list[str]:
     argv = ["skopeo", "list-tags", "--tls-verify=false"]
     if registry.users:
         argv += ["--creds", ":".join(next(iter(registry.users.items())))]
-    out = subprocess.run([*argv, f"docker://{registry.host}/{repository}"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [*argv, f"docker://{registry.host}/{repository}"], capture_output=True, text=True, timeout=60
+    )
     if out.returncode:
         if "NAME_UNKNOWN" in out.stderr or "404" in out.stderr or "name unknown" in out.stderr.lower():
             return []
@@ -265,12 +280,16 @@ class TokenService:
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubetrain test token signer")])
         now = dt.datetime.now(dt.UTC)
         cert = (
-            x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(hours=1))
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(hours=1))
             .not_valid_after(now + dt.timedelta(days=1))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .sign(key, hashes.SHA256())
-        )  # fmt: skip
+        )
         root.mkdir(parents=True, exist_ok=True)
         self.cert_path = root / "token-signer.pem"
         self.cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
@@ -301,9 +320,16 @@ class TokenService:
                     allowed = actions.split(",") if user else [a for a in actions.split(",") if a == "pull"]
                     access.append({"type": kind, "name": repo, "actions": allowed})
                 issued = int(time.time())
-                claims = {"iss": service_ref.issuer, "sub": user or "", "aud": query.get("service", [""])[0],
-                          "exp": issued + 300, "nbf": issued - 10, "iat": issued, "jti": secrets.token_hex(8),
-                          "access": access}  # fmt: skip
+                claims = {
+                    "iss": service_ref.issuer,
+                    "sub": user or "",
+                    "aud": query.get("service", [""])[0],
+                    "exp": issued + 300,
+                    "nbf": issued - 10,
+                    "iat": issued,
+                    "jti": secrets.token_hex(8),
+                    "access": access,
+                }
                 token = jwt.encode(claims, key, algorithm="RS256", headers={"x5c": x5c})
                 service_ref.issued.append(claims)
                 body = json.dumps({"token": token, "access_token": token, "expires_in": 300}).encode()
@@ -327,8 +353,14 @@ def start_token_registry(root: Path, users: dict[str, str]) -> tuple[LocalRegist
     port = free_port()
     argv = devstack_registry.command(root, port)  # writes the base config; auth is added below
     config = json.loads((root / "config.yml").read_text())
-    config["auth"] = {"token": {"realm": tokens.realm, "service": tokens.service, "issuer": tokens.issuer,
-                                "rootcertbundle": str(tokens.cert_path)}}  # fmt: skip
+    config["auth"] = {
+        "token": {
+            "realm": tokens.realm,
+            "service": tokens.service,
+            "issuer": tokens.issuer,
+            "rootcertbundle": str(tokens.cert_path),
+        }
+    }
     (root / "config.yml").write_text(json.dumps(config, indent=2))
     log = root / "registry.log"
     with log.open("wb") as out:

@@ -54,7 +54,12 @@ def make_code(root, version: str = "1"):
     (root / "models" / "cnn.py").write_text("LAYERS = 3\n")
     (root / "run.sh").write_text("#!/bin/sh\necho run\n")
     (root / "run.sh").chmod(0o755)
-    for junk in (".venv/lib/site.py", "__pycache__/train.cpython-311.pyc", "tests/test_train.py", "models/x.pyc"):
+    for junk in (
+        ".venv/lib/site.py",
+        "__pycache__/train.cpython-311.pyc",
+        "tests/test_train.py",
+        "models/x.pyc",
+    ):
         (root / junk).parent.mkdir(parents=True, exist_ok=True)
         (root / junk).write_text("junk")
     return root
@@ -70,8 +75,14 @@ def append(conn, source, **kwargs):
 def test_append_pushes_one_layer_and_config(registry, conn, tmp_path):
     code = make_code(tmp_path / "trainer")
     mark = registry.mark()
-    out = append(conn, code, env={"PYTHONPATH": "/app"}, workdir="/app",
-                 cmd=["python", "-m", "trainer.train"], labels={"org.opencontainers.image.revision": "abc123"})  # fmt: skip
+    out = append(
+        conn,
+        code,
+        env={"PYTHONPATH": "/app"},
+        workdir="/app",
+        cmd=["python", "-m", "trainer.train"],
+        labels={"org.opencontainers.image.revision": "abc123"},
+    )
     pushed = registry.requests(mark)
     assert out["pushed"] is True
     assert out["reference"] == f"{registry.host}/kubetrain/trainer@{out['digest']}"
@@ -81,9 +92,15 @@ def test_append_pushes_one_layer_and_config(registry, conn, tmp_path):
     assert len(pulled.layers) == 2
     code_layer = pulled.layers[-1]
     assert sorted(code_layer) == [
-        "app", "app/trainer", "app/trainer/.wh..wh..opq", "app/trainer/__init__.py", "app/trainer/models",
-        "app/trainer/models/cnn.py", "app/trainer/run.sh", "app/trainer/train.py",
-    ]  # fmt: skip
+        "app",
+        "app/trainer",
+        "app/trainer/.wh..wh..opq",
+        "app/trainer/__init__.py",
+        "app/trainer/models",
+        "app/trainer/models/cnn.py",
+        "app/trainer/run.sh",
+        "app/trainer/train.py",
+    ]
     info, data = code_layer["app/trainer/train.py"]
     assert data == b"VERSION = '1'\n" and (info.uid, info.gid, info.mtime, info.mode) == (0, 0, 0, 0o644)
     assert code_layer["app/trainer/run.sh"][0].mode == 0o755
@@ -97,14 +114,21 @@ def test_append_pushes_one_layer_and_config(registry, conn, tmp_path):
     assert pulled.labels["org.opencontainers.image.base.digest"] == out["base_digest"]
     assert pulled.labels["io.kubetrain.code.sha256"] == out["code_hash"]
     assert len(pulled.config["history"]) == 2 and "append-layer" in pulled.config["history"][-1]["created_by"]
-    raw_layer = (tmp_path / "oci" / "blobs" / "sha256" / pulled.manifest["layers"][-1]["digest"][7:]).read_bytes()
-    assert pulled.config["rootfs"]["diff_ids"][-1] == "sha256:" + hashlib.sha256(gzip.decompress(raw_layer)).hexdigest()
+    raw_layer = (
+        tmp_path / "oci" / "blobs" / "sha256" / pulled.manifest["layers"][-1]["digest"][7:]
+    ).read_bytes()
+    assert (
+        pulled.config["rootfs"]["diff_ids"][-1]
+        == "sha256:" + hashlib.sha256(gzip.decompress(raw_layer)).hexdigest()
+    )
 
     # Only the code layer and the config went up, and no base layer came down.
     assert len([r for r in pushed if r.method == "PUT" and "/blobs/uploads/" in r.path]) == 2
     with registry.client() as client:
         base_config = client.get_manifest("kubetrain/trainer", out["base_digest"]).data["config"]["digest"]
-    assert [r.path.rsplit("/", 1)[-1] for r in pushed if r.method == "GET" and "/blobs/" in r.path] == [base_config]
+    assert [r.path.rsplit("/", 1)[-1] for r in pushed if r.method == "GET" and "/blobs/" in r.path] == [
+        base_config
+    ]
 
 
 def test_same_code_pushes_nothing_and_gives_the_same_digest(registry, conn, tmp_path):
@@ -150,14 +174,26 @@ def test_docker_schema2_base_stays_docker(registry, conn, tmp_path):
     layer = write_layer(rootfs, tmp_path / "l.tgz", excludes=())
     with registry.client() as client:
         client.ensure_blob("docker/base", layer.blob(DOCKER_LAYER_GZIP))
-        config = canonical_json({"architecture": "amd64", "os": "linux", "config": {"Env": ["A=1"]},
-                                 "rootfs": {"type": "layers", "diff_ids": [layer.diff_id]}})  # fmt: skip
+        config = canonical_json(
+            {
+                "architecture": "amd64",
+                "os": "linux",
+                "config": {"Env": ["A=1"]},
+                "rootfs": {"type": "layers", "diff_ids": [layer.diff_id]},
+            }
+        )
         from kubetrain.imagebuild.oci import Blob
 
         cblob = Blob.from_bytes(config, DOCKER_CONFIG)
         client.ensure_blob("docker/base", cblob)
-        manifest = canonical_json({"schemaVersion": 2, "mediaType": DOCKER_MANIFEST, "config": cblob.descriptor(),
-                                   "layers": [layer.blob(DOCKER_LAYER_GZIP).descriptor()]})  # fmt: skip
+        manifest = canonical_json(
+            {
+                "schemaVersion": 2,
+                "mediaType": DOCKER_MANIFEST,
+                "config": cblob.descriptor(),
+                "layers": [layer.blob(DOCKER_LAYER_GZIP).descriptor()],
+            }
+        )
         client.put_manifest("docker/base", "v1", manifest, DOCKER_MANIFEST)
     out = append(conn, make_code(tmp_path / "d"), base_image="docker/base:v1", repository="docker/base")
     raw = skopeo_raw_manifest(f"{registry.host}/docker/base@{out['digest']}")
@@ -173,15 +209,22 @@ def test_docker_schema2_base_stays_docker(registry, conn, tmp_path):
     [
         ({"base_image": "kubetrain/trainer:missing"}, RegistryError, r"kubetrain/trainer:missing: not found"),
         ({"base_image": "nowhere/else:1"}, RegistryError, r"image .*/nowhere/else:1: not found in registry"),
-        ({"base_image": "other.example.com/kubetrain/trainer:base"}, RegistryError,
-         "is on registry other.example.com, but the image goes to"),
+        (
+            {"base_image": "other.example.com/kubetrain/trainer:base"},
+            RegistryError,
+            "is on registry other.example.com, but the image goes to",
+        ),
         ({"tag": "bad tag!"}, ValueError, "invalid image tag 'bad tag!'"),
         ({"repository": "Bad/Repo"}, ValueError, "invalid repository name 'Bad/Repo'"),
-        ({"platform": "linux/arm64"}, RegistryError, r"is built for linux/amd64, not for the platform linux/arm64"),
+        (
+            {"platform": "linux/arm64"},
+            RegistryError,
+            r"is built for linux/amd64, not for the platform linux/arm64",
+        ),
         ({"dest": "relative/dir"}, ValueError, "invalid destination 'relative/dir'"),
         ({"cmd": "python -m trainer"}, ValueError, "invalid cmd 'python -m trainer': expected a list"),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_refused_and_nothing_is_tagged(registry, conn, tmp_path, kwargs, error, message):
     code = make_code(tmp_path / "e")
     kwargs.setdefault("tag", "must-not-exist")
@@ -225,15 +268,28 @@ def test_multi_platform_base_picks_the_platform(registry, conn, tmp_path):
     with registry.client() as client:
         single = client.get_manifest("kubetrain/trainer", "base")
         entry = {"mediaType": single.media_type, "digest": single.digest, "size": len(single.raw)}
-        index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [
-            {**entry, "platform": {"os": "linux", "architecture": "amd64"}},
-            {**entry, "platform": {"os": "linux", "architecture": "arm64", "variant": "v8"}},
-        ]}  # fmt: skip
+        index = {
+            "schemaVersion": 2,
+            "mediaType": OCI_INDEX,
+            "manifests": [
+                {**entry, "platform": {"os": "linux", "architecture": "amd64"}},
+                {**entry, "platform": {"os": "linux", "architecture": "arm64", "variant": "v8"}},
+            ],
+        }
         client.put_manifest("kubetrain/trainer", "multi", canonical_json(index), OCI_INDEX)
     out = append(conn, make_code(tmp_path / "m"), base_image="kubetrain/trainer:multi")
     assert out["base_digest"] == single.digest
-    assert skopeo_raw_manifest(f"{registry.host}/kubetrain/trainer@{out['digest']}")["mediaType"].endswith("manifest.v1+json")
-    with pytest.raises(RegistryError, match=r"without 'windows/amd64'; platforms available: linux/amd64, linux/arm64/v8"):
-        append(conn, make_code(tmp_path / "w"), base_image="kubetrain/trainer:multi", platform="windows/amd64",
-               tag="must-not-exist")  # fmt: skip
+    assert skopeo_raw_manifest(f"{registry.host}/kubetrain/trainer@{out['digest']}")["mediaType"].endswith(
+        "manifest.v1+json"
+    )
+    with pytest.raises(
+        RegistryError, match=r"without 'windows/amd64'; platforms available: linux/amd64, linux/arm64/v8"
+    ):
+        append(
+            conn,
+            make_code(tmp_path / "w"),
+            base_image="kubetrain/trainer:multi",
+            platform="windows/amd64",
+            tag="must-not-exist",
+        )
     assert "must-not-exist" not in tags(registry, "kubetrain/trainer")

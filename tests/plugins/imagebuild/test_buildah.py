@@ -58,16 +58,25 @@ def make_context(root, dockerfile: str = DOCKERFILE):
 def build(conn, buildah_root, context, registry, **kwargs):
     kwargs.setdefault("repository", "kubetrain/trainer")
     kwargs.setdefault("build_args", {"BASE": f"{registry.host}/base/busybox:1"})
-    op = BuildImageOperator(task_id="build", context=str(context), registry_conn_id=conn,
-                            buildah_root=str(buildah_root), **kwargs)  # fmt: skip
+    op = BuildImageOperator(
+        task_id="build", context=str(context), registry_conn_id=conn, buildah_root=str(buildah_root), **kwargs
+    )
     return op.execute({})
 
 
 def test_build_push_and_read_back(registry, conn, buildah_root, tmp_path, capfd):
     context = make_context(tmp_path / "ctx")
-    out = build(conn, buildah_root, context, registry, tags=["v1", "stable"], target="runtime",
-                build_args={"BASE": f"{registry.host}/base/busybox:1", "FLAVOUR": "gpu"},
-                labels={"team": "ml"}, revision="0123abc")  # fmt: skip
+    out = build(
+        conn,
+        buildah_root,
+        context,
+        registry,
+        tags=["v1", "stable"],
+        target="runtime",
+        build_args={"BASE": f"{registry.host}/base/busybox:1", "FLAVOUR": "gpu"},
+        labels={"team": "ml"},
+        revision="0123abc",
+    )
     assert out["reference"] == f"{registry.host}/kubetrain/trainer@{out['digest']}"
     repo_tags = tags(registry, "kubetrain/trainer")
     assert {"v1", "stable"} <= set(repo_tags)
@@ -93,8 +102,12 @@ def test_build_push_and_read_back(registry, conn, buildah_root, tmp_path, capfd)
 
 
 def test_failing_build_reports_exit_code_and_tags_nothing(registry, conn, buildah_root, tmp_path):
-    context = make_context(tmp_path / "ctx", 'ARG BASE\nFROM ${BASE}\nRUN echo "compiling wheels" && exit 3\n')
-    with pytest.raises(BuildError, match=r"buildah bud failed with exit code \d+; last lines:\n(.|\n)*exit status 3") as err:
+    context = make_context(
+        tmp_path / "ctx", 'ARG BASE\nFROM ${BASE}\nRUN echo "compiling wheels" && exit 3\n'
+    )
+    with pytest.raises(
+        BuildError, match=r"buildah bud failed with exit code \d+; last lines:\n(.|\n)*exit status 3"
+    ) as err:
         build(conn, buildah_root, context, registry, tags=["broken"])
     assert "compiling wheels" in str(err.value)
     assert "broken" not in tags(registry, "kubetrain/trainer")
@@ -103,7 +116,11 @@ def test_failing_build_reports_exit_code_and_tags_nothing(registry, conn, builda
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"dockerfile": "docker/Dockerfile.gpu"}, ValueError, r"Dockerfile '.*/docker/Dockerfile.gpu' does not exist"),
+        (
+            {"dockerfile": "docker/Dockerfile.gpu"},
+            ValueError,
+            r"Dockerfile '.*/docker/Dockerfile.gpu' does not exist",
+        ),
         ({"tags": ["ok", "not a tag"]}, ValueError, "invalid image tag 'not a tag'"),
         ({"tags": []}, ValueError, "no tags given"),
         ({"build_args": {"BAD-NAME": "1"}}, ValueError, "invalid build argument name 'BAD-NAME'"),
@@ -128,11 +145,20 @@ def test_unknown_builder_is_refused():
 
 def test_unreachable_registry_fails_before_building(buildah_root, tmp_path, monkeypatch):
     port = free_port()
-    monkeypatch.setenv("AIRFLOW_CONN_NOWHERE", f'{{"conn_type": "kubetrain_registry", "host": "127.0.0.1", '
-                                               f'"port": {port}, "extra": {{"insecure": true, "timeout": 5}}}}')  # fmt: skip
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_NOWHERE",
+        f'{{"conn_type": "kubetrain_registry", "host": "127.0.0.1", '
+        f'"port": {port}, "extra": {{"insecure": true, "timeout": 5}}}}',
+    )
     context = make_context(tmp_path / "ctx")
-    op = BuildImageOperator(task_id="b", context=str(context), repository="a/b", tags=["x"],
-                            registry_conn_id="nowhere", buildah_root=str(buildah_root))  # fmt: skip
+    op = BuildImageOperator(
+        task_id="b",
+        context=str(context),
+        repository="a/b",
+        tags=["x"],
+        registry_conn_id="nowhere",
+        buildah_root=str(buildah_root),
+    )
     with pytest.raises(RegistryUnreachable, match=rf"registry http://127.0.0.1:{port} is unreachable"):
         op.execute({})
 
@@ -152,7 +178,9 @@ def test_auth_registry_bad_then_good_credentials(tmp_path, buildah_root, monkeyp
             monkeypatch.setenv(key, value)
         out = build("auth_build", buildah_root, context, reg, tags=["v1"])  # pulls FROM and pushes with auth
         assert "v1" in tags(reg, "kubetrain/trainer")
-        fs = skopeo_pull(f"{reg.host}/kubetrain/trainer@{out['digest']}", tmp_path / "oci", creds="ci:build-pass").filesystem()
+        fs = skopeo_pull(
+            f"{reg.host}/kubetrain/trainer@{out['digest']}", tmp_path / "oci", creds="ci:build-pass"
+        ).filesystem()
         assert fs["app/main.py"] == b"print('hello')\n"
     finally:
         reg.stop()

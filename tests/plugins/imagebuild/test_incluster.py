@@ -37,19 +37,37 @@ def context_dir(tmp_path):
 
 def operator(context_dir, **kwargs) -> BuildImageOperator:
     kwargs.setdefault("registry_conn_id", "registry_cluster")
-    return BuildImageOperator(task_id="build_image", context=str(context_dir), repository="kubetrain/trainer",
-                              dockerfile="Dockerfile.gpu", builder="in-cluster", tags=["v1"], target="runtime",
-                              build_args={"PYTHON": "3.11"}, labels={"team": "ml"}, revision="abc", **kwargs)  # fmt: skip
+    return BuildImageOperator(
+        task_id="build_image",
+        context=str(context_dir),
+        repository="kubetrain/trainer",
+        dockerfile="Dockerfile.gpu",
+        builder="in-cluster",
+        tags=["v1"],
+        target="runtime",
+        build_args={"PYTHON": "3.11"},
+        labels={"team": "ml"},
+        revision="abc",
+        **kwargs,
+    )
 
 
 @pytest.fixture
 def registry_conn(monkeypatch):
-    conn = {"conn_type": "kubetrain_registry", "host": "registry.internal", "port": 5000, "login": "ci",
-            "password": SECRET_VALUES[0], "extra": {"insecure": True}}  # fmt: skip
+    conn = {
+        "conn_type": "kubetrain_registry",
+        "host": "registry.internal",
+        "port": 5000,
+        "login": "ci",
+        "password": SECRET_VALUES[0],
+        "extra": {"insecure": True},
+    }
     monkeypatch.setenv("AIRFLOW_CONN_REGISTRY_CLUSTER", json.dumps(conn))
 
 
-def pod_dict(op: BuildImageOperator, uri: str = "s3://training/build-contexts/d/r/t/context-0123.tar.gz") -> dict:
+def pod_dict(
+    op: BuildImageOperator, uri: str = "s3://training/build-contexts/d/r/t/context-0123.tar.gz"
+) -> dict:
     settings = op.hook.settings
     target = PushTarget(settings.registry, op.repository, insecure=settings.insecure)
     pod = op.builder_pod(op.build_request(), target, uri)
@@ -66,11 +84,20 @@ def test_pod_spec_builds_and_pushes_by_digest(registry_conn, context_dir):
     spec = body["spec"]
     assert [c["name"] for c in spec["initContainers"]] == ["fetch-context", "unpack-context"]
     fetch, unpack = spec["initContainers"]
-    assert fetch["args"] == ["s3://training/build-contexts/d/r/t/context-0123.tar.gz", "/workspace/context.tar.gz"]
-    assert fetch["command"][:2] == ["python3", "-c"] and fetch["image"] == pod_spec.resolve_image(None, "sync")
+    assert fetch["args"] == [
+        "s3://training/build-contexts/d/r/t/context-0123.tar.gz",
+        "/workspace/context.tar.gz",
+    ]
+    assert fetch["command"][:2] == ["python3", "-c"] and fetch["image"] == pod_spec.resolve_image(
+        None, "sync"
+    )
     assert fetch["envFrom"] == [{"secretRef": {"name": "kubetrain-s3"}}]
     (build,) = spec["containers"]
-    assert build["name"] == "base" and build["image"].startswith("moby/buildkit:") and "rootless" in build["image"]
+    assert (
+        build["name"] == "base"
+        and build["image"].startswith("moby/buildkit:")
+        and "rootless" in build["image"]
+    )
     assert build["command"] == ["buildctl-daemonless.sh"]
     args = build["args"]
     assert args[args.index("--output") + 1] == (
@@ -91,8 +118,10 @@ def test_pod_spec_builds_and_pushes_by_digest(registry_conn, context_dir):
     toml = {e["name"]: e["value"] for e in unpack["env"]}["BUILDKITD_TOML"]
     assert '[registry."registry.kube-system.svc:5000"]' in toml and "http = true" in toml
     registry_volume = next(v for v in spec["volumes"] if v["name"] == "registry-auth")
-    assert registry_volume["secret"] == {"secretName": "kubetrain-registry",
-                                         "items": [{"key": ".dockerconfigjson", "path": "config.json"}]}  # fmt: skip
+    assert registry_volume["secret"] == {
+        "secretName": "kubetrain-registry",
+        "items": [{"key": ".dockerconfigjson", "path": "config.json"}],
+    }
 
 
 def test_pod_spec_holds_no_credentials(registry_conn, context_dir, monkeypatch):
@@ -122,14 +151,20 @@ def test_bad_context_uri_is_refused(registry_conn, context_dir):
 def test_defaults_validate():
     # the shipped defaults must pass their own checks
     assert InClusterSettings(fetch_image=SYNC_IMAGE).builder_image.startswith("moby/buildkit:")
-    assert InClusterSettings(tool="buildah", fetch_image=SYNC_IMAGE).builder_image.startswith("quay.io/buildah/stable:")
-    with pytest.raises(ValueError, match="invalid in-cluster build tool 'kaniko': expected one of buildkit, buildah"):
+    assert InClusterSettings(tool="buildah", fetch_image=SYNC_IMAGE).builder_image.startswith(
+        "quay.io/buildah/stable:"
+    )
+    with pytest.raises(
+        ValueError, match="invalid in-cluster build tool 'kaniko': expected one of buildkit, buildah"
+    ):
         InClusterSettings(tool="kaniko", fetch_image=SYNC_IMAGE)
     with pytest.raises(ValueError, match="no fetch_image: expected an image with Python 3 and botocore"):
         InClusterSettings()
 
 
-def test_buildah_pod_builds_pushes_a_staging_tag_and_reports_the_digest(registry_conn, context_dir, monkeypatch):
+def test_buildah_pod_builds_pushes_a_staging_tag_and_reports_the_digest(
+    registry_conn, context_dir, monkeypatch
+):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", SECRET_VALUES[1])
     op = operator(context_dir, in_cluster_tool="buildah", fetch_image=SYNC_IMAGE)
     body = pod_dict(op)
@@ -145,7 +180,9 @@ def test_buildah_pod_builds_pushes_a_staging_tag_and_reports_the_digest(registry
     assert "--target" in args and args[args.index("--target") + 1] == "runtime"
     assert "org.opencontainers.image.revision=abc" in args
     env = {e["name"]: e["value"] for e in build["env"]}
-    assert env["IMAGE"] == "registry.internal:5000/kubetrain/trainer" and env["DOCKERFILE"] == "Dockerfile.gpu"
+    assert (
+        env["IMAGE"] == "registry.internal:5000/kubetrain/trainer" and env["DOCKERFILE"] == "Dockerfile.gpu"
+    )
     assert env["STAGING_TAG"].startswith("kubetrain-staging-") and env["TLS_VERIFY"] == "false"
     assert env["REGISTRY_AUTH_FILE"] == "/home/build/.docker/config.json"
     assert {v["name"] for v in body["spec"]["volumes"]} == {"workspace", "registry-auth"}
@@ -153,19 +190,32 @@ def test_buildah_pod_builds_pushes_a_staging_tag_and_reports_the_digest(registry
 
 
 def test_context_upload_to_s3(s3_server, registry_conn, context_dir, monkeypatch):
-    aws = {"conn_type": "aws", "login": s3_server.access_key_id, "password": s3_server.secret_access_key,
-           "extra": {"endpoint_url": s3_server.endpoint, "region_name": s3_server.region}}  # fmt: skip
+    aws = {
+        "conn_type": "aws",
+        "login": s3_server.access_key_id,
+        "password": s3_server.secret_access_key,
+        "extra": {"endpoint_url": s3_server.endpoint, "region_name": s3_server.region},
+    }
     monkeypatch.setenv("AIRFLOW_CONN_AWS_BUILD", json.dumps(aws))
-    s3 = boto3.client("s3", endpoint_url=s3_server.endpoint, aws_access_key_id=s3_server.access_key_id,
-                      aws_secret_access_key=s3_server.secret_access_key, region_name=s3_server.region)  # fmt: skip
-    s3.create_bucket(Bucket="build-test")  # a bucket of its own: the shared server's buckets belong to other tests
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=s3_server.endpoint,
+        aws_access_key_id=s3_server.access_key_id,
+        aws_secret_access_key=s3_server.secret_access_key,
+        region_name=s3_server.region,
+    )
+    s3.create_bucket(
+        Bucket="build-test"
+    )  # a bucket of its own: the shared server's buckets belong to other tests
     op = operator(context_dir, aws_conn_id="aws_build", context_bucket="build-test")
     context = {"run_id": "manual__2026-11-22T04:00:00+00:00"}
     uri = op.upload_context(op.build_request(), context)
     again = op.upload_context(op.build_request(), context)
     assert uri == again  # named by content: the same context gives the same key
     bucket, _, key = uri.removeprefix("s3://").partition("/")
-    assert bucket == "build-test" and key.startswith("build-contexts/adhoc/manual__2026-11-22T04_00_00_00_00/build/context-")
+    assert bucket == "build-test" and key.startswith(
+        "build-contexts/adhoc/manual__2026-11-22T04_00_00_00_00/build/context-"
+    )
     body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
     with tarfile.open(fileobj=io.BytesIO(gzip.decompress(body))) as tar:
         names = sorted(tar.getnames())
@@ -174,9 +224,13 @@ def test_context_upload_to_s3(s3_server, registry_conn, context_dir, monkeypatch
 
 
 def test_context_key_is_safe():
-    key = context_key("build-contexts/", {"run_id": "scheduled__2026-01-01T00:00:00+00:00"}, "sha256:" + "ab" * 32)
-    assert key == "build-contexts/adhoc/scheduled__2026-01-01T00_00_00_00_00/build/context-abababababababab.tar.gz"
-
+    key = context_key(
+        "build-contexts/", {"run_id": "scheduled__2026-01-01T00:00:00+00:00"}, "sha256:" + "ab" * 32
+    )
+    assert (
+        key
+        == "build-contexts/adhoc/scheduled__2026-01-01T00_00_00_00_00/build/context-abababababababab.tar.gz"
+    )
 
 
 def test_the_builder_pod_is_placed_and_pulls_as_training_pods_are(registry_conn, context_dir, monkeypatch):
@@ -184,20 +238,28 @@ def test_the_builder_pod_is_placed_and_pulls_as_training_pods_are(registry_conn,
     the build namespace when one is set."""
     monkeypatch.setenv("KUBETRAIN_IMAGE_PULL_SECRETS", "regcred, mirror-cred")
     monkeypatch.setenv("KUBETRAIN_NODE_SELECTOR", "pool=build")
-    monkeypatch.setenv("KUBETRAIN_TOLERATIONS", '[{"key": "spot", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}]')
+    monkeypatch.setenv(
+        "KUBETRAIN_TOLERATIONS",
+        '[{"key": "spot", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}]',
+    )
     monkeypatch.setenv("KUBETRAIN_BUILD_NAMESPACE", "kubetrain-build")
     body = pod_dict(operator(context_dir))
     kubernetes_validate.validate(body, K8S_VERSION, strict=True)
     spec = body["spec"]
     assert spec["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror-cred"}]
     assert spec["nodeSelector"] == {"pool": "build"}
-    assert spec["tolerations"] == [{"key": "spot", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}]
+    assert spec["tolerations"] == [
+        {"key": "spot", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}
+    ]
     assert body["metadata"]["namespace"] == "kubetrain-build"
     # and what it needs of Pod Security is stated where the pod is built: Unconfined profiles, level privileged
     from kubetrain.imagebuild.incluster import POD_SECURITY_LEVEL
 
     (build,) = spec["containers"]
-    assert build["securityContext"]["appArmorProfile"] == {"type": "Unconfined"} and POD_SECURITY_LEVEL == "privileged"
+    assert (
+        build["securityContext"]["appArmorProfile"] == {"type": "Unconfined"}
+        and POD_SECURITY_LEVEL == "privileged"
+    )
 
 
 def test_a_pod_security_refusal_says_which_level_the_builder_needs(registry_conn, context_dir, monkeypatch):
@@ -207,10 +269,17 @@ def test_a_pod_security_refusal_says_which_level_the_builder_needs(registry_conn
     from kubernetes.client.exceptions import ApiException
 
     refusal = ApiException(status=403, reason="Forbidden")
-    refusal.body = json.dumps({"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403, "message":
-                               'pods "kubetrain-build-1" is forbidden: violates PodSecurity "restricted:latest": '
-                               'seccompProfile (pod or container "base" must not set securityContext.seccompProfile.type '
-                               'to "Unconfined")'})  # fmt: skip
+    refusal.body = json.dumps(
+        {
+            "kind": "Status",
+            "status": "Failure",
+            "reason": "Forbidden",
+            "code": 403,
+            "message": 'pods "kubetrain-build-1" is forbidden: violates PodSecurity "restricted:latest": '
+            'seccompProfile (pod or container "base" must not set securityContext.seccompProfile.type '
+            'to "Unconfined")',
+        }
+    )
     op = operator(context_dir)
 
     def refuse(launcher):

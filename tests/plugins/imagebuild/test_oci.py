@@ -105,12 +105,20 @@ def _push_index(client: RegistryClient, tmp_path) -> str:
         "schemaVersion": 2,
         "mediaType": OCI_INDEX,
         "manifests": [
-            {"mediaType": amd_manifest.media_type, "digest": amd, "size": len(amd_manifest.raw),
-             "platform": {"os": "linux", "architecture": "amd64"}},
-            {"mediaType": amd_manifest.media_type, "digest": amd, "size": len(amd_manifest.raw),
-             "platform": {"os": "linux", "architecture": "arm64", "variant": "v8"}},
+            {
+                "mediaType": amd_manifest.media_type,
+                "digest": amd,
+                "size": len(amd_manifest.raw),
+                "platform": {"os": "linux", "architecture": "amd64"},
+            },
+            {
+                "mediaType": amd_manifest.media_type,
+                "digest": amd,
+                "size": len(amd_manifest.raw),
+                "platform": {"os": "linux", "architecture": "arm64", "variant": "v8"},
+            },
         ],
-    }  # fmt: skip
+    }
     raw = canonical_json(index)
     client.put_manifest("multi/base", "index", raw, OCI_INDEX)
     return amd
@@ -123,7 +131,9 @@ def test_index_picks_platform_or_lists_available(open_registry, tmp_path):
         assert index.is_index
         assert select_platform(client, "multi/base", index, "linux/amd64").digest == amd
         assert select_platform(client, "multi/base", index, "linux/arm64").digest == amd
-        with pytest.raises(RegistryError, match=r"without 'linux/s390x'; platforms available: linux/amd64, linux/arm64/v8"):
+        with pytest.raises(
+            RegistryError, match=r"without 'linux/s390x'; platforms available: linux/amd64, linux/arm64/v8"
+        ):
             select_platform(client, "multi/base", index, "linux/s390x")
 
 
@@ -134,7 +144,11 @@ def test_index_picks_platform_or_lists_available(open_registry, tmp_path):
         (
             'Bearer realm="https://auth.example.com/token",service="registry.example.com",scope="repository:a/b:pull"',
             "bearer",
-            {"realm": "https://auth.example.com/token", "service": "registry.example.com", "scope": "repository:a/b:pull"},
+            {
+                "realm": "https://auth.example.com/token",
+                "service": "registry.example.com",
+                "scope": "repository:a/b:pull",
+            },
         ),
     ],
 )
@@ -148,7 +162,10 @@ def test_parse_challenge(header, scheme, params):
         ("kubetrain/trainer:1", ("reg:5000", "kubetrain/trainer", "1", None)),
         ("127.0.0.1:5000/a/b:v2", ("127.0.0.1:5000", "a/b", "v2", None)),
         ("localhost/a@sha256:" + "0" * 64, ("localhost", "a", None, "sha256:" + "0" * 64)),
-        ("registry.example.com/a:b@sha256:" + "1" * 64, ("registry.example.com", "a", "b", "sha256:" + "1" * 64)),
+        (
+            "registry.example.com/a:b@sha256:" + "1" * 64,
+            ("registry.example.com", "a", "b", "sha256:" + "1" * 64),
+        ),
         ("docker://a/b", ("reg:5000", "a/b", None, None)),
     ],
 )
@@ -186,14 +203,20 @@ def test_bearer_token_auth(tmp_path, monkeypatch):
         # A ready token (as CI systems hand out) is sent as is, without a round trip to the realm.
         import requests
 
-        token = requests.get(tokens.realm, params={"service": tokens.service, "scope": "repository:team/base:pull"},
-                             auth=("ci", "tok-pass"), timeout=10).json()["token"]  # fmt: skip
+        token = requests.get(
+            tokens.realm,
+            params={"service": tokens.service, "scope": "repository:team/base:pull"},
+            auth=("ci", "tok-pass"),
+            timeout=10,
+        ).json()["token"]
         issued = len(tokens.issued)
         with RegistryClient(reg.host, insecure=True, token=token) as client:
             assert client.manifest_digest("team/base", "v1") == digest
         assert len(tokens.issued) == issued
         with reg.client("ci", "wrong") as client:
-            with pytest.raises(RegistryAuthError, match=r"token service http://127.0.0.1:\d+/token .* refused user 'ci'"):
+            with pytest.raises(
+                RegistryAuthError, match=r"token service http://127.0.0.1:\d+/token .* refused user 'ci'"
+            ):
                 client.manifest_digest("team/base", "v1")
         with reg.client() as client:  # anonymous: a pull-only token, so a push is denied
             with pytest.raises(RegistryAuthError, match="registry .* (refused|requires|denied)"):

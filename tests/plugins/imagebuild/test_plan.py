@@ -58,8 +58,12 @@ def test_variants_have_their_own_base_and_build_args_count(trainer_src):
     published_gpu = {"code_hash": gpu.code_hash, "deps_hash": gpu.deps_hash, "variant": "gpu"}
     # the same code published for the GPU variant is no reason to skip the CPU one
     assert plan_image(trainer_src, previous=published_gpu, base_exists=True, variant="cpu").action == "append"
-    other_base = plan_image(trainer_src, previous=published_gpu, base_exists=False,
-                            build_args={"BASE_IMAGE": "registry.example/tf:2"})  # fmt: skip
+    other_base = plan_image(
+        trainer_src,
+        previous=published_gpu,
+        base_exists=False,
+        build_args={"BASE_IMAGE": "registry.example/tf:2"},
+    )
     assert other_base.action == "full" and other_base.base_tag != gpu.base_tag
     assert base_tag(trainer_src, "gpu", {"BASE_IMAGE": "registry.example/tf:2"}) == other_base.base_tag
     with pytest.raises(ValueError, match="invalid variant 'tpu': expected one of gpu, cpu"):
@@ -92,16 +96,22 @@ def test_sync_plan_cases(trainer_src):
     assert (reuse.action, reuse.digest) == ("reuse", digest)
     previous = {"source_hash": first.source_hash}
     assert plan_sync_image(trainer_src, previous=previous, existing_digest=digest).action == "skip"
-    assert plan_sync_image(trainer_src, previous=previous, existing_digest=digest, force=True).action == "build"
+    assert (
+        plan_sync_image(trainer_src, previous=previous, existing_digest=digest, force=True).action == "build"
+    )
     (trainer_src / "train.py").write_text("A = 3\n")  # trainer code outside sync/ does not count
     assert plan_sync_image(trainer_src, previous=previous, existing_digest=None).action == "skip"
-    for change in (lambda: (trainer_src / "sync" / "__main__.py").write_text("print('v2')\n"),
-                   lambda: (trainer_src / "requirements-sync.txt").write_text("awscrt==1\n")):  # fmt: skip
+    for change in (
+        lambda: (trainer_src / "sync" / "__main__.py").write_text("print('v2')\n"),
+        lambda: (trainer_src / "requirements-sync.txt").write_text("awscrt==1\n"),
+    ):
         change()
         changed = plan_sync_image(trainer_src, previous=previous, existing_digest=None)
         assert changed.action == "build" and changed.source_hash != previous["source_hash"]
         previous = {"source_hash": changed.source_hash}
-    args = plan_sync_image(trainer_src, previous=previous, existing_digest=None, build_args={"BASE_IMAGE": "b"})
+    args = plan_sync_image(
+        trainer_src, previous=previous, existing_digest=None, build_args={"BASE_IMAGE": "b"}
+    )
     assert args.action == "build"
 
 

@@ -41,7 +41,12 @@ def png(pixels: list[list[int]]) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     header = struct.pack(">IIBBBBB", len(pixels[0]), len(pixels), 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
 
 
 def tiny_dataset(root: Path) -> Path:
@@ -75,8 +80,12 @@ def test_both_images_are_pushed_by_digest_under_their_names(stack_images, devsta
 
 
 def test_sync_image_runs_the_transfer_tool(stack_images, image_builder):
-    lines = image_builder.run_in_image(stack_images["sync"].local, ["python3", "-m", "trainer.sync", "stage-in", "--help"])
-    assert any("--verify {auto,md5,size}" in line for line in lines), lines  # the last lines of stage-in --help
+    lines = image_builder.run_in_image(
+        stack_images["sync"].local, ["python3", "-m", "trainer.sync", "stage-in", "--help"]
+    )
+    assert any("--verify {auto,md5,size}" in line for line in lines), (
+        lines
+    )  # the last lines of stage-in --help
     # botocore and the CRT import inside the image: the package's engine is there, not only its CLI
     probe = "import awscrt, botocore, s3transfer, os; print('engine', botocore.__version__, os.getuid())"
     lines = image_builder.run_in_image(stack_images["sync"].local, ["python3", "-c", probe])
@@ -91,11 +100,28 @@ def test_trainer_image_trains_one_step_as_its_user(stack_images, image_builder, 
         path.chmod(0o777)  # the image's user (10001) writes here, as into an emptyDir
     lines = image_builder.run_in_image(
         stack_images["trainer"].local,
-        ["python3", "-m", "trainer.image_classifier", "--image-size", "16", "--channels", "1", "--batch-size", "4",
-         "--filters", "4", "--epochs", "1", "--max-steps", "1", "--verify-workers", "1"],
+        [
+            "python3",
+            "-m",
+            "trainer.image_classifier",
+            "--image-size",
+            "16",
+            "--channels",
+            "1",
+            "--batch-size",
+            "4",
+            "--filters",
+            "4",
+            "--epochs",
+            "1",
+            "--max-steps",
+            "1",
+            "--verify-workers",
+            "1",
+        ],
         volumes={str(data): "/data:ro", str(out): "/output", str(ckpt): "/checkpoints"},
         env={"KUBETRAIN_IMAGE": stack_images["trainer"].reference},
-    )  # fmt: skip
+    )
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 1 and metrics["train_examples"] + metrics["val_examples"] == 20, lines
     assert json.loads((out / "params.json").read_text())["image"] == stack_images["trainer"].reference
@@ -113,14 +139,25 @@ def test_a_broken_dockerfile_fails_before_anything_is_pushed(stack_images, image
     (context / "sync" / "__init__.py").write_text("")  # the package without its __main__
     import shutil
 
-    shutil.copytree(REPO / "trainer" / "kubetrain_contract", context / "kubetrain_contract",
-                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    shutil.copytree(
+        REPO / "trainer" / "kubetrain_contract",
+        context / "kubetrain_contract",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     (context / "Dockerfile.sync").write_text((REPO / "trainer" / "Dockerfile.sync").read_text())
     registry = devstack.load_state()["registry"]
     publisher = ImagePublisher(image_builder, context, tmp_path / "layouts", local_suffix="-broken")
-    with pytest.raises(BuildError, match=r"the check of sync failed with exit code 1(.|\n)*No module named trainer.sync.__main__"):
-        publisher.publish([SYNC], lambda item: PushTarget(registry, "broken/sync", insecure=True), tag="broken",
-                          base="debian", rootfs=REPO / ".tools" / "images" / "bookworm-python.tar")  # fmt: skip
+    with pytest.raises(
+        BuildError,
+        match=r"the check of sync failed with exit code 1(.|\n)*No module named trainer.sync.__main__",
+    ):
+        publisher.publish(
+            [SYNC],
+            lambda item: PushTarget(registry, "broken/sync", insecure=True),
+            tag="broken",
+            base="debian",
+            rootfs=REPO / ".tools" / "images" / "bookworm-python.tar",
+        )
     with RegistryClient(registry, insecure=True) as client:
         assert client.manifest_digest("broken/sync", "broken") is None
 
@@ -140,8 +177,10 @@ def no_configured_images(monkeypatch):
 
 
 def test_the_default_names(no_configured_images):
-    assert default_images(REGISTRY) == {"trainer": f"{REGISTRY}/kubetrain/trainer:latest",
-                                        "sync": f"{REGISTRY}/kubetrain/sync:latest"}  # fmt: skip
+    assert default_images(REGISTRY) == {
+        "trainer": f"{REGISTRY}/kubetrain/trainer:latest",
+        "sync": f"{REGISTRY}/kubetrain/sync:latest",
+    }
     assert TRAINER_CPU.reference(REGISTRY) == f"{REGISTRY}/kubetrain/trainer:latest-cpu"
     assert TRAINER_GPU.tags("v1") == ("v1", "v1-gpu") and SYNC.tags("v1") == ("v1",)
     for kind in ("trainer", "sync"):
@@ -163,6 +202,7 @@ def test_real_cluster_doc_names_the_images_as_built():
     table = {}
     for repository, what, tags in re.findall(r"^\| `<registry>/([a-z/]+)`\s*([^|]*)\| (.*) \|$", doc, re.M):
         table[(repository, what.strip())] = tuple(t.strip("` ") for t in tags.split(","))
+
     def tags(product) -> tuple[str, ...]:
         return tuple(t.replace("TAG", "<tag>") for t in product.tags("TAG"))
 
@@ -178,13 +218,20 @@ def test_real_cluster_doc_names_the_images_as_built():
 def test_make_images_pushes_the_names_pods_use_by_default(capsys, no_configured_images, monkeypatch, tag):
     """`make images IMAGE_TAG=<tag>` (as make would run it) pushes what pods and the preflight take by default once
     KUBETRAIN_IMAGE_TAG says the same tag, for either trainer variant."""
-    out = subprocess.run(["make", "-n", "--no-print-directory", "images", "IMAGE_BASE=official", f"IMAGE_TAG={tag}"],
-                         cwd=REPO, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["make", "-n", "--no-print-directory", "images", "IMAGE_BASE=official", f"IMAGE_TAG={tag}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     line = next(cmd for cmd in out.replace("\\\n", " ").splitlines() if "kubetrain.imagebuild.release" in cmd)
     argv = shlex.split(line)
-    args = argv[argv.index("kubetrain.imagebuild.release") + 1:]
+    args = argv[argv.index("kubetrain.imagebuild.release") + 1 :]
     assert release.main([*args, "--registry", REGISTRY, "--list"]) == 0
-    pushed = {item["name"]: item["references"] for item in map(json.loads, capsys.readouterr().out.splitlines())}
+    pushed = {
+        item["name"]: item["references"] for item in map(json.loads, capsys.readouterr().out.splitlines())
+    }
     assert set(pushed) == {"trainer-gpu", "trainer-cpu", "sync"}
     monkeypatch.setenv("KUBETRAIN_IMAGE_TAG", tag)
     for variant, name in (("gpu", "trainer-gpu"), ("cpu", "trainer-cpu")):

@@ -41,15 +41,23 @@ def test_a_registry_name_may_carry_a_path(registry, expected):
 
 @pytest.mark.parametrize("registry", ["", "host/Upper/Case", "has space:5000", "host//double"])
 def test_a_bad_registry_name_is_refused_naming_it(registry):
-    with pytest.raises(ValueError, match=r"invalid registry .*expected host\[:port\], optionally with a path"):
+    with pytest.raises(
+        ValueError, match=r"invalid registry .*expected host\[:port\], optionally with a path"
+    ):
         split_registry(registry)
 
 
 def test_the_client_speaks_to_the_host_about_repositories_under_the_path():
     c = RegistryClient("europe-west4-docker.pkg.dev/my-project/ml")
-    assert c.base_url == "https://europe-west4-docker.pkg.dev" and c.registry == "europe-west4-docker.pkg.dev/my-project/ml"
+    assert (
+        c.base_url == "https://europe-west4-docker.pkg.dev"
+        and c.registry == "europe-west4-docker.pkg.dev/my-project/ml"
+    )
     assert c._pull("kubetrain/trainer") == ("repository:my-project/ml/kubetrain/trainer:pull",)
-    assert c.relative(parse_reference("europe-west4-docker.pkg.dev/my-project/ml/kubetrain/sync:v1")) == "kubetrain/sync"
+    assert (
+        c.relative(parse_reference("europe-west4-docker.pkg.dev/my-project/ml/kubetrain/sync:v1"))
+        == "kubetrain/sync"
+    )
     with pytest.raises(RegistryError, match="is not in registry europe-west4-docker.pkg.dev/my-project/ml"):
         c.relative(parse_reference("europe-west4-docker.pkg.dev/other/ml/kubetrain/sync:v1"))
 
@@ -67,22 +75,43 @@ def private(tmp_path_factory):
 def under_a_path(private, devstack, monkeypatch):
     """The deployment's registry is ``<private registry>/proj/ml``, with a connection holding its credentials."""
     name = f"{private.host}/proj/ml"
-    conn = {"conn_type": "kubetrain_registry", "host": "127.0.0.1/proj/ml", "port": private.port,
-            "login": USER, "password": PASSWORD, "extra": {"insecure": True}}  # fmt: skip
+    conn = {
+        "conn_type": "kubetrain_registry",
+        "host": "127.0.0.1/proj/ml",
+        "port": private.port,
+        "login": USER,
+        "password": PASSWORD,
+        "extra": {"insecure": True},
+    }
     monkeypatch.setenv("AIRFLOW_CONN_KUBETRAIN_REGISTRY_DEFAULT", json.dumps(conn))
-    for key, value in {"KUBETRAIN_REGISTRY": name, "KUBETRAIN_IMAGE_TAG": "v7", "KUBETRAIN_TRAINER_VARIANT": "cpu",
-                       "KUBETRAIN_IMAGE_PULL_SECRETS": "ar-pull", "KUBETRAIN_NAMESPACE": NAMESPACE}.items():  # fmt: skip
+    for key, value in {
+        "KUBETRAIN_REGISTRY": name,
+        "KUBETRAIN_IMAGE_TAG": "v7",
+        "KUBETRAIN_TRAINER_VARIANT": "cpu",
+        "KUBETRAIN_IMAGE_PULL_SECRETS": "ar-pull",
+        "KUBETRAIN_NAMESPACE": NAMESPACE,
+    }.items():
         monkeypatch.setenv(key, value)
     for key in ("KUBETRAIN_TRAINER_IMAGE", "KUBETRAIN_SYNC_IMAGE", "KUBETRAIN_SERVICE_ACCOUNT", "KUBECONFIG"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setattr(settings, "_variable", lambda _name: None)
     env = devstack.env()
-    monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(
-        {"conn_type": "kubernetes", "extra": {"kube_config_path": env["KUBECONFIG"], "namespace": NAMESPACE}}))  # fmt: skip
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KUBERNETES_DEFAULT",
+        json.dumps(
+            {
+                "conn_type": "kubernetes",
+                "extra": {"kube_config_path": env["KUBECONFIG"], "namespace": NAMESPACE},
+            }
+        ),
+    )
     core = client.CoreV1Api(config.new_client_from_config(env["KUBETRAIN_ADMIN_KUBECONFIG"]))
     auth = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-    secret = {"metadata": {"name": "ar-pull"}, "type": "kubernetes.io/dockerconfigjson",
-              "stringData": {".dockerconfigjson": json.dumps({"auths": {private.host: {"auth": auth}}})}}  # fmt: skip
+    secret = {
+        "metadata": {"name": "ar-pull"},
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": {".dockerconfigjson": json.dumps({"auths": {private.host: {"auth": auth}}})},
+    }
     core.create_namespaced_secret(NAMESPACE, secret)
     try:
         yield name
@@ -92,16 +121,34 @@ def under_a_path(private, devstack, monkeypatch):
 
 def test_images_go_under_the_path_and_run_from_there(under_a_path, private, capsys):
     # `make images IMAGE_TAG=v7` with the Debian-made bases (the build itself is cached from the session's)
-    code = release.main(["--images", "trainer-cpu,sync", "--tag", "v7", "--base", "debian", "--rootfs",
-                         str(IMAGE_ROOTFS), "--trainer-dir", str(REPO / "trainer"),
-                         "--storage-root", str(REPO / ".tools" / "buildah"), "--layouts", str(REPO / ".tools" / "images" / "oci")])  # fmt: skip
+    code = release.main(
+        [
+            "--images",
+            "trainer-cpu,sync",
+            "--tag",
+            "v7",
+            "--base",
+            "debian",
+            "--rootfs",
+            str(IMAGE_ROOTFS),
+            "--trainer-dir",
+            str(REPO / "trainer"),
+            "--storage-root",
+            str(REPO / ".tools" / "buildah"),
+            "--layouts",
+            str(REPO / ".tools" / "images" / "oci"),
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0, out.err[-3000:]
     pushed = {item["name"]: item for item in map(json.loads, out.out.splitlines())}
     assert pushed["trainer-cpu"]["reference"].startswith(f"{under_a_path}/kubetrain/trainer@sha256:")
     assert pushed["sync"]["reference"].startswith(f"{under_a_path}/kubetrain/sync@sha256:")
     requests = private.requests()
-    assert any(r.path.startswith("/v2/proj/ml/kubetrain/trainer/manifests/v7-cpu") and r.method == "PUT" for r in requests)
+    assert any(
+        r.path.startswith("/v2/proj/ml/kubetrain/trainer/manifests/v7-cpu") and r.method == "PUT"
+        for r in requests
+    )
     assert not any(r.path.startswith("/v2/kubetrain/") for r in requests)  # nothing outside the path
 
     # runs pin the default names through the connection's credentials (anonymous access is refused here)
@@ -127,11 +174,15 @@ def test_a_code_layer_is_appended_under_the_path(under_a_path, private, tmp_path
     (code / "trainer").mkdir(parents=True)
     (code / "trainer" / "marker.py").write_text("VALUE = 7\n")
     with DAG("append_under_path", schedule=None):
-        op = AppendLayerOperator(task_id="append", source=str(code), base_image="kubetrain/sync:v7",
-                                 repository="kubetrain/sync", dest="/app", tag="code-under-path")  # fmt: skip
+        op = AppendLayerOperator(
+            task_id="append",
+            source=str(code),
+            base_image="kubetrain/sync:v7",
+            repository="kubetrain/sync",
+            dest="/app",
+            tag="code-under-path",
+        )
     result = op.execute({})
     assert result["reference"].startswith(f"{under_a_path}/kubetrain/sync@sha256:"), result
     with RegistryClient(under_a_path, insecure=True, username=USER, password=PASSWORD) as c:
         assert c.manifest_digest("kubetrain/sync", "code-under-path") == result["reference"].rsplit("@", 1)[1]
-
-

@@ -19,8 +19,15 @@ from kubetrain.imagebuild.trainer_image import (
 from tests.plugins.imagebuild.support import REPO, push_busybox_base, skopeo_pull, start_registry, tags
 
 TRAINER_REPOSITORY, SYNC_REPOSITORY = "kubetrain/trainer", "kubetrain/sync"
-VARIABLES = (IMAGE_VARIABLE, SYNC_IMAGE_VARIABLE, SOURCE_VARIABLE, SYNC_SOURCE_VARIABLE, BUILD_ARGS_VARIABLE,
-             "kubetrain_trainer_repository", "kubetrain_sync_repository")  # fmt: skip
+VARIABLES = (
+    IMAGE_VARIABLE,
+    SYNC_IMAGE_VARIABLE,
+    SOURCE_VARIABLE,
+    SYNC_SOURCE_VARIABLE,
+    BUILD_ARGS_VARIABLE,
+    "kubetrain_trainer_repository",
+    "kubetrain_sync_repository",
+)
 DOCKERFILE = "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nWORKDIR /app\nCOPY . /app/trainer/\n"
 DOCKERFILE_SYNC = "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nWORKDIR /app\nCOPY sync/ /app/trainer/sync/\n"
 
@@ -60,7 +67,9 @@ def load_dag(monkeypatch, trainer, registry, buildah_root):
     monkeypatch.setenv("KUBETRAIN_BUILDAH_ROOT", str(buildah_root))
     for key, value in registry.conn_env("dagtest_registry").items():
         monkeypatch.setenv(key, value)
-    spec = importlib.util.spec_from_file_location("build_trainer_image_under_test", REPO / "dags" / "build_trainer_image.py")
+    spec = importlib.util.spec_from_file_location(
+        "build_trainer_image_under_test", REPO / "dags" / "build_trainer_image.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.build_trainer_image()
@@ -112,7 +121,9 @@ def test_both_images_built_updated_and_published_together(registry, variables, t
     record = json.loads(variables.get(SOURCE_VARIABLE))
     assert (record["action"], record["variant"], record["reference"]) == ("full", "gpu", image1)
     assert json.loads(variables.get(SYNC_SOURCE_VARIABLE))["reference"] == sync1
-    assert {f"deps-{record['deps_hash'][:16]}", "latest", "latest-gpu"} <= set(tags(registry, TRAINER_REPOSITORY))
+    assert {f"deps-{record['deps_hash'][:16]}", "latest", "latest-gpu"} <= set(
+        tags(registry, TRAINER_REPOSITORY)
+    )
     # the names pods use by default (pod_spec.resolve_image -> products.default_image) are what was published
     with registry.client() as client:
         for kind, published in (("trainer", image1), ("sync", sync1)):
@@ -138,7 +149,10 @@ def test_both_images_built_updated_and_published_together(registry, variables, t
     assert ran(third) == {"plan", "choose", "build_full", "build_sync", "publish"}
     image3, sync3 = variables.get(IMAGE_VARIABLE), variables.get(SYNC_IMAGE_VARIABLE)
     assert sync3 != sync1 and json.loads(variables.get(SOURCE_VARIABLE))["variant"] == "cpu"
-    assert skopeo_pull(sync3, tmp_path / "oci-sync3").filesystem()["app/trainer/sync/__main__.py"] == b"SYNC = 2\n"
+    assert (
+        skopeo_pull(sync3, tmp_path / "oci-sync3").filesystem()["app/trainer/sync/__main__.py"]
+        == b"SYNC = 2\n"
+    )
     with registry.client() as client:
         cpu = parse_reference(TRAINER_CPU.reference(registry.host))
         assert client.manifest_digest(cpu.repository, cpu.tag) == digest_of(image3)  # latest-cpu

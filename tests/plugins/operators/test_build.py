@@ -53,20 +53,34 @@ def build_namespace_like_the_docs_say(admin) -> str:
     core, rbac_api = kube_client.CoreV1Api(admin), kube_client.RbacAuthorizationV1Api(admin)
     if any(n.metadata.name == BUILD_NAMESPACE for n in core.list_namespace().items):
         return BUILD_NAMESPACE
-    core.create_namespace({"metadata": {"name": BUILD_NAMESPACE,
-                                        "labels": {"pod-security.kubernetes.io/enforce": "privileged"}}})  # fmt: skip
+    core.create_namespace(
+        {
+            "metadata": {
+                "name": BUILD_NAMESPACE,
+                "labels": {"pod-security.kubernetes.io/enforce": "privileged"},
+            }
+        }
+    )
     for doc in yaml.safe_load_all(RBAC_MANIFEST.read_text()):
         if doc and doc["kind"] in ("Role", "RoleBinding"):
             doc["metadata"]["namespace"] = BUILD_NAMESPACE
-            create = rbac_api.create_namespaced_role if doc["kind"] == "Role" else rbac_api.create_namespaced_role_binding
+            create = (
+                rbac_api.create_namespaced_role
+                if doc["kind"] == "Role"
+                else rbac_api.create_namespaced_role_binding
+            )
             create(BUILD_NAMESPACE, doc)
     secret = core.read_namespaced_secret("kubetrain-s3", NAMESPACE)
-    core.create_namespaced_secret(BUILD_NAMESPACE, {"metadata": {"name": "kubetrain-s3"}, "data": secret.data})
+    core.create_namespaced_secret(
+        BUILD_NAMESPACE, {"metadata": {"name": "kubetrain-s3"}, "data": secret.data}
+    )
     return BUILD_NAMESPACE
 
 
 def builder_pods(core) -> list[str]:
-    pods = core.list_namespaced_pod(BUILD_NAMESPACE, label_selector="app.kubernetes.io/component=image-build").items
+    pods = core.list_namespaced_pod(
+        BUILD_NAMESPACE, label_selector="app.kubernetes.io/component=image-build"
+    ).items
     return [p.metadata.name for p in pods if not p.metadata.deletion_timestamp]
 
 
@@ -79,15 +93,27 @@ def test_in_cluster_build_defers_then_resumes_and_tags_the_pushed_image(
     admin = kube_config.new_client_from_config(env["KUBETRAIN_ADMIN_KUBECONFIG"])
     build_namespace = build_namespace_like_the_docs_say(admin)
     monkeypatch.setenv("KUBETRAIN_BUILD_NAMESPACE", build_namespace)
-    for name in ("AIRFLOW_CONN_AWS_DEFAULT", "AIRFLOW_CONN_KUBETRAIN_REGISTRY_DEFAULT", "KUBETRAIN_REGISTRY",
-                 "KUBETRAIN_NAMESPACE", "KUBETRAIN_S3_SECRET"):  # fmt: skip
+    for name in (
+        "AIRFLOW_CONN_AWS_DEFAULT",
+        "AIRFLOW_CONN_KUBETRAIN_REGISTRY_DEFAULT",
+        "KUBETRAIN_REGISTRY",
+        "KUBETRAIN_NAMESPACE",
+        "KUBETRAIN_S3_SECRET",
+    ):
         monkeypatch.setenv(name, env[name])
     for name in ("KUBETRAIN_SYNC_IMAGE", "AIRFLOW_VAR_KUBETRAIN_SYNC_IMAGE", "KUBETRAIN_TRAINING_BUCKET"):
         monkeypatch.delenv(name, raising=False)
     # In-process, the kubeconfig goes by the connection (the client read $KUBECONFIG at import).
     monkeypatch.delenv("KUBECONFIG", raising=False)
-    monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(
-        {"conn_type": "kubernetes", "extra": {"kube_config_path": env["KUBECONFIG"], "namespace": NAMESPACE}}))  # fmt: skip
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KUBERNETES_DEFAULT",
+        json.dumps(
+            {
+                "conn_type": "kubernetes",
+                "extra": {"kube_config_path": env["KUBECONFIG"], "namespace": NAMESPACE},
+            }
+        ),
+    )
     core = kube_client.CoreV1Api(admin)
 
     with RegistryClient(registry, insecure=True) as registry_client:

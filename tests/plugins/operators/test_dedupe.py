@@ -16,8 +16,22 @@ IMAGE = "registry.example/kubetrain/trainer@sha256:" + "a" * 64
 
 
 def test_fingerprint_ignores_non_training_params_only():
-    base = {"epochs": 3, "batch_size": 64, "force": False, "experiment": "a", "promote": "always", "image": None}
-    same = {**base, "force": True, "experiment": "b", "promote": "never", "image": "trainer:latest", "node_selector": {"a": "b"}}
+    base = {
+        "epochs": 3,
+        "batch_size": 64,
+        "force": False,
+        "experiment": "a",
+        "promote": "always",
+        "image": None,
+    }
+    same = {
+        **base,
+        "force": True,
+        "experiment": "b",
+        "promote": "never",
+        "image": "trainer:latest",
+        "node_selector": {"a": "b"},
+    }
     version = "0123456789abcdef"
     assert fingerprint("d", version, base, IMAGE) == fingerprint("d", version, same, IMAGE)
     assert fingerprint("d", version, base, IMAGE) != fingerprint("d", version, {**base, "epochs": 4}, IMAGE)
@@ -26,13 +40,17 @@ def test_fingerprint_ignores_non_training_params_only():
     # Only the digest counts: the same image under another name is the same code; another digest is not.
     renamed = "mirror.example/ml/trainer@sha256:" + "a" * 64
     assert fingerprint("d", version, base, IMAGE) == fingerprint("d", version, base, renamed)
-    assert fingerprint("d", version, base, IMAGE) != fingerprint("d", version, base, IMAGE.replace("a" * 64, "b" * 64))
+    assert fingerprint("d", version, base, IMAGE) != fingerprint(
+        "d", version, base, IMAGE.replace("a" * 64, "b" * 64)
+    )
 
 
 def test_fingerprint_needs_a_version_and_a_digest():
     with pytest.raises(ValueError, match="dataset version '' is empty"):
         fingerprint("d", "", {}, IMAGE)
-    with pytest.raises(ValueError, match="image 'registry.example/kubetrain/trainer:latest' carries no digest"):
+    with pytest.raises(
+        ValueError, match="image 'registry.example/kubetrain/trainer:latest' carries no digest"
+    ):
         fingerprint("d", "0123456789abcdef", {}, "registry.example/kubetrain/trainer:latest")
 
 
@@ -66,21 +84,35 @@ def test_same_data_params_and_image_is_skipped_and_a_new_image_trains_again(regi
 
     promotion = {"model_uri": "s3://training/models/m/v1/", "model_version": "v1", "promoted": True}
     RecordTrainingOperator(
-        task_id="record", fingerprint=found["fingerprint"], dataset_version=version, image=found["image"], promotion=promotion
+        task_id="record",
+        fingerprint=found["fingerprint"],
+        dataset_version=version,
+        image=found["image"],
+        promotion=promotion,
     ).execute(_context(params))
     bucket, _, key = found["marker"][len("s3://") :].partition("/")
     record = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
     assert record["run_id"] == "manual__1" and record["dataset_version"] == version
     assert record["image"] == found["image"] and record["model_version"] == "v1"
 
-    with pytest.raises(AirflowSkipException, match=f"already trained on dataset version {version}.*manual__1"):
+    with pytest.raises(
+        AirflowSkipException, match=f"already trained on dataset version {version}.*manual__1"
+    ):
         check.execute(_context(params, run_id="scheduled__2"))
     # other Params, or force, train again
-    assert check.execute(_context({**params, "epochs": 4}, run_id="scheduled__3"))["fingerprint"] != found["fingerprint"]
-    assert check.execute(_context({**params, "force": True}, run_id="manual__4"))["fingerprint"] == found["fingerprint"]
+    assert (
+        check.execute(_context({**params, "epochs": 4}, run_id="scheduled__3"))["fingerprint"]
+        != found["fingerprint"]
+    )
+    assert (
+        check.execute(_context({**params, "force": True}, run_id="manual__4"))["fingerprint"]
+        == found["fingerprint"]
+    )
 
     # A newly published trainer image (the build DAG moved `latest`) is new code: it trains again.
-    second = push_busybox_base(registry.client(), "kubetrain/trainer", "latest", tmp_path / "v2", extra_layers=[_layer(tmp_path)])
+    second = push_busybox_base(
+        registry.client(), "kubetrain/trainer", "latest", tmp_path / "v2", extra_layers=[_layer(tmp_path)]
+    )
     assert second != first
     again = check.execute(_context(params, run_id="scheduled__5"))
     assert again["image"] == f"{registry.host}/kubetrain/trainer@{second}"

@@ -193,7 +193,12 @@ def test_a_final_pass_that_lands_late_is_waited_for_in_the_triggerer(run):
         op.execute(context)
     classpath, kwargs = deferred.value.trigger.serialize()
     assert classpath == "kubetrain.triggers.sync.FinalSyncPassTrigger"
-    assert kwargs == {"run_uri": run.location.uri, "aws_conn_id": "aws_default", "timeout": 60, "poll_interval": 0.2}
+    assert kwargs == {
+        "run_uri": run.location.uri,
+        "aws_conn_id": "aws_default",
+        "timeout": 60,
+        "poll_interval": 0.2,
+    }
     trigger = FinalSyncPassTrigger(**kwargs)  # as the triggerer builds it from plain arguments
 
     landed = threading.Event()
@@ -216,7 +221,11 @@ def test_a_final_pass_that_lands_late_is_waited_for_in_the_triggerer(run):
 def test_a_final_pass_that_never_lands_fails_after_the_wait(run):
     files = run.standard()
     run.commit(3, files, final=False)
-    event = first_event(FinalSyncPassTrigger(run_uri=run.location.uri, aws_conn_id="aws_default", timeout=0.5, poll_interval=0.1))
+    event = first_event(
+        FinalSyncPassTrigger(
+            run_uri=run.location.uri, aws_conn_id="aws_default", timeout=0.5, poll_interval=0.1
+        )
+    )
     assert event["status"] == "timeout" and "the newest pass is 3, not final" in event["message"]
     op = run.operator()
     with pytest.raises(SyncVerificationError, match="no final sync pass under .* within 0.5 s"):
@@ -333,7 +342,9 @@ def test_the_old_name_still_works_with_a_deprecation_warning(run):
     from kubetrain.operators.sync import SyncCheckpointsOperator
 
     run.standard()
-    with pytest.warns(DeprecationWarning, match="SyncCheckpointsOperator is deprecated.*PromoteModelOperator"):
+    with pytest.warns(
+        DeprecationWarning, match="SyncCheckpointsOperator is deprecated.*PromoteModelOperator"
+    ):
         op = SyncCheckpointsOperator(task_id="sync", model=run.model, final_pass_timeout=0)
     assert isinstance(op, PromoteModelOperator)
     assert op.execute(run.context())["promoted"] is True

@@ -79,7 +79,9 @@ def airflow_env(tmp_path, monkeypatch):
     config = kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:9")
     monkeypatch.setenv(
         "AIRFLOW_CONN_KUBERNETES_DEFAULT",
-        json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(config), "namespace": "default"}}),
+        json.dumps(
+            {"conn_type": "kubernetes", "extra": {"kube_config_path": str(config), "namespace": "default"}}
+        ),
     )
     for setting in settings.SETTINGS.values():
         monkeypatch.delenv(setting.env, raising=False)
@@ -145,10 +147,16 @@ def test_operator_pod_validates_and_follows_the_policy(airflow_env):
     assert policy_violations(pod, secret_values=(SECRET_VALUE,)) == []
     base = pod["spec"]["containers"][0]
     assert base["args"] == ["--epochs", "5"]
-    assert base["resources"]["limits"]["nvidia.com/gpu"] == base["resources"]["requests"]["nvidia.com/gpu"] == "2"
+    assert (
+        base["resources"]["limits"]["nvidia.com/gpu"]
+        == base["resources"]["requests"]["nvidia.com/gpu"]
+        == "2"
+    )
     assert pod["metadata"]["namespace"] == "training"
     assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
-    assert pod["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["spec"]["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
     assert pod["spec"]["terminationGracePeriodSeconds"] == 300
     assert base["terminationMessagePolicy"] == "FallbackToLogsOnError"
     labels = pod["metadata"]["labels"]
@@ -156,8 +164,14 @@ def test_operator_pod_validates_and_follows_the_policy(airflow_env):
     assert labels["kubetrain.io/run-id"].startswith("manual__2026-11-22T04-00-00.123456-00-00-")
     env = env_of(base)
     assert env["KUBETRAIN_RUN_URI"] == context["ti"].xcom["run_uri"]
-    assert env["KUBETRAIN_RUN_URI"].startswith("s3://training/runs/train_digits/manual__2026-11-22T04_00_00.123456_00_00-")
-    assert (base["image"], env["KUBETRAIN_IMAGE"], env["KUBETRAIN_CODE_VERSION"]) == (TRAINER, TRAINER, "sha256:" + "a" * 64)
+    assert env["KUBETRAIN_RUN_URI"].startswith(
+        "s3://training/runs/train_digits/manual__2026-11-22T04_00_00.123456_00_00-"
+    )
+    assert (base["image"], env["KUBETRAIN_IMAGE"], env["KUBETRAIN_CODE_VERSION"]) == (
+        TRAINER,
+        TRAINER,
+        "sha256:" + "a" * 64,
+    )
 
 
 def test_run_uri_is_the_same_for_every_try_and_differs_per_trial(airflow_env):
@@ -188,7 +202,12 @@ SETTING_CASES = [
         lambda pod: pod["spec"]["imagePullSecrets"],
         [{"name": "regcred"}, {"name": "mirror"}],
     ),
-    ("node_selector", "pool=gpu,zone=a", lambda pod: pod["spec"]["nodeSelector"], {"pool": "gpu", "zone": "a"}),
+    (
+        "node_selector",
+        "pool=gpu,zone=a",
+        lambda pod: pod["spec"]["nodeSelector"],
+        {"pool": "gpu", "zone": "a"},
+    ),
     (
         "tolerations",
         '[{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]',
@@ -210,19 +229,39 @@ SETTING_CASES = [
     (
         "gpu_resource",
         "nvidia.com/mig-1g.10gb",
-        lambda pod: (pod["spec"]["containers"][0]["resources"]["requests"], [t["key"] for t in pod["spec"]["tolerations"]]),
+        lambda pod: (
+            pod["spec"]["containers"][0]["resources"]["requests"],
+            [t["key"] for t in pod["spec"]["tolerations"]],
+        ),
         (
             {"cpu": "1", "memory": "2Gi", "nvidia.com/mig-1g.10gb": "1", "ephemeral-storage": "7Gi"},
             ["nvidia.com/mig-1g.10gb", "nvidia.com/gpu"],
         ),
     ),
-    ("trainer_image", TRAINER.replace("a" * 64, "c" * 64), lambda pod: pod["spec"]["containers"][0]["image"], TRAINER.replace("a" * 64, "c" * 64)),
-    ("sync_image", SYNC.replace("b" * 64, "d" * 64), lambda pod: pod["spec"]["initContainers"][1]["image"], SYNC.replace("b" * 64, "d" * 64)),
-    ("training_bucket", "ml-runs", lambda pod: env_of(pod["spec"]["containers"][0])["KUBETRAIN_RUN_URI"].split("/")[2], "ml-runs"),
-]  # fmt: skip
+    (
+        "trainer_image",
+        TRAINER.replace("a" * 64, "c" * 64),
+        lambda pod: pod["spec"]["containers"][0]["image"],
+        TRAINER.replace("a" * 64, "c" * 64),
+    ),
+    (
+        "sync_image",
+        SYNC.replace("b" * 64, "d" * 64),
+        lambda pod: pod["spec"]["initContainers"][1]["image"],
+        SYNC.replace("b" * 64, "d" * 64),
+    ),
+    (
+        "training_bucket",
+        "ml-runs",
+        lambda pod: env_of(pod["spec"]["containers"][0])["KUBETRAIN_RUN_URI"].split("/")[2],
+        "ml-runs",
+    ),
+]
 
 
-@pytest.mark.parametrize(("name", "value", "field", "expected"), SETTING_CASES, ids=[f"{c[0]}={c[1]}" for c in SETTING_CASES])
+@pytest.mark.parametrize(
+    ("name", "value", "field", "expected"), SETTING_CASES, ids=[f"{c[0]}={c[1]}" for c in SETTING_CASES]
+)
 @pytest.mark.parametrize("source", ["env", "variable"])
 def test_each_setting_reaches_the_pod(airflow_env, name, value, field, expected, source):
     setting = settings.SETTINGS[name]
@@ -230,7 +269,10 @@ def test_each_setting_reaches_the_pod(airflow_env, name, value, field, expected,
         airflow_env.setenv(setting.env, value)
     else:
         airflow_env.setenv(f"AIRFLOW_VAR_{setting.variable.upper()}", value)
-    images = {"image": None if name == "trainer_image" else TRAINER, "sync_image": None if name == "sync_image" else SYNC}
+    images = {
+        "image": None if name == "trainer_image" else TRAINER,
+        "sync_image": None if name == "sync_image" else SYNC,
+    }
     op = operator(gpus=1, **images)
     pod = build(op, context_for(op))
     assert field(pod) == expected
@@ -271,7 +313,11 @@ def test_run_arguments_from_params_beat_the_settings(airflow_env):
     pod = build(op, context_for(op, **params))
     assert pod["spec"]["nodeSelector"] == {"gpu-type": "a100"}
     assert pod["spec"]["imagePullSecrets"] == [{"name": "run-cred"}]
-    assert [t["key"] for t in pod["spec"]["tolerations"]] == ["nvidia.com/mig-3g.40gb", "nvidia.com/gpu", "dedicated"]
+    assert [t["key"] for t in pod["spec"]["tolerations"]] == [
+        "nvidia.com/mig-3g.40gb",
+        "nvidia.com/gpu",
+        "dedicated",
+    ]
     assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-3g.40gb"] == "2"
 
     # Params left empty (null) fall back to the deployment's settings.
@@ -291,7 +337,11 @@ def test_run_arguments_from_params_beat_the_settings(airflow_env):
     ("name", "value", "message"),
     [
         ("KUBETRAIN_NODE_SELECTOR", "pool", "node_selector item 'pool' is not key=value"),
-        ("KUBETRAIN_TOLERATIONS", '[{"key": "a", "operator": "Maybe"}]', "operator 'Maybe' must be Equal or Exists"),
+        (
+            "KUBETRAIN_TOLERATIONS",
+            '[{"key": "a", "operator": "Maybe"}]',
+            "operator 'Maybe' must be Equal or Exists",
+        ),
         ("KUBETRAIN_GPU_RESOURCE", "gpu", "gpu_resource='gpu' is not an extended resource name"),
         ("KUBETRAIN_NAMESPACE", "ML_Training", "namespace 'ML_Training' is not a valid DNS-1123 label"),
     ],
@@ -462,7 +512,9 @@ def test_images_are_pinned_to_their_digest_when_the_task_runs(registry, airflow_
     base, stage_in = pod["spec"]["containers"][0], pod["spec"]["initContainers"][0]
     assert base["image"] == f"{registry.host}/kubetrain/trainer@{first}"
     assert stage_in["image"] == f"{registry.host}/kubetrain/sync@{sync}"
-    assert env_of(base)["KUBETRAIN_IMAGE"] == base["image"] and env_of(base)["KUBETRAIN_CODE_VERSION"] == first
+    assert (
+        env_of(base)["KUBETRAIN_IMAGE"] == base["image"] and env_of(base)["KUBETRAIN_CODE_VERSION"] == first
+    )
 
     # The tag moves: the next run pins the new image.
     second = push_busybox_base(
@@ -470,9 +522,14 @@ def test_images_are_pinned_to_their_digest_when_the_task_runs(registry, airflow_
     )
     assert second != first
     op = operator(image=None, sync_image=None)
-    assert build(op, context_for(op))["spec"]["containers"][0]["image"] == f"{registry.host}/kubetrain/trainer@{second}"
+    assert (
+        build(op, context_for(op))["spec"]["containers"][0]["image"]
+        == f"{registry.host}/kubetrain/trainer@{second}"
+    )
 
-    with pytest.raises(ImageNotFoundError, match=rf"{registry.host}/kubetrain/trainer:gone is not in registry"):
+    with pytest.raises(
+        ImageNotFoundError, match=rf"{registry.host}/kubetrain/trainer:gone is not in registry"
+    ):
         build(operator(image=f"{registry.host}/kubetrain/trainer:gone"), context_for(op))
 
 
@@ -505,7 +562,13 @@ def test_provider_methods_the_subclass_relies_on():
 
     assert parameters(KubernetesPodOperator.build_pod_request_obj) == ["self", "context", "dry_run"]
     assert parameters(KubernetesPodOperator.await_pod_start) == ["self", "pod"]
-    assert parameters(KubernetesPodOperator.cleanup) == ["self", "pod", "remote_pod", "xcom_result", "context"]
+    assert parameters(KubernetesPodOperator.cleanup) == [
+        "self",
+        "pod",
+        "remote_pod",
+        "xcom_result",
+        "context",
+    ]
     assert parameters(KubernetesPodOperator.trigger_reentry) == ["self", "context", "event"]
     assert parameters(BaseOperator.defer) == ["self", "trigger", "method_name", "kwargs", "timeout"]
     assert parameters(PodManager.read_pod) == ["self", "pod"]
@@ -518,7 +581,10 @@ def test_provider_methods_the_subclass_relies_on():
     assert classpath == "airflow.providers.cncf.kubernetes.triggers.pod.KubernetesPodTrigger"
     assert set(kwargs) <= set(inspect.signature(KubernetesPodTrigger.__init__).parameters)
     # The trigger reads the pod and its events through its hook.
-    assert inspect.signature(KubernetesPodTrigger.hook.func).return_annotation in ("AsyncKubernetesHook", AsyncKubernetesHook)
+    assert inspect.signature(KubernetesPodTrigger.hook.func).return_annotation in (
+        "AsyncKubernetesHook",
+        AsyncKubernetesHook,
+    )
     assert parameters(AsyncKubernetesHook.get_pod)[:3] == ["self", "name", "namespace"]
     assert parameters(AsyncKubernetesHook.get_pod_events)[:3] == ["self", "name", "namespace"]
     # Logs of a deferred pod: the provider's trigger reads the base container's log every
@@ -527,32 +593,55 @@ def test_provider_methods_the_subclass_relies_on():
     # only with get_logs.
     assert isinstance(inspect.getattr_static(KubernetesPodTrigger, "pod_manager"), functools.cached_property)
     assert parameters(AsyncPodManager.fetch_container_logs_before_current_sec) == [
-        "self", "pod", "container_name", "since_time"
+        "self",
+        "pod",
+        "container_name",
+        "since_time",
     ]
-    assert "self.pod_manager.fetch_container_logs_before_current_sec(" in inspect.getsource(KubernetesPodTrigger)
-    assert parameters(AsyncKubernetesHook.read_logs) == ["self", "name", "namespace", "container_name", "since_seconds"]
+    assert "self.pod_manager.fetch_container_logs_before_current_sec(" in inspect.getsource(
+        KubernetesPodTrigger
+    )
+    assert parameters(AsyncKubernetesHook.read_logs) == [
+        "self",
+        "name",
+        "namespace",
+        "container_name",
+        "since_seconds",
+    ]
     assert "if self.get_logs:" in inspect.getsource(KubernetesPodOperator.trigger_reentry)
     assert parameters(parse_log_line) == ["line"]
     # attributes of the provider's objects that TrainingPodManager and TrainingPodTrigger use
     marker = object()
     assert PodManager(kube_client=marker)._client is marker
-    trigger = KubernetesPodTrigger(pod_name="p", pod_namespace="n", trigger_start_time=None, base_container_name="base")
+    trigger = KubernetesPodTrigger(
+        pod_name="p", pod_namespace="n", trigger_start_time=None, base_container_name="base"
+    )
     assert trigger._fired_event is False
 
 
 def test_trigger_serializes_to_plain_arguments_and_back():
     trigger = TrainingPodTrigger(
-        pod_name="p", pod_namespace="n", trigger_start_time=None, base_container_name="base",
-        startup_timeout=120, schedule_timeout=600, stage_in_timeout=3600, unschedulable_grace=30,
-        logging_interval=15, log_containers=["stage-in", "checkpoint-sync"], gpu_resource="nvidia.com/gpu",
-    )  # fmt: skip
+        pod_name="p",
+        pod_namespace="n",
+        trigger_start_time=None,
+        base_container_name="base",
+        startup_timeout=120,
+        schedule_timeout=600,
+        stage_in_timeout=3600,
+        unschedulable_grace=30,
+        logging_interval=15,
+        log_containers=["stage-in", "checkpoint-sync"],
+        gpu_resource="nvidia.com/gpu",
+    )
     classpath, kwargs = trigger.serialize()
     assert classpath == "kubetrain.triggers.pod.TrainingPodTrigger"
     json.dumps({k: v for k, v in kwargs.items() if k != "trigger_start_time"})  # plain arguments
     again = TrainingPodTrigger(**kwargs)
     assert again.serialize() == (classpath, kwargs)
     assert (again.logging_interval, again.log_containers, again.gpu_resource) == (
-        15, ["stage-in", "checkpoint-sync"], "nvidia.com/gpu"
+        15,
+        ["stage-in", "checkpoint-sync"],
+        "nvidia.com/gpu",
     )
     startup = again.startup()
     assert (startup.stage_in_timeout, startup.unschedulable_grace, startup.startup_timeout) == (3600, 30, 120)
@@ -569,7 +658,12 @@ def gpu_less_cluster(tmp_path, airflow_env, devstack):
     try:
         airflow_env.setenv(
             "AIRFLOW_CONN_KUBERNETES_DEFAULT",
-            json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(api.kubeconfig), "namespace": "default"}}),
+            json.dumps(
+                {
+                    "conn_type": "kubernetes",
+                    "extra": {"kube_config_path": str(api.kubeconfig), "namespace": "default"},
+                }
+            ),
         )
         from kubernetes import client
         from kubernetes import config as kube_config
@@ -596,7 +690,9 @@ def test_unschedulable_pod_fails_once_with_the_scheduler_message(gpu_less_cluste
     op = _unschedulable(deferrable=False)
     context = context_for(op)
     op.render_template_fields(context)
-    with pytest.raises(PodUnschedulableError, match=r"cannot be scheduled: FailedScheduling: .*nvidia\.com/gpu") as info:
+    with pytest.raises(
+        PodUnschedulableError, match=r"cannot be scheduled: FailedScheduling: .*nvidia\.com/gpu"
+    ) as info:
         op.execute(context)
     assert isinstance(info.value, AirflowFailException)  # not retried
     assert _pods_left(gpu_less_cluster) == []  # deleted on failure
@@ -637,9 +733,15 @@ def test_exit_codes_that_fail_without_retries_are_the_contracts():
     from kubetrain.sweep.operators import FINAL_EXIT_CODES
     from kubetrain_contract import exit_codes
 
-    assert sorted(NO_RETRY_EXIT_CODES) == [exit_codes.EXIT_USAGE, exit_codes.EXIT_DIVERGED, exit_codes.EXIT_DATAERR,
-                                           exit_codes.EXIT_NOINPUT] == [2, 3, 65, 66]  # fmt: skip
-    assert exit_codes.EXIT_PREEMPTED not in NO_RETRY_EXIT_CODES and exit_codes.EXIT_FAILURE not in NO_RETRY_EXIT_CODES
+    assert (
+        sorted(NO_RETRY_EXIT_CODES)
+        == [exit_codes.EXIT_USAGE, exit_codes.EXIT_DIVERGED, exit_codes.EXIT_DATAERR, exit_codes.EXIT_NOINPUT]
+        == [2, 3, 65, 66]
+    )
+    assert (
+        exit_codes.EXIT_PREEMPTED not in NO_RETRY_EXIT_CODES
+        and exit_codes.EXIT_FAILURE not in NO_RETRY_EXIT_CODES
+    )
     assert NO_RETRY_EXIT_CODES[65] == "unusable data (empty, a single class, no parsable pairs, ...)"
     assert TrainingPodOperator.no_retry_exit_codes is NO_RETRY_EXIT_CODES
     # one rule: a sweep's trial fails on the same codes as a single run (66 was retried by one and not the other)

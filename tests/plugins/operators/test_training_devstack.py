@@ -62,7 +62,12 @@ def test_stage_train_report_promote_on_the_dev_stack(devstack, stack_images, mon
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.setenv(
         "AIRFLOW_CONN_KUBERNETES_DEFAULT",
-        json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": env["KUBECONFIG"], "namespace": NAMESPACE}}),
+        json.dumps(
+            {
+                "conn_type": "kubernetes",
+                "extra": {"kube_config_path": env["KUBECONFIG"], "namespace": NAMESPACE},
+            }
+        ),
     )
     for name in (
         "KUBETRAIN_TRAINING_BUCKET",

@@ -95,9 +95,18 @@ def stack_env(devstack, stack_images, monkeypatch):
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.setenv(
         "AIRFLOW_CONN_KUBERNETES_DEFAULT",
-        json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": env["KUBECONFIG"], "namespace": NAMESPACE}}),
+        json.dumps(
+            {
+                "conn_type": "kubernetes",
+                "extra": {"kube_config_path": env["KUBECONFIG"], "namespace": NAMESPACE},
+            }
+        ),
     )
-    for name in ("KUBETRAIN_TRAINING_BUCKET", "AIRFLOW_VAR_KUBETRAIN_TRAINING_BUCKET", "KUBETRAIN_GPU_RESOURCE"):
+    for name in (
+        "KUBETRAIN_TRAINING_BUCKET",
+        "AIRFLOW_VAR_KUBETRAIN_TRAINING_BUCKET",
+        "KUBETRAIN_GPU_RESOURCE",
+    ):
         monkeypatch.delenv(name, raising=False)
     return env
 
@@ -119,7 +128,13 @@ def staged(stack_env):
 
 
 def ticking_pod(
-    env: dict, staged: dict, *, exit_code: int = 0, gpus: int = 0, script: str = TICKING, deferrable: bool = True
+    env: dict,
+    staged: dict,
+    *,
+    exit_code: int = 0,
+    gpus: int = 0,
+    script: str = TICKING,
+    deferrable: bool = True,
 ) -> tuple[TrainingPodOperator, dict]:
     with DAG(f"logs_{uuid.uuid4().hex[:8]}", schedule=None) as dag:
         train = TrainingPodOperator(
@@ -143,7 +158,12 @@ def ticking_pod(
             deferrable=deferrable,
         )
     ti = TaskInstance(dag.dag_id, "train")
-    context = {"ti": ti, "run_id": "manual__logs", "dag": dag, "dag_run": SimpleNamespace(run_after=datetime.now(UTC))}
+    context = {
+        "ti": ti,
+        "run_id": "manual__logs",
+        "dag": dag,
+        "dag_run": SimpleNamespace(run_after=datetime.now(UTC)),
+    }
     return train, context
 
 
@@ -181,7 +201,10 @@ def test_lines_of_every_container_reach_the_log_while_the_pod_runs(stack_env, st
     pod = pod_of(train, context)
     base = next(s for s in pod.status.container_statuses if s.name == "base")
     finished = base.state.terminated.finished_at.timestamp()
-    assert records.first("[base] tick 1 of 5")["at"] < finished - 5, (records.first("[base] tick 1 of 5"), finished)
+    assert records.first("[base] tick 1 of 5")["at"] < finished - 5, (
+        records.first("[base] tick 1 of 5"),
+        finished,
+    )
     # Each line once, in order, and the last one too (read when the pod ended).
     lines = records.lines()
     ticks = [line for line in lines if line.startswith("[base] tick")]
@@ -192,7 +215,11 @@ def test_lines_of_every_container_reach_the_log_while_the_pod_runs(stack_env, st
     assert any(line.startswith("[checkpoint-sync] ") for line in lines), lines[:40]
     # The dev stack has no GPU: the request was served on CPU, and the log says so in one line.
     notes = event[NOTES_KEY]
-    assert len(notes) == 1 and notes[0].startswith("GPU request served on CPU: pod ") and "nvidia.com/gpu" in notes[0]
+    assert (
+        len(notes) == 1
+        and notes[0].startswith("GPU request served on CPU: pod ")
+        and "nvidia.com/gpu" in notes[0]
+    )
     assert notes[0] in lines
 
     # The task resumes: the trigger read the logs to their end, so the training container's
@@ -216,7 +243,9 @@ def test_a_failed_pod_leaves_its_last_lines_states_and_events_in_the_log(stack_e
     with Records() as resumed, pytest.raises(AirflowFailException) as failure:
         getattr(train, deferred.value.method_name)(context, event)
     name = context["ti"].xcom["pod_name"]
-    assert str(failure.value).startswith(f"the base container of pod {name} exited with 3: training diverged"), failure.value
+    assert str(failure.value).startswith(
+        f"the base container of pod {name} exited with 3: training diverged"
+    ), failure.value
     text = "\n".join(resumed.lines())
     # The containers' states (the base container's exit code) and the pod's events.
     assert "Container 'base': state='TERMINATED', reason='Error', exit_code=3" in text, text[-3000:]
@@ -242,4 +271,6 @@ def test_unusable_data_fails_without_retries_when_not_deferred(stack_env, staged
     with Records(), pytest.raises(AirflowFailException) as failure:
         train.execute(context)
     name = context["ti"].xcom["pod_name"]
-    assert str(failure.value).startswith(f"the base container of pod {name} exited with 65: unusable data"), failure.value
+    assert str(failure.value).startswith(f"the base container of pod {name} exited with 65: unusable data"), (
+        failure.value
+    )

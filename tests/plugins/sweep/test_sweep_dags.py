@@ -74,15 +74,21 @@ def test_the_space_param_refuses_what_its_schema_can_see(dagbag):
         with pytest.raises(ParamValidationError) as raised:
             param.resolve(bad)
         assert words in str(raised.value), str(raised.value)
-    for name, bad in (("algorithm", "bayes"), ("parallel_trials", 3), ("early_stopping", {"rule": "hyperband"}),
-                      ("objective", {"metric": "val_accuracy", "mode": "up"})):  # fmt: skip
+    for name, bad in (
+        ("algorithm", "bayes"),
+        ("parallel_trials", 3),
+        ("early_stopping", {"rule": "hyperband"}),
+        ("objective", {"metric": "val_accuracy", "mode": "up"}),
+    ):
         with pytest.raises(ParamValidationError):
             params.get_param(name).resolve(bad)
 
 
 def settings() -> SweepSettings:
     training = IMAGE_CLASSIFIER.params()
-    return SweepSettings(tunable=tunable_schemas(training, IMAGE_CLASSIFIER.tunable), max_parallel_trials=4, rounds=3)
+    return SweepSettings(
+        tunable=tunable_schemas(training, IMAGE_CLASSIFIER.tunable), max_parallel_trials=4, rounds=3
+    )
 
 
 def plan_params(**overrides) -> dict:
@@ -101,8 +107,14 @@ def plan_params(**overrides) -> dict:
 def test_the_plan_sizes_the_rounds():
     assert settings().plan(plan_params())["rounds"] == [4]
     assert settings().plan(plan_params(algorithm="random", max_trials=16))["rounds"] == [16]
-    tpe = settings().plan(plan_params(algorithm="tpe", max_trials=5, parallel_trials=2,
-                                      space={"learning_rate": {"low": 1e-4, "high": 1e-1, "log": True}}))  # fmt: skip
+    tpe = settings().plan(
+        plan_params(
+            algorithm="tpe",
+            max_trials=5,
+            parallel_trials=2,
+            space={"learning_rate": {"low": 1e-4, "high": 1e-1, "log": True}},
+        )
+    )
     assert tpe["rounds"] == [2, 2, 1]
     assert tpe["space"] == {"learning_rate": {"low": 1e-4, "high": 1e-1, "type": "float", "log": True}}
 
@@ -110,7 +122,10 @@ def test_the_plan_sizes_the_rounds():
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
-        ({"algorithm": "tpe", "max_trials": 7, "space": {"learning_rate": {"low": 1e-4, "high": 1e-1}}}, "max_trials"),
+        (
+            {"algorithm": "tpe", "max_trials": 7, "space": {"learning_rate": {"low": 1e-4, "high": 1e-1}}},
+            "max_trials",
+        ),
         ({"parallel_trials": 3}, "parallel_trials"),
         ({"max_trials": 3}, "space"),
         ({"space": {"learning_rate": {"low": 0.5, "high": 0.1}}}, "space.learning_rate"),
@@ -128,11 +143,21 @@ def test_any_image_trainer_gets_its_hyperparameters_as_arguments():
     """The same function builds a sweep of a third-party container (train_custom_container's trainer)."""
     from types import SimpleNamespace
 
-    custom = SweepSettings(tunable=None, objective=("score", "max"), max_parallel_trials=2, rounds=2, hyperparameter_args=True)
-    with DAG("sweep_custom", schedule=None, params={**common_params(dataset_uri="s3://datasets/x/", model="x", gpus=0),
-                                                     "args": ["train.py", "--epochs=3"],
-                                                     **custom.params(space={"lr": {"low": 0.001, "high": 0.1, "log": True}})}) as dag:  # fmt: skip
-        tasks = sweep_pipeline(custom, cmds=["python"], arguments="{{ params.args | tojson }}", title="custom")
+    custom = SweepSettings(
+        tunable=None, objective=("score", "max"), max_parallel_trials=2, rounds=2, hyperparameter_args=True
+    )
+    with DAG(
+        "sweep_custom",
+        schedule=None,
+        params={
+            **common_params(dataset_uri="s3://datasets/x/", model="x", gpus=0),
+            "args": ["train.py", "--epochs=3"],
+            **custom.params(space={"lr": {"low": 0.001, "high": 0.1, "log": True}}),
+        },
+    ) as dag:
+        tasks = sweep_pipeline(
+            custom, cmds=["python"], arguments="{{ params.args | tojson }}", title="custom"
+        )
     assert [t.task_id for t in tasks.trials[0]] == ["round_0.train_1_at_a_time", "round_0.train_2_at_a_time"]
     # trials wait for their pods in their worker slot unless the DAG asks them to defer
     assert all(t.partial_kwargs["deferrable"] is False for r in tasks.trials for t in r)
@@ -149,10 +174,21 @@ def test_trainer_arguments_read_the_trial_values():
 
     sweep = settings()
     training = IMAGE_CLASSIFIER.params()
-    with DAG("sweep_x", schedule=None, params={**common_params(dataset_uri="s3://datasets/x/", model="x"), **training,
-                                                **sweep.params(space={"batch_size": [16]})}) as dag:  # fmt: skip
-        tasks = sweep_pipeline(sweep, cmds=IMAGE_CLASSIFIER.cmds, arguments=IMAGE_CLASSIFIER.arguments, title="x")
+    with DAG(
+        "sweep_x",
+        schedule=None,
+        params={
+            **common_params(dataset_uri="s3://datasets/x/", model="x"),
+            **training,
+            **sweep.params(space={"batch_size": [16]}),
+        },
+    ) as dag:
+        tasks = sweep_pipeline(
+            sweep, cmds=IMAGE_CLASSIFIER.cmds, arguments=IMAGE_CLASSIFIER.arguments, title="x"
+        )
     context = {"params": dag.params.validate(), "dag": dag, "ti": SimpleNamespace(dag_id="sweep_x")}
-    args = tasks.suggest[1].render_arguments(context, {"batch_size": 16, "learning_rate": 0.03, "augment": True}, 7)
+    args = tasks.suggest[1].render_arguments(
+        context, {"batch_size": 16, "learning_rate": 0.03, "augment": True}, 7
+    )
     assert "--batch-size=16" in args and "--learning-rate=0.03" in args and "--augment" in args
     assert "--epochs=5" in args  # a fixed value

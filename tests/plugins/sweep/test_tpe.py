@@ -9,7 +9,9 @@ import airflow  # noqa: F401  (importing Airflow puts its plugins folder on sys.
 from kubetrain.sweep.space import parse_space
 from kubetrain.sweep.tpe import tpe_points
 
-SPACE = parse_space({"learning_rate": {"low": 1e-5, "high": 1.0, "log": True}, "batch_size": [16, 32, 64, 128]}, tunable=None)
+SPACE = parse_space(
+    {"learning_rate": {"low": 1e-5, "high": 1.0, "log": True}, "batch_size": [16, 32, 64, 128]}, tunable=None
+)
 
 
 def records(score) -> list[dict]:
@@ -18,8 +20,14 @@ def records(score) -> list[dict]:
     for i in range(12):
         lr = 10 ** (-5 + 5 * i / 11)
         values = [score(lr) * f for f in (0.5, 0.8, 1.0)]
-        out.append({"number": i, "params": {"learning_rate": lr, "batch_size": (16, 32, 64, 128)[i % 4]},
-                    "status": "success", "objective": {"value": values[-1], "values": values}})  # fmt: skip
+        out.append(
+            {
+                "number": i,
+                "params": {"learning_rate": lr, "batch_size": (16, 32, 64, 128)[i % 4]},
+                "status": "success",
+                "objective": {"value": values[-1], "values": values},
+            }
+        )
     return out
 
 
@@ -57,8 +65,14 @@ def test_stopped_and_failed_trials_are_told_and_points_are_not_repeated():
     history[0]["status"], history[0]["objective"] = "failed", {"value": None, "values": []}
     history[1].update(stopped_early=True)
     history[1]["status"] = "success"
-    history.append({"number": 12, "params": {"learning_rate": 5.0, "batch_size": 16}, "status": "success",
-                    "objective": {"value": 1.0, "values": [1.0]}})  # outside the space: ignored  # fmt: skip
+    history.append(
+        {
+            "number": 12,
+            "params": {"learning_rate": 5.0, "batch_size": 16},
+            "status": "success",
+            "objective": {"value": 1.0, "values": [1.0]},
+        }
+    )  # outside the space: ignored
     points = tpe_points(SPACE, history, count=6, seed=2, mode="max", startup_trials=4)
     assert len(points) == 6
     seen = {(r["params"]["learning_rate"], r["params"]["batch_size"]) for r in history}

@@ -33,18 +33,34 @@ def seeded(store, client):
         run_id = f"manual__{tag}-{index}"
         promoted = index == 1
         record = make_record(
-            dag_id=dag, run_id=run_id, model=model, when=T0 + timedelta(minutes=minutes), value=value, status=status,
-            version=version, promoted=promoted, model_version="v1" if promoted else None,
+            dag_id=dag,
+            run_id=run_id,
+            model=model,
+            when=T0 + timedelta(minutes=minutes),
+            value=value,
+            status=status,
+            version=version,
+            promoted=promoted,
+            model_version="v1" if promoted else None,
             hyper={"epochs": 3, "batch_size": 32 * (1 + index % 2), "learning_rate": 0.001},
-        )  # fmt: skip
+        )
         store.write_run_record(record)
         run = S3Layout().run(dag, run_id)
-        client.put_object(Bucket="training", Key=run.key("output", "history.csv"),
-                          Body=history_csv([1.0, 0.6, 0.4 + index / 100], [0.5, 0.7, 0.8 + index / 100]))  # fmt: skip
+        client.put_object(
+            Bucket="training",
+            Key=run.key("output", "history.csv"),
+            Body=history_csv([1.0, 0.6, 0.4 + index / 100], [0.5, 0.7, 0.8 + index / 100]),
+        )
         runs.append(record)
     model = f"digits-{tag}"
-    pointer = {"kind": "kubetrain/model-pointer", "format_version": 1, "model": model, "version": "v1",
-               "uri": f"s3://training/models/{model}/v1/", "run_uri": runs[1]["run_uri"],
-               "promoted_at": "2026-03-02T08:12:00Z"}  # fmt: skip
+    pointer = {
+        "kind": "kubetrain/model-pointer",
+        "format_version": 1,
+        "model": model,
+        "version": "v1",
+        "uri": f"s3://training/models/{model}/v1/",
+        "run_uri": runs[1]["run_uri"],
+        "promoted_at": "2026-03-02T08:12:00Z",
+    }
     client.put_object(Bucket="training", Key=f"models/{model}/latest", Body=json.dumps(pointer).encode())
     return {"tag": tag, "digits": model, "chat": f"chat-{tag}", "runs": runs}

@@ -32,7 +32,9 @@ from kubetrain.s3_layout import S3Layout
 @pytest.mark.parametrize("mode", ["max", "min"])
 def test_sortable_values_sort_best_first(mode):
     rng = random.Random(7)
-    values = [0.0, -0.0, 1.0, -1.0, 1e-300, -1e-300, 1e300, -1e300, 0.5, 0.25] + [rng.uniform(-5, 5) for _ in range(200)]
+    values = [0.0, -0.0, 1.0, -1.0, 1e-300, -1e-300, 1e300, -1e300, 0.5, 0.25] + [
+        rng.uniform(-5, 5) for _ in range(200)
+    ]
     ordered = sorted(values, key=lambda v: sortable_value(v, mode))
     assert ordered == sorted(values, reverse=(mode == "max"))
     for value in values:
@@ -77,25 +79,51 @@ def test_a_failed_run_is_indexed_but_not_ranked():
     ("kwargs", "expected"),
     [
         ({"rule": "never", "promoted": False}, "not promoted: promote=never"),
-        ({"rule": "always", "promoted": True, "other_version": "v1"}, "promoted: promote=always, replacing version v1"),
-        ({"rule": "if_better", "promoted": True}, "promoted: promote=if_better and no version was promoted before"),
         (
-            {"rule": "if_better", "promoted": True, "monitor": "val_accuracy", "mode": "max", "value": 0.95,
-             "other_version": "v1", "other_value": 0.9},
+            {"rule": "always", "promoted": True, "other_version": "v1"},
+            "promoted: promote=always, replacing version v1",
+        ),
+        (
+            {"rule": "if_better", "promoted": True},
+            "promoted: promote=if_better and no version was promoted before",
+        ),
+        (
+            {
+                "rule": "if_better",
+                "promoted": True,
+                "monitor": "val_accuracy",
+                "mode": "max",
+                "value": 0.95,
+                "other_version": "v1",
+                "other_value": 0.9,
+            },
             "promoted: promote=if_better, val_accuracy 0.95 > 0.9 of version v1",
         ),
         (
-            {"rule": "if_better", "promoted": False, "monitor": "val_accuracy", "mode": "max", "value": 0.85,
-             "other_version": "20260302T080000Z-1a2b3c4d", "other_value": 0.93},
+            {
+                "rule": "if_better",
+                "promoted": False,
+                "monitor": "val_accuracy",
+                "mode": "max",
+                "value": 0.85,
+                "other_version": "20260302T080000Z-1a2b3c4d",
+                "other_value": 0.93,
+            },
             "not promoted: promote=if_better, lost to version 20260302T080000Z-1a2b3c4d (val_accuracy 0.93; this run 0.85)",
         ),
         (
-            {"rule": "if_better", "promoted": False, "monitor": "val_loss", "mode": "min", "other_version": "v2",
-             "other_value": 0.2},
+            {
+                "rule": "if_better",
+                "promoted": False,
+                "monitor": "val_loss",
+                "mode": "min",
+                "other_version": "v2",
+                "other_value": 0.2,
+            },
             "not promoted: promote=if_better and this run has no val_loss to compare with version v2",
         ),
     ],
-)  # fmt: skip
+)
 def test_promotion_reasons(kwargs, expected):
     assert promotion_reason(**kwargs) == expected
 
@@ -108,30 +136,53 @@ def test_records_are_checked_against_the_schema():
     with pytest.raises(ValueError, match="run-record field dataset/version"):
         check_document({**record, "dataset": {**record["dataset"], "version": "latest"}})
     with pytest.raises(ValueError, match="promote='sometimes' is not valid"):
-        build_record(dag_id="d", run_id="r", run=S3Layout().run("d", "r"), run_time=T0, model="m", promote_rule="sometimes")
+        build_record(
+            dag_id="d",
+            run_id="r",
+            run=S3Layout().run("d", "r"),
+            run_time=T0,
+            model="m",
+            promote_rule="sometimes",
+        )
     with pytest.raises(ValueError, match="model name 'Bad Model' is not valid"):
         build_record(dag_id="d", run_id="r", run=S3Layout().run("d", "r"), run_time=T0, model="Bad Model")
 
 
 def test_nan_and_infinite_metrics_become_null():
     record = build_record(
-        dag_id="d", run_id="r", run=S3Layout().run("d", "r"), run_time=T0, model="m",
-        metrics={"monitor": "val_loss", "monitor_mode": "min", "final": {"val_loss": math.nan, "loss": math.inf}},
-    )  # fmt: skip
-    assert record["metrics"]["final"] == {"val_loss": None, "loss": None} and record["metrics"]["value"] is None
+        dag_id="d",
+        run_id="r",
+        run=S3Layout().run("d", "r"),
+        run_time=T0,
+        model="m",
+        metrics={
+            "monitor": "val_loss",
+            "monitor_mode": "min",
+            "final": {"val_loss": math.nan, "loss": math.inf},
+        },
+    )
+    assert (
+        record["metrics"]["final"] == {"val_loss": None, "loss": None} and record["metrics"]["value"] is None
+    )
     assert leaderboard_name(record) is None
 
 
 def test_rewriting_a_run_replaces_its_index_entries(store, client):
-    failed = make_record(run_id="manual__rewrite", model="rewrite-m", status="failed", value=None, version="0000000000000009")
+    failed = make_record(
+        run_id="manual__rewrite", model="rewrite-m", status="failed", value=None, version="0000000000000009"
+    )
     store.write_run_record(failed)
-    succeeded = make_record(run_id="manual__rewrite", model="rewrite-m", value=0.93, version="0000000000000009")
+    succeeded = make_record(
+        run_id="manual__rewrite", model="rewrite-m", value=0.93, version="0000000000000009"
+    )
     uri = store.write_run_record(succeeded)
     again = make_record(run_id="manual__rewrite", model="rewrite-m", value=0.97, version="0000000000000009")
     store.write_run_record(again)
 
     def listed(prefix):
-        return [o["Key"] for o in client.list_objects_v2(Bucket="training", Prefix=prefix).get("Contents", [])]
+        return [
+            o["Key"] for o in client.list_objects_v2(Bucket="training", Prefix=prefix).get("Contents", [])
+        ]
 
     assert uri == "s3://training/runs/train_image_classifier/manual__rewrite/run-record.json"
     (entry,) = listed("index/rewrite-m/")
@@ -140,7 +191,9 @@ def test_rewriting_a_run_replaces_its_index_entries(store, client):
     (board,) = listed("leaderboard/rewrite-m/val_accuracy/")
     assert LeaderboardEntry.parse(board, "max").value == 0.97
     stored = json.loads(client.get_object(Bucket="training", Key=entry)["Body"].read())
-    assert stored == json.loads(client.get_object(Bucket="training", Key=uri[len("s3://training/"):])["Body"].read())
+    assert stored == json.loads(
+        client.get_object(Bucket="training", Key=uri[len("s3://training/") :])["Body"].read()
+    )
     assert stored["metrics"]["value"] == 0.97
 
 
@@ -153,11 +206,27 @@ def test_a_record_outside_the_training_bucket_is_refused(store):
 
 def _pass(client, run, number, pod, steps):
     files = [
-        {"area": "checkpoints", "path": f"ckpt-{s}.index", "key": run.key("checkpoints", f"ckpt-{s}.index"), "size": 1,
-         "sha256": "0" * 64} for s in steps
-    ]  # fmt: skip
-    document = {"kind": "kubetrain/sync-pass", "format_version": 1, "pass": number, "final": False, "complete": True,
-                "started_at": "x", "finished_at": "x", "pod": pod, "files": files, "errors": []}  # fmt: skip
+        {
+            "area": "checkpoints",
+            "path": f"ckpt-{s}.index",
+            "key": run.key("checkpoints", f"ckpt-{s}.index"),
+            "size": 1,
+            "sha256": "0" * 64,
+        }
+        for s in steps
+    ]
+    document = {
+        "kind": "kubetrain/sync-pass",
+        "format_version": 1,
+        "pass": number,
+        "final": False,
+        "complete": True,
+        "started_at": "x",
+        "finished_at": "x",
+        "pod": pod,
+        "files": files,
+        "errors": [],
+    }
     client.put_object(Bucket=run.bucket, Key=run.pass_key(number), Body=json.dumps(document).encode())
 
 
@@ -171,7 +240,9 @@ def test_resumed_from_step_is_found_in_the_sync_passes(store, client):
     resumed = S3Layout().run("third_party", "manual__resumed")
     for number in range(1, 40):
         _pass(client, resumed, number, "pod-a" if number < 23 else "pod-b", [number * 10, number * 10 - 5])
-    _pass(client, resumed, 40, "airflow:third_party/promote", [390])  # the promote step's rewrite after pruning
+    _pass(
+        client, resumed, 40, "airflow:third_party/promote", [390]
+    )  # the promote step's rewrite after pruning
     assert store.resumed_from_step(resumed) == 220
     assert store.resumed_from_step(S3Layout().run("third_party", "manual__none")) is None
 

@@ -21,7 +21,13 @@ def ids(runs):
 def test_runs_are_listed_newest_first_and_filtered(store, seeded):
     q = TrainingQueries(store, ALL_DAGS)
     digits, chat = seeded["digits"], seeded["chat"]
-    assert ids(q.runs(RunFilter(model=digits)).runs) == ["4", "3", "2", "1", "0"]  # secret_dag's run 7 is not readable
+    assert ids(q.runs(RunFilter(model=digits)).runs) == [
+        "4",
+        "3",
+        "2",
+        "1",
+        "0",
+    ]  # secret_dag's run 7 is not readable
     assert ids(q.runs(RunFilter(model=chat)).runs) == ["6", "5"]
     assert ids(q.runs(RunFilter(model=digits, dag_id="train_custom_container")).runs) == ["4"]
     assert ids(q.runs(RunFilter(model=digits, dataset_version="0000000000000002")).runs) == ["4", "3", "2"]
@@ -70,7 +76,12 @@ def test_bad_filters_are_named(store):
 def test_leaderboard_ranks_by_the_objective_and_marks_the_promoted_version(store, seeded):
     board = TrainingQueries(store, ALL_DAGS).leaderboard(seeded["digits"])
     assert board.metric == "val_accuracy" and board.mode == "max"
-    assert [r["metrics"]["value"] for r in board.entries] == [0.95, 0.90, 0.85, 0.80]  # the failed run is not ranked
+    assert [r["metrics"]["value"] for r in board.entries] == [
+        0.95,
+        0.90,
+        0.85,
+        0.80,
+    ]  # the failed run is not ranked
     assert [r["is_promoted"] for r in board.entries] == [True, False, False, False]
     assert board.promoted["version"] == "v1"
     with pytest.raises(QueryError, match="has no leaderboard for metric 'bleu'"):
@@ -79,8 +90,16 @@ def test_leaderboard_ranks_by_the_objective_and_marks_the_promoted_version(store
 
 def test_leaderboard_of_a_metric_to_minimize_puts_the_lowest_first(store):
     for index, loss in enumerate([0.5, 0.2, 0.9]):
-        store.write_run_record(make_record(run_id=f"manual__loss-{index}", model="loss-model", monitor="val_loss", mode="min",
-                                           value=loss, when=T0 + timedelta(hours=index)))  # fmt: skip
+        store.write_run_record(
+            make_record(
+                run_id=f"manual__loss-{index}",
+                model="loss-model",
+                monitor="val_loss",
+                mode="min",
+                value=loss,
+                when=T0 + timedelta(hours=index),
+            )
+        )
     board = TrainingQueries(store, ALL_DAGS).leaderboard("loss-model")
     assert board.mode == "min" and [r["metrics"]["value"] for r in board.entries] == [0.2, 0.5, 0.9]
     assert board.promoted is None
@@ -110,29 +129,56 @@ def test_compare_puts_params_and_histories_side_by_side(store, seeded):
 
 def test_a_sweep_is_built_from_its_trials_records(store):
     trials = []
-    for trial, (lr, value, stopped) in enumerate([(0.1, 0.7, True), (0.01, 0.93, False), (0.001, 0.88, False)]):
+    for trial, (lr, value, stopped) in enumerate(
+        [(0.1, 0.7, True), (0.01, 0.93, False), (0.001, 0.88, False)]
+    ):
         record = make_record(
-            dag_id="sweep_image_classifier", run_id="manual__sweep-1", model="sweep-m", trial=str(trial), value=value,
+            dag_id="sweep_image_classifier",
+            run_id="manual__sweep-1",
+            model="sweep-m",
+            trial=str(trial),
+            value=value,
             hyper={"learning_rate": lr, "epochs": 3},
-            sweep={"id": "sweep_image_classifier/manual__sweep-1", "trial": str(trial), "stopped_early": stopped,
-                   "params": {"learning_rate": lr}},
-        )  # fmt: skip
+            sweep={
+                "id": "sweep_image_classifier/manual__sweep-1",
+                "trial": str(trial),
+                "stopped_early": stopped,
+                "params": {"learning_rate": lr},
+            },
+        )
         store.write_run_record(record)
         trials.append(record)
-    store.write_run_record(make_record(dag_id="sweep_image_classifier", run_id="manual__sweep-2", model="sweep-m", trial="0"))
+    store.write_run_record(
+        make_record(dag_id="sweep_image_classifier", run_id="manual__sweep-2", model="sweep-m", trial="0")
+    )
     from kubetrain.ui.queries import sweep_time
 
     found = TrainingQueries(store, ["sweep_image_classifier"]).sweep(
-        model="sweep-m", dag_id="sweep_image_classifier", run_id="manual__sweep-1", run_time=sweep_time(trials[0])
+        model="sweep-m",
+        dag_id="sweep_image_classifier",
+        run_id="manual__sweep-1",
+        run_time=sweep_time(trials[0]),
     )
     assert [r["trial"] for r in found] == ["1", "2", "0"] and [r["rank"] for r in found] == [1, 2, 3]
     with pytest.raises(NotVisible):
-        TrainingQueries(store, []).sweep(model="sweep-m", dag_id="sweep_image_classifier", run_id="x", run_time="0" * 13)
+        TrainingQueries(store, []).sweep(
+            model="sweep-m", dag_id="sweep_image_classifier", run_id="x", run_time="0" * 13
+        )
 
 
 def test_trials_rank_failed_last_and_respect_the_sweep_objective():
-    ok = make_record(run_id="a", trial="0", value=0.5, sweep={"id": "s", "trial": "0", "objective": {"name": "val_loss", "mode": "min", "value": 0.3}})
-    better = make_record(run_id="a", trial="1", value=0.4, sweep={"id": "s", "trial": "1", "objective": {"name": "val_loss", "mode": "min", "value": 0.1}})
+    ok = make_record(
+        run_id="a",
+        trial="0",
+        value=0.5,
+        sweep={"id": "s", "trial": "0", "objective": {"name": "val_loss", "mode": "min", "value": 0.3}},
+    )
+    better = make_record(
+        run_id="a",
+        trial="1",
+        value=0.4,
+        sweep={"id": "s", "trial": "1", "objective": {"name": "val_loss", "mode": "min", "value": 0.1}},
+    )
     failed = make_record(run_id="a", trial="2", status="failed", value=None)
     assert [r["trial"] for r in rank_trials([failed, ok, better])] == ["1", "0", "2"]
 
@@ -140,7 +186,9 @@ def test_trials_rank_failed_last_and_respect_the_sweep_objective():
 def test_a_filter_reads_a_bounded_number_of_keys_and_searches_on(store, seeded):
     q = TrainingQueries(store, ALL_DAGS)
     filt = RunFilter(model=seeded["digits"], status="failed")
-    first = q.runs(filt, max_scan=2)  # the newest two: secret_dag's run 7 (not readable) and run 4 (succeeded)
+    first = q.runs(
+        filt, max_scan=2
+    )  # the newest two: secret_dag's run 7 (not readable) and run 4 (succeeded)
     assert first.runs == [] and first.scanned == 2 and first.searched_all is False and first.next_after
     second = q.runs(filt, after=first.next_after, max_scan=2)
     assert ids(second.runs) == ["3"] and second.searched_all is False

@@ -16,7 +16,9 @@ IMAGE = "registry.example/kubetrain/trainer@sha256:" + "c" * 64
 def history_csv(losses: list[float], accuracies: list[float]) -> bytes:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["epoch", "step", "loss", "accuracy", "val_loss", "val_accuracy", "learning_rate", "wall_time_s"])
+    writer.writerow(
+        ["epoch", "step", "loss", "accuracy", "val_loss", "val_accuracy", "learning_rate", "wall_time_s"]
+    )
     for epoch, (loss, acc) in enumerate(zip(losses, accuracies, strict=True), start=1):
         writer.writerow([epoch, epoch * 10, loss, acc, loss * 1.1, acc * 0.95, 0.001, epoch * 2.5])
     return out.getvalue().encode()
@@ -41,23 +43,45 @@ def make_record(
 ) -> dict:
     layout = S3Layout()
     metrics = {
-        "trainer": "image_classifier", "monitor": monitor, "monitor_mode": mode,
+        "trainer": "image_classifier",
+        "monitor": monitor,
+        "monitor_mode": mode,
         "final": {"loss": 0.3, "accuracy": 0.91, "val_loss": 0.35, monitor: value},
-        "best": {monitor: value, "epoch": 3}, "epochs": 3, "steps": 30, "resumed_from_step": 0,
-        "wall_time_s": 12.5, "examples_per_s": 800.0,
-    }  # fmt: skip
-    promotion = {"promoted": promoted, "model_version": model_version, "model_uri": f"s3://training/models/{model}/{model_version}/"}
+        "best": {monitor: value, "epoch": 3},
+        "epochs": 3,
+        "steps": 30,
+        "resumed_from_step": 0,
+        "wall_time_s": 12.5,
+        "examples_per_s": 800.0,
+    }
+    promotion = {
+        "promoted": promoted,
+        "model_version": model_version,
+        "model_uri": f"s3://training/models/{model}/{model_version}/",
+    }
     return build_record(
-        dag_id=dag_id, run_id=run_id, run=layout.run(dag_id, run_id, trial), run_time=when, model=model,
-        status=status, trial=trial, params={"epochs": 3, "batch_size": 64, "promote": "if_better"},
+        dag_id=dag_id,
+        run_id=run_id,
+        run=layout.run(dag_id, run_id, trial),
+        run_time=when,
+        model=model,
+        status=status,
+        trial=trial,
+        params={"epochs": 3, "batch_size": 64, "promote": "if_better"},
         metrics=metrics if status == "success" else None,
-        run_params={"trainer": "image_classifier", "hyperparameters": hyper or {"epochs": 3, "batch_size": 64, "learning_rate": 0.001},
-                    "code_version": "abc123"},
-        dataset_uri="s3://datasets/digits/", dataset_version=version, image=IMAGE, promote_rule="if_better",
+        run_params={
+            "trainer": "image_classifier",
+            "hyperparameters": hyper or {"epochs": 3, "batch_size": 64, "learning_rate": 0.001},
+            "code_version": "abc123",
+        },
+        dataset_uri="s3://datasets/digits/",
+        dataset_version=version,
+        image=IMAGE,
+        promote_rule="if_better",
         promotion=promotion if status == "success" else None,
-        report={"report_uri": f"s3://training/runs/{dag_id}/x/report/report.html"} if status == "success" else None,
+        report={"report_uri": f"s3://training/runs/{dag_id}/x/report/report.html"}
+        if status == "success"
+        else None,
         failure={"task": "train", "error": "PodFailed: OOMKilled"} if status == "failed" else None,
         sweep=sweep,
-    )  # fmt: skip
-
-
+    )

@@ -41,10 +41,12 @@ def mirrored(mixed_precision: bool) -> Runtime:
 
 def replica_1(batch_index: int, scale: float):
     """Multiply the features of replica 1's half of global batch ``batch_index`` of epoch 0."""
+
     def poison(epoch: int, batch: int, x: np.ndarray) -> np.ndarray:
         if (epoch, batch) == (0, batch_index):
             x[4:] *= scale
         return x
+
     return poison
 
 
@@ -65,8 +67,14 @@ def overflow(root: Path) -> dict:
 
 def nan_loss(root: Path) -> dict:
     """Step 3: replica 1's inputs are infinite, its float16 forward pass gives NaN logits and a NaN loss."""
-    loop = tiny.make_loop(root, runtime=mirrored(True), poison=replica_1(2, np.inf), epochs=1,
-                          checkpoint_every_steps=2, model=lambda: tiny.build_model(activation=None))
+    loop = tiny.make_loop(
+        root,
+        runtime=mirrored(True),
+        poison=replica_1(2, np.inf),
+        epochs=1,
+        checkpoint_every_steps=2,
+        model=lambda: tiny.build_model(activation=None),
+    )
     try:
         loop.run()
     except TrainingDiverged as exc:
@@ -75,26 +83,41 @@ def nan_loss(root: Path) -> dict:
         error = None
     latest = tf.train.latest_checkpoint(str(root / "ckpt"))
     reader = tf.train.load_checkpoint(latest)
-    finite = all(bool(np.isfinite(reader.get_tensor(n)).all()) for n in reader.get_variable_to_shape_map()
-                 if np.asarray(reader.get_tensor(n)).dtype.kind == "f")
+    finite = all(
+        bool(np.isfinite(reader.get_tensor(n)).all())
+        for n in reader.get_variable_to_shape_map()
+        if np.asarray(reader.get_tensor(n)).dtype.kind == "f"
+    )
     return {"error": error, "latest": Path(latest).name, "latest_finite": finite}
 
 
 def one_sgd_step(root: Path, clip: float | None) -> dict:
     """One SGD step (learning rate 1) of a linear softmax model from zero weights; both halves of the
     batch are the same examples, so each replica's gradient is half the global one."""
-    x = np.array([[1.0, 2.0, 0.0, -1.0], [0.5, -1.0, 1.0, 2.0], [-2.0, 0.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]] * 2,
-                 np.float32)
+    x = np.array(
+        [[1.0, 2.0, 0.0, -1.0], [0.5, -1.0, 1.0, 2.0], [-2.0, 0.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]] * 2,
+        np.float32,
+    )
     y = np.array([0, 1, 1, 0] * 2, np.int32)
     data = (np.tile(x, (8, 1)), np.tile(y, 8), x, y)
 
     def model() -> keras.Model:
         inputs = keras.Input((tiny.FEATURES,))
-        outputs = keras.layers.Dense(2, use_bias=False, kernel_initializer="zeros", activation="softmax")(inputs)
+        outputs = keras.layers.Dense(2, use_bias=False, kernel_initializer="zeros", activation="softmax")(
+            inputs
+        )
         return keras.Model(inputs, outputs)
 
-    loop = tiny.make_loop(root, runtime=mirrored(False), data=data, model=model, max_steps=1, epochs=1, shuffle=False,
-                          optimizer=lambda: keras.optimizers.SGD(1.0, global_clipnorm=clip))
+    loop = tiny.make_loop(
+        root,
+        runtime=mirrored(False),
+        data=data,
+        model=model,
+        max_steps=1,
+        epochs=1,
+        shuffle=False,
+        optimizer=lambda: keras.optimizers.SGD(1.0, global_clipnorm=clip),
+    )
     loop.run()
     delta = loop.model.get_weights()[0]
     # The gradient of the mean cross-entropy at zero weights: X^T (p - onehot(y)) / n with p = 1/2.

@@ -22,8 +22,11 @@ PATTERNS = {
 
 def env_of(case: dict) -> dict[str, str]:
     hosts = case["hosts"] if case["backend"] is None else PATTERNS[case["backend"]].format(**case)
-    env = {cluster.REPLICAS_ENV: json.dumps(case["replicas"]), cluster.HOSTS_ENV: hosts,
-           cluster.INDEX_ENV: str(case["index"])}
+    env = {
+        cluster.REPLICAS_ENV: json.dumps(case["replicas"]),
+        cluster.HOSTS_ENV: hosts,
+        cluster.INDEX_ENV: str(case["index"]),
+    }
     if case["role"]:
         env[cluster.ROLE_ENV] = case["role"]
     return env
@@ -40,41 +43,92 @@ def test_an_engines_tf_config_is_used_as_is(case):
     env = {"TF_CONFIG": json.dumps(case["tf_config"]), cluster.REPLICAS_ENV: '{"worker": 9}'}
     info = cluster.ClusterInfo.from_environ(env)
     assert info.config == case["tf_config"]
-    assert info.is_chief == (case["tf_config"]["task"]["type"] == "chief" or (
-        "chief" not in case["tf_config"]["cluster"] and case["tf_config"]["task"] == {"type": "worker", "index": 0}))
+    assert info.is_chief == (
+        case["tf_config"]["task"]["type"] == "chief"
+        or (
+            "chief" not in case["tf_config"]["cluster"]
+            and case["tf_config"]["task"] == {"type": "worker", "index": 0}
+        )
+    )
 
 
-@pytest.mark.parametrize(("replicas", "strategy", "mode"), [
-    (None, "auto", "mirrored"),
-    ({"chief": 1}, "auto", "mirrored"),
-    ({"chief": 1, "worker": 1}, "auto", "multi_worker"),
-    ({"chief": 1, "worker": 2, "ps": 1}, "auto", "parameter_server"),
-    ({"chief": 1, "worker": 1}, "multi_worker", "multi_worker"),
-    ({"chief": 1, "worker": 2, "ps": 1}, "parameter_server", "parameter_server"),
-])
+@pytest.mark.parametrize(
+    ("replicas", "strategy", "mode"),
+    [
+        (None, "auto", "mirrored"),
+        ({"chief": 1}, "auto", "mirrored"),
+        ({"chief": 1, "worker": 1}, "auto", "multi_worker"),
+        ({"chief": 1, "worker": 2, "ps": 1}, "auto", "parameter_server"),
+        ({"chief": 1, "worker": 1}, "multi_worker", "multi_worker"),
+        ({"chief": 1, "worker": 2, "ps": 1}, "parameter_server", "parameter_server"),
+    ],
+)
 def test_auto_picks_the_mode_the_cluster_implies(replicas, strategy, mode):
-    env = {} if replicas is None else {cluster.REPLICAS_ENV: json.dumps(replicas), cluster.HOSTS_ENV: "h-{replica}:1",
-                                       cluster.INDEX_ENV: "0"}
+    env = (
+        {}
+        if replicas is None
+        else {
+            cluster.REPLICAS_ENV: json.dumps(replicas),
+            cluster.HOSTS_ENV: "h-{replica}:1",
+            cluster.INDEX_ENV: "0",
+        }
+    )
     assert cluster.placement(strategy, env)[1] == mode
 
 
-@pytest.mark.parametrize(("env", "strategy", "message"), [
-    ({cluster.REPLICAS_ENV: '{"chief": 1, "worker": 1}', cluster.HOSTS_ENV: "h-{replica}:1", cluster.INDEX_ENV: "0"},
-     "mirrored", "--strategy mirrored trains on one pod's devices, but TF_CONFIG names several workers"),
-    ({}, "parameter_server", "--strategy parameter_server needs a cluster with a chief"),
-    ({cluster.REPLICAS_ENV: '{"chief": 1, "worker": 1, "ps": 1}', cluster.HOSTS_ENV: "h-{replica}:1",
-      cluster.INDEX_ENV: "0"}, "multi_worker", "cannot run in a cluster with parameter servers"),
-    ({cluster.REPLICAS_ENV: '{"worker": 2}', cluster.HOSTS_ENV: "h-{replica}:1"}, "auto",
-     "JOB_COMPLETION_INDEX=None is not a replica index"),
-    ({cluster.REPLICAS_ENV: '{"worker": 2}', cluster.HOSTS_ENV: "h-{replica}:1", cluster.INDEX_ENV: "2"}, "auto",
-     "JOB_COMPLETION_INDEX=2 is outside the job's 2 replica(s)"),
-    ({cluster.REPLICAS_ENV: '{"boss": 1}', cluster.HOSTS_ENV: "h:1", cluster.INDEX_ENV: "0"}, "auto",
-     "unknown role 'boss'"),
-    ({cluster.REPLICAS_ENV: '{"worker": 2}', cluster.HOSTS_ENV: "h-{node}:1", cluster.INDEX_ENV: "0"}, "auto",
-     "is not a host pattern"),
-    ({cluster.REPLICAS_ENV: '{"worker": 2}', cluster.INDEX_ENV: "0"}, "auto",
-     "KUBETRAIN_TF_HOSTS is not"),
-])
+@pytest.mark.parametrize(
+    ("env", "strategy", "message"),
+    [
+        (
+            {
+                cluster.REPLICAS_ENV: '{"chief": 1, "worker": 1}',
+                cluster.HOSTS_ENV: "h-{replica}:1",
+                cluster.INDEX_ENV: "0",
+            },
+            "mirrored",
+            "--strategy mirrored trains on one pod's devices, but TF_CONFIG names several workers",
+        ),
+        ({}, "parameter_server", "--strategy parameter_server needs a cluster with a chief"),
+        (
+            {
+                cluster.REPLICAS_ENV: '{"chief": 1, "worker": 1, "ps": 1}',
+                cluster.HOSTS_ENV: "h-{replica}:1",
+                cluster.INDEX_ENV: "0",
+            },
+            "multi_worker",
+            "cannot run in a cluster with parameter servers",
+        ),
+        (
+            {cluster.REPLICAS_ENV: '{"worker": 2}', cluster.HOSTS_ENV: "h-{replica}:1"},
+            "auto",
+            "JOB_COMPLETION_INDEX=None is not a replica index",
+        ),
+        (
+            {
+                cluster.REPLICAS_ENV: '{"worker": 2}',
+                cluster.HOSTS_ENV: "h-{replica}:1",
+                cluster.INDEX_ENV: "2",
+            },
+            "auto",
+            "JOB_COMPLETION_INDEX=2 is outside the job's 2 replica(s)",
+        ),
+        (
+            {cluster.REPLICAS_ENV: '{"boss": 1}', cluster.HOSTS_ENV: "h:1", cluster.INDEX_ENV: "0"},
+            "auto",
+            "unknown role 'boss'",
+        ),
+        (
+            {cluster.REPLICAS_ENV: '{"worker": 2}', cluster.HOSTS_ENV: "h-{node}:1", cluster.INDEX_ENV: "0"},
+            "auto",
+            "is not a host pattern",
+        ),
+        (
+            {cluster.REPLICAS_ENV: '{"worker": 2}', cluster.INDEX_ENV: "0"},
+            "auto",
+            "KUBETRAIN_TF_HOSTS is not",
+        ),
+    ],
+)
 def test_inconsistent_clusters_are_refused_with_the_variable_named(env, strategy, message):
     with pytest.raises(cluster.ClusterConfigError) as err:
         cluster.placement(strategy, env)

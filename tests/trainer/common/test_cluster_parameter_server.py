@@ -26,7 +26,9 @@ from cluster_support import free_hosts
 REPO = Path(__file__).resolve().parents[3]
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace per replica needs root (as the dev stack's pods)"),
+    pytest.mark.skipif(
+        os.geteuid() != 0, reason="a mount namespace per replica needs root (as the dev stack's pods)"
+    ),
 ]
 REPLICAS = '{"chief": 1, "worker": 2, "ps": 1}'
 RESUMED = re.compile(r"resumed from ckpt-(\d+)")
@@ -34,16 +36,51 @@ RESUMED = re.compile(r"resumed from ckpt-(\d+)")
 
 def start(tmp: Path, data: Path, replica: int, hosts: str, *extra: str) -> tuple[subprocess.Popen, Path]:
     """Replica ``replica`` (0 chief, 1-2 workers, 3 ps); all but the chief see an empty ``tmp``."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DATA_DIR", "CHECKPOINT_DIR", "OUTPUT_DIR", "TF_CONFIG")}
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", KUBETRAIN_TF_REPLICAS=REPLICAS,
-               KUBETRAIN_TF_HOSTS=hosts, JOB_COMPLETION_INDEX=str(replica))  # fmt: skip
-    command = [sys.executable, "-m", "trainer.image_classifier", "--data-dir", str(data),
-               "--checkpoint-dir", str(tmp / "ckpt"), "--output-dir", str(tmp / "out"), "--image-size", "16",
-               "--batch-size", "32", "--checkpoint-every-steps", "3", "--log-every-steps", "1", *extra]  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATA_DIR", "CHECKPOINT_DIR", "OUTPUT_DIR", "TF_CONFIG")
+    }
+    env.update(
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONUNBUFFERED="1",
+        KUBETRAIN_TF_REPLICAS=REPLICAS,
+        KUBETRAIN_TF_HOSTS=hosts,
+        JOB_COMPLETION_INDEX=str(replica),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "trainer.image_classifier",
+        "--data-dir",
+        str(data),
+        "--checkpoint-dir",
+        str(tmp / "ckpt"),
+        "--output-dir",
+        str(tmp / "out"),
+        "--image-size",
+        "16",
+        "--batch-size",
+        "32",
+        "--checkpoint-every-steps",
+        "3",
+        "--log-every-steps",
+        "1",
+        *extra,
+    ]
     if replica:
         # a filesystem of its own: the chief's directories are not there
-        command = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                   'mount -t tmpfs tmpfs "$0" && exec "$@"', str(tmp), *command]  # fmt: skip
+        command = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            'mount -t tmpfs tmpfs "$0" && exec "$@"',
+            str(tmp),
+            *command,
+        ]
     log = tmp.parent / f"{tmp.name}-log{replica}-{time.monotonic_ns()}"
     with open(log, "w") as out:
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -82,7 +119,11 @@ def test_a_parameter_server_job_writes_checkpoints_and_model_through_the_chief_a
     out = job / "out"
     metrics = json.loads((out / "metrics.json").read_text())
     assert (metrics["strategy"], metrics["workers"], metrics["parameter_servers"], metrics["steps"]) == (
-        "parameter_server", 2, 1, 6)
+        "parameter_server",
+        2,
+        1,
+        6,
+    )
     # the SavedModel's variables and the Keras model, written by the chief from the ps's variables
     assert (out / "saved_model" / "1" / "saved_model.pb").exists()
     assert any((out / "saved_model" / "1" / "variables").glob("variables.data-*"))

@@ -30,26 +30,60 @@ DIRS = {"data_dir": "/data", "checkpoint_dir": "/checkpoints", "output_dir": "/o
     [
         (ClassifierConfig, {"batch_size": 0}, "--batch-size must be an integer >= 1, got 0"),
         (ClassifierConfig, {"epochs": -1}, "--epochs must be an integer >= 1, got -1"),
-        (ClassifierConfig, {"validation_split": 1.5}, "--validation-split must be a fraction strictly between"),
+        (
+            ClassifierConfig,
+            {"validation_split": 1.5},
+            "--validation-split must be a fraction strictly between",
+        ),
         (ClassifierConfig, {"learning_rate": 0.0}, "--learning-rate must be a number > 0, got 0.0"),
         (ClassifierConfig, {"max_steps": 0}, "--max-steps must be an integer >= 1 (or unset), got 0"),
-        (ClassifierConfig, {"checkpoint_every_steps": -5}, "--checkpoint-every-steps must be an integer >= 0"),
+        (
+            ClassifierConfig,
+            {"checkpoint_every_steps": -5},
+            "--checkpoint-every-steps must be an integer >= 0",
+        ),
         (ClassifierConfig, {"dropout": 1.0}, "--dropout must be a fraction in [0, 1), got 1.0"),
-        (ClassifierConfig, {"model": "mobilenet_v2", "channels": 1}, "--channels must be 3 with --model mobilenet_v2"),
+        (
+            ClassifierConfig,
+            {"model": "mobilenet_v2", "channels": 1},
+            "--channels must be 3 with --model mobilenet_v2",
+        ),
         (ClassifierConfig, {"model": "mobilenet_v2", "image_size": 16}, "--image-size must be >= 32 with"),
-        (ClassifierConfig, {"weights": "/nowhere.weights.h5"}, "--weights must be unset unless --model mobilenet_v2"),
-        (ClassifierConfig, {"model": "mobilenet_v2", "weights": "/nowhere.weights.h5"},
-         "--weights must be an existing local weights file, got '/nowhere.weights.h5'"),
+        (
+            ClassifierConfig,
+            {"weights": "/nowhere.weights.h5"},
+            "--weights must be unset unless --model mobilenet_v2",
+        ),
+        (
+            ClassifierConfig,
+            {"model": "mobilenet_v2", "weights": "/nowhere.weights.h5"},
+            "--weights must be an existing local weights file, got '/nowhere.weights.h5'",
+        ),
         (ClassifierConfig, {"data_dir": None}, "no data dir: pass --data-dir or set DATA_DIR"),
-        (DialogueConfig, {"hidden_size": 30, "num_heads": 4}, "--hidden-size must be a multiple of --num-heads 4"),
+        (
+            DialogueConfig,
+            {"hidden_size": 30, "num_heads": 4},
+            "--hidden-size must be a multiple of --num-heads 4",
+        ),
         (DialogueConfig, {"vocab_size": 4}, "--vocab-size must be an integer from 8 to 1000000, got 4"),
-        (DialogueConfig, {"max_output_length": 1}, "--max-output-length must be an integer from 2 to 1024, got 1"),
+        (
+            DialogueConfig,
+            {"max_output_length": 1},
+            "--max-output-length must be an integer from 2 to 1024, got 1",
+        ),
         (DialogueConfig, {"clip_norm": -1.0}, "--clip-norm must be a number > 0, got -1.0"),
         (DialogueConfig, {"warmup_steps": 0}, "--warmup-steps must be an integer >= 1, got 0"),
-        (ClassifierConfig, {"steps_per_execution": 0}, "--steps-per-execution must be an integer from 1 to 10000, "
-         "got 0"),
+        (
+            ClassifierConfig,
+            {"steps_per_execution": 0},
+            "--steps-per-execution must be an integer from 1 to 10000, got 0",
+        ),
         (ClassifierConfig, {"patience": -1}, "--patience must be an integer >= 0, got -1"),
-        (ClassifierConfig, {"shuffle_buffer": -1}, "--shuffle-buffer must be an integer >= 0 (0: the whole training"),
+        (
+            ClassifierConfig,
+            {"shuffle_buffer": -1},
+            "--shuffle-buffer must be an integer >= 0 (0: the whole training",
+        ),
         (DialogueConfig, {"monitor": "loss"}, "--monitor must be one of val_accuracy, val_loss, got 'loss'"),
     ],
 )
@@ -61,8 +95,13 @@ def test_config_refuses_bad_value_by_name(cls, values, message):
 
 def test_cli_refuses_bad_flag_with_exit_2_naming_it(capsys):
     with pytest.raises(SystemExit) as info:
-        parse_config(ClassifierConfig, ["--batch-size", "0", *[f"--{k.replace('_', '-')}={v}" for k, v in DIRS.items()]],
-                     prog="t", description="", environ={})
+        parse_config(
+            ClassifierConfig,
+            ["--batch-size", "0", *[f"--{k.replace('_', '-')}={v}" for k, v in DIRS.items()]],
+            prog="t",
+            description="",
+            environ={},
+        )
     assert info.value.code == 2
     assert "--batch-size must be an integer >= 1, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -72,9 +111,18 @@ def test_cli_refuses_bad_flag_with_exit_2_naming_it(capsys):
 
 def test_flags_win_over_environment_and_environment_fills_the_rest():
     env = {"DATA_DIR": "/env/data", "CHECKPOINT_DIR": "/env/ckpt", "OUTPUT_DIR": "/env/out"}
-    config = parse_config(ClassifierConfig, ["--data-dir", "/flag/data", "--no-cache", "--epochs", "3"],
-                          prog="t", description="", environ=env)
-    assert (config.data_dir, config.checkpoint_dir, config.output_dir) == ("/flag/data", "/env/ckpt", "/env/out")
+    config = parse_config(
+        ClassifierConfig,
+        ["--data-dir", "/flag/data", "--no-cache", "--epochs", "3"],
+        prog="t",
+        description="",
+        environ=env,
+    )
+    assert (config.data_dir, config.checkpoint_dir, config.output_dir) == (
+        "/flag/data",
+        "/env/ckpt",
+        "/env/out",
+    )
     assert config.cache is False and config.epochs == 3
     hyper = config.hyperparameters()
     assert hyper["epochs"] == 3 and "data_dir" not in hyper and "output_dir" not in hyper
@@ -82,20 +130,38 @@ def test_flags_win_over_environment_and_environment_fills_the_rest():
 
 def test_help_documents_exit_codes_and_every_flag():
     for module in ("trainer.image_classifier", "trainer.dialogue"):
-        out = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True,
-                             check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout
         assert f"{EXIT_PREEMPTED}" in out and "SIGTERM" in out and "--checkpoint-every-steps" in out
         assert "DATA_DIR" in out and "KUBETRAIN_DATASET_VERSION" in out
-    dialogue_help = subprocess.run([sys.executable, "-m", "trainer.dialogue", "--help"], cwd=REPO,
-                                   capture_output=True, text=True, check=True).stdout
-    for flag in ("--num-layers", "--num-heads", "--hidden-size", "--ff-size", "--dropout", "--warmup-steps",
-                 "--clip-norm", "--max-input-length", "--max-output-length", "--sample-every-steps"):
+    dialogue_help = subprocess.run(
+        [sys.executable, "-m", "trainer.dialogue", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for flag in (
+        "--num-layers",
+        "--num-heads",
+        "--hidden-size",
+        "--ff-size",
+        "--dropout",
+        "--warmup-steps",
+        "--clip-norm",
+        "--max-input-length",
+        "--max-output-length",
+        "--sample-every-steps",
+    ):
         assert flag in dialogue_help
 
 
 def test_trainer_package_and_data_modules_do_not_load_tensorflow():
-    code = ("import sys, trainer, trainer.image_classifier, trainer.image_classifier.train, trainer.image_classifier.data, trainer.dialogue.train, trainer.dialogue.data; "
-            "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
+    code = (
+        "import sys, trainer, trainer.image_classifier, trainer.image_classifier.train, trainer.image_classifier.data, trainer.dialogue.train, trainer.dialogue.data; "
+        "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -151,9 +217,24 @@ def test_dialogue_generator_is_deterministic_in_both_formats(tmp_path):
 
 def test_sample_data_generators_run_as_modules(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-m", "include.sample_data.digits", "--out", str(tmp_path / "d.zip"),
-                          "--per-class", "2", "--classes", "3,7"], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "include.sample_data.digits",
+            "--out",
+            str(tmp_path / "d.zip"),
+            "--per-class",
+            "2",
+            "--classes",
+            "3,7",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "4 images in 2 classes" in out.stdout
     with zipfile.ZipFile(tmp_path / "d.zip") as archive:
         assert sorted({n.split("/")[1] for n in archive.namelist()}) == ["3", "7"]

@@ -38,8 +38,11 @@ def test_sigterm_on_an_epochs_last_step_resumes_to_the_uninterrupted_result(tmp_
     reference = tiny.make_loop(tmp_path / "ref", checkpoint_every_steps=tiny.STEPS_PER_EPOCH)
     expected = reference.run()
 
-    first = tiny.make_loop(tmp_path / "run", stop=tiny.StopAtStep(tiny.STEPS_PER_EPOCH),
-                           checkpoint_every_steps=tiny.STEPS_PER_EPOCH)
+    first = tiny.make_loop(
+        tmp_path / "run",
+        stop=tiny.StopAtStep(tiny.STEPS_PER_EPOCH),
+        checkpoint_every_steps=tiny.STEPS_PER_EPOCH,
+    )
     with pytest.raises(Preempted):
         first.run()
     assert first.last_saved_step == tiny.STEPS_PER_EPOCH
@@ -68,7 +71,10 @@ def test_a_periodic_checkpoint_on_an_epochs_last_step_holds_the_closed_epoch(tmp
 def test_a_finished_run_retried_keeps_every_history_row_when_max_steps_is_a_checkpoint_multiple(tmp_path):
     first = tiny.make_loop(tmp_path, epochs=3, max_steps=12, checkpoint_every_steps=4)
     done = first.run(history_path=tmp_path / "out.csv")
-    assert [(r["epoch"], r["step"], bool(r.get("partial"))) for r in done.history] == [(1, 8, False), (2, 12, True)]
+    assert [(r["epoch"], r["step"], bool(r.get("partial"))) for r in done.history] == [
+        (1, 8, False),
+        (2, 12, True),
+    ]
     again = tiny.make_loop(tmp_path, epochs=3, max_steps=12, checkpoint_every_steps=4)
     retried = again.run(history_path=tmp_path / "again.csv")
     assert retried.steps == 12
@@ -84,8 +90,11 @@ def test_a_nan_loss_stops_the_run_by_name_and_keeps_the_last_finite_checkpoint(t
 
     loop = tiny.make_loop(tmp_path, poison=nan_in_sixth_batch, checkpoint_every_steps=4)
     # (oneDNN's ReLU turns the NaN into 0 on the way forward; the gradient keeps it.)
-    with pytest.raises(TrainingDiverged, match=r"training diverged at step 6 .*(loss|gradient) was NaN or infinite.*"
-                       r"The last finite checkpoint, ckpt-4 \(step 4\)") as info:
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"training diverged at step 6 .*(loss|gradient) was NaN or infinite.*"
+        r"The last finite checkpoint, ckpt-4 \(step 4\)",
+    ) as info:
         loop.run()
     assert "a rerun resumes from that checkpoint and is likely to diverge again" in str(info.value)
     ckpt = tmp_path / "ckpt"
@@ -129,8 +138,11 @@ def test_a_changed_learning_rate_is_used_on_resume(tmp_path, caplog):
     result = resumed.run()
     assert result.steps == 6 and result.history[-1]["learning_rate"] == pytest.approx(0.002, rel=1e-6)
     reader = tf.train.load_checkpoint(str(tmp_path / "ckpt" / "ckpt-6"))
-    saved = [reader.get_tensor(n) for n in reader.get_variable_to_shape_map() if n.startswith("optimizer/")
-             and "learning_rate" in n]
+    saved = [
+        reader.get_tensor(n)
+        for n in reader.get_variable_to_shape_map()
+        if n.startswith("optimizer/") and "learning_rate" in n
+    ]
     assert saved and float(saved[0]) == pytest.approx(0.002, rel=1e-6)
 
 
@@ -140,16 +152,22 @@ def test_the_dialogue_warmup_schedule_uses_this_runs_settings_on_resume(tmp_path
     from trainer.dialogue.model import WarmupSchedule
 
     def adam(scale: float):  # as the dialogue trainer builds it
-        return lambda: keras.optimizers.Adam(WarmupSchedule(16, 30, scale), beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+        return lambda: keras.optimizers.Adam(
+            WarmupSchedule(16, 30, scale), beta_1=0.9, beta_2=0.98, epsilon=1e-9
+        )
 
     tiny.make_loop(tmp_path, max_steps=4, optimizer=adam(1.0)).run()
     resumed = tiny.make_loop(tmp_path, max_steps=6, optimizer=adam(3.0))
     resumed.restore()
     # The schedule is no variable: the restored step count (4) with this run's --learning-rate-scale.
     assert int(resumed.optimizer.iterations) == 4
-    assert float(resumed.optimizer.learning_rate) == pytest.approx(float(WarmupSchedule(16, 30, 3.0)(4)), rel=1e-6)
+    assert float(resumed.optimizer.learning_rate) == pytest.approx(
+        float(WarmupSchedule(16, 30, 3.0)(4)), rel=1e-6
+    )
     result = resumed.run()
-    assert result.history[-1]["learning_rate"] == pytest.approx(float(WarmupSchedule(16, 30, 3.0)(6)), rel=1e-6)
+    assert result.history[-1]["learning_rate"] == pytest.approx(
+        float(WarmupSchedule(16, 30, 3.0)(6)), rel=1e-6
+    )
     assert result.history[-1]["learning_rate"] > 2.9 * float(WarmupSchedule(16, 30, 1.0)(6))
 
 
@@ -172,8 +190,13 @@ def test_patience_stops_early_and_a_retry_does_not_train_again(tmp_path, caplog)
     result = loop.run()
     best = result.best["epoch"]
     assert len(result.history) == best + 2 < 20
-    assert result.stopped_early == {"epoch": best + 2, "step": (best + 2) * tiny.STEPS_PER_EPOCH,
-                                    "best_epoch": best, "patience": 2, "monitor": "val_accuracy"}
+    assert result.stopped_early == {
+        "epoch": best + 2,
+        "step": (best + 2) * tiny.STEPS_PER_EPOCH,
+        "best_epoch": best,
+        "patience": 2,
+        "monitor": "val_accuracy",
+    }
     assert f"has not improved for 2 epoch(s) since epoch {best}" in caplog.text
     again = tiny.make_loop(tmp_path, data=flipped, epochs=20, patience=2).run()
     assert again.steps == result.steps and len(again.history) == len(result.history)
@@ -183,8 +206,10 @@ def test_patience_stops_early_and_a_retry_does_not_train_again(tmp_path, caplog)
     ("change", "message"),
     [
         ({"batch": 16}, "--batch-size 16 differs from the checkpoint's 8"),
-        ({"loop_args": {"dataset_version": "v2"}}, "trained on dataset version 'v1', but this run's data is "
-                                                     "version 'v2'"),
+        (
+            {"loop_args": {"dataset_version": "v2"}},
+            "trained on dataset version 'v1', but this run's data is version 'v2'",
+        ),
     ],
     ids=["batch-size", "dataset-version"],
 )
@@ -200,8 +225,9 @@ def test_resume_refuses_another_batch_size_or_dataset_version(tmp_path, change, 
 def test_k_steps_per_call_train_exactly_as_single_steps_and_wait_for_the_device_rarely(tmp_path):
     single = tiny.make_loop(tmp_path / "one", epochs=3, log_every_steps=1000)
     expected = single.run()
-    multi = tiny.make_loop(tmp_path / "four", epochs=3, log_every_steps=1000, steps_per_execution=4,
-                           checkpoint_every_steps=8)
+    multi = tiny.make_loop(
+        tmp_path / "four", epochs=3, log_every_steps=1000, steps_per_execution=4, checkpoint_every_steps=8
+    )
     reads = []
     read = multi.runner.read
     multi.runner.read = lambda: reads.append(1) or read()
@@ -218,7 +244,9 @@ def test_k_steps_per_call_train_exactly_as_single_steps_and_wait_for_the_device_
 
 def test_jit_compiled_steps_train_like_the_plain_ones(tmp_path):
     plain = tiny.make_loop(tmp_path / "plain", log_every_steps=1000).run()
-    jit = tiny.make_loop(tmp_path / "jit", log_every_steps=1000, jit_compile=True, steps_per_execution=8).run()
+    jit = tiny.make_loop(
+        tmp_path / "jit", log_every_steps=1000, jit_compile=True, steps_per_execution=8
+    ).run()
     for a, b in zip(plain.history, jit.history, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-4)
         assert a["val_accuracy"] == pytest.approx(b["val_accuracy"], abs=1e-9)
@@ -240,12 +268,16 @@ def test_tensorboard_event_files_hold_step_and_epoch_scalars(tmp_path):
     assert scalars["train"]["loss"] == [1, 4, 8, 12, 16]
     assert scalars["train"]["epoch_loss"] == [8, 16]
     assert scalars["validation"]["epoch_accuracy"] == [8, 16]
-    assert {"learning_rate", "gradient_global_norm", "examples_per_s", "input_wait_fraction"} <= set(scalars["train"])
+    assert {"learning_rate", "gradient_global_norm", "examples_per_s", "input_wait_fraction"} <= set(
+        scalars["train"]
+    )
 
 
 def test_the_best_weights_survive_a_restart(tmp_path):
     flipped = tiny.examples(flip_validation=True)
-    first = tiny.make_loop(tmp_path, data=flipped, epochs=4, stop=tiny.StopAtStep(27), checkpoint_every_steps=8)
+    first = tiny.make_loop(
+        tmp_path, data=flipped, epochs=4, stop=tiny.StopAtStep(27), checkpoint_every_steps=8
+    )
     with pytest.raises(Preempted):
         first.run()
     best = first.best

@@ -30,7 +30,9 @@ VAL = 32
 STEPS_PER_EPOCH = TRAIN // BATCH
 
 
-def examples(seed: int = 0, flip_validation: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def examples(
+    seed: int = 0, flip_validation: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(TRAIN + VAL, FEATURES)).astype("float32")
     y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype("int32")
@@ -62,8 +64,12 @@ def build_model(hidden: int = 8, activation: str | None = "relu") -> keras.Model
 
 
 def default_runtime() -> Runtime:
-    return Runtime(strategy=tf.distribute.get_strategy(), devices=["/physical_device:CPU:0"], replicas=1,
-                   mixed_precision=False)
+    return Runtime(
+        strategy=tf.distribute.get_strategy(),
+        devices=["/physical_device:CPU:0"],
+        replicas=1,
+        mixed_precision=False,
+    )
 
 
 class StopAtStep(StopRequest):
@@ -100,8 +106,9 @@ def make_loop(
     runtime = runtime or default_runtime()
     x, y, x_val, y_val = data if data is not None else examples()
     settings = {"epochs": 2, "batch_size": batch, "checkpoint_every_steps": 0, "log_every_steps": 1, **config}
-    cfg = TrainerConfig(data_dir=str(root), checkpoint_dir=str(root / "ckpt"), output_dir=str(root / "out"),
-                        **settings)
+    cfg = TrainerConfig(
+        data_dir=str(root), checkpoint_dir=str(root / "ckpt"), output_dir=str(root / "out"), **settings
+    )
     keras.utils.set_random_seed(7)
     with runtime.strategy.scope():
         net = (model or build_model)()
@@ -113,7 +120,7 @@ def make_loop(
 
         def batches():
             for b in range(skip, steps):
-                index = order[b * batch:(b + 1) * batch]
+                index = order[b * batch : (b + 1) * batch]
                 if on_batch is not None:
                     on_batch(epoch, b)
                 xb = x[index]
@@ -121,14 +128,28 @@ def make_loop(
                     xb = poison(epoch, b, xb.copy())
                 yield xb, y[index]
 
-        return tf.data.Dataset.from_generator(batches, output_signature=(
-            tf.TensorSpec((batch, FEATURES), tf.float32), tf.TensorSpec((batch,), tf.int32)))
+        return tf.data.Dataset.from_generator(
+            batches,
+            output_signature=(
+                tf.TensorSpec((batch, FEATURES), tf.float32),
+                tf.TensorSpec((batch,), tf.int32),
+            ),
+        )
 
     val = tf.data.Dataset.from_tensor_slices((x_val, y_val)).batch(batch)
     loop = TrainingLoop(
-        trainer="tiny", config=cfg, runtime=runtime, model=net, optimizer=opt, compute_fn=compute_fn,
-        train_dataset_fn=train_dataset, val_dataset=val, steps_per_epoch=len(x) // batch, global_batch_size=batch,
-        stop=stop or StopRequest(), **(loop_args or {}),
+        trainer="tiny",
+        config=cfg,
+        runtime=runtime,
+        model=net,
+        optimizer=opt,
+        compute_fn=compute_fn,
+        train_dataset_fn=train_dataset,
+        val_dataset=val,
+        steps_per_epoch=len(x) // batch,
+        global_batch_size=batch,
+        stop=stop or StopRequest(),
+        **(loop_args or {}),
     )
     if isinstance(stop, StopAtStep):
         stop.loop = loop

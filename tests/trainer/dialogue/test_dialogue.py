@@ -22,8 +22,22 @@ from trainer.dialogue.tokenizer import WordTokenizer
 
 REPO = Path(__file__).resolve().parents[3]
 CORNELL = Path(__file__).parent / "fixtures" / "cornell"
-TINY = ["--num-layers", "1", "--num-heads", "2", "--hidden-size", "32", "--ff-size", "64",
-        "--max-input-length", "12", "--max-output-length", "12", "--warmup-steps", "30"]
+TINY = [
+    "--num-layers",
+    "1",
+    "--num-heads",
+    "2",
+    "--hidden-size",
+    "32",
+    "--ff-size",
+    "64",
+    "--max-input-length",
+    "12",
+    "--max-output-length",
+    "12",
+    "--warmup-steps",
+    "30",
+]
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
 
 
@@ -49,24 +63,34 @@ def test_cornell_files_are_found_in_a_nested_folder(tmp_path):
     (tmp_path / "README.txt").write_text("about the corpus\n")
     loaded = load_pairs(tmp_path)
     assert len(loaded.pairs) == 12 and loaded.skipped == 5
-    assert loaded.sources == ["cornell movie-dialogs corpus/movie_lines.txt",
-                              "cornell movie-dialogs corpus/movie_conversations.txt"]
+    assert loaded.sources == [
+        "cornell movie-dialogs corpus/movie_lines.txt",
+        "cornell movie-dialogs corpus/movie_conversations.txt",
+    ]
 
 
 def test_tsv_and_jsonl_readers(tmp_path):
     tsv = tmp_path / "pairs.tsv"
-    tsv.write_text("question\tresponse\nhello there\thi!\nno tab on this line\n\na\tb\tc\n  spaced   out \t ok \n",
-                   encoding="utf-8")
+    tsv.write_text(
+        "question\tresponse\nhello there\thi!\nno tab on this line\n\na\tb\tc\n  spaced   out \t ok \n",
+        encoding="utf-8",
+    )
     parsed = read_tsv(tsv)
     assert parsed.pairs == [("hello there", "hi!"), ("spaced out", "ok")] and parsed.skipped == 2
     jsonl = tmp_path / "pairs.jsonl"
-    jsonl.write_text("\n".join([
-        json.dumps({"question": "how are you?", "response": "fine"}),
-        json.dumps({"input": "and you?", "reply": "also fine"}),
-        "{not json",
-        json.dumps({"question": "missing reply"}),
-        json.dumps(["a", "list"]),
-    ]) + "\n", encoding="utf-8")
+    jsonl.write_text(
+        "\n".join(
+            [
+                json.dumps({"question": "how are you?", "response": "fine"}),
+                json.dumps({"input": "and you?", "reply": "also fine"}),
+                "{not json",
+                json.dumps({"question": "missing reply"}),
+                json.dumps(["a", "list"]),
+            ]
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     parsed = read_jsonl(jsonl)
     assert parsed.pairs == [("how are you?", "fine"), ("and you?", "also fine")] and parsed.skipped == 3
 
@@ -94,11 +118,37 @@ def test_trains_on_chatterbot_pairs_and_writes_the_contract_files(tmp_path):
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k not in ("DATA_DIR", "CHECKPOINT_DIR", "OUTPUT_DIR")}
     env.update(TF_CPP_MIN_LOG_LEVEL="2", KUBETRAIN_DATASET_VERSION="00aa11bb22cc33dd")
-    args = ["--data-dir", str(data), "--checkpoint-dir", str(tmp_path / "ckpt"), "--output-dir", str(out), *TINY,
-            "--batch-size", "32", "--vocab-size", "1500", "--max-steps", "70", "--sample-every-steps", "20",
-            "--num-samples", "2", "--checkpoint-every-steps", "20", "--log-every-steps", "5"]
-    proc = subprocess.run([sys.executable, "-m", "trainer.dialogue", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    args = [
+        "--data-dir",
+        str(data),
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--output-dir",
+        str(out),
+        *TINY,
+        "--batch-size",
+        "32",
+        "--vocab-size",
+        "1500",
+        "--max-steps",
+        "70",
+        "--sample-every-steps",
+        "20",
+        "--num-samples",
+        "2",
+        "--checkpoint-every-steps",
+        "20",
+        "--log-every-steps",
+        "5",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.dialogue", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "sample at step 20:" in proc.stderr and "sample at step 40:" in proc.stderr
 
@@ -111,7 +161,9 @@ def test_trains_on_chatterbot_pairs_and_writes_the_contract_files(tmp_path):
 
     with open(out / "history.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert rows[0]["step"] == str(metrics["train_examples"] // 32)  # 31 steps: two full epochs, then a partial one
+    assert rows[0]["step"] == str(
+        metrics["train_examples"] // 32
+    )  # 31 steps: two full epochs, then a partial one
     assert [r["epoch"] for r in rows] == ["1", "2", "3"] and rows[-1]["step"] == "70"
     # The sample data names each pair's conversation: nearly half the pairs repeat an earlier
     # one, and neither a pair nor a conversation is on both sides of the split.
@@ -123,11 +175,15 @@ def test_trains_on_chatterbot_pairs_and_writes_the_contract_files(tmp_path):
 
     samples = json.loads((out / "samples.json").read_text())
     assert [s["step"] for s in samples] == [20, 20, 40, 40, 60, 60, 70, 70]
-    assert all(set(s) == {"step", "input", "reply", "reference"} and s["input"] and s["reference"] for s in samples)
+    assert all(
+        set(s) == {"step", "input", "reply", "reference"} and s["input"] and s["reference"] for s in samples
+    )
 
     tokenizer = WordTokenizer.load(out / "tokenizer.json")
-    assert tokenizer.size == 1500 and (tmp_path / "ckpt" / "tokenizer.json").read_bytes() == (
-        out / "tokenizer.json").read_bytes()
+    assert (
+        tokenizer.size == 1500
+        and (tmp_path / "ckpt" / "tokenizer.json").read_bytes() == (out / "tokenizer.json").read_bytes()
+    )
     params = json.loads((out / "params.json").read_text())
     assert params["dataset_version"] == "00aa11bb22cc33dd" and params["sources"] == ["pairs.tsv"]
     assert params["hyperparameters"]["hidden_size"] == 32 and params["hyperparameters"]["warmup_steps"] == 30
@@ -148,8 +204,14 @@ def test_trains_on_chatterbot_pairs_and_writes_the_contract_files(tmp_path):
     # The SavedModel answers questions by itself: a process with TensorFlow and no line of
     # this project's code gives the replies that the Python tokenizer and decoder give.
     questions = ["What is AI?", "What language are you written in?", "tell me a joke", "Héllo, WORLD!!", ""]
-    served = subprocess.run([sys.executable, "-c", SERVE, str(out / "saved_model" / "1"), json.dumps(questions)],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    served = subprocess.run(
+        [sys.executable, "-c", SERVE, str(out / "saved_model" / "1"), json.dumps(questions)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert served.returncode == 0, served.stderr[-3000:]
     replies = json.loads(served.stdout.strip().splitlines()[-1])
     from trainer.dialogue.model import GreedyDecoder
@@ -179,9 +241,23 @@ def test_trains_on_raw_cornell_files(tmp_path, caplog):
     data = tmp_path / "data"
     shutil.copytree(CORNELL, data / "corpus")
     caplog.set_level(logging.INFO)
-    rc = dialogue_train.main(["--data-dir", str(data), "--checkpoint-dir", str(tmp_path / "ckpt"), "--output-dir",
-                              str(tmp_path / "out"), *TINY, "--batch-size", "4", "--max-steps", "3",
-                              "--validation-split", "0.2"])
+    rc = dialogue_train.main(
+        [
+            "--data-dir",
+            str(data),
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            "--output-dir",
+            str(tmp_path / "out"),
+            *TINY,
+            "--batch-size",
+            "4",
+            "--max-steps",
+            "3",
+            "--validation-split",
+            "0.2",
+        ]
+    )
     assert rc == 0, caplog.text[-3000:]
     assert "read 12 pairs from" in caplog.text and "skipped 5 unparsable record(s)" in caplog.text
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
@@ -194,16 +270,31 @@ def test_trains_on_raw_cornell_files(tmp_path, caplog):
 @pytest.mark.parametrize(
     ("files", "flags", "code", "message"),
     [
-        ({"pairs.tsv": "no tab here\nnor here\n"}, [], EXIT_DATAERR,
-         "no parsable question/response pairs in pairs.tsv (2 record(s) skipped)"),
+        (
+            {"pairs.tsv": "no tab here\nnor here\n"},
+            [],
+            EXIT_DATAERR,
+            "no parsable question/response pairs in pairs.tsv (2 record(s) skipped)",
+        ),
         ({"notes.md": "# nothing\n"}, [], EXIT_DATAERR, "no dialogue data in DATA_DIR"),
         ({"pairs.tsv": "hi\tthere\n"}, [], EXIT_DATAERR, "only 1 question/response pair found"),
-        ({"pairs.tsv": "hi\tthere\nhow are you\tfine\nbye\tsee you\n"}, ["--batch-size", "8"], EXIT_DATAERR,
-         "2 training pairs are fewer than --batch-size 8"),
+        (
+            {"pairs.tsv": "hi\tthere\nhow are you\tfine\nbye\tsee you\n"},
+            ["--batch-size", "8"],
+            EXIT_DATAERR,
+            "2 training pairs are fewer than --batch-size 8",
+        ),
         ({"latin.tsv": "caf\xe9\tbien\n".encode("latin-1")}, [], EXIT_DATAERR, "is not UTF-8 text"),
         ({"pairs.tsv": "a\tb\n"}, ["--data-file", "other.tsv"], 66, "--data-file 'other.tsv' does not exist"),
     ],
-    ids=["no-parsable-pairs", "no-data-files", "one-pair", "fewer-than-batch", "not-utf8", "missing-data-file"],
+    ids=[
+        "no-parsable-pairs",
+        "no-data-files",
+        "one-pair",
+        "fewer-than-batch",
+        "not-utf8",
+        "missing-data-file",
+    ],
 )
 def test_bad_data_is_refused_before_training(tmp_path, caplog, files, flags, code, message):
     data = tmp_path / "data"
@@ -211,8 +302,17 @@ def test_bad_data_is_refused_before_training(tmp_path, caplog, files, flags, cod
     for name, content in files.items():
         (data / name).write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
     caplog.set_level(logging.INFO)
-    rc = dialogue_train.main(["--data-dir", str(data), "--checkpoint-dir", str(tmp_path / "ckpt"), "--output-dir",
-                              str(tmp_path / "out"), *flags])
+    rc = dialogue_train.main(
+        [
+            "--data-dir",
+            str(data),
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            "--output-dir",
+            str(tmp_path / "out"),
+            *flags,
+        ]
+    )
     assert rc == code
     assert message in caplog.text
     assert not (tmp_path / "out" / "metrics.json").exists()
@@ -221,7 +321,19 @@ def test_bad_data_is_refused_before_training(tmp_path, caplog, files, flags, cod
 
 def test_bad_flag_is_refused_with_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
-        dialogue_train.main(["--data-dir", str(tmp_path), "--checkpoint-dir", str(tmp_path), "--output-dir",
-                             str(tmp_path), "--hidden-size", "30", "--num-heads", "4"])
+        dialogue_train.main(
+            [
+                "--data-dir",
+                str(tmp_path),
+                "--checkpoint-dir",
+                str(tmp_path),
+                "--output-dir",
+                str(tmp_path),
+                "--hidden-size",
+                "30",
+                "--num-heads",
+                "4",
+            ]
+        )
     assert info.value.code == EXIT_USAGE
     assert "--hidden-size must be a multiple of --num-heads 4, got 30" in capsys.readouterr().err

@@ -18,8 +18,22 @@ from trainer.dialogue.tokenizer import WordTokenizer
 
 REPO = Path(__file__).resolve().parents[3]
 CORNELL = Path(__file__).parent / "fixtures" / "cornell"
-TINY = ["--num-layers", "1", "--num-heads", "2", "--hidden-size", "16", "--ff-size", "32",
-        "--max-input-length", "8", "--max-output-length", "8", "--warmup-steps", "10"]
+TINY = [
+    "--num-layers",
+    "1",
+    "--num-heads",
+    "2",
+    "--hidden-size",
+    "16",
+    "--ff-size",
+    "32",
+    "--max-input-length",
+    "8",
+    "--max-output-length",
+    "8",
+    "--warmup-steps",
+    "10",
+]
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
 
 
@@ -30,18 +44,25 @@ def test_the_split_keeps_each_cornell_conversation_on_one_side(seed):
     train, val = split_pairs(parsed.pairs, 0.3, seed, parsed.groups)
     assert len(train) + len(val) == 12 and train and val
     # Consecutive pairs share a line: (A, B), (B, C). A random pair split puts B on both sides.
-    lines = {side: {text for pair in pairs for text in pair} for side, pairs in (("train", train), ("val", val))}
+    lines = {
+        side: {text for pair in pairs for text in pair} for side, pairs in (("train", train), ("val", val))
+    }
     assert not lines["train"] & lines["val"]
 
 
 def test_jsonl_conversation_ids_group_pairs(tmp_path):
     path = tmp_path / "pairs.jsonl"
-    path.write_text("\n".join([
-        '{"question": "hi", "response": "hello", "conversation_id": 7}',
-        '{"question": "hello", "response": "how are you", "conversation_id": 7}',
-        '{"question": "a", "response": "b"}',
-        '{"question": "c", "response": "d"}',
-    ]) + "\n")
+    path.write_text(
+        "\n".join(
+            [
+                '{"question": "hi", "response": "hello", "conversation_id": 7}',
+                '{"question": "hello", "response": "how are you", "conversation_id": 7}',
+                '{"question": "a", "response": "b"}',
+                '{"question": "c", "response": "d"}',
+            ]
+        )
+        + "\n"
+    )
     parsed = read_jsonl(path)
     assert parsed.groups[0] == parsed.groups[1] and len(set(parsed.groups)) == 3
     loaded = load_pairs(tmp_path, max_pairs=3)
@@ -51,8 +72,16 @@ def test_jsonl_conversation_ids_group_pairs(tmp_path):
 def tiny_transformer(vocab_size: int):
     from trainer.dialogue.model import build_transformer
 
-    return build_transformer(vocab_size=vocab_size, max_input_length=8, max_output_length=8, num_layers=1,
-                             num_heads=2, hidden_size=16, ff_size=32, dropout=0.0)
+    return build_transformer(
+        vocab_size=vocab_size,
+        max_input_length=8,
+        max_output_length=8,
+        num_layers=1,
+        num_heads=2,
+        hidden_size=16,
+        ff_size=32,
+        dropout=0.0,
+    )
 
 
 def test_greedy_decoding_never_emits_pad_or_start_tokens():
@@ -72,9 +101,17 @@ def test_greedy_decoding_never_emits_pad_or_start_tokens():
 
 
 CORPUS = [
-    "Hello, world! How're you?", "It's 3:45pm -- (really) [sic] {ok}.", "Ça va? Très bien, merci.",
-    "ÉCOLE  Straße\u00a0naïve\tcafé\u2003end", "tab\there\nnew line\x0bvertical", "multiple!!! punctuation??",
-    "emoji 🙂 and CJK 漢字 text", "under_score and don't", "ｆｕｌｌｗｉｄｔｈ ＡＢＣ", "", "   ",
+    "Hello, world! How're you?",
+    "It's 3:45pm -- (really) [sic] {ok}.",
+    "Ça va? Très bien, merci.",
+    "ÉCOLE  Straße\u00a0naïve\tcafé\u2003end",
+    "tab\there\nnew line\x0bvertical",
+    "multiple!!! punctuation??",
+    "emoji 🙂 and CJK 漢字 text",
+    "under_score and don't",
+    "ｆｕｌｌｗｉｄｔｈ ＡＢＣ",
+    "",
+    "   ",
 ]
 
 
@@ -102,16 +139,37 @@ def test_the_in_graph_tokenizer_gives_the_python_tokenizers_ids_and_texts(tmp_pa
 def run_dialogue(args: list[str]) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DATA_DIR", "CHECKPOINT_DIR", "OUTPUT_DIR")}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    return subprocess.run([sys.executable, "-m", "trainer.dialogue", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "trainer.dialogue", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.parametrize("keep_tokenizer_file", [True, False], ids=["tokenizer-file", "fingerprint-only"])
 def test_resume_refuses_a_checkpoint_of_another_vocabulary(tmp_path, keep_tokenizer_file):
     data = tmp_path / "data"
     dialogue_data.main(["--out", str(data / "pairs.tsv"), "--categories", "greetings,humor"])
-    args = ["--data-dir", str(data), "--checkpoint-dir", str(tmp_path / "ckpt"), "--output-dir", str(tmp_path / "out"),
-            *TINY, "--batch-size", "8", "--vocab-size", "40", "--max-steps", "2", "--log-every-steps", "100"]
+    args = [
+        "--data-dir",
+        str(data),
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--output-dir",
+        str(tmp_path / "out"),
+        *TINY,
+        "--batch-size",
+        "8",
+        "--vocab-size",
+        "40",
+        "--max-steps",
+        "2",
+        "--log-every-steps",
+        "100",
+    ]
     first = run_dialogue(args)
     assert first.returncode == 0, first.stderr[-3000:]
     # The same number of pairs (same epoch length), other words: with --vocab-size 40 the
@@ -122,5 +180,8 @@ def test_resume_refuses_a_checkpoint_of_another_vocabulary(tmp_path, keep_tokeni
         (tmp_path / "ckpt" / "tokenizer.json").unlink()
     second = run_dialogue([*args[:-4], "--max-steps", "4"])
     assert second.returncode == EXIT_DATAERR, second.stderr[-3000:]
-    assert "was trained with another vocabulary than the training pairs give now (40 vs 40 tokens" in second.stderr
+    assert (
+        "was trained with another vocabulary than the training pairs give now (40 vs 40 tokens"
+        in second.stderr
+    )
     assert not list((tmp_path / "ckpt").glob("ckpt-4.*"))

@@ -12,9 +12,28 @@ import pytest
 from trainer.dialogue import train as dialogue_train
 from trainer.dialogue.data import load_pairs, make_split, read_tsv, split_pairs
 
-TINY = ["--num-layers", "1", "--num-heads", "2", "--hidden-size", "16", "--ff-size", "32",
-        "--max-input-length", "8", "--max-output-length", "8", "--warmup-steps", "30", "--log-every-steps", "100",
-        "--sample-every-steps", "1000", "--num-samples", "1"]
+TINY = [
+    "--num-layers",
+    "1",
+    "--num-heads",
+    "2",
+    "--hidden-size",
+    "16",
+    "--ff-size",
+    "32",
+    "--max-input-length",
+    "8",
+    "--max-output-length",
+    "8",
+    "--warmup-steps",
+    "30",
+    "--log-every-steps",
+    "100",
+    "--sample-every-steps",
+    "1000",
+    "--num-samples",
+    "1",
+]
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
 
 
@@ -37,14 +56,21 @@ def duplicated_corpus(path: Path) -> Path:
 
 def test_tsv_conversation_column_groups_pairs_and_files_without_ids_are_still_read(tmp_path):
     with_ids = tmp_path / "a.tsv"
-    with_ids.write_text("question\tresponse\tconversation\nhi\thello\tc1\nhello\thow are you\tc1\nbye\tciao\tc2\n"
-                        "two\tcolumns only\n", encoding="utf-8")
+    with_ids.write_text(
+        "question\tresponse\tconversation\nhi\thello\tc1\nhello\thow are you\tc1\nbye\tciao\tc2\n"
+        "two\tcolumns only\n",
+        encoding="utf-8",
+    )
     parsed = read_tsv(with_ids)
-    assert parsed.pairs == [("hi", "hello"), ("hello", "how are you"), ("bye", "ciao")] and parsed.skipped == 1
+    assert (
+        parsed.pairs == [("hi", "hello"), ("hello", "how are you"), ("bye", "ciao")] and parsed.skipped == 1
+    )
     assert parsed.groups[0] == parsed.groups[1] != parsed.groups[2]
     # Columns in another order, named by the header.
     reordered = tmp_path / "b.tsv"
-    reordered.write_text("dialogue_id\tanswer\tprompt\n7\tfine\thow are you\n7\tyes\treally\n", encoding="utf-8")
+    reordered.write_text(
+        "dialogue_id\tanswer\tprompt\n7\tfine\thow are you\n7\tyes\treally\n", encoding="utf-8"
+    )
     parsed = read_tsv(reordered)
     assert parsed.pairs == [("how are you", "fine"), ("really", "yes")] and len(set(parsed.groups)) == 1
     # A file without ids (older sample data): two columns, each line its own group; a third
@@ -71,9 +97,15 @@ def test_a_duplicated_corpus_splits_without_a_shared_pair_or_conversation(tmp_pa
     # The first copy of each pair stays: 48 distinct pairs in the 24 talks; 'repeats' is empty.
     assert sorted(split.train + split.val) == sorted(set(loaded.pairs[:72]))
     assert split.report() == {
-        "pairs_read": 96, "duplicates_removed": 48, "groups": 24, "train_pairs": len(split.train),
-        "val_pairs": len(split.val), "train_groups": len(split.train) // 2, "val_groups": len(split.val) // 2,
-        "val_pairs_in_train": 0, "groups_in_both": 0,
+        "pairs_read": 96,
+        "duplicates_removed": 48,
+        "groups": 24,
+        "train_pairs": len(split.train),
+        "val_pairs": len(split.val),
+        "train_groups": len(split.train) // 2,
+        "val_groups": len(split.val) // 2,
+        "val_pairs_in_train": 0,
+        "groups_in_both": 0,
     }
     assert len(split.val) == 12
     # split_pairs (exact duplicates only) keeps the sides apart too.
@@ -84,14 +116,36 @@ def test_a_duplicated_corpus_splits_without_a_shared_pair_or_conversation(tmp_pa
 def test_the_trainer_reports_the_split_in_metrics(tmp_path, caplog):
     caplog.set_level(logging.INFO)
     data = duplicated_corpus(tmp_path / "data" / "pairs.tsv").parent
-    args = ["--data-dir", str(data), "--checkpoint-dir", str(tmp_path / "ckpt"), "--output-dir",
-            str(tmp_path / "out"), *TINY, "--batch-size", "8", "--validation-split", "0.25", "--max-steps", "1"]
+    args = [
+        "--data-dir",
+        str(data),
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--output-dir",
+        str(tmp_path / "out"),
+        *TINY,
+        "--batch-size",
+        "8",
+        "--validation-split",
+        "0.25",
+        "--max-steps",
+        "1",
+    ]
     assert dialogue_train.main(args) == 0, caplog.text[-3000:]
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["split"] == {
-        "pairs_read": 96, "duplicates_removed": 48, "groups": 24, "train_pairs": 36, "val_pairs": 12,
-        "train_groups": 18, "val_groups": 6, "val_pairs_in_train": 0, "groups_in_both": 0,
+        "pairs_read": 96,
+        "duplicates_removed": 48,
+        "groups": 24,
+        "train_pairs": 36,
+        "val_pairs": 12,
+        "train_groups": 18,
+        "val_groups": 6,
+        "val_pairs_in_train": 0,
+        "groups_in_both": 0,
     }
     assert metrics["train_examples"] == 36 and metrics["val_examples"] == 12
-    assert ("split: 36 training and 12 validation pairs from 18 and 6 conversation(s) (seed 42); 48 duplicate "
-            "pair(s) removed; 0 validation pair(s) and 0 conversation(s) also in training") in caplog.text
+    assert (
+        "split: 36 training and 12 validation pairs from 18 and 6 conversation(s) (seed 42); 48 duplicate "
+        "pair(s) removed; 0 validation pair(s) and 0 conversation(s) also in training"
+    ) in caplog.text

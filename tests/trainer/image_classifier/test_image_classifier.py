@@ -57,14 +57,30 @@ def trainer_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_classifier(args: list[str], env: dict[str, str] | None = None, timeout: float = 300,
-                   ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainer.image_classifier", *args], cwd=REPO,
-                          env=env or trainer_env(), capture_output=True, text=True, timeout=timeout)
+def run_classifier(
+    args: list[str],
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainer.image_classifier", *args],
+        cwd=REPO,
+        env=env or trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def dirs(tmp_path: Path, data: Path) -> list[str]:
-    return ["--data-dir", str(data), "--checkpoint-dir", str(tmp_path / "ckpt"), "--output-dir", str(tmp_path / "out")]
+    return [
+        "--data-dir",
+        str(data),
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--output-dir",
+        str(tmp_path / "out"),
+    ]
 
 
 def step_losses(log: str) -> dict[int, float]:
@@ -75,15 +91,23 @@ def step_losses(log: str) -> dict[int, float]:
 def test_trains_on_digits_and_writes_the_contract_files(tmp_path, digits_zip):
     data = extract(digits_zip, tmp_path / "data")  # digits/<class>/...: one top-level folder
     out = tmp_path / "out"
-    env = trainer_env(DATA_DIR=str(data), CHECKPOINT_DIR=str(tmp_path / "ckpt"), OUTPUT_DIR=str(out),
-                      KUBETRAIN_DATASET_VERSION="3f2a9c0d1e4b5a69", KUBETRAIN_IMAGE="registry.local/kubetrain:abc",
-                      KUBETRAIN_CODE_VERSION="abc123")
+    env = trainer_env(
+        DATA_DIR=str(data),
+        CHECKPOINT_DIR=str(tmp_path / "ckpt"),
+        OUTPUT_DIR=str(out),
+        KUBETRAIN_DATASET_VERSION="3f2a9c0d1e4b5a69",
+        KUBETRAIN_IMAGE="registry.local/kubetrain:abc",
+        KUBETRAIN_CODE_VERSION="abc123",
+    )
     proc = run_classifier([*SMALL, "--epochs", "2", "--checkpoint-every-steps", "30"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "skipped 4 file(s) that are not readable images" in proc.stderr
     assert "devices: /physical_device:CPU:0" in proc.stderr
     # Every step line says how much training is left, at the step time so far.
-    etas = [int(m) * 60 + int(s) for m, s in re.findall(r"examples/s [0-9.]+ input wait [^\n]*? eta (\d+)m(\d\d)s$", proc.stderr, re.M)]
+    etas = [
+        int(m) * 60 + int(s)
+        for m, s in re.findall(r"examples/s [0-9.]+ input wait [^\n]*? eta (\d+)m(\d\d)s$", proc.stderr, re.M)
+    ]
     assert len(etas) == len(step_losses(proc.stderr)) > 2 and etas[-1] <= etas[0], etas
 
     metrics = json.loads((out / "metrics.json").read_text())
@@ -98,13 +122,23 @@ def test_trains_on_digits_and_writes_the_contract_files(tmp_path, digits_zip):
 
     with open(out / "history.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["epoch", "step", "loss", "accuracy", "val_loss", "val_accuracy", "learning_rate",
-                             "wall_time_s"]
+    assert list(rows[0]) == [
+        "epoch",
+        "step",
+        "loss",
+        "accuracy",
+        "val_loss",
+        "val_accuracy",
+        "learning_rate",
+        "wall_time_s",
+    ]
     assert [int(r["epoch"]) for r in rows] == [1, 2]
     assert int(rows[-1]["step"]) == metrics["steps"]
     assert float(rows[1]["loss"]) < float(rows[0]["loss"])
     best = max(rows, key=lambda r: float(r["val_accuracy"]))
-    assert abs(float(best["val_accuracy"]) - metrics["final"]["val_accuracy"]) < 1e-5  # "final": the exported model
+    assert (
+        abs(float(best["val_accuracy"]) - metrics["final"]["val_accuracy"]) < 1e-5
+    )  # "final": the exported model
     assert metrics["best"]["epoch"] == int(best["epoch"]) == metrics["exported"]["epoch"]
     assert abs(float(rows[-1]["val_accuracy"]) - metrics["last"]["val_accuracy"]) < 1e-5
     assert metrics["input_wait_s"] >= 0 and metrics["compute_s"] > 0 and metrics["step_time_s"] > 0
@@ -119,7 +153,9 @@ def test_trains_on_digits_and_writes_the_contract_files(tmp_path, digits_zip):
 
     confusion = json.loads((out / "confusion_matrix.json").read_text())
     matrix = confusion["matrix"]
-    assert confusion["classes"] == params["classes"] and len(matrix) == 10 and all(len(r) == 10 for r in matrix)
+    assert (
+        confusion["classes"] == params["classes"] and len(matrix) == 10 and all(len(r) == 10 for r in matrix)
+    )
     assert sum(map(sum, matrix)) == metrics["val_examples"]
     correct = sum(matrix[i][i] for i in range(10))
     assert abs(correct / metrics["val_examples"] - metrics["final"]["val_accuracy"]) < 1e-6
@@ -135,8 +171,13 @@ def test_trains_on_digits_and_writes_the_contract_files(tmp_path, digits_zip):
     import numpy as np
     import tensorflow as tf
 
-    config = image_classifier.ClassifierConfig(data_dir=str(data), checkpoint_dir=str(tmp_path / "c"),
-                                               output_dir=str(tmp_path / "o"), image_size=32, batch_size=32)
+    config = image_classifier.ClassifierConfig(
+        data_dir=str(data),
+        checkpoint_dir=str(tmp_path / "c"),
+        output_dir=str(tmp_path / "o"),
+        image_size=32,
+        batch_size=32,
+    )
     folder = image_data.scan_image_folder(data)
     train_files, val_files = image_data.split_files(folder.files, config.validation_split, config.seed)
     val = image_data.ImagePipeline(train_files, val_files, config).val_dataset()
@@ -158,18 +199,32 @@ def test_validation_keeps_up_with_training_on_few_steps_an_epoch(tmp_path, digit
     # of a long run the moving statistics still describe the first weights: at 0.9, epoch 2
     # trained to an accuracy of 0.93 and validated at 0.30.
     data = extract(digits_zip, tmp_path / "data")
-    proc = run_classifier([*dirs(tmp_path, data), "--image-size", "24", "--batch-size", "128", "--epochs", "2",
-                           "--learning-rate", "0.01"])
+    proc = run_classifier(
+        [
+            *dirs(tmp_path, data),
+            "--image-size",
+            "24",
+            "--batch-size",
+            "128",
+            "--epochs",
+            "2",
+            "--learning-rate",
+            "0.01",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "batch norm momentum 0.6364: moving statistics over about 25% of an epoch's 11 steps" in proc.stderr
+    assert (
+        "batch norm momentum 0.6364: moving statistics over about 25% of an epoch's 11 steps" in proc.stderr
+    )
     with open(tmp_path / "out" / "history.csv", newline="") as f:
         last = list(csv.DictReader(f))[-1]
     assert float(last["accuracy"]) > 0.8, last
     assert float(last["val_accuracy"]) > float(last["accuracy"]) - 0.1, last
 
 
-@pytest.mark.parametrize(("steps", "momentum"), [(1, 0.5), (8, 0.5), (11, 0.6364), (44, 0.9091), (400, 0.99),
-                                                 (100_000, 0.99)])
+@pytest.mark.parametrize(
+    ("steps", "momentum"), [(1, 0.5), (8, 0.5), (11, 0.6364), (44, 0.9091), (400, 0.99), (100_000, 0.99)]
+)
 def test_batch_norm_momentum_spans_a_quarter_of_an_epoch(steps, momentum):
     assert image_model.batch_norm_momentum(steps) == momentum
 
@@ -177,12 +232,26 @@ def test_batch_norm_momentum_spans_a_quarter_of_an_epoch(steps, momentum):
 @pytest.mark.slow
 def test_sigterm_checkpoints_exits_75_and_the_rerun_resumes(tmp_path, digits_zip, caplog):
     data = extract(digits_zip, tmp_path / "data")
-    args = [*dirs(tmp_path, data), *SMALL, "--epochs", "40", "--checkpoint-every-steps", "15", "--log-every-steps", "1"]
+    args = [
+        *dirs(tmp_path, data),
+        *SMALL,
+        "--epochs",
+        "40",
+        "--checkpoint-every-steps",
+        "15",
+        "--log-every-steps",
+        "1",
+    ]
     log_path = tmp_path / "first.log"
     state_file = tmp_path / "ckpt" / "trainer_state.json"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "trainer.image_classifier", *args], cwd=REPO,
-                                env=trainer_env(), stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer.image_classifier", *args],
+            cwd=REPO,
+            env=trainer_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:
@@ -217,7 +286,11 @@ def test_sigterm_checkpoints_exits_75_and_the_rerun_resumes(tmp_path, digits_zip
     last_before = sum(before[s] for s in range(saved_step - 4, saved_step + 1)) / 5
     first_after = sum(after[s] for s in range(saved_step + 1, saved_step + 6)) / 5
     assert initial - last_before > 0.6, (initial, last_before)
-    assert abs(first_after - last_before) < 0.35 * (initial - last_before), (initial, last_before, first_after)
+    assert abs(first_after - last_before) < 0.35 * (initial - last_before), (
+        initial,
+        last_before,
+        first_after,
+    )
 
     with open(tmp_path / "out" / "history.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -246,8 +319,21 @@ def test_flat_layout_mirrored_over_two_devices_with_mixed_precision(tmp_path, sm
     extracted = extract(small_zip, tmp_path / "x")
     data = tmp_path / "data"
     shutil.move(extracted / "digits", data)  # class folders directly in DATA_DIR
-    proc = run_classifier([*dirs(tmp_path, data), *SMALL, "--max-steps", "3", "--virtual-cpus", "2",
-                           "--mixed-precision", "--augment", "--flip", "--log-every-steps", "1"])
+    proc = run_classifier(
+        [
+            *dirs(tmp_path, data),
+            *SMALL,
+            "--max-steps",
+            "3",
+            "--virtual-cpus",
+            "2",
+            "--mixed-precision",
+            "--augment",
+            "--flip",
+            "--log-every-steps",
+            "1",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "strategy MirroredStrategy with 2 replica(s)" in proc.stderr and "mixed_float16" in proc.stderr
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
@@ -268,8 +354,20 @@ def test_mobilenet_uses_only_local_weights(tmp_path, small_zip):
     weights = tmp_path / "mobilenet_v2_0.35_notop.weights.h5"
     spec = {"input_shape": (32, 32, 3), "include_top": False, "alpha": 0.35, "pooling": "avg"}
     keras.applications.MobileNetV2(weights=None, **spec).save_weights(weights)
-    proc = run_classifier([*dirs(tmp_path, data), *SMALL, "--model", "mobilenet_v2", "--alpha", "0.35",
-                           "--max-steps", "2", "--weights", str(weights)])
+    proc = run_classifier(
+        [
+            *dirs(tmp_path, data),
+            *SMALL,
+            "--model",
+            "mobilenet_v2",
+            "--alpha",
+            "0.35",
+            "--max-steps",
+            "2",
+            "--weights",
+            str(weights),
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"MobileNetV2 starts from the local weights file {weights}" in proc.stderr
     model = keras.saving.load_model(tmp_path / "out" / "model.keras")
@@ -300,14 +398,27 @@ def test_files_tensorflow_cannot_decode_are_skipped_and_counted(tmp_path, caplog
         bmp.unlink()
     else:
         pytest.fail("no file name put the BMP in the validation split")
-    rc = image_classifier.main([*dirs(tmp_path, data), "--image-size", "16", "--batch-size", "16", "--max-steps",
-                                "2", "--log-every-steps", "100"])
+    rc = image_classifier.main(
+        [
+            *dirs(tmp_path, data),
+            "--image-size",
+            "16",
+            "--batch-size",
+            "16",
+            "--max-steps",
+            "2",
+            "--log-every-steps",
+            "100",
+        ]
+    )
     assert rc == 0, caplog.text[-3000:]
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["undecodable_files"] == 1
     assert metrics["skipped_files"] == 4 + 1  # the generator's four broken files, and the BMP
-    assert (f"TensorFlow could not decode 1 file(s) that Pillow read; they were left out: 7/{bmp.name}"
-            in caplog.text)
+    assert (
+        f"TensorFlow could not decode 1 file(s) that Pillow read; they were left out: 7/{bmp.name}"
+        in caplog.text
+    )
     # Only the images that validated count, as the confusion matrix does.
     assert metrics["val_examples"] == len(val_files) - 1
     assert metrics["train_examples"] == len(train_files)
@@ -324,10 +435,15 @@ def test_a_changed_learning_rate_is_used_on_resume(tmp_path, caplog, small_zip):
     args = [*dirs(tmp_path, data), "--image-size", "16", "--batch-size", "16", "--log-every-steps", "100"]
     assert image_classifier.main([*args, "--max-steps", "2"]) == 0, caplog.text[-3000:]
     caplog.clear()
-    assert image_classifier.main([*args, "--max-steps", "4", "--learning-rate", "0.0005"]) == 0, caplog.text[-3000:]
+    assert image_classifier.main([*args, "--max-steps", "4", "--learning-rate", "0.0005"]) == 0, caplog.text[
+        -3000:
+    ]
     assert "resuming with changed settings: learning_rate: 0.001 -> 0.0005" in caplog.text
     assert "learning rate 0.0005 from this run's settings replaces the checkpoint's 0.001" in caplog.text
-    assert "resumed from ckpt-2: step 2, epoch 1, batch 2 of 6 in that epoch; learning rate 0.0005" in caplog.text
+    assert (
+        "resumed from ckpt-2: step 2, epoch 1, batch 2 of 6 in that epoch; learning rate 0.0005"
+        in caplog.text
+    )
     params = json.loads((tmp_path / "out" / "params.json").read_text())
     assert params["hyperparameters"]["learning_rate"] == 0.0005
     # The learning rate in effect: the history row after the resume, and the optimizer's
@@ -336,7 +452,9 @@ def test_a_changed_learning_rate_is_used_on_resume(tmp_path, caplog, small_zip):
         last = list(csv.DictReader(f))[-1]
     assert last["step"] == "4" and float(last["learning_rate"]) == 0.0005
     reader = tf.train.load_checkpoint(str(tmp_path / "ckpt" / "ckpt-4"))
-    name = next(n for n in reader.get_variable_to_shape_map() if n.startswith("optimizer/") and "learning_rate" in n)
+    name = next(
+        n for n in reader.get_variable_to_shape_map() if n.startswith("optimizer/") and "learning_rate" in n
+    )
     assert reader.get_tensor(name) == np.float32(0.0005)
 
 
@@ -346,9 +464,26 @@ def test_deterministic_runs_repeat_bit_for_bit(tmp_path, small_zip):
     data = extract(small_zip, tmp_path / "data")
     results = []
     for run in ("a", "b"):
-        args = ["--data-dir", str(data), "--checkpoint-dir", str(tmp_path / run / "ckpt"), "--output-dir",
-                str(tmp_path / run / "out"), "--image-size", "16", "--batch-size", "16", "--epochs", "2",
-                "--augment", "--deterministic", "--steps-per-execution", "4", "--log-every-steps", "100"]
+        args = [
+            "--data-dir",
+            str(data),
+            "--checkpoint-dir",
+            str(tmp_path / run / "ckpt"),
+            "--output-dir",
+            str(tmp_path / run / "out"),
+            "--image-size",
+            "16",
+            "--batch-size",
+            "16",
+            "--epochs",
+            "2",
+            "--augment",
+            "--deterministic",
+            "--steps-per-execution",
+            "4",
+            "--log-every-steps",
+            "100",
+        ]
         proc = run_classifier(args)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "; deterministic ops" in proc.stderr
@@ -370,16 +505,23 @@ def test_deterministic_runs_repeat_bit_for_bit(tmp_path, small_zip):
 
 def test_mobilenet_without_weights_starts_from_random_weights(tmp_path, caplog):
     caplog.set_level(logging.INFO)
-    config = image_classifier.ClassifierConfig(data_dir="d", checkpoint_dir="c", output_dir="o",
-                                               model="mobilenet_v2", alpha=0.35, image_size=32)
+    config = image_classifier.ClassifierConfig(
+        data_dir="d", checkpoint_dir="c", output_dir="o", model="mobilenet_v2", alpha=0.35, image_size=32
+    )
     model = image_model.build_model(config, num_classes=4, steps_per_epoch=20)
-    assert "no --weights given: MobileNetV2 starts from random weights (weights are never downloaded)" in caplog.text
+    assert (
+        "no --weights given: MobileNetV2 starts from random weights (weights are never downloaded)"
+        in caplog.text
+    )
     assert model.output.shape == (None, 4) and model.count_params() > 400_000
     # Random weights: every batch-norm layer averages over a quarter of the epoch, not MobileNetV2's 0.999.
     import keras
 
-    norms = [layer for layer in model.get_layer("mobilenetv2_0.35_32").layers
-             if isinstance(layer, keras.layers.BatchNormalization)]
+    norms = [
+        layer
+        for layer in model.get_layer("mobilenetv2_0.35_32").layers
+        if isinstance(layer, keras.layers.BatchNormalization)
+    ]
     assert norms and {layer.momentum for layer in norms} == {0.8}
 
 
@@ -404,13 +546,19 @@ def _make_all_corrupt(root: Path) -> Path:
 @pytest.mark.parametrize(
     ("make", "code", "message"),
     [
-        (lambda root: (root / "empty").mkdir() or root / "empty", EXIT_DATAERR,
-         "no class folders in DATA_DIR '{data}': expected one sub-folder per class"),
+        (
+            lambda root: (root / "empty").mkdir() or root / "empty",
+            EXIT_DATAERR,
+            "no class folders in DATA_DIR '{data}': expected one sub-folder per class",
+        ),
         (_make_single_class, EXIT_DATAERR, "only one class ('3') has readable images in DATA_DIR '{data}'"),
         (_make_all_corrupt, EXIT_DATAERR, "no readable images in DATA_DIR '{data}' (4 file(s) skipped)"),
         (lambda root: root / "missing", EXIT_NOINPUT, "DATA_DIR '{data}' does not exist"),
-        (lambda root: (root / "file").write_text("x") and root / "file", EXIT_NOINPUT,
-         "DATA_DIR '{data}' is not a directory"),
+        (
+            lambda root: (root / "file").write_text("x") and root / "file",
+            EXIT_NOINPUT,
+            "DATA_DIR '{data}' is not a directory",
+        ),
     ],
     ids=["empty", "single-class", "all-corrupt", "missing", "not-a-directory"],
 )

@@ -40,8 +40,15 @@ def test_the_first_batches_and_each_half_epoch_mix_the_classes(tmp_path, two_cla
     folder = scan_image_folder(two_classes)
     assert [label for _, label in folder.files[:PER_CLASS]] == [0] * PER_CLASS  # listed class by class
     train, val = split_files(folder.files, 0.1, seed=5)
-    config = ClassifierConfig(data_dir=str(two_classes), checkpoint_dir=str(tmp_path), output_dir=str(tmp_path),
-                              image_size=8, batch_size=16, shuffle_buffer=buffer, cache=cache)
+    config = ClassifierConfig(
+        data_dir=str(two_classes),
+        checkpoint_dir=str(tmp_path),
+        output_dir=str(tmp_path),
+        image_size=8,
+        batch_size=16,
+        shuffle_buffer=buffer,
+        cache=cache,
+    )
     pipeline = ImagePipeline(train, val, config)
     first, second = epoch_labels(pipeline, 0), epoch_labels(pipeline, 1)
     assert len(first) == len(train) // 16 * 16
@@ -57,12 +64,17 @@ def test_the_first_batches_and_each_half_epoch_mix_the_classes(tmp_path, two_cla
 def png_header_only(path: Path, width: int, height: int) -> Path:
     """A PNG whose header claims width x height pixels, with one row of data: what a decompression
     bomb looks like to a reader before it decodes."""
+
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
     header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
-                     + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+        + chunk(b"IEND", b"")
+    )
     return path
 
 
@@ -77,4 +89,6 @@ def test_a_decompression_bomb_is_skipped_and_counted(tmp_path, two_classes):
     (data / "dog" / "huge.png").write_bytes(bomb.read_bytes())
     folder = scan_image_folder(data)
     assert len(folder.files) == 10
-    assert [(path, why.split(":")[0]) for path, why in folder.skipped] == [("dog/huge.png", "decompression bomb")]
+    assert [(path, why.split(":")[0]) for path, why in folder.skipped] == [
+        ("dog/huge.png", "decompression bomb")
+    ]

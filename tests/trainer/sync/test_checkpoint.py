@@ -49,9 +49,12 @@ class _Lines:
     def wait(self, text: str, timeout: float = 60, count: int = 1) -> None:
         """Wait until ``count`` lines containing ``text`` have been written."""
         with self.cond:
-            if not self.cond.wait_for(
-                lambda: sum(text in x for x in self.lines) >= count or "" in self.lines, timeout
-            ) or sum(text in x for x in self.lines) < count:
+            if (
+                not self.cond.wait_for(
+                    lambda: sum(text in x for x in self.lines) >= count or "" in self.lines, timeout
+                )
+                or sum(text in x for x in self.lines) < count
+            ):
                 raise AssertionError(f"the sidecar never wrote {text!r}:\n{self.text()}")
 
     def text(self) -> str:

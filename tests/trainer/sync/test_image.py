@@ -20,11 +20,15 @@ def test_dockerfile_pins_match_the_trainer_lock_and_runs_as_numeric_non_root():
             r"^([A-Za-z0-9_.-]+)==([^\s;]+)", (REPO / "trainer" / "requirements.lock").read_text(), re.M
         )
     }
-    pins = re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", (REPO / "trainer" / "requirements-sync.txt").read_text(), re.M)
+    pins = re.findall(
+        r"^([A-Za-z0-9_.-]+)==(\S+)", (REPO / "trainer" / "requirements-sync.txt").read_text(), re.M
+    )
     assert {n.lower() for n, _ in pins} >= {"awscrt", "botocore", "s3transfer"}
     for name, version in pins:
         assert lock.get(name.lower()) == version, f"{name}=={version} differs from trainer/requirements.lock"
-    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim$", text, re.M) and re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim$", text, re.M) and re.search(
+        r"^FROM \$\{BASE_IMAGE\}$", text, re.M
+    )
     assert re.findall(r"^COPY (\S+)", text, re.M) == ["requirements-sync.txt", "sync/", "kubetrain_contract/"]
     user = re.findall(r"^USER (\S+)$", text, re.M)
     assert len(user) == 1 and re.fullmatch(r"[1-9]\d*:[1-9]\d*", user[0])
@@ -51,11 +55,15 @@ def test_sync_requirements_are_the_lock_s_and_closed(tmp_path):
         for spec in requires(name) or []:
             req = Requirement(spec)
             if req.marker is None or req.marker.evaluate({"extra": ""}):
-                assert req.name.lower() in pins, f"{name} needs {req.name}, missing from requirements-sync.txt"
+                assert req.name.lower() in pins, (
+                    f"{name} needs {req.name}, missing from requirements-sync.txt"
+                )
     # and the package's own docstring names them
     import trainer.sync
 
-    assert all(p in trainer.sync.__doc__ for p in ("botocore", "awscrt", "s3transfer", "requirements-sync.txt"))
+    assert all(
+        p in trainer.sync.__doc__ for p in ("botocore", "awscrt", "s3transfer", "requirements-sync.txt")
+    )
 
 
 def test_package_runs_alone_without_tensorflow(tmp_path):

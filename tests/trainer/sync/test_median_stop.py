@@ -35,12 +35,32 @@ def s3(s3_server):
     ("rule", "values", "finished", "stop"),
     [
         # running averages at report 2: 0.4, 0.6, 0.2 -> median 0.4
-        (MedianRule("acc", "max", 3, 2), [0.3, 0.35], [[0.2, 0.6, 0.9], [0.4, 0.8, 0.9], [0.1, 0.3, 0.5]], (2, 0.35, 0.4)),
-        (MedianRule("acc", "max", 3, 2), [0.3, 0.45], [[0.2, 0.6, 0.9], [0.4, 0.8, 0.9], [0.1, 0.3, 0.5]], None),
-        (MedianRule("acc", "max", 3, 2), [0.3, 0.4], [[0.2, 0.6, 0.9], [0.4, 0.8, 0.9], [0.1, 0.3, 0.5]], None),  # not strictly worse
+        (
+            MedianRule("acc", "max", 3, 2),
+            [0.3, 0.35],
+            [[0.2, 0.6, 0.9], [0.4, 0.8, 0.9], [0.1, 0.3, 0.5]],
+            (2, 0.35, 0.4),
+        ),
+        (
+            MedianRule("acc", "max", 3, 2),
+            [0.3, 0.45],
+            [[0.2, 0.6, 0.9], [0.4, 0.8, 0.9], [0.1, 0.3, 0.5]],
+            None,
+        ),
+        (
+            MedianRule("acc", "max", 3, 2),
+            [0.3, 0.4],
+            [[0.2, 0.6, 0.9], [0.4, 0.8, 0.9], [0.1, 0.3, 0.5]],
+            None,
+        ),  # not strictly worse
         (MedianRule("acc", "max", 3, 3), [0.1, 0.1], [[0.9, 0.9, 0.9]] * 3, None),  # before start_step
         (MedianRule("acc", "max", 4, 1), [0.1], [[0.9]] * 3, None),  # fewer finished trials than min_trials
-        (MedianRule("acc", "max", 1, 1), [0.1], [[0.9], [], [0.8]], (1, 0.1, 0.85)),  # a trial without reports counts for nothing
+        (
+            MedianRule("acc", "max", 1, 1),
+            [0.1],
+            [[0.9], [], [0.8]],
+            (1, 0.1, 0.85),
+        ),  # a trial without reports counts for nothing
         # a finished trial with fewer reports than the step contributes the average of all of its reports
         (MedianRule("acc", "max", 1, 3), [0.2, 0.3, 0.35], [[0.4, 0.6]], (3, 0.35, 0.5)),
         # min: the best is the lowest, worse is above the median
@@ -58,8 +78,14 @@ def test_the_rule_is_katibs_median_stop(rule, values, finished, stop):
 
 def test_reports_come_from_metrics_jsonl_else_history_csv():
     jsonl = '{"step": 1, "score": 0.5}\n{"step": 2, "score": 0.7}\n{"step": 3, "sco'
-    assert report_values(parse_reports(jsonl, "epoch,score\n1,0.1\n"), "score") == [0.5, 0.7]  # torn last line dropped
-    assert report_values(parse_reports(None, "epoch,val_accuracy\n1,0.1\n2,\n3,0.3\n"), "val_accuracy") == [0.1, 0.3]
+    assert report_values(parse_reports(jsonl, "epoch,score\n1,0.1\n"), "score") == [
+        0.5,
+        0.7,
+    ]  # torn last line dropped
+    assert report_values(parse_reports(None, "epoch,val_accuracy\n1,0.1\n2,\n3,0.3\n"), "val_accuracy") == [
+        0.1,
+        0.3,
+    ]
     assert report_values(parse_reports(None, None), "val_accuracy") == []
     with pytest.raises(ValueError, match="metrics.jsonl line 1 is not JSON"):
         parse_reports("not json\n{}\n", None)
@@ -68,14 +94,25 @@ def test_reports_come_from_metrics_jsonl_else_history_csv():
 def _finished_trials(s3, prefix: str, curves: list[list[float]], metric: str = "score") -> None:
     """Records of finished trials as the Airflow side writes them (sweep/trials/<n>.json)."""
     for number, curve in enumerate(curves):
-        record = {"kind": "kubetrain/sweep-trial", "number": number, "status": "success", "stopped_early": False,
-                  "history": [{"step": i + 1, metric: v} for i, v in enumerate(curve)]}  # fmt: skip
+        record = {
+            "kind": "kubetrain/sweep-trial",
+            "number": number,
+            "status": "success",
+            "stopped_early": False,
+            "history": [{"step": i + 1, metric: v} for i, v in enumerate(curve)],
+        }
         s3.put_object(Bucket="training", Key=f"{prefix}{number}.json", Body=json.dumps(record).encode())
     # neither a failed trial nor one stopped early counts
-    s3.put_object(Bucket="training", Key=f"{prefix}{len(curves)}.json",
-                  Body=json.dumps({"status": "failed", "history": [{"score": 99}]}).encode())  # fmt: skip
-    s3.put_object(Bucket="training", Key=f"{prefix}{len(curves) + 1}.json",
-                  Body=json.dumps({"status": "success", "stopped_early": True, "history": [{"score": 99}]}).encode())  # fmt: skip
+    s3.put_object(
+        Bucket="training",
+        Key=f"{prefix}{len(curves)}.json",
+        Body=json.dumps({"status": "failed", "history": [{"score": 99}]}).encode(),
+    )
+    s3.put_object(
+        Bucket="training",
+        Key=f"{prefix}{len(curves) + 1}.json",
+        Body=json.dumps({"status": "success", "stopped_early": True, "history": [{"score": 99}]}).encode(),
+    )
 
 
 THIRD_PARTY = textwrap.dedent(
@@ -96,8 +133,14 @@ THIRD_PARTY = textwrap.dedent(
 
 
 def _trial(
-    s3_server, tmp_path: Path, score: float, steps: int, trials_prefix: str, endpoint: str | None = None,
-    checkpoint: bytes | None = None, grace: float = 30,
+    s3_server,
+    tmp_path: Path,
+    score: float,
+    steps: int,
+    trials_prefix: str,
+    endpoint: str | None = None,
+    checkpoint: bytes | None = None,
+    grace: float = 30,
 ) -> tuple[int, str, str, str]:
     """A third-party trainer and its sidecar with median stopping; (exit code, trainer output, sidecar output, run key).
 
@@ -122,15 +165,20 @@ def _trial(
         "KUBETRAIN_SWEEP_TRIALS_URI": f"s3://training/{trials_prefix}",
         "KUBETRAIN_STOP_FILE": str(stop),
     }
-    sidecar = _sidecar(env, f"s3://training/{key}", ck, out, "--interval", "0.5", "--quiet", "0", "--grace", f"{grace:g}")
+    sidecar = _sidecar(
+        env, f"s3://training/{key}", ck, out, "--interval", "0.5", "--quiet", "0", "--grace", f"{grace:g}"
+    )
     lines = _Lines(sidecar)
     try:
         lines.wait("median stopping of score")  # as in a pod, the sidecar runs before the trainer starts
         trainer = subprocess.run(
             [sys.executable, "-c", THIRD_PARTY, str(score), str(steps)],
             env={**os.environ, "OUTPUT_DIR": str(out), "KUBETRAIN_STOP_FILE": str(stop)},
-            capture_output=True, text=True, timeout=120, cwd=REPO,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
     finally:
         sidecar.terminate()
         sidecar.wait(60)
@@ -153,8 +201,11 @@ def test_a_third_party_trainer_below_the_median_is_stopped_after_start_step(s3_s
     assert decision["best"] == 0.3 and decision["median"] == pytest.approx(sum(averages) / 2)
     assert f"median stopping: score best 0.3 after {decision['step']} reports is below the median" in sidecar
     # the stop file is the trainer's business, never uploaded
-    listed = [f["path"] for item in s3.list_objects_v2(Bucket="training", Prefix=f"{key}/sync/pass-").get("Contents", [])
-              for f in json.loads(s3.get_object(Bucket="training", Key=item["Key"])["Body"].read())["files"]]  # fmt: skip
+    listed = [
+        f["path"]
+        for item in s3.list_objects_v2(Bucket="training", Prefix=f"{key}/sync/pass-").get("Contents", [])
+        for f in json.loads(s3.get_object(Bucket="training", Key=item["Key"])["Body"].read())["files"]
+    ]
     assert listed and not any(".kubetrain-stop" in path for path in listed)
 
 
@@ -173,9 +224,15 @@ def test_a_pass_stuck_on_s3_does_not_delay_the_stop(s3_server, s3, tmp_path):
     try:
         with FaultProxy(s3_server.endpoint, fail_rate=0.0, stall=stall) as proxy:
             code, output, sidecar, key = _trial(
-                s3_server, tmp_path, score=0.3, steps=40, trials_prefix=prefix, endpoint=proxy.endpoint,
-                checkpoint=os.urandom(10_000), grace=3,  # the final pass gives up on the hung upload
-            )  # fmt: skip
+                s3_server,
+                tmp_path,
+                score=0.3,
+                steps=40,
+                trials_prefix=prefix,
+                endpoint=proxy.endpoint,
+                checkpoint=os.urandom(10_000),
+                grace=3,  # the final pass gives up on the hung upload
+            )
             release.set()
             assert proxy.stalled.is_set(), sidecar  # the pass really was stuck
     finally:
@@ -189,12 +246,18 @@ def test_a_pass_stuck_on_s3_does_not_delay_the_stop(s3_server, s3, tmp_path):
 def test_a_good_trial_and_a_silent_one_are_never_stopped(s3_server, s3, tmp_path):
     prefix = f"runs/unit_median/{secrets.token_hex(5)}/sweep/trials/"
     _finished_trials(s3, prefix, [[0.6, 0.8, 0.9, 0.9], [0.5, 0.7, 0.8, 0.85]])
-    code, output, sidecar, key = _trial(s3_server, tmp_path / "good", score=0.95, steps=8, trials_prefix=prefix)
+    code, output, sidecar, key = _trial(
+        s3_server, tmp_path / "good", score=0.95, steps=8, trials_prefix=prefix
+    )
     assert code == 0 and "finished" in output, (output, sidecar)
     assert "Contents" not in s3.list_objects_v2(Bucket="training", Prefix=f"{key}/sync/early-stop")
     # a container that reports nothing: the rule never has a value to judge
     silent = MedianStopper(
-        S3(pool=2), MedianRule("score", "max", 1, 1), run=parse_s3_uri(f"s3://training/{key}"),
-        trials=parse_s3_uri(f"s3://training/{prefix}"), output_dir=tmp_path / "nothing", stop_file=tmp_path / "stop",
-    )  # fmt: skip
+        S3(pool=2),
+        MedianRule("score", "max", 1, 1),
+        run=parse_s3_uri(f"s3://training/{key}"),
+        trials=parse_s3_uri(f"s3://training/{prefix}"),
+        output_dir=tmp_path / "nothing",
+        stop_file=tmp_path / "stop",
+    )
     assert silent.check() is None and not (tmp_path / "stop").exists()

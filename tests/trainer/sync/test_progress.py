@@ -32,7 +32,9 @@ def test_lines_come_at_the_interval_and_count_what_is_done(capsys):
     last.add(objects=10, nbytes=5_000_000)
     assert last.line().endswith("ETA -")  # nothing left
     summary = progress.summary(" from S3")
-    assert re.fullmatch(r"stage-in: done: 4 objects, 1\.0 MB in [\d.]+s \([\d.]+ (kB|MB)/s\) from S3", summary)
+    assert re.fullmatch(
+        r"stage-in: done: 4 objects, 1\.0 MB in [\d.]+s \([\d.]+ (kB|MB)/s\) from S3", summary
+    )
 
 
 def test_interval_zero_writes_no_lines(capsys):

@@ -119,10 +119,21 @@ def test_every_pod_side_call_is_signed_right(s3_server, s3, tmp_path, monkeypatc
         # restore: listing, pass manifests, HEADs, GETs checked by sha256; and stage-in's resume
         restored = tmp_path / "restored"
         result = run_sync(
-            ["restore", "--run-uri", run, "--checkpoint-dir", str(restored), "--output-dir", str(tmp_path / "o"),
-             "--area", "checkpoints", "--area", "output"],
+            [
+                "restore",
+                "--run-uri",
+                run,
+                "--checkpoint-dir",
+                str(restored),
+                "--output-dir",
+                str(tmp_path / "o"),
+                "--area",
+                "checkpoints",
+                "--area",
+                "output",
+            ],
             env,
-        )  # fmt: skip
+        )
         assert result.returncode == 0, result.stderr
         assert tree(restored) == tree(ck)
 
@@ -130,9 +141,10 @@ def test_every_pod_side_call_is_signed_right(s3_server, s3, tmp_path, monkeypatc
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         client = S3()
-        assert client.get_bytes("datasets", f"{prefix}small/f0.bin") == s3.get_object(
-            Bucket="datasets", Key=f"{prefix}small/f0.bin"
-        )["Body"].read()
+        assert (
+            client.get_bytes("datasets", f"{prefix}small/f0.bin")
+            == s3.get_object(Bucket="datasets", Key=f"{prefix}small/f0.bin")["Body"].read()
+        )
         etag = client.head("datasets", f"{prefix}big.bin", checksum_mode=True)["etag"]
         try:
             client.head("datasets", f"{prefix}big.bin", part_number=1)
@@ -140,7 +152,11 @@ def test_every_pod_side_call_is_signed_right(s3_server, s3, tmp_path, monkeypatc
             assert exc.status not in (401, 403), exc
         got = bytearray()
         handle = client.get_object(
-            "datasets", f"{prefix}big.bin", if_match=etag, checksum_mode=True, on_body=lambda c, o: got.extend(c)
+            "datasets",
+            f"{prefix}big.bin",
+            if_match=etag,
+            checksum_mode=True,
+            on_body=lambda c, o: got.extend(c),
         )
         handle.wait()
         assert bytes(got) == big
@@ -178,7 +194,16 @@ def test_credentials_from_botocore_s_chain_reach_the_crt(s3_server, s3, tmp_path
     from sync_support import REPO
 
     result = subprocess.run(
-        [sys.executable, "-m", "trainer.sync", "stage-in", "--manifest", uri, "--data-dir", str(tmp_path / "d")],
+        [
+            sys.executable,
+            "-m",
+            "trainer.sync",
+            "stage-in",
+            "--manifest",
+            uri,
+            "--data-dir",
+            str(tmp_path / "d"),
+        ],
         cwd=REPO,
         env={**clean, "PYTHONPATH": str(REPO), **env},
         capture_output=True,

@@ -58,6 +58,7 @@ def test_sigterm_while_s3_hangs_still_commits_the_last_checkpoint_within_seconds
             held.append(path)
             return done
         return None
+
     with FaultProxy(s3_server.endpoint, fail_rate=0.0, stall=stall) as proxy:
         env = {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint}
         proc = _sidecar(env, run, ck, out, "--interval", "0.3", "--quiet", "0", "--grace", "60")
@@ -145,7 +146,9 @@ def test_work_lost_to_a_kill_is_bounded_by_the_sync_interval(s3_server, s3, tmp_
     thread = threading.Thread(target=trainer)
     thread.start()
     interval = 0.5
-    proc = _sidecar(s3_server.env(), run, ck, out, "--interval", str(interval), "--quiet", "1", "--settle", "0.05")
+    proc = _sidecar(
+        s3_server.env(), run, ck, out, "--interval", str(interval), "--quiet", "1", "--settle", "0.05"
+    )
     lines = _Lines(proc)
     try:
         lines.wait("committed", count=3)  # three passes committed, then the node dies
@@ -161,7 +164,10 @@ def test_work_lost_to_a_kill_is_bounded_by_the_sync_interval(s3_server, s3, tmp_
     restored = tmp_path / "restored"
     result = run_sync(["restore", "--run-uri", run, "--checkpoint-dir", str(restored)], s3_server.env())
     assert result.returncode == 0, result.stderr
-    assert (restored / "checkpoint").exists(), (result.stderr, {n: sorted(_listed(m)) for n, m in passes.items()})
+    assert (restored / "checkpoint").exists(), (
+        result.stderr,
+        {n: sorted(_listed(m)) for n, m in passes.items()},
+    )
     index = (restored / "checkpoint").read_text()
     resumed = int(re.search(r'model_checkpoint_path: "ckpt-(\d+)"', index).group(1))
     # the checkpoint the index names came back whole, as the manifest restore took lists it
@@ -177,7 +183,9 @@ def test_work_lost_to_a_kill_is_bounded_by_the_sync_interval(s3_server, s3, tmp_
     assert lost <= 3 * (interval + 1 + 0.5) / 0.3 + 1, lines.text()
 
 
-def test_an_index_rewritten_after_the_scan_goes_with_the_checkpoint_it_names(s3_server, tmp_path, monkeypatch, capfd):
+def test_an_index_rewritten_after_the_scan_goes_with_the_checkpoint_it_names(
+    s3_server, tmp_path, monkeypatch, capfd
+):
     """The trainer saves ckpt-2 between a pass's scan and its read of the ``checkpoint``
     index: the pass that lists the new index also lists ckpt-2's files, so a restore from it
     resumes from ckpt-2 and not from an index naming files it does not have."""
@@ -218,7 +226,9 @@ def test_an_index_rewritten_after_the_scan_goes_with_the_checkpoint_it_names(s3_
     final = sidecar.run_pass(final=True)
     assert next(f.sha256 for f in final.files if f.path == "checkpoint") == index_sha
     assert "checkpoints/checkpoint names ckpt-7, whose files are gone" in capfd.readouterr().err
-    result = run_sync(["restore", "--run-uri", run, "--checkpoint-dir", str(tmp_path / "again")], s3_server.env())
+    result = run_sync(
+        ["restore", "--run-uri", run, "--checkpoint-dir", str(tmp_path / "again")], s3_server.env()
+    )
     assert result.returncode == 0 and f"pass {final.number}: " in result.stderr, result.stderr
     assert 'model_checkpoint_path: "ckpt-2"' in (tmp_path / "again" / "checkpoint").read_text()
 

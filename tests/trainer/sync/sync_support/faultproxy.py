@@ -168,11 +168,22 @@ class FaultProxy:
                 signed = self._signed_region(headers, path)
                 if signed and signed != self.region:
                     self._record(method, path, 400, 0, "region")
-                    xml = b"" if method == "HEAD" else _WRONG_REGION % (signed.encode(), self.region.encode(),
-                                                                         self.region.encode())  # fmt: skip
-                    client.sendall(_encode_response("HTTP/1.1 400 Bad Request", {
-                        "content-type": "application/xml", "content-length": str(len(xml)),
-                        "x-amz-bucket-region": self.region}, xml))  # fmt: skip
+                    xml = (
+                        b""
+                        if method == "HEAD"
+                        else _WRONG_REGION % (signed.encode(), self.region.encode(), self.region.encode())
+                    )
+                    client.sendall(
+                        _encode_response(
+                            "HTTP/1.1 400 Bad Request",
+                            {
+                                "content-type": "application/xml",
+                                "content-length": str(len(xml)),
+                                "x-amz-bucket-region": self.region,
+                            },
+                            xml,
+                        )
+                    )
                     continue
                 if fault in ("503", "500"):
                     self._record(method, path, int(fault), 0, fault)
