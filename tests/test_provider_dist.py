@@ -148,6 +148,18 @@ def test_the_wheel_holds_the_airflow_side_and_its_entry_points(wheel):
         n for n in names if n.endswith(".py")
     } == sources  # every module, the contract's too, and nothing else
     assert not [n for n in names if n.startswith(("dags/", "trainer/", "tests/", "include/"))]
+    # the files the code reads at run time: the Training page's templates and assets, the schemas
+    data = {
+        p.relative_to(REPO / "plugins").as_posix()
+        for p in (REPO / "plugins").rglob("*")
+        if p.is_file() and p.suffix in (".html", ".css", ".js", ".json")
+    }
+    data |= {
+        p.relative_to(REPO / "trainer").as_posix()
+        for p in (REPO / "trainer" / "kubetrain_contract" / "schemas").glob("*.json")
+    }
+    assert "kubetrain/ui/templates/runs.html" in data and "kubetrain_contract/schemas/early-stop.v1.json" in data
+    assert data <= names, sorted(data - names)
     assert (
         "[apache_airflow_provider]\nprovider_info = kubetrain.provider_info:get_provider_info" in entry_points
     )

@@ -8,16 +8,28 @@ it through the ``kubetrain_contract`` link at the repository root.
 * :mod:`kubetrain_contract.exit_codes`: the training container's exit codes and whether a
   retry could help, the one table the operators and the trainers follow;
 * :mod:`kubetrain_contract.pod`: the pod's directories, the stop file and the ``KUBETRAIN_*``
-  environment names the Airflow side sets and the pod side reads.
+  environment names the Airflow side sets and the pod side reads;
+* :mod:`kubetrain_contract.records`: the versioned records (dataclasses with ``to_json`` and
+  ``from_json``) and the JSON schemas generated from them, in ``kubetrain_contract/schemas/``;
+* :mod:`kubetrain_contract.early_stop`: the early-stop record.
 """
 
+from kubetrain_contract.early_stop import EarlyStopRecord
 from kubetrain_contract.exit_codes import EXIT_CODES, ExitCode, final_exit_codes
 from kubetrain_contract.pod import CHECKPOINT_DIR, DATA_DIR, OUTPUT_DIR, STOP_FILE, Env
+from kubetrain_contract.records import Record, RecordError
+
+#: every versioned record; each has its schema file in ``schemas/``
+RECORDS: tuple[type[Record], ...] = (EarlyStopRecord,)
 
 __all__ = [
     "CHECKPOINT_DIR",
     "DATA_DIR",
     "EXIT_CODES",
+    "RECORDS",
+    "EarlyStopRecord",
+    "Record",
+    "RecordError",
     "OUTPUT_DIR",
     "STOP_FILE",
     "Env",

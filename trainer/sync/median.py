@@ -27,10 +27,10 @@ import json
 import os
 import statistics
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kubetrain_contract.early_stop import EarlyStopRecord
 from kubetrain_contract.reports import (
     EARLY_STOP_KIND,
     EARLY_STOP_RECORD,
@@ -68,21 +68,19 @@ class Decision:
     median: float
     finished_trials: int
 
-    def to_json(self, rule: MedianRule) -> dict[str, Any]:
-        return {
-            "kind": EARLY_STOP_KIND,
-            "format_version": 1,
-            "rule": "median",
-            "objective": rule.objective,
-            "mode": rule.mode,
-            "start_step": rule.start_step,
-            "min_trials": rule.min_trials,
-            "step": self.step,
-            "best": self.best,
-            "median": self.median,
-            "finished_trials": self.finished_trials,
-            "decided_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        }
+    def record(self, rule: MedianRule) -> EarlyStopRecord:
+        """The early-stop record of this decision under ``rule``."""
+        return EarlyStopRecord(
+            rule="median",
+            objective=rule.objective,
+            mode=rule.mode,
+            start_step=rule.start_step,
+            min_trials=rule.min_trials,
+            step=self.step,
+            best=self.best,
+            median=self.median,
+            finished_trials=self.finished_trials,
+        )
 
 
 @dataclass(frozen=True)
@@ -235,8 +233,7 @@ class MedianStopper:
 
     def stop(self, decision: Decision) -> None:
         """Record the decision in S3, then write the stop file (atomically) for the trainer."""
-        document = decision.to_json(self.rule)
-        body = (json.dumps(document, indent=1) + "\n").encode()
+        body = (decision.record(self.rule).to_json(indent=1) + "\n").encode()
         key = f"{self.run.key.rstrip('/')}/sync/{EARLY_STOP_RECORD}"
         self.s3.client.put_object(Bucket=self.run.bucket, Key=key, Body=body, ContentType="application/json")
         tmp = self.stop_file.with_name(self.stop_file.name + ".tmp")
