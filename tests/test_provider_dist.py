@@ -158,7 +158,9 @@ def test_the_wheel_holds_the_airflow_side_and_its_entry_points(wheel):
         p.relative_to(REPO / "trainer").as_posix()
         for p in (REPO / "trainer" / "kubetrain_contract" / "schemas").glob("*.json")
     }
-    assert "kubetrain/ui/templates/runs.html" in data and "kubetrain_contract/schemas/early-stop.v1.json" in data
+    assert (
+        "kubetrain/ui/templates/runs.html" in data and "kubetrain_contract/schemas/early-stop.v1.json" in data
+    )
     assert data <= names, sorted(data - names)
     assert (
         "[apache_airflow_provider]\nprovider_info = kubetrain.provider_info:get_provider_info" in entry_points
