@@ -440,6 +440,12 @@ class Sidecar:
             self._until_stop(put, deadline)
 
     def _retry(self, call, what: str):
+        # botocore (standard mode, ``S3.max_attempts``) already retries each request on 5xx,
+        # throttling, RequestTimeout and connection errors; this loop, ``config.attempts`` times
+        # around it, retries what botocore cannot: a multipart upload as a whole (a part or the
+        # completion that still fails leaves an aborted UploadId, recovered only by a new
+        # create/parts/complete), and a put whose ETag is not the MD5 sent (a body damaged on the
+        # way, which botocore, with request checksums "when_required", does not check).
         delay = 0.2
         for attempt in range(1, self.config.attempts + 1):
             try:
