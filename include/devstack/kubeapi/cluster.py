@@ -315,6 +315,22 @@ class Cluster:
     def worker_for(self, pod: dict) -> PodWorker | None:
         return self.workers.get(pod["metadata"].get("uid", ""))
 
+    def pod_updated(self, pod: dict) -> None:
+        """An update was stored: a pod waiting on its scheduling gates looks at them again."""
+        worker = self.worker_for(pod)
+        if worker is not None:
+            worker.gates_changed.set()
+
+    def evict(self, namespace: str, name: str, grace: int | None) -> dict:
+        """The Eviction API's effect on a pod no PodDisruptionBudget covers: the DisruptionTarget
+        condition (reason EvictionByEvictionAPI), then graceful deletion."""
+        pod = self.store.must_get("pods", namespace, name)
+        worker = self.worker_for(pod)
+        phase = (pod.get("status") or {}).get("phase")
+        if worker is not None and phase not in ("Succeeded", "Failed"):
+            worker.disrupt("EvictionByEvictionAPI", "Eviction API: evicting")
+        return self.delete_pod(namespace, name, grace)
+
     def delete_pod(self, namespace: str, name: str, grace: int | None) -> dict:
         """Graceful deletion: mark, signal, and remove once every process is gone."""
         pod = self.store.must_get("pods", namespace, name)

@@ -122,6 +122,8 @@ class PodWorker:
         ]
         self.scheduled: bool | None = None  # None: not tried yet, False: unschedulable
         self.sched_message = ""
+        self.sched_reason = "Unschedulable"
+        self.gates_changed = asyncio.Event()  # set by the API server when an update removes a gate
         self.sandbox = False
         self.inits_done = False
         self.init_failed = False
@@ -204,7 +206,7 @@ class PodWorker:
     def publish(self) -> None:
         phase = self.phase()
         if self.scheduled is False:
-            self._condition("PodScheduled", False, "Unschedulable", self.sched_message)
+            self._condition("PodScheduled", False, self.sched_reason, self.sched_message)
         elif self.scheduled:
             self._condition("PodScheduled", True)
         if self.scheduled:
@@ -234,7 +236,14 @@ class PodWorker:
                 reason, message = "", ""
             self._condition("ContainersReady", not unready and phase == "Running", reason, message)
             self._condition("Ready", not unready and phase == "Running", reason, message)
-        order = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"]
+        order = [
+            "PodReadyToStartContainers",
+            "Initialized",
+            "Ready",
+            "ContainersReady",
+            "PodScheduled",
+            "DisruptionTarget",
+        ]
         status: dict = {
             "phase": phase,
             "conditions": [self.conditions[t] for t in order if t in self.conditions],
@@ -295,7 +304,43 @@ class PodWorker:
                 self.publish()
             self.cluster.on_pod_finished(self)
 
+    def disrupt(self, reason: str, message: str) -> None:
+        """The DisruptionTarget condition a real control plane adds before it ends a pod on purpose
+        (EvictionByEvictionAPI, PreemptionByScheduler, DeletionByTaintManager, TerminationByKubelet)."""
+        self._condition("DisruptionTarget", True, reason, message)
+        with contextlib.suppress(Exception):
+            self.publish()
+
+    async def wait_gates(self) -> bool:
+        """Hold a pod with ``spec.schedulingGates`` Pending (PodScheduled False, reason SchedulingGated)
+        until an update removes its last gate, as the scheduler does; False when it is deleted meanwhile."""
+        while True:
+            pod = self.pod
+            gates = ((pod or {}).get("spec") or {}).get("schedulingGates") or []
+            if not gates:
+                self.sched_reason = "Unschedulable"
+                if pod is not None:
+                    self.spec = pod["spec"]
+                return True
+            if self.scheduled is not False or self.sched_reason != "SchedulingGated":
+                self.scheduled = False
+                self.sched_reason = "SchedulingGated"
+                self.sched_message = "Scheduling is blocked due to non-empty scheduling gates"
+                self.publish()
+            self.gates_changed.clear()
+            waiters = {
+                asyncio.ensure_future(self.gates_changed.wait()),
+                asyncio.ensure_future(self.stop_event.wait()),
+            }
+            _, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for t in pending:
+                t.cancel()
+            if self.stopping:
+                return False
+
     async def schedule(self) -> bool:
+        if not await self.wait_gates():
+            return False
         wanted = gpu_request(self.spec)
         self.publish()
         # An extended resource the node does not advertise at all (amd.com/gpu, a MIG profile, ...) is

@@ -257,6 +257,7 @@ _register(
             "exec": ("create", "get"),
             "attach": ("create", "get"),
             "status": ("get", "patch", "update"),
+            "eviction": ("create",),
         },
     )
 )

@@ -270,6 +270,8 @@ class Api:
         dry = "All" in q.getall("dryRun", [])
         if method == "POST" and res.name == "selfsubjectaccessreviews":
             return self.access_review(request, body)
+        if method == "POST" and sub == "eviction":
+            return self.evict(ns, name, body, dry)
         if method == "POST":
             if name is not None:
                 raise ApiError(
@@ -807,10 +809,32 @@ class Api:
         if res.name == "jobs" and sub != "status":
             self.jobs.reconcile(ns, name)
             stored = self.store.get("jobs", ns, name) or stored
+        if res.name == "pods":
+            self.cluster.pod_updated(stored)
         labels_changed = (current["metadata"].get("labels") or {}) != (stored["metadata"].get("labels") or {})
         if res.name == "services" or (res.name == "pods" and labels_changed):
             self.cluster.refresh_hosts()  # what the headless Services select may have changed
         return stored
+
+    def evict(self, ns: str, name: str, body: object, dry: bool) -> web.Response:
+        """``POST pods/<name>/eviction`` (policy/v1 Eviction): the pod gets the DisruptionTarget
+        condition and is deleted gracefully (no PodDisruptionBudgets exist here to refuse it)."""
+        if not isinstance(body, dict) or body.get("kind") not in (None, "Eviction"):
+            raise ApiError(400, "BadRequest", "the body of an eviction must be a policy/v1 Eviction")
+        given = (body.get("metadata") or {}).get("name")
+        if given != name:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f"name in URL does not match name in Eviction object: {given!r} != {name!r}",
+            )
+        self.store.must_get("pods", ns, name)
+        options = body.get("deleteOptions") or {}
+        grace = options.get("gracePeriodSeconds")
+        if not dry:
+            self.cluster.evict(ns, name, int(grace) if grace is not None else None)
+        status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+        return _json(status, 201)
 
     def delete(self, res: Resource, ns: str | None, name: str, q, body: dict, dry: bool) -> dict:
         if res.group == "events.k8s.io" or res.name == "nodes":

@@ -227,6 +227,33 @@ def validate_pod_spec(causes: Causes, spec: dict, path: str) -> None:
     deadline = spec.get("activeDeadlineSeconds")
     if deadline is not None and (not isinstance(deadline, int) or deadline <= 0):
         bad(causes, f"{path}.activeDeadlineSeconds", deadline, "must be greater than or equal to 1")
+    gates = spec.get("schedulingGates")
+    if gates is not None:
+        if not isinstance(gates, list):
+            bad(causes, f"{path}.schedulingGates", gates, "must be a list of {name: ...}")
+            return
+        seen: set[str] = set()
+        for i, gate in enumerate(gates):
+            gname = gate.get("name", "") if isinstance(gate, dict) else ""
+            if not gname:
+                req(causes, f"{path}.schedulingGates[{i}].name")
+            elif not LABEL_NAME.match(gname.split("/")[-1]) or gname.count("/") > 1:
+                bad(
+                    causes,
+                    f"{path}.schedulingGates[{i}].name",
+                    gname,
+                    "name part must consist of alphanumeric characters, '-', '_' or '.', and must start "
+                    "and end with an alphanumeric character",
+                )
+            elif gname in seen:
+                causes.append(
+                    (
+                        f"{path}.schedulingGates[{i}].name",
+                        "FieldValueDuplicate",
+                        f'Duplicate value: "{gname}"',
+                    )
+                )
+            seen.add(gname)
 
 
 def validate_container(
@@ -370,6 +397,29 @@ def validate_pod_update(old: dict, new: dict) -> None:
     for key in MUTABLE_POD_SPEC:
         os_.pop(key, None)
         ns_.pop(key, None)
+    # Scheduling gates may only be removed; while a pod is gated its nodeSelector may gain entries (what
+    # Kueue does when it admits a pod onto a flavor).
+    old_gates = [g.get("name") for g in os_.pop("schedulingGates", None) or []]
+    new_gates = [g.get("name") for g in ns_.pop("schedulingGates", None) or []]
+    added = [g for g in new_gates if g not in old_gates]
+    if added:
+        causes.append(
+            (
+                "spec.schedulingGates",
+                "FieldValueForbidden",
+                f"Forbidden: only deletion is allowed, but found new scheduling gate '{added[0]}'",
+            )
+        )
+    if old_gates:
+        old_sel, new_sel = os_.pop("nodeSelector", None) or {}, ns_.pop("nodeSelector", None) or {}
+        if any(new_sel.get(k) != v for k, v in old_sel.items()):
+            causes.append(
+                (
+                    "spec.nodeSelector",
+                    "FieldValueInvalid",
+                    "Invalid value: only additions to spec.nodeSelector are allowed while the pod is gated",
+                )
+            )
     if os_ != ns_:
         causes.append(
             (
