@@ -12,6 +12,7 @@ it through the ``kubetrain_contract`` link at the repository root.
 * :mod:`kubetrain_contract.records`: the versioned records (dataclasses with ``to_json`` and
   ``from_json``) and the JSON schemas generated from them, in ``kubetrain_contract/schemas/``;
 * :mod:`kubetrain_contract.early_stop`: the early-stop record;
+* :mod:`kubetrain_contract.trial`: a sweep's trial record;
 * :mod:`kubetrain_contract.manifests`: the dataset manifest and the sync-pass manifest.
 """
 
@@ -20,9 +21,10 @@ from kubetrain_contract.exit_codes import EXIT_CODES, ExitCode, final_exit_codes
 from kubetrain_contract.manifests import DatasetManifest, SyncPassRecord
 from kubetrain_contract.pod import CHECKPOINT_DIR, DATA_DIR, OUTPUT_DIR, STOP_FILE, Env
 from kubetrain_contract.records import Record, RecordError
+from kubetrain_contract.trial import TrialRecord
 
 #: every versioned record; each has its schema file in ``schemas/``
-RECORDS: tuple[type[Record], ...] = (EarlyStopRecord, DatasetManifest, SyncPassRecord)
+RECORDS: tuple[type[Record], ...] = (EarlyStopRecord, TrialRecord, DatasetManifest, SyncPassRecord)
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -36,6 +38,7 @@ __all__ = [
     "RecordError",
     "OUTPUT_DIR",
     "STOP_FILE",
+    "TrialRecord",
     "Env",
     "ExitCode",
     "final_exit_codes",
