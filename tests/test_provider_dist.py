@@ -152,7 +152,7 @@ def test_the_wheel_holds_the_airflow_side_and_its_entry_points(wheel):
     data = {
         p.relative_to(REPO / "plugins").as_posix()
         for p in (REPO / "plugins").rglob("*")
-        if p.is_file() and p.suffix in (".html", ".css", ".js", ".json")
+        if p.is_file() and p.suffix in (".html", ".md", ".css", ".js", ".json")
     }
     data |= {
         p.relative_to(REPO / "trainer").as_posix()

@@ -13,12 +13,12 @@ import sys
 import textwrap
 import threading
 import time
-from html import escape as html_escape
 from pathlib import Path
 
 import boto3
 import pytest
 from kubernetes import client, config
+from markupsafe import escape as html_escape  # the reports' templates escape with it
 
 from include.devstack import mirror
 from include.devstack.stack import NAMESPACE
@@ -257,7 +257,7 @@ def test_dialogue_transformer_trains_and_reports_samples(airflow, core, s3, tmp_
         .read()
         .decode()
     )
-    assert html_escape(samples[-1]["reply"]) in html  # the latest sample replies are in the report
+    assert str(html_escape(samples[-1]["reply"])) in html  # the latest sample replies are in the report
     assert_no_pods_left(core, "train_dialogue_transformer")
 
 

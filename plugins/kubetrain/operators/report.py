@@ -7,15 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubetrain.links import REPORT_URL_XCOM_KEY, ReportLink, report_url
 from kubetrain.operators.base import RunOperator
-from kubetrain.report.inputs import (
-    ReportInputs,
-    compare,
-    parse_confusion,
-    parse_history,
-    parse_json,
-    parse_metrics,
-    parse_samples,
-)
+from kubetrain.report.inputs import ReportInputs, compare, load_run_inputs
 from kubetrain.run_store import parse_bool
 from kubetrain.s3_layout import RunLocation, check_name, s3_uri
 
@@ -116,24 +108,12 @@ class ReportOperator(RunOperator):
         def read(name: str) -> bytes | None:
             return self.store.read(run.bucket, run.key("output", name))
 
-        raw_metrics = read("metrics.json")
-        if raw_metrics is None:
+        inputs = load_run_inputs(read, run.uri, title=self.title)
+        if inputs is None:
             raise FileNotFoundError(
                 f"no metrics.json at {s3_uri(run.bucket, run.key('output', 'metrics.json'))}: the training "
                 "container did not write OUTPUT_DIR/metrics.json, or the sync sidecar did not upload it"
             )
-        inputs = ReportInputs(run_uri=run.uri, metrics=parse_metrics(raw_metrics), title=self.title)
-        if (raw := read("history.csv")) is not None:
-            inputs.history = parse_history(raw)
-        else:
-            inputs.notes.append("history.csv is missing: no curves")
-        if (raw := read("params.json")) is not None:
-            params = parse_json("params.json", raw)
-            inputs.params = params if isinstance(params, dict) else None
-        if (raw := read("confusion_matrix.json")) is not None:
-            inputs.confusion = parse_confusion(raw)
-        if (raw := read("samples.json")) is not None:
-            inputs.samples = parse_samples(raw)
         return inputs
 
     def execute(self, context: Context) -> dict[str, Any]:

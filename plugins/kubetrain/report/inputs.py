@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,7 +197,9 @@ class ReportInputs:
     warnings: list[str] = field(default_factory=list)
 
 
-def load_run_inputs(read, run_uri: str, *, title: str | None = None) -> ReportInputs | None:
+def load_run_inputs(
+    read: Callable[[str], bytes | None], run_uri: str, *, title: str | None = None
+) -> ReportInputs | None:
     """A run's report inputs from its output files, or ``None`` when it wrote no metrics.json.
 
     :param read: ``read(name) -> bytes | None``: a file of the run's output area, ``None`` when missing.

@@ -9,8 +9,6 @@ Nothing here touches S3 or Airflow; matplotlib is imported only when plots are d
 
 from __future__ import annotations
 
-import base64
-import html
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,7 +16,7 @@ from typing import Any
 
 from kubetrain.report.inputs import Comparison
 from kubetrain.report.plots import _figure, _png
-from kubetrain.report.render import _STYLE, _fmt, _md
+from kubetrain.report.render import Plots, comparison_line, figures, format_value, render_page, report_files
 
 
 @dataclass
@@ -66,6 +64,7 @@ def _wall(trial: Mapping[str, Any]) -> str:
 
 
 def summary_rows(inputs: SweepReportInputs) -> list[tuple[str, str]]:
+    """The headline facts of a sweep as (label, value) pairs, shared by HTML and Markdown."""
     plan = inputs.plan
     objective = plan.get("objective") or {}
     early = plan.get("early_stopping") or {}
@@ -84,15 +83,15 @@ def summary_rows(inputs: SweepReportInputs) -> list[tuple[str, str]]:
             if early.get("rule") != "median"
             else f"median, after {early.get('start_step')} reports, once {early.get('min_trials')} trials finished",
         ),
-        ("Dataset version", _fmt(dataset.get("version"))),
-        ("Image", _fmt(plan.get("image"))),
+        ("Dataset version", format_value(dataset.get("version"))),
+        ("Image", format_value(plan.get("image"))),
     ]
     if inputs.best is not None:
         rows.append(
             (
                 "Best trial",
-                f"{inputs.best.get('trial')}: {objective.get('metric')} {_fmt(_value(inputs.best))} "
-                f"with {_fmt(inputs.best.get('params'))}",
+                f"{inputs.best.get('trial')}: {objective.get('metric')} {format_value(_value(inputs.best))} "
+                f"with {format_value(inputs.best.get('params'))}",
             )
         )
     counts = {
@@ -167,7 +166,7 @@ def _axis(spec: Mapping[str, Any]) -> tuple[Callable[[Any], float | None], list[
         v = math.log10(value) if log and value > 0 else float(value)
         return (v - lo) / width
 
-    ticks = [(0.0, _fmt(spec["low"])), (1.0, _fmt(spec["high"]))]
+    ticks = [(0.0, format_value(spec["low"])), (1.0, format_value(spec["high"]))]
     return position, ticks
 
 
@@ -210,7 +209,7 @@ def parallel_coordinates_plot(inputs: SweepReportInputs) -> bytes | None:
         for y, label in ticks:
             axes.annotate(label, (x, y), textcoords="offset points", xytext=(3, 0), fontsize=7, va="center")
     axes.axvline(len(names), color="#888", linewidth=0.8)
-    for y, label in ((0.0, _fmt(vmin)), (1.0, _fmt(vmax))):
+    for y, label in ((0.0, format_value(vmin)), (1.0, format_value(vmax))):
         axes.annotate(
             label, (len(names), y), textcoords="offset points", xytext=(3, 0), fontsize=7, va="center"
         )
@@ -222,96 +221,57 @@ def parallel_coordinates_plot(inputs: SweepReportInputs) -> bytes | None:
     return _png(figure)
 
 
-def _comparison_text(inputs: SweepReportInputs) -> str | None:
-    c = inputs.comparison
-    if c is None:
-        return None
-    verdict = "better than the promoted model" if c.better else "not better than the promoted model"
-    return f"The best trial is {verdict}: {c.reason}"
+def page_values(inputs: SweepReportInputs, plots: Plots) -> dict[str, Any]:
+    """What the leaderboard's templates show.
 
-
-def render_html(inputs: SweepReportInputs, plots: dict[str, tuple[str, bytes]]) -> str:
-    e = html.escape
-    title = inputs.title or "Sweep leaderboard"
+    :param inputs: the sweep's plan and trials.
+    :param plots: the plots by file name, each as (caption, PNG bytes).
+    """
     names = _names(inputs)
     metric = (inputs.plan.get("objective") or {}).get("metric", "objective")
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{e(title)}</title><style>{_STYLE}</style></head><body>",
-        f"<h1>{e(title)}</h1>",
-    ]
-    if (text := _comparison_text(inputs)) is not None:
-        css = "better" if inputs.comparison and inputs.comparison.better else "worse"
-        parts.append(f'<p class="{css}">{e(text)}.</p>')
-    parts.append("<h2>Summary</h2><table>")
-    parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in summary_rows(inputs)]
-    parts.append("</table><h2>Trials</h2><table><tr><th>rank</th><th>trial</th>")
-    parts += [f"<th>{e(n)}</th>" for n in names]
-    parts.append(
-        f"<th>{e(metric)}</th><th>reports</th><th>steps</th><th>outcome</th><th>trainer wall (s)</th><th>report</th></tr>"
-    )
+    trials = []
     for rank, trial in enumerate(inputs.trials, start=1):
         params = trial.get("params") or {}
-        url = inputs.trial_report_url(trial)
-        link = f'<a href="{e(url)}">report</a>' if url else ""
         cells = [
             str(rank),
             str(trial.get("trial")),
-            *(_fmt(params.get(n)) for n in names),
-            _fmt(_value(trial)),
-            _fmt(trial.get("reports")),
-            _fmt(trial.get("steps")),
+            *(format_value(params.get(n)) for n in names),
+            format_value(_value(trial)),
+            format_value(trial.get("reports")),
+            format_value(trial.get("steps")),
             _outcome(trial),
             _wall(trial),
         ]
-        parts.append("<tr>" + "".join(f"<td>{e(c)}</td>" for c in cells) + f"<td>{link}</td></tr>")
-    parts.append("</table>")
-    if plots:
-        parts.append("<h2>Plots</h2>")
-        for name, (caption, png) in plots.items():
-            data = base64.b64encode(png).decode("ascii")
-            parts.append(
-                f'<figure><img src="data:image/png;base64,{data}" alt="{e(caption)}">'
-                f"<figcaption>{e(caption)} <code>{e(name)}</code></figcaption></figure>"
-            )
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+        trials.append({"cells": cells, "url": inputs.trial_report_url(trial)})
+    return {
+        "title": inputs.title or "Sweep leaderboard",
+        "warnings": [],
+        "comparison": comparison_line(inputs.comparison, "The best trial", version=False),
+        "summary": summary_rows(inputs),
+        "header": [
+            "rank",
+            "trial",
+            *names,
+            metric,
+            "reports",
+            "steps",
+            "outcome",
+            "trainer wall (s)",
+            "report",
+        ],
+        "trials": trials,
+        "plots": figures(plots),
+    }
 
 
-def render_markdown(inputs: SweepReportInputs, plots: dict[str, tuple[str, bytes]]) -> str:
-    title = inputs.title or "Sweep leaderboard"
-    names = _names(inputs)
-    metric = (inputs.plan.get("objective") or {}).get("metric", "objective")
-    lines = [f"# {_md(title)}", ""]
-    if (text := _comparison_text(inputs)) is not None:
-        lines += [f"**{_md(text)}.**", ""]
-    lines += ["| | |", "|---|---|"] + [f"| {_md(k)} | {_md(v)} |" for k, v in summary_rows(inputs)]
-    header = ["rank", "trial", *names, metric, "reports", "steps", "outcome", "trainer wall (s)", "report"]
-    lines += [
-        "",
-        "## Trials",
-        "",
-        "| " + " | ".join(_md(h) for h in header) + " |",
-        "|" + "---|" * len(header),
-    ]
-    for rank, trial in enumerate(inputs.trials, start=1):
-        params = trial.get("params") or {}
-        url = inputs.trial_report_url(trial)
-        cells = [
-            str(rank),
-            str(trial.get("trial")),
-            *(_fmt(params.get(n)) for n in names),
-            _fmt(_value(trial)),
-            _fmt(trial.get("reports")),
-            _fmt(trial.get("steps")),
-            _outcome(trial),
-            _wall(trial),
-        ]
-        lines.append("| " + " | ".join(_md(c) for c in cells) + f" | {f'[report]({url})' if url else ''} |")
-    if plots:
-        lines += ["", "## Plots", ""] + [f"![{_md(caption)}]({name})" for name, (caption, _) in plots.items()]
-    return "\n".join(lines) + "\n"
+def render_html(inputs: SweepReportInputs, plots: Plots) -> str:
+    """The leaderboard as one HTML file, plots inlined as base64 PNG data URIs."""
+    return render_page("sweep.html", page_values(inputs, plots))
+
+
+def render_markdown(inputs: SweepReportInputs, plots: Plots) -> str:
+    """The leaderboard in Markdown; plots are referenced as the PNG files next to it."""
+    return render_page("sweep.md", page_values(inputs, plots))
 
 
 def render_sweep_report(inputs: SweepReportInputs) -> dict[str, bytes]:
@@ -325,7 +285,4 @@ def render_sweep_report(inputs: SweepReportInputs) -> dict[str, bytes]:
             "Parallel coordinates: hyperparameters against the objective",
             png,
         )
-    files = {name: png for name, (_, png) in plots.items()}
-    files["report.html"] = render_html(inputs, plots).encode("utf-8")
-    files["report.md"] = render_markdown(inputs, plots).encode("utf-8")
-    return files
+    return report_files("sweep", plots, page_values(inputs, plots))
