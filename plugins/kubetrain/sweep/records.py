@@ -14,19 +14,23 @@ Trial records are small and listed with one request (``sweep/trials/``): the sug
 rebuild a TPE study from them, the checkpoint-sync sidecars of the running trials read them
 for the median stopping rule, and the leaderboard and the sweep record are built from them.
 
-Nothing here talks to S3; :class:`~kubetrain.sweep.operators` reads and writes through the
-run store.
+A trial record is a :class:`~kubetrain_contract.trial.TrialRecord`; :func:`assemble_trial` is the
+one place one is put together (a trained trial, a failed one, one reused by fingerprint, and the
+stand-in of a trial that left none). Nothing here talks to S3; :mod:`kubetrain.sweep.store` reads
+and the sweep's operators write through the run store.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kubetrain.s3_layout import RunLocation, S3Layout, s3_uri, safe_segment
-from kubetrain_contract.exit_codes import EXIT_STOPPED  # noqa: F401 - the sweep operators read it here
+from kubetrain_contract.early_stop import EarlyStopRecord
+from kubetrain_contract.exit_codes import EXIT_STOPPED
 from kubetrain_contract.reports import (  # noqa: F401 - the file names are read here by the sweep operators
     EARLY_STOP_RECORD,
     HISTORY_CSV,
@@ -35,8 +39,9 @@ from kubetrain_contract.reports import (  # noqa: F401 - the file names are read
     objective_values,
 )
 from kubetrain_contract.reports import parse_jsonl as contract_parse_jsonl
+from kubetrain_contract.trial import TrialObjective, TrialRecord, TrialSweep
 
-TRIAL_KIND = "kubetrain/sweep-trial"
+TRIAL_KIND = TrialRecord.KIND
 SWEEP_KIND = "kubetrain/sweep"
 FORMAT_VERSION = 1
 _TRIAL_RECORD = re.compile(r"/sweep/trials/(\d+)\.json$")
@@ -156,20 +161,138 @@ def objective_value(
     return best_of(values, mode)
 
 
-def ranked(records: Sequence[Mapping[str, Any]], mode: str) -> list[Mapping[str, Any]]:
+def sweep_ref(settings: Mapping[str, Any]) -> TrialSweep:
+    """The sweep fields of a trial record, from the plan or the trials' settings."""
+    return TrialSweep(
+        id=settings.get("id"),
+        dag_id=settings.get("dag_id"),
+        run_id=settings.get("run_id"),
+        uri=settings.get("uri"),
+        algorithm=settings.get("algorithm"),
+    )
+
+
+def assemble_trial(
+    settings: Mapping[str, Any] | None,
+    number: int,
+    *,
+    round: int | None,
+    params: Mapping[str, Any] | None,
+    fingerprint: str | None,
+    run_uri: str | None,
+    finished_at: str | None,
+    value: float | None = None,
+    values: Sequence[float] = (),
+    error: str | None = None,
+    outcome: TrialRecord | None = None,
+    **fields: Any,
+) -> TrialRecord:
+    """A trial record: trial ``number`` of the sweep ``settings`` describe, at its point ``params``.
+
+    :param settings: the plan or the trials' settings (``id``, ``dag_id``, ``run_id``, ``uri``,
+        ``algorithm``, ``objective``), or ``None`` where the record names no sweep.
+    :param number: the trial's number.
+    :param round: the round that asked for it.
+    :param params: the trial's point of the space.
+    :param fingerprint: what it trained, as a hex digest.
+    :param run_uri: the run prefix of the trial that trained (another sweep's for a reused one).
+    :param finished_at: when the record is written (``None``: not written by the trial's task).
+    :param value: the trial's objective value.
+    :param values: the objective at each report.
+    :param error: why the trial failed; a record with an error has status ``failed``.
+    :param outcome: a finished trial whose outcome this one reuses (its reports, metrics, timing).
+    :param fields: further :class:`TrialRecord` fields (the outcome of a trained trial).
+    """
+    objective = (settings or {}).get("objective") or {}
+    head: dict[str, Any] = {
+        "sweep": sweep_ref(settings) if settings is not None else None,
+        "trial": str(number),
+        "number": int(number),
+        "round": round,
+        "params": dict(params or {}),
+        "fingerprint": fingerprint,
+        "status": "failed" if error is not None else "success",
+        "error": error,
+        "objective": TrialObjective(
+            name=objective.get("metric"), mode=objective.get("mode"), value=value, values=list(values)
+        ),
+        "run_uri": run_uri,
+        "finished_at": finished_at,
+        **fields,
+    }
+    if outcome is not None:
+        return dataclasses.replace(outcome, **head)
+    return TrialRecord(**head)
+
+
+def _number(value: Any) -> int | float | None:
+    """A number metrics.json reports, or ``None`` for anything else (the record's fields are numbers)."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def trial_outcome(
+    metrics: Mapping[str, Any] | None,
+    rows: Sequence[Mapping[str, Any]],
+    early_stop: EarlyStopRecord | None,
+    exit_code: int | None,
+    metric: str,
+    mode: str,
+) -> dict[str, Any]:
+    """The outcome fields of a trained trial's record, from what it wrote.
+
+    :param metrics: its metrics.json (``None``: it wrote none).
+    :param rows: its reports (:func:`history_rows`).
+    :param early_stop: the sidecar's early-stop decision, if it made one.
+    :param exit_code: the training container's exit code.
+    :param metric: the objective.
+    :param mode: ``max`` or ``min``.
+    """
+    metrics = metrics or {}
+    values = objective_values(rows, metric)
+    by = metrics.get("stopped_early")
+    by = by.get("by") if isinstance(by, Mapping) else None
+    # the decision alone is not enough: the trainer may have finished before it saw the stop file
+    stopped = early_stop is not None and (exit_code == EXIT_STOPPED or by == "stop file")
+    final = metrics.get("final")
+    return {
+        "value": objective_value(metrics, values, metric, mode),
+        "values": values,
+        "stopped_early": stopped,
+        "early_stop": early_stop if stopped else None,
+        "stop_requested": early_stop if not stopped else None,
+        "final_metrics": dict(final) if isinstance(final, Mapping) else None,
+        "steps": _number(metrics.get("steps")) or (_number(rows[-1].get("step")) if rows else None),
+        "epochs": _number(metrics.get("epochs")),
+        "reports": len(rows),
+        "wall_time_s": _number(metrics.get("wall_time_s")),
+        "resumed_from_step": _number(metrics.get("resumed_from_step")),
+        "exit_code": exit_code,
+        "history": [dict(row) for row in rows],
+    }
+
+
+def ranked(records: Sequence[TrialRecord], mode: str) -> list[TrialRecord]:
     """Trial records best first by objective; trials without a value last, by trial number."""
 
-    def key(record: Mapping[str, Any]) -> tuple:
-        value = finite_number((record.get("objective") or {}).get("value"))
-        number = int(record.get("number", 0))
+    def key(record: TrialRecord) -> tuple:
+        value = finite_number(record.objective.value)
         if value is None:
-            return (1, 0.0, number)
-        return (0, -value if mode == "max" else value, number)
+            return (1, 0.0, record.number)
+        return (0, -value if mode == "max" else value, record.number)
 
     return sorted(records, key=key)
 
 
-def summary(record: Mapping[str, Any]) -> dict[str, Any]:
+def counts(records: Sequence[TrialRecord]) -> dict[str, int]:
+    """How many trials finished, were stopped early, and failed."""
+    return {
+        "succeeded": sum(1 for t in records if t.finished),
+        "stopped_early": sum(1 for t in records if t.stopped_early),
+        "failed": sum(1 for t in records if not t.succeeded),
+    }
+
+
+def summary(record: TrialRecord) -> dict[str, Any]:
     """The fields of a trial record that the sweep record keeps for every trial (no history)."""
     keep = (
         "trial",
@@ -192,4 +315,5 @@ def summary(record: Mapping[str, Any]) -> dict[str, Any]:
         "exit_code",
         "finished_at",
     )
-    return {k: record.get(k) for k in keep}
+    doc = record.to_dict()
+    return {k: doc.get(k) for k in keep}
