@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import airflow  # noqa: F401  (importing Airflow puts its plugins folder on sys.path)
 import pytest
+
+from kubetrain.defaults import DEFAULT_ARGS
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_FILES = sorted(p for p in (REPO / "dags").glob("*.py") if not p.name.startswith("_"))
@@ -44,13 +46,19 @@ def test_dag_conventions(dagbag, path):
     assert dag.catchup is False, f"{dag.dag_id} must set catchup=False"
     for task in dag.tasks:
         assert task.retries >= 1, f"{dag.dag_id}.{task.task_id} has no retries"
-    # one set of defaults (owner, retries, KUBETRAIN_RETRY_DELAY_SECONDS) for every DAG
-    tree = ast.parse(path.read_text())
-    given = [k.value for k in ast.walk(tree) if isinstance(k, ast.keyword) and k.arg == "default_args"]
-    assert [ast.unparse(v) for v in given] == ["DEFAULT_ARGS"], (
-        f"{dag.dag_id} sets default_args={', '.join(ast.unparse(v) for v in given) or 'nothing'}: "
-        "expected kubetrain.defaults.DEFAULT_ARGS"
+    # one set of defaults (owner, retries, KUBETRAIN_RETRY_DELAY_SECONDS) for every DAG, and every
+    # task gets them: a task may ask for more retries, never for another owner or retry delay
+    assert dag.default_args == DEFAULT_ARGS, (
+        f"{dag.dag_id} has default_args={dag.default_args}: expected kubetrain.defaults.DEFAULT_ARGS"
     )
+    for task in dag.tasks:
+        assert (task.owner, task.retry_delay) == (DEFAULT_ARGS["owner"], DEFAULT_ARGS["retry_delay"]), (
+            f"{dag.dag_id}.{task.task_id} has owner {task.owner!r} and retry_delay {task.retry_delay}: "
+            f"expected kubetrain.defaults.DEFAULT_ARGS' {DEFAULT_ARGS['owner']!r} and {DEFAULT_ARGS['retry_delay']}"
+        )
+        assert task.retries >= DEFAULT_ARGS["retries"], (
+            f"{dag.dag_id}.{task.task_id} has {task.retries} retries, fewer than DEFAULT_ARGS' {DEFAULT_ARGS['retries']}"
+        )
     # topological_sort raises on a cycle
     assert len(dag.topological_sort()) == len(dag.tasks)
 

@@ -13,8 +13,11 @@
 
 from __future__ import annotations
 
-import ast
+import json
+import os
 import re
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -41,24 +44,39 @@ QUANTITY = "IoK8sApimachineryPkgApiResourceQuantity"
 K8S_REF = "x-kubernetes-type"
 
 
+# Run in an interpreter of its own with the SDK first on the path: the models' declared class attributes.
+_DUMP_MODELS = """
+import json
+from kubeflow.training import models
+print(json.dumps({
+    name: [cls.openapi_types, cls.attribute_map]
+    for name, cls in vars(models).items()
+    if name.startswith("KubeflowOrgV1") and isinstance(cls, type)
+}))
+"""
+
+
 @cache
 def training_models() -> dict[str, tuple[dict[str, str], dict[str, str]]]:
-    """Model class -> (openapi_types, attribute_map), read from the SDK's source without importing it."""
+    """Model class -> (openapi_types, attribute_map), the SDK's own declarations.
+
+    The SDK is imported in a child interpreter: it pins kubernetes<36 and so cannot join this
+    environment; its generated models import and run with the kubernetes client installed here.
+    """
     if not KUBEFLOW_TRAINING.is_dir():
         raise FileNotFoundError(
             f"{KUBEFLOW_TRAINING} is missing: run `make setup` (it installs kubeflow-training 1.9.4 there)"
         )
-    models = {}
-    for path in KUBEFLOW_TRAINING.glob("kubeflow_org_v1_*.py"):
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.ClassDef):
-                values = {}
-                for item in node.body:
-                    if isinstance(item, ast.Assign) and isinstance(item.targets[0], ast.Name):
-                        if item.targets[0].id in ("openapi_types", "attribute_map"):
-                            values[item.targets[0].id] = ast.literal_eval(item.value)
-                models[node.name] = (values["openapi_types"], values["attribute_map"])
-    return models
+    sdk = KUBEFLOW_TRAINING.parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", _DUMP_MODELS],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(sdk), os.environ.get("PYTHONPATH", "")])},
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"importing the Kubeflow training SDK from {sdk} failed: {out.stderr[-2000:]}")
+    return {name: (types, names) for name, (types, names) in json.loads(out.stdout).items()}
 
 
 def _type_schema(spec: str) -> dict[str, Any]:
