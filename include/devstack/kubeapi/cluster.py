@@ -328,7 +328,7 @@ class Cluster:
         worker = self.worker_for(pod)
         phase = (pod.get("status") or {}).get("phase")
         if worker is not None and phase not in ("Succeeded", "Failed"):
-            worker.disrupt("EvictionByEvictionAPI", "Eviction API: evicting")
+            worker.mark("DisruptionTarget", "EvictionByEvictionAPI", "Eviction API: evicting")
         return self.delete_pod(namespace, name, grace)
 
     def delete_pod(self, namespace: str, name: str, grace: int | None) -> dict:

@@ -243,6 +243,7 @@ class PodWorker:
             "ContainersReady",
             "PodScheduled",
             "DisruptionTarget",
+            "TerminationTarget",
         ]
         status: dict = {
             "phase": phase,
@@ -304,10 +305,11 @@ class PodWorker:
                 self.publish()
             self.cluster.on_pod_finished(self)
 
-    def disrupt(self, reason: str, message: str) -> None:
-        """The DisruptionTarget condition a real control plane adds before it ends a pod on purpose
-        (EvictionByEvictionAPI, PreemptionByScheduler, DeletionByTaintManager, TerminationByKubelet)."""
-        self._condition("DisruptionTarget", True, reason, message)
+    def mark(self, type_: str, reason: str, message: str) -> None:
+        """A condition a controller adds before it ends the pod on purpose: DisruptionTarget (reasons
+        EvictionByEvictionAPI, PreemptionByScheduler, DeletionByTaintManager, TerminationByKubelet) or
+        Kueue's TerminationTarget (WorkloadEvictedDueToPreempted)."""
+        self._condition(type_, True, reason, message)
         with contextlib.suppress(Exception):
             self.publish()
 

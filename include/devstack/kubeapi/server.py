@@ -23,6 +23,7 @@ from include.devstack.kubeapi import validation as v
 from include.devstack.kubeapi.cluster import Cluster
 from include.devstack.kubeapi.images import DEFAULT_STORE
 from include.devstack.kubeapi.jobs import JobController
+from include.devstack.kubeapi.kueue import Kueue
 from include.devstack.kubeapi.logs import LogOptions, stream_log
 from include.devstack.kubeapi.meta import (
     GROUPS,
@@ -68,10 +69,16 @@ def _json(body: dict, status: int = 200, headers: dict | None = None) -> web.Res
 
 
 class Api:
-    def __init__(self, cluster: Cluster, tokens: dict[str, rbac.Identity] | None = None) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        tokens: dict[str, rbac.Identity] | None = None,
+        kueue_config: Path | None = None,
+    ) -> None:
         self.cluster = cluster
         self.store = cluster.store
         self.jobs = JobController(cluster, self.create_pod_object)
+        self.kueue = Kueue(cluster, self.jobs, kueue_config) if kueue_config else None
         self.tokens = tokens or {}
         self.authorizer = rbac.Authorizer(self.store)
 
@@ -628,6 +635,8 @@ class Api:
             return self.create_pod_object(obj, dry=dry), warnings
         if res.name == "jobs":
             obj.pop("status", None)
+            if self.kueue is not None:
+                self.kueue.mutate_job(obj)
             v.default_job(obj)
             v.validate_job(obj)
             if dry:
@@ -637,6 +646,8 @@ class Api:
             obj["status"] = {}
             created = self.store.create("jobs", obj, "batch")
             self.jobs.on_created(created)
+            if self.kueue is not None:
+                self.kueue.job_created(created)
             return self.store.get("jobs", ns, meta["name"]) or created, warnings
         if res.name in ("secrets", "configmaps"):
             kind = "Secret" if res.name == "secrets" else "ConfigMap"
@@ -679,6 +690,8 @@ class Api:
         namespace = meta.get("namespace") or "default"
         self.check_namespace(namespace)
         pod.pop("status", None)
+        if self.kueue is not None:
+            self.kueue.mutate_pod(pod)
         spec = pod.setdefault("spec", {})
         v.default_pod_spec(spec)
         v.validate_pod(pod)
@@ -709,6 +722,8 @@ class Api:
             return pod
         created = self.store.create("pods", pod)
         self.cluster.start_pod(created)
+        if self.kueue is not None:
+            self.kueue.pod_created(created)
         return self.store.get("pods", meta["namespace"], meta["name"]) or created
 
     def check_body(self, res: Resource, body) -> dict:
@@ -1349,8 +1364,10 @@ def group_list() -> dict:
 # -- main ------------------------------------------------------------------------------------
 
 
-def build_app(cluster: Cluster, tokens: dict[str, rbac.Identity] | None = None) -> web.Application:
-    api = Api(cluster, tokens)
+def build_app(
+    cluster: Cluster, tokens: dict[str, rbac.Identity] | None = None, kueue_config: Path | None = None
+) -> web.Application:
+    api = Api(cluster, tokens, kueue_config)
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_route("*", "/{tail:.*}", api.handle)
 
@@ -1415,6 +1432,13 @@ def main(argv: list[str] | None = None) -> int:
         "--tls-private-key-file", type=Path, default=None, help="the certificate's private key (PEM)"
     )
     parser.add_argument(
+        "--kueue-config",
+        type=Path,
+        default=None,
+        help="run the small Kueue stand-in (include/devstack/kubeapi/kueue.py) with these ClusterQueues, "
+        "LocalQueues and WorkloadPriorityClasses (YAML)",
+    )
+    parser.add_argument(
         "--token-auth-file",
         type=Path,
         required=True,
@@ -1460,7 +1484,7 @@ def main(argv: list[str] | None = None) -> int:
         ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ssl_context.load_cert_chain(args.tls_cert_file, args.tls_private_key_file)
     web.run_app(
-        build_app(cluster, tokens),
+        build_app(cluster, tokens, args.kueue_config),
         host=args.host,
         port=args.port,
         access_log=None,

@@ -1,0 +1,494 @@
+"""A small stand-in for Kueue: the parts of its contracts kubetrain relies on, for tests.
+
+Users run Kueue itself; this admits the dev stack's workloads the way Kueue does, so that kubetrain's
+queueing and preemption handling is exercised against the same objects and signals
+(include/devstack/KUBEAPI.md, "Kueue", lists what it reproduces and what it does not):
+
+* the pod webhook: a pod labelled ``kueue.x-k8s.io/queue-name`` (and not owned by a Job) is created
+  with the scheduling gate ``kueue.x-k8s.io/admission`` and the label ``kueue.x-k8s.io/managed``;
+  pods labelled ``kueue.x-k8s.io/pod-group-name`` with the annotation
+  ``kueue.x-k8s.io/pod-group-total-count`` form one workload, admitted all or nothing;
+* the Job webhook: a Job labelled with a queue is created suspended;
+* one ``Workload`` (``kueue.x-k8s.io/v1beta1``) per pod, pod group or Job, with the conditions
+  QuotaReserved, Admitted, Evicted and Finished;
+* admission in priority (``kueue.x-k8s.io/priority-class`` naming a WorkloadPriorityClass), then
+  creation order, within each ClusterQueue's nominal quota; a workload that asks for a resource its
+  ClusterQueue does not cover (``ephemeral-storage`` unless excluded, as Kueue) is inadmissible;
+* preemption within a ClusterQueue (``withinClusterQueue: LowerPriority``): a pending workload that
+  would fit without lower-priority admitted ones evicts the fewest of them, the lowest priority and
+  the newest first; an evicted pod gets the ``TerminationTarget`` condition (reason
+  ``WorkloadEvictedDueToPreempted``) and is deleted, an evicted Job is suspended and re-queued.
+
+Configuration: a YAML file (``--kueue-config``) with ``clusterQueues`` (name, ``nominalQuota``,
+``preemption``), ``localQueues`` (namespace, name, clusterQueue), ``workloadPriorityClasses`` (name,
+value) and ``excludeResourcePrefixes``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import itertools
+import logging
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+from include.devstack.kubeapi.meta import GROUPS, RESOURCES, Resource, rfc3339
+from include.devstack.kubeapi.validation import parse_quantity
+
+if TYPE_CHECKING:
+    from include.devstack.kubeapi.cluster import Cluster
+    from include.devstack.kubeapi.jobs import JobController
+
+log = logging.getLogger("kubeapi.kueue")
+
+GROUP, VERSION = "kueue.x-k8s.io", "v1beta1"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+MANAGED_LABEL = "kueue.x-k8s.io/managed"
+GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"
+GATE = "kueue.x-k8s.io/admission"
+READ = ("get", "list", "watch")
+
+
+def register_resources() -> None:
+    """Serve Kueue's resources (read-only: the configuration file defines the queues)."""
+    GROUPS[GROUP] = VERSION
+    for name, kind, namespaced in (
+        ("workloads", "Workload", True),
+        ("localqueues", "LocalQueue", True),
+        ("clusterqueues", "ClusterQueue", False),
+        ("workloadpriorityclasses", "WorkloadPriorityClass", False),
+    ):
+        RESOURCES[(GROUP, name)] = Resource(name, kind, GROUP, VERSION, namespaced, READ, (), ())
+
+
+@dataclass
+class ClusterQueue:
+    name: str
+    quota: dict[str, Decimal]
+    preempt_lower: bool
+
+
+@dataclass
+class Workload:
+    """A unit of admission: one pod, a pod group, or a Job."""
+
+    namespace: str
+    name: str
+    kind: str  # "pod", "group", "job"
+    key: str  # the pod's, group's or Job's name
+    queue: str
+    priority: int
+    seq: int
+    requests: dict[str, Decimal] = field(default_factory=dict)
+    uid: str = ""  # a single pod's
+    admitted: bool = False
+    admitted_seq: int = 0
+    evicting: bool = False  # preempted; its pods still hold the quota until their processes are gone
+    finished: bool = False
+
+
+def container_requests(spec: dict) -> dict[str, Decimal]:
+    """A pod's requests as Kueue counts them: the containers' sum, or the largest init container's."""
+    total: dict[str, Decimal] = {}
+    for c in spec.get("containers") or []:
+        res = c.get("resources") or {}
+        for name, value in {**(res.get("limits") or {}), **(res.get("requests") or {})}.items():
+            total[name] = total.get(name, Decimal(0)) + parse_quantity(value)
+    for c in spec.get("initContainers") or []:
+        res = c.get("resources") or {}
+        for name, value in {**(res.get("limits") or {}), **(res.get("requests") or {})}.items():
+            total[name] = max(total.get(name, Decimal(0)), parse_quantity(value))
+    return total
+
+
+class Kueue:
+    def __init__(self, cluster: Cluster, jobs: JobController, config_path: Path) -> None:
+        self.cluster = cluster
+        self.store = cluster.store
+        self.jobs = jobs
+        config = yaml.safe_load(config_path.read_text()) or {}
+        self.queues: dict[str, ClusterQueue] = {}
+        for cq in config.get("clusterQueues") or []:
+            quota = {k: parse_quantity(v) for k, v in (cq.get("nominalQuota") or {}).items()}
+            within = ((cq.get("preemption") or {}).get("withinClusterQueue")) or "Never"
+            self.queues[cq["name"]] = ClusterQueue(cq["name"], quota, within == "LowerPriority")
+        self.local: dict[tuple[str, str], str] = {
+            (lq["namespace"], lq["name"]): lq["clusterQueue"] for lq in config.get("localQueues") or []
+        }
+        self.priorities: dict[str, int] = {
+            p["name"]: int(p["value"]) for p in config.get("workloadPriorityClasses") or []
+        }
+        self.excluded: tuple[str, ...] = tuple(config.get("excludeResourcePrefixes") or ())
+        self.workloads: dict[tuple[str, str], Workload] = {}
+        self.seq = itertools.count(1)
+        self._scheduled = False
+        register_resources()
+        for cq in self.queues.values():
+            quota = [{"name": k, "nominalQuota": str(v)} for k, v in cq.quota.items()]
+            self.store.create(
+                "clusterqueues",
+                {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": "ClusterQueue",
+                    "metadata": {"name": cq.name},
+                    "spec": {
+                        "namespaceSelector": {},
+                        "preemption": {
+                            "withinClusterQueue": "LowerPriority" if cq.preempt_lower else "Never"
+                        },
+                        "resourceGroups": [
+                            {
+                                "coveredResources": list(cq.quota),
+                                "flavors": [{"name": "default-flavor", "resources": quota}],
+                            }
+                        ],
+                    },
+                },
+                GROUP,
+            )
+        for (ns, name), cq_name in self.local.items():
+            self.store.create(
+                "localqueues",
+                {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": "LocalQueue",
+                    "metadata": {"name": name, "namespace": ns},
+                    "spec": {"clusterQueue": cq_name},
+                    "status": {"pendingWorkloads": 0, "admittedWorkloads": 0},
+                },
+                GROUP,
+            )
+        for name, value in self.priorities.items():
+            self.store.create(
+                "workloadpriorityclasses",
+                {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": "WorkloadPriorityClass",
+                    "metadata": {"name": name},
+                    "value": value,
+                },
+                GROUP,
+            )
+        cluster.pod_finished_hooks.append(lambda worker: self.soon())
+
+    # -- webhooks ----------------------------------------------------------------------------
+
+    def mutate_pod(self, pod: dict) -> None:
+        """Kueue's pod webhook: gate a queued pod that no Job owns."""
+        meta = pod.setdefault("metadata", {})
+        labels = meta.get("labels") or {}
+        owned_by_job = any(o.get("kind") == "Job" for o in meta.get("ownerReferences") or [])
+        if QUEUE_LABEL not in labels or owned_by_job:
+            return
+        meta.setdefault("labels", {})[MANAGED_LABEL] = "true"
+        gates = pod.setdefault("spec", {}).setdefault("schedulingGates", [])
+        if not any(g.get("name") == GATE for g in gates):
+            gates.append({"name": GATE})
+
+    def mutate_job(self, job: dict) -> None:
+        """Kueue's Job webhook: a queued Job is created suspended."""
+        if QUEUE_LABEL in ((job.get("metadata") or {}).get("labels") or {}):
+            job.setdefault("spec", {})["suspend"] = True
+
+    # -- workloads ---------------------------------------------------------------------------
+
+    def pod_created(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        labels = meta.get("labels") or {}
+        if labels.get(MANAGED_LABEL) != "true":
+            return
+        group = labels.get(GROUP_LABEL)
+        kind, key = ("group", group) if group else ("pod", meta["name"])
+        self.ensure(meta["namespace"], kind, key, labels, meta)
+        self.soon()
+
+    def job_created(self, job: dict) -> None:
+        meta = job["metadata"]
+        labels = meta.get("labels") or {}
+        if QUEUE_LABEL in labels:
+            self.ensure(meta["namespace"], "job", meta["name"], labels, meta)
+            self.soon()
+
+    def ensure(self, namespace: str, kind: str, key: str, labels: dict, meta: dict) -> Workload:
+        found = next(
+            (w for w in self.workloads.values() if (w.namespace, w.kind, w.key) == (namespace, kind, key)),
+            None,
+        )
+        if found is not None and not found.finished:
+            return found
+        suffix = hashlib.sha256(f"{meta.get('uid')}".encode()).hexdigest()[:5]
+        name = f"{kind}-{key}-{suffix}" if kind != "group" else key
+        priority_name = labels.get(PRIORITY_LABEL, "")
+        workload = Workload(
+            namespace,
+            name,
+            kind,
+            key,
+            labels.get(QUEUE_LABEL, ""),
+            self.priorities.get(priority_name, 0),
+            next(self.seq),
+        )
+        workload.uid = meta.get("uid", "") if kind == "pod" else ""
+        self.workloads[(namespace, name)] = workload
+        owner = {
+            "apiVersion": "batch/v1" if kind == "job" else "v1",
+            "kind": "Job" if kind == "job" else "Pod",
+        }
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Workload",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {"kueue.x-k8s.io/job-uid": meta.get("uid", "")},
+                "ownerReferences": [
+                    {**owner, "name": key if kind != "group" else meta["name"], "uid": meta.get("uid")}
+                ],
+            },
+            "spec": {
+                "queueName": workload.queue,
+                "priority": workload.priority,
+                "priorityClassName": priority_name,
+            },
+            "status": {},
+        }
+        existing = self.store.get("workloads", namespace, name)
+        if existing is not None:
+            self.store.remove("workloads", namespace, name)
+        self.store.create("workloads", body, GROUP)
+        return workload
+
+    def members(self, w: Workload) -> list[dict]:
+        pods = self.store.list("pods", w.namespace)
+        if w.kind == "pod":
+            return [p for p in pods if p["metadata"].get("uid") == w.uid]
+        if w.kind == "group":
+            return [p for p in pods if (p["metadata"].get("labels") or {}).get(GROUP_LABEL) == w.key]
+        return []
+
+    def requests_of(self, w: Workload) -> tuple[dict[str, Decimal], str | None]:
+        """What ``w`` asks for, and why it cannot be admitted yet (None when it is complete)."""
+        if w.kind == "job":
+            job = self.store.get("jobs", w.namespace, w.key)
+            if job is None:
+                return {}, "the Job is gone"
+            spec = job["spec"]
+            per_pod = container_requests(spec["template"].get("spec") or {})
+            count = int(spec.get("parallelism", 1))
+            return {k: v * count for k, v in per_pod.items()}, None
+        pods = [p for p in self.members(w) if not p["metadata"].get("deletionTimestamp")]
+        if w.kind == "group":
+            total = int((pods[0]["metadata"].get("annotations") or {}).get(GROUP_COUNT, "1")) if pods else 1
+            if len(pods) < total:
+                return {}, f"waiting for all pods of the group: {len(pods)} of {total} exist"
+        summed: dict[str, Decimal] = {}
+        for p in pods:
+            for k, v in container_requests(p["spec"]).items():
+                summed[k] = summed.get(k, Decimal(0)) + v
+        return summed, None
+
+    def finished(self, w: Workload) -> bool:
+        if w.kind == "job":
+            job = self.store.get("jobs", w.namespace, w.key)
+            conds = {
+                c["type"]: c["status"] for c in ((job or {}).get("status") or {}).get("conditions") or []
+            }
+            return job is None or conds.get("Complete") == "True" or conds.get("Failed") == "True"
+        members = self.members(w)
+        if not members:
+            return True
+        if w.kind == "group" and not w.admitted and not w.evicting:
+            return False  # a group still forming is not finished by its first pods ending
+        return all(self.ended(p) for p in members)
+
+    def ended(self, pod: dict) -> bool:
+        """Whether a pod's processes are gone (it can no longer use what its workload was given)."""
+        worker = self.cluster.worker_for(pod)
+        return worker is None or worker.finished.is_set()
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def soon(self) -> None:
+        """Schedule once the current request and the other controllers have run."""
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_event_loop().call_soon(self.schedule)
+
+    def counted(self, requests: dict[str, Decimal]) -> dict[str, Decimal]:
+        return {k: v for k, v in requests.items() if v and not k.startswith(self.excluded)}
+
+    def schedule(self) -> None:
+        self._scheduled = False
+        for w in list(self.workloads.values()):
+            if not w.finished and self.finished(w):
+                w.finished, w.admitted = True, False
+                if not w.evicting:
+                    self.condition(w, "Finished", "True", "Succeeded", "the workload finished")
+        for cq in self.queues.values():
+            self.schedule_queue(cq)
+        self.publish_queues()
+
+    def queue_of(self, w: Workload) -> ClusterQueue | None:
+        name = self.local.get((w.namespace, w.queue))
+        return self.queues.get(name) if name else None
+
+    def used(self, cq: ClusterQueue, without: tuple[Workload, ...] = ()) -> dict[str, Decimal]:
+        used: dict[str, Decimal] = {}
+        for w in self.workloads.values():
+            if w.admitted and w not in without and self.queue_of(w) is cq:
+                for k, v in self.counted(w.requests).items():
+                    used[k] = used.get(k, Decimal(0)) + v
+        return used
+
+    def fits(self, cq: ClusterQueue, requests: dict[str, Decimal], used: dict[str, Decimal]) -> str | None:
+        for k, v in self.counted(requests).items():
+            if k not in cq.quota:
+                return f"resource {k} unavailable in ClusterQueue"
+            if used.get(k, Decimal(0)) + v > cq.quota[k]:
+                more = used.get(k, Decimal(0)) + v - cq.quota[k]
+                return (
+                    f"couldn't assign flavors to pod set main: insufficient unused quota for {k} in flavor "
+                    f"default-flavor, {more.normalize():f} more needed"
+                )
+        return None
+
+    def schedule_queue(self, cq: ClusterQueue) -> None:
+        pending = sorted(
+            (
+                w
+                for w in self.workloads.values()
+                if not w.admitted and not w.finished and self.queue_of(w) is cq
+            ),
+            key=lambda w: (-w.priority, w.seq),
+        )
+        for w in pending:
+            requests, waiting = self.requests_of(w)
+            if waiting:
+                self.condition(w, "QuotaReserved", "False", "Pending", waiting)
+                continue
+            w.requests = requests
+            why = self.fits(cq, requests, self.used(cq))
+            if why is None:
+                self.admit(w, cq)
+                continue
+            if cq.preempt_lower and not why.startswith("resource "):
+                evicting = tuple(v for v in self.workloads.values() if v.evicting and self.queue_of(v) is cq)
+                if evicting and self.fits(cq, requests, self.used(cq, evicting)) is None:
+                    why = "waiting for the preempted workloads to end"
+                else:
+                    victims = self.victims(cq, w, evicting)
+                    for victim in victims or ():
+                        self.evict(victim, w)
+                    if victims:
+                        why = "waiting for the preempted workloads to end"
+            self.condition(w, "QuotaReserved", "False", "Pending", why)
+            return  # strict FIFO within priority: nothing behind a waiting workload is admitted
+
+    def victims(self, cq: ClusterQueue, w: Workload, evicting: tuple[Workload, ...]) -> list[Workload] | None:
+        """The fewest lower-priority admitted workloads whose eviction makes room for ``w``: the lowest
+        priority first, the most recently admitted first among equals."""
+        candidates = sorted(
+            (
+                v
+                for v in self.workloads.values()
+                if v.admitted and not v.evicting and self.queue_of(v) is cq and v.priority < w.priority
+            ),
+            key=lambda v: (v.priority, -v.admitted_seq),
+        )
+        chosen: list[Workload] = []
+        for victim in candidates:
+            chosen.append(victim)
+            if self.fits(cq, w.requests, self.used(cq, (*evicting, *chosen))) is None:
+                return chosen
+        return None
+
+    def admit(self, w: Workload, cq: ClusterQueue) -> None:
+        w.admitted, w.admitted_seq = True, next(self.seq)
+        message = f"Quota reserved in ClusterQueue {cq.name}"
+        self.condition(w, "QuotaReserved", "True", "QuotaReserved", message)
+        self.condition(w, "Admitted", "True", "Admitted", "The workload is admitted")
+        self.condition(w, "Evicted", "False", "Admitted", "The workload is admitted", only_if_present=True)
+        if w.kind == "job":
+
+            def resume(job: dict) -> None:
+                job["spec"]["suspend"] = False
+
+            self.store.mutate("jobs", w.namespace, w.key, resume)
+            self.jobs.reconcile(w.namespace, w.key)
+            return
+        for pod in self.members(w):
+
+            def ungate(p: dict) -> None:
+                p["spec"]["schedulingGates"] = [
+                    g for g in p["spec"].get("schedulingGates") or [] if g.get("name") != GATE
+                ]
+
+            stored = self.store.mutate("pods", w.namespace, pod["metadata"]["name"], ungate)
+            if stored is not None:
+                self.cluster.pod_updated(stored)
+        log.info("kueue: admitted %s/%s in %s", w.namespace, w.name, cq.name)
+
+    def evict(self, w: Workload, by: Workload) -> None:
+        message = f"Preempted to accommodate a higher priority Workload ({by.namespace}/{by.name})"
+        self.condition(w, "Evicted", "True", "Preempted", message)
+        self.condition(w, "QuotaReserved", "False", "Preempted", message)
+        self.condition(w, "Admitted", "False", "Preempted", message)
+        log.info("kueue: preempting %s/%s for %s/%s", w.namespace, w.name, by.namespace, by.name)
+        if w.kind == "job":
+            w.admitted = False
+
+            def suspend(job: dict) -> None:
+                job["spec"]["suspend"] = True
+
+            self.store.mutate("jobs", w.namespace, w.key, suspend)
+            self.jobs.reconcile(w.namespace, w.key)
+            return
+        # plain pods: marked, then deleted; their quota stays reserved until their processes are gone
+        w.evicting = True
+        for pod in self.members(w):
+            worker = self.cluster.worker_for(pod)
+            if worker is not None:
+                worker.mark("TerminationTarget", "WorkloadEvictedDueToPreempted", message)
+            self.cluster.delete_pod(w.namespace, pod["metadata"]["name"], None)
+
+    def condition(
+        self, w: Workload, kind: str, status: str, reason: str, message: str, only_if_present: bool = False
+    ) -> None:
+        def apply(obj: dict) -> None:
+            conds = obj.setdefault("status", {}).setdefault("conditions", [])
+            old = next((c for c in conds if c["type"] == kind), None)
+            if old is None and only_if_present:
+                return
+            new = {"type": kind, "status": status, "reason": reason, "message": message}
+            if old is not None and all(old.get(k) == v for k, v in new.items()):
+                return
+            new["lastTransitionTime"] = rfc3339()
+            if old is not None:
+                conds[conds.index(old)] = new
+            else:
+                conds.append(new)
+
+        self.store.mutate("workloads", w.namespace, w.name, apply)
+
+    def publish_queues(self) -> None:
+        for ns, name in self.local:
+            mine = [
+                w for w in self.workloads.values() if (w.namespace, w.queue) == (ns, name) and not w.finished
+            ]
+            status = {
+                "pendingWorkloads": sum(1 for w in mine if not w.admitted),
+                "admittedWorkloads": sum(1 for w in mine if w.admitted),
+            }
+
+            def apply(obj: dict, status: dict = status) -> None:
+                obj["status"] = copy.deepcopy(status)
+
+            self.store.mutate("localqueues", ns, name, apply)
