@@ -36,6 +36,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 AIRFLOW_PYTHON = REPO / ".venv" / "bin" / "python"
+# the queues of the dev stack's Kueue stand-in (LocalQueue "training" in the training namespace)
+KUEUE_CONFIG = Path(__file__).resolve().parent / "kueue.yaml"
 BUCKETS = ("datasets", "training")
 S3_SECRET_NAME = "kubetrain-s3"
 # the namespace of training pods (KUBETRAIN_NAMESPACE), created with the S3 Secret in it
@@ -358,6 +360,8 @@ class Stack:
         ]
         if self.strict_gpu:
             argv.append("--strict-gpu")
+        # Kueue's stand-in: only pods and Jobs labelled with a queue are held by it
+        argv += ["--kueue-config", str(KUEUE_CONFIG)]
         return argv
 
     def _start_kubeapi(self, state: dict, port: int, mirror_port: int) -> None:
