@@ -1,27 +1,44 @@
-"""Dataset snapshot manifests (format version 1), written when a dataset is staged.
+"""Dataset snapshot manifests, written when a dataset is staged.
 
 A manifest pins a dataset to the exact objects (key, size, ETag) that were in S3 when it was
 staged; the stage-in init container downloads exactly those. The version is derived from the
 objects alone, so staging an unchanged dataset yields the same version and the same key.
+
+The format (fields, kind, version rule, reading and writing) is the contract's
+:class:`kubetrain_contract.manifests.DatasetManifest`, which the stage-in tool reads too; this
+module finds a dataset's objects in S3 and builds, checks and serialises the manifest through it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import posixpath
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from kubetrain.s3_layout import check_name, parse_s3_uri, s3_uri, utc_stamp
+from kubetrain_contract.manifests import (
+    DatasetManifest,
+    DatasetObject,
+    dataset_version,
+    is_safe_relative_path,
+)
 
 if TYPE_CHECKING:
     from kubetrain.run_store import RunStore
 
-KIND = "kubetrain/dataset-manifest"
-FORMAT_VERSION = 1
+__all__ = [
+    "DatasetManifest",
+    "DatasetNotFoundError",
+    "ManifestObject",
+    "build_manifest",
+    "check_manifest",
+    "dataset_name_from_uri",
+    "dataset_version",
+    "dumps",
+    "list_source_objects",
+]
+
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".zip", ".tar")
 
 
@@ -30,18 +47,11 @@ class DatasetNotFoundError(FileNotFoundError):
 
 
 @dataclass(frozen=True)
-class ManifestObject:
-    """One object of a dataset snapshot."""
-
-    bucket: str
-    key: str
-    path: str
-    size: int
-    etag: str
+class ManifestObject(DatasetObject):
+    """One object of a dataset snapshot, as found in S3: refused when its path is not safe to stage."""
 
     def __post_init__(self) -> None:
-        parts = self.path.split("/")
-        if not self.path or self.path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        if not is_safe_relative_path(self.path):
             raise ValueError(
                 f"object s3://{self.bucket}/{self.key} maps to path {self.path!r}, which is not a plain "
                 "relative path inside the data directory; rename the object"
@@ -50,21 +60,6 @@ class ManifestObject:
             raise ValueError(
                 f"object s3://{self.bucket}/{self.key} has size {self.size!r}: expected an integer >= 0"
             )
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "bucket": self.bucket,
-            "key": self.key,
-            "path": self.path,
-            "size": self.size,
-            "etag": self.etag,
-        }
-
-
-def dataset_version(objects: Iterable[ManifestObject]) -> str:
-    """The version of a snapshot: 16 hex digits of SHA-256 over its sorted object lines."""
-    lines = sorted(f"{o.bucket}/{o.key}\t{o.size}\t{o.etag}" for o in objects)
-    return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()[:16]
 
 
 def dataset_name_from_uri(uri: str) -> str:
@@ -138,44 +133,36 @@ def list_source_objects(store: RunStore, uri: str) -> tuple[str, list[ManifestOb
 def build_manifest(
     dataset: str, source: str, objects: list[ManifestObject], created_at: datetime | None = None
 ) -> dict[str, Any]:
-    """Return the manifest document of a snapshot.
+    """Return the manifest document of a snapshot (objects sorted by path, with their version).
 
     :param dataset: dataset name.
     :param source: normalised source URI.
     :param objects: the snapshot's objects.
     :param created_at: staging time (default now).
+    :raises ValueError: no objects, or a dataset name that is not allowed.
     """
     if not objects:
         raise ValueError(f"dataset {dataset!r} at {source} has no objects: a manifest needs at least one")
-    objects = sorted(objects, key=lambda o: o.path)
-    return {
-        "kind": KIND,
-        "format_version": FORMAT_VERSION,
-        "dataset": check_name("dataset", dataset),
-        "source": source,
-        "version": dataset_version(objects),
-        "created_at": utc_stamp(created_at),
-        "total_bytes": sum(o.size for o in objects),
-        "objects": [o.as_dict() for o in objects],
-    }
+    manifest = DatasetManifest.of(check_name("dataset", dataset), source, objects, utc_stamp(created_at))
+    return manifest.to_dict()
 
 
 def dumps(manifest: dict[str, Any]) -> bytes:
-    """Serialise a manifest the way it is stored."""
-    return (json.dumps(manifest, indent=2) + "\n").encode("utf-8")
+    """Serialise a manifest the way it is stored, after checking it.
+
+    :param manifest: the manifest document, as :func:`build_manifest` returns it.
+    :raises kubetrain_contract.RecordError: (a ``ValueError``) the document is not a valid manifest.
+    """
+    return (DatasetManifest.from_dict(manifest, "dataset manifest").to_json() + "\n").encode("utf-8")
 
 
 def check_manifest(manifest: Any) -> dict[str, Any]:
-    """Return ``manifest`` when it is a dataset manifest this code can read, else raise ``ValueError``."""
-    if not isinstance(manifest, dict):
-        raise ValueError(f"dataset manifest must be a JSON object, got {type(manifest).__name__}")
-    if manifest.get("kind") != KIND:
-        raise ValueError(f"unknown manifest kind {manifest.get('kind')!r}: expected {KIND!r}")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise ValueError(
-            f"unknown dataset manifest format_version {manifest.get('format_version')!r}: this version reads {FORMAT_VERSION}"
-        )
-    for field in ("dataset", "source", "version", "created_at", "total_bytes", "objects"):
-        if field not in manifest:
-            raise ValueError(f"dataset manifest lacks the field {field!r}")
+    """Return ``manifest`` when it is a dataset manifest this code can read, else raise ``ValueError``.
+
+    :param manifest: the parsed document.
+    :raises kubetrain_contract.RecordError: (a ``ValueError``) naming the bad field or rule: an
+        unknown kind or format version, a missing or mistyped field, an unsafe or repeated path,
+        or a version or total that does not match the objects.
+    """
+    DatasetManifest.from_dict(manifest, "dataset manifest")
     return manifest

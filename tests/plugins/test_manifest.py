@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -22,7 +23,7 @@ from kubetrain.manifest import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-SCHEMA = REPO / "trainer" / "sync" / "schemas" / "dataset-manifest.v1.json"
+SCHEMA = REPO / "trainer" / "kubetrain_contract" / "schemas" / "dataset-manifest.v1.json"
 TRAINER_PYTHON = REPO / "trainer" / ".venv" / "bin" / "python"
 
 
@@ -117,20 +118,29 @@ def test_paths_that_leave_the_data_directory_are_refused():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"kind": "kubetrain/other"}, "unknown manifest kind 'kubetrain/other'"),
-        ({"format_version": 2}, "unknown dataset manifest format_version 2"),
+        (
+            {"kind": "kubetrain/other"},
+            "unknown kind 'kubetrain/other', expected 'kubetrain/dataset-manifest'",
+        ),
+        ({"format_version": 2}, "unknown format_version 2 of kubetrain/dataset-manifest"),
+        ({"version": "0" * 16}, "version '0000000000000000' does not match its objects"),
+        ({"total_bytes": 2}, "total_bytes 2 differs from the sum of object sizes 1"),
+        ({"objects": "a"}, "field 'objects' is 'a', expected a list of an object (DatasetObject)"),
     ],
+    ids=["kind", "format-version", "version", "total", "objects"],
 )
-def test_reader_refuses_unknown_kind_and_version(change, message):
+def test_reader_refuses_unknown_kind_and_version_and_a_foreign_manifest(change, message):
     manifest = build_manifest(
         "digits", "s3://datasets/digits/", [ManifestObject("datasets", "digits/a", "a", 1, '"e"')]
     )
     assert check_manifest(manifest) is manifest
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         check_manifest({**manifest, **change})
+    with pytest.raises(ValueError, match=re.escape(message)):
+        dumps({**manifest, **change})
 
 
-def test_manifest_matches_the_pod_side_schema(store, client, dataset):
+def test_manifest_matches_the_contract_schema(store, client, dataset):
     import jsonschema
 
     manifest = build_manifest(dataset, *list_source_objects(store, f"s3://datasets/{dataset}/"))
@@ -144,8 +154,8 @@ def test_pod_side_reader_accepts_the_manifest(store, client, dataset):
     manifest = build_manifest(dataset, *list_source_objects(store, f"s3://datasets/{dataset}/"))
     script = (
         "import json, sys\n"
-        "from trainer.sync.manifest import DatasetManifest\n"
-        "m = DatasetManifest.from_json(json.load(sys.stdin), 'test')\n"
+        "from trainer.sync.manifest import read_dataset_manifest\n"
+        "m = read_dataset_manifest(sys.stdin.buffer.read(), 'test')\n"
         "print(json.dumps([m.version, m.total_bytes, [o.path for o in m.objects]]))\n"
     )
     done = subprocess.run(

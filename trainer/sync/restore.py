@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.sync.manifest import PASS_NAME, PassFile, PassManifest, loads, pass_key
+from trainer.sync.manifest import PASS_NAME, PassFile, PassManifest, pass_key, read_pass
 from trainer.sync.progress import Progress, human_bytes, log
 from trainer.sync.s3 import S3, NotAsListed, S3Uri, SyncError
 from trainer.sync.transfer import Download, Downloader
@@ -57,7 +57,7 @@ def load_pass(s3: S3, run: S3Uri, number: int) -> PassManifest:
         body = s3.get_bytes(uri.bucket, uri.key)
     except Exception as exc:
         raise SyncError(f"cannot read the pass manifest {uri}: {exc}") from exc
-    return PassManifest.from_json(loads(body, str(uri)), str(uri))
+    return read_pass(body, str(uri))
 
 
 def _mismatch(s3: S3, bucket: str, f: PassFile) -> str | None:

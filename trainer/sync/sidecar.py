@@ -28,6 +28,7 @@ seconds whatever S3 does: a pass that ran out of time says so in its manifest
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -41,7 +42,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from trainer.sync.manifest import PassFile, PassManifest, pass_key
+from trainer.sync.manifest import PassFile, PassManifest, SyncPassError, pass_key
 from trainer.sync.median import MedianStopper
 from trainer.sync.progress import human_bytes, log
 from trainer.sync.restore import SHA256_METADATA, list_passes, load_pass
@@ -197,9 +198,11 @@ class Sidecar:
             self.last_written = self._fingerprint([])  # nothing new to commit yet
         log(f"checkpoint-sync: continuing after pass {numbers[-1]}; {adopted} local files already uploaded")
 
-    def _fingerprint(self, errors: list[dict[str, str]]) -> str:
+    def _fingerprint(self, errors: list[SyncPassError]) -> str:
         files = sorted((e.file for e in self.entries.values()), key=lambda f: (f.area, f.path))
-        return json.dumps([[f.to_json() for f in files], errors], sort_keys=True)
+        return json.dumps(
+            [[dataclasses.asdict(f) for f in files], [dataclasses.asdict(e) for e in errors]], sort_keys=True
+        )
 
     # -- loop ----------------------------------------------------------------------------
 
@@ -345,7 +348,7 @@ class Sidecar:
                 f"checkpoint-sync: {'final ' if final else ''}pass {number} started: {len(todo)} files "
                 f"({human_bytes(nbytes)}) to upload"
             )
-        errors: list[dict[str, str]] = []
+        errors: list[SyncPassError] = []
         self.unsettled = False
         pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="put")
         futures: dict = {}
@@ -381,11 +384,11 @@ class Sidecar:
             area, rel = futures[fut]
             exc = fut.exception()
             if exc is not None:
-                errors.append({"area": area, "path": rel, "error": str(exc)})
+                errors.append(SyncPassError(area, rel, str(exc)))
                 log(f"checkpoint-sync: ERROR: {area}/{rel} could not be uploaded: {exc}")
         for fut in pending:
             area, rel = futures[fut]
-            errors.append({"area": area, "path": rel, "error": "not uploaded before the grace period ended"})
+            errors.append(SyncPassError(area, rel, "not uploaded before the grace period ended"))
             log(f"checkpoint-sync: ERROR: {area}/{rel} not uploaded before the grace period ended")
         pool.shutdown(wait=not pending, cancel_futures=True)
         self.abandoned = self.abandoned or bool(pending)
@@ -424,7 +427,7 @@ class Sidecar:
 
     def _write_manifest(self, manifest: PassManifest, deadline: float | None) -> None:
         key = pass_key(self.config.run.key, manifest.number)
-        body = json.dumps(manifest.to_json(), indent=1).encode()
+        body = manifest.to_json(indent=1).encode()
 
         def put() -> None:
             self._retry(

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.sync.archive import ExtractLimits, extract, is_archive
-from trainer.sync.manifest import DatasetManifest, loads
+from trainer.sync.manifest import DatasetManifest, read_dataset_manifest
 from trainer.sync.progress import Progress, human_bytes, log
 from trainer.sync.restore import restore
 from trainer.sync.s3 import S3, S3RequestError, S3Uri, SyncError
@@ -82,7 +82,7 @@ def read_manifest(s3: S3, uri: S3Uri) -> DatasetManifest:
         raise SyncError(f"cannot read the dataset manifest {uri}: HTTP {exc.status} {exc.code}") from exc
     except SyncError as exc:
         raise SyncError(f"cannot read the dataset manifest {uri}: {exc}") from exc
-    return DatasetManifest.from_json(loads(body, str(uri)), str(uri))
+    return read_dataset_manifest(body, str(uri))
 
 
 def stage_in(s3: S3, cfg: StageInConfig) -> None:

@@ -22,7 +22,9 @@ from kubetrain.s3_layout import S3Layout
 from kubetrain.triggers.sync import FinalSyncPassTrigger
 
 RUN_AFTER = datetime(2026, 11, 22, 4, 0, tzinfo=UTC)
-PASS_SCHEMA = Path(__file__).resolve().parents[3] / "trainer" / "sync" / "schemas" / "sync-pass.v1.json"
+PASS_SCHEMA = (
+    Path(__file__).resolve().parents[3] / "trainer" / "kubetrain_contract" / "schemas" / "sync-pass.v1.json"
+)
 
 
 def check_schema(document: dict) -> None:
