@@ -1,4 +1,5 @@
-"""Training reports: read a run's metrics, plot them, and render HTML and Markdown.
+"""Training reports: read a run's metrics, plot them, and render HTML and Markdown from the
+templates in ``ui/templates/report/``.
 
 Nothing here touches S3 or Airflow; the ReportOperator feeds in the files' bytes and uploads
 what :func:`render_report` returns. matplotlib is imported only when plots are drawn.
