@@ -40,6 +40,7 @@ class Sweep:
         params = {
             "space": space,
             "algorithm": "grid",
+            "max_trials": 8,
             "parallel_trials": 1,
             "objective": {"metric": "val_accuracy", "mode": "max"},
             **params,
