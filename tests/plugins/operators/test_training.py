@@ -8,7 +8,9 @@ import inspect
 import json
 import re
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import kubernetes_validate
 import pytest
@@ -26,7 +28,7 @@ from include.devstack.stack import REPO, free_port
 from kubetrain import pod_spec, settings
 from kubetrain.images import ImageNotFoundError, ImageResolutionError
 from kubetrain.operators.training import PodUnschedulableError, TrainingPodOperator
-from kubetrain.triggers.pod import TrainingPodTrigger
+from kubetrain.triggers.pod import LOGS_FLUSHED_KEY, TrainingPodTrigger
 from tests.plugins.imagebuild.support import push_busybox_base, start_registry
 
 RUN_ID = "manual__2026-11-22T04:00:00.123456+00:00"
@@ -573,8 +575,8 @@ def test_provider_methods_the_subclass_relies_on():
     assert parameters(BaseOperator.defer) == ["self", "trigger", "method_name", "kwargs", "timeout"]
     assert parameters(PodManager.read_pod) == ["self", "pod"]
     assert parameters(PodManager.read_pod_events)[:2] == ["self", "pod"]
-    # The pod operator defers on a plain KubernetesPodTrigger, which the subclass extends.
-    assert "KubernetesPodTrigger(" in inspect.getsource(KubernetesPodOperator.invoke_defer_method)
+    # The pod operator defers on a plain KubernetesPodTrigger, which the subclass extends
+    # (test_the_provider_defers_on_a_plain_pod_trigger_which_the_subclass_replaces).
     classpath, kwargs = KubernetesPodTrigger(
         pod_name="p", pod_namespace="n", trigger_start_time=None, base_container_name="base"
     ).serialize()
@@ -590,7 +592,7 @@ def test_provider_methods_the_subclass_relies_on():
     # Logs of a deferred pod: the provider's trigger reads the base container's log every
     # logging_interval through its pod manager, which TrainingPodTrigger replaces with one that
     # reads every container; the task, when it resumes, reads the base container's log again
-    # only with get_logs.
+    # only with get_logs (the two tests below run them).
     assert isinstance(inspect.getattr_static(KubernetesPodTrigger, "pod_manager"), functools.cached_property)
     assert parameters(AsyncPodManager.fetch_container_logs_before_current_sec) == [
         "self",
@@ -598,9 +600,6 @@ def test_provider_methods_the_subclass_relies_on():
         "container_name",
         "since_time",
     ]
-    assert "self.pod_manager.fetch_container_logs_before_current_sec(" in inspect.getsource(
-        KubernetesPodTrigger
-    )
     assert parameters(AsyncKubernetesHook.read_logs) == [
         "self",
         "name",
@@ -608,7 +607,6 @@ def test_provider_methods_the_subclass_relies_on():
         "container_name",
         "since_seconds",
     ]
-    assert "if self.get_logs:" in inspect.getsource(KubernetesPodOperator.trigger_reentry)
     assert parameters(parse_log_line) == ["line"]
     # attributes of the provider's objects that TrainingPodManager and TrainingPodTrigger use
     marker = object()
@@ -617,6 +615,133 @@ def test_provider_methods_the_subclass_relies_on():
         pod_name="p", pod_namespace="n", trigger_start_time=None, base_container_name="base"
     )
     assert trigger._fired_event is False
+
+
+def test_the_provider_defers_on_a_plain_pod_trigger_which_the_subclass_replaces(airflow_env):
+    """KubernetesPodOperator.invoke_defer_method defers on a plain KubernetesPodTrigger; the subclass's
+    defer() swaps exactly that type for a TrainingPodTrigger with the provider's arguments."""
+    op = operator(logging_interval=7)
+    op.pod = k8s.V1Pod(metadata=k8s.V1ObjectMeta(name="train-digits-x1", namespace="ml"))
+    with pytest.raises(TaskDeferred) as deferred:
+        op.invoke_defer_method()
+    trigger = deferred.value.trigger
+    assert type(trigger) is TrainingPodTrigger, (
+        f"the provider deferred on {type(trigger).__qualname__}: TrainingPodOperator.defer replaces only a "
+        "plain KubernetesPodTrigger"
+    )
+    assert deferred.value.method_name == "trigger_reentry"
+    assert (trigger.pod_name, trigger.pod_namespace, trigger.base_container_name) == (
+        "train-digits-x1",
+        "ml",
+        "base",
+    )
+    assert (trigger.logging_interval, trigger.log_containers) == (7, ["stage-in", "checkpoint-sync"])
+
+
+class PodAPI:
+    """What the Kubernetes API answers about one pod: its base container runs until the pod has been
+    read ``polls`` times, then the pod has succeeded; each container's log is one line. Both hooks' calls are served
+    (the trigger's async ones and the operator's), and every log read is recorded."""
+
+    def __init__(self, polls: int) -> None:
+        self.polls, self.reads = polls, 0
+        self.log_reads: list[tuple[str, bool]] = []  # (container, whether the base container still ran)
+
+    @property
+    def running(self) -> bool:
+        return self.reads < self.polls
+
+    def pod(self) -> k8s.V1Pod:
+        def status(name: str, running: bool) -> k8s.V1ContainerStatus:
+            state = (
+                k8s.V1ContainerState(running=k8s.V1ContainerStateRunning(started_at="2026-11-22T04:00:00Z"))
+                if running
+                else k8s.V1ContainerState(terminated=k8s.V1ContainerStateTerminated(exit_code=0))
+            )
+            return k8s.V1ContainerStatus(
+                name=name, image="i", image_id="i", ready=running, restart_count=0, state=state
+            )
+
+        return k8s.V1Pod(
+            metadata=k8s.V1ObjectMeta(name="train-digits-x1", namespace="ml"),
+            spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="base")]),
+            status=k8s.V1PodStatus(
+                phase="Running" if self.running else "Succeeded",
+                conditions=[k8s.V1PodCondition(type="PodScheduled", status="True")],
+                init_container_statuses=[status("stage-in", False), status("checkpoint-sync", self.running)],
+                container_statuses=[status("base", self.running)],
+            ),
+        )
+
+    async def get_pod(self, name: str, namespace: str) -> k8s.V1Pod:
+        self.reads += 1
+        return self.pod()
+
+    async def get_pod_events(self, name: str, namespace: str) -> k8s.CoreV1EventList:
+        return k8s.CoreV1EventList(items=[])
+
+    async def read_logs(
+        self, name: str, namespace: str, container_name: str, since_seconds=None
+    ) -> list[str]:
+        self.log_reads.append((container_name, self.running))
+        return [f"2026-11-22T04:00:0{len(self.log_reads) % 10}Z {container_name} says hello"]
+
+    def read_namespaced_pod(self, name: str, namespace: str, **kwargs) -> k8s.V1Pod:
+        return self.pod()
+
+    def read_namespaced_pod_log(self, name: str, namespace: str, container: str, **kwargs) -> list[bytes]:
+        self.log_reads.append((container, self.running))
+        return [b"base says hello again\n"]
+
+
+@pytest.mark.timeout(60)
+def test_the_providers_wait_reads_logs_through_the_triggers_pod_manager():
+    """While the base container runs, the provider's trigger calls its pod manager every logging_interval;
+    TrainingPodTrigger's pod manager then reads every container's log, not only the base container's."""
+    api = PodAPI(polls=6)
+    trigger = TrainingPodTrigger(
+        pod_name="train-digits-x1",
+        pod_namespace="ml",
+        trigger_start_time=datetime.now(UTC),
+        base_container_name="base",
+        poll_interval=0.01,
+        startup_check_interval=0.01,
+        logging_interval=0.001,
+        get_logs=True,
+        stage_in_timeout=60,
+        unschedulable_grace=60,
+        log_containers=["stage-in", "checkpoint-sync"],
+    )
+    trigger.__dict__["hook"] = api  # the trigger's hook is a cached property: the stand-in API serves it
+
+    async def first_event():
+        async for event in trigger.run():
+            return event.payload
+
+    event = asyncio.run(first_event())
+    assert event["status"] == "success", event
+    while_running = {container for container, running in api.log_reads if running}
+    assert while_running == {"stage-in", "checkpoint-sync", "base"}, (
+        f"log reads while the pod ran: {api.log_reads}: the provider's wait no longer reads logs through "
+        "trigger.pod_manager.fetch_container_logs_before_current_sec"
+    )
+    assert trigger.last_log_time is not None  # the provider keeps the time the pod manager returns
+
+
+@pytest.mark.parametrize("flushed", [True, False], ids=["trigger-read-the-logs", "trigger-did-not"])
+def test_the_resumed_task_reads_the_base_log_again_only_when_the_trigger_did_not(airflow_env, flushed):
+    """The provider's trigger_reentry reads the base container's log when get_logs is set; the subclass
+    clears it for the one call when the trigger read every log to its end, so no line is logged twice."""
+    op = operator(on_finish_action="keep_pod")
+    api = PodAPI(polls=0)
+    op.__dict__["hook"] = SimpleNamespace(get_pod=lambda name, namespace: api.pod())
+    op.__dict__["client"] = api
+    event = {"status": "success", "name": "train-digits-x1", "namespace": "ml"}
+    if flushed:
+        event[LOGS_FLUSHED_KEY] = True
+    op.trigger_reentry(context_for(op), event)
+    assert api.log_reads == ([] if flushed else [("base", False)])
+    assert op.get_logs is True  # restored after the call
 
 
 def test_trigger_serializes_to_plain_arguments_and_back():
