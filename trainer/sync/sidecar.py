@@ -37,12 +37,14 @@ import re
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NamedTuple
 
-from trainer.sync.manifest import PassFile, PassManifest, SyncPassError, pass_key
+from kubetrain_contract.manifests import SyncPassError, SyncPassFile, SyncPassRecord
+from trainer.sync.manifest import pass_key
 from trainer.sync.median import MedianStopper
 from trainer.sync.progress import human_bytes, log
 from trainer.sync.restore import SHA256_METADATA, list_passes, load_pass
@@ -102,7 +104,35 @@ class Entry:
     """A file as the bucket holds it."""
 
     stat: Stat
-    file: PassFile
+    file: SyncPassFile
+
+
+class Change(NamedTuple):
+    """A file a pass found new or changed."""
+
+    ident: tuple[str, str]  # (area, relative path)
+    path: Path
+    recent: bool  # modified within the quiet period
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """What a pass's scan found: the pass's number and the files it is to upload."""
+
+    number: int
+    final: bool
+    started_at: str
+    began: float  # time.monotonic() when the pass began
+    todo: list[Change]
+
+
+@dataclass(frozen=True)
+class Uploads:
+    """What a pass's upload rounds did."""
+
+    errors: list[SyncPassError]
+    uploaded: int
+    timed_out: bool  # uploads were still running when the final pass's grace period ended
 
 
 class _Changed(Exception):
@@ -304,16 +334,30 @@ class Sidecar:
                     found[(area, rel.replace(os.sep, "/"))] = path
         return found
 
-    def run_pass(self, *, final: bool, deadline: float | None = None) -> PassManifest | None:
-        """One pass; returns the manifest it wrote, or None when nothing changed.
+    def run_pass(self, *, final: bool, deadline: float | None = None) -> SyncPassRecord | None:
+        """One pass: scan, upload rounds, commit; returns the manifest it wrote, or None when nothing changed.
 
         Raises:
             _Stopped: SIGTERM arrived during a periodic pass (its uploads are abandoned, and
                 its pass number is not used again), or the final pass's deadline passed
                 before its manifest was written.
         """
-        cfg = self.config
-        started = now_iso()
+        plan = self.scan_changes(final=final)
+        uploads = self.upload_rounds(plan, deadline)
+        return self.commit(plan, uploads, deadline)
+
+    def scan_changes(self, *, final: bool) -> PassPlan:
+        """The scan: which files this pass uploads, and which the current set no longer holds.
+
+        A file is a candidate when it is new or its stat changed since it was uploaded. A
+        recent one (modified within the quiet period) waits for a later pass, unless this is
+        the final pass or it was already deferred by the previous one. Files that disappeared
+        leave the set, except while recent files are deferred.
+
+        Args:
+            final: the pass on SIGTERM (it takes recent files at once).
+        """
+        started_at = now_iso()
         began = time.monotonic()
         found = self.scan()
         now = time.time()
@@ -326,60 +370,94 @@ class Sidecar:
             entry = self.entries.get(ident)
             if entry is not None and entry.stat == st:
                 continue
-            candidates.append((ident, path, now - st.mtime_ns / 1e9 < cfg.quiet))
-        recent = {ident for ident, _, is_recent in candidates if is_recent}
+            candidates.append(Change(ident, path, now - st.mtime_ns / 1e9 < self.config.quiet))
+        recent = {c.ident for c in candidates if c.recent}
         # A file still recent in the next pass is being rewritten faster than the quiet period
         # (TensorFlow's `checkpoint` index is rewritten at every save): then this pass takes
         # every recent file that holds still around its upload, so the index goes with the
         # checkpoint files it names.
         take_recent = final or bool(recent & self.deferred)
         self.deferred = set() if take_recent else recent
-        todo = [c for c in candidates if take_recent or not c[2]]
+        todo = [c for c in candidates if take_recent or not c.recent]
         # files that disappeared are no longer part of the set, unless this pass defers recent
         # files: a deferred index may still name them, so the older set is kept whole (their
         # objects stay in S3 until the run is cleaned up)
         if not self.deferred:
             for ident in [i for i in self.entries if i not in found]:
                 del self.entries[ident]
-        number = self.next_pass
-        if todo or final:
-            nbytes = sum(_size(path) for _, path, _ in todo)
+        return PassPlan(self.next_pass, final, started_at, began, todo)
+
+    def upload_rounds(self, plan: PassPlan, deadline: float | None) -> Uploads:
+        """Upload the plan's files, in rounds, and say which could not be uploaded.
+
+        A file that changed during its upload is tried again (twice at most) in the same
+        periodic pass; the final pass has a single round, and its own loop of passes
+        (:meth:`final_pass`). A failed or unfinished upload may have replaced the bytes at its
+        key, so its file leaves the current set.
+
+        Args:
+            plan: what the scan found.
+            deadline: the end of the final pass's grace period (``time.monotonic()``), or None
+                for a periodic pass, which SIGTERM abandons instead.
+
+        Raises:
+            _Stopped: SIGTERM arrived during a periodic pass; its pass number is not used again.
+        """
+        if plan.todo or plan.final:
+            nbytes = sum(_size(c.path) for c in plan.todo)
             log(
-                f"checkpoint-sync: {'final ' if final else ''}pass {number} started: {len(todo)} files "
-                f"({human_bytes(nbytes)}) to upload"
+                f"checkpoint-sync: {'final ' if plan.final else ''}pass {plan.number} started: "
+                f"{len(plan.todo)} files ({human_bytes(nbytes)}) to upload"
             )
-        errors: list[SyncPassError] = []
         self.unsettled = False
-        pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="put")
-        futures: dict = {}
-        batch = todo
-        # a file that changed during its upload is tried again (twice at most) in the same
-        # periodic pass; the final pass has its own, shorter, loop of passes (final_pass)
-        for _ in range(1 if final else 3):
-            round_ = {pool.submit(self._sync_file, i, p, r, final): (i, p, r) for i, p, r in batch}
-            futures.update({fut: item[0] for fut, item in round_.items()})
-            if deadline is None:
-                pending = set(round_)
-                while pending and not self.stop.is_set():
-                    _, pending = wait(pending, timeout=0.2)
-                if pending:
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    for fut in futures:  # what a cut-off upload may have replaced is listed no more
-                        self.entries.pop(futures[fut], None)
-                    self.next_pass += 1
-                    raise _Stopped()
-            else:
-                timeout = max(0.0, deadline - time.monotonic() - MANIFEST_RESERVE)
-                _, pending = wait(round_, timeout=timeout)
+        pool = ThreadPoolExecutor(self.config.workers, thread_name_prefix="put")
+        futures: dict[Future[bool], tuple[str, str]] = {}
+        batch = plan.todo
+        for _ in range(1 if plan.final else 3):
+            round_ = {pool.submit(self._sync_file, c.ident, c.path, c.recent, plan.final): c for c in batch}
+            futures.update({fut: c.ident for fut, c in round_.items()})
+            pending = self._wait_round(pool, set(round_), futures, deadline)
             batch = [
-                item
-                for fut, item in round_.items()
+                c
+                for fut, c in round_.items()
                 if fut not in pending and fut.exception() is None and fut.result()
             ]
             if pending or not batch:
                 break
+        return self._tally(pool, futures)
+
+    def _wait_round(
+        self,
+        pool: ThreadPoolExecutor,
+        round_: set[Future[bool]],
+        futures: dict[Future[bool], tuple[str, str]],
+        deadline: float | None,
+    ) -> set[Future[bool]]:
+        """Wait for one round of uploads; the uploads still running when the grace period ended.
+
+        Raises:
+            _Stopped: SIGTERM arrived during a periodic pass (no deadline): its uploads are
+                abandoned and what they may have replaced is listed no more.
+        """
+        if deadline is not None:
+            timeout = max(0.0, deadline - time.monotonic() - MANIFEST_RESERVE)
+            return wait(round_, timeout=timeout).not_done
+        pending = round_
+        while pending and not self.stop.is_set():
+            _, pending = wait(pending, timeout=0.2)
+        if pending:
+            pool.shutdown(wait=False, cancel_futures=True)
+            for ident in futures.values():  # what a cut-off upload may have replaced is listed no more
+                self.entries.pop(ident, None)
+            self.next_pass += 1
+            raise _Stopped()
+        return pending
+
+    def _tally(self, pool: ThreadPoolExecutor, futures: dict[Future[bool], tuple[str, str]]) -> Uploads:
+        """The errors of a pass's uploads; drops from the current set each file not uploaded."""
         done = {fut for fut in futures if fut.done()}
         pending = set(futures) - done
+        errors: list[SyncPassError] = []
         for fut in done:
             area, rel = futures[fut]
             exc = fut.exception()
@@ -395,37 +473,59 @@ class Sidecar:
         # a failed or unfinished upload may have replaced the bytes at its key: list it no more
         for fut in [*pending, *(f for f in done if f.exception() is not None)]:
             self.entries.pop(futures[fut], None)
+        uploaded = sum(1 for f in done if f.exception() is None)
+        return Uploads(errors, uploaded, timed_out=bool(pending))
+
+    def commit(self, plan: PassPlan, uploads: Uploads, deadline: float | None) -> SyncPassRecord | None:
+        """Write the pass manifest: the whole current set, strictly after every file it lists is uploaded.
+
+        Every listed file is in the current set only once its upload finished and it held
+        still (``_sync_existing``), so writing the set now is the commit. A periodic pass
+        whose set and errors equal the last manifest's writes none.
+
+        Args:
+            plan: what the scan found.
+            uploads: what the upload rounds did.
+            deadline: the end of the final pass's grace period, or None for a periodic pass.
+
+        Returns:
+            The manifest written, or None when nothing changed.
+
+        Raises:
+            _Stopped: SIGTERM (periodic pass) or the deadline (final pass) came before the
+                manifest was written.
+        """
         files = sorted((e.file for e in self.entries.values()), key=lambda f: (f.area, f.path))
-        fingerprint = self._fingerprint(errors)
-        if not final and fingerprint == self.last_written:
-            if todo:
-                log(f"checkpoint-sync: pass {number}: nothing changed in S3's copy; no manifest")
+        fingerprint = self._fingerprint(uploads.errors)
+        if not plan.final and fingerprint == self.last_written:
+            if plan.todo:
+                log(f"checkpoint-sync: pass {plan.number}: nothing changed in S3's copy; no manifest")
             return None
-        manifest = PassManifest(
-            number=number,
-            final=final,
-            complete=not errors,
-            started_at=started,
+        manifest = SyncPassRecord(
+            number=plan.number,
+            final=plan.final,
+            complete=not uploads.errors,
+            started_at=plan.started_at,
             finished_at=now_iso(),
-            pod=cfg.pod,
+            pod=self.config.pod,
             files=files,
-            errors=errors,
-            timed_out=bool(pending),
+            errors=uploads.errors,
+            timed_out=uploads.timed_out,
         )
         self.next_pass += 1  # used even if the write below fails: a late write cannot clash
         self._write_manifest(manifest, deadline)
         self.last_written = fingerprint
-        uploaded = sum(1 for f in done if f.exception() is None)
         log(
-            f"checkpoint-sync: {'final ' if final else ''}pass {number} committed in "
-            f"{time.monotonic() - began:.1f}s: {uploaded}/{len(todo)} files uploaded, {len(files)} listed "
-            f"({human_bytes(sum(f.size for f in files))}), "
-            + ("complete" if manifest.complete else f"INCOMPLETE: {len(errors)} errors")
-            + (" (ran out of the grace period)" if pending else "")
+            f"checkpoint-sync: {'final ' if plan.final else ''}pass {plan.number} committed in "
+            f"{time.monotonic() - plan.began:.1f}s: {uploads.uploaded}/{len(plan.todo)} files uploaded, "
+            f"{len(files)} listed ({human_bytes(sum(f.size for f in files))}), "
+            + ("complete" if manifest.complete else f"INCOMPLETE: {len(uploads.errors)} errors")
+            + (" (ran out of the grace period)" if uploads.timed_out else "")
         )
         return manifest
 
-    def _write_manifest(self, manifest: PassManifest, deadline: float | None) -> None:
+    def _write_manifest(self, manifest: SyncPassRecord, deadline: float | None) -> None:
+        """Put the pass manifest at ``<run>/sync/pass-<number>.json``, giving up at SIGTERM or ``deadline``."""
         key = pass_key(self.config.run.key, manifest.number)
         body = manifest.to_json(indent=1).encode()
 
@@ -518,7 +618,7 @@ class Sidecar:
             self.unsettled = True
             log(f"checkpoint-sync: {area}/{rel} changed during its upload; not listed in this pass")
             return True
-        self.entries[ident] = Entry(before, PassFile(area, rel, key, before.size, sha))
+        self.entries[ident] = Entry(before, SyncPassFile(area, rel, key, before.size, sha))
         self.uploaded_files += 1
         self.uploaded_bytes += before.size
         return False
