@@ -56,6 +56,7 @@ with DAG(
             section="Training",
         ),
     ),
+    render_template_as_native_obj=True,
 ) as dag:
     training_pipeline(
         title="Keras digits",

@@ -33,9 +33,9 @@ from airflow.sdk import DAG
 from kubetrain.params import form_order
 from kubetrain.pipeline import DEFAULT_ARGS, SweepSettings, common_params, sweep_pipeline
 from kubetrain.sweep.space import tunable_schemas
-from kubetrain.sweep.trainers import DIALOGUE_TRANSFORMER as TRAINER
+from kubetrain.trainers import DIALOGUE_TRANSFORMER as TRAINER
 
-DATASET = "s3://datasets/dialogue/"
+DATASET = TRAINER.dataset_uri
 TRAINING = TRAINER.params()
 SWEEP = SweepSettings(
     tunable=tunable_schemas(TRAINING, TRAINER.tunable),
@@ -53,7 +53,7 @@ with DAG(
     tags=["kubetrain", "sweep", "nlp", "transformer"],
     params=form_order(
         {
-            **common_params(dataset_uri=DATASET, model="dialogue-transformer"),
+            **common_params(dataset_uri=DATASET, model=TRAINER.model),
             **TRAINING,
             **SWEEP.params(
                 space={
@@ -64,5 +64,6 @@ with DAG(
             ),
         }
     ),
+    render_template_as_native_obj=True,
 ) as dag:
     sweep_pipeline(SWEEP, title=f"{TRAINER.title} sweep", cmds=TRAINER.cmds, arguments=TRAINER.arguments)

@@ -44,9 +44,9 @@ from airflow.sdk import DAG
 from kubetrain.params import form_order
 from kubetrain.pipeline import DEFAULT_ARGS, SweepSettings, common_params, sweep_pipeline
 from kubetrain.sweep.space import tunable_schemas
-from kubetrain.sweep.trainers import IMAGE_CLASSIFIER as TRAINER
+from kubetrain.trainers import IMAGE_CLASSIFIER as TRAINER
 
-DATASET = "s3://datasets/digits/"
+DATASET = TRAINER.dataset_uri
 TRAINING = TRAINER.params()
 SWEEP = SweepSettings(
     tunable=tunable_schemas(TRAINING, TRAINER.tunable),
@@ -64,7 +64,7 @@ with DAG(
     tags=["kubetrain", "sweep", "image-classification"],
     params=form_order(
         {
-            **common_params(dataset_uri=DATASET, model="image-classifier"),
+            **common_params(dataset_uri=DATASET, model=TRAINER.model),
             **TRAINING,
             **SWEEP.params(
                 space={
@@ -74,5 +74,6 @@ with DAG(
             ),
         }
     ),
+    render_template_as_native_obj=True,
 ) as dag:
     sweep_pipeline(SWEEP, title=f"{TRAINER.title} sweep", cmds=TRAINER.cmds, arguments=TRAINER.arguments)

@@ -79,10 +79,11 @@ with DAG(
             ),
         }
     ),
+    render_template_as_native_obj=True,
 ) as dag:
     training_pipeline(
         title="Custom training container",
-        cmds="{{ params.command | tojson }}",
-        arguments="{{ params.args | tojson }}",
+        cmds="{{ params.command }}",
+        arguments="{{ params.args }}",
         require_metrics="{{ params.metrics_required }}",
     )

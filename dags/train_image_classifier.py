@@ -25,11 +25,12 @@ from pathlib import Path
 # ([dag_processor] parsing_pre_import_modules): naming the pod operator's module keeps the
 # cncf-kubernetes provider and the Kubernetes clients loaded across parses.
 import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG
 
 from kubetrain.pipeline import DEFAULT_ARGS, common_params, form_order, schedule, training_pipeline
+from kubetrain.trainers import IMAGE_CLASSIFIER as TRAINER
 
-DATASET = "s3://datasets/digits/"
+DATASET = TRAINER.dataset_uri
 
 with DAG(
     dag_id=Path(__file__).stem,
@@ -39,90 +40,7 @@ with DAG(
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=["kubetrain", "training", "image-classification"],
-    params=form_order(
-        {
-            **common_params(dataset_uri=DATASET, model="image-classifier"),
-            "architecture": Param(
-                "cnn",
-                type="string",
-                enum=["cnn", "mobilenet_v2"],
-                title="Architecture",
-                description="A small CNN, or MobileNetV2 (ImageNet weights only if the image ships them).",
-                section="Model",
-            ),
-            "epochs": Param(
-                5,
-                type="integer",
-                minimum=1,
-                maximum=1000,
-                title="Epochs",
-                description="Passes over the training split.",
-                section="Training",
-            ),
-            "batch_size": Param(
-                64,
-                type="integer",
-                minimum=1,
-                maximum=4096,
-                title="Batch size",
-                description="Global batch size.",
-                section="Training",
-            ),
-            "learning_rate": Param(
-                0.001,
-                type="number",
-                exclusiveMinimum=0,
-                maximum=1,
-                title="Learning rate",
-                description="Adam learning rate.",
-                section="Training",
-            ),
-            "image_size": Param(
-                64,
-                type="integer",
-                minimum=16,
-                maximum=512,
-                title="Image size",
-                description="Images are resized to SIZE x SIZE pixels.",
-                section="Model",
-            ),
-            "augment": Param(
-                False,
-                type="boolean",
-                title="Augment",
-                description="Random shifts, brightness and contrast.",
-                section="Training",
-            ),
-            "validation_split": Param(
-                0.2,
-                type="number",
-                exclusiveMinimum=0,
-                exclusiveMaximum=1,
-                title="Validation split",
-                description="Fraction held out for validation (seeded split).",
-                section="Training",
-            ),
-            "mixed_precision": Param(
-                False,
-                type="boolean",
-                title="Mixed precision",
-                description="float16 compute on GPUs that support it.",
-                section="Training",
-            ),
-        }
-    ),
+    params=form_order({**common_params(dataset_uri=DATASET, model=TRAINER.model), **TRAINER.params()}),
+    render_template_as_native_obj=True,
 ) as dag:
-    training_pipeline(
-        title="Image classifier",
-        cmds=["python", "-m", "trainer.image_classifier"],
-        arguments=[
-            "--model={{ params.architecture }}",
-            "--epochs={{ params.epochs }}",
-            "--batch-size={{ params.batch_size }}",
-            "--learning-rate={{ params.learning_rate }}",
-            "--image-size={{ params.image_size }}",
-            "--validation-split={{ params.validation_split }}",
-            "{{ '--augment' if params.augment else '--no-augment' }}",
-            "{{ '--mixed-precision' if params.mixed_precision else '--no-mixed-precision' }}",
-        ],
-    )
+    training_pipeline(title=TRAINER.title, cmds=TRAINER.cmds, arguments=TRAINER.arguments)

@@ -19,6 +19,13 @@ jsonschema lets a format be registered only on its ``FormatChecker`` class for t
 that Airflow creates; importing :mod:`kubetrain` registers it (the kubetrain plugin loads the
 package in the API server, a DAG file in the DAG processor and the worker). Where it is not
 registered, jsonschema skips the unknown format, and the stage task still refuses the URI.
+
+**Native values.** The training and sweep DAGs render templates as native objects
+(``render_template_as_native_obj=True``, checked by :func:`require_native_rendering`), so a
+Param reaches its task as the Param's value (``{{ params.node_selector }}`` a mapping,
+``{{ params.gpus }}`` an integer), never as text parsed back. Jinja's native rendering reads
+text that looks like a Python literal as that literal: the tasks that take names render as text
+(:data:`TEXT_TEMPLATES`).
 """
 
 from __future__ import annotations
@@ -33,7 +40,15 @@ from kubetrain.s3_layout import parse_s3_uri
 if TYPE_CHECKING:
     from airflow.sdk import Param
 
-__all__ = ["FOLDED_SECTIONS", "OPEN_SECTIONS", "S3_URI", "form_order", "is_s3_uri"]
+__all__ = [
+    "FOLDED_SECTIONS",
+    "OPEN_SECTIONS",
+    "S3_URI",
+    "TEXT_TEMPLATES",
+    "form_order",
+    "is_s3_uri",
+    "require_native_rendering",
+]
 
 OPEN_SECTIONS = ("Container", "Training", "Model")
 FOLDED_SECTIONS = ("Data", "Resources", "Cluster", "Promotion")
@@ -103,6 +118,27 @@ def form_order(params: Mapping[str, Any]) -> dict[str, Any]:
         name: _unsectioned(param) if _section(param) in OPEN_SECTIONS else param
         for _, (name, param) in ordered
     }
+
+
+# Arguments of the tasks whose templated fields are names and text (the model name, the dataset
+# URI): they render as text in a DAG that renders native objects, where "{{ params.model_name }}"
+# would turn a name such as 1.10 or 2024 into a number.
+TEXT_TEMPLATES: dict[str, Any] = {"render_template_as_native_obj": False}
+
+
+def require_native_rendering(task: Any, builder: str) -> None:
+    """Refuse a DAG that renders templates as text: the pipelines' templates render Params as objects.
+
+    :param task: a task the pipeline created (its DAG is checked).
+    :param builder: the pipeline function, for the error message.
+    """
+    dag = task.dag
+    if dag is not None and not dag.render_template_as_native_obj:
+        raise ValueError(
+            f"DAG {dag.dag_id!r}: {builder} passes Params to its tasks as native objects ("
+            "'{{ params.node_selector }}' is the Param's mapping, '{{ params.gpus }}' its integer): create the "
+            "DAG with render_template_as_native_obj=True"
+        )
 
 
 register_formats()

@@ -6,9 +6,15 @@ Each task hands its results to the next as typed XComs (``task.output[...]``): t
 version and manifest, the training image pinned by digest and the fingerprint, the run URI,
 whether the run beats the promoted model, what was promoted.
 
-Training DAG files hold their own Params and trainer arguments and call
-:func:`training_pipeline` inside their ``with DAG(...)`` block; this module holds the
-wiring so that the DAG files stay thin.
+Training DAG files take their Params and trainer arguments from a trainer's spec
+(:mod:`kubetrain.trainers`) and call :func:`training_pipeline` inside their ``with DAG(...)``
+block; this module holds the wiring so that the DAG files stay thin.
+
+**Native values.** The DAG renders its templates as native objects
+(``render_template_as_native_obj=True``): ``{{ params.gpus }}`` reaches the training task as
+an integer, ``{{ params.node_selector }}`` as the Param's mapping, ``{{ params.args }}`` as its
+list; nothing is written to text and parsed back. The tasks that take names (the model name)
+render their templates as text, so that a name such as ``1.10`` stays ``1.10``.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from kubetrain.operators.promote import PromoteModelOperator
 from kubetrain.operators.report import ReportOperator
 from kubetrain.operators.stage import StageDatasetOperator, dataset_asset
 from kubetrain.operators.training import TrainingPodOperator
-from kubetrain.params import S3_URI, form_order
+from kubetrain.params import S3_URI, TEXT_TEMPLATES, form_order, require_native_rendering
 
 __all__ = ["DEFAULT_ARGS", "TrainingTasks", "common_params", "form_order", "schedule", "training_pipeline"]
 
@@ -223,9 +229,9 @@ def training_pipeline(
 ) -> TrainingTasks:
     """Create the shared task chain in the current DAG context.
 
-    :param cmds: the base container's command, or a template that renders a JSON array.
-    :param arguments: its arguments (templated; Params via ``{{ params.x }}``), or a template
-        that renders a JSON array (``{{ params.args | tojson }}``).
+    :param cmds: the base container's command, or a template that renders a list (``{{ params.command }}``).
+    :param arguments: its arguments (templated; Params via ``{{ params.x }}``, numbers become text), or a
+        template that renders a list (``{{ params.args }}``).
     :param title: report title.
     :param keep_checkpoints: checkpoint sets kept in S3 after the run.
     :param require_metrics: whether a run without OUTPUT_DIR/metrics.json fails the report (templated).
@@ -238,9 +244,15 @@ def training_pipeline(
     record_failure = RecordFailedRun(stage_task_id="stage_dataset", check_task_id="check_new")
     own_callbacks = train_kwargs.pop("on_failure_callback", None) or []
     own_callbacks = list(own_callbacks) if isinstance(own_callbacks, list | tuple) else [own_callbacks]
-    stage = StageDatasetOperator(task_id="stage_dataset", source_uri="{{ params.dataset_uri }}", outlets=[])
+    stage = StageDatasetOperator(
+        task_id="stage_dataset", source_uri="{{ params.dataset_uri }}", outlets=[], **TEXT_TEMPLATES
+    )
+    require_native_rendering(stage, "training_pipeline")
     check = SkipIfTrainedOperator(
-        task_id="check_new", dataset_version=stage.output["version"], image="{{ params.image or '' }}"
+        task_id="check_new",
+        dataset_version=stage.output["version"],
+        image="{{ params.image or '' }}",
+        **TEXT_TEMPLATES,
     )
     train = train_operator(
         task_id="train",
@@ -255,9 +267,9 @@ def training_pipeline(
         experiment="{{ params.experiment or '' }}",
         gpus="{{ params.gpus }}",
         gpu_resource="{{ params.gpu_resource or '' }}",
-        node_selector="{{ params.node_selector | tojson }}",
-        tolerations="{{ params.tolerations | tojson }}",
-        image_pull_secrets="{{ params.image_pull_secrets | tojson }}",
+        node_selector="{{ params.node_selector }}",
+        tolerations="{{ params.tolerations }}",
+        image_pull_secrets="{{ params.image_pull_secrets }}",
         cpu="{{ params.cpu }}",
         memory="{{ params.memory }}",
         sync_interval="{{ params.sync_interval }}",
@@ -273,6 +285,7 @@ def training_pipeline(
         require_metrics=require_metrics,
         notes=train.output["notes"],
         on_failure_callback=[record_failure],
+        **TEXT_TEMPLATES,
     )
     promote = PromoteModelOperator(
         task_id="promote",
@@ -282,6 +295,7 @@ def training_pipeline(
         is_better=report.output["better_than_promoted"],
         keep_checkpoints=keep_checkpoints,
         on_failure_callback=[record_failure],
+        **TEXT_TEMPLATES,
     )
     record = RecordTrainingOperator(
         task_id="record",

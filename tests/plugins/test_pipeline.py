@@ -1,4 +1,4 @@
-"""The shared task chain: typed hand-offs between its tasks, never Jinja strings of XCom pulls."""
+"""The shared task chain: typed hand-offs between its tasks, never Jinja strings of XCom pulls; Params as native values."""
 
 from __future__ import annotations
 
@@ -9,12 +9,19 @@ from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
 from kubetrain.pipeline import common_params, training_pipeline
 
+TRAINER = "registry.example/kubetrain/trainer@sha256:" + "a" * 64
 
-def build():
+
+def build(**params):
     with DAG(
-        "train_x", schedule=None, params=common_params(dataset_uri="s3://datasets/x/", model="x")
+        "train_x",
+        schedule=None,
+        params=common_params(dataset_uri="s3://datasets/x/", model="x", **params),
+        render_template_as_native_obj=True,
     ) as dag:
-        tasks = training_pipeline(title="x", cmds=["python"], arguments=["--epochs=1"])
+        tasks = training_pipeline(
+            title="x", cmds=["python"], arguments=["--epochs={{ params.epochs }}", "{{ params.epochs }}"]
+        )
     return dag, tasks
 
 
@@ -55,6 +62,79 @@ def test_no_template_pulls_xcoms_as_text():
         for name in task.template_fields:
             value = getattr(task, name, None)
             assert "xcom_pull" not in repr(value), f"{task.task_id}.{name} = {value!r}"
+
+
+class TaskInstance:
+    """The parts of a running task instance that rendering reads: the upstream tasks' XComs."""
+
+    def __init__(self, xcoms: dict[tuple[str, str], object]) -> None:
+        self.xcoms = xcoms
+        self.dag_id, self.task_id, self.map_index, self.try_number = "train_x", "train", -1, 1
+
+    def xcom_pull(self, task_ids: str, key: str, **_: object) -> object:
+        return self.xcoms[(task_ids, key)]
+
+    def xcom_push(self, key: str, value: object) -> None:
+        self.xcoms[("train", key)] = value
+
+
+def test_a_dag_that_renders_text_is_refused_naming_the_setting():
+    with (
+        pytest.raises(
+            ValueError, match=r"DAG 'train_text': training_pipeline passes Params .* native objects"
+        ),
+        DAG("train_text", schedule=None, params=common_params(dataset_uri="s3://datasets/x/", model="x")),
+    ):
+        training_pipeline(title="x", cmds=["python"], arguments=[])
+
+
+def test_params_reach_the_training_task_as_values_and_names_stay_text():
+    from airflow.sdk import Param
+    from kubernetes.client import models as k8s
+
+    dag, t = build(epochs=Param(5, type="integer", section="Training"))
+    params = dag.params.validate()
+    params.update(
+        model_name="1.10",  # text that reads as a number: a name, kept as typed
+        experiment="2024",
+        gpus=2,
+        cpu="2",
+        node_selector={"gpu-type": "a100"},
+        tolerations=[{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+        image_pull_secrets=["run-cred"],
+    )
+    xcoms = {
+        ("stage_dataset", "version"): "3f2a9c0d1e4b5a69",
+        ("stage_dataset", "manifest_uri"): "s3://training/manifests/x/3f2a9c0d1e4b5a69.json",
+        ("stage_dataset", "total_bytes"): 1024,
+        ("check_new", "image"): TRAINER,
+        ("train", "run_uri"): "s3://training/runs/train_x/r",
+        ("train", "notes"): [],
+        ("report", "better_than_promoted"): True,
+    }
+    ti = TaskInstance(xcoms)
+    context = {"ti": ti, "task_instance": ti, "run_id": "r", "dag": dag, "params": params}
+    for task in (t.stage, t.train, t.report, t.promote):
+        task.render_template_fields(context)
+    train = t.train
+    assert (train.gpus, train.sync_interval, train.dataset_bytes) == (2, 30, 1024)
+    assert train.arguments == ["--epochs=5", 5]  # the operator's pod takes them as text
+    assert train.pod_node_selector == {"gpu-type": "a100"}
+    assert train.pod_tolerations == [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]
+    assert train.pod_image_pull_secrets == ["run-cred"]
+    # the provider's own attributes keep their Kubernetes types until the pod sets them
+    assert (train.node_selector, train.tolerations, train.image_pull_secrets) == ({}, [], [])
+    config = train.pod_config(context, pin=False)
+    assert config.args == ["--epochs=5", "5"]
+    assert config.labels["kubetrain.io/experiment"] == "2024"
+    assert config.node_selector == {"gpu-type": "a100"} and config.image_pull_secrets == ("run-cred",)
+    train.build_pod_request_obj(context, dry_run=True)
+    assert train.node_selector == {"gpu-type": "a100"}
+    assert [type(s) for s in train.image_pull_secrets] == [k8s.V1LocalObjectReference]
+    assert {type(s) for s in train.tolerations} == {k8s.V1Toleration}
+    # names render as text: a model named 1.10 is not the number 1.1
+    assert (t.report.model, t.promote.model, t.promote.promote) == ("1.10", "1.10", "if_better")
+    assert t.stage.source_uri == "s3://datasets/x/"
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -59,7 +58,7 @@ __all__ = [
 # Parts of the pod that kubetrain.pod_spec owns; the base class must not set them a second
 # time, or its values would replace the contract's when the two are reconciled.
 _OWNED = ("container_resources", "security_context", "container_security_context", "full_pod_spec")
-_EMPTY = (None, "", "null", "None", [], {}, ())
+_EMPTY = (None, "", [], {}, ())
 # XCom of the lines a run's report shows at the top (e.g. a GPU request served on CPU).
 NOTES_XCOM_KEY = "notes"
 # Exit codes of the training container that a retry would only repeat (kubetrain_contract.exit_codes, the table the
@@ -67,49 +66,81 @@ NOTES_XCOM_KEY = "notes"
 NO_RETRY_EXIT_CODES = final_exit_codes()
 
 
-def string_list(name: str, value: Any) -> list[str] | None:
-    """A command or argument list; a string must be a JSON array (``{{ params.args | tojson }}``).
+def _native_hint(param: str) -> str:
+    return (
+        f"a template must render the object itself: '{{{{ params.{param} }}}}' in a DAG with "
+        "render_template_as_native_obj=True"
+    )
 
-    Lets a DAG take the whole command or argument list from an array Param.
+
+def string_list(name: str, value: Any) -> list[str] | None:
+    """A command or argument list, each item as text.
+
+    A DAG that renders templates as native objects (``render_template_as_native_obj=True``)
+    renders ``{{ params.epochs }}`` as the integer 5, and ``{{ params.args }}`` as the Param's
+    list: both become the strings the container gets.
 
     :param name: the operator argument, for the error message.
-    :param value: a list of strings, a JSON array of strings, or empty.
+    :param value: a list (or tuple) of strings and numbers, or empty.
     """
-    if value in (None, "", []):
+    if value in (None, "", [], ()):
         return None
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            raise ValueError(
-                f"{name} {value!r} is not a list: expected a list of strings or a JSON array such as "
-                "'{{ params.args | tojson }}'"
-            ) from None
-    if not isinstance(value, list) or not all(isinstance(v, str | int | float) for v in value):
+        raise ValueError(
+            f"{name} {value!r} is not a list: expected a list of strings; {_native_hint('args')}"
+        )
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str | int | float) for v in value):
         raise ValueError(f"{name} {value!r} is not a list of strings")
     return [str(v) for v in value]
 
 
-def _json_or_text(value: Any) -> Any:
-    """A rendered template that holds JSON (``{{ params.x | tojson }}``) as its value; other text as is."""
-    if isinstance(value, str) and value.strip()[:1] in ("[", "{", "n"):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return value
-    return value
+def _text(name: str, value: Any) -> str | None:
+    """A name-like setting (experiment, trial) as text; a native template renders ``2024`` as a number."""
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str | int | float):
+        raise ValueError(f"{name} {value!r} is not text: expected a string such as 'digits'")
+    return str(value)
 
 
 def _names(value: Any) -> tuple[str, ...]:
-    """Secret names from a list (of names or V1LocalObjectReference), a JSON array or ``a,b``."""
-    value = _json_or_text(value)
+    """Secret names from a list (of names or V1LocalObjectReference), or ``a,b`` (the setting's form)."""
     if value in _EMPTY:
         return ()
     if isinstance(value, str):
+        if value.lstrip().startswith("["):
+            raise ValueError(
+                f"image_pull_secrets {value!r} is text, not a list: expected e.g. ['regcred'] or regcred,mirror; "
+                + _native_hint("image_pull_secrets")
+            )
         return settings.parse_list("image_pull_secrets", value)
     if isinstance(value, list | tuple):
-        return tuple(getattr(v, "name", v) for v in value if getattr(v, "name", v))
+        return tuple(str(getattr(v, "name", v)) for v in value if getattr(v, "name", v))
     raise ValueError(f"image_pull_secrets {value!r} is not a list of Secret names: expected e.g. ['regcred']")
+
+
+def _node_selector(value: Any) -> dict[str, str]:
+    """Node labels from a mapping, or ``k=v,k2=v2`` (the setting's form); checked by :mod:`kubetrain.settings`."""
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        raise ValueError(
+            f"node_selector {value!r} is text, not a mapping: expected e.g. {{'gpu-type': 'a100'}} or "
+            f"gpu-type=a100; {_native_hint('node_selector')}"
+        )
+    if not isinstance(value, Mapping | str):
+        raise ValueError(
+            f"node_selector {value!r} is not a mapping of node labels: expected e.g. {{'gpu-type': 'a100'}}"
+        )
+    return settings.parse_node_selector(value)
+
+
+def _tolerations(value: Any) -> tuple[Any, ...]:
+    """Tolerations as given (V1Toleration objects or mappings, checked by :mod:`kubetrain.pod_spec`)."""
+    if not isinstance(value, list | tuple):
+        raise ValueError(
+            f"tolerations {value!r} is not a list: expected V1Toleration objects or mappings such as "
+            f"[{{'key': 'spot', 'operator': 'Exists'}}]; {_native_hint('tolerations')}"
+        )
+    return tuple(value)
 
 
 class TrainingPodManager(PodManager):
@@ -218,8 +249,9 @@ class TrainingPodOperator(KubernetesPodOperator):
     :param sync_image: image of the stage-in and checkpoint-sync containers (default: the setting
         ``sync_image``, else ``<registry>/kubetrain/sync:latest``). (templated)
     :param registry_conn_id: registry connection used to resolve digests of the configured registry's images.
-    :param cmds: base container command. (templated)
-    :param arguments: base container arguments. (templated)
+    :param cmds: base container command: a list; numbers become text. (templated)
+    :param arguments: base container arguments: a list; numbers become text (a DAG that renders native
+        objects renders ``{{ params.epochs }}`` as 5, ``{{ params.args }}`` as the Param's list). (templated)
     :param dataset_manifest: ``s3://`` URI of the staged manifest, e.g. ``stage.output["manifest_uri"]``. (templated)
     :param dataset_version: version of that manifest. (templated)
     :param experiment: experiment name, a pod label. (templated)
@@ -235,10 +267,12 @@ class TrainingPodOperator(KubernetesPodOperator):
     :param s3_secret: Secret with the AWS_* variables (default: the setting); ``""`` for workload
         identity, which needs a service account. (templated)
     :param service_account_name: service account of the pod (default: the setting). (templated)
-    :param image_pull_secrets: registry Secret names: a list, ``a,b`` or a JSON array (default: the setting). (templated)
-    :param node_selector: node labels: a dict, ``k=v,k2=v2`` or a JSON object (default: the setting). (templated)
-    :param tolerations: extra tolerations: V1Toleration objects, dicts or a JSON list (default: the
-        setting); GPU pods always tolerate their GPU vendor's taint. (templated)
+    :param image_pull_secrets: registry Secret names: a list or ``a,b`` (default: the setting); kept as
+        ``pod_image_pull_secrets``. (templated)
+    :param node_selector: node labels: a dict or ``k=v,k2=v2`` (default: the setting); kept as
+        ``pod_node_selector``. (templated)
+    :param tolerations: extra tolerations: V1Toleration objects or dicts (default: the setting); GPU pods
+        always tolerate their GPU vendor's taint; kept as ``pod_tolerations``. (templated)
     :param namespace: namespace of the pod (default: the setting ``namespace``). (templated)
     :param container_user: numeric non-root user of all containers (default 10001, the user of the trainer and sync
         images); not Airflow's own ``run_as_user``, which names the Unix user that runs the task.
@@ -287,8 +321,9 @@ class TrainingPodOperator(KubernetesPodOperator):
         "memory_limit",
         "s3_secret",
         "service_account_name",
-        "image_pull_secrets",
-        "tolerations",
+        "pod_image_pull_secrets",
+        "pod_node_selector",
+        "pod_tolerations",
         "training_bucket",
         "extra_env",
         "sync_interval",
@@ -323,7 +358,7 @@ class TrainingPodOperator(KubernetesPodOperator):
         service_account_name: str | None = None,
         image_pull_secrets: list[str] | str | None = None,
         node_selector: dict[str, str] | str | None = None,
-        tolerations: list[k8s.V1Toleration] | list[dict[str, Any]] | str | None = None,
+        tolerations: list[k8s.V1Toleration] | list[dict[str, Any]] | None = None,
         container_user: int = 10001,
         sync_interval: int | str = 30,
         sync_quiet: int = 2,
@@ -372,11 +407,12 @@ class TrainingPodOperator(KubernetesPodOperator):
             termination_grace_period=sync_grace_period_seconds,
             **kwargs,
         )
-        # Settings the base class would convert when the DAG is parsed; here they are
-        # template fields (a Param may set them) and become Kubernetes objects when the pod is built.
-        self.image_pull_secrets = image_pull_secrets
-        self.node_selector = node_selector
-        self.tolerations = tolerations
+        # The run's choices (an argument or a Param: templated) under names of our own; the base
+        # class's image_pull_secrets, node_selector and tolerations keep their Kubernetes types and
+        # are set from the contract pod when it is built (build_pod_request_obj).
+        self.pod_image_pull_secrets = image_pull_secrets
+        self.pod_node_selector = node_selector
+        self.pod_tolerations = tolerations
         self.sync_image = sync_image
         self.registry_conn_id = registry_conn_id
         self.dataset_manifest = dataset_manifest
@@ -445,13 +481,13 @@ class TrainingPodOperator(KubernetesPodOperator):
             image = pin_image(image, registry_conn_id=self.registry_conn_id)
             sync_image = pin_image(sync_image, registry_conn_id=self.registry_conn_id)
         labels = {"kubetrain.io/dag-id": self.dag_id, "kubetrain.io/run-id": run_id}
-        if self.experiment:
-            labels["kubetrain.io/experiment"] = self.experiment
-        if self.trial not in (None, ""):
-            labels["kubetrain.io/trial"] = str(self.trial)
+        experiment = _text("experiment", self.experiment)
+        if experiment:
+            labels["kubetrain.io/experiment"] = experiment
+        trial = _text("trial", self.trial)
+        if trial is not None:
+            labels["kubetrain.io/trial"] = trial
         s3_secret = settings.get("s3_secret") if self.s3_secret is None else self.s3_secret
-        tolerations = _json_or_text(self.tolerations)
-        node_selector = _json_or_text(self.node_selector)
         return pod_spec.TrainingPodConfig(
             image=image,
             sync_image=sync_image,
@@ -469,17 +505,16 @@ class TrainingPodOperator(KubernetesPodOperator):
             memory_limit=self.memory_limit or None,
             s3_secret=s3_secret or None,
             service_account_name=self.service_account_name or settings.get("service_account") or None,
-            image_pull_secrets=_names(self.image_pull_secrets) or _names(settings.get("image_pull_secrets")),
+            image_pull_secrets=_names(self.pod_image_pull_secrets)
+            or _names(settings.get("image_pull_secrets")),
             node_selector=(
-                settings.parse_node_selector(node_selector)
-                if node_selector not in _EMPTY
+                _node_selector(self.pod_node_selector)
+                if self.pod_node_selector not in _EMPTY
                 else settings.parse_node_selector(settings.get("node_selector"))
             )
             or None,
-            tolerations=tuple(
-                tolerations if isinstance(tolerations, list) else settings.parse_tolerations(tolerations)
-            )
-            if tolerations not in _EMPTY
+            tolerations=_tolerations(self.pod_tolerations)
+            if self.pod_tolerations not in _EMPTY
             else tuple(settings.parse_tolerations(settings.get("tolerations"))),
             namespace=self.namespace or settings.get("namespace"),
             run_as_user=self.container_user,

@@ -14,6 +14,10 @@ value the ``parallel_trials`` Param offers (1, 2, 4, ... up to the DAG's bound),
 bound; the plan task skips all but the one the run asked for. Later rounds (tpe) ask for ``parallel_trials`` trials each, so they never
 run more at once. The ``gpu`` pool bounds the GPU pods of every DAG together.
 
+The DAG renders its templates as native objects (``render_template_as_native_obj=True``), as a
+training DAG does (:mod:`kubetrain.pipeline`): the trials get the Params' mappings, lists and
+numbers, and the argument templates render per trial to the values of its point.
+
 A trial that fails (after its retries) does not stop the sweep: the next round and the
 leaderboard run when every trial before them is done, and the leaderboard ranks the trials
 that have a result.
@@ -30,6 +34,7 @@ from airflow.sdk import TaskGroup
 
 from kubetrain.operators.promote import PromoteModelOperator
 from kubetrain.operators.stage import StageDatasetOperator
+from kubetrain.params import TEXT_TEMPLATES, require_native_rendering
 from kubetrain.sweep.config import SweepSettings
 from kubetrain.sweep.operators import (
     PlanSweepOperator,
@@ -71,10 +76,10 @@ def sweep_pipeline(
 
     :param settings: the sweep's fixed settings (tunable hyperparameters, default objective,
         bound of parallel trials, tpe rounds).
-    :param cmds: the base container's command, or a template that renders a JSON array.
+    :param cmds: the base container's command, or a template that renders a list (``{{ params.command }}``).
     :param arguments: argument templates, rendered per trial with ``params`` overridden by the
         trial's hyperparameters (``{{ params.learning_rate }}``) and ``trial`` (``number``,
-        ``params``); or a template that renders a JSON array (``{{ params.args | tojson }}``).
+        ``params``), numbers becoming text; or a template that renders a list (``{{ params.args }}``).
     :param title: report title.
     :param keep_checkpoints: checkpoint sets kept in S3 after promotion (of the best trial).
     :param execution_timeout: limit of each trial.
@@ -86,7 +91,10 @@ def sweep_pipeline(
         per sweep. On for sweeps of long trials where the worker slots matter more.
     :param train_kwargs: more TrialPodOperator arguments.
     """
-    stage = StageDatasetOperator(task_id="stage_dataset", source_uri="{{ params.dataset_uri }}", outlets=[])
+    stage = StageDatasetOperator(
+        task_id="stage_dataset", source_uri="{{ params.dataset_uri }}", outlets=[], **TEXT_TEMPLATES
+    )
+    require_native_rendering(stage, "sweep_pipeline")
     plan = PlanSweepOperator(
         task_id="plan",
         settings=settings,
@@ -94,6 +102,7 @@ def sweep_pipeline(
         dataset_manifest=stage.output["manifest_uri"],
         image="{{ params.image or '' }}",
         title=title,
+        **TEXT_TEMPLATES,
     )
     trial_kwargs: dict[str, Any] = dict(
         pool="gpu",
@@ -107,9 +116,9 @@ def sweep_pipeline(
         experiment="{{ params.experiment or '' }}",
         gpus="{{ params.gpus }}",
         gpu_resource="{{ params.gpu_resource or '' }}",
-        node_selector="{{ params.node_selector | tojson }}",
-        tolerations="{{ params.tolerations | tojson }}",
-        image_pull_secrets="{{ params.image_pull_secrets | tojson }}",
+        node_selector="{{ params.node_selector }}",
+        tolerations="{{ params.tolerations }}",
+        image_pull_secrets="{{ params.image_pull_secrets }}",
         cpu="{{ params.cpu }}",
         memory="{{ params.memory }}",
         sync_interval="{{ params.sync_interval }}",
@@ -160,7 +169,11 @@ def sweep_pipeline(
         rounds.append(tasks)
         previous = tasks
     leaderboard = SweepReportOperator(
-        task_id="leaderboard", model="{{ params.model_name }}", title=title, trigger_rule="all_done"
+        task_id="leaderboard",
+        model="{{ params.model_name }}",
+        title=title,
+        trigger_rule="all_done",
+        **TEXT_TEMPLATES,
     )
     previous >> leaderboard
     promote = PromoteModelOperator(
@@ -170,6 +183,7 @@ def sweep_pipeline(
         promote="{{ params.promote }}",
         is_better=leaderboard.output["better_than_promoted"],
         keep_checkpoints=keep_checkpoints,
+        **TEXT_TEMPLATES,
     )
     record = RecordSweepOperator(task_id="record", leaderboard=leaderboard.output, promotion=promote.output)
     stage >> plan

@@ -47,10 +47,11 @@ with DAG(
         ),
         **SWEEP.params(space={"lr": {"low": 0.0001, "high": 0.1, "log": True}}),
     },
+    render_template_as_native_obj=True,
 ) as dag:
     sweep_pipeline(
         SWEEP,
         title="Script sweep",
-        cmds="{{ params.command | tojson }}",
-        arguments="{{ params.args | tojson }}",
+        cmds="{{ params.command }}",
+        arguments="{{ params.args }}",
     )

@@ -98,14 +98,14 @@ def airflow_env(tmp_path, monkeypatch):
 def operator(**kwargs) -> TrainingPodOperator:
     kwargs.setdefault("image", TRAINER)
     kwargs.setdefault("sync_image", SYNC)
-    with DAG("train_digits", schedule=None):
+    kwargs.setdefault("cmds", ["python", "-m", "trainer.image_classifier"])
+    kwargs.setdefault("arguments", ["--epochs", "{{ params.epochs }}"])
+    kwargs.setdefault("experiment", "digits")
+    with DAG("train_digits", schedule=None, render_template_as_native_obj=True):
         return TrainingPodOperator(
             task_id="train",
-            cmds=["python", "-m", "trainer.image_classifier"],
-            arguments=["--epochs", "{{ params.epochs }}"],
             dataset_manifest="s3://training/manifests/digits/3f2a9c0d1e4b5a69.json",
             dataset_version="3f2a9c0d1e4b5a69",
-            experiment="digits",
             **kwargs,
         )
 
@@ -301,9 +301,9 @@ def test_run_arguments_from_params_beat_the_settings(airflow_env):
     airflow_env.setenv("KUBETRAIN_GPU_RESOURCE", "nvidia.com/gpu")
     op = operator(
         gpus="{{ params.gpus }}",
-        node_selector="{{ params.node_selector | tojson }}",
-        tolerations="{{ params.tolerations | tojson }}",
-        image_pull_secrets="{{ params.image_pull_secrets | tojson }}",
+        node_selector="{{ params.node_selector }}",
+        tolerations="{{ params.tolerations }}",
+        image_pull_secrets="{{ params.image_pull_secrets }}",
         gpu_resource="{{ params.gpu_resource or '' }}",
     )
     params = {
@@ -325,14 +325,104 @@ def test_run_arguments_from_params_beat_the_settings(airflow_env):
     # Params left empty (null) fall back to the deployment's settings.
     empty = {"node_selector": None, "tolerations": None, "image_pull_secrets": None, "gpu_resource": None}
     op = operator(
-        node_selector="{{ params.node_selector | tojson }}",
-        tolerations="{{ params.tolerations | tojson }}",
-        image_pull_secrets="{{ params.image_pull_secrets | tojson }}",
+        node_selector="{{ params.node_selector }}",
+        tolerations="{{ params.tolerations }}",
+        image_pull_secrets="{{ params.image_pull_secrets }}",
         gpu_resource="{{ params.gpu_resource or '' }}",
     )
     pod = build(op, context_for(op, **empty))
     assert pod["spec"]["nodeSelector"] == {"pool": "cpu"}
     assert pod["spec"]["imagePullSecrets"] == [{"name": "deployment-cred"}]
+
+
+def test_the_providers_attributes_keep_their_kubernetes_types(airflow_env):
+    """The run's choices live under names of their own; the provider's attributes get Kubernetes objects."""
+    op = operator(
+        node_selector="{{ params.node_selector }}",
+        tolerations="{{ params.tolerations }}",
+        image_pull_secrets="{{ params.image_pull_secrets }}",
+    )
+    assert (op.node_selector, op.tolerations, op.image_pull_secrets) == ({}, [], [])
+    context = context_for(
+        op,
+        node_selector={"gpu-type": "a100"},
+        tolerations=[{"key": "spot", "operator": "Exists"}],
+        image_pull_secrets=["run-cred"],
+    )
+    op.render_template_fields(context)
+    assert (op.pod_node_selector, op.pod_image_pull_secrets) == ({"gpu-type": "a100"}, ["run-cred"])
+    assert (op.node_selector, op.tolerations, op.image_pull_secrets) == ({}, [], [])
+    op.build_pod_request_obj(context)
+    assert op.node_selector == {"gpu-type": "a100"}
+    assert op.image_pull_secrets == [k8s.V1LocalObjectReference(name="run-cred")]
+    assert all(isinstance(t, k8s.V1Toleration) for t in op.tolerations)
+    assert [t.key for t in op.tolerations] == ["spot"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "params", "message"),
+    [
+        # text where the operator takes an object: what '{{ params.x | tojson }}' renders in a DAG that
+        # renders text
+        (
+            {"node_selector": '{"gpu-type": "a100"}'},
+            {},
+            'node_selector \'{"gpu-type": "a100"}\' is text, not a mapping',
+        ),
+        ({"node_selector": "{{ params.n }}"}, {"n": 3}, "node_selector 3 is not a mapping of node labels"),
+        (
+            {"node_selector": "{{ params.n }}"},
+            {"n": {"a": 1}},
+            "node_selector 'a'=1 is not a valid node label",
+        ),
+        ({"node_selector": "pool"}, {}, "node_selector item 'pool' is not key=value"),
+        (
+            {"tolerations": '[{"key": "spot", "operator": "Exists"}]'},
+            {},
+            'tolerations \'[{"key": "spot", "operator": "Exists"}]\' is not a list',
+        ),
+        (
+            {"tolerations": "{{ params.t }}"},
+            {"t": [{"key": "a", "operator": "Maybe"}]},
+            "operator 'Maybe' must be Equal or Exists",
+        ),
+        ({"tolerations": "{{ params.t }}"}, {"t": ["spot"]}, "not a V1Toleration or a mapping"),
+        ({"image_pull_secrets": '["regcred"]'}, {}, "image_pull_secrets '[\"regcred\"]' is text, not a list"),
+        (
+            {"image_pull_secrets": "{{ params.s }}"},
+            {"s": 3},
+            "image_pull_secrets 3 is not a list of Secret names",
+        ),
+        ({"arguments": '["--epochs=1"]'}, {}, "arguments '[\"--epochs=1\"]' is not a list: expected a list"),
+        (
+            {"arguments": "{{ params.a }}"},
+            {"a": [["nested"]]},
+            "arguments [['nested']] is not a list of strings",
+        ),
+        ({"cmds": "{{ params.a }}"}, {"a": {"python": 1}}, "cmds {'python': 1} is not a list of strings"),
+        ({"experiment": "{{ params.e }}"}, {"e": ["x"]}, "experiment ['x'] is not text"),
+    ],
+)
+def test_bad_run_arguments_fail_naming_the_value_and_what_was_expected(airflow_env, kwargs, params, message):
+    op = operator(**kwargs)
+    context = context_for(op, **params)
+    if params:
+        op.render_template_fields(context)
+    # Text given as is (no rendering: a DAG that renders text hands the operator what its template wrote)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        op.build_pod_request_obj(context)
+
+
+def test_argument_lists_become_text(airflow_env):
+    op = operator(cmds="{{ params.command }}", arguments="{{ params.args }}")
+    context = context_for(
+        op, command=["python", "-m", "trainer.dialogue"], args=["--dropout", 0.1, "--epochs", 3]
+    )
+    base = build(op, context)["spec"]["containers"][0]
+    assert (base["command"], base["args"]) == (
+        ["python", "-m", "trainer.dialogue"],
+        ["--dropout", "0.1", "--epochs", "3"],
+    )
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import airflow  # noqa: F401  (importing Airflow puts its plugins folder on sys.
 import pytest
 
 from kubetrain.sweep.space import SpaceError, check_settings, parse_space, random_points, tunable_schemas
-from kubetrain.sweep.trainers import IMAGE_CLASSIFIER
+from kubetrain.trainers import IMAGE_CLASSIFIER
 
 TUNABLE = tunable_schemas(IMAGE_CLASSIFIER.params(), IMAGE_CLASSIFIER.tunable)
 

@@ -10,7 +10,7 @@ from airflow.sdk.exceptions import ParamValidationError
 
 from kubetrain.pipeline import SweepSettings, common_params, sweep_pipeline
 from kubetrain.sweep.space import SpaceError, tunable_schemas
-from kubetrain.sweep.trainers import DIALOGUE_TRANSFORMER, IMAGE_CLASSIFIER
+from kubetrain.trainers import IMAGE_CLASSIFIER
 
 
 @pytest.fixture(scope="module")
@@ -20,26 +20,6 @@ def dagbag():
     from airflow.dag_processing.dagbag import DagBag
 
     return DagBag(dag_folder=str(Path(__file__).resolve().parents[3] / "dags"))
-
-
-@pytest.mark.parametrize(
-    ("sweep_dag", "single_dag", "trainer"),
-    [
-        ("sweep_image_classifier", "train_image_classifier", IMAGE_CLASSIFIER),
-        ("sweep_dialogue_transformer", "train_dialogue_transformer", DIALOGUE_TRANSFORMER),
-    ],
-)
-def test_a_sweep_offers_the_single_run_dags_params(dagbag, sweep_dag, single_dag, trainer):
-    sweep, single = dagbag.dags[sweep_dag], dagbag.dags[single_dag]
-    shared = set(single.params) - {"force"}  # a sweep reuses trials by fingerprint instead
-    assert shared <= set(sweep.params), shared - set(sweep.params)
-    for name in shared:
-        assert sweep.params.get_param(name).schema == single.params.get_param(name).schema, name
-        assert sweep.params.get_param(name).value == single.params.get_param(name).value, name
-    assert set(trainer.tunable) <= shared
-    # the training arguments are the single-run DAG's
-    assert list(trainer.arguments) == list(single.get_task("train").arguments)
-    assert list(trainer.cmds) == list(single.get_task("train").cmds)
 
 
 def test_round_zero_has_one_training_task_per_offered_parallelism(dagbag):
@@ -149,20 +129,19 @@ def test_any_image_trainer_gets_its_hyperparameters_as_arguments():
     with DAG(
         "sweep_custom",
         schedule=None,
+        render_template_as_native_obj=True,
         params={
             **common_params(dataset_uri="s3://datasets/x/", model="x", gpus=0),
             "args": ["train.py", "--epochs=3"],
             **custom.params(space={"lr": {"low": 0.001, "high": 0.1, "log": True}}),
         },
     ) as dag:
-        tasks = sweep_pipeline(
-            custom, cmds=["python"], arguments="{{ params.args | tojson }}", title="custom"
-        )
+        tasks = sweep_pipeline(custom, cmds=["python"], arguments="{{ params.args }}", title="custom")
     assert [t.task_id for t in tasks.trials[0]] == ["round_0.train_1_at_a_time", "round_0.train_2_at_a_time"]
     # trials wait for their pods in their worker slot unless the DAG asks them to defer
     assert all(t.partial_kwargs["deferrable"] is False for r in tasks.trials for t in r)
-    with DAG("sweep_custom_deferred", schedule=None, params=dag.params):
-        deferred = sweep_pipeline(custom, cmds=["python"], arguments="[]", title="custom", deferrable=True)
+    with DAG("sweep_custom_deferred", schedule=None, params=dag.params, render_template_as_native_obj=True):
+        deferred = sweep_pipeline(custom, cmds=["python"], arguments=[], title="custom", deferrable=True)
     assert all(t.partial_kwargs["deferrable"] is True for r in deferred.trials for t in r)
     suggest = tasks.suggest[0]
     context = {"params": dag.params.validate(), "dag": dag, "ti": SimpleNamespace(dag_id="sweep_custom")}
@@ -177,6 +156,7 @@ def test_trainer_arguments_read_the_trial_values():
     with DAG(
         "sweep_x",
         schedule=None,
+        render_template_as_native_obj=True,
         params={
             **common_params(dataset_uri="s3://datasets/x/", model="x"),
             **training,
