@@ -80,7 +80,7 @@ def start_s3() -> tuple[subprocess.Popen, str, str, str, Path]:
 
 
 def make_records(count: int) -> list[dict]:
-    from kubetrain.run_record import build_record
+    from kubetrain.run_record import RunFacts, build_record
     from kubetrain.s3_layout import S3Layout
 
     rng = random.Random(17)
@@ -106,38 +106,40 @@ def make_records(count: int) -> list[dict]:
         }
         records.append(
             build_record(
-                dag_id=dag,
-                run_id=run_id,
-                run=layout.run(dag, run_id),
-                run_time=T0 + timedelta(minutes=7 * i),
-                model=model,
-                status="failed" if failed else "success",
-                params={"epochs": 5, "batch_size": rng.choice([32, 64, 128])},
-                metrics=None if failed else metrics,
-                run_params={
-                    "hyperparameters": {"epochs": 5, "learning_rate": rng.choice([1e-3, 3e-4])},
-                    "code_version": "v1",
-                },
-                dataset_uri=f"s3://datasets/{model}/",
-                dataset_version=rng.choice(versions),
-                image="registry.example/kubetrain/trainer@sha256:" + "a" * 64,
-                promote_rule="if_better",
-                promotion={"promoted": False},
-                report={"report_uri": f"s3://training/runs/{dag}/x/report/report.html"},
-                failure={"task": "train", "error": "OOMKilled"} if failed else None,
+                RunFacts(
+                    dag_id=dag,
+                    run_id=run_id,
+                    run=layout.run(dag, run_id),
+                    run_time=T0 + timedelta(minutes=7 * i),
+                    model=model,
+                    status="failed" if failed else "success",
+                    params={"epochs": 5, "batch_size": rng.choice([32, 64, 128])},
+                    metrics=None if failed else metrics,
+                    run_params={
+                        "hyperparameters": {"epochs": 5, "learning_rate": rng.choice([1e-3, 3e-4])},
+                        "code_version": "v1",
+                    },
+                    dataset_uri=f"s3://datasets/{model}/",
+                    dataset_version=rng.choice(versions),
+                    image="registry.example/kubetrain/trainer@sha256:" + "a" * 64,
+                    promote_rule="if_better",
+                    promotion={"promoted": False},
+                    report={"report_uri": f"s3://training/runs/{dag}/x/report/report.html"},
+                    failure={"task": "train", "error": "OOMKilled"} if failed else None,
+                )
             )
         )
     return records
 
 
 def seed(client, records: list[dict]) -> float:
-    from kubetrain.run_record import record_keys
     from kubetrain.s3_layout import S3Layout
+    from kubetrain.store.index import record_keys
 
     layout = S3Layout()
     jobs = []
     for record in records:
-        body = (json.dumps(record, indent=1) + "\n").encode()
+        body = (record.to_json(indent=1) + "\n").encode()
         jobs += [(key, body) for key in record_keys(layout, record)]
     started = time.monotonic()
     with ThreadPoolExecutor(8) as pool:
@@ -280,8 +282,8 @@ def main() -> int:
             lambda a: "chart drawn" if "<svg" in a.text else "no history: table only",
         )
 
-        from kubetrain.run_record import record_keys
         from kubetrain.s3_layout import S3Layout
+        from kubetrain.store.index import record_keys
 
         every = [record_keys(S3Layout(), r)[0] for r in records]
 

@@ -692,7 +692,7 @@ def _ui_queries(s3_server):
         record = make_record(
             dag_id=dag, run_id=f"manual__{tag}-{name}", model=model, when=T0 + timedelta(minutes=len(records))
         )
-        store.write_run_record(record)
+        store.runs.write(record)
         records[name] = record
     theirs = S3Layout().run("ui_team_b", records["theirs"]["run_id"])
     store.write_json(

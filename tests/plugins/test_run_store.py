@@ -1,15 +1,14 @@
-"""RunStore against the S3 test server: the helpers every operator uses for S3."""
+"""RunStore against the S3 test server: the S3 gateway every operator and repository uses."""
 
 from __future__ import annotations
 
-import json
+import threading
 import uuid
 
 import pytest
 from botocore.exceptions import ClientError
 
-from kubetrain.run_store import MAX_COPY_BYTES, SyncPass, is_missing_key, parse_bool
-from kubetrain.s3_layout import S3Layout
+from kubetrain.run_store import is_missing_key, parse_bool
 
 
 def test_missing_keys_are_told_apart_from_other_errors(client, store):
@@ -59,37 +58,65 @@ def test_read_write_and_json(store, client):
         store.read_json("training", key + ".bad")
 
 
-def test_train_once_marker(store):
-    fp = uuid.uuid4().hex[:24]
-    assert store.trained_marker("train_x", fp) is None
-    uri = store.record_trained("train_x", fp, {"run_id": "manual__1"})
-    assert uri == store.marker_uri("train_x", fp) == f"s3://training/trained/train_x/{fp}.json"
-    assert store.trained_marker("train_x", fp) == {"run_id": "manual__1"}
+def test_copy_delete_and_listings(store):
+    prefix = f"store/{uuid.uuid4().hex}/"
+    store.write_json("training", prefix + "a/1.json", {"n": 1})
+    store.write_json("training", prefix + "b/2.json", {"n": 2})
+    assert store.copy("training", prefix + "a/1.json", "training", prefix + "a/3.json") == (
+        f"s3://training/{prefix}a/3.json"
+    )
+    assert store.list_keys("training", prefix) == [prefix + k for k in ("a/1.json", "a/3.json", "b/2.json")]
+    assert store.list_keys("training", prefix, start_after=prefix + "a/1.json", max_keys=1) == [
+        prefix + "a/3.json"
+    ]
+    assert store.list_prefixes("training", prefix) == [prefix + "a/", prefix + "b/"]
+    store.delete("training", [prefix + "a/1.json", prefix + "b/2.json"])
+    assert [item["Key"] for item in store.list("training", prefix)] == [prefix + "a/3.json"]
 
 
-def test_promoted_metrics(store):
-    model = f"m-{uuid.uuid4().hex[:8]}"
-    assert store.promoted_metrics(model) == (None, None)
-    layout = S3Layout()
-    store.write_json("training", layout.model_latest_key(model), {"version": "v1"})
-    assert store.promoted_metrics(model) == ("v1", {})  # promoted without metrics.json
-    store.write_json("training", layout.model_prefix(model, "v1") + "metrics.json", {"monitor": "loss"})
-    assert store.promoted_metrics(model) == ("v1", {"monitor": "loss"})
-    store.write("training", layout.model_latest_key(model), json.dumps({"kind": "x"}))
-    with pytest.raises(ValueError, match="names no version"):
-        store.promoted_metrics(model)
+def test_read_many_keeps_the_order_and_reads_in_threads_through_hooks_of_their_own(store):
+    prefix = f"store/{uuid.uuid4().hex}/"
+    keys = [f"{prefix}{n:03d}.json" for n in range(40)]
+    for n, key in enumerate(keys):
+        store.write_json("training", key, {"n": n})
+    missing = prefix + "missing.json"
+    hooks: dict[int, object] = {}
+    real = store._thread_hook
+
+    def spy():
+        hook = real()
+        hooks.setdefault(threading.get_ident(), hook)
+        return hook
+
+    store._thread_hook = spy
+    found = store.read_many("training", [*keys, missing], workers=8)
+    assert found == [*({"n": n} for n in range(40)), None]
+    assert 1 < len(hooks) <= 8 and len({id(h) for h in hooks.values()}) == len(hooks)
+    assert all(hook is not store.hook for hook in hooks.values())
+    assert store.read_many("training", []) == []
+    store.write("training", prefix + "bad.json", b"{broken")
+    with pytest.raises(ValueError, match=rf"s3://training/{prefix}bad\.json is not valid JSON"):
+        store.read_many("training", [keys[0], prefix + "bad.json"])
 
 
-def test_promotion_refuses_files_cloud_copy_cannot_take_before_copying(store):
-    run = S3Layout().run("train_x", f"manual__{uuid.uuid4().hex[:6]}")
-    huge = {
-        "area": "output",
-        "path": "model.bin",
-        "key": run.key("output", "model.bin"),
-        "size": MAX_COPY_BYTES + 1,
+def test_the_repositories_hang_off_the_store(store):
+    from kubetrain.store.manifests import ManifestRepository
+    from kubetrain.store.markers import MarkerRepository
+    from kubetrain.store.models import ModelRepository
+    from kubetrain.store.passes import PassRepository
+    from kubetrain.store.promotions import PromotionRepository
+    from kubetrain.store.reports import ReportRepository
+    from kubetrain.store.runs import RunRepository
+
+    expected = {
+        "passes": PassRepository,
+        "models": ModelRepository,
+        "promotions": PromotionRepository,
+        "runs": RunRepository,
+        "markers": MarkerRepository,
+        "manifests": ManifestRepository,
+        "reports": ReportRepository,
     }
-    with pytest.raises(
-        ValueError, match=r"CopyObject copies objects up to 5 GiB, and model.bin \(5368709121 bytes\)"
-    ):
-        store.promote(run, model="m", version="v1", sync_pass=SyncPass(1, "s3://x", {"files": [huge]}))
-    assert list(store.list("training", S3Layout().model_prefix("m", "v1"))) == []
+    for name, cls in expected.items():
+        repository = getattr(store, name)
+        assert isinstance(repository, cls) and repository.store is store, name

@@ -21,10 +21,18 @@ from kubetrain_contract.exit_codes import EXIT_CODES, ExitCode, final_exit_codes
 from kubetrain_contract.manifests import DatasetManifest, SyncPassRecord
 from kubetrain_contract.pod import CHECKPOINT_DIR, DATA_DIR, OUTPUT_DIR, STOP_FILE, Env
 from kubetrain_contract.records import Record, RecordError
+from kubetrain_contract.run import PromotionEvent, RunRecord
 from kubetrain_contract.trial import TrialRecord
 
 #: every versioned record; each has its schema file in ``schemas/``
-RECORDS: tuple[type[Record], ...] = (EarlyStopRecord, TrialRecord, DatasetManifest, SyncPassRecord)
+RECORDS: tuple[type[Record], ...] = (
+    EarlyStopRecord,
+    TrialRecord,
+    DatasetManifest,
+    SyncPassRecord,
+    RunRecord,
+    PromotionEvent,
+)
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -36,6 +44,8 @@ __all__ = [
     "SyncPassRecord",
     "Record",
     "RecordError",
+    "RunRecord",
+    "PromotionEvent",
     "OUTPUT_DIR",
     "STOP_FILE",
     "TrialRecord",

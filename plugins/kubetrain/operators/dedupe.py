@@ -121,8 +121,8 @@ class SkipIfTrainedOperator(RunStoreOperator):
             pod_spec.resolve_image(self.image, "trainer"), registry_conn_id=self.registry_conn_id
         )
         fp = fingerprint(dag_id, self.dataset_version, dict(context["params"]), image, self.exclude_params)
-        marker = self.store.marker_uri(dag_id, fp)
-        previous = self.store.trained_marker(dag_id, fp)
+        marker = self.store.markers.uri(dag_id, fp)
+        previous = self.store.markers.get(dag_id, fp)
         if previous is not None and not context["params"].get("force", False):
             raise AirflowSkipException(
                 f"already trained on dataset version {self.dataset_version} with these parameters and image "
@@ -224,7 +224,7 @@ class RecordTrainingOperator(RunOperator):
             "model_version": promotion.get("model_version"),
             "finished_at": utc_stamp(),
         }
-        marker = self.store.record_trained(dag_id, self.fingerprint, record)
+        marker = self.store.markers.write(dag_id, self.fingerprint, record)
         self.log.info("Recorded fingerprint %s at %s", self.fingerprint, marker)
         result: dict[str, Any] = {
             "fingerprint": self.fingerprint,
@@ -254,7 +254,7 @@ class RecordTrainingOperator(RunOperator):
             sweep=dict(self.sweep) if self.sweep else None,
             distributed=dict(self.distributed) if self.distributed else None,
         )
-        result["run_record"] = self.store.write_run_record(run_record)
+        result["run_record"] = self.store.runs.write(run_record)
         self.log.info("Run record: %s (%s)", result["run_record"], run_record["promotion"]["reason"])
         result["mlflow_run_id"] = RunRecorder(self.store, self.log).track(run_record)
         return result
@@ -273,19 +273,19 @@ class RunRecorder:
     def build(
         self, context: Context, *, run: RunLocation, model: str, trial: str | None, status: str, **fields: Any
     ) -> dict[str, Any]:
-        from kubetrain.run_record import build_record
+        from kubetrain.run_record import RunFacts, build_record
 
         metrics = self._read_json(run, "metrics.json")
         run_params = self._read_json(run, "params.json")
         resumed, source = None, None
         if not isinstance((metrics or {}).get("resumed_from_step"), int):
-            resumed = self.store.resumed_from_step(run)
+            resumed = self.store.passes.resumed_from_step(run)
             source = "sync-passes" if resumed is not None else None
         ti = context["ti"]
         if trial in (None, ""):
             index = getattr(ti, "map_index", -1)
             trial = str(index) if isinstance(index, int) and index >= 0 else None
-        return build_record(
+        facts = RunFacts(
             dag_id=ti.dag_id,
             run_id=context["run_id"],
             run=run,
@@ -300,6 +300,7 @@ class RunRecorder:
             resumed_from_source=source,
             **fields,
         )
+        return build_record(facts).to_dict()
 
     def _read_json(self, run: RunLocation, name: str) -> dict[str, Any] | None:
         try:
@@ -318,7 +319,7 @@ class RunRecorder:
             return None
         info = tracking.log_run(settings, self.store, record, log=self.log)
         record["mlflow"] = info
-        self.store.write_run_record(record)
+        self.store.runs.write(record)
         return info["run_id"]
 
 
@@ -391,7 +392,7 @@ class RecordFailedRun:
             promote_rule=params.get("promote"),
             failure={"task": ti.task_id, "error": f"{type(error).__name__}: {error}" if error else "failed"},
         )
-        uri = store.write_run_record(record)
+        uri = store.runs.write(record)
         log.info("Recorded the failed run at %s", uri)
         recorder.track(record)
         return record

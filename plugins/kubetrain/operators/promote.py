@@ -116,7 +116,7 @@ class PromoteModelOperator(RunOperator):
         self.decisions()
         run = self.run_location(context)
         try:
-            final = self.store.final_pass(run, checksums=self.verify_checksums)
+            final = self.store.passes.final(run, checksums=self.verify_checksums)
         except FinalPassPending as exc:
             if self.final_pass_timeout <= 0:
                 raise
@@ -139,7 +139,7 @@ class PromoteModelOperator(RunOperator):
         if event.get("status") != "final":
             raise SyncVerificationError(event.get("message") or f"no final sync pass for {run.uri}: {event}")
         try:
-            final = self.store.final_pass(run, checksums=self.verify_checksums)
+            final = self.store.passes.final(run, checksums=self.verify_checksums)
         except FinalPassPending as exc:  # a newer, unfinished pass appeared: another pod writes here
             raise SyncVerificationError(f"{exc} (after a final pass had landed)") from exc
         return self.finish(context, run, final)
@@ -160,8 +160,8 @@ class PromoteModelOperator(RunOperator):
         }
         if promote:
             version = self.model_version or model_version(run, _run_time(context))
-            previous_version, previous_metrics = self.store.promoted_metrics(self.model)
-            pointer = self.store.promote(run, model=self.model, version=version, sync_pass=final)
+            previous_version, previous_metrics = self.store.models.promoted_metrics(self.model)
+            pointer = self.store.models.promote(run, model=self.model, version=version, sync_pass=final)
             self.log.info("Promoted %s as %s (latest)", run.uri, pointer["uri"])
             result.update(promoted=True, model_uri=pointer["uri"], model_version=version)
             result.update(self.record_promotion(context, run, pointer, previous_version, previous_metrics))
@@ -171,11 +171,11 @@ class PromoteModelOperator(RunOperator):
             )
 
         if keep is not None:
-            deleted, remaining = self.store.prune(run, files, keep)
+            deleted, remaining = self.store.passes.prune(run, files, keep)
             result["pruned"] = len(deleted)
             self.log.info("Pruned %d checkpoint objects, keeping the newest %d prefixes", len(deleted), keep)
             if len(remaining) != len(files):
-                recorded = self.store.record_pass(
+                recorded = self.store.passes.record(
                     run, final, remaining, writer=f"airflow:{self.dag_id}/{self.task_id}"
                 )
                 result["sync_pass"] = recorded.number
@@ -233,10 +233,10 @@ class PromoteModelOperator(RunOperator):
             previous_value=previous_value if isinstance(previous_value, int | float) else None,
             promoted_at=pointer.get("promoted_at"),
         )
-        if again and self.store.has_promotion(self.model, pointer["version"]):
+        if again and self.store.promotions.has(self.model, pointer["version"]):
             self.log.info("Promotion history already lists version %s", pointer["version"])
         else:
-            uri = self.store.record_promotion(event)
+            uri = self.store.promotions.record(event)
             self.log.info("Promotion history: %s (%s)", uri, reason)
         return {"reason": reason, "previous_version": previous_version}
 

@@ -133,12 +133,12 @@ class ReportOperator(RunOperator):
         metrics = inputs.metrics
 
         if self.model:
-            version, promoted = self.store.promoted_metrics(check_name("model", self.model))
+            version, promoted = self.store.models.promoted_metrics(check_name("model", self.model))
             inputs.comparison = compare(metrics, promoted, version, on=self.compare_on)
             self.log.info("Comparison with the promoted %s: %s", self.model, inputs.comparison.reason)
 
         files = render_report(inputs)
-        report_uri = self.store.write_report(run, files)
+        report_uri = self.store.reports.write(run, files)
         url = report_url(context["ti"].dag_id, run.bucket, run.key("report", "report.html"))
         context["ti"].xcom_push(key=REPORT_URL_XCOM_KEY, value=url)
         self.log.info("Report written to %s (%d files): %s", report_uri, len(files), url)

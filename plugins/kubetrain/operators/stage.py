@@ -99,9 +99,9 @@ class StageDatasetOperator(RunStoreOperator):
         version = manifest["version"]
         manifest_uri = self.store.layout.manifest_uri(dataset, version)
 
-        existing = self.store.staged_manifest(dataset, version)
+        existing = self.store.manifests.staged(dataset, version)
         if existing is None:
-            self.store.stage_manifest(manifest)
+            self.store.manifests.stage(manifest)
             self.log.info(
                 "Staged %s (%d objects, %d bytes) as %s",
                 source,

@@ -425,7 +425,7 @@ class MlflowTracker:
             )
         # Runs of one model may finish out of order: only the version that models/<model>/latest names
         # becomes the champion (a later promotion's record step moves the alias on).
-        pointer = self.store.promoted_pointer(name)
+        pointer = self.store.models.pointer(name)
         if pointer is not None and pointer.get("version") != promotion["version"]:
             self.log.info(
                 "MLflow version %s of %s registered; the champion stays with the promoted %s",

@@ -53,7 +53,7 @@ class FinalSyncPassTrigger(BaseTrigger):
         run = RunLocation.from_uri(self.run_uri)
         found = RunStore(
             S3Hook(aws_conn_id=self.aws_conn_id), S3Layout(training_bucket=run.bucket)
-        ).newest_pass(run)
+        ).passes.newest(run)
         return (found.number, found.final) if found else (None, False)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:

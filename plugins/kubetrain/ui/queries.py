@@ -14,8 +14,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kubetrain.run_record import IndexEntry, LeaderboardEntry, inverted_time, run_time_of
 from kubetrain.s3_layout import ALL_MODELS, check_name, check_version, safe_segment
+from kubetrain.store.index import IndexEntry, LeaderboardEntry, inverted_time, run_time_of
 
 if TYPE_CHECKING:
     from kubetrain.report.inputs import History
@@ -231,7 +231,7 @@ class TrainingQueries:
         layout = self.store.layout
         base = layout.leaderboard_prefix(model)
         metrics = sorted(p[len(base) :].rstrip("/") for p in self.store.list_prefixes(self.bucket, base))
-        pointer = self.store.promoted_pointer(model)
+        pointer = self.store.models.pointer(model)
         promoted_record = self._promoted_record(pointer)
         if promoted_record is None:
             pointer = None  # it names a run (its URI, its DAG) the viewer may not read
@@ -274,7 +274,7 @@ class TrainingQueries:
         from kubetrain.s3_layout import RunLocation
 
         try:
-            record = self.store.run_record(RunLocation.from_uri(pointer["run_uri"]))
+            record = self.store.runs.get(RunLocation.from_uri(pointer["run_uri"]))
         except ValueError:
             return None
         if not record or safe_segment(record["dag_id"]) not in self.readable:
@@ -286,7 +286,7 @@ class TrainingQueries:
         self._check_model(model)
         return [
             p
-            for p in self.store.promotions(model, limit=limit)
+            for p in self.store.promotions.newest(model, limit=limit)
             if safe_segment(str(p.get("dag_id"))) in self.readable
         ]
 

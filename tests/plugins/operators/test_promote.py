@@ -148,7 +148,7 @@ def test_promotes_the_model_with_latest_written_last(run):
 
 def test_complete_pass_is_verified_with_and_without_sha_metadata(run, store):
     files = run.standard()
-    final = store.final_pass(run.location)
+    final = store.passes.final(run.location)
     assert final.number == 2 and len(final.files) == len(files)
 
 
@@ -273,7 +273,7 @@ def test_pruning_keeps_the_newest_prefixes_and_records_a_pass(run, store):
         prefix + p for p in ("checkpoint", "ckpt-5.data-00000-of-00001", "ckpt-5.index")
     ]
     assert result["pruned"] == 8 and result["sync_pass"] == 3
-    final = store.final_pass(run.location)  # the newest pass matches S3 again
+    final = store.passes.final(run.location)  # the newest pass matches S3 again
     assert final.number == 3
     check_schema(final.document)
     assert sorted(f["path"] for f in final.files if f["area"] == "checkpoints") == [

@@ -44,7 +44,7 @@ def seeded(store, client):
             model_version="v1" if promoted else None,
             hyper={"epochs": 3, "batch_size": 32 * (1 + index % 2), "learning_rate": 0.001},
         )
-        store.write_run_record(record)
+        store.runs.write(record)
         run = S3Layout().run(dag, run_id)
         client.put_object(
             Bucket="training",

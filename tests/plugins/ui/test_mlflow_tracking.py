@@ -97,7 +97,7 @@ def test_a_promoted_run_is_logged_and_becomes_the_champion(store, client, mlflow
     assert champion["source"] == "s3://training/models/tracked/v1/" and champion["run_id"] == run_id
 
     # the record in S3 points at the MLflow run
-    stored = store.run_record(RunLocation.from_uri(first["run_uri"]))
+    stored = store.runs.get(RunLocation.from_uri(first["run_uri"]))
     assert stored["mlflow"]["run_id"] == run_id and stored["mlflow"]["url"].startswith(mlflow.url)
 
     # a retried record step logs into the same run without duplicating the history

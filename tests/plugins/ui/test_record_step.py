@@ -118,12 +118,12 @@ def test_promotions_are_kept_newest_first_with_their_rule_and_reason(client, sto
     )
     assert two["previous_version"] == one["model_version"]
     promote(second, "if_better", True)  # a retried task promotes the same version again
-    history = store.promotions(model)
+    history = store.promotions.newest(model)
     assert [p["version"] for p in history] == [two["model_version"], one["model_version"]]
     assert [p["rule"] for p in history] == ["if_better", "always"] and history[0]["run_id"] == second.run_id
     assert history[0]["previous"] == {"version": one["model_version"], "value": 0.9}
     assert promote(Run(client, dag, model, 0.5, index=3), "never", None)["promoted"] is False
-    assert len(store.promotions(model)) == 2
+    assert len(store.promotions.newest(model)) == 2
 
 
 def test_the_record_step_writes_the_run_record(client, store):
@@ -150,7 +150,7 @@ def test_the_record_step_writes_the_run_record(client, store):
     )
     result = op.execute(run.context("record"))
     assert result["run_record"] == f"{run.location.uri}/run-record.json" and result["mlflow_run_id"] is None
-    record = store.run_record(run.location)
+    record = store.runs.get(run.location)
     assert (
         record["status"] == "success"
         and record["model"] == model
@@ -199,7 +199,7 @@ def test_a_failed_run_is_recorded_by_the_failure_callback(client, store):
         "compared_with": None,
     }
     assert record["resumed_from_step"] == 0 and record["resumed_from_source"] == "sync-passes"
-    assert store.run_record(run.location) == record
+    assert store.runs.get(run.location) == record
     assert not client.list_objects_v2(Bucket="training", Prefix=f"trained/{dag}/").get(
         "KeyCount"
     )  # no train-once marker

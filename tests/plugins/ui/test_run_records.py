@@ -1,4 +1,4 @@
-"""Run records: the schema, the index names, the reasons, and what the run store writes and replaces."""
+"""Run records: the record, the index names, the reasons, and what the run repository writes and replaces."""
 
 from __future__ import annotations
 
@@ -11,22 +11,22 @@ import airflow  # noqa: F401  (importing Airflow puts its plugins folder on sys.
 import pytest
 from training_records import T0, make_record
 
-from kubetrain.run_record import (
+from kubetrain.run_record import RunFacts, build_record, promotion_reason
+from kubetrain.s3_layout import S3Layout
+from kubetrain.store.index import (
     IndexEntry,
     LeaderboardEntry,
-    build_record,
-    check_document,
     index_name,
     inverted_time,
     leaderboard_name,
     promotion_name,
-    promotion_reason,
     record_keys,
     sortable_value,
     time_of_inverted,
     value_of_sortable,
 )
-from kubetrain.s3_layout import S3Layout
+from kubetrain_contract.records import RecordError
+from kubetrain_contract.run import RunRecord
 
 
 @pytest.mark.parametrize("mode", ["max", "min"])
@@ -55,7 +55,9 @@ def test_inverted_times_sort_newest_first_and_round_trip():
 
 
 def test_index_names_carry_the_filters_and_parse_back():
-    record = make_record(run_id="scheduled__2026-03-02T08:00:00+00:00", trial="3", version="00000000000000ff")
+    record = RunRecord.from_dict(
+        make_record(run_id="scheduled__2026-03-02T08:00:00+00:00", trial="3", version="00000000000000ff")
+    )
     entry = IndexEntry.parse("index/_all/" + index_name(record))
     assert entry.model == "digits" and entry.dag == "train_image_classifier" and entry.trial == "3"
     assert entry.dataset_version == "00000000000000ff" and entry.status == "success" and entry.run_time == T0
@@ -69,9 +71,9 @@ def test_index_names_carry_the_filters_and_parse_back():
 
 
 def test_a_failed_run_is_indexed_but_not_ranked():
-    record = make_record(run_id="manual__f", status="failed", value=None)
-    assert record["failure"] == {"task": "train", "error": "PodFailed: OOMKilled"}
-    assert record["promotion"]["reason"] == "not promoted: the run failed in train"
+    record = RunRecord.from_dict(make_record(run_id="manual__f", status="failed", value=None))
+    assert record.to_dict()["failure"] == {"task": "train", "error": "PodFailed: OOMKilled"}
+    assert record.promotion.reason == "not promoted: the run failed in train"
     assert leaderboard_name(record) is None and len(record_keys(S3Layout(), record)) == 3
 
 
@@ -128,15 +130,21 @@ def test_promotion_reasons(kwargs, expected):
     assert promotion_reason(**kwargs) == expected
 
 
-def test_records_are_checked_against_the_schema():
+def test_records_are_read_and_refused_through_the_record():
     record = make_record(run_id="manual__s")
-    assert check_document(json.loads(json.dumps(record))) == record
-    with pytest.raises(ValueError, match="run-record field status: 'done' is not one of"):
-        check_document({**record, "status": "done"})
-    with pytest.raises(ValueError, match="run-record field dataset/version"):
-        check_document({**record, "dataset": {**record["dataset"], "version": "latest"}})
+    assert RunRecord.from_dict(json.loads(json.dumps(record))).to_dict() == record
+    with pytest.raises(RecordError, match="field 'status' is 'done', expected one of 'success', 'failed'"):
+        RunRecord.from_dict({**record, "status": "done"})
+    with pytest.raises(RecordError, match=r"field 'dataset.version' is 'latest', expected a string matching"):
+        RunRecord.from_dict({**record, "dataset": {**record["dataset"], "version": "latest"}})
+    with pytest.raises(RecordError, match="field 'promotion.reason' is missing"):
+        RunRecord.from_dict(
+            {**record, "promotion": {k: v for k, v in record["promotion"].items() if k != "reason"}}
+        )
+    with pytest.raises(RecordError, match="field 'run_time' is 'yesterday', expected an ISO 8601 date-time"):
+        RunRecord.from_dict({**record, "run_time": "yesterday"})
     with pytest.raises(ValueError, match="promote='sometimes' is not valid"):
-        build_record(
+        RunFacts(
             dag_id="d",
             run_id="r",
             run=S3Layout().run("d", "r"),
@@ -145,39 +153,56 @@ def test_records_are_checked_against_the_schema():
             promote_rule="sometimes",
         )
     with pytest.raises(ValueError, match="model name 'Bad Model' is not valid"):
-        build_record(dag_id="d", run_id="r", run=S3Layout().run("d", "r"), run_time=T0, model="Bad Model")
+        RunFacts(dag_id="d", run_id="r", run=S3Layout().run("d", "r"), run_time=T0, model="Bad Model")
+
+
+def test_the_generated_schema_accepts_what_the_record_writes_and_refuses_what_it_refuses():
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(RunRecord.json_schema())
+    record = make_record(run_id="manual__schema", trial="2", sweep={"id": "s/r", "trial": "2"})
+    validator.validate(record)
+    for bad in (
+        {"status": "done"},
+        {"dataset": {**record["dataset"], "version": "latest"}},
+        {"image": {**record["image"], "digest": "md5:x"}},
+        {"epochs": -1},
+        {"metrics": {**record["metrics"], "value": "0.9"}},
+    ):
+        assert not validator.is_valid(record | bad), bad
 
 
 def test_nan_and_infinite_metrics_become_null():
     record = build_record(
-        dag_id="d",
-        run_id="r",
-        run=S3Layout().run("d", "r"),
-        run_time=T0,
-        model="m",
-        metrics={
-            "monitor": "val_loss",
-            "monitor_mode": "min",
-            "final": {"val_loss": math.nan, "loss": math.inf},
-        },
+        RunFacts(
+            dag_id="d",
+            run_id="r",
+            run=S3Layout().run("d", "r"),
+            run_time=T0,
+            model="m",
+            metrics={
+                "monitor": "val_loss",
+                "monitor_mode": "min",
+                "final": {"val_loss": math.nan, "loss": math.inf},
+            },
+        )
     )
-    assert (
-        record["metrics"]["final"] == {"val_loss": None, "loss": None} and record["metrics"]["value"] is None
-    )
+    assert record.metrics.final == {"val_loss": None, "loss": None} and record.metrics.value is None
     assert leaderboard_name(record) is None
+    json.loads(record.to_json())  # strict JSON: no NaN left
 
 
 def test_rewriting_a_run_replaces_its_index_entries(store, client):
     failed = make_record(
         run_id="manual__rewrite", model="rewrite-m", status="failed", value=None, version="0000000000000009"
     )
-    store.write_run_record(failed)
+    store.runs.write(failed)
     succeeded = make_record(
         run_id="manual__rewrite", model="rewrite-m", value=0.93, version="0000000000000009"
     )
-    uri = store.write_run_record(succeeded)
+    uri = store.runs.write(succeeded)
     again = make_record(run_id="manual__rewrite", model="rewrite-m", value=0.97, version="0000000000000009")
-    store.write_run_record(again)
+    store.runs.write(again)
 
     def listed(prefix):
         return [
@@ -201,7 +226,7 @@ def test_a_record_outside_the_training_bucket_is_refused(store):
     record = make_record(run_id="manual__b")
     record["run_uri"] = "s3://elsewhere/runs/train_image_classifier/manual__b"
     with pytest.raises(ValueError, match="is not in the training bucket training"):
-        store.write_run_record(record)
+        store.runs.write(record)
 
 
 def _pass(client, run, number, pod, steps):
@@ -235,7 +260,7 @@ def test_resumed_from_step_is_found_in_the_sync_passes(store, client):
     fresh = S3Layout().run("third_party", "manual__fresh")
     for number in range(1, 6):
         _pass(client, fresh, number, "pod-a", [number * 10])
-    assert store.resumed_from_step(fresh) == 0
+    assert store.passes.resumed_from_step(fresh) == 0
 
     resumed = S3Layout().run("third_party", "manual__resumed")
     for number in range(1, 40):
@@ -243,19 +268,16 @@ def test_resumed_from_step_is_found_in_the_sync_passes(store, client):
     _pass(
         client, resumed, 40, "airflow:third_party/promote", [390]
     )  # the promote step's rewrite after pruning
-    assert store.resumed_from_step(resumed) == 220
-    assert store.resumed_from_step(S3Layout().run("third_party", "manual__none")) is None
+    assert store.passes.resumed_from_step(resumed) == 220
+    assert store.passes.resumed_from_step(S3Layout().run("third_party", "manual__none")) is None
 
 
 def test_two_promotions_within_one_second_sort_newest_first():
     # promoted_at has whole seconds; the entry's name orders by the time it is written (ms)
-    at = "2026-03-02T08:12:00Z"
-    older = {"promoted_at": at, "version": "20260303T000000Z-bbbbbbbb"}
-    newer = {"promoted_at": at, "version": "20260302T000000Z-aaaaaaaa"}
     written = datetime(2026, 3, 2, 8, 12, 0, 200_000, tzinfo=UTC)
     names = [
-        promotion_name(older, written=written),
-        promotion_name(newer, written=written + timedelta(milliseconds=250)),
+        promotion_name("20260303T000000Z-bbbbbbbb", written),
+        promotion_name("20260302T000000Z-aaaaaaaa", written + timedelta(milliseconds=250)),
     ]
     assert sorted(names) == names[::-1]
     assert names[1].endswith("20260302T000000Z-aaaaaaaa.json")

@@ -163,7 +163,7 @@ def records(s3_server, server):
                 when=T0 + timedelta(minutes=index),
                 value=0.5 + index / 10,
             )
-            store.write_run_record(record)
+            store.runs.write(record)
             run = S3Layout().run(dag_id, record["run_id"])
             client.put_object(
                 Bucket="training",
@@ -179,7 +179,7 @@ def records(s3_server, server):
             when=T0 + timedelta(minutes=5),
             value=0.9,
         )
-        store.write_run_record(record)
+        store.runs.write(record)
         seeded["research-only"] = record
         research_run = S3Layout().run("research_training", seeded[1]["run_id"])
         store.write_json(

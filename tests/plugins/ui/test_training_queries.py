@@ -90,7 +90,7 @@ def test_leaderboard_ranks_by_the_objective_and_marks_the_promoted_version(store
 
 def test_leaderboard_of_a_metric_to_minimize_puts_the_lowest_first(store):
     for index, loss in enumerate([0.5, 0.2, 0.9]):
-        store.write_run_record(
+        store.runs.write(
             make_record(
                 run_id=f"manual__loss-{index}",
                 model="loss-model",
@@ -146,9 +146,9 @@ def test_a_sweep_is_built_from_its_trials_records(store):
                 "params": {"learning_rate": lr},
             },
         )
-        store.write_run_record(record)
+        store.runs.write(record)
         trials.append(record)
-    store.write_run_record(
+    store.runs.write(
         make_record(dag_id="sweep_image_classifier", run_id="manual__sweep-2", model="sweep-m", trial="0")
     )
     from kubetrain.ui.queries import sweep_time

@@ -1,4 +1,4 @@
-"""Run records as the record step writes them, for the Training page's tests."""
+"""Run records as the record step writes them (their documents), for the Training page's tests."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import csv
 import io
 from datetime import UTC, datetime
 
-from kubetrain.run_record import build_record
+from kubetrain.run_record import RunFacts, build_record
 from kubetrain.s3_layout import S3Layout
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
@@ -59,7 +59,7 @@ def make_record(
         "model_version": model_version,
         "model_uri": f"s3://training/models/{model}/{model_version}/",
     }
-    return build_record(
+    facts = RunFacts(
         dag_id=dag_id,
         run_id=run_id,
         run=layout.run(dag_id, run_id, trial),
@@ -85,3 +85,4 @@ def make_record(
         failure={"task": "train", "error": "PodFailed: OOMKilled"} if status == "failed" else None,
         sweep=sweep,
     )
+    return build_record(facts).to_dict()
