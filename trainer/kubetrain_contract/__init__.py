@@ -12,7 +12,7 @@ it through the ``kubetrain_contract`` link at the repository root.
 * :mod:`kubetrain_contract.records`: the versioned records (dataclasses with ``to_json`` and
   ``from_json``) and the JSON schemas generated from them, in ``kubetrain_contract/schemas/``;
 * :mod:`kubetrain_contract.early_stop`: the early-stop record;
-* :mod:`kubetrain_contract.trial`: a sweep's trial record;
+* :mod:`kubetrain_contract.trial`: a sweep's trial, round and sweep records;
 * :mod:`kubetrain_contract.manifests`: the dataset manifest and the sync-pass manifest.
 """
 
@@ -22,12 +22,14 @@ from kubetrain_contract.manifests import DatasetManifest, SyncPassRecord
 from kubetrain_contract.pod import CHECKPOINT_DIR, DATA_DIR, OUTPUT_DIR, STOP_FILE, Env
 from kubetrain_contract.records import Record, RecordError
 from kubetrain_contract.run import PromotionEvent, RunRecord
-from kubetrain_contract.trial import TrialRecord
+from kubetrain_contract.trial import SweepRecord, SweepRoundRecord, TrialRecord
 
 #: every versioned record; each has its schema file in ``schemas/``
 RECORDS: tuple[type[Record], ...] = (
     EarlyStopRecord,
     TrialRecord,
+    SweepRoundRecord,
+    SweepRecord,
     DatasetManifest,
     SyncPassRecord,
     RunRecord,
@@ -49,6 +51,8 @@ __all__ = [
     "OUTPUT_DIR",
     "STOP_FILE",
     "TrialRecord",
+    "SweepRoundRecord",
+    "SweepRecord",
     "Env",
     "ExitCode",
     "final_exit_codes",

@@ -1,10 +1,12 @@
-"""The trial record: what one trial of a sweep did, at ``<sweep>/sweep/trials/<n>.json``.
+"""A sweep's records: the trial record (what one trial did, at ``<sweep>/sweep/trials/<n>.json``),
+the round record (``<sweep>/sweep/rounds/<r>.json``) and the sweep record (``<sweep>/sweep/sweep.json``).
 
-The sweep's trial step writes it when the trial's pod has finished (or failed for good); the same
-record, under ``trained/<dag>/trials/<fingerprint>.json``, lets a later sweep reuse a finished
+The sweep's trial step writes the trial record when the trial's pod has finished (or failed for
+good); the same record, under ``trained/<dag>/trials/<fingerprint>.json``, lets a later sweep reuse a finished
 trial. The suggest tasks rebuild a TPE study from the records, the checkpoint-sync sidecars of the
 running trials read them for the median stopping rule, and the leaderboard and the sweep record
-are built from them.
+are built from them. The suggest task of each round writes the round record, which the leaderboard
+reads to list the trials that left no record; the record task writes the sweep record last.
 """
 
 from __future__ import annotations
@@ -122,3 +124,112 @@ class TrialRecord(Record):
     def finished(self) -> bool:
         """The trial trained to its end: a success not stopped early."""
         return self.succeeded and not self.stopped_early
+
+
+@dataclass(frozen=True)
+class PlannedTrial:
+    """A point a round asked for."""
+
+    number: int = spec(minimum=0, description="The trial's number in the sweep.")
+    params: dict[str, Any] = spec(default_factory=dict, description="The point of the space.")
+    fingerprint: str | None = spec(None, description="What the trial trains, as a hex digest.")
+    reused_from: ReusedFrom | None = spec(None, description="The finished trial it reuses: no pod.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepRoundRecord(Record):
+    """Written by a sweep's suggest task at <sweep>/sweep/rounds/<round>.json: the points the round
+    asked for, with the finished trials they reuse."""
+
+    KIND = "kubetrain/sweep-round"
+    SCHEMA_NAME = "sweep-round"
+    TITLE = "kubetrain sweep round record, format version 1"
+
+    round: int = spec(minimum=0, description="The round, from 0.")
+    algorithm: str | None = spec(None, description="The search: grid, random or tpe.")
+    trials: list[PlannedTrial] = spec(default_factory=list, description="The points, by trial number.")
+    asked_at: str | None = spec(None, format="date-time", description="When the round asked for them.")
+
+
+@dataclass(frozen=True)
+class SweepObjective:
+    """The metric a sweep ranks its trials by."""
+
+    metric: str | None = spec(None, description="A metrics.jsonl key or history.csv column.")
+    mode: Literal["max", "min"] | None = spec(None, description="Whether a larger or a smaller value wins.")
+
+
+@dataclass(frozen=True)
+class SweepDataset:
+    """The dataset every trial trained on."""
+
+    uri: str | None = spec(None, description="The dataset's source URI.")
+    version: str | None = spec(None, description="The staged version.")
+    manifest: str | None = spec(None, description="The staged manifest's s3:// URI.")
+
+
+@dataclass(frozen=True)
+class SweepBest:
+    """The leaderboard's best trial."""
+
+    best_trial: str | None = spec(None, description="Its trial name.")
+    best_run_uri: str | None = spec(None, description="Its run prefix.")
+    best_value: float | None = spec(None, description="Its objective value.")
+
+
+@dataclass(frozen=True)
+class SweepCounts:
+    """How the trials ended."""
+
+    trials: int | None = spec(None, minimum=0, description="Trials planned.")
+    succeeded: int | None = spec(None, minimum=0, description="Trials that trained to their end.")
+    stopped_early: int | None = spec(None, minimum=0, description="Trials stopped by the stopping rule.")
+    failed: int | None = spec(None, minimum=0, description="Trials without a result.")
+
+
+@dataclass(frozen=True)
+class SweepComparison:
+    """The best trial against the promoted model."""
+
+    better_than_promoted: bool | None = spec(None, description="Whether it beat the promoted model.")
+    reason: str | None = spec(None, description="The comparison, in words.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepRecord(Record):
+    """Written last by a sweep's record task at <sweep>/sweep/sweep.json: the plan, every trial's
+    point and result (without its reports), the best trial, the leaderboard and the promotion."""
+
+    KIND = "kubetrain/sweep"
+    SCHEMA_NAME = "sweep"
+    TITLE = "kubetrain sweep record, format version 1"
+
+    id: str | None = spec(None, description="The sweep's id: <dag_id>/<run_id>.")
+    dag_id: str | None = spec(None, description="The sweep DAG.")
+    run_id: str | None = spec(None, description="The sweep's DAG run.")
+    uri: str | None = spec(None, description="The sweep's s3:// run prefix.")
+    title: str | None = spec(None, description="The sweep's title.")
+    space: dict[str, Any] = spec(default_factory=dict, description="The search space, as checked.")
+    algorithm: str | None = spec(None, description="The search: grid, random or tpe.")
+    seed: int | None = spec(None, minimum=0, description="The seed of random and tpe.")
+    max_trials: int | None = spec(None, minimum=1, description="The most trials the sweep may run.")
+    parallel_trials: int | None = spec(None, minimum=1, description="Trials run at once.")
+    objective: SweepObjective = spec(default_factory=SweepObjective, description="The objective.")
+    early_stopping: dict[str, Any] | None = spec(None, description="The early-stopping settings.")
+    rounds: list[int] = spec(default_factory=list, description="Trials per round.")
+    image: str | None = spec(None, description="The training image, pinned by digest.")
+    code_version: str | None = spec(None, description="The image's code version.")
+    dataset: SweepDataset = spec(default_factory=SweepDataset, description="The dataset.")
+    model: str | None = spec(None, description="The model the sweep trains.")
+    fixed_params: dict[str, Any] = spec(default_factory=dict, description="The Params every trial shares.")
+    trials: list[dict[str, Any]] = spec(
+        default_factory=list, description="Every trial's record without its reports, by trial number."
+    )
+    best: SweepBest = spec(default_factory=SweepBest, description="The best trial.")
+    counts: SweepCounts = spec(default_factory=SweepCounts, description="How the trials ended.")
+    comparison: SweepComparison = spec(default_factory=SweepComparison, description="Against the promoted.")
+    promotion: dict[str, Any] = spec(default_factory=dict, description="What the promote task did.")
+    report_uri: str | None = spec(None, description="The leaderboard's report.html in S3.")
+    report_url: str | None = spec(None, description="The leaderboard through the API server.")
+    created_at: str | None = spec(None, format="date-time", description="When the plan was written.")
+    finished_at: str | None = spec(None, format="date-time", description="When this record was written.")

@@ -15,13 +15,36 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from kubetrain.links import REPORT_URL_XCOM_KEY, ReportLink, report_url
 from kubetrain.operators.base import RunStoreOperator
-from kubetrain.s3_layout import RunLocation, utc_stamp
-from kubetrain.sweep.records import FORMAT_VERSION, SWEEP_KIND, counts, ranked, summary
+from kubetrain.s3_layout import RunLocation, s3_uri, utc_stamp
+from kubetrain.sweep.records import counts, ranked, summary
 from kubetrain.sweep.store import SweepStoreOperator, all_trials
-from kubetrain_contract.trial import TrialRecord
+from kubetrain_contract.trial import SweepRecord, TrialRecord
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+# What the sweep record keeps of the plan.
+PLAN_FIELDS = (
+    "id",
+    "dag_id",
+    "run_id",
+    "uri",
+    "title",
+    "space",
+    "algorithm",
+    "seed",
+    "max_trials",
+    "parallel_trials",
+    "objective",
+    "early_stopping",
+    "rounds",
+    "image",
+    "code_version",
+    "dataset",
+    "model",
+    "fixed_params",
+    "created_at",
+)
 
 
 def best_trial(order: Sequence[TrialRecord]) -> TrialRecord | None:
@@ -160,70 +183,49 @@ class RecordSweepOperator(SweepStoreOperator):
         plan = self.load_plan(sweep)
         trials = all_trials(self.store, sweep)
         leaderboard = dict(self.leaderboard or {})
-        document = {
-            "kind": SWEEP_KIND,
-            "format_version": FORMAT_VERSION,
-            **{
-                k: plan.get(k)
-                for k in (
-                    "id",
-                    "dag_id",
-                    "run_id",
-                    "uri",
-                    "title",
-                    "space",
-                    "algorithm",
-                    "seed",
-                    "max_trials",
-                    "parallel_trials",
-                    "objective",
-                    "early_stopping",
-                    "rounds",
-                    "image",
-                    "code_version",
-                    "dataset",
-                    "model",
-                    "fixed_params",
-                )
+        where = s3_uri(sweep.bucket, sweep.record_key)
+        document = SweepRecord.from_dict(
+            {
+                "kind": SweepRecord.KIND,
+                "format_version": SweepRecord.FORMAT_VERSION,
+                **{k: plan[k] for k in PLAN_FIELDS if plan.get(k) is not None},
+                "trials": [summary(t) for t in trials],
+                "best": {k: leaderboard.get(k) for k in ("best_trial", "best_run_uri", "best_value")},
+                "counts": {k: leaderboard.get(k) for k in ("trials", "succeeded", "stopped_early", "failed")},
+                "comparison": {
+                    "better_than_promoted": leaderboard.get("better_than_promoted"),
+                    "reason": leaderboard.get("comparison"),
+                },
+                "promotion": dict(self.promotion or {}),
+                "report_uri": leaderboard.get("report_uri"),
+                "report_url": leaderboard.get("report_url"),
+                "finished_at": utc_stamp(),
             },
-            "trials": [summary(t) for t in trials],
-            "best": {k: leaderboard.get(k) for k in ("best_trial", "best_run_uri", "best_value")},
-            "counts": {k: leaderboard.get(k) for k in ("trials", "succeeded", "stopped_early", "failed")},
-            "comparison": {
-                "better_than_promoted": leaderboard.get("better_than_promoted"),
-                "reason": leaderboard.get("comparison"),
-            },
-            "promotion": dict(self.promotion or {}),
-            "report_uri": leaderboard.get("report_uri"),
-            "report_url": leaderboard.get("report_url"),
-            "created_at": plan.get("created_at"),
-            "finished_at": utc_stamp(),
-        }
-        uri = self.store.write_json(sweep.bucket, sweep.record_key, document)
+            where=where,
+        )
+        uri = self.store.write(sweep.bucket, sweep.record_key, document.to_json() + "\n")
         self.log.info("Sweep record: %s (%d trials)", uri, len(trials))
-        runs = self.record_trial_runs(context, plan, trials, document)
+        runs = self.record_trial_runs(context, trials, document)
         return {"record_uri": uri, "run_records": runs}
 
     def record_trial_runs(
         self,
         context: Context,
-        plan: Mapping[str, Any],
         trials: Sequence[TrialRecord],
-        document: Mapping[str, Any],
+        document: SweepRecord,
     ) -> list[str]:
         """One run record per trial (kind ``kubetrain/run``, its ``sweep`` field set), so the Training
         page lists the trials with the model's other runs and shows the sweep's leaderboard."""
         from kubetrain.operators.dedupe import RunRecorder
 
-        model = plan.get("model")
+        model = document.model
         if not model:
             self.log.info("No model name: no run records for the trials")
             return []
         recorder = RunRecorder(self.store, self.log)
-        objective = plan.get("objective") or {}
-        dataset = plan.get("dataset") or {}
-        best = (document.get("best") or {}).get("best_trial")
-        promotion = dict(document.get("promotion") or {})
+        objective, dataset = document.objective, document.dataset
+        best = document.best.best_trial
+        promotion = dict(document.promotion)
         uris = []
         sweep = self.sweep_location(context)
         for trial in trials:
@@ -236,7 +238,7 @@ class RecordSweepOperator(SweepStoreOperator):
                 trial_promotion = promotion
             elif str(number) == str(best):
                 trial_promotion = {
-                    "reason": f"the sweep's best trial, not promoted: {promotion.get('reason') or (document.get('comparison') or {}).get('reason') or 'see the sweep record'}"
+                    "reason": f"the sweep's best trial, not promoted: {promotion.get('reason') or document.comparison.reason or 'see the sweep record'}"
                 }
             else:
                 trial_promotion = {
@@ -250,23 +252,23 @@ class RecordSweepOperator(SweepStoreOperator):
                 model=str(model),
                 trial=str(number),
                 status="failed" if failed else "success",
-                dataset_uri=dataset.get("uri"),
-                dataset_version=trial.dataset_version or dataset.get("version"),
-                dataset_manifest=dataset.get("manifest"),
-                image=trial.image or plan.get("image"),
+                dataset_uri=dataset.uri,
+                dataset_version=trial.dataset_version or dataset.version,
+                dataset_manifest=dataset.manifest,
+                image=trial.image or document.image,
                 fingerprint=trial.fingerprint,
                 promotion=trial_promotion,
                 report={"report_uri": trial.report_uri, "report_url": trial.report_url},
                 failure={"task": "train", "error": trial.error or "the trial failed"} if failed else None,
                 sweep={
-                    "id": str(document.get("id") or plan.get("id")),
+                    "id": str(document.id),
                     "trial": str(number),
-                    "algorithm": plan.get("algorithm"),
+                    "algorithm": document.algorithm,
                     "params": dict(trial.params),
                     "stopped_early": trial.stopped_early,
                     "objective": {
-                        "name": objective.get("metric"),
-                        "mode": objective.get("mode"),
+                        "name": objective.metric,
+                        "mode": objective.mode,
                         "value": trial.objective.value,
                     },
                 },

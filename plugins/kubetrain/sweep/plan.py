@@ -36,13 +36,13 @@ from kubetrain.sweep.records import (
 from kubetrain.sweep.space import SpaceError, parse_space, random_points
 from kubetrain.sweep.store import SweepStoreOperator, all_trials, load_trial_records, read_trial, write_trial
 from kubetrain_contract.records import RecordError
-from kubetrain_contract.trial import ReusedFrom
+from kubetrain_contract.trial import PlannedTrial, ReusedFrom, SweepRoundRecord
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 PLAN_KIND = "kubetrain/sweep-plan"
-ROUND_KIND = "kubetrain/sweep-round"
+ROUND_KIND = SweepRoundRecord.KIND
 # Params that do not change what one trial trains: run control, placement, the sweep's own, the model's name.
 TRIAL_EXCLUDE = (*NOT_TRAINING_PARAMS, *SWEEP_PARAMS, "model_name")
 
@@ -271,19 +271,19 @@ class SuggestTrialsOperator(SweepStoreOperator):
         dag_id = context["ti"].dag_id
         params = dict(context["params"])
         done = set(load_trial_records(self.store, sweep))
-        entries, planned = [], []
+        entries: list[dict[str, Any]] = []
+        planned: list[PlannedTrial] = []
         for number, point in zip(numbers, points, strict=False):
             trial_params = {**params, **point}
             fp = fingerprint(dag_id, self.dataset_version, trial_params, self.image, self.exclude_params)
-            item: dict[str, Any] = {"number": number, "params": point, "fingerprint": fp, "reused_from": None}
-            planned.append(item)
             if number in done:
                 self.log.info("Trial %d %s: finished earlier in this run", number, point)
+                planned.append(PlannedTrial(number=number, params=point, fingerprint=fp))
                 continue
             # force (the training Param): train every point again, whatever was trained before
             reused = None if params.get("force") else self.reuse(context, sweep, plan, number, point, fp)
+            planned.append(PlannedTrial(number=number, params=point, fingerprint=fp, reused_from=reused))
             if reused is not None:
-                item["reused_from"] = reused
                 continue
             entries.append(
                 {
@@ -293,25 +293,17 @@ class SuggestTrialsOperator(SweepStoreOperator):
                     "arguments": self.render_arguments(context, point, number),
                 }
             )
-        self.store.write_json(
-            sweep.bucket,
-            sweep.round_key(self.round),
-            {
-                "kind": ROUND_KIND,
-                "format_version": FORMAT_VERSION,
-                "round": self.round,
-                "algorithm": plan["algorithm"],
-                "trials": planned,
-                "asked_at": utc_stamp(),
-            },
+        document = SweepRoundRecord(
+            round=self.round, algorithm=plan["algorithm"], trials=planned, asked_at=utc_stamp()
         )
+        self.store.write(sweep.bucket, sweep.round_key(self.round), document.to_json() + "\n")
         self.log.info(
             "Round %d: %d point(s), %d to train, %d reused or done: %s",
             self.round,
             len(planned),
             len(entries),
             len(planned) - len(entries),
-            "; ".join(f"{p['number']}: {p['params']}" for p in planned),
+            "; ".join(f"{p.number}: {p.params}" for p in planned),
         )
         return entries
 
@@ -323,7 +315,7 @@ class SuggestTrialsOperator(SweepStoreOperator):
         number: int,
         point: dict[str, Any],
         fp: str,
-    ) -> dict[str, Any] | None:
+    ) -> ReusedFrom | None:
         """Copy a finished trial with the same fingerprint into this sweep; where it came from, or ``None``."""
         dag_id = context["ti"].dag_id
         bucket, key = self.store.layout.training_bucket, trial_marker_key(dag_id, fp)
@@ -368,7 +360,7 @@ class SuggestTrialsOperator(SweepStoreOperator):
         self.log.info(
             "Trial %d %s: trained before (%s), its result is reused: no pod", number, point, source.run_uri
         )
-        return {"run_uri": source.run_uri, "sweep": source.sweep, "trial": source.trial}
+        return source
 
 
 def _argument(value: Any) -> str:

@@ -39,10 +39,10 @@ from kubetrain_contract.reports import (  # noqa: F401 - the file names are read
     objective_values,
 )
 from kubetrain_contract.reports import parse_jsonl as contract_parse_jsonl
-from kubetrain_contract.trial import TrialObjective, TrialRecord, TrialSweep
+from kubetrain_contract.trial import SweepRecord, TrialObjective, TrialRecord, TrialSweep
 
 TRIAL_KIND = TrialRecord.KIND
-SWEEP_KIND = "kubetrain/sweep"
+SWEEP_KIND = SweepRecord.KIND
 FORMAT_VERSION = 1
 _TRIAL_RECORD = re.compile(r"/sweep/trials/(\d+)\.json$")
 _ROUND_RECORD = re.compile(r"/sweep/rounds/(\d+)\.json$")

@@ -16,7 +16,7 @@ from kubetrain.run_store import RunStore
 from kubetrain.s3_layout import RunLocation, s3_uri
 from kubetrain.sweep.records import EARLY_STOP_RECORD, SweepLocation, assemble_trial
 from kubetrain_contract.early_stop import EarlyStopRecord
-from kubetrain_contract.trial import TrialRecord
+from kubetrain_contract.trial import SweepRoundRecord, TrialRecord
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -78,13 +78,16 @@ def load_trial_records(store: RunStore, sweep: SweepLocation) -> dict[int, Trial
     return records
 
 
-def load_rounds(store: RunStore, sweep: SweepLocation) -> dict[int, dict[str, Any]]:
-    """The points each round asked for, by round number."""
-    rounds: dict[int, dict[str, Any]] = {}
+def load_rounds(store: RunStore, sweep: SweepLocation) -> dict[int, SweepRoundRecord]:
+    """The points each round asked for, by round number.
+
+    :raises RecordError: naming the document and the field, for one that is not a round record.
+    """
+    rounds: dict[int, SweepRoundRecord] = {}
     for item in store.list(sweep.bucket, sweep.rounds_prefix):
         number = SweepLocation.round_number(item["Key"])
-        if number is not None and isinstance(doc := store.read_json(sweep.bucket, item["Key"]), dict):
-            rounds[number] = doc
+        if number is not None and (body := store.read(sweep.bucket, item["Key"])) is not None:
+            rounds[number] = SweepRoundRecord.from_json(body, where=s3_uri(sweep.bucket, item["Key"]))
     return rounds
 
 
@@ -93,14 +96,14 @@ def all_trials(store: RunStore, sweep: SweepLocation) -> list[TrialRecord]:
     records = load_trial_records(store, sweep)
     trials: dict[int, TrialRecord] = {}
     for round_number, doc in sorted(load_rounds(store, sweep).items()):
-        for planned in doc.get("trials") or []:
-            number = int(planned["number"])
+        for planned in doc.trials:
+            number = planned.number
             trials[number] = records.get(number) or assemble_trial(
                 None,
                 number,
                 round=round_number,
-                params=planned.get("params"),
-                fingerprint=planned.get("fingerprint"),
+                params=planned.params,
+                fingerprint=planned.fingerprint,
                 run_uri=sweep.trial_run(number).uri,
                 finished_at=None,
                 error=NO_RECORD,

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from kubetrain.sweep.leaderboard import RecordSweepOperator, SweepReportOperator, best_trial
 from kubetrain.sweep.records import assemble_trial, counts, ranked
 from kubetrain.sweep.store import NO_RECORD, all_trials, write_trial
-from kubetrain_contract.trial import ReusedFrom, TrialRecord
+from kubetrain_contract.trial import ReusedFrom, SweepRecord, TrialRecord
 
 SPACE = {"learning_rate": [0.1, 0.01, 0.001, 0.0001]}
 
@@ -89,8 +90,17 @@ def test_the_leaderboard_names_the_best_trial_and_the_sweep_record_keeps_every_t
     result = operators(sweep, RecordSweepOperator, leaderboard=board, promotion={"promoted": False}).execute(
         context
     )
-    document = json.loads(sweep.get(sweep.location.record_key))
-    assert document["kind"] == "kubetrain/sweep" and result["run_records"] == []  # the plan names no model
+    body = sweep.get(sweep.location.record_key)
+    jsonschema.validate(json.loads(body), SweepRecord.json_schema())
+    record = SweepRecord.from_json(body)
+    assert (
+        record.best.best_trial == "1"
+        and record.counts.failed == 2
+        and record.objective.metric == "val_accuracy"
+    )
+    assert record.id == f"{sweep.dag_id}/{sweep.run_id}" and record.dataset.version == "v1"
+    assert result["run_records"] == []  # the plan names no model
+    document = json.loads(body)
     assert [t["number"] for t in document["trials"]] == [0, 1, 2, 3]
     assert (
         document["trials"][1]["reused_from"]["sweep"] == "s/earlier"

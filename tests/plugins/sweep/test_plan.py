@@ -80,7 +80,9 @@ def test_a_point_trained_before_is_reused_as_this_sweeps_trial_without_a_pod(swe
     assert record.reused_from.run_uri == earlier.run_uri and record.reused_from.sweep == earlier.sweep.id
     assert record.history == earlier.history
     round_doc = json.loads(sweep.get(sweep.location.round_key(0)))
-    assert round_doc["trials"][1]["reused_from"]["trial"] == "5"
+    assert (
+        round_doc["kind"] == "kubetrain/sweep-round" and round_doc["trials"][1]["reused_from"]["trial"] == "5"
+    )
     # a point finished earlier in this run is never trained again, even with force
     assert [e["trial"] for e in suggest(sweep).execute(sweep.context(force=True))] == ["0", "2"]
 

@@ -3,9 +3,11 @@ records the trial step writes to S3 (the test server)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 from datetime import UTC, datetime
 
+import jsonschema
 import pytest
 from kubernetes.client import models as k8s
 
@@ -254,6 +256,14 @@ def test_the_provider_hands_the_finished_pod_to_the_trial_through_its_callbacks(
     assert op.pod_state["base"]["exit_code"] == 65
 
 
+def test_the_callback_the_trial_relies_on_is_the_providers_with_the_pod_and_the_operator():
+    from airflow.providers.cncf.kubernetes.callbacks import KubernetesPodOperatorCallback
+
+    assert TrialPodCallbacks.__mro__[1] is KubernetesPodOperatorCallback
+    parameters = inspect.signature(KubernetesPodOperatorCallback.on_pod_completion).parameters
+    assert {"pod", "operator", "context"} <= set(parameters)
+
+
 def test_a_trial_that_ends_on_a_final_exit_code_records_why_and_fails(sweep):
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
@@ -291,6 +301,7 @@ def test_a_stopped_trial_is_recorded_in_the_sweep_and_by_its_fingerprint(sweep):
     }
     body = sweep.get(sweep.location.trial_record_key(0))
     record = TrialRecord.from_json(body)
+    jsonschema.validate(json.loads(body), TrialRecord.json_schema())
     assert record.early_stop == DECISION and record.stop_requested is None and record.reports == 3
     assert record.history[2]["val_accuracy"] != record.history[2]["val_accuracy"]  # NaN, as reported
     assert record.timing["base"]["exit_code"] == 79 and record.timing["try_number"] == 1
