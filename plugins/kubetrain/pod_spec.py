@@ -175,12 +175,12 @@ class MedianStopping:
     def env(self) -> dict[str, str]:
         """The checkpoint-sync sidecar's variables for the rule."""
         return {
-            "KUBETRAIN_EARLY_STOPPING": "median",
-            "KUBETRAIN_OBJECTIVE": self.objective,
-            "KUBETRAIN_OBJECTIVE_MODE": self.mode,
-            "KUBETRAIN_MEDIAN_MIN_TRIALS": str(self.min_trials),
-            "KUBETRAIN_MEDIAN_START_STEP": str(self.start_step),
-            "KUBETRAIN_SWEEP_TRIALS_URI": self.trials_uri,
+            Env.EARLY_STOPPING: "median",
+            Env.OBJECTIVE: self.objective,
+            Env.OBJECTIVE_MODE: self.mode,
+            Env.MEDIAN_MIN_TRIALS: str(self.min_trials),
+            Env.MEDIAN_START_STEP: str(self.start_step),
+            Env.SWEEP_TRIALS_URI: self.trials_uri,
         }
 
 
@@ -703,13 +703,13 @@ def checkpoint_sync_container(config: TrainingPodConfig) -> k8s.V1Container:
     """Native sidecar (``restartPolicy: Always`` init container): upload checkpoints and output."""
     env = [
         *contract_env(config),
-        k8s.V1EnvVar(name="KUBETRAIN_SYNC_INTERVAL", value=str(config.sync_interval)),
-        k8s.V1EnvVar(name="KUBETRAIN_SYNC_QUIET", value=str(config.sync_quiet)),
-        k8s.V1EnvVar(name="KUBETRAIN_SYNC_GRACE", value=str(sync_grace(config.termination_grace_period))),
+        k8s.V1EnvVar(name=Env.SYNC_INTERVAL, value=str(config.sync_interval)),
+        k8s.V1EnvVar(name=Env.SYNC_QUIET, value=str(config.sync_quiet)),
+        k8s.V1EnvVar(name=Env.SYNC_GRACE, value=str(sync_grace(config.termination_grace_period))),
         *stop_env(config),
         # The pod name goes into every pass manifest.
         k8s.V1EnvVar(
-            name="HOSTNAME",
+            name=Env.HOSTNAME,
             value_from=k8s.V1EnvVarSource(field_ref=k8s.V1ObjectFieldSelector(field_path="metadata.name")),
         ),
     ]

@@ -30,6 +30,7 @@ from kubetrain_contract.exit_codes import (
     EXIT_STOPPED,
     EXIT_USAGE,
 )
+from kubetrain_contract.pod import Env
 
 EXIT_CODES_EPILOG = f"""\
 exit codes:
@@ -53,7 +54,7 @@ environment (flags win over the environment):
   KUBETRAIN_STOP_FILE                    checked between steps; when it appears, stop (exit 79)
 """
 
-CONTRACT_DIRS = {"data_dir": "DATA_DIR", "checkpoint_dir": "CHECKPOINT_DIR", "output_dir": "OUTPUT_DIR"}
+CONTRACT_DIRS = {"data_dir": Env.DATA_DIR, "checkpoint_dir": Env.CHECKPOINT_DIR, "output_dir": Env.OUTPUT_DIR}
 
 
 class UsageError(ValueError):
@@ -89,9 +90,9 @@ class RunInfo:
         """Read KUBETRAIN_DATASET_VERSION, KUBETRAIN_IMAGE and KUBETRAIN_CODE_VERSION."""
         env = os.environ if environ is None else environ
         return cls(
-            dataset_version=env.get("KUBETRAIN_DATASET_VERSION") or None,
-            image=env.get("KUBETRAIN_IMAGE") or None,
-            code_version=env.get("KUBETRAIN_CODE_VERSION") or None,
+            dataset_version=env.get(Env.DATASET_VERSION) or None,
+            image=env.get(Env.IMAGE) or None,
+            code_version=env.get(Env.CODE_VERSION) or None,
         )
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from kubetrain_contract.pod import Env
+
 log = logging.getLogger("kubetrain.trainer")
 
 
@@ -31,7 +33,7 @@ class StopRequest:
         self.received_at: float | None = None
         self.signum: int | None = None
         self._previous: dict[int, object] = {}
-        stop_file = stop_file if stop_file is not None else os.environ.get("KUBETRAIN_STOP_FILE")
+        stop_file = stop_file if stop_file is not None else os.environ.get(Env.STOP_FILE)
         self.stop_file = Path(stop_file) if stop_file else None
         self.file_request: dict[str, Any] | None = None
 

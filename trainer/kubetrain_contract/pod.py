@@ -12,7 +12,12 @@ STOP_FILE = f"{CHECKPOINT_DIR}/.kubetrain-stop"
 
 
 class Env:
-    """Names of the environment variables the Airflow side sets in the pod and the pod side reads."""
+    """Names of the environment variables of the training pod, the one registry both sides use.
+
+    The Airflow side sets them in the pod (which container gets which, and what each means:
+    trainer/sync/schemas/pod-env.v1.json) and the pod side reads them by these names; the pod
+    side's tuning options, which the Airflow side leaves to their defaults, are here too.
+    """
 
     DATA_DIR = "DATA_DIR"
     CHECKPOINT_DIR = "CHECKPOINT_DIR"
@@ -24,3 +29,32 @@ class Env:
     DATASET_VERSION = "KUBETRAIN_DATASET_VERSION"
     CACHE_DIR = "KUBETRAIN_CACHE_DIR"
     STOP_FILE = "KUBETRAIN_STOP_FILE"
+    # the checkpoint-sync sidecar's settings, and the pod's name (a fieldRef) for its pass manifests
+    SYNC_INTERVAL = "KUBETRAIN_SYNC_INTERVAL"
+    SYNC_QUIET = "KUBETRAIN_SYNC_QUIET"
+    SYNC_GRACE = "KUBETRAIN_SYNC_GRACE"
+    HOSTNAME = "HOSTNAME"
+    # a sweep trial's early stopping, read by its sidecar
+    EARLY_STOPPING = "KUBETRAIN_EARLY_STOPPING"
+    OBJECTIVE = "KUBETRAIN_OBJECTIVE"
+    OBJECTIVE_MODE = "KUBETRAIN_OBJECTIVE_MODE"
+    MEDIAN_MIN_TRIALS = "KUBETRAIN_MEDIAN_MIN_TRIALS"
+    MEDIAN_START_STEP = "KUBETRAIN_MEDIAN_START_STEP"
+    SWEEP_TRIALS_URI = "KUBETRAIN_SWEEP_TRIALS_URI"
+    # the pod side's tuning options (the Airflow side leaves them to their defaults)
+    SYNC_WORKERS = "KUBETRAIN_SYNC_WORKERS"
+    SYNC_SETTLE = "KUBETRAIN_SYNC_SETTLE"
+    PROGRESS_INTERVAL = "KUBETRAIN_PROGRESS_INTERVAL"
+    KEEP_ARCHIVES = "KUBETRAIN_KEEP_ARCHIVES"
+    MAX_EXTRACT_RATIO = "KUBETRAIN_MAX_EXTRACT_RATIO"
+    MAX_EXTRACT_BYTES = "KUBETRAIN_MAX_EXTRACT_BYTES"
+    MAX_EXTRACT_MEMBERS = "KUBETRAIN_MAX_EXTRACT_MEMBERS"
+    VERIFY = "KUBETRAIN_VERIFY"
+    MD5_MAX_SIZE = "KUBETRAIN_MD5_MAX_SIZE"
+    PART_SIZE = "KUBETRAIN_PART_SIZE"
+    S3_TARGET_GBPS = "KUBETRAIN_S3_TARGET_GBPS"
+
+    @classmethod
+    def names(cls) -> frozenset[str]:
+        """Every variable name of the registry."""
+        return frozenset(value for key, value in vars(cls).items() if key.isupper())

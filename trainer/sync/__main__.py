@@ -21,6 +21,7 @@ EARLY_SIGTERM = threading.Event()
 if len(sys.argv) > 1 and sys.argv[1] == "checkpoint-sync":
     signal.signal(signal.SIGTERM, lambda *_: EARLY_SIGTERM.set())
 
+from kubetrain_contract.pod import Env  # noqa: E402
 from trainer.sync.progress import log  # noqa: E402
 from trainer.sync.s3 import SyncError, parse_s3_uri  # noqa: E402
 from trainer.sync.transfer import DEFAULT_MD5_MAX_SIZE, VERIFY_MODES  # noqa: E402
@@ -111,12 +112,10 @@ class _Options:
 
 
 def _common(opts: _Options, workers: int) -> None:
-    opts.add(
-        "--workers", "KUBETRAIN_SYNC_WORKERS", "concurrent S3 requests", conv=_positive_int, default=workers
-    )
+    opts.add("--workers", Env.SYNC_WORKERS, "concurrent S3 requests", conv=_positive_int, default=workers)
     opts.add(
         "--progress-interval",
-        "KUBETRAIN_PROGRESS_INTERVAL",
+        Env.PROGRESS_INTERVAL,
         "seconds between progress lines (0: summary only)",
         conv=_seconds,
         default=5.0,
@@ -139,48 +138,48 @@ def build_parser() -> argparse.ArgumentParser:
         "archives safely, then restore this run's newest verified checkpoints into CHECKPOINT_DIR.",
     )
     o = _Options(p)
-    o.add("--manifest", "KUBETRAIN_DATASET_MANIFEST", "s3:// URI of the dataset manifest", required=True)
-    o.add("--data-dir", "DATA_DIR", "where the dataset goes", conv=Path, default=Path("/data"))
+    o.add("--manifest", Env.DATASET_MANIFEST, "s3:// URI of the dataset manifest", required=True)
+    o.add("--data-dir", Env.DATA_DIR, "where the dataset goes", conv=Path, default=Path("/data"))
     o.add(
         "--checkpoint-dir",
-        "CHECKPOINT_DIR",
+        Env.CHECKPOINT_DIR,
         "where checkpoints are restored",
         conv=Path,
         default=Path("/checkpoints"),
     )
-    o.add("--run-uri", "KUBETRAIN_RUN_URI", "s3:// URI of this run (unset: restore nothing)")
-    o.add("--cache-dir", "KUBETRAIN_CACHE_DIR", "stage-in cache keyed by dataset version", conv=Path)
+    o.add("--run-uri", Env.RUN_URI, "s3:// URI of this run (unset: restore nothing)")
+    o.add("--cache-dir", Env.CACHE_DIR, "stage-in cache keyed by dataset version", conv=Path)
     o.add(
         "--keep-archives",
-        "KUBETRAIN_KEEP_ARCHIVES",
+        Env.KEEP_ARCHIVES,
         "keep archives after extracting them",
         conv=_bool,
         action="store_true",
     )
     o.add(
         "--max-extract-ratio",
-        "KUBETRAIN_MAX_EXTRACT_RATIO",
+        Env.MAX_EXTRACT_RATIO,
         "most uncompressed bytes per compressed byte",
         conv=_ratio,
         default=250.0,
     )
     o.add(
         "--max-extract-bytes",
-        "KUBETRAIN_MAX_EXTRACT_BYTES",
+        Env.MAX_EXTRACT_BYTES,
         "most bytes one archive may expand to",
         conv=_positive_int,
         default=100 * 1024**3,
     )
     o.add(
         "--max-extract-members",
-        "KUBETRAIN_MAX_EXTRACT_MEMBERS",
+        Env.MAX_EXTRACT_MEMBERS,
         "most members one archive may have",
         conv=_positive_int,
         default=1_000_000,
     )
     o.add(
         "--verify",
-        "KUBETRAIN_VERIFY",
+        Env.VERIFY,
         "auto: size, ETag, and the content against the store's checksum (CRC64NVME, CRC32C, CRC32, SHA) "
         "where it keeps one, else against the ETag's MD5 up to --md5-max-size; md5: the MD5 of every "
         "object; size: sizes only",
@@ -189,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     o.add(
         "--md5-max-size",
-        "KUBETRAIN_MD5_MAX_SIZE",
+        Env.MD5_MAX_SIZE,
         "with --verify auto, the largest object (bytes) whose MD5 is computed when the store keeps no "
         "checksum of it",
         conv=_non_negative_int,
@@ -197,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     o.add(
         "--part-size",
-        "KUBETRAIN_PART_SIZE",
+        Env.PART_SIZE,
         "part size in bytes of multipart-uploaded objects, when S3 will not tell it",
         conv=_positive_int,
     )
@@ -210,70 +209,74 @@ def build_parser() -> argparse.ArgumentParser:
         "seconds and commit each pass with a manifest; on SIGTERM run a final pass and exit.",
     )
     o = _Options(p)
-    o.add("--run-uri", "KUBETRAIN_RUN_URI", "s3:// URI of this run", required=True)
+    o.add("--run-uri", Env.RUN_URI, "s3:// URI of this run", required=True)
     o.add(
-        "--checkpoint-dir", "CHECKPOINT_DIR", "checkpoints to upload", conv=Path, default=Path("/checkpoints")
+        "--checkpoint-dir",
+        Env.CHECKPOINT_DIR,
+        "checkpoints to upload",
+        conv=Path,
+        default=Path("/checkpoints"),
     )
-    o.add("--output-dir", "OUTPUT_DIR", "outputs to upload", conv=Path, default=Path("/output"))
-    o.add("--interval", "KUBETRAIN_SYNC_INTERVAL", "seconds between passes", conv=_seconds, default=30.0)
+    o.add("--output-dir", Env.OUTPUT_DIR, "outputs to upload", conv=Path, default=Path("/output"))
+    o.add("--interval", Env.SYNC_INTERVAL, "seconds between passes", conv=_seconds, default=30.0)
     o.add(
         "--quiet",
-        "KUBETRAIN_SYNC_QUIET",
+        Env.SYNC_QUIET,
         "seconds a file must be unmodified before upload",
         conv=_seconds,
         default=2.0,
     )
     o.add(
         "--settle",
-        "KUBETRAIN_SYNC_SETTLE",
+        Env.SYNC_SETTLE,
         "final pass: seconds a recently modified file must hold still",
         conv=_seconds,
         default=0.5,
     )
     o.add(
         "--grace",
-        "KUBETRAIN_SYNC_GRACE",
+        Env.SYNC_GRACE,
         "final pass: seconds until exit, whatever is left",
         conv=_seconds,
         default=25.0,
     )
     o.add(
         "--early-stopping",
-        "KUBETRAIN_EARLY_STOPPING",
+        Env.EARLY_STOPPING,
         "stop this sweep trial early by a rule: median (README, 'Median stopping')",
         choices=["off", "median"],
         default="off",
     )
-    o.add("--objective", "KUBETRAIN_OBJECTIVE", "median stopping: the metric of history.csv or metrics.jsonl")
+    o.add("--objective", Env.OBJECTIVE, "median stopping: the metric of history.csv or metrics.jsonl")
     o.add(
         "--objective-mode",
-        "KUBETRAIN_OBJECTIVE_MODE",
+        Env.OBJECTIVE_MODE,
         "median stopping: max or min",
         choices=["max", "min"],
         default="max",
     )
     o.add(
         "--min-trials",
-        "KUBETRAIN_MEDIAN_MIN_TRIALS",
+        Env.MEDIAN_MIN_TRIALS,
         "median stopping: finished trials needed first",
         conv=_positive_int,
         default=3,
     )
     o.add(
         "--start-step",
-        "KUBETRAIN_MEDIAN_START_STEP",
+        Env.MEDIAN_START_STEP,
         "median stopping: reports before a trial may be stopped",
         conv=_positive_int,
         default=4,
     )
     o.add(
         "--trials-uri",
-        "KUBETRAIN_SWEEP_TRIALS_URI",
+        Env.SWEEP_TRIALS_URI,
         "median stopping: s3:// prefix of the finished trial records",
     )
     o.add(
         "--stop-file",
-        "KUBETRAIN_STOP_FILE",
+        Env.STOP_FILE,
         "median stopping: the file that tells the trainer to stop",
         conv=Path,
     )
@@ -286,13 +289,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(size and sha256).",
     )
     o = _Options(p)
-    o.add("--run-uri", "KUBETRAIN_RUN_URI", "s3:// URI of this run", required=True)
+    o.add("--run-uri", Env.RUN_URI, "s3:// URI of this run", required=True)
     o.add(
-        "--checkpoint-dir", "CHECKPOINT_DIR", "where checkpoints go", conv=Path, default=Path("/checkpoints")
+        "--checkpoint-dir",
+        Env.CHECKPOINT_DIR,
+        "where checkpoints go",
+        conv=Path,
+        default=Path("/checkpoints"),
     )
     o.add(
         "--output-dir",
-        "OUTPUT_DIR",
+        Env.OUTPUT_DIR,
         "where outputs go (with --area output)",
         conv=Path,
         default=Path("/output"),
@@ -339,7 +346,7 @@ def _median_stopper(s3: Any, args: argparse.Namespace) -> Any:
         rule = MedianRule(args.objective, args.objective_mode, args.min_trials, args.start_step)
     except ValueError as exc:
         raise SyncError(str(exc)) from None
-    trials = parse_s3_uri(args.trials_uri, "KUBETRAIN_SWEEP_TRIALS_URI")
+    trials = parse_s3_uri(args.trials_uri, Env.SWEEP_TRIALS_URI)
     log(
         f"checkpoint-sync: median stopping of {rule.objective} ({rule.mode}) after {rule.start_step} reports, "
         f"once {rule.min_trials} trials of {trials} have finished"
@@ -347,7 +354,7 @@ def _median_stopper(s3: Any, args: argparse.Namespace) -> Any:
     return MedianStopper(
         s3,
         rule,
-        run=parse_s3_uri(args.run_uri, "KUBETRAIN_RUN_URI"),
+        run=parse_s3_uri(args.run_uri, Env.RUN_URI),
         trials=trials,
         output_dir=args.output_dir,
         stop_file=args.stop_file,
@@ -369,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
                 manifest=parse_s3_uri(args.manifest, "dataset manifest"),
                 data_dir=args.data_dir,
                 checkpoint_dir=args.checkpoint_dir,
-                run=parse_s3_uri(args.run_uri, "KUBETRAIN_RUN_URI") if args.run_uri else None,
+                run=parse_s3_uri(args.run_uri, Env.RUN_URI) if args.run_uri else None,
                 cache_dir=args.cache_dir,
                 keep_archives=args.keep_archives,
                 limits=ExtractLimits(
@@ -399,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
             dirs = {"checkpoints": args.checkpoint_dir, "output": args.output_dir}
             restore(
                 S3(pool=max(10, args.workers), small_calls_on_crt=True),
-                parse_s3_uri(args.run_uri, "KUBETRAIN_RUN_URI"),
+                parse_s3_uri(args.run_uri, Env.RUN_URI),
                 {a: dirs[a] for a in areas},
                 workers=args.workers,
                 progress_interval=args.progress_interval,
@@ -411,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         sidecar = Sidecar(
             s3,
             SyncConfig(
-                run=parse_s3_uri(args.run_uri, "KUBETRAIN_RUN_URI"),
+                run=parse_s3_uri(args.run_uri, Env.RUN_URI),
                 dirs={"checkpoints": args.checkpoint_dir, "output": args.output_dir},
                 interval=args.interval,
                 quiet=args.quiet,

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
+from kubetrain_contract.pod import Env
+
 # the sidecar's calls: a final pass has seconds, not minutes (trainer/sync/README.md)
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 20.0
@@ -116,7 +118,7 @@ def target_gbps() -> float:
     Raises:
         SyncError: the variable is not a number > 0.
     """
-    raw = os.environ.get("KUBETRAIN_S3_TARGET_GBPS")
+    raw = os.environ.get(Env.S3_TARGET_GBPS)
     if not raw:
         return float(min(10, max(1, os.cpu_count() or 1)))
     try:

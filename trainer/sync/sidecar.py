@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kubetrain_contract.manifests import SyncPassError, SyncPassFile, SyncPassRecord
+from kubetrain_contract.pod import Env
 from trainer.sync.manifest import pass_key
 from trainer.sync.median import MedianStopper
 from trainer.sync.progress import human_bytes, log
@@ -151,7 +152,7 @@ class SyncConfig:
     grace: float = 25.0
     workers: int = 8
     attempts: int = 2
-    pod: str = field(default_factory=lambda: os.environ.get("HOSTNAME", "unknown"))
+    pod: str = field(default_factory=lambda: os.environ.get(Env.HOSTNAME, "unknown"))
 
     def __post_init__(self) -> None:
         for name in ("interval", "quiet", "settle", "grace"):
