@@ -216,6 +216,8 @@ class TrialPodOperator(TrainingPodOperator):
         return self.finish(context)
 
     def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
+        # The callbacks' on_operator_resuming would stamp this, but the provider (10.x) declares it
+        # and never calls it; and the failure below is caught here, as in execute().
         self._stamps["resumed"] = _now()
         try:
             super().trigger_reentry(context, event)
@@ -227,6 +229,9 @@ class TrialPodOperator(TrainingPodOperator):
         return (state.get(self.base_container_name) or {}).get("exit_code")
 
     def _after_failure(self, context: Context, exc: AirflowException) -> Any:
+        # skip_on_exit_code cannot stand for this: an early stop (79) is a success with a record,
+        # which downstream tasks and the leaderboard count, not a skipped task; and the provider
+        # has no hook for a failed pod other than the exception its cleanup raises.
         state = dict(self.pod_state)
         exit_code = self._exit_code(state)
         if exit_code == EXIT_STOPPED and read_early_stop(self.store, self.trial_run(context)) is not None:
