@@ -35,6 +35,11 @@ BENCHES = {
         "bench_image_update.py",
         "code-only image update: append layer vs. buildah build",
     ),
+    "oci_append": (
+        AIRFLOW,
+        "bench_oci_append.py",
+        "appending a code layer in the registry: our OCI client vs. oras-py and skopeo (bytes, wall time)",
+    ),
     "images": (
         AIRFLOW,
         "bench_node_images.py",

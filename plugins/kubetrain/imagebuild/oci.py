@@ -1,5 +1,22 @@
 """A small client for the OCI distribution API (the registry HTTP API v2).
 
+Why hand-written, measured (``.venv/bin/python bench/bench_oci_append.py``, bench/README.md
+"oci_append"; 2 cores at load 7.7, loopback registry, medians of 3): appending a 150 kB code layer
+to a base with a 200 MB layer, into another repository (AppendLayerOperator's ``base_image`` may
+be in any repository of the registry), moves 0.164 MB in 0.56 s with this client (the base
+layers are mounted, never pulled). oras-py 0.2.43, the maintained Python client, has no
+cross-repository mount: 421.8 MB in 4.00 s (2,578x the bytes); with the base in the same
+repository it matches us (0.160 MB, 0.37 s), but its manifest upload always declares the OCI
+type, so a Docker v2 schema 2 base (``--format docker``, Docker Hub's images) is refused (400
+MANIFEST_INVALID). skopeo 1.9, which the Airflow image already installs, does the job as well
+when composed: ``skopeo copy`` of the base to the target repository by digest (it mounts), then
+of a ``dir:`` image holding only the new layer, config and manifest (0.180 MB, 1.04 s, both
+manifest types); the manifest and config editing stays ours either way (append.py). What keeps
+this module rather than that: a tag resolves in-process in 4.0 ms against 100 ms for ``skopeo
+inspect`` (every training task pins its image), the Bearer realm is followed only to the
+registry's host and the trusted token services (``token_services``) before any credential is
+sent, and :class:`TransferStats` reports what moved. Without those, skopeo would do.
+
 It speaks just what the build operators need: check, mount and upload blobs, get and put
 manifests (Docker v2 schema 2 and OCI, single images and multi-platform indexes), with
 Basic or Bearer auth as the registry's ``WWW-Authenticate`` challenge asks. Every request
