@@ -32,7 +32,6 @@ build arguments over the official bases); `KUBETRAIN_TRAINER_DIR` (default: `tra
 
 from __future__ import annotations
 
-import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -40,10 +39,11 @@ from airflow.sdk import Asset, Param, dag, task
 
 from kubetrain.defaults import DEFAULT_ARGS
 from kubetrain.operators.build import AppendLayerOperator, BuildImageOperator
+from kubetrain.settings import environ
 
-TRAINER_DIR = os.environ.get("KUBETRAIN_TRAINER_DIR") or str(Path(__file__).resolve().parents[1] / "trainer")
-REGISTRY_CONN_ID = os.environ.get("KUBETRAIN_REGISTRY_CONN_ID", "kubetrain_registry_default")
-SCHEDULE = os.environ.get("KUBETRAIN_IMAGE_BUILD_CRON", "@hourly") or None
+TRAINER_DIR = environ("KUBETRAIN_TRAINER_DIR") or str(Path(__file__).resolve().parents[1] / "trainer")
+REGISTRY_CONN_ID = environ("KUBETRAIN_REGISTRY_CONN_ID", "kubetrain_registry_default")
+SCHEDULE = environ("KUBETRAIN_IMAGE_BUILD_CRON", "@hourly") or None
 TRAINER_IMAGE = Asset("kubetrain_trainer_image")
 SYNC_IMAGE = Asset("kubetrain_sync_image")
 

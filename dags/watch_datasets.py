@@ -13,7 +13,6 @@ demo datasets). Schedule: `KUBETRAIN_WATCH_CRON` (default every 10 minutes).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from airflow.sdk import DAG
@@ -21,11 +20,12 @@ from airflow.sdk import DAG
 from kubetrain.defaults import DEFAULT_ARGS
 from kubetrain.manifest import dataset_name_from_uri
 from kubetrain.operators.stage import StageDatasetOperator, dataset_asset
+from kubetrain.settings import environ
 
 WATCHED = [
     u.strip()
-    for u in os.environ.get(
-        "KUBETRAIN_WATCHED_DATASETS", "s3://datasets/digits/,s3://datasets/dialogue/"
+    for u in (
+        environ("KUBETRAIN_WATCHED_DATASETS", "s3://datasets/digits/,s3://datasets/dialogue/") or ""
     ).split(",")
     if u.strip()
 ]
@@ -33,7 +33,7 @@ WATCHED = [
 with DAG(
     dag_id=Path(__file__).stem,
     doc_md=__doc__,
-    schedule=os.environ.get("KUBETRAIN_WATCH_CRON", "*/10 * * * *"),
+    schedule=environ("KUBETRAIN_WATCH_CRON", "*/10 * * * *"),
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,

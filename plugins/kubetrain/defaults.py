@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from typing import Any
+
+from kubetrain.settings import environ
 
 DEFAULT_ARGS: dict[str, Any] = {
     "owner": "kubetrain",
     "retries": 2,
-    "retry_delay": timedelta(seconds=int(os.environ.get("KUBETRAIN_RETRY_DELAY_SECONDS", "30"))),
+    "retry_delay": timedelta(seconds=int(environ("KUBETRAIN_RETRY_DELAY_SECONDS", "30"))),
 }

@@ -19,7 +19,6 @@ render their templates as text, so that a name such as ``1.10`` stays ``1.10``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -34,6 +33,7 @@ from kubetrain.operators.report import ReportOperator
 from kubetrain.operators.stage import StageDatasetOperator, dataset_asset
 from kubetrain.operators.training import TrainingPodOperator
 from kubetrain.params import S3_URI, TEXT_TEMPLATES, form_order, require_native_rendering
+from kubetrain.settings import environ
 
 __all__ = ["DEFAULT_ARGS", "TrainingTasks", "common_params", "form_order", "schedule", "training_pipeline"]
 
@@ -52,7 +52,7 @@ def schedule(dataset_uri: str, cron_env: str, default_cron: str | None):
     from airflow.timetables.trigger import CronTriggerTimetable
 
     asset = dataset_asset(dataset_uri)
-    cron = os.environ.get(cron_env, default_cron or "")
+    cron = environ(cron_env, default_cron or "") or ""
     if not cron:
         return [asset]
     return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=[asset])

@@ -4,6 +4,9 @@ Each setting is looked up when a task runs, never when a DAG file is parsed: the
 Variable ``kubetrain_<name>`` first, then the environment variable ``KUBETRAIN_<NAME>``, then
 the default below. ``.env.example`` lists the same settings with the same defaults, and
 README's settings table is generated from :data:`SETTINGS` (a test keeps the three in step).
+The few switches that must be known when a DAG file is parsed (schedules, retry delay) come
+from the environment alone, through :func:`environ`, which reads only the names declared in
+:data:`ENVIRONMENT`.
 
 Per-run choices (a DAG's Params) beat these deployment defaults; see
 :func:`kubetrain.pipeline.common_params`.
@@ -145,6 +148,64 @@ SETTINGS: dict[str, Setting] = {
         ),
     )
 }
+
+
+@dataclass(frozen=True)
+class EnvironmentVariable:
+    """A deployment switch read from the environment alone, when a DAG file is parsed or an operator
+    starts (no Variable: parsing must not reach the metadata database).
+
+    :param name: the variable, ``KUBETRAIN_<...>``.
+    :param description: what it chooses; ``.env.example`` documents it with its default.
+    """
+
+    name: str
+    description: str
+
+
+ENVIRONMENT: dict[str, EnvironmentVariable] = {
+    v.name: v
+    for v in (
+        EnvironmentVariable("KUBETRAIN_RETRY_DELAY_SECONDS", "Seconds between a task's retries (every DAG)."),
+        EnvironmentVariable(
+            "KUBETRAIN_TRAINER_DIR", "The trainer/ directory the image build DAG builds from."
+        ),
+        EnvironmentVariable("KUBETRAIN_REGISTRY_CONN_ID", "The registry connection of the image build DAG."),
+        EnvironmentVariable(
+            "KUBETRAIN_IMAGE_BUILD_CRON", "Schedule of the image build DAG; empty: manual only."
+        ),
+        EnvironmentVariable("KUBETRAIN_BUILDAH_ROOT", "buildah's storage (the layer cache) on the worker."),
+        EnvironmentVariable(
+            "KUBETRAIN_WATCHED_DATASETS", "Comma-separated S3 URIs the watch_datasets DAG stages."
+        ),
+        EnvironmentVariable("KUBETRAIN_WATCH_CRON", "Schedule of the watch_datasets DAG."),
+        EnvironmentVariable(
+            "KUBETRAIN_IMAGE_CLASSIFIER_CRON", "Schedule of train_image_classifier; empty: none."
+        ),
+        EnvironmentVariable(
+            "KUBETRAIN_IMAGE_CLASSIFIER_DISTRIBUTED_CRON", "Schedule of train_image_classifier_distributed."
+        ),
+        EnvironmentVariable(
+            "KUBETRAIN_DIALOGUE_CRON", "Schedule of train_dialogue_transformer; empty: none."
+        ),
+        EnvironmentVariable("KUBETRAIN_KERAS_EXAMPLE_CRON", "Schedule of example_keras_model; empty: none."),
+    )
+}
+
+
+def environ(name: str, default: str | None = None) -> str | None:
+    """The environment variable ``name``, one of :data:`ENVIRONMENT`, else ``default``.
+
+    :param name: a key of :data:`ENVIRONMENT`.
+    :param default: the value when the variable is unset.
+    :raises KeyError: ``name`` is not declared in :data:`ENVIRONMENT`.
+    """
+    if name not in ENVIRONMENT:
+        raise KeyError(
+            f"undeclared kubetrain environment variable {name!r}: declare it in kubetrain.settings.ENVIRONMENT "
+            "and .env.example"
+        )
+    return os.environ.get(name, default)
 
 
 def markdown_table() -> str:

@@ -1,9 +1,12 @@
-"""Every documented setting is read, once, in kubetrain.settings; README, .env.example and compose agree with it."""
+"""Every setting and environment switch is declared in kubetrain.settings and read there alone; README,
+.env.example and compose agree with the declarations."""
 
 from __future__ import annotations
 
-import ast
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import airflow  # noqa: F401  (importing Airflow puts its plugins folder on sys.path)
@@ -15,7 +18,6 @@ from kubetrain.pipeline import common_params
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_LINE = re.compile(r"^#?\s*(KUBETRAIN_[A-Z0-9_]+)=(.*)$")
-CODE_DIRS = ("plugins", "dags", "include")
 
 
 def env_example() -> dict[str, str]:
@@ -27,15 +29,9 @@ def env_example() -> dict[str, str]:
     return found
 
 
-def names_read_by_code() -> set[str]:
-    """String constants ``KUBETRAIN_*`` in the Airflow side's code (the names it reads from the environment)."""
-    names = set()
-    for folder in CODE_DIRS:
-        for path in (REPO / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                    names.update(re.findall(r"\bKUBETRAIN_[A-Z0-9_]+\b", node.value))
-    return names
+def declared() -> set[str]:
+    """Every ``KUBETRAIN_*`` variable the Airflow side may read: the settings' and the environment switches'."""
+    return {s.env for s in settings.SETTINGS.values()} | set(settings.ENVIRONMENT)
 
 
 def test_readme_table_is_generated_from_the_settings():
@@ -57,39 +53,55 @@ def test_env_example_lists_every_setting_with_its_default():
         )
 
 
-def names_read_from_the_environment() -> set[str]:
-    """``KUBETRAIN_*`` names that dags/ and plugins/ read from their environment.
+# Run in a fresh interpreter: every DAG file parsed as the DAG processor does, every setting read as a
+# task does, with an environment that records each KUBETRAIN_* name asked for and the module asking.
+_RECORD_READS = """
+import json, os, sys
 
-    ``os.environ.get(NAME)``, ``os.getenv(NAME)``, ``os.environ[NAME]`` and the DAGs'
-    ``schedule(asset, NAME, default)``: what a deployment may set.
-    """
-    names = set()
-    for folder in ("dags", "plugins"):
-        for path in (REPO / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                args = []
-                if isinstance(node, ast.Call):
-                    callee = ast.unparse(node.func)
-                    if callee in ("os.environ.get", "os.getenv", "environ.get", "getenv"):
-                        args = node.args[:1]
-                    elif callee == "schedule":
-                        args = node.args[1:2]
-                elif isinstance(node, ast.Subscript) and ast.unparse(node.value) in ("os.environ", "environ"):
-                    args = [node.slice]
-                names.update(
-                    a.value
-                    for a in args
-                    if isinstance(a, ast.Constant) and str(a.value).startswith("KUBETRAIN_")
-                )
-    return names
+class Recording(os._Environ):
+    __slots__ = ()
+    reads = {}
+
+    def __getitem__(self, key):
+        if isinstance(key, str) and key.startswith("KUBETRAIN_"):
+            frame = sys._getframe(1)
+            while frame.f_globals.get("__name__") in ("os", "_collections_abc", "collections.abc", __name__):
+                frame = frame.f_back
+            Recording.reads.setdefault(key, set()).add(frame.f_globals.get("__name__"))
+        return super().__getitem__(key)
+
+os.environ.__class__ = Recording
+from airflow.dag_processing.dagbag import DagBag
+from kubetrain import settings
+
+bag = DagBag(dag_folder=sys.argv[1])
+assert not bag.import_errors, bag.import_errors
+for name in settings.SETTINGS:
+    settings.get(name)
+print(json.dumps({key: sorted(modules) for key, modules in Recording.reads.items()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def reads() -> dict[str, list[str]]:
+    """``KUBETRAIN_*`` names the Airflow side read while parsing dags/ and reading every setting, and the modules that read each."""
+    out = subprocess.run(
+        [sys.executable, "-c", _RECORD_READS, str(REPO / "dags")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def names_compose_interpolates() -> set[str]:
     return set(re.findall(r"\$\{(KUBETRAIN_[A-Z0-9_]+)", (REPO / "docker-compose.yaml").read_text()))
 
 
-def test_every_variable_the_airflow_side_reads_is_in_env_example():
-    read = names_read_from_the_environment() | names_compose_interpolates()
+def test_every_variable_the_airflow_side_reads_is_in_env_example(reads):
+    read = declared() | set(reads) | names_compose_interpolates()
     assert {"KUBETRAIN_RETRY_DELAY_SECONDS", "KUBETRAIN_TRAINER_DIR", "KUBETRAIN_KERAS_EXAMPLE_CRON"} <= read
     missing = sorted(read - set(env_example()))
     assert missing == [], f".env.example lacks {', '.join(missing)}, which the code or compose reads"
@@ -97,24 +109,29 @@ def test_every_variable_the_airflow_side_reads_is_in_env_example():
 
 def test_every_kubetrain_variable_of_env_example_is_read_by_the_code_and_documented():
     readme = (REPO / "README.md").read_text()
-    read = names_read_by_code() | {s.env for s in settings.SETTINGS.values()} | names_compose_interpolates()
+    read = declared() | names_compose_interpolates()
     for name in env_example():
         assert name in read, f".env.example documents {name}, which no code reads"
         assert name in readme, f".env.example documents {name}, which README does not mention"
 
 
-def test_settings_are_read_in_one_place():
-    """No other module of the Airflow side reads a setting's environment variable itself."""
-    offenders = []
-    envs = {s.env for s in settings.SETTINGS.values()}
-    for folder in ("plugins/kubetrain", "dags"):
-        for path in (REPO / folder).rglob("*.py"):
-            if path.name == "settings.py" or "imagebuild" in path.parts:
-                continue
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Constant) and node.value in envs:
-                    offenders.append(f"{path.relative_to(REPO)}: {node.value}")
-    assert offenders == []
+def test_settings_are_read_in_one_place(reads):
+    """Parsing the DAGs and reading the settings, the Airflow side reads only declared variables, and only
+    through kubetrain.settings (``settings.get`` and ``settings.environ``)."""
+    assert {"KUBETRAIN_RETRY_DELAY_SECONDS", "KUBETRAIN_WATCH_CRON", "KUBETRAIN_NAMESPACE"} <= set(reads)
+    assert sorted(set(reads) - declared()) == [], (
+        "undeclared variables read: declare them in kubetrain.settings"
+    )
+    elsewhere = {name: modules for name, modules in reads.items() if modules != ["kubetrain.settings"]}
+    assert elsewhere == {}, "variables read outside kubetrain.settings"
+
+
+def test_an_undeclared_environment_variable_is_refused(monkeypatch):
+    monkeypatch.setenv("KUBETRAIN_WATCH_CRONS", "@daily")
+    with pytest.raises(KeyError, match="undeclared kubetrain environment variable 'KUBETRAIN_WATCH_CRONS'"):
+        settings.environ("KUBETRAIN_WATCH_CRONS")
+    monkeypatch.setenv("KUBETRAIN_WATCH_CRON", "@daily")
+    assert settings.environ("KUBETRAIN_WATCH_CRON", "*/10 * * * *") == "@daily"
 
 
 def test_params_named_by_settings_exist():
@@ -137,7 +154,7 @@ def test_compose_agrees_on_the_namespace():
     assert f'"namespace": "${{KUBETRAIN_NAMESPACE:-{default}}}"' in env["AIRFLOW_CONN_KUBERNETES_DEFAULT"]
     for name in env:
         if name.startswith("KUBETRAIN_"):
-            assert name in names_read_by_code() | {s.env for s in settings.SETTINGS.values()}, name
+            assert name in declared(), name
 
 
 @pytest.mark.parametrize("name", list(settings.SETTINGS))

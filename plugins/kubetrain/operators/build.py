@@ -25,6 +25,7 @@ from airflow.sdk import BaseOperator
 
 from kubetrain.doc_md import class_doc_md
 from kubetrain.hooks.registry import RegistryHook
+from kubetrain.settings import environ
 
 if TYPE_CHECKING:
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
@@ -235,9 +236,7 @@ class BuildImageOperator(BaseOperator):
         from kubetrain.imagebuild.buildah import BuildahBuilder
 
         root = Path(
-            os.path.expanduser(
-                self.buildah_root or os.environ.get("KUBETRAIN_BUILDAH_ROOT") or DEFAULT_BUILDAH_ROOT
-            )
+            os.path.expanduser(self.buildah_root or environ("KUBETRAIN_BUILDAH_ROOT") or DEFAULT_BUILDAH_ROOT)
         )
         root.mkdir(parents=True, exist_ok=True)
         builder = BuildahBuilder(root, log=lambda line: self.log.info("%s", line))
