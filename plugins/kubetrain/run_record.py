@@ -181,6 +181,11 @@ class RunFacts:
             raise ValueError(
                 f"promote={self.promote_rule!r} is not valid: expected one of {', '.join(PROMOTE_RULES)}"
             )
+        if self.resumed_from_source not in (None, "metrics.json", "sync-passes"):
+            raise ValueError(
+                f"resumed_from_source={self.resumed_from_source!r} is not valid: expected 'metrics.json', "
+                "'sync-passes' or None"
+            )
         if self.compare_on not in ("final", "best"):
             raise ValueError(f"compare_on={self.compare_on!r} is not valid: expected 'final' or 'best'")
         check_name("model", self.model)
@@ -228,7 +233,7 @@ def _promotion(facts: RunFacts, objective: RunMetrics, report: Mapping[str, Any]
             other_value=other_value,
         )
     return RunPromotion(
-        rule=facts.promote_rule,  # type: ignore[arg-type]  # checked by RunFacts
+        rule=facts.promote_rule,  # one of PROMOTE_RULES: RunFacts checks it
         promoted=promoted,
         version=promotion.get("model_version") if promoted else None,
         model_uri=promotion.get("model_uri") if promoted else None,
@@ -287,7 +292,7 @@ def build_record(facts: RunFacts) -> RunRecord:
         wall_time_s=finite_number(metrics.get("wall_time_s")),
         examples_per_s=finite_number(metrics.get("examples_per_s")),
         resumed_from_step=resumed,
-        resumed_from_source=source if resumed is not None else None,  # type: ignore[arg-type]
+        resumed_from_source=source if resumed is not None else None,
         promotion=_promotion(facts, objective, report),
         report_uri=report.get("report_uri") or None,
         report_url=report.get("report_url") or None,
