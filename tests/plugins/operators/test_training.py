@@ -730,8 +730,8 @@ def test_the_provider_defers_on_a_plain_pod_trigger_which_the_subclass_replaces(
 
 class PodAPI:
     """What the Kubernetes API answers about one pod: its base container runs until the pod has been
-    read ``polls`` times, then the pod has succeeded; each container's log is one line. Both hooks' calls are served
-    (the trigger's async ones and the operator's), and every log read is recorded."""
+    read ``polls`` times, then the pod has succeeded; each container's log is one line. It serves
+    both hooks' calls (the trigger's async ones and the operator's) and records every log read."""
 
     def __init__(self, polls: int) -> None:
         self.polls, self.reads = polls, 0
