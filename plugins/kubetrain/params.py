@@ -21,11 +21,12 @@ package in the API server, a DAG file in the DAG processor and the worker). Wher
 registered, jsonschema skips the unknown format, and the stage task still refuses the URI.
 
 **Native values.** The training and sweep DAGs render templates as native objects
-(``render_template_as_native_obj=True``, checked by :func:`require_native_rendering`), so a
-Param reaches its task as the Param's value (``{{ params.node_selector }}`` a mapping,
-``{{ params.gpus }}`` an integer), never as text parsed back. Jinja's native rendering reads
-text that looks like a Python literal as that literal: the tasks that take names render as text
-(:data:`TEXT_TEMPLATES`).
+(``render_template_as_native_obj=True``, checked by :func:`native_dag`), so a Param reaches
+its task as the Param's value (``{{ params.node_selector }}`` a mapping, ``{{ params.gpus }}``
+an integer), never as text parsed back. Jinja's native rendering reads a rendered text that
+looks like a Python literal as that literal (a model named ``1.10`` would become the number
+1.1): a free name (model name, experiment) reaches its tasks as the Param itself
+(``dag.param("model_name")``, resolved when the task runs), not through a template.
 """
 
 from __future__ import annotations
@@ -44,10 +45,9 @@ __all__ = [
     "FOLDED_SECTIONS",
     "OPEN_SECTIONS",
     "S3_URI",
-    "TEXT_TEMPLATES",
     "form_order",
     "is_s3_uri",
-    "require_native_rendering",
+    "native_dag",
 ]
 
 OPEN_SECTIONS = ("Container", "Training", "Model")
@@ -120,25 +120,24 @@ def form_order(params: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-# Arguments of the tasks whose templated fields are names and text (the model name, the dataset
-# URI): they render as text in a DAG that renders native objects, where "{{ params.model_name }}"
-# would turn a name such as 1.10 or 2024 into a number.
-TEXT_TEMPLATES: dict[str, Any] = {"render_template_as_native_obj": False}
+def native_dag(task: Any, builder: str) -> Any:
+    """The DAG of a task that a pipeline created; it must render templates as native objects.
 
-
-def require_native_rendering(task: Any, builder: str) -> None:
-    """Refuse a DAG that renders templates as text: the pipelines' templates render Params as objects.
-
-    :param task: a task the pipeline created (its DAG is checked).
+    :param task: a task the pipeline created in the current DAG.
     :param builder: the pipeline function, for the error message.
     """
+    if not task.has_dag():
+        raise ValueError(
+            f"{builder} creates its tasks in the current DAG: call it inside a 'with DAG(...)' block"
+        )
     dag = task.dag
-    if dag is not None and not dag.render_template_as_native_obj:
+    if not dag.render_template_as_native_obj:
         raise ValueError(
             f"DAG {dag.dag_id!r}: {builder} passes Params to its tasks as native objects ("
             "'{{ params.node_selector }}' is the Param's mapping, '{{ params.gpus }}' its integer): create the "
             "DAG with render_template_as_native_obj=True"
         )
+    return dag
 
 
 register_formats()

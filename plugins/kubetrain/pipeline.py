@@ -13,8 +13,9 @@ block; this module holds the wiring so that the DAG files stay thin.
 **Native values.** The DAG renders its templates as native objects
 (``render_template_as_native_obj=True``): ``{{ params.gpus }}`` reaches the training task as
 an integer, ``{{ params.node_selector }}`` as the Param's mapping, ``{{ params.args }}`` as its
-list; nothing is written to text and parsed back. The tasks that take names (the model name)
-render their templates as text, so that a name such as ``1.10`` stays ``1.10``.
+list; nothing is written to text and parsed back. The free names (model name, experiment) reach
+their tasks as the Params themselves (``dag.param("model_name")``, resolved when the task runs):
+native rendering would read a rendered ``1.10`` as the number 1.1.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from kubetrain.operators.promote import PromoteModelOperator
 from kubetrain.operators.report import ReportOperator
 from kubetrain.operators.stage import StageDatasetOperator, dataset_asset
 from kubetrain.operators.training import TrainingPodOperator
-from kubetrain.params import S3_URI, TEXT_TEMPLATES, form_order, require_native_rendering
+from kubetrain.params import S3_URI, form_order, native_dag
 from kubetrain.settings import environ
 
 __all__ = ["DEFAULT_ARGS", "TrainingTasks", "common_params", "form_order", "schedule", "training_pipeline"]
@@ -244,15 +245,12 @@ def training_pipeline(
     record_failure = RecordFailedRun(stage_task_id="stage_dataset", check_task_id="check_new")
     own_callbacks = train_kwargs.pop("on_failure_callback", None) or []
     own_callbacks = list(own_callbacks) if isinstance(own_callbacks, list | tuple) else [own_callbacks]
-    stage = StageDatasetOperator(
-        task_id="stage_dataset", source_uri="{{ params.dataset_uri }}", outlets=[], **TEXT_TEMPLATES
-    )
-    require_native_rendering(stage, "training_pipeline")
+    stage = StageDatasetOperator(task_id="stage_dataset", source_uri="{{ params.dataset_uri }}", outlets=[])
+    dag = native_dag(stage, "training_pipeline")
     check = SkipIfTrainedOperator(
         task_id="check_new",
         dataset_version=stage.output["version"],
         image="{{ params.image or '' }}",
-        **TEXT_TEMPLATES,
     )
     train = train_operator(
         task_id="train",
@@ -264,7 +262,7 @@ def training_pipeline(
         dataset_version=stage.output["version"],
         dataset_bytes=stage.output["total_bytes"],
         data_size="{{ params.data_size or '' }}",
-        experiment="{{ params.experiment or '' }}",
+        experiment=dag.param("experiment"),
         gpus="{{ params.gpus }}",
         gpu_resource="{{ params.gpu_resource or '' }}",
         node_selector="{{ params.node_selector }}",
@@ -280,22 +278,20 @@ def training_pipeline(
     report = ReportOperator(
         task_id="report",
         run_uri=train.output["run_uri"],
-        model="{{ params.model_name }}",
+        model=dag.param("model_name"),
         title=title,
         require_metrics=require_metrics,
         notes=train.output["notes"],
         on_failure_callback=[record_failure],
-        **TEXT_TEMPLATES,
     )
     promote = PromoteModelOperator(
         task_id="promote",
         run_uri=train.output["run_uri"],
-        model="{{ params.model_name }}",
+        model=dag.param("model_name"),
         promote="{{ params.promote }}",
         is_better=report.output["better_than_promoted"],
         keep_checkpoints=keep_checkpoints,
         on_failure_callback=[record_failure],
-        **TEXT_TEMPLATES,
     )
     record = RecordTrainingOperator(
         task_id="record",

@@ -86,6 +86,10 @@ def test_a_dag_that_renders_text_is_refused_naming_the_setting():
         DAG("train_text", schedule=None, params=common_params(dataset_uri="s3://datasets/x/", model="x")),
     ):
         training_pipeline(title="x", cmds=["python"], arguments=[])
+    with pytest.raises(
+        ValueError, match=r"training_pipeline creates its tasks in the current DAG: call it inside"
+    ):
+        training_pipeline(title="x", cmds=["python"], arguments=[])
 
 
 def test_params_reach_the_training_task_as_values_and_names_stay_text():
@@ -96,7 +100,7 @@ def test_params_reach_the_training_task_as_values_and_names_stay_text():
     params = dag.params.validate()
     params.update(
         model_name="1.10",  # text that reads as a number: a name, kept as typed
-        experiment="2024",
+        experiment="2.50",
         gpus=2,
         cpu="2",
         node_selector={"gpu-type": "a100"},
@@ -114,8 +118,10 @@ def test_params_reach_the_training_task_as_values_and_names_stay_text():
     }
     ti = TaskInstance(xcoms)
     context = {"ti": ti, "task_instance": ti, "run_id": "r", "dag": dag, "params": params}
-    for task in (t.stage, t.train, t.report, t.promote):
-        task.render_template_fields(context)
+    for task in (t.stage, t.check, t.train, t.report, t.promote):
+        task.render_template_fields(
+            context, dag.get_template_env()
+        )  # the DAG's environment, as a worker does
     train = t.train
     assert (train.gpus, train.sync_interval, train.dataset_bytes) == (2, 30, 1024)
     assert train.arguments == ["--epochs=5", 5]  # the operator's pod takes them as text
@@ -126,15 +132,15 @@ def test_params_reach_the_training_task_as_values_and_names_stay_text():
     assert (train.node_selector, train.tolerations, train.image_pull_secrets) == ({}, [], [])
     config = train.pod_config(context, pin=False)
     assert config.args == ["--epochs=5", "5"]
-    assert config.labels["kubetrain.io/experiment"] == "2024"
+    assert config.labels["kubetrain.io/experiment"] == "2.50"
     assert config.node_selector == {"gpu-type": "a100"} and config.image_pull_secrets == ("run-cred",)
     train.build_pod_request_obj(context, dry_run=True)
     assert train.node_selector == {"gpu-type": "a100"}
     assert [type(s) for s in train.image_pull_secrets] == [k8s.V1LocalObjectReference]
     assert {type(s) for s in train.tolerations} == {k8s.V1Toleration}
-    # names render as text: a model named 1.10 is not the number 1.1
+    # the model name is the Param itself, not a rendered text read as a literal (1.10 is not the number 1.1)
     assert (t.report.model, t.promote.model, t.promote.promote) == ("1.10", "1.10", "if_better")
-    assert t.stage.source_uri == "s3://datasets/x/"
+    assert (t.stage.source_uri, t.check.image, t.report.require_metrics) == ("s3://datasets/x/", "", True)
 
 
 @pytest.mark.parametrize(

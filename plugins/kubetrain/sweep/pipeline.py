@@ -16,7 +16,8 @@ run more at once. The ``gpu`` pool bounds the GPU pods of every DAG together.
 
 The DAG renders its templates as native objects (``render_template_as_native_obj=True``), as a
 training DAG does (:mod:`kubetrain.pipeline`): the trials get the Params' mappings, lists and
-numbers, and the argument templates render per trial to the values of its point.
+numbers, and the argument templates render per trial to the values of its point. The model name
+and the experiment reach their tasks as the Params themselves (``dag.param("model_name")``).
 
 A trial that fails (after its retries) does not stop the sweep: the next round and the
 leaderboard run when every trial before them is done, and the leaderboard ranks the trials
@@ -34,7 +35,7 @@ from airflow.sdk import TaskGroup
 
 from kubetrain.operators.promote import PromoteModelOperator
 from kubetrain.operators.stage import StageDatasetOperator
-from kubetrain.params import TEXT_TEMPLATES, require_native_rendering
+from kubetrain.params import native_dag
 from kubetrain.sweep.config import SweepSettings
 from kubetrain.sweep.operators import (
     PlanSweepOperator,
@@ -91,10 +92,8 @@ def sweep_pipeline(
         per sweep. On for sweeps of long trials where the worker slots matter more.
     :param train_kwargs: more TrialPodOperator arguments.
     """
-    stage = StageDatasetOperator(
-        task_id="stage_dataset", source_uri="{{ params.dataset_uri }}", outlets=[], **TEXT_TEMPLATES
-    )
-    require_native_rendering(stage, "sweep_pipeline")
+    stage = StageDatasetOperator(task_id="stage_dataset", source_uri="{{ params.dataset_uri }}", outlets=[])
+    dag = native_dag(stage, "sweep_pipeline")
     plan = PlanSweepOperator(
         task_id="plan",
         settings=settings,
@@ -102,7 +101,6 @@ def sweep_pipeline(
         dataset_manifest=stage.output["manifest_uri"],
         image="{{ params.image or '' }}",
         title=title,
-        **TEXT_TEMPLATES,
     )
     trial_kwargs: dict[str, Any] = dict(
         pool="gpu",
@@ -113,7 +111,7 @@ def sweep_pipeline(
         dataset_bytes=stage.output["total_bytes"],
         data_size="{{ params.data_size or '' }}",
         sweep=plan.output["trial_settings"],
-        experiment="{{ params.experiment or '' }}",
+        experiment=dag.param("experiment"),
         gpus="{{ params.gpus }}",
         gpu_resource="{{ params.gpu_resource or '' }}",
         node_selector="{{ params.node_selector }}",
@@ -170,20 +168,18 @@ def sweep_pipeline(
         previous = tasks
     leaderboard = SweepReportOperator(
         task_id="leaderboard",
-        model="{{ params.model_name }}",
+        model=dag.param("model_name"),
         title=title,
         trigger_rule="all_done",
-        **TEXT_TEMPLATES,
     )
     previous >> leaderboard
     promote = PromoteModelOperator(
         task_id="promote",
         run_uri=leaderboard.output["best_run_uri"],
-        model="{{ params.model_name }}",
+        model=dag.param("model_name"),
         promote="{{ params.promote }}",
         is_better=leaderboard.output["better_than_promoted"],
         keep_checkpoints=keep_checkpoints,
-        **TEXT_TEMPLATES,
     )
     record = RecordSweepOperator(task_id="record", leaderboard=leaderboard.output, promotion=promote.output)
     stage >> plan
