@@ -194,13 +194,16 @@ ENVIRONMENT: dict[str, EnvironmentVariable] = {
 
 
 def environ(name: str, default: str | None = None) -> str | None:
-    """The environment variable ``name``, one of :data:`ENVIRONMENT`, else ``default``.
+    """The environment variable ``name``, else ``default``.
 
-    :param name: a key of :data:`ENVIRONMENT`.
+    kubetrain's own variables (``KUBETRAIN_*``) must be declared in :data:`ENVIRONMENT`; a
+    deployment's own DAG may name a variable of its own (``kubetrain.pipeline.schedule``).
+
+    :param name: a key of :data:`ENVIRONMENT`, or a name outside ``KUBETRAIN_*``.
     :param default: the value when the variable is unset.
-    :raises KeyError: ``name`` is not declared in :data:`ENVIRONMENT`.
+    :raises KeyError: ``name`` is a ``KUBETRAIN_*`` name not declared in :data:`ENVIRONMENT`.
     """
-    if name not in ENVIRONMENT:
+    if name.startswith("KUBETRAIN_") and name not in ENVIRONMENT:
         raise KeyError(
             f"undeclared kubetrain environment variable {name!r}: declare it in kubetrain.settings.ENVIRONMENT "
             "and .env.example"

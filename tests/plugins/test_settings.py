@@ -132,6 +132,9 @@ def test_an_undeclared_environment_variable_is_refused(monkeypatch):
         settings.environ("KUBETRAIN_WATCH_CRONS")
     monkeypatch.setenv("KUBETRAIN_WATCH_CRON", "@daily")
     assert settings.environ("KUBETRAIN_WATCH_CRON", "*/10 * * * *") == "@daily"
+    # a deployment's own DAG names its own variables (docs/extending.md): those are read as they are
+    monkeypatch.setenv("TEAM_A_RETRAIN_CRON", "0 4 * * 1")
+    assert settings.environ("TEAM_A_RETRAIN_CRON") == "0 4 * * 1"
 
 
 def test_params_named_by_settings_exist():
