@@ -549,7 +549,8 @@ class Sidecar:
         # around it, retries what botocore cannot: a multipart upload as a whole (a part or the
         # completion that still fails leaves an aborted UploadId, recovered only by a new
         # create/parts/complete), and a put whose ETag is not the MD5 sent (a body damaged on the
-        # way, which botocore, with request checksums "when_required", does not check).
+        # way, which botocore, with request checksums "when_required", does not check). Around the
+        # pass manifest's one put, which has neither, it only adds attempts.
         delay = 0.2
         for attempt in range(1, self.config.attempts + 1):
             try:
