@@ -87,7 +87,8 @@ def string_list(name: str, value: Any) -> list[str] | None:
         return None
     if isinstance(value, str):
         raise ValueError(
-            f"{name} {value!r} is not a list: expected a list of strings; {_native_hint('args')}"
+            f"{name} {value!r} is not a list: expected a list of strings; "
+            + _native_hint({"cmds": "command", "arguments": "args"}.get(name, name))
         )
     if not isinstance(value, list | tuple) or not all(isinstance(v, str | int | float) for v in value):
         raise ValueError(f"{name} {value!r} is not a list of strings")
@@ -95,7 +96,7 @@ def string_list(name: str, value: Any) -> list[str] | None:
 
 
 def _text(name: str, value: Any) -> str | None:
-    """A name-like setting (experiment, trial) as text; a native template renders ``2024`` as a number."""
+    """A name-like setting (experiment, trial) as text: a number (a trial's, a native rendering of 2024) too."""
     if value in (None, ""):
         return None
     if not isinstance(value, str | int | float):
