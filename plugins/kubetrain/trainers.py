@@ -27,8 +27,9 @@ class TrainerSpec:
 
     :param name: the trainer's name, as ``metrics.json`` reports it.
     :param title: the report's title.
-    :param product: the kubetrain image that holds the trainer (``trainer``: :mod:`kubetrain.imagebuild.products`);
-        a run uses that image's last build unless the ``image`` Param names another.
+    :param product: the kubetrain image that holds the trainer, an image kind of
+        :mod:`kubetrain.imagebuild.products` (``trainer``: the deployment's training image, which a
+        run uses unless its ``image`` Param names another).
     :param cmds: the base container's command.
     :param arguments: the command's argument templates (``{{ params.x }}``).
     :param params: the training Params (Model and Training sections), built anew at each call so
