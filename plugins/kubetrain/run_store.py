@@ -25,7 +25,7 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kubetrain.s3_layout import RunLocation, S3Layout, s3_uri
+from kubetrain.s3_layout import S3Layout, s3_uri
 from kubetrain.store.manifests import ManifestRepository
 from kubetrain.store.markers import MarkerRepository
 from kubetrain.store.models import MAX_COPY_BYTES, POINTER_KIND, ModelRepository
@@ -44,7 +44,6 @@ from kubetrain.store.runs import RunRepository
 if TYPE_CHECKING:
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
-    from kubetrain_contract.run import RunRecord
 
 __all__ = [
     "CONTENT_TYPES",
@@ -226,21 +225,3 @@ class RunStore:
         for chunk in self.hook.get_key(key, bucket).get()["Body"].iter_chunks(1 << 20):
             digest.update(chunk)
         return digest.hexdigest()
-
-    # -- forwarding for plugins/kubetrain/sweep/ until its split lands ---------------------------
-
-    # transitional: sweep/ calls it
-    def final_pass(self, run: RunLocation, *, checksums: bool = True) -> SyncPass:
-        return self.passes.final(run, checksums=checksums)
-
-    # transitional: sweep/ calls it
-    def promoted_metrics(self, model: str) -> tuple[str | None, dict[str, Any] | None]:
-        return self.models.promoted_metrics(model)
-
-    # transitional: sweep/ calls it
-    def write_report(self, run: RunLocation, files: dict[str, bytes]) -> str:
-        return self.reports.write(run, files)
-
-    # transitional: sweep/ calls it
-    def write_run_record(self, record: RunRecord | dict[str, Any]) -> str:
-        return self.runs.write(record)

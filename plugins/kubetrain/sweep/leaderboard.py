@@ -107,7 +107,7 @@ class SweepReportOperator(SweepStoreOperator):
             best_run = RunLocation.from_uri(best.run_uri)
             raw = self.store.read(best_run.bucket, best_run.key("output", "metrics.json"))
             if raw is not None:
-                version, promoted = self.store.promoted_metrics(self.model)
+                version, promoted = self.store.models.promoted_metrics(self.model)
                 comparison = compare(parse_metrics(raw), promoted, version, on=self.compare_on)
                 self.log.info(
                     "Best trial %s against the promoted %s: %s", best.trial, self.model, comparison.reason
@@ -127,7 +127,7 @@ class SweepReportOperator(SweepStoreOperator):
                 trial_report_url=lambda t: t.get("report_url"),
             )
         )
-        report_uri = self.store.write_report(sweep.run, files)
+        report_uri = self.store.reports.write(sweep.run, files)
         url = report_url(context["ti"].dag_id, sweep.bucket, sweep.run.key("report", "report.html"))
         context["ti"].xcom_push(key=REPORT_URL_XCOM_KEY, value=url)
         tally = counts(trials)
@@ -273,7 +273,7 @@ class RecordSweepOperator(SweepStoreOperator):
                     },
                 },
             )
-            uris.append(self.store.write_run_record(record))
+            uris.append(self.store.runs.write(record))
             recorder.track(record)  # MLflow, when a tracking URI is configured
         self.log.info("Run records of %d trial(s) trained in this sweep, model %s", len(uris), model)
         return uris

@@ -262,7 +262,7 @@ class TrialPodOperator(TrainingPodOperator):
         deadline = time.monotonic() + FINAL_PASS_CHECK_SECONDS
         while True:
             try:
-                self.store.final_pass(run, checksums=False)
+                self.store.passes.final(run, checksums=False)
                 break
             except FinalPassPending as exc:
                 if time.monotonic() >= deadline:
@@ -320,7 +320,7 @@ class TrialPodOperator(TrainingPodOperator):
         if inputs is not None:
             from kubetrain.report.render import render_report
 
-            report_uri = self.store.write_report(run, render_report(inputs))
+            report_uri = self.store.reports.write(run, render_report(inputs))
             url = report_url(ti.dag_id, run.bucket, run.key("report", "report.html"))
             ti.xcom_push(key=REPORT_URL_XCOM_KEY, value=url)
             self._stamps["report"] = _now()
