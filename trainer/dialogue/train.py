@@ -44,6 +44,18 @@ TOKENIZER_FILE = "tokenizer.json"
 KEEP_SAMPLES = 30
 
 
+# the settings that shape the transformer (build_transformer's arguments besides the vocabulary)
+MODEL_SHAPE = (
+    "max_input_length",
+    "max_output_length",
+    "num_layers",
+    "num_heads",
+    "hidden_size",
+    "ff_size",
+    "dropout",
+)
+
+
 @dataclass
 class DialogueConfig(TrainerConfig):
     """Flags of the dialogue trainer."""
@@ -337,16 +349,8 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
     )
 
     with runtime.strategy.scope():
-        model = build_transformer(
-            vocab_size=tokenizer.size,
-            max_input_length=config.max_input_length,
-            max_output_length=config.max_output_length,
-            num_layers=config.num_layers,
-            num_heads=config.num_heads,
-            hidden_size=config.hidden_size,
-            ff_size=config.ff_size,
-            dropout=config.dropout,
-        )
+        shape = {name: getattr(config, name) for name in MODEL_SHAPE}
+        model = build_transformer(vocab_size=tokenizer.size, **shape)
         schedule = WarmupSchedule(config.hidden_size, config.warmup_steps, config.learning_rate_scale)
         # The training loop applies global_clipnorm to the all-replica gradient, after
         # loss-scale unscaling.

@@ -147,10 +147,10 @@ class RunPromotion(Checked):
 class MlflowRun:
     """Where MLflow tracking logged the run."""
 
-    experiment_id: str
-    run_id: str
-    url: str | None = None
-    model_version: str | None = None
+    experiment_id: str = spec(description="The MLflow experiment the run was logged to.")
+    run_id: str = spec(description="The MLflow run's id.")
+    url: str | None = spec(None, description="The run's page in the MLflow UI, when MLflow has one.")
+    model_version: str | None = spec(None, description="The registered model version a promotion made.")
 
 
 @dataclass(frozen=True)

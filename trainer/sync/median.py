@@ -22,6 +22,7 @@ checkpoint and outputs and exits with 79.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -70,17 +71,7 @@ class Decision:
 
     def record(self, rule: MedianRule) -> EarlyStopRecord:
         """The early-stop record of this decision under ``rule``."""
-        return EarlyStopRecord(
-            rule="median",
-            objective=rule.objective,
-            mode=rule.mode,
-            start_step=rule.start_step,
-            min_trials=rule.min_trials,
-            step=self.step,
-            best=self.best,
-            median=self.median,
-            finished_trials=self.finished_trials,
-        )
+        return EarlyStopRecord(rule="median", **dataclasses.asdict(rule), **dataclasses.asdict(self))
 
 
 @dataclass(frozen=True)

@@ -182,6 +182,7 @@ class _Segment:
         self.hash = new_hash()
 
 
+@dataclass
 class Downloader:
     """Fetch many objects, ``workers`` at a time; the first failure stops the rest.
 
@@ -196,25 +197,18 @@ class Downloader:
             store keeps no checksum of it.
     """
 
-    def __init__(
-        self,
-        s3: S3,
-        workers: int,
-        progress: Progress,
-        *,
-        verify: str = "auto",
-        part_size: int | None = None,
-        md5_max_size: int = DEFAULT_MD5_MAX_SIZE,
-    ) -> None:
-        if verify not in VERIFY_MODES:
-            raise ValueError(f"verify {verify!r} must be one of {', '.join(VERIFY_MODES)}")
-        self.s3 = s3
-        self.workers = max(1, workers)
-        self.progress = progress
-        self.verify = verify
-        self.part_size = part_size
-        self.md5_max_size = md5_max_size
-        self._made_dirs: set[Path] = set()
+    s3: S3
+    workers: int
+    progress: Progress
+    verify: str = field(default="auto", kw_only=True)
+    part_size: int | None = field(default=None, kw_only=True)
+    md5_max_size: int = field(default=DEFAULT_MD5_MAX_SIZE, kw_only=True)
+    _made_dirs: set[Path] = field(default_factory=set, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.verify not in VERIFY_MODES:
+            raise ValueError(f"verify {self.verify!r} must be one of {', '.join(VERIFY_MODES)}")
+        self.workers = max(1, self.workers)
 
     def run(self, items: list[Download]) -> None:
         """Download and verify ``items``; on failure, no partial file is left behind.

@@ -234,15 +234,10 @@ class RegistryHook(BaseHook):
         from kubetrain.imagebuild.oci import RegistryClient
 
         s = self.settings
-        return RegistryClient(
-            s.registry,
-            insecure=s.insecure,
-            verify=s.verify,
-            username=s.username,
-            password=s.password,
-            token=s.token,
-            timeout=s.timeout,
-        )
+        options = {
+            name: getattr(s, name) for name in ("insecure", "username", "password", "token", "timeout")
+        }
+        return RegistryClient(s.registry, verify=s.verify, **options)
 
     def test_connection(self) -> tuple[bool, str]:
         """Check that the registry answers ``GET /v2/`` with these credentials."""

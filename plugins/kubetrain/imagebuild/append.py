@@ -243,7 +243,7 @@ def append_layer(
             if base_repository != repository and client.mount_blob(
                 repository, desc["digest"], base_repository
             ):
-                client.stats.blobs_mounted += 1
+                client.stats.blobs["mounted"] += 1
                 continue
             raise RegistryError(
                 f"base layer {desc['digest']} of {base} is not in {client.registry}/{repository} and the registry "

@@ -29,6 +29,7 @@ import base64
 import hashlib
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,20 +87,18 @@ class TransferStats:
     requests: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
-    blobs_uploaded: int = 0
-    blobs_mounted: int = 0
-    blobs_present: int = 0
     by_method: dict[str, int] = field(default_factory=dict)
+    #: blobs pushed ("uploaded"), mounted from another repository ("mounted"), found there ("present")
+    blobs: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        """The totals, without the per-method counts."""
+        totals: dict[str, Any] = {
             "requests": self.requests,
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
-            "blobs_uploaded": self.blobs_uploaded,
-            "blobs_mounted": self.blobs_mounted,
-            "blobs_present": self.blobs_present,
         }
+        return totals | {f"blobs_{kind}": self.blobs[kind] for kind in ("uploaded", "mounted", "present")}
 
 
 @dataclass(frozen=True)
@@ -569,13 +568,13 @@ class RegistryClient:
     def ensure_blob(self, repository: str, blob: Blob, mount_from: str | None = None) -> str:
         """Make ``blob`` present in ``repository``: 'present', 'mounted' or 'uploaded'."""
         if self.blob_exists(repository, blob.digest):
-            self.stats.blobs_present += 1
+            self.stats.blobs["present"] += 1
             return "present"
         if mount_from and mount_from != repository and self.mount_blob(repository, blob.digest, mount_from):
-            self.stats.blobs_mounted += 1
+            self.stats.blobs["mounted"] += 1
             return "mounted"
         self.upload_blob(repository, blob)
-        self.stats.blobs_uploaded += 1
+        self.stats.blobs["uploaded"] += 1
         return "uploaded"
 
     def tag(self, repository: str, digest: str, tags: Iterable[str]) -> None:
