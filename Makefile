@@ -224,7 +224,12 @@ airflow: setup stack-images
 
 # -- benchmarks ----------------------------------------------------------------------------
 
-bench: setup
+# oras-py for bench/bench_oci_append.py's comparison, beside the Airflow environment (its pins refuse it)
+.tools/oras/.installed: $(UV)
+	$(UV) pip install --quiet --target .tools/oras --no-deps oras==0.2.43
+	touch $@
+
+bench: setup .tools/oras/.installed
 	BENCH="$(BENCH)" $(VENV)/bin/python bench/run.py
 
 clean: stack-down

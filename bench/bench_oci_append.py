@@ -21,8 +21,8 @@ each way, outside the clients.
 
 Each case ships a different one-line change of the trainer package and pushes to a repository of
 its own, so no case finds another's blobs. Results go to bench/results/oci_append.md. oras-py is
-installed with ``uv pip install --target .tools/oras --no-deps oras==0.2.43`` (it cannot join the
-Airflow environment's pins; requests and jsonschema come from there).
+installed by ``make bench`` into .tools/oras (``uv pip install --target .tools/oras --no-deps
+oras==0.2.43``: it cannot join the Airflow environment's pins; requests and jsonschema come from there).
 """
 
 from __future__ import annotations
