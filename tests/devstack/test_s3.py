@@ -99,18 +99,3 @@ def test_only_requests_signed_with_the_stack_key_pair_are_served(s3_server):
     with pytest.raises(urllib.error.HTTPError) as http:
         urllib.request.urlopen(url.replace("report/index.html", "report/other.html"), timeout=30)
     assert http.value.code == 403
-
-
-def test_the_project_signs_no_url_for_later_use():
-    """The server accepts presigned URLs valid for more than 7 days, which AWS refuses (include/devstack/S3.md):
-    no code of the project may create one, so none can come to rely on that."""
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[2]
-    found = [
-        str(path.relative_to(repo))
-        for folder in ("plugins", "dags", "trainer", "include")
-        for path in (repo / folder).rglob("*.py")
-        if ".venv" not in path.parts and "generate_presigned" in path.read_text(errors="replace")
-    ]
-    assert found == [], f"presigned URLs are made in {found}: serve the files through the API server instead"
