@@ -20,6 +20,7 @@ from airflow.sdk import DAG, Param
 from kubetrain import DEFAULT_ARGS, common_params, schedule, training_pipeline
 
 DATASET = "s3://datasets/keras-digits/"
+IMAGE = "localhost:5000/examples/keras-model:1"  # your image: the script and its libraries
 
 with DAG(
     dag_id=Path(__file__).stem,
@@ -32,28 +33,10 @@ with DAG(
     params=common_params(
         dataset_uri=DATASET,
         model="keras-digits",
-        image=Param(
-            "localhost:5000/examples/keras-model:1",
-            type="string",
-            title="Training image",
-            description="Your image: the script and its libraries.",
-            section="Model",
-        ),
-        epochs=Param(
-            3,
-            type="integer",
-            minimum=1,
-            title="Epochs",
-            description="Passes over the data.",
-            section="Training",
-        ),
+        image=Param(IMAGE, type="string", title="Training image", section="Model"),
+        epochs=Param(3, type="integer", minimum=1, title="Epochs", section="Training"),
         learning_rate=Param(
-            0.001,
-            type="number",
-            exclusiveMinimum=0,
-            title="Learning rate",
-            description="Adam's learning rate.",
-            section="Training",
+            0.001, type="number", exclusiveMinimum=0, title="Learning rate", section="Training"
         ),
     ),
     render_template_as_native_obj=True,
