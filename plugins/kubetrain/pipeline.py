@@ -128,6 +128,24 @@ def common_params(
             "GPU taint. Empty: the deployment's (KUBETRAIN_TOLERATIONS).",
             section="Cluster",
         ),
+        "queue": Param(
+            None,
+            type=["null", "string"],
+            pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
+            title="Queue",
+            description="Kueue LocalQueue the run's pods wait in for quota; empty: the deployment's (KUBETRAIN_QUEUE), "
+            "none when that is empty too.",
+            section="Cluster",
+        ),
+        "priority": Param(
+            None,
+            type=["null", "string"],
+            pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
+            title="Priority",
+            description="Kueue WorkloadPriorityClass of the run's pods (a higher one may preempt lower ones, which "
+            "resume from their checkpoints); empty: the queue's default.",
+            section="Cluster",
+        ),
         "image_pull_secrets": Param(
             None,
             type=["null", "array"],
@@ -268,6 +286,8 @@ def training_pipeline(
         node_selector="{{ params.node_selector }}",
         tolerations="{{ params.tolerations }}",
         image_pull_secrets="{{ params.image_pull_secrets }}",
+        local_queue="{{ params.queue or '' }}",
+        priority_class="{{ params.priority or '' }}",
         cpu="{{ params.cpu }}",
         memory="{{ params.memory }}",
         sync_interval="{{ params.sync_interval }}",

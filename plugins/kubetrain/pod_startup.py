@@ -1,9 +1,14 @@
 """How a training pod gets from created to running, phase by phase, and when to give up.
 
 A training pod starts in four phases, each with its own budget, so that a 10 GB dataset
-being staged never looks like a hung image pull::
+being staged never looks like a hung image pull, and in a fifth before them on a cluster with
+Kueue::
 
-    scheduling   until PodScheduled       schedule_timeout; an unschedulable pod fails fast
+    queued       until Kueue admits it    queue_timeout: the pod is held by the scheduling gate
+                                          kueue.x-k8s.io/admission (PodScheduled False, reason
+                                          SchedulingGated) while its LocalQueue has no quota
+    scheduling   until PodScheduled       schedule_timeout, from admission; an unschedulable pod
+                                          fails fast
     start-up     until stage-in runs      startup_timeout: the sync image is pulled
     stage-in     until stage-in ends      stage_in_timeout: the dataset is downloaded
     start-up     until the pod runs       startup_timeout again: the sidecar starts and the
@@ -12,7 +17,8 @@ being staged never looks like a hung image pull::
 :class:`PodStartup` judges one observation of the pod (and, while it is unscheduled, its
 events) at a time; the synchronous operator and the deferred trigger feed it the same way.
 The clock of each phase starts at the pod's own timestamps (creation, PodScheduled, the
-stage-in container's start and end), so a restarted triggerer does not reset it.
+stage-in container's start and end), so a restarted triggerer does not reset it; admission has no
+timestamp on the pod, so scheduling counts from when this watcher first saw the gate gone.
 
 A failure is an exception class, never a message to parse: :class:`PodUnschedulableError`
 and :class:`ImagePullError` fail the task without retries (a retry would wait for the same
@@ -21,7 +27,7 @@ missing node or image), :class:`PodStartupTimeout` and :class:`StageInError` may
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -55,11 +61,16 @@ class ImagePullError(AirflowFailException):
     """An image of the pod cannot be pulled, or a container cannot be created from it; not retried."""
 
 
+class QueueTimeout(AirflowFailException):
+    """Kueue did not admit the pod within ``queue_timeout``; not retried (a retry queues again, last)."""
+
+
 FAILURES: dict[str, type[AirflowException]] = {
     "unschedulable": PodUnschedulableError,
     "image": ImagePullError,
     "stage_in": StageInError,
     "timeout": PodStartupTimeout,
+    "queue": QueueTimeout,
 }
 STARTUP_FAILURES = tuple(FAILURES.values())
 
@@ -103,6 +114,53 @@ def _condition(pod: Any, kind: str) -> Any:
     return None
 
 
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
+KUEUE_GATE = "kueue.x-k8s.io/admission"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+
+
+def queue_name(pod: Any) -> str | None:
+    """The Kueue LocalQueue the pod is labelled for."""
+    return (getattr(pod.metadata, "labels", None) or {}).get(QUEUE_LABEL)
+
+
+def queued(pod: Any) -> bool:
+    """Whether Kueue still holds the pod: its admission gate is on (the scheduler has not seen it)."""
+    gates = getattr(pod.spec, "scheduling_gates", None) or []
+    return any(getattr(g, "name", None) == KUEUE_GATE for g in gates)
+
+
+def _field(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def queue_message(pod: Any, waited_s: float, workloads: Iterable[Any] = (), local_queue: Any = None) -> str:
+    """A line for the task log about a pod Kueue holds: how long, and why, where Kueue says.
+
+    :param pod: the pod.
+    :param waited_s: seconds it has waited.
+    :param workloads: the namespace's ``Workload`` objects (``kueue.x-k8s.io``), as read from the API.
+    :param local_queue: its ``LocalQueue`` object, if it could be read.
+    """
+    text = f"pod {pod.metadata.name} is queued in Kueue LocalQueue {queue_name(pod)!r} for {waited_s:.0f} s"
+    uid = pod.metadata.uid
+    for workload in workloads:
+        meta = _field(workload, "metadata") or {}
+        owners = _field(meta, "ownerReferences") or _field(meta, "owner_references") or []
+        if any(_field(owner, "uid") == uid for owner in owners):
+            status = _field(workload, "status") or {}
+            for condition in _field(status, "conditions") or []:
+                if _field(condition, "type") == "QuotaReserved" and _field(condition, "status") == "False":
+                    text += f": {_field(condition, 'reason')}: {_field(condition, 'message')}"
+            text += f" (Workload {_field(meta, 'name')})"
+            break
+    pending = _field(_field(local_queue, "status") or {}, "pendingWorkloads") if local_queue else None
+    if pending:
+        text += f"; {pending} workload(s) pending in the queue"
+    return text
+
+
 def _container_status(pod: Any, name: str) -> Any:
     for status in getattr(pod.status, "init_container_statuses", None) or []:
         if status.name == name:
@@ -132,6 +190,8 @@ class PodStartup:
         the stage-in container runs), then starting the sidecar and pulling the training image.
     :param stage_in_timeout: seconds the stage-in container may run.
     :param stage_in_container: name of the stage-in init container.
+    :param queue_timeout: seconds a pod that Kueue holds may wait to be admitted; the scheduling
+        budget counts from its admission.
     """
 
     schedule_timeout: float
@@ -139,10 +199,19 @@ class PodStartup:
     startup_timeout: float
     stage_in_timeout: float
     stage_in_container: str = "stage-in"
+    queue_timeout: float = 86400.0
     first_seen: dict[str, datetime] = field(default_factory=dict)
+    #: seconds the pod waited for admission, once it was seen queued (None: never seen queued)
+    queued_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("schedule_timeout", "unschedulable_grace", "startup_timeout", "stage_in_timeout"):
+        for name in (
+            "schedule_timeout",
+            "unschedulable_grace",
+            "startup_timeout",
+            "stage_in_timeout",
+            "queue_timeout",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name}={value!r} is not valid: expected a number of seconds > 0")
@@ -184,6 +253,16 @@ class PodStartup:
                     f"container {container} of pod {name} cannot start: {reason}: {message}".rstrip(": ")
                 )
 
+        if queued(pod):
+            self.queued_s = self._since("queued", pod.metadata.creation_timestamp, now)
+            if self.queued_s > self.queue_timeout:
+                raise QueueTimeout(
+                    f"pod {name} was not admitted by Kueue within queue_timeout={self.queue_timeout:g} s "
+                    f"(LocalQueue {queue_name(pod)!r}); its quota stayed in use"
+                )
+            return False
+        if self.queued_s is not None:
+            self.first_seen.setdefault("admitted", now)
         scheduled = _condition(pod, "PodScheduled")
         if not (scheduled and scheduled.status == "True"):
             self._check_scheduling(pod, scheduled, list(events), now)
@@ -216,7 +295,12 @@ class PodStartup:
                 reason = event.message
                 break
         scaling_up = any(event.reason in SCALE_UP_REASONS for event in events)
-        waited = self._since("created", pod.metadata.creation_timestamp, now)
+        admitted = self.first_seen.get("admitted")
+        waited = (
+            (now - admitted).total_seconds()
+            if admitted
+            else self._since("created", pod.metadata.creation_timestamp, now)
+        )
         if reason is not None and not scaling_up:
             stuck = self._since("unschedulable", scheduled.last_transition_time if scheduled else None, now)
             if stuck >= self.unschedulable_grace:

@@ -70,6 +70,11 @@ WORKER_ACCESS: tuple[tuple[str, str, str, str], ...] = (
     ),
     ("create", "", "pods/exec", ""),
     ("get", "", "pods/exec", ""),
+    *(
+        (verb, "kueue.x-k8s.io", resource, "")
+        for verb in ("get", "list")
+        for resource in ("workloads", "localqueues")
+    ),
 )
 TRIGGERER_ACCESS: tuple[tuple[str, str, str, str], ...] = (
     *((verb, "", "pods", "") for verb in ("get", "list", "watch", "delete")),
@@ -81,6 +86,11 @@ TRIGGERER_ACCESS: tuple[tuple[str, str, str, str], ...] = (
     *((verb, "kubeflow.org", "tfjobs", "") for verb in ("get", "watch", "delete")),
     *((verb, "trainer.kubeflow.org", "trainjobs", "") for verb in ("get", "watch", "delete")),
     ("delete", "trainer.kubeflow.org", "trainingruntimes", ""),
+    *(
+        (verb, "kueue.x-k8s.io", resource, "")
+        for verb in ("get", "list")
+        for resource in ("workloads", "localqueues")
+    ),
 )
 RESTRICTED_FIX = (
     "the preflight's pods pass Pod Security level restricted, as training pods do; check the namespace's "
@@ -275,6 +285,11 @@ class Preflight:
             self.check_training_apis()
             if reachable
             else Check("training-apis", "SKIP", "needs the API (see api)")
+        )
+        add(
+            self.guarded("queue", self.check_queue)
+            if reachable
+            else Check("queue", "SKIP", "needs the API (see api)")
         )
         return self.results
 
@@ -751,6 +766,43 @@ class Preflight:
             )
         detail = f"served: {', '.join(served)}" + (f"; not served: {', '.join(missing)}" if missing else "")
         return Check("training-apis", "INFO", f"{detail}; {queues}")
+
+    def check_queue(self) -> Check:
+        """Whether the configured Kueue LocalQueue exists in the training namespace."""
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        queue = self.deployment.queue
+        if not queue:
+            return Check(
+                "queue", "INFO", "no Kueue queue configured (KUBETRAIN_QUEUE): pods go to the scheduler"
+            )
+        groups = {
+            g.name for g in client.ApisApi(self.hook.api_client).get_api_versions(_request_timeout=10).groups
+        }
+        if KUEUE_GROUP not in groups:
+            return Check(
+                "queue",
+                "FAIL",
+                f"KUBETRAIN_QUEUE is {queue!r} but the cluster does not serve Kueue ({KUEUE_GROUP})",
+                "install Kueue with its plain-pod integration enabled, or empty KUBETRAIN_QUEUE",
+            )
+        try:
+            found = client.CustomObjectsApi(self.hook.api_client).get_namespaced_custom_object(
+                KUEUE_GROUP, "v1beta1", self.namespace, "localqueues", queue, _request_timeout=10
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return Check(
+                "queue",
+                "FAIL",
+                f"LocalQueue {queue!r} does not exist in namespace {self.namespace}",
+                f"create it (kind: LocalQueue, namespace {self.namespace}, spec.clusterQueue: <your ClusterQueue>) "
+                "or set KUBETRAIN_QUEUE to one that exists",
+            )
+        cluster_queue = (found.get("spec") or {}).get("clusterQueue", "?")
+        return Check("queue", "PASS", f"LocalQueue {queue!r} feeds ClusterQueue {cluster_queue!r}")
 
     # -- preflight pods --------------------------------------------------------------------
 

@@ -96,6 +96,19 @@ SETTINGS: dict[str, Setting] = {
             param="gpu_resource",
         ),
         Setting(
+            "queue",
+            "",
+            "Kueue LocalQueue that training pods wait in (the kueue.x-k8s.io/queue-name label); empty: none, "
+            "pods go straight to the scheduler.",
+            param="queue",
+        ),
+        Setting(
+            "queue_timeout",
+            "86400",
+            "Seconds a training pod may wait for Kueue to admit it before the task fails; its start-up "
+            "budgets count from admission.",
+        ),
+        Setting(
             "registry",
             "localhost:5000",
             "Registry that holds the trainer and sync images: host[:port], optionally with the path the "
@@ -355,6 +368,7 @@ class Deployment:
     sync_image: str | None = None
     datasets_bucket: str = SETTINGS["datasets_bucket"].default
     training_bucket: str = SETTINGS["training_bucket"].default
+    queue: str | None = None
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", self.namespace or ""):
@@ -369,6 +383,11 @@ class Deployment:
         if not re.fullmatch(r"([a-z0-9.-]+/)?[a-z0-9][-a-z0-9_.]*(/[-a-z0-9_.]+)?", self.gpu_resource or ""):
             raise ValueError(
                 f"gpu_resource {self.gpu_resource!r} is not an extended resource name: expected e.g. nvidia.com/gpu"
+            )
+        if self.queue and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", self.queue):
+            raise ValueError(
+                f"queue {self.queue!r} is not a Kueue LocalQueue name: expected lowercase letters, digits, '-' "
+                "and '.', starting and ending with a letter or digit"
             )
         if self.trainer_variant not in TRAINER_VARIANTS:
             raise ValueError(
@@ -397,4 +416,5 @@ class Deployment:
             sync_image=get("sync_image") or None,
             datasets_bucket=get("datasets_bucket"),
             training_bucket=get("training_bucket"),
+            queue=get("queue") or None,
         )

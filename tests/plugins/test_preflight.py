@@ -102,6 +102,7 @@ def test_all_pass_against_the_dev_stack_as_a_dag(stack_env, stack_images, core, 
         "gpu-pool": "PASS",
         "registry": "PASS",
         "training-apis": "INFO",
+        "queue": "INFO",
         "access:triggerer": "PASS",
     }, lines
     text = "\n".join(lines)
@@ -113,9 +114,21 @@ def test_all_pass_against_the_dev_stack_as_a_dag(stack_env, stack_images, core, 
         in text
     )
     assert "served: Indexed Job (batch/v1); not served: Kubeflow TFJob" in text
-    assert text.rstrip().endswith("Kueue not served") or "; Kueue not served" in text
+    assert "; Kueue served (kueue.x-k8s.io v1beta1)" in text  # the dev stack's stand-in
+    assert "queue: no Kueue queue configured (KUBETRAIN_QUEUE)" in text
     assert "training runs on CPU" in text
     assert preflight_pods(core) == []
+
+
+def test_the_queue_line_checks_the_configured_local_queue(stack_env):
+    found = Preflight(Deployment(queue="training")).check_queue()
+    assert (found.status, found.detail) == ("PASS", "LocalQueue 'training' feeds ClusterQueue 'kubetrain'")
+    missing = Preflight(Deployment(queue="nobody")).check_queue()
+    assert missing.status == "FAIL"
+    assert missing.detail == f"LocalQueue 'nobody' does not exist in namespace {NAMESPACE}"
+    assert "kind: LocalQueue" in missing.fix and "KUBETRAIN_QUEUE" in missing.fix
+    with pytest.raises(ValueError, match="queue 'Team_A' is not a Kueue LocalQueue name"):
+        Deployment(queue="Team_A")
 
 
 def test_broken_configuration_names_each_fix(stack_env, core, devstack):

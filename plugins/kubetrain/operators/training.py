@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from functools import cached_property
@@ -25,15 +27,23 @@ from kubetrain.doc_md import class_doc_md
 from kubetrain.hooks.registry import RegistryHook
 from kubetrain.images import pin_image
 from kubetrain.pod_startup import (
+    KUEUE_GROUP,
+    KUEUE_VERSION,
     NOTES_KEY,
+    PRIORITY_LABEL,
+    QUEUE_LABEL,
     STARTUP_FAILURES,
     ImagePullError,
     PodStartup,
     PodStartupTimeout,
     PodUnschedulableError,
+    QueueTimeout,
     StageInError,
     failure_from_event,
     gpu_served_on_cpu,
+    queue_message,
+    queue_name,
+    queued,
     requested_gpus,
 )
 from kubetrain.s3_layout import RunLocation, S3Layout, run_from_context
@@ -48,6 +58,7 @@ __all__ = [
     "NO_RETRY_EXIT_CODES",
     "ImagePullError",
     "PodStartupTimeout",
+    "QueueTimeout",
     "PodUnschedulableError",
     "StageInError",
     "TrainingPodManager",
@@ -59,6 +70,8 @@ __all__ = [
 # time, or its values would replace the contract's when the two are reconciled.
 _OWNED = ("container_resources", "security_context", "container_security_context", "full_pod_spec")
 _EMPTY = (None, "", [], {}, ())
+# A Kueue LocalQueue or WorkloadPriorityClass name (a DNS subdomain).
+_KUEUE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 # XCom of the lines a run's report shows at the top (e.g. a GPU request served on CPU).
 NOTES_XCOM_KEY = "notes"
 # Exit codes of the training container that a retry would only repeat (kubetrain_contract.exit_codes, the table the
@@ -294,6 +307,14 @@ class TrainingPodOperator(KubernetesPodOperator):
     :param stage_in_timeout_seconds: seconds the stage-in container may download the dataset.
     :param schedule_timeout_seconds: seconds to find a node while an autoscaler adds one.
     :param unschedulable_grace_seconds: seconds an unschedulable pod waits for an autoscaler before it fails.
+    :param local_queue: Kueue LocalQueue the pod waits in (the ``kueue.x-k8s.io/queue-name`` label);
+        empty: the deployment's (``KUBETRAIN_QUEUE``), none when that is empty too (``queue`` is
+        BaseOperator's executor queue). (templated)
+    :param priority_class: Kueue WorkloadPriorityClass of the pod (``kueue.x-k8s.io/priority-class``);
+        empty: the queue's default. (templated)
+    :param queue_timeout_seconds: seconds the pod may wait for Kueue's admission (default: the
+        deployment's ``KUBETRAIN_QUEUE_TIMEOUT``); the start-up budgets count from admission.
+    :param queue_log_interval_seconds: seconds between the task log's lines about a queued pod.
     :param deferrable: defer to the triggerer while the pod runs (default); ``False`` waits in the
         task process.
     :param logging_interval: seconds between reads of the pod's logs while the task is deferred
@@ -332,6 +353,8 @@ class TrainingPodOperator(KubernetesPodOperator):
         "data_size",
         "checkpoint_size",
         "output_size",
+        "local_queue",
+        "priority_class",
     )
     template_fields_renderers = {**KubernetesPodOperator.template_fields_renderers, "extra_env": "py"}
     # Exit codes of the training container that fail the task without retries, with their meaning.
@@ -375,6 +398,10 @@ class TrainingPodOperator(KubernetesPodOperator):
         stage_in_timeout_seconds: int = 3600,
         schedule_timeout_seconds: int = 900,
         unschedulable_grace_seconds: int = 60,
+        local_queue: str | None = None,
+        priority_class: str | None = None,
+        queue_timeout_seconds: float | None = None,
+        queue_log_interval_seconds: float = 60,
         deferrable: bool = True,
         on_finish_action: str = "delete_pod",
         get_logs: bool = True,
@@ -442,6 +469,10 @@ class TrainingPodOperator(KubernetesPodOperator):
         self.extra_env = extra_env or {}
         self.stage_in_timeout_seconds = stage_in_timeout_seconds
         self.unschedulable_grace_seconds = unschedulable_grace_seconds
+        self.local_queue = local_queue
+        self.priority_class = priority_class
+        self.queue_timeout_seconds = queue_timeout_seconds
+        self.queue_log_interval_seconds = queue_log_interval_seconds
         self.log_containers = list(log_containers)
         if (
             not self.deferrable
@@ -488,6 +519,7 @@ class TrainingPodOperator(KubernetesPodOperator):
         trial = _text("trial", self.trial)
         if trial is not None:
             labels["kubetrain.io/trial"] = trial
+        labels.update(self.queue_labels())
         s3_secret = settings.get("s3_secret") if self.s3_secret is None else self.s3_secret
         return pod_spec.TrainingPodConfig(
             image=image,
@@ -558,6 +590,40 @@ class TrainingPodOperator(KubernetesPodOperator):
         )
         return super().build_pod_request_obj(context, dry_run=dry_run)
 
+    def queue_labels(self) -> dict[str, str]:
+        """Kueue's labels for the pod: its LocalQueue and priority class, when it has a queue."""
+        queue = _text("local_queue", self.local_queue) or settings.get("queue")
+        priority = _text("priority_class", self.priority_class)
+        labels: dict[str, str] = {}
+        for what, value in (("queue", queue), ("priority", priority)):
+            if value and not _KUEUE_NAME.match(value):
+                raise ValueError(
+                    f"{what} {value!r} is not a Kueue object name: expected lowercase letters, digits, "
+                    "'-' and '.', starting and ending with a letter or digit (at most 253 characters)"
+                )
+        if priority and not queue:
+            raise ValueError(
+                f"priority {priority!r} needs a queue: Kueue orders the workloads of a queue; set the queue "
+                "Param or KUBETRAIN_QUEUE"
+            )
+        if queue:
+            labels[QUEUE_LABEL] = queue
+        if priority:
+            labels[PRIORITY_LABEL] = priority
+        return labels
+
+    def _queue_timeout(self) -> float:
+        value = self.queue_timeout_seconds
+        if value is None:
+            value = settings.get("queue_timeout")
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            seconds = -1.0
+        if seconds <= 0:
+            raise ValueError(f"queue_timeout {value!r} is not valid: expected a number of seconds > 0")
+        return seconds
+
     # -- start-up ----------------------------------------------------------------------------
 
     def pod_startup(self) -> PodStartup:
@@ -568,23 +634,48 @@ class TrainingPodOperator(KubernetesPodOperator):
             startup_timeout=self.startup_timeout_seconds,
             stage_in_timeout=self.stage_in_timeout_seconds,
             stage_in_container=pod_spec.STAGE_IN_CONTAINER,
+            queue_timeout=self._queue_timeout(),
         )
 
     def await_pod_start(self, pod: k8s.V1Pod) -> None:
         """Wait until the pod runs, each start-up phase within its budget (the task is not deferred)."""
         startup = self.pod_startup()
+        queue_due = 0.0
         try:
             remote = self.pod_manager.read_pod(pod)
             while True:
                 events = self.pod_manager.read_pod_events(pod).items if startup.needs_events(remote) else []
                 if startup.observe(remote, events or [], datetime.now(UTC)):
                     break
+                if queued(remote) and time.monotonic() >= queue_due:
+                    self.log.info("%s", self._queue_message(remote, startup.queued_s or 0.0))
+                    queue_due = time.monotonic() + self.queue_log_interval_seconds
                 # the next change of the pod, or the pod again after the interval (the budgets run on)
                 remote = self.pod_manager.await_pod_change(remote, self.startup_check_interval_seconds)
         except STARTUP_FAILURES as exc:
             self._startup_failure = exc
             raise
         self._check_gpus(remote)
+
+    def _queue_message(self, remote: k8s.V1Pod, waited_s: float) -> str:
+        """What the task log says about a queued pod, with its Workload's reason where it can be read."""
+        from kubernetes.client import CustomObjectsApi
+
+        workloads: list[Any] = []
+        local_queue = None
+        try:
+            api = CustomObjectsApi(self.client.api_client)
+            namespace = remote.metadata.namespace
+            listing = api.list_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads")
+            workloads = list(listing.get("items") or [])
+            name = queue_name(remote)
+            if name:
+                local_queue = api.get_namespaced_custom_object(
+                    KUEUE_GROUP, KUEUE_VERSION, namespace, "localqueues", name
+                )
+        except Exception as exc:  # Kueue's objects need a Role rule (deploy/rbac.yaml grants it)
+            self.log.debug("Could not read the Kueue workload of pod %s: %s", remote.metadata.name, exc)
+        return queue_message(remote, waited_s, workloads, local_queue)
 
     def _gpu_resource(self) -> str:
         return str(self.gpu_resource or settings.get("gpu_resource"))
@@ -625,6 +716,8 @@ class TrainingPodOperator(KubernetesPodOperator):
                 stage_in_container=pod_spec.STAGE_IN_CONTAINER,
                 log_containers=self.log_containers,
                 gpu_resource=self._gpu_resource(),
+                queue_timeout=self._queue_timeout(),
+                queue_log_interval=self.queue_log_interval_seconds,
             )
         super().defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
 

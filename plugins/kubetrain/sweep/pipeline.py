@@ -117,6 +117,9 @@ def sweep_pipeline(
         node_selector="{{ params.node_selector }}",
         tolerations="{{ params.tolerations }}",
         image_pull_secrets="{{ params.image_pull_secrets }}",
+        # each trial queues on its own (one Workload a pod)
+        local_queue="{{ params.queue or '' }}",
+        priority_class="{{ params.priority or '' }}",
         cpu="{{ params.cpu }}",
         memory="{{ params.memory }}",
         sync_interval="{{ params.sync_interval }}",

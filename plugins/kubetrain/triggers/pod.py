@@ -24,11 +24,16 @@ from airflow.triggers.base import TriggerEvent
 
 from kubetrain.pod_startup import (
     EVENT_KEY,
+    KUEUE_GROUP,
+    KUEUE_VERSION,
     NOTES_KEY,
     STARTUP_FAILURES,
     PodStartup,
     failure_kind,
     gpu_served_on_cpu,
+    queue_message,
+    queue_name,
+    queued,
     requested_gpus,
     started_containers,
 )
@@ -149,6 +154,8 @@ class TrainingPodTrigger(KubernetesPodTrigger):
     :param stage_in_container: name of the stage-in init container.
     :param log_containers: containers whose log lines go to the task log besides the base container.
     :param gpu_resource: the extended resource the pod's GPUs are requested as.
+    :param queue_timeout: seconds a pod that Kueue holds may wait for admission.
+    :param queue_log_interval: seconds between the task log's lines about a queued pod.
     :param kwargs: KubernetesPodTrigger arguments.
     """
 
@@ -160,6 +167,8 @@ class TrainingPodTrigger(KubernetesPodTrigger):
         stage_in_container: str = "stage-in",
         log_containers: Sequence[str] = (),
         gpu_resource: str | None = None,
+        queue_timeout: float = 86400.0,
+        queue_log_interval: float = 60.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -168,6 +177,8 @@ class TrainingPodTrigger(KubernetesPodTrigger):
         self.stage_in_container = stage_in_container
         self.log_containers = list(log_containers)
         self.gpu_resource = gpu_resource
+        self.queue_timeout = queue_timeout
+        self.queue_log_interval = queue_log_interval
         self.notes: list[str] = []
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -178,6 +189,8 @@ class TrainingPodTrigger(KubernetesPodTrigger):
             stage_in_container=self.stage_in_container,
             log_containers=list(self.log_containers),
             gpu_resource=self.gpu_resource,
+            queue_timeout=self.queue_timeout,
+            queue_log_interval=self.queue_log_interval,
         )
         return f"{type(self).__module__}.{type(self).__qualname__}", kwargs
 
@@ -192,12 +205,14 @@ class TrainingPodTrigger(KubernetesPodTrigger):
             startup_timeout=self.startup_timeout,
             stage_in_timeout=self.stage_in_timeout,
             stage_in_container=self.stage_in_container,
+            queue_timeout=self.queue_timeout,
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         startup = self.startup()
         pod = None
         logs_due = time.monotonic() + self.logging_interval if self.logging_interval else None
+        queue_due = 0.0
         try:
             while True:
                 pod = await self.hook.get_pod(name=self.pod_name, namespace=self.pod_namespace)
@@ -206,6 +221,9 @@ class TrainingPodTrigger(KubernetesPodTrigger):
                     listing = await self.hook.get_pod_events(name=self.pod_name, namespace=self.pod_namespace)
                     events = list(listing.items or [])
                 started = startup.observe(pod, events, datetime.now(UTC))
+                if queued(pod) and time.monotonic() >= queue_due:
+                    self.log.info("%s", await self._queue_message(pod, startup.queued_s or 0.0))
+                    queue_due = time.monotonic() + self.queue_log_interval
                 if self.get_logs and logs_due is not None and time.monotonic() >= logs_due:
                     await self.pod_manager.follow(pod, self.log_containers, since_time=self.last_log_time)
                     logs_due = time.monotonic() + self.logging_interval
@@ -233,6 +251,28 @@ class TrainingPodTrigger(KubernetesPodTrigger):
             await self._check_gpus(pod)
         async for event in super().run():
             yield TriggerEvent(await self._finish(dict(event.payload)))
+
+    async def _queue_message(self, pod: Any, waited_s: float) -> str:
+        """What the task log says about a queued pod, with its Workload's reason where it can be read."""
+        from kubernetes_asyncio.client import CustomObjectsApi
+
+        workloads: list[Any] = []
+        local_queue = None
+        try:
+            async with self.hook.get_conn() as connection:
+                api = CustomObjectsApi(connection)
+                listing = await api.list_namespaced_custom_object(
+                    KUEUE_GROUP, KUEUE_VERSION, self.pod_namespace, "workloads"
+                )
+                workloads = list(listing.get("items") or [])
+                name = queue_name(pod)
+                if name:
+                    local_queue = await api.get_namespaced_custom_object(
+                        KUEUE_GROUP, KUEUE_VERSION, self.pod_namespace, "localqueues", name
+                    )
+        except Exception as exc:  # Kueue's objects need a Role rule (deploy/rbac.yaml grants it)
+            self.log.debug("Could not read the Kueue workload of pod %s: %s", self.pod_name, exc)
+        return queue_message(pod, waited_s, workloads, local_queue)
 
     async def _check_gpus(self, pod: Any) -> None:
         """Log, once, that the pod's GPU request was served on CPU (only a development cluster does that)."""

@@ -961,3 +961,33 @@ def test_exit_codes_that_fail_without_retries_are_the_contracts():
     assert TrainingPodOperator.no_retry_exit_codes is NO_RETRY_EXIT_CODES
     # one rule: a sweep's trial fails on the same codes as a single run (66 was retried by one and not the other)
     assert FINAL_EXIT_CODES is NO_RETRY_EXIT_CODES
+
+
+def test_a_queued_run_carries_kueues_labels(airflow_env):
+    op = operator(local_queue="{{ params.queue }}", priority_class="{{ params.priority }}")
+    labels = build(op, context_for(op, queue="training", priority="high"))["metadata"]["labels"]
+    assert labels["kueue.x-k8s.io/queue-name"] == "training"
+    assert labels["kueue.x-k8s.io/priority-class"] == "high"
+    plain = operator()
+    assert not any(
+        k.startswith("kueue.x-k8s.io/") for k in build(plain, context_for(plain))["metadata"]["labels"]
+    )
+    airflow_env.setenv("KUBETRAIN_QUEUE", "team-a")
+    default = operator()
+    assert build(default, context_for(default))["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"local_queue": "Team_A"}, "queue 'Team_A' is not a Kueue object name"),
+        ({"local_queue": "gpus", "priority_class": "-high"}, "priority '-high' is not a Kueue object name"),
+        ({"priority_class": "high"}, "priority 'high' needs a queue"),
+        ({"local_queue": "gpus", "queue_timeout_seconds": 0}, "queue_timeout 0 is not valid"),
+    ],
+)
+def test_a_bad_queue_setting_is_refused_naming_it(airflow_env, kwargs, message):
+    op = operator(**kwargs)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build(op, context_for(op))
+        op.pod_startup()

@@ -1,0 +1,123 @@
+"""A training pod that waits in a Kueue queue on the dev stack (its Kueue stand-in: one GPU of quota in
+LocalQueue 'training'): the task defers, its start-up budgets do not run while Kueue holds the pod,
+the task log says why it waits, and the run starts once the quota is free."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from types import SimpleNamespace
+
+import pytest
+from airflow.sdk import DAG
+from airflow.sdk.exceptions import TaskDeferred
+from kubernetes import client, config
+
+# the dev stack's environment and a staged dataset: the fixtures of the log tests
+from test_training_logs import TICKING, Records, TaskInstance, run_trigger, stack_env, staged  # noqa: F401
+
+from include.devstack.stack import NAMESPACE
+from kubetrain.operators.training import TrainingPodOperator
+
+QUEUED = "is queued in Kueue LocalQueue 'training'"
+
+
+def holder_pod(name: str) -> dict:
+    """A pod that takes the queue's one GPU until it is deleted (Pod Security level restricted)."""
+    return {
+        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "training"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 10001,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "hold",
+                    "image": "busybox:1.36",
+                    "command": ["sh", "-c", "sleep 600"],
+                    "resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}},
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }
+            ],
+        },
+    }
+
+
+def wait_lines(records: Records, text: str, count: int, thread: threading.Thread) -> list[str]:
+    """The log lines holding ``text`` once there are ``count`` of them (the trigger thread writes them)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and thread.is_alive():
+        found = [line for line in records.lines() if text in line]
+        if len(found) >= count:
+            return found
+        thread.join(0.2)
+    raise AssertionError(f"fewer than {count} lines with {text!r}: {records.lines()[-20:]}")
+
+
+def test_a_queued_run_waits_past_its_start_up_budgets_and_starts_when_the_quota_frees(stack_env, staged):  # noqa: F811
+    core = client.CoreV1Api(config.new_client_from_config(stack_env["KUBECONFIG"]))
+    holder = f"holder-{uuid.uuid4().hex[:6]}"
+    core.create_namespaced_pod(NAMESPACE, holder_pod(holder))
+    try:
+        with DAG(f"queue_{uuid.uuid4().hex[:8]}", schedule=None, render_template_as_native_obj=True) as dag:
+            train = TrainingPodOperator(
+                task_id="train",
+                image=f"{stack_env['KUBETRAIN_REGISTRY']}/kubetrain/trainer:latest-cpu",
+                sync_image=f"{stack_env['KUBETRAIN_REGISTRY']}/kubetrain/sync:latest",
+                cmds=["python", "-c", TICKING, "0"],
+                dataset_manifest=staged["manifest_uri"],
+                dataset_version=staged["version"],
+                s3_secret=stack_env["KUBETRAIN_S3_SECRET"],
+                gpus=1,
+                local_queue="training",
+                # budgets far shorter than the wait: only queue_timeout may end it
+                schedule_timeout_seconds=2,
+                startup_timeout_seconds=60,
+                queue_timeout_seconds=300,
+                queue_log_interval_seconds=1,
+                sync_interval=1,
+                sync_quiet=0,
+                cpu="250m",
+                memory="512Mi",
+                startup_check_interval_seconds=1,
+                poll_interval=1,
+                logging_interval=1,
+            )
+        context = {
+            "ti": TaskInstance(dag.dag_id, "train"),
+            "run_id": "manual__queue",
+            "dag": dag,
+            "dag_run": SimpleNamespace(run_after=datetime.now(UTC)),
+        }
+        with pytest.raises(TaskDeferred) as deferred:
+            train.execute(context)
+        pod_name = context["ti"].xcom["pod_name"]
+        pod = core.read_namespaced_pod(pod_name, NAMESPACE)
+        assert pod.metadata.labels["kueue.x-k8s.io/queue-name"] == "training"
+        assert [g.name for g in pod.spec.scheduling_gates] == ["kueue.x-k8s.io/admission"]
+
+        records, result = Records(), {}
+        thread = threading.Thread(
+            target=lambda: result.update(event=run_trigger(deferred.value.trigger, records)), daemon=True
+        )
+        thread.start()
+        lines = wait_lines(records, QUEUED, 4, thread)  # 3 s and more past schedule_timeout=2
+        assert "insufficient unused quota for nvidia.com/gpu" in lines[-1], lines[-1]
+        assert "(Workload pod-" in lines[-1], lines[-1]
+        core.delete_namespaced_pod(holder, NAMESPACE, grace_period_seconds=0)
+        thread.join(300)
+        event = result["event"]
+        assert event["status"] == "success", event
+        assert any("[base] last line before exit" in line for line in records.lines())
+        getattr(train, deferred.value.method_name)(context, event)
+    finally:
+        try:
+            core.delete_namespaced_pod(holder, NAMESPACE, grace_period_seconds=0)
+        except client.ApiException:
+            pass

@@ -1,0 +1,119 @@
+"""A pod that Kueue holds is queued, not starting: its wait is bounded by queue_timeout alone, the
+scheduling budget counts from its admission, and the task log says why it waits."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from kubernetes.client import models as k8s
+
+from kubetrain.pod_startup import (
+    KUEUE_GATE,
+    PodStartup,
+    PodStartupTimeout,
+    QueueTimeout,
+    failure_from_event,
+    failure_kind,
+    queue_message,
+    queued,
+)
+
+T0 = datetime(2026, 11, 27, 1, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def startup(**budgets) -> PodStartup:
+    values = {
+        "schedule_timeout": 60,
+        "unschedulable_grace": 30,
+        "startup_timeout": 60,
+        "stage_in_timeout": 600,
+        "queue_timeout": 3600,
+    }
+    return PodStartup(**{**values, **budgets})
+
+
+def pod(*, gated: bool, scheduled: tuple[str, str] | None = None) -> k8s.V1Pod:
+    conditions = None
+    if scheduled is not None:
+        status, reason = scheduled
+        conditions = [k8s.V1PodCondition(type="PodScheduled", status=status, reason=reason)]
+    gates = [k8s.V1PodSchedulingGate(name=KUEUE_GATE)] if gated else None
+    return k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(
+            name="train-abc",
+            uid="u-1",
+            creation_timestamp=T0,
+            labels={"kueue.x-k8s.io/queue-name": "training"},
+        ),
+        spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="base")], scheduling_gates=gates),
+        status=k8s.V1PodStatus(phase="Pending", conditions=conditions),
+    )
+
+
+def test_a_queued_pod_outwaits_every_start_up_budget():
+    judge = startup()
+    held = pod(gated=True, scheduled=("False", "SchedulingGated"))
+    assert queued(held)
+    for seconds in (1, 600, 3599):
+        assert judge.observe(held, [], at(seconds)) is False
+    assert judge.queued_s == 3599
+
+
+def test_queue_timeout_ends_the_wait_without_a_retry():
+    judge = startup(queue_timeout=120)
+    with pytest.raises(
+        QueueTimeout, match=r"not admitted by Kueue within queue_timeout=120 s \(LocalQueue 'training'\)"
+    ):
+        judge.observe(pod(gated=True), [], at(121))
+    event = {"kubetrain_startup": failure_kind(QueueTimeout("x")), "message": "m"}
+    assert isinstance(failure_from_event(event), QueueTimeout)
+
+
+def test_scheduling_counts_from_admission_not_from_creation():
+    judge = startup(schedule_timeout=60)
+    judge.observe(pod(gated=True), [], at(1000))
+    admitted = pod(gated=False)  # no PodScheduled yet: the scheduler is on it
+    assert judge.observe(admitted, [], at(1001)) is False
+    assert judge.observe(admitted, [], at(1060)) is False  # 59 s after admission, 1060 s after creation
+    with pytest.raises(PodStartupTimeout, match="was not scheduled within 60 s"):
+        judge.observe(admitted, [], at(1062))
+
+
+def test_an_unqueued_pod_keeps_its_scheduling_budget_from_creation():
+    judge = startup(schedule_timeout=60)
+    with pytest.raises(PodStartupTimeout):
+        judge.observe(pod(gated=False), [], at(61))
+
+
+def test_the_queue_line_names_the_workloads_reason_and_the_queue_length():
+    workloads = [
+        {"metadata": {"name": "other", "ownerReferences": [{"uid": "u-0"}]}},
+        {
+            "metadata": {"name": "pod-train-abc-1a2b3", "ownerReferences": [{"uid": "u-1"}]},
+            "status": {
+                "conditions": [
+                    {
+                        "type": "QuotaReserved",
+                        "status": "False",
+                        "reason": "Pending",
+                        "message": "insufficient unused quota for nvidia.com/gpu in flavor default-flavor, 1 more needed",
+                    }
+                ]
+            },
+        },
+    ]
+    line = queue_message(pod(gated=True), 75.4, workloads, {"status": {"pendingWorkloads": 3}})
+    assert line == (
+        "pod train-abc is queued in Kueue LocalQueue 'training' for 75 s: Pending: insufficient unused quota "
+        "for nvidia.com/gpu in flavor default-flavor, 1 more needed (Workload pod-train-abc-1a2b3); "
+        "3 workload(s) pending in the queue"
+    )
+    assert (
+        queue_message(pod(gated=True), 5, [], None)
+        == "pod train-abc is queued in Kueue LocalQueue 'training' for 5 s"
+    )
