@@ -333,6 +333,39 @@ class PodStartup:
 
 # -- after start-up --------------------------------------------------------------------------
 
+# The conditions a control plane puts on a pod it ends on purpose: Kubernetes' (reasons
+# PreemptionByScheduler, EvictionByEvictionAPI, DeletionByTaintManager, TerminationByKubelet) and
+# Kueue's for the plain pods it preempts (WorkloadEvictedDueToPreempted).
+INTERRUPTION_CONDITIONS = ("DisruptionTarget", "TerminationTarget")
+# Why the trigger saw the pod end from outside, when it did (the pod may be gone when the task resumes).
+INTERRUPTED_KEY = "kubetrain_interrupted"
+
+
+def interruption(remote_pod: Any, base_container: str) -> str | None:
+    """Why the pod was ended from outside, or None when it ended by itself (or finished its training).
+
+    :param remote_pod: the pod as last read; None when it is gone.
+    :param base_container: the training container, whose exit code 0 means the training finished.
+    """
+    if remote_pod is None:
+        return "deleted"
+    status = remote_pod.status
+    for state in (status.container_statuses if status else None) or []:
+        terminated = state.state.terminated if state.state else None
+        if state.name == base_container and terminated is not None and terminated.exit_code == 0:
+            return None
+    for condition in (status.conditions if status else None) or []:
+        if condition.type in INTERRUPTION_CONDITIONS and condition.status == "True":
+            return f"{condition.type}: {condition.reason or '?'}" + (
+                f": {condition.message}" if condition.message else ""
+            )
+    if status is not None and status.reason == "Evicted":
+        return f"Evicted: {status.message or ''}".rstrip(": ")
+    if remote_pod.metadata.deletion_timestamp is not None:
+        return "deleted"
+    return None
+
+
 GPU_NOT_AVAILABLE = "GPUNotAvailable"
 NOTES_KEY = "kubetrain_notes"
 

@@ -15,6 +15,7 @@ from kubetrain.pod_startup import (
     QueueTimeout,
     failure_from_event,
     failure_kind,
+    interruption,
     queue_message,
     queued,
 )
@@ -117,3 +118,59 @@ def test_the_queue_line_names_the_workloads_reason_and_the_queue_length():
         queue_message(pod(gated=True), 5, [], None)
         == "pod train-abc is queued in Kueue LocalQueue 'training' for 5 s"
     )
+
+
+def ended(
+    *,
+    exit_code: int,
+    conditions: tuple[tuple[str, str, str], ...] = (),
+    deleting: bool = False,
+    reason: str = "",
+) -> k8s.V1Pod:
+    state = k8s.V1ContainerState(terminated=k8s.V1ContainerStateTerminated(exit_code=exit_code))
+    return k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="train-abc", deletion_timestamp=T0 if deleting else None),
+        status=k8s.V1PodStatus(
+            phase="Failed" if exit_code else "Succeeded",
+            reason=reason or None,
+            message="The node was low on resource: memory." if reason else None,
+            conditions=[k8s.V1PodCondition(type=t, status=s, reason=r) for t, s, r in conditions] or None,
+            container_statuses=[
+                k8s.V1ContainerStatus(
+                    name="base", image="i", image_id="", ready=False, restart_count=0, state=state
+                )
+            ],
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("remote", "expected"),
+    [
+        (None, "deleted"),
+        (
+            ended(exit_code=75, conditions=(("DisruptionTarget", "True", "PreemptionByScheduler"),)),
+            "DisruptionTarget: PreemptionByScheduler",
+        ),
+        (
+            ended(exit_code=143, conditions=(("DisruptionTarget", "True", "EvictionByEvictionAPI"),)),
+            "DisruptionTarget: EvictionByEvictionAPI",
+        ),
+        (
+            ended(exit_code=137, conditions=(("DisruptionTarget", "True", "DeletionByTaintManager"),)),
+            "DisruptionTarget: DeletionByTaintManager",
+        ),
+        (
+            ended(exit_code=75, conditions=(("TerminationTarget", "True", "WorkloadEvictedDueToPreempted"),)),
+            "TerminationTarget: WorkloadEvictedDueToPreempted",
+        ),
+        (ended(exit_code=137, reason="Evicted"), "Evicted: The node was low on resource: memory."),
+        (ended(exit_code=75, deleting=True), "deleted"),
+        # ended by itself: a failure (retried or not by its exit code), or a finished training
+        (ended(exit_code=1), None),
+        (ended(exit_code=75, conditions=(("DisruptionTarget", "False", "x"),)), None),
+        (ended(exit_code=0, conditions=(("DisruptionTarget", "True", "PreemptionByScheduler"),)), None),
+    ],
+)
+def test_an_interruption_is_told_from_a_failure(remote, expected):
+    assert interruption(remote, "base") == expected

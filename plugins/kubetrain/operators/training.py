@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -14,6 +15,7 @@ from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.providers.cncf.kubernetes.utils.container import container_is_completed
 from airflow.providers.cncf.kubernetes.utils.pod_manager import (
     PodManager,
+    PodNotFoundException,
     PodPhase,
     detect_pod_terminate_early_issues,
 )
@@ -27,6 +29,7 @@ from kubetrain.doc_md import class_doc_md
 from kubetrain.hooks.registry import RegistryHook
 from kubetrain.images import pin_image
 from kubetrain.pod_startup import (
+    INTERRUPTED_KEY,
     KUEUE_GROUP,
     KUEUE_VERSION,
     NOTES_KEY,
@@ -41,6 +44,7 @@ from kubetrain.pod_startup import (
     StageInError,
     failure_from_event,
     gpu_served_on_cpu,
+    interruption,
     queue_message,
     queue_name,
     queued,
@@ -57,6 +61,7 @@ __all__ = [
     "NOTES_XCOM_KEY",
     "NO_RETRY_EXIT_CODES",
     "ImagePullError",
+    "PodInterrupted",
     "PodStartupTimeout",
     "QueueTimeout",
     "PodUnschedulableError",
@@ -72,6 +77,16 @@ _OWNED = ("container_resources", "security_context", "container_security_context
 _EMPTY = (None, "", [], {}, ())
 # A Kueue LocalQueue or WorkloadPriorityClass name (a DNS subdomain).
 _KUEUE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+# The interruptions of this try so far, carried from one pod's trigger to the next.
+INTERRUPTIONS_KEY = "kubetrain_interruptions"
+
+
+class PodInterrupted(AirflowException):
+    """The training pod was ended from outside before its training finished: preempted, evicted,
+    drained or deleted. The task submits a new pod in the same try, which resumes from the last
+    checkpoint; it is not a failure and costs no retry."""
+
+
 # XCom of the lines a run's report shows at the top (e.g. a GPU request served on CPU).
 NOTES_XCOM_KEY = "notes"
 # Exit codes of the training container that a retry would only repeat (kubetrain_contract.exit_codes, the table the
@@ -315,6 +330,9 @@ class TrainingPodOperator(KubernetesPodOperator):
     :param queue_timeout_seconds: seconds the pod may wait for Kueue's admission (default: the
         deployment's ``KUBETRAIN_QUEUE_TIMEOUT``); the start-up budgets count from admission.
     :param queue_log_interval_seconds: seconds between the task log's lines about a queued pod.
+    :param max_preemptions: pods of one try that may be ended from outside (preempted, evicted,
+        drained, deleted) and replaced by a new pod that resumes from the last checkpoint; one more
+        fails the task.
     :param deferrable: defer to the triggerer while the pod runs (default); ``False`` waits in the
         task process.
     :param logging_interval: seconds between reads of the pod's logs while the task is deferred
@@ -402,6 +420,7 @@ class TrainingPodOperator(KubernetesPodOperator):
         priority_class: str | None = None,
         queue_timeout_seconds: float | None = None,
         queue_log_interval_seconds: float = 60,
+        max_preemptions: int = 20,
         deferrable: bool = True,
         on_finish_action: str = "delete_pod",
         get_logs: bool = True,
@@ -473,6 +492,8 @@ class TrainingPodOperator(KubernetesPodOperator):
         self.priority_class = priority_class
         self.queue_timeout_seconds = queue_timeout_seconds
         self.queue_log_interval_seconds = queue_log_interval_seconds
+        self.max_preemptions = max_preemptions
+        self._interruptions: list[dict[str, Any]] = []
         self.log_containers = list(log_containers)
         if (
             not self.deferrable
@@ -703,6 +724,48 @@ class TrainingPodOperator(KubernetesPodOperator):
             self.log.warning("%s", note)
             self._notes.append(note)
 
+    # -- interruptions -----------------------------------------------------------------------
+
+    def execute(self, context: Context) -> Any:
+        while True:
+            try:
+                return super().execute(context)
+            except (PodInterrupted, PodNotFoundException) as exc:
+                if self.deferrable:
+                    raise  # the trigger's resumption handles it (trigger_reentry)
+                self._replace_interrupted(context, exc)
+
+    def _replace_interrupted(self, context: Context, exc: BaseException, pod_name: str | None = None) -> None:
+        """Count an interruption and forget the pod, so that the next execution submits a new one;
+        fail past ``max_preemptions``."""
+        name = pod_name or (self.pod.metadata.name if self.pod is not None else None)
+        reason = str(exc)
+        self._interruptions.append({"pod": name, "reason": reason, "at": datetime.now(UTC).isoformat()})
+        count = len(self._interruptions)
+        if count > self.max_preemptions:
+            raise AirflowFailException(
+                f"the training pod was ended from outside {count} times in this try (last: {reason}), more "
+                f"than max_preemptions={self.max_preemptions}: the cluster keeps preempting or evicting it; "
+                "raise the run's priority, its queue's quota or max_preemptions"
+            ) from exc
+        note = (
+            f"pod {name} was ended from outside ({reason}); a new pod resumes from the last checkpoint "
+            f"in the same try (interruption {count} of at most {self.max_preemptions})"
+        )
+        self.log.warning("%s", note)
+        self._notes.append(note)
+        self.trigger_kwargs = {
+            k: v
+            for k, v in (self.trigger_kwargs or {}).items()
+            if k not in ("_redefer_count", INTERRUPTIONS_KEY)
+        }
+        self.trigger_kwargs[INTERRUPTIONS_KEY] = list(self._interruptions)
+        self.trigger_kwargs[NOTES_KEY] = list(self._notes)
+        self.pod = None
+        self.pod_request_obj = None
+        self.remote_pod = None
+        self._startup_failure = None
+
     def defer(
         self, *, trigger: Any, method_name: str, kwargs: dict[str, Any] | None = None, timeout: Any = None
     ) -> None:
@@ -723,6 +786,8 @@ class TrainingPodOperator(KubernetesPodOperator):
 
     def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
         self._startup_failure = failure_from_event(event)
+        self._interruptions = list(event.get(INTERRUPTIONS_KEY) or [])
+        # the notes of earlier pods of this try (interruptions) come back in the event, then this pod's
         self._notes = [str(note) for note in event.get(NOTES_KEY) or []]
         # The trigger read every container's log to its end: reading the training container's
         # log again from the last interval would repeat its last lines.
@@ -731,6 +796,13 @@ class TrainingPodOperator(KubernetesPodOperator):
             self.get_logs = False
         try:
             return super().trigger_reentry(context, event)
+        except (PodInterrupted, PodNotFoundException) as exc:
+            if isinstance(exc, PodNotFoundException):  # gone already: the trigger saw why, if it could
+                reason = event.get(INTERRUPTED_KEY) or "deleted"
+                exc = PodInterrupted(f"pod {event.get('name')}: {reason}")
+            self._replace_interrupted(context, exc, event.get("name"))
+            self.get_logs = get_logs
+            return self.execute(context)  # a new pod: defers again
         except AirflowException as exc:
             if self._startup_failure is None or isinstance(exc, STARTUP_FAILURES):
                 raise
@@ -749,6 +821,15 @@ class TrainingPodOperator(KubernetesPodOperator):
             context["ti"].xcom_push(key=NOTES_XCOM_KEY, value=list(self._notes))
         if not self.deferrable and self.get_logs and remote_pod is not None:
             self._log_sidecar_lines(remote_pod)
+        if self._startup_failure is None and not self._killed:
+            reason = interruption(remote_pod, self.base_container_name)
+            if reason is not None:
+                # the base class deletes (or marks as checked) the old pod; its "returned a failure" is
+                # not this task's failure
+                with contextlib.suppress(AirflowException):
+                    super().cleanup(pod=pod, remote_pod=remote_pod, xcom_result=xcom_result, context=context)
+                name = remote_pod.metadata.name if remote_pod is not None else pod.metadata.name
+                raise PodInterrupted(f"pod {name}: {reason}")
         # The base class deletes the pod that never started and fails with "Pod ... returned a
         # failure"; the start-up failure says why, and its class says whether to retry.
         try:

@@ -24,6 +24,7 @@ from airflow.triggers.base import TriggerEvent
 
 from kubetrain.pod_startup import (
     EVENT_KEY,
+    INTERRUPTED_KEY,
     KUEUE_GROUP,
     KUEUE_VERSION,
     NOTES_KEY,
@@ -31,6 +32,7 @@ from kubetrain.pod_startup import (
     PodStartup,
     failure_kind,
     gpu_served_on_cpu,
+    interruption,
     queue_message,
     queue_name,
     queued,
@@ -303,17 +305,22 @@ class TrainingPodTrigger(KubernetesPodTrigger):
             return None
 
     async def _finish(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """The event's payload, once every container's log has been read to its end."""
+        """The event's payload, once every container's log has been read to its end, with why the pod
+        was ended from outside if it was (it may be gone by the time the task resumes)."""
         if self.notes:
-            payload[NOTES_KEY] = list(self.notes)
-        if not self.get_logs:
-            return payload
+            # after the notes of the try's earlier pods, which travel in the trigger's kwargs
+            payload[NOTES_KEY] = [*(payload.get(NOTES_KEY) or []), *self.notes]
         try:
             pod = await self.hook.get_pod(name=self.pod_name, namespace=self.pod_namespace)
         except Exception as exc:
             self.log.warning(
                 "Could not read pod %s/%s for its last log lines: %s", self.pod_namespace, self.pod_name, exc
             )
+            return payload
+        reason = interruption(pod, self.base_container_name)
+        if reason is not None:
+            payload[INTERRUPTED_KEY] = reason
+        if not self.get_logs:
             return payload
         await self.pod_manager.follow(
             pod, [*self.log_containers, self.base_container_name], since_time=self.last_log_time

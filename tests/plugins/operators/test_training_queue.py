@@ -12,14 +12,14 @@ from types import SimpleNamespace
 
 import pytest
 from airflow.sdk import DAG
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from kubernetes import client, config
 
 # the dev stack's environment and a staged dataset: the fixtures of the log tests
 from test_training_logs import TICKING, Records, TaskInstance, run_trigger, stack_env, staged  # noqa: F401
 
 from include.devstack.stack import NAMESPACE
-from kubetrain.operators.training import TrainingPodOperator
+from kubetrain.operators.training import NOTES_XCOM_KEY, TrainingPodOperator
 
 QUEUED = "is queued in Kueue LocalQueue 'training'"
 
@@ -60,41 +60,56 @@ def wait_lines(records: Records, text: str, count: int, thread: threading.Thread
     raise AssertionError(f"fewer than {count} lines with {text!r}: {records.lines()[-20:]}")
 
 
+def queued_training(env: dict, dataset: dict, **kwargs) -> tuple[TrainingPodOperator, dict]:
+    """A training task in LocalQueue 'training' asking for the queue's one GPU, and its context."""
+    with DAG(f"queue_{uuid.uuid4().hex[:8]}", schedule=None, render_template_as_native_obj=True) as dag:
+        train = TrainingPodOperator(
+            task_id="train",
+            image=f"{env['KUBETRAIN_REGISTRY']}/kubetrain/trainer:latest-cpu",
+            sync_image=f"{env['KUBETRAIN_REGISTRY']}/kubetrain/sync:latest",
+            cmds=["python", "-c", kwargs.pop("script", TICKING), "0"],
+            dataset_manifest=dataset["manifest_uri"],
+            dataset_version=dataset["version"],
+            s3_secret=env["KUBETRAIN_S3_SECRET"],
+            gpus=1,
+            local_queue="training",
+            # budgets far shorter than the wait: only queue_timeout may end it
+            schedule_timeout_seconds=2,
+            startup_timeout_seconds=60,
+            queue_timeout_seconds=300,
+            queue_log_interval_seconds=1,
+            sync_interval=1,
+            sync_quiet=0,
+            sync_grace_period_seconds=20,
+            cpu="250m",
+            memory="512Mi",
+            startup_check_interval_seconds=1,
+            poll_interval=1,
+            logging_interval=1,
+            **kwargs,
+        )
+    context = {
+        "ti": TaskInstance(dag.dag_id, "train"),
+        "run_id": "manual__queue",
+        "dag": dag,
+        "dag_run": SimpleNamespace(run_after=datetime.now(UTC)),
+    }
+    return train, context
+
+
+def in_thread(trigger, records: Records) -> tuple[threading.Thread, dict]:
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(event=run_trigger(trigger, records)), daemon=True)
+    thread.start()
+    return thread, result
+
+
 def test_a_queued_run_waits_past_its_start_up_budgets_and_starts_when_the_quota_frees(stack_env, staged):  # noqa: F811
     core = client.CoreV1Api(config.new_client_from_config(stack_env["KUBECONFIG"]))
     holder = f"holder-{uuid.uuid4().hex[:6]}"
     core.create_namespaced_pod(NAMESPACE, holder_pod(holder))
     try:
-        with DAG(f"queue_{uuid.uuid4().hex[:8]}", schedule=None, render_template_as_native_obj=True) as dag:
-            train = TrainingPodOperator(
-                task_id="train",
-                image=f"{stack_env['KUBETRAIN_REGISTRY']}/kubetrain/trainer:latest-cpu",
-                sync_image=f"{stack_env['KUBETRAIN_REGISTRY']}/kubetrain/sync:latest",
-                cmds=["python", "-c", TICKING, "0"],
-                dataset_manifest=staged["manifest_uri"],
-                dataset_version=staged["version"],
-                s3_secret=stack_env["KUBETRAIN_S3_SECRET"],
-                gpus=1,
-                local_queue="training",
-                # budgets far shorter than the wait: only queue_timeout may end it
-                schedule_timeout_seconds=2,
-                startup_timeout_seconds=60,
-                queue_timeout_seconds=300,
-                queue_log_interval_seconds=1,
-                sync_interval=1,
-                sync_quiet=0,
-                cpu="250m",
-                memory="512Mi",
-                startup_check_interval_seconds=1,
-                poll_interval=1,
-                logging_interval=1,
-            )
-        context = {
-            "ti": TaskInstance(dag.dag_id, "train"),
-            "run_id": "manual__queue",
-            "dag": dag,
-            "dag_run": SimpleNamespace(run_after=datetime.now(UTC)),
-        }
+        train, context = queued_training(stack_env, staged)
         with pytest.raises(TaskDeferred) as deferred:
             train.execute(context)
         pod_name = context["ti"].xcom["pod_name"]
@@ -102,11 +117,8 @@ def test_a_queued_run_waits_past_its_start_up_budgets_and_starts_when_the_quota_
         assert pod.metadata.labels["kueue.x-k8s.io/queue-name"] == "training"
         assert [g.name for g in pod.spec.scheduling_gates] == ["kueue.x-k8s.io/admission"]
 
-        records, result = Records(), {}
-        thread = threading.Thread(
-            target=lambda: result.update(event=run_trigger(deferred.value.trigger, records)), daemon=True
-        )
-        thread.start()
+        records = Records()
+        thread, result = in_thread(deferred.value.trigger, records)
         lines = wait_lines(records, QUEUED, 4, thread)  # 3 s and more past schedule_timeout=2
         assert "insufficient unused quota for nvidia.com/gpu" in lines[-1], lines[-1]
         assert "(Workload pod-" in lines[-1], lines[-1]
@@ -116,6 +128,74 @@ def test_a_queued_run_waits_past_its_start_up_budgets_and_starts_when_the_quota_
         assert event["status"] == "success", event
         assert any("[base] last line before exit" in line for line in records.lines())
         getattr(train, deferred.value.method_name)(context, event)
+    finally:
+        try:
+            core.delete_namespaced_pod(holder, NAMESPACE, grace_period_seconds=0)
+        except client.ApiException:
+            pass
+
+
+# Ticks for about 15 s, long enough to be preempted while it runs; on SIGTERM it takes 3 s to save a
+# checkpoint and leaves with 75, as the trainers do.
+LONG_TICKING = (
+    "import signal, sys, time\n"
+    "def stop(*_):\n"
+    "    print('checkpointing before exit', flush=True)\n"
+    "    time.sleep(3)\n"
+    "    sys.exit(75)\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
+    + TICKING.replace("range(1, 6)", "range(1, 16)").replace("of 5", "of 15")
+)
+
+
+@pytest.mark.parametrize("allowed", [20, 0], ids=["resumed", "past-max-preemptions"])
+def test_a_preempted_run_gets_a_new_pod_in_the_same_try(stack_env, staged, allowed):  # noqa: F811
+    core = client.CoreV1Api(config.new_client_from_config(stack_env["KUBECONFIG"]))
+    holder = f"high-{uuid.uuid4().hex[:6]}"
+    try:
+        train, context = queued_training(
+            stack_env, staged, script=LONG_TICKING, priority_class="low", max_preemptions=allowed
+        )
+        with pytest.raises(TaskDeferred) as first:
+            train.execute(context)
+        first_pod = context["ti"].xcom["pod_name"]
+        records = Records()
+        thread, result = in_thread(first.value.trigger, records)
+        wait_lines(records, "[base] tick 2 of 15", 1, thread)
+        # a higher-priority workload arrives: Kueue preempts the running pod
+        high = holder_pod(holder)
+        high["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "high"
+        core.create_namespaced_pod(NAMESPACE, high)
+        thread.join(300)
+        event = result["event"]
+        if allowed == 0:
+            with pytest.raises(
+                AirflowFailException, match=r"ended from outside 1 times in this try .*max_preemptions=0"
+            ):
+                getattr(train, first.value.method_name)(context, event)
+            return
+        with pytest.raises(TaskDeferred) as second:  # no failure, no retry: a new pod, deferred again
+            getattr(train, first.value.method_name)(context, event)
+        second_pod = context["ti"].xcom["pod_name"]
+        assert second_pod != first_pod
+        assert [g.name for g in core.read_namespaced_pod(second_pod, NAMESPACE).spec.scheduling_gates] == [
+            "kueue.x-k8s.io/admission"
+        ]  # it queues behind the high-priority pod
+        core.delete_namespaced_pod(holder, NAMESPACE, grace_period_seconds=0)
+        records = Records()
+        thread, result = in_thread(second.value.trigger, records)
+        thread.join(300)
+        event = result["event"]
+        assert event["status"] == "success", event
+        getattr(train, second.value.method_name)(context, event)
+        notes = context["ti"].xcom[NOTES_XCOM_KEY]
+        # why: Kueue's TerminationTarget when the trigger still saw the pod, else "deleted" (it was gone)
+        assert any(
+            note.startswith(f"pod {first_pod} was ended from outside (pod {first_pod}: ")
+            and ("TerminationTarget: WorkloadEvictedDueToPreempted" in note or ": deleted)" in note)
+            and "interruption 1 of at most 20" in note
+            for note in notes
+        ), "\n".join(notes)
     finally:
         try:
             core.delete_namespaced_pod(holder, NAMESPACE, grace_period_seconds=0)
