@@ -8,7 +8,8 @@ production. DAG runs are triggered through the REST API, one after the other, ea
 few kills; the kinds:
 
   pod_delete       the training pod deleted through the API (SIGTERM to the trainer, then the
-                   sidecar's final pass: a preemption or a node drain)
+                   sidecar's final pass: a preemption or a node drain); the task replaces the
+                   pod in the same try, without a retry
   trainer_sigkill  SIGKILL of the trainer process, from the node (an OOM kill or a crash; a
                    `kubectl exec ... kill -9 1` does nothing, as on a cluster: the kernel
                    ignores SIGKILL sent to a PID namespace's init from inside it)
@@ -77,8 +78,10 @@ DAG_ID = "train_image_classifier"
 MODEL = "soak-digits"
 DATASET_KEY = "soak-digits/digits.zip"
 KINDS = ("pod_delete", "trainer_sigkill", "sidecar_sigkill", "airflow_restart", "kubeapi_pause")
-# kills that end the training container, so the task fails and Airflow retries it (retries=2)
-RETRIED = ("pod_delete", "trainer_sigkill")
+# kills that end the training container by itself, so the task fails and Airflow retries it (retries=2)
+RETRIED = ("trainer_sigkill",)
+# kills from outside the pod: the task replaces the pod in the same try (no retry), up to max_preemptions
+REPLACED = ("pod_delete",)
 LOG_EVERY = 10  # the trainer's --log-every-steps default
 PERIODIC_CHECKPOINT = 100  # its --checkpoint-every-steps default
 
@@ -412,7 +415,7 @@ class Soak:
             run = self.ui.api("GET", f"/dags/{DAG_ID}/dagRuns/{urllib.parse.quote(run_id, safe='')}")
             if run["state"] in ("success", "failed"):
                 return
-            if kill.kind in RETRIED:
+            if kill.kind in (*RETRIED, *REPLACED):
                 with observer.lock:
                     started = [
                         p for p in observer.pods.values() if p.started_at and p.started_at > kill.fired_at
@@ -441,7 +444,8 @@ class Soak:
 
 def plan(kills: int, seed: int, total_steps: int, per_run: int = 4) -> list[list[Kill]]:
     """Kinds in equal shares, shuffled with ``seed``, packed into DAG runs of ``per_run`` kills with
-    at most two retried ones each (the task has two retries); targets drawn per run, in order."""
+    at most two retried ones each (the task has two retries; a deleted pod costs none); targets drawn
+    per run, in order."""
     rng = random.Random(seed)
     kinds = [KINDS[i % len(KINDS)] for i in range(kills)]
     rng.shuffle(kinds)
