@@ -28,8 +28,9 @@ from airflow.sdk import DAG, Param
 
 from kubetrain.operators.distributed import DistributedTrainingOperator
 from kubetrain.pipeline import DEFAULT_ARGS, common_params, schedule, training_pipeline
+from kubetrain.trainers import IMAGE_CLASSIFIER
 
-DATASET = "s3://datasets/digits/"
+DATASET = IMAGE_CLASSIFIER.dataset_uri
 
 with DAG(
     dag_id=Path(__file__).stem,
@@ -40,7 +41,7 @@ with DAG(
     default_args=DEFAULT_ARGS,
     tags=["kubetrain", "training", "image-classification", "distributed"],
     params={
-        **common_params(dataset_uri=DATASET, model="image-classifier", gpus=1),
+        **common_params(dataset_uri=DATASET, model=IMAGE_CLASSIFIER.model, gpus=1),
         "backend": Param(
             "auto",
             type="string",
@@ -111,23 +112,8 @@ with DAG(
             description="With parameter servers, the chief's memory (empty: the workers' memory).",
             section="Distributed",
         ),
-        "architecture": Param(
-            "cnn",
-            type="string",
-            enum=["cnn", "mobilenet_v2"],
-            title="Architecture",
-            description="A small CNN, or MobileNetV2 (ImageNet weights only if the image ships them).",
-            section="Model",
-        ),
-        "epochs": Param(
-            5,
-            type="integer",
-            minimum=1,
-            maximum=1000,
-            title="Epochs",
-            description="Passes over the training split.",
-            section="Training",
-        ),
+        # the image classifier's training Params (its spec), and two that several workers need
+        **IMAGE_CLASSIFIER.params(),
         "max_steps": Param(
             None,
             type=["null", "integer"],
@@ -136,33 +122,6 @@ with DAG(
             description="Stop after this many steps in total (empty: the epochs decide).",
             section="Training",
         ),
-        "batch_size": Param(
-            64,
-            type="integer",
-            minimum=1,
-            maximum=4096,
-            title="Batch size",
-            description="Global batch size, split evenly over the workers (a multiple of their number).",
-            section="Training",
-        ),
-        "learning_rate": Param(
-            0.001,
-            type="number",
-            exclusiveMinimum=0,
-            maximum=1,
-            title="Learning rate",
-            description="Adam learning rate.",
-            section="Training",
-        ),
-        "image_size": Param(
-            64,
-            type="integer",
-            minimum=16,
-            maximum=512,
-            title="Image size",
-            description="Images are resized to SIZE x SIZE pixels.",
-            section="Model",
-        ),
         "checkpoint_every_steps": Param(
             100,
             type="integer",
@@ -170,15 +129,6 @@ with DAG(
             maximum=100000,
             title="Checkpoint every N steps",
             description="The chief's checkpoint interval: at most this many steps are lost when a worker dies.",
-            section="Training",
-        ),
-        "validation_split": Param(
-            0.2,
-            type="number",
-            exclusiveMinimum=0,
-            exclusiveMaximum=1,
-            title="Validation split",
-            description="Fraction held out for validation (seeded split).",
             section="Training",
         ),
     },
@@ -195,16 +145,11 @@ with DAG(
         ps_memory="{{ params.ps_memory }}",
         chief_cpu="{{ params.chief_cpu or '' }}",
         chief_memory="{{ params.chief_memory or '' }}",
-        cmds=["python", "-m", "trainer.image_classifier"],
+        cmds=list(IMAGE_CLASSIFIER.cmds),
         arguments=[
             "--strategy=auto",
-            "--model={{ params.architecture }}",
-            "--epochs={{ params.epochs }}",
+            *IMAGE_CLASSIFIER.arguments,
             "{{ '--max-steps=%d' % params.max_steps if params.max_steps else '--epochs=%d' % params.epochs }}",
-            "--batch-size={{ params.batch_size }}",
-            "--learning-rate={{ params.learning_rate }}",
-            "--image-size={{ params.image_size }}",
             "--checkpoint-every-steps={{ params.checkpoint_every_steps }}",
-            "--validation-split={{ params.validation_split }}",
         ],
     )
