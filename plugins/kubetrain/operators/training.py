@@ -821,7 +821,15 @@ class TrainingPodOperator(KubernetesPodOperator):
             context["ti"].xcom_push(key=NOTES_XCOM_KEY, value=list(self._notes))
         if not self.deferrable and self.get_logs and remote_pod is not None:
             self._log_sidecar_lines(remote_pod)
-        if self._startup_failure is None and not self._killed:
+        if self._startup_failure is None and not self._killed and remote_pod is not None:
+            # the pod as it is now: a task that waited in the worker holds an older copy, and a pod
+            # deleted meanwhile is gone (a pod never created has no remote_pod and is not read)
+            try:
+                remote_pod = self.pod_manager.read_pod(remote_pod)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                remote_pod = None
             reason = interruption(remote_pod, self.base_container_name)
             if reason is not None:
                 # the base class deletes (or marks as checked) the old pod; its "returned a failure" is
