@@ -71,8 +71,8 @@ def queued_training(env: dict, dataset: dict, **kwargs) -> tuple[TrainingPodOper
             dataset_manifest=dataset["manifest_uri"],
             dataset_version=dataset["version"],
             s3_secret=env["KUBETRAIN_S3_SECRET"],
-            gpus=1,
-            local_queue="training",
+            gpus=kwargs.pop("gpus", 1),
+            local_queue=kwargs.pop("local_queue", "training"),
             # budgets far shorter than the wait: only queue_timeout may end it
             schedule_timeout_seconds=2,
             startup_timeout_seconds=60,
@@ -201,3 +201,35 @@ def test_a_preempted_run_gets_a_new_pod_in_the_same_try(stack_env, staged, allow
             core.delete_namespaced_pod(holder, NAMESPACE, grace_period_seconds=0)
         except client.ApiException:
             pass
+
+
+def test_an_eviction_through_the_eviction_api_costs_no_retry(stack_env, staged, devstack):  # noqa: F811
+    # a drain is a cluster admin's: Airflow's identities may not evict (deploy/rbac.yaml)
+    core = client.CoreV1Api(config.new_client_from_config(devstack.load_state()["kubeconfig_admin"]))
+    # no queue: a drain evicts pods wherever they came from
+    train, context = queued_training(stack_env, staged, script=LONG_TICKING, local_queue="", gpus=0)
+    with pytest.raises(TaskDeferred) as first:
+        train.execute(context)
+    first_pod = context["ti"].xcom["pod_name"]
+    records = Records()
+    thread, result = in_thread(first.value.trigger, records)
+    wait_lines(records, "[base] tick 2 of 15", 1, thread)
+    core.create_namespaced_pod_eviction(
+        first_pod,
+        NAMESPACE,
+        client.V1Eviction(metadata=client.V1ObjectMeta(name=first_pod, namespace=NAMESPACE)),
+    )
+    thread.join(300)
+    with pytest.raises(TaskDeferred) as second:
+        getattr(train, first.value.method_name)(context, result["event"])
+    records = Records()
+    thread, result = in_thread(second.value.trigger, records)
+    thread.join(300)
+    assert result["event"]["status"] == "success", result["event"]
+    getattr(train, second.value.method_name)(context, result["event"])
+    notes = context["ti"].xcom[NOTES_XCOM_KEY]
+    assert any(
+        note.startswith(f"pod {first_pod} was ended from outside (pod {first_pod}: ")
+        and ("DisruptionTarget: EvictionByEvictionAPI" in note or ": deleted)" in note)
+        for note in notes
+    ), "\n".join(notes)
