@@ -34,7 +34,7 @@ from kubetrain.operators.report import ReportOperator
 from kubetrain.operators.stage import StageDatasetOperator, dataset_asset
 from kubetrain.operators.training import TrainingPodOperator
 from kubetrain.params import S3_URI, form_order, native_dag
-from kubetrain.settings import environ
+from kubetrain.settings import DNS_SUBDOMAIN, environ
 
 __all__ = ["DEFAULT_ARGS", "TrainingTasks", "common_params", "form_order", "schedule", "training_pipeline"]
 
@@ -131,7 +131,7 @@ def common_params(
         "queue": Param(
             None,
             type=["null", "string"],
-            pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
+            pattern=DNS_SUBDOMAIN,
             title="Queue",
             description="Kueue LocalQueue the run's pods wait in for quota; empty: the deployment's (KUBETRAIN_QUEUE), "
             "none when that is empty too.",
@@ -140,7 +140,7 @@ def common_params(
         "priority": Param(
             None,
             type=["null", "string"],
-            pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
+            pattern=DNS_SUBDOMAIN,
             title="Priority",
             description="Kueue WorkloadPriorityClass of the run's pods (a higher one may preempt lower ones, which "
             "resume from their checkpoints); empty: the queue's default.",

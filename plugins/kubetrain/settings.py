@@ -47,6 +47,9 @@ class Setting:
         return f"kubetrain_{self.name}"
 
 
+# A Kubernetes object name that is a DNS subdomain (a Secret, a Kueue LocalQueue or WorkloadPriorityClass).
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+
 SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in (
@@ -384,7 +387,7 @@ class Deployment:
             raise ValueError(
                 f"gpu_resource {self.gpu_resource!r} is not an extended resource name: expected e.g. nvidia.com/gpu"
             )
-        if self.queue and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", self.queue):
+        if self.queue and not re.fullmatch(DNS_SUBDOMAIN, self.queue):
             raise ValueError(
                 f"queue {self.queue!r} is not a Kueue LocalQueue name: expected lowercase letters, digits, '-' "
                 "and '.', starting and ending with a letter or digit"

@@ -76,7 +76,7 @@ __all__ = [
 _OWNED = ("container_resources", "security_context", "container_security_context", "full_pod_spec")
 _EMPTY = (None, "", [], {}, ())
 # A Kueue LocalQueue or WorkloadPriorityClass name (a DNS subdomain).
-_KUEUE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_KUEUE_NAME = re.compile(settings.DNS_SUBDOMAIN)
 # The interruptions of this try so far, carried from one pod's trigger to the next.
 INTERRUPTIONS_KEY = "kubetrain_interruptions"
 
