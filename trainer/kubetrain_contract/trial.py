@@ -96,6 +96,25 @@ class TrialRecord(Record):
         description="When the pod and each container started and finished, and the task's steps after it.",
     )
     history: list[dict[str, Any]] = spec(default_factory=list, description="The trainer's reports, in order.")
+    trainer_seconds: float | None = spec(
+        None,
+        minimum=0,
+        description="The training container's run time: its start to its finish in the pod's status, "
+        "else the trainer's wall time (metrics.json).",
+    )
+    accelerator: Literal["gpu", "cpu"] | None = spec(
+        None, description="What the trial's compute is counted in: gpu when its pod asked for GPUs, else cpu."
+    )
+    accelerators: float | None = spec(
+        None,
+        minimum=0,
+        description="The GPUs the training container asked for (accelerator gpu), else its CPU request in cores.",
+    )
+    accelerator_hours: float | None = spec(
+        None,
+        minimum=0,
+        description="trainer_seconds x accelerators / 3600: GPU-hours (accelerator gpu) or CPU-hours.",
+    )
     run_uri: str | None = spec(None, description="The trial's s3:// run prefix.")
     report_uri: str | None = spec(None, description="The trial's report.html in S3.")
     report_url: str | None = spec(None, description="The trial's report through the API server.")
@@ -188,6 +207,39 @@ class SweepCounts:
 
 
 @dataclass(frozen=True)
+class SweepCompute:
+    """The trainers' compute of a sweep, and an estimate of what running every trial to its budget
+    would have cost (a stopped trial's own seconds per report times its budget of reports)."""
+
+    accelerator: Literal["gpu", "cpu"] | None = spec(
+        None, description="The unit: GPU-hours (gpu) or CPU-hours where no trial asked for a GPU (cpu)."
+    )
+    compute_used: float | None = spec(
+        None, minimum=0, description="Accelerator-hours the counted trials' trainers ran."
+    )
+    compute_full: float | None = spec(
+        None,
+        minimum=0,
+        description="Accelerator-hours had every counted trial run to its budget: a stopped trial's "
+        "hours per report times its budget of reports, the other trials' actual hours.",
+    )
+    saved_fraction: float | None = spec(
+        None, minimum=0, maximum=1, description="1 - compute_used / compute_full."
+    )
+    trials: int = spec(0, minimum=0, description="Trials counted (trained in this sweep, with timing).")
+    stopped: int = spec(0, minimum=0, description="Counted trials the stopping rule stopped.")
+    failed: int = spec(0, minimum=0, description="Counted trials that failed: their actual hours in both.")
+    unknown: int = spec(
+        0,
+        minimum=0,
+        description="Trials not counted: no trainer time or resources, or a stopped trial with no "
+        "known budget (their hours are in neither figure).",
+    )
+    reused: int = spec(0, minimum=0, description="Trials that reused an earlier result: no compute here.")
+    line: str | None = spec(None, description="The figures in words, as the leaderboard shows them.")
+
+
+@dataclass(frozen=True)
 class SweepComparison:
     """The best trial against the promoted model."""
 
@@ -229,6 +281,9 @@ class SweepRecord(Record):
     counts: SweepCounts = spec(default_factory=SweepCounts, description="How the trials ended.")
     comparison: SweepComparison = spec(default_factory=SweepComparison, description="Against the promoted.")
     promotion: dict[str, Any] = spec(default_factory=dict, description="What the promote task did.")
+    compute: SweepCompute = spec(
+        default_factory=SweepCompute, description="The trainers' compute, and what it would have been."
+    )
     report_uri: str | None = spec(None, description="The leaderboard's report.html in S3.")
     report_url: str | None = spec(None, description="The leaderboard through the API server.")
     created_at: str | None = spec(None, format="date-time", description="When the plan was written.")

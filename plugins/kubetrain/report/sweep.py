@@ -17,6 +17,7 @@ from typing import Any
 from kubetrain.report.inputs import Comparison
 from kubetrain.report.plots import _figure, _png
 from kubetrain.report.render import Plots, comparison_line, figures, format_value, render_page, report_files
+from kubetrain_contract.trial import SweepCompute
 
 
 @dataclass
@@ -28,6 +29,7 @@ class SweepReportInputs:
     :param best: the best trial's record.
     :param comparison: the best trial against the promoted model, if compared.
     :param trial_report_url: a trial's report URL (through the API server), or ``None``.
+    :param compute: the trainers' compute and what every trial run to its budget would have cost.
     """
 
     plan: Mapping[str, Any]
@@ -36,6 +38,7 @@ class SweepReportInputs:
     comparison: Comparison | None = None
     title: str | None = None
     trial_report_url: Callable[[Mapping[str, Any]], str | None] = lambda t: t.get("report_url")
+    compute: SweepCompute | None = None
 
 
 def _value(trial: Mapping[str, Any]) -> float | None:
@@ -61,6 +64,19 @@ def _outcome(trial: Mapping[str, Any]) -> str:
 def _wall(trial: Mapping[str, Any]) -> str:
     wall = trial.get("wall_time_s")
     return f"{float(wall):.1f}" if isinstance(wall, int | float) else ""
+
+
+def _hours(trial: Mapping[str, Any]) -> str:
+    hours = trial.get("accelerator_hours")
+    return f"{float(hours):.4f}" if isinstance(hours, int | float) and not isinstance(hours, bool) else ""
+
+
+def _unit(inputs: SweepReportInputs) -> str:
+    """The column of the trials' accelerator-hours: GPU-hours, or CPU-hours where no trial asked for a GPU."""
+    gpu = (inputs.compute.accelerator if inputs.compute else None) == "gpu" or any(
+        t.get("accelerator") == "gpu" for t in inputs.trials
+    )
+    return "GPU-hours" if gpu else "CPU-hours"
 
 
 def summary_rows(inputs: SweepReportInputs) -> list[tuple[str, str]]:
@@ -102,6 +118,8 @@ def summary_rows(inputs: SweepReportInputs) -> list[tuple[str, str]]:
         "failed": sum(1 for t in inputs.trials if t.get("status") != "success"),
     }
     rows.append(("Outcomes", ", ".join(f"{v} {k}" for k, v in counts.items())))
+    if inputs.compute is not None and inputs.compute.line:
+        rows.append(("Compute", inputs.compute.line))
     return rows
 
 
@@ -241,6 +259,7 @@ def page_values(inputs: SweepReportInputs, plots: Plots) -> dict[str, Any]:
             format_value(trial.get("steps")),
             _outcome(trial),
             _wall(trial),
+            _hours(trial),
         ]
         trials.append({"cells": cells, "url": inputs.trial_report_url(trial)})
     return {
@@ -257,6 +276,7 @@ def page_values(inputs: SweepReportInputs, plots: Plots) -> dict[str, Any]:
             "steps",
             "outcome",
             "trainer wall (s)",
+            _unit(inputs),
             "report",
         ],
         "trials": trials,

@@ -8,6 +8,7 @@ model) and the sweep record, with a run record per trial for the Training page.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -16,9 +17,9 @@ from airflow.sdk.exceptions import AirflowFailException
 from kubetrain.links import REPORT_URL_XCOM_KEY, ReportLink, report_url
 from kubetrain.operators.base import RunStoreOperator
 from kubetrain.s3_layout import RunLocation, s3_uri, utc_stamp
-from kubetrain.sweep.records import counts, ranked, summary
+from kubetrain.sweep.records import counts, ranked, summary, sweep_compute
 from kubetrain.sweep.store import SweepStoreOperator, all_trials
-from kubetrain_contract.trial import SweepRecord, TrialRecord
+from kubetrain_contract.trial import SweepCompute, SweepRecord, TrialRecord
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -52,17 +53,29 @@ def best_trial(order: Sequence[TrialRecord]) -> TrialRecord | None:
     return next((t for t in order if t.succeeded and t.objective.value is not None), None)
 
 
+def plan_compute(plan: Mapping[str, Any], trials: Sequence[TrialRecord]) -> SweepCompute:
+    """The sweep's compute (used, and had every trial run to its budget) under ``plan``'s stopping rule.
+
+    :param plan: the sweep's plan (its ``early_stopping`` and ``fixed_params``).
+    :param trials: every trial's record.
+    """
+    early = plan.get("early_stopping") or {}
+    return sweep_compute(trials, rule=early.get("rule"), fixed_params=plan.get("fixed_params"))
+
+
 class SweepReportOperator(SweepStoreOperator):
     """The leaderboard: every trial ranked by the objective, in HTML and Markdown, and the best trial.
 
     Writes ``report.html``, ``report.md`` and the plots (objective per trial, parallel coordinates
     of the hyperparameters against the objective) into the sweep's ``report/`` prefix, and
     compares the best trial with the promoted model as the single-run report does (its
-    metrics.json's monitor; strictly better wins). Fails when no trial has a result.
+    metrics.json's monitor; strictly better wins). Shows the trainers' compute and what running every
+    trial to its budget would have cost (:func:`~kubetrain.sweep.records.sweep_compute`). Fails when
+    no trial has a result.
 
     Returns (XCom) ``{"best_trial", "best_run_uri", "best_value", "better_than_promoted",
-    "comparison", "report_uri", "report_url", "trials", "succeeded", "stopped_early", "failed"}``,
-    each also its own XCom.
+    "comparison", "report_uri", "report_url", "trials", "succeeded", "stopped_early", "failed",
+    "compute"}``, each also its own XCom (``compute``: the line in words).
 
     :param model: the model to compare with (``None``: no comparison). (templated)
     :param title: report title. (templated)
@@ -117,6 +130,7 @@ class SweepReportOperator(SweepStoreOperator):
                     "Best trial %s wrote no metrics.json: nothing to compare with the promoted model",
                     best.trial,
                 )
+        compute = plan_compute(plan, trials)
         files = render_sweep_report(
             SweepReportInputs(
                 plan=plan,
@@ -125,6 +139,7 @@ class SweepReportOperator(SweepStoreOperator):
                 comparison=comparison,
                 title=self.title,
                 trial_report_url=lambda t: t.get("report_url"),
+                compute=compute,
             )
         )
         report_uri = self.store.reports.write(sweep.run, files)
@@ -132,13 +147,14 @@ class SweepReportOperator(SweepStoreOperator):
         context["ti"].xcom_push(key=REPORT_URL_XCOM_KEY, value=url)
         tally = counts(trials)
         self.log.info(
-            "Leaderboard of %d trial(s) (%s) at %s: best trial %s, %s %s",
+            "Leaderboard of %d trial(s) (%s) at %s: best trial %s, %s %s; %s",
             len(trials),
             ", ".join(f"{v} {k}" for k, v in tally.items()),
             url,
             best.trial,
             metric,
             best.objective.value,
+            compute.line,
         )
         return {
             "best_trial": best.trial,
@@ -150,6 +166,7 @@ class SweepReportOperator(SweepStoreOperator):
             "report_url": url,
             "trials": len(trials),
             **tally,
+            "compute": compute.line,
         }
 
 
@@ -158,7 +175,8 @@ class RecordSweepOperator(SweepStoreOperator):
 
     It holds the plan (space, algorithm, seed, objective, early stopping, dataset version, image
     digest, code version, fixed Params), every trial's params and result (the trial records
-    without their per-report history), the best trial, the leaderboard and what was promoted.
+    without their per-report history), the best trial, the leaderboard, the trainers' compute
+    (used, and had every trial run to its budget) and what was promoted.
 
     :param leaderboard: ``leaderboard.output``. (templated)
     :param promotion: ``promote.output``. (templated)
@@ -184,6 +202,7 @@ class RecordSweepOperator(SweepStoreOperator):
         trials = all_trials(self.store, sweep)
         leaderboard = dict(self.leaderboard or {})
         where = s3_uri(sweep.bucket, sweep.record_key)
+        compute = plan_compute(plan, trials)
         document = SweepRecord.from_dict(
             {
                 "kind": SweepRecord.KIND,
@@ -197,6 +216,7 @@ class RecordSweepOperator(SweepStoreOperator):
                     "reason": leaderboard.get("comparison"),
                 },
                 "promotion": dict(self.promotion or {}),
+                "compute": dataclasses.asdict(compute),
                 "report_uri": leaderboard.get("report_uri"),
                 "report_url": leaderboard.get("report_url"),
                 "finished_at": utc_stamp(),

@@ -23,9 +23,11 @@ and the sweep's operators write through the run store.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from kubetrain.s3_layout import RunLocation, S3Layout, s3_uri, safe_segment
@@ -39,7 +41,7 @@ from kubetrain_contract.reports import (  # noqa: F401 - the file names are read
     objective_values,
 )
 from kubetrain_contract.reports import parse_jsonl as contract_parse_jsonl
-from kubetrain_contract.trial import SweepRecord, TrialObjective, TrialRecord, TrialSweep
+from kubetrain_contract.trial import SweepCompute, SweepRecord, TrialObjective, TrialRecord, TrialSweep
 
 TRIAL_KIND = TrialRecord.KIND
 SWEEP_KIND = SweepRecord.KIND
@@ -271,6 +273,204 @@ def trial_outcome(
     }
 
 
+# -- compute -------------------------------------------------------------------------------------
+
+# The training container's name in a trial's pod (the KubernetesPodOperator's base container), under
+# which the trial record's ``timing`` keeps its start and finish.
+TRAINER_CONTAINER = "base"
+_CPU = re.compile(r"^(\d+(?:\.\d+)?)(m?)$")
+
+
+def _stamp(value: Any) -> datetime | None:
+    """An ISO 8601 time as the trial record's timing writes it, or ``None``."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=UTC)
+
+
+def trainer_seconds(
+    timing: Mapping[str, Any] | None, wall_time_s: Any = None, container: str = TRAINER_CONTAINER
+) -> float | None:
+    """The training container's run time: its start to its finish in ``timing`` (the pod's status),
+    else the trainer's own ``wall_time_s`` (metrics.json), else ``None``.
+
+    :param timing: a trial record's ``timing`` (``{container: {"started", "finished"}, ...}``).
+    :param wall_time_s: metrics.json's ``wall_time_s``.
+    :param container: the training container's name.
+    """
+    state = (timing or {}).get(container)
+    if isinstance(state, Mapping):
+        started, finished = _stamp(state.get("started")), _stamp(state.get("finished"))
+        if started is not None and finished is not None and finished >= started:
+            return (finished - started).total_seconds()
+    wall = _number(wall_time_s)
+    return float(wall) if wall is not None and wall >= 0 else None
+
+
+def cpu_cores(quantity: Any) -> float | None:
+    """A Kubernetes CPU quantity (``2``, ``1.5``, ``500m``) in cores, or ``None`` if it is not one."""
+    if isinstance(quantity, int | float) and not isinstance(quantity, bool):
+        return float(quantity) if quantity >= 0 else None
+    match = _CPU.match(str(quantity).strip()) if quantity is not None else None
+    if match is None:
+        return None
+    return float(match.group(1)) / (1000.0 if match.group(2) else 1.0)
+
+
+def compute_fields(seconds: float | None, *, gpus: Any, cpu: Any) -> dict[str, Any]:
+    """A trial record's compute fields: its trainer ``seconds`` and what its pod asked for.
+
+    A trial whose pod asked for GPUs counts GPU-hours (seconds x GPUs); one that asked for none
+    counts CPU-hours (seconds x its CPU request in cores).
+
+    :param seconds: the trainer's run time (:func:`trainer_seconds`).
+    :param gpus: the GPUs the training container asked for (an integer, or its text).
+    :param cpu: the training container's CPU request (a Kubernetes quantity).
+    """
+    try:
+        gpu_count = int(str(gpus).strip()) if gpus not in (None, "") else 0
+    except ValueError:
+        gpu_count = 0
+    if gpu_count > 0:
+        accelerator, count = "gpu", float(gpu_count)
+    else:
+        accelerator, count = "cpu", cpu_cores(cpu)
+    hours = seconds * count / 3600.0 if seconds is not None and count is not None else None
+    return {
+        "trainer_seconds": seconds,
+        "accelerator": accelerator,
+        "accelerators": count,
+        "accelerator_hours": hours,
+    }
+
+
+def budget_reports(
+    record: TrialRecord, fixed_params: Mapping[str, Any] | None, finished_reports: int | None
+) -> int | None:
+    """The reports a trial would have made had it run to its budget: its ``epochs`` (its point's, else
+    the sweep's fixed Params'; kubetrain's trainers report once an epoch), else the most reports a
+    trial that trained to its end made, else ``None``.
+
+    :param record: the trial.
+    :param fixed_params: the Params every trial shares (the plan's ``fixed_params``).
+    :param finished_reports: the most reports of the sweep's trials that trained to their end.
+    """
+    for source in (record.params, fixed_params or {}):
+        epochs = _number(source.get("epochs"))
+        if epochs is not None and epochs >= 1:
+            return int(epochs)
+    return finished_reports
+
+
+def sweep_compute(
+    records: Sequence[TrialRecord],
+    *,
+    rule: str | None = None,
+    fixed_params: Mapping[str, Any] | None = None,
+) -> SweepCompute:
+    """The trainers' compute of a sweep (``compute_used``) and what running every trial to its budget
+    would have cost (``compute_full``), in GPU-hours, or CPU-hours where no trial asked for a GPU.
+
+    A trial that finished or failed counts its actual hours in both figures; a trial stopped early
+    counts its actual hours in the first and, in the second, its own hours per report times its
+    budget of reports (:func:`budget_reports`). A trial that reused an earlier result ran nothing here;
+    one without trainer time or resources (or, stopped, without a budget) is counted as unknown.
+
+    :param records: the sweep's trial records.
+    :param rule: the early-stopping rule (``median``, ...; ``None`` or ``off``: no stopping).
+    :param fixed_params: the Params every trial shares (the plan's ``fixed_params``).
+    """
+    trained = [t for t in records if t.reused_from is None]
+    timed: list[tuple[TrialRecord, float]] = []
+    for record in trained:
+        hours = record.accelerator_hours
+        if hours is None and record.accelerators is not None:  # a record written before the hours
+            seconds = record.trainer_seconds or trainer_seconds(record.timing, record.wall_time_s)
+            hours = seconds * record.accelerators / 3600.0 if seconds is not None else None
+        if hours is not None and record.accelerator is not None:
+            timed.append((record, float(hours)))
+    accelerator = "gpu" if any(t.accelerator == "gpu" for t, _ in timed) else ("cpu" if timed else None)
+    finished_reports = max((t.reports for t in trained if t.finished and t.reports), default=None)
+    used = full = 0.0
+    counted = stopped = failed = 0
+    for record, hours in timed:
+        if record.accelerator != accelerator:  # another unit: not added to this one
+            continue
+        if record.stopped_early:
+            reports = record.reports or (record.early_stop.step if record.early_stop else None)
+            budget = budget_reports(record, fixed_params, finished_reports)
+            if not reports or budget is None:
+                continue
+            full += hours * max(budget, reports) / reports
+            stopped += 1
+        else:
+            full += hours
+            failed += 0 if record.succeeded else 1
+        used += hours
+        counted += 1
+    summary = SweepCompute(
+        accelerator=accelerator,
+        compute_used=used if counted else None,
+        compute_full=full if counted else None,
+        saved_fraction=max(0.0, min(1.0, 1.0 - used / full)) if counted and full > 0 else None,
+        trials=counted,
+        stopped=stopped,
+        failed=failed,
+        unknown=len(trained) - counted,
+        reused=len(records) - len(trained),
+    )
+    return dataclasses.replace(summary, line=compute_line(summary, rule, stopped_total=_stopped(trained)))
+
+
+def _stopped(records: Sequence[TrialRecord]) -> int:
+    return sum(1 for t in records if t.stopped_early)
+
+
+def _hours(value: float) -> str:
+    """Hours with 2 significant digits (``3.2``, ``0.041``), never in exponent notation."""
+    if value <= 0:
+        return "0"
+    digits = max(0, 1 - math.floor(math.log10(value)))
+    return f"{value:.{digits}f}"
+
+
+def compute_line(summary: SweepCompute, rule: str | None, *, stopped_total: int | None = None) -> str:
+    """The compute in words, as the leaderboard shows it: ``early stopping (median) stopped 11 of 16
+    trials and saved 71% of 3.2 GPU-hours``.
+
+    :param summary: the figures (:func:`sweep_compute`).
+    :param rule: the early-stopping rule (``None`` or ``off``: no stopping).
+    :param stopped_total: the trials the rule stopped, counted or not (default: the counted ones).
+    """
+    unit = "GPU-hours" if summary.accelerator == "gpu" else "CPU-hours"
+    total = summary.trials + summary.unknown
+    stopped = summary.stopped if stopped_total is None else stopped_total
+    if summary.compute_full is None:
+        line = f"compute unknown: no trial of {total} has its trainer time and resources"
+    elif rule in (None, "", "off"):
+        line = (
+            f"no early stopping: {summary.trials} trial(s) used {_hours(summary.compute_used or 0.0)} {unit}"
+        )
+    else:
+        saved = round(100 * (summary.saved_fraction or 0.0))
+        line = (
+            f"early stopping ({rule}) stopped {stopped} of {total} trials and saved {saved}% of "
+            f"{_hours(summary.compute_full)} {unit} (used {_hours(summary.compute_used or 0.0)})"
+        )
+    notes = []
+    if summary.compute_full is not None and summary.unknown:
+        notes.append(f"{summary.unknown} trial(s) without trainer time, resources or budget not counted")
+    if summary.failed:
+        notes.append(f"{summary.failed} failed trial(s) counted as they ran")
+    if summary.reused:
+        notes.append(f"{summary.reused} reused trial(s) ran nothing here")
+    return line + (f"; {'; '.join(notes)}" if notes else "")
+
+
 def ranked(records: Sequence[TrialRecord], mode: str) -> list[TrialRecord]:
     """Trial records best first by objective; trials without a value last, by trial number."""
 
@@ -307,6 +507,10 @@ def summary(record: TrialRecord) -> dict[str, Any]:
         "steps",
         "reports",
         "wall_time_s",
+        "trainer_seconds",
+        "accelerator",
+        "accelerators",
+        "accelerator_hours",
         "timing",
         "run_uri",
         "report_uri",

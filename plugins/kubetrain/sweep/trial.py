@@ -28,7 +28,9 @@ from kubetrain.sweep.records import (
     METRICS_JSONL,
     SweepLocation,
     assemble_trial,
+    compute_fields,
     history_rows,
+    trainer_seconds,
     trial_marker_key,
     trial_outcome,
 )
@@ -340,6 +342,7 @@ class TrialPodOperator(TrainingPodOperator):
             },
             report_uri=report_uri,
             report_url=url,
+            **self._compute(state, outcome.get("wall_time_s")),
         )
         sweep = self.sweep_location()
         write_trial(self.store, sweep.bucket, sweep.trial_record_key(self.number), record)
@@ -374,9 +377,17 @@ class TrialPodOperator(TrainingPodOperator):
             **fields,
         )
 
+    def _compute(self, state: Mapping[str, Any], wall_time_s: Any = None) -> dict[str, Any]:
+        """The record's trainer seconds (the training container's start to finish in ``state``, else
+        the trainer's ``wall_time_s``) and the GPUs, else CPU cores, its pod asked for."""
+        seconds = trainer_seconds(state, wall_time_s, self.base_container_name)
+        return compute_fields(seconds, gpus=self.gpus, cpu=self.cpu)
+
     def write_failed(self, context: Context, reason: str, state: dict[str, Any]) -> None:
         """Write the record of a trial that failed for good, with ``reason``."""
-        record = self._assemble(context, error=reason, exit_code=self._exit_code(state), timing=state)
+        record = self._assemble(
+            context, error=reason, exit_code=self._exit_code(state), timing=state, **self._compute(state)
+        )
         sweep = self.sweep_location()
         write_trial(self.store, sweep.bucket, sweep.trial_record_key(self.number), record)
 

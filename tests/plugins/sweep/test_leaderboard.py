@@ -10,9 +10,18 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from kubetrain.sweep.leaderboard import RecordSweepOperator, SweepReportOperator, best_trial
-from kubetrain.sweep.records import assemble_trial, counts, ranked
+from kubetrain.sweep.records import (
+    assemble_trial,
+    compute_fields,
+    compute_line,
+    counts,
+    cpu_cores,
+    ranked,
+    sweep_compute,
+    trainer_seconds,
+)
 from kubetrain.sweep.store import NO_RECORD, all_trials, write_trial
-from kubetrain_contract.trial import ReusedFrom, SweepRecord, TrialRecord
+from kubetrain_contract.trial import ReusedFrom, SweepCompute, SweepRecord, TrialRecord
 
 SPACE = {"learning_rate": [0.1, 0.01, 0.001, 0.0001]}
 
@@ -41,6 +50,101 @@ def test_trials_rank_by_the_objective_those_without_a_value_last(mode, order):
     assert best_trial(ranked(trials, mode)).number == order[0]
     assert counts(trials) == {"succeeded": 2, "stopped_early": 1, "failed": 1}
     assert best_trial([trial(3, None, error="oom"), trial(1, None)]) is None
+
+
+def timed(
+    number: int, seconds: float | None, reports: int, *, gpus: int = 1, cpu: str = "2", **fields
+) -> TrialRecord:
+    """A trial that trained ``seconds`` over ``reports`` reports on ``gpus`` GPUs (0: on ``cpu`` cores)."""
+    return trial(number % 4, 0.5, reports=reports, **compute_fields(seconds, gpus=gpus, cpu=cpu), **fields)
+
+
+def test_the_trainer_time_is_the_containers_run_else_the_trainers_wall_time():
+    timing = {"base": {"started": "2026-11-22T04:01:00Z", "finished": "2026-11-22T04:02:30.5Z"}}
+    assert trainer_seconds(timing, 12.0) == 90.5
+    assert trainer_seconds({"base": {"started": "2026-11-22T04:01:00Z", "finished": None}}, 12) == 12.0
+    assert trainer_seconds({"pod_created": None}) is None and trainer_seconds(None, "soon") is None
+    assert [cpu_cores(q) for q in ("2", "500m", "1.5", 3, "lots", None)] == [2.0, 0.5, 1.5, 3.0, None, None]
+    assert compute_fields(None, gpus=0, cpu="1") == {
+        "trainer_seconds": None,
+        "accelerator": "cpu",
+        "accelerators": 1.0,
+        "accelerator_hours": None,
+    }
+
+
+def test_a_stopped_trial_counts_its_own_rate_times_its_budget_the_others_what_they_ran():
+    # 16 trials on one GPU each, a budget of 10 reports; a finished trial runs 10 reports in 1 h
+    finished = [timed(n, 3600, 10) for n in range(5)]
+    stopped = [timed(n, 720, 2, stopped_early=True) for n in range(5, 16)]  # 2 reports of 10 each
+    compute = sweep_compute([*finished, *stopped], rule="median", fixed_params={"epochs": 10})
+    assert compute.accelerator == "gpu" and (compute.trials, compute.stopped, compute.unknown) == (16, 11, 0)
+    assert compute.compute_used == pytest.approx(5 + 11 * 0.2)
+    assert compute.compute_full == pytest.approx(16.0)
+    assert compute.saved_fraction == pytest.approx(1 - 7.2 / 16)
+    assert compute.line == (
+        "early stopping (median) stopped 11 of 16 trials and saved 55% of 16 GPU-hours (used 7.2)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("trials", "rule", "line"),
+    [
+        # nothing stopped: nothing saved
+        (
+            [timed(0, 1800, 4), timed(1, 1800, 4)],
+            "median",
+            "stopped 0 of 2 trials and saved 0% of 1.0 GPU-hours",
+        ),
+        # no GPU asked for: CPU-hours of the CPU request (2 cores x 0.5 h x 2)
+        (
+            [timed(0, 1800, 4, gpus=0), timed(1, 1800, 4, gpus=0)],
+            "off",
+            "no early stopping: 2 trial(s) used 2.0 CPU-hours",
+        ),
+        # a failed trial counts what it ran in both figures
+        (
+            [timed(0, 3600, 4), timed(1, 360, 1, error="exit 65")],
+            "median",
+            "saved 0% of 1.1 GPU-hours (used 1.1); 1 failed trial(s) counted as they ran",
+        ),
+        # a trial without timing is named, not guessed
+        (
+            [timed(0, 3600, 4), timed(1, 900, 1, stopped_early=True), timed(2, None, 4)],
+            "median",
+            "stopped 1 of 3 trials and saved 38% of 2.0 GPU-hours (used 1.2); "
+            "1 trial(s) without trainer time, resources or budget not counted",
+        ),
+        # the budget of a stopped trial comes from the finished trials' reports when no epochs are known
+        ([timed(0, 3600, 8), timed(1, 900, 2, stopped_early=True)], "asha", "saved 38% of 2.0 GPU-hours"),
+        (
+            [
+                timed(0, None, 4),
+                assemble_trial(None, 1, round=0, params={}, fingerprint=None, run_uri=None, finished_at=None),
+            ],
+            "median",
+            "compute unknown: no trial of 2 has its trainer time and resources",
+        ),
+    ],
+)
+def test_the_compute_line_says_what_was_saved_and_what_it_could_not_count(trials, rule, line):
+    compute = sweep_compute(trials, rule=rule)
+    assert line in compute.line
+
+
+def test_a_reused_trial_ran_nothing_here_and_old_records_fall_back_to_their_timing():
+    reused = ReusedFrom(run_uri="s3://training/runs/s/earlier/trials/5", sweep="s/earlier", trial="5")
+    old = trial(
+        1,
+        0.4,
+        reports=4,
+        timing={"base": {"started": "2026-11-22T04:00:00Z", "finished": "2026-11-22T05:00:00Z"}},
+    )
+    old = TrialRecord.from_dict({**old.to_dict(), "accelerator": "gpu", "accelerators": 2})
+    compute = sweep_compute([timed(0, 3600, 4, reused_from=reused), old], rule="median")
+    assert (compute.reused, compute.trials, compute.compute_used) == (1, 1, pytest.approx(2.0))
+    assert compute.line.endswith("1 reused trial(s) ran nothing here")
+    assert compute_line(SweepCompute(), None).startswith("compute unknown")
 
 
 def planned(sweep, numbers: list[int]) -> None:
@@ -74,7 +178,12 @@ def test_the_leaderboard_names_the_best_trial_and_the_sweep_record_keeps_every_t
     sweep.plan(SPACE)
     planned(sweep, [0, 1, 2, 3])
     reused = ReusedFrom(run_uri="s3://training/runs/s/earlier/trials/5", sweep="s/earlier", trial="5")
-    for record in (trial(0, 0.5), trial(1, 0.9, reused_from=reused), trial(2, None, error="exit 65")):
+    ran = compute_fields(900.0, gpus=0, cpu="1")
+    for record in (
+        trial(0, 0.5, **ran),
+        trial(1, 0.9, reused_from=reused, **ran),
+        trial(2, None, error="exit 65"),
+    ):
         write_trial(sweep.store, "training", sweep.location.trial_record_key(record.number), record)
     context = sweep.context()
     board = operators(sweep, SweepReportOperator, title="Flowers").execute(context)
@@ -86,6 +195,9 @@ def test_the_leaderboard_names_the_best_trial_and_the_sweep_record_keeps_every_t
     assert (board["trials"], board["succeeded"], board["failed"], board["stopped_early"]) == (4, 2, 2, 0)
     markdown = sweep.get(sweep.location.run.key("report", "report.md")).decode()
     assert "failed: exit 65" in markdown and "reused" in markdown and "without a record" in markdown
+    assert "| Compute | no early stopping: 1 trial(s) used 0.25 CPU-hours;" in markdown
+    assert "CPU-hours |" in markdown and "| 0.2500 |" in markdown  # trial 0's column
+    assert board["compute"].startswith("no early stopping: 1 trial(s)")
     assert context["ti"].xcoms["report_url"] == board["report_url"]
     result = operators(sweep, RecordSweepOperator, leaderboard=board, promotion={"promoted": False}).execute(
         context
@@ -99,6 +211,12 @@ def test_the_leaderboard_names_the_best_trial_and_the_sweep_record_keeps_every_t
         and record.objective.metric == "val_accuracy"
     )
     assert record.id == f"{sweep.dag_id}/{sweep.run_id}" and record.dataset.version == "v1"
+    assert (record.compute.accelerator, record.compute.compute_used, record.compute.compute_full) == (
+        "cpu",
+        0.25,
+        0.25,
+    )
+    assert (record.compute.trials, record.compute.unknown, record.compute.reused) == (1, 2, 1)
     assert result["run_records"] == []  # the plan names no model
     document = json.loads(body)
     assert [t["number"] for t in document["trials"]] == [0, 1, 2, 3]

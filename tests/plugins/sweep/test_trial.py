@@ -100,7 +100,9 @@ OLD_FAILED = {
 def test_the_records_the_sweep_wrote_before_read_and_a_success_writes_back_the_same_document():
     record = TrialRecord.from_dict(OLD_SUCCESS)
     assert record.early_stop == DECISION and record.objective.values == [0.2, 0.3, 0.4]
-    assert record.to_dict() == OLD_SUCCESS | {"error": None}  # every field is written, null where unset
+    new = {"error": None, "trainer_seconds": None, "accelerator": None, "accelerators": None}
+    # every field is written, null where unset (the compute fields came later)
+    assert record.to_dict() == OLD_SUCCESS | new | {"accelerator_hours": None}
     failed = TrialRecord.from_dict(OLD_FAILED)
     assert not failed.succeeded and failed.exit_code == 65 and failed.history == []
     assert {k: v for k, v in failed.to_dict().items() if k in OLD_FAILED} == OLD_FAILED
@@ -229,6 +231,24 @@ def test_pod_state_says_when_each_container_ran_and_how_it_ended():
     assert pod_state(None) == {"pod_created": None}
 
 
+def test_a_trial_on_gpus_counts_gpu_hours_and_one_without_timing_the_trainers_wall_time(sweep):
+    op = trial_operator(sweep, gpus="2", cpu="4")
+    assert op._compute(pod_state(running_pod(0))) == {
+        "trainer_seconds": 480.0,
+        "accelerator": "gpu",
+        "accelerators": 2.0,
+        "accelerator_hours": pytest.approx(2 * 480 / 3600),
+    }
+    fields = trial_operator(sweep, cpu="500m")._compute({"pod_created": None}, 90)
+    assert fields == {
+        "trainer_seconds": 90.0,
+        "accelerator": "cpu",
+        "accelerators": 0.5,
+        "accelerator_hours": pytest.approx(0.5 * 90 / 3600),
+    }
+    assert trial_operator(sweep)._compute({"pod_created": None})["accelerator_hours"] is None
+
+
 def trial_operator(sweep, **kwargs) -> TrialPodOperator:
     kwargs.setdefault("sweep", sweep.settings())
     return TrialPodOperator(
@@ -279,6 +299,7 @@ def test_a_trial_that_ends_on_a_final_exit_code_records_why_and_fails(sweep):
         FINGERPRINT,
     )
     assert "exited with 65" in record.error and record.timing["base"]["exit_code"] == 65
+    assert (record.trainer_seconds, record.accelerator) == (480.0, "cpu")  # a failed trial's compute counts
     assert record.sweep.id == sweep.settings()["id"] and record.objective.name == "val_accuracy"
 
 
@@ -306,6 +327,10 @@ def test_a_stopped_trial_is_recorded_in_the_sweep_and_by_its_fingerprint(sweep):
     assert record.history[2]["val_accuracy"] != record.history[2]["val_accuracy"]  # NaN, as reported
     assert record.timing["base"]["exit_code"] == 79 and record.timing["try_number"] == 1
     assert record.timing["final_pass"] <= record.timing["recorded"]
+    # the training container ran 04:01 to 04:09 with no GPU asked for: CPU-hours of its 1-core request
+    assert (record.trainer_seconds, record.accelerator, record.accelerators) == (480.0, "cpu", 1.0)
+    assert record.accelerator_hours == pytest.approx(480 / 3600)
+    assert summary(record)["accelerator_hours"] == record.accelerator_hours
     assert json.loads(body)["early_stop"]["kind"] == "kubetrain/early-stop"
     marker = sweep.get(trial_marker_key(sweep.dag_id, FINGERPRINT))
     assert TrialRecord.from_json(marker) == record
