@@ -10,6 +10,14 @@ few kills; the kinds:
   pod_delete       the training pod deleted through the API (SIGTERM to the trainer, then the
                    sidecar's final pass: a preemption or a node drain); the task replaces the
                    pod in the same try, without a retry
+  evict            the training pod evicted through the Eviction API (policy/v1 Eviction, with the
+                   cluster admin's identity), as a node drain does: the DisruptionTarget condition
+                   (EvictionByEvictionAPI), SIGTERM, deletion; replaced in the same try
+  kueue_preempt    the run is queued (conf queue=training, priority=low: Kueue's plain-pod
+                   integration); a high-priority pod that asks for the ClusterQueue's whole CPU quota
+                   arrives in the same LocalQueue, Kueue preempts the run's pod (DisruptionTarget,
+                   SIGTERM, deletion); once that pod is gone the high-priority pod is deleted, and the
+                   task's new pod is admitted again and resumes, in the same try
   trainer_sigkill  SIGKILL of the trainer process, from the node (an OOM kill or a crash; a
                    `kubectl exec ... kill -9 1` does nothing, as on a cluster: the kernel
                    ignores SIGKILL sent to a PID namespace's init from inside it)
@@ -77,11 +85,25 @@ RESULTS = REPO / "bench" / "results"
 DAG_ID = "train_image_classifier"
 MODEL = "soak-digits"
 DATASET_KEY = "soak-digits/digits.zip"
-KINDS = ("pod_delete", "trainer_sigkill", "sidecar_sigkill", "airflow_restart", "kubeapi_pause")
+KINDS = (
+    "pod_delete",
+    "trainer_sigkill",
+    "sidecar_sigkill",
+    "airflow_restart",
+    "kubeapi_pause",
+    "evict",
+    "kueue_preempt",
+)
 # kills that end the training container by itself, so the task fails and Airflow retries it (retries=2)
 RETRIED = ("trainer_sigkill",)
 # kills from outside the pod: the task replaces the pod in the same try (no retry), up to max_preemptions
-REPLACED = ("pod_delete",)
+REPLACED = ("pod_delete", "evict", "kueue_preempt")
+# kills that end the pod with SIGTERM: the trainer checkpoints the step it is at and logs it
+SIGTERMED = REPLACED
+# kills whose DAG run is queued in Kueue (a LocalQueue and a WorkloadPriorityClass)
+QUEUED = ("kueue_preempt",)
+LOCAL_QUEUE = "training"  # include/devstack/kueue.yaml: the LocalQueue of ClusterQueue kubetrain
+QUEUE_CPU = "64"  # that ClusterQueue's whole CPU quota: a pod asking for it fits beside no training pod
 LOG_EVERY = 10  # the trainer's --log-every-steps default
 PERIODIC_CHECKPOINT = 100  # its --checkpoint-every-steps default
 
@@ -300,7 +322,15 @@ class Kill:
     resumed_at: int | None = None
     lost: int | None = None
     committed_before_restart: bool | None = None
+    tries_before: int | None = None  # the training task's try_number just before the kill
+    tries_after: int | None = None  # and once what the kill set off has settled
     notes: list[str] = field(default_factory=list)
+
+    def retries(self) -> int | None:
+        """The Airflow retries the kill used (None when a try_number could not be read)."""
+        if self.tries_before is None or self.tries_after is None:
+            return None
+        return self.tries_after - self.tries_before
 
 
 def container_pid(pod: str, marker: str) -> int | None:
@@ -321,12 +351,64 @@ def container_pid(pod: str, marker: str) -> int | None:
     return min(found)[1] if found else None
 
 
+def holder_pod(name: str) -> dict[str, Any]:
+    """A high-priority pod in LocalQueue LOCAL_QUEUE asking for the ClusterQueue's whole CPU quota
+    (Pod Security level restricted), so that Kueue preempts the low-priority run to make room for it.
+
+    :param name: the pod's name.
+    """
+    resources = {"cpu": QUEUE_CPU}
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {"kueue.x-k8s.io/queue-name": LOCAL_QUEUE, "kueue.x-k8s.io/priority-class": "high"},
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 10001,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "hold",
+                    "image": "busybox:1.36",
+                    "command": ["sh", "-c", "sleep 600"],
+                    "resources": {"requests": resources, "limits": resources},
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }
+            ],
+        },
+    }
+
+
 class Soak:
     """The dev stack, Airflow and the S3 client that the soak works with."""
 
-    def __init__(self, stack_env: dict[str, str], ui, kubeapi_pid: int, seed: int, epochs: int) -> None:
+    def __init__(
+        self,
+        stack_env: dict[str, str],
+        ui,
+        kubeapi_pid: int,
+        seed: int,
+        epochs: int,
+        admin_kubeconfig: str,
+    ) -> None:
+        """The soak's clients.
+
+        :param stack_env: the dev stack's environment (stack.env()).
+        :param ui: the running Airflow (include.airflow_ui.AirflowUI).
+        :param kubeapi_pid: the PID of the dev stack's API server (for kubeapi_pause).
+        :param seed: seeds the random draws of the kills' variants.
+        :param epochs: the runs' epochs.
+        :param admin_kubeconfig: the cluster admin's kubeconfig (evictions and Kueue's high-priority pods).
+        """
         import boto3
         from kubernetes import client, config
+
+        self.client = client
 
         self.env = stack_env
         self.ui = ui
@@ -334,6 +416,8 @@ class Soak:
         self.rng = random.Random(seed)
         self.epochs = epochs
         self.core = client.CoreV1Api(config.new_client_from_config(config_file=stack_env["KUBECONFIG"]))
+        # a drain and a cluster's other workloads are not Airflow's: its identity may not evict (deploy/rbac.yaml)
+        self.admin = client.CoreV1Api(config.new_client_from_config(config_file=admin_kubeconfig))
         self.namespace = stack_env["KUBETRAIN_NAMESPACE"]
         self.s3 = boto3.client(
             "s3",
@@ -352,6 +436,13 @@ class Soak:
         kill.step_at_kill = observer.estimate(pod, kill.fired_at)
         if kill.kind == "pod_delete":
             self.core.delete_namespaced_pod(pod.name, self.namespace)
+        elif kill.kind == "evict":
+            meta = self.client.V1ObjectMeta(name=pod.name, namespace=self.namespace)
+            self.admin.create_namespaced_pod_eviction(
+                pod.name, self.namespace, self.client.V1Eviction(metadata=meta)
+            )
+        elif kill.kind == "kueue_preempt":
+            self.preempt(kill, pod)
         elif kill.kind in ("trainer_sigkill", "sidecar_sigkill"):
             marker = "trainer.image_classifier" if kill.kind == "trainer_sigkill" else "checkpoint-sync"
             pid = container_pid(pod.name, marker)
@@ -375,6 +466,48 @@ class Soak:
                 os.kill(self.kubeapi_pid, signal.SIGCONT)
         else:
             raise ValueError(f"unknown kind of kill {kill.kind!r}: expected one of {', '.join(KINDS)}")
+
+    def preempt(self, kill: Kill, pod: PodLog, timeout: float = 600) -> None:
+        """Kueue preempts ``pod`` for a high-priority pod that does not fit beside it; once ``pod`` is
+        gone the high-priority pod is deleted, so that the run's next pod is admitted again.
+
+        :param kill: the kill (its variant and notes are set).
+        :param pod: the running training pod, in LocalQueue LOCAL_QUEUE with priority low.
+        :param timeout: seconds to wait for Kueue to preempt the pod and for the pod to go.
+        """
+        holder = f"soak-high-{kill.run + 1}-{kill.target}"
+        self.admin.create_namespaced_pod(self.namespace, holder_pod(holder))
+        kill.variant = f"{holder} asks cpu {QUEUE_CPU}"
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    live = self.admin.read_namespaced_pod(pod.name, self.namespace, _request_timeout=10)
+                except self.client.ApiException as exc:
+                    if exc.status == 404:
+                        return
+                    raise
+                if live.metadata.uid != pod.uid:
+                    return
+                time.sleep(0.2)
+            kill.notes.append(f"{pod.name} was still there {timeout:.0f} s after {holder} was created")
+        finally:
+            try:
+                self.admin.delete_namespaced_pod(holder, self.namespace, grace_period_seconds=0)
+            except self.client.ApiException as exc:
+                if exc.status != 404:
+                    kill.notes.append(f"deleting {holder} failed: {exc.status} {exc.reason}")
+
+    def tries(self, run_id: str) -> int | None:
+        """The training task's try_number, or None when Airflow does not answer.
+
+        :param run_id: the DAG run.
+        """
+        try:
+            value = self.ti(run_id).get("try_number")
+        except Exception:  # an Airflow process may be down on purpose (airflow_restart)
+            return None
+        return int(value) if value is not None else None
 
     def xcom(self, run_id: str, task_id: str, key: str) -> Any:
         quoted = urllib.parse.quote(run_id, safe="")
@@ -442,12 +575,21 @@ class Soak:
 # -- the plan --------------------------------------------------------------------------------
 
 
-def plan(kills: int, seed: int, total_steps: int, per_run: int = 4) -> list[list[Kill]]:
+def plan(
+    kills: int, seed: int, total_steps: int, per_run: int = 4, kinds_of_soak: tuple[str, ...] = KINDS
+) -> list[list[Kill]]:
     """Kinds in equal shares, shuffled with ``seed``, packed into DAG runs of ``per_run`` kills with
-    at most two retried ones each (the task has two retries; a deleted pod costs none); targets drawn
-    per run, in order."""
+    at most two retried ones each (the task has two retries; a deleted, evicted or preempted pod costs
+    none); targets drawn per run, in order.
+
+    :param kills: how many kills in all.
+    :param seed: seeds the shuffle and the targets.
+    :param total_steps: a run's steps.
+    :param per_run: kills per DAG run.
+    :param kinds_of_soak: the kinds of kill, shared out equally.
+    """
     rng = random.Random(seed)
-    kinds = [KINDS[i % len(KINDS)] for i in range(kills)]
+    kinds = [kinds_of_soak[i % len(kinds_of_soak)] for i in range(kills)]
     rng.shuffle(kinds)
     runs: list[list[str]] = []
     for kind in kinds:
@@ -619,7 +761,7 @@ def resolve(kills: list[Kill], observer: Observer, manifests: list[dict[str, Any
             for p in pods
             if p["started_at"] and kill.fired_at < p["started_at"] < until and p["name"] != kill.pod
         ]
-        if kill.kind == "pod_delete":
+        if kill.kind in SIGTERMED:
             sigterm = [
                 c
                 for p in pods
@@ -679,16 +821,19 @@ def report(
     kills: list[Kill], runs: list[dict[str, Any]], interval: int | None, args, wall: float, machine: str
 ) -> str:
     rows = []
-    for kind in KINDS:
+    for kind in args.kinds:
         of_kind = [k for k in kills if k.kind == kind]
         fired = [k for k in of_kind if k.fired_at is not None]
         lost = [k.lost for k in fired if k.lost is not None]
         runs_of_kind = {k.run for k in fired}
+        retries = [k.retries() for k in fired]
+        unknown = sum(r is None for r in retries)
         rows.append(
             f"| {kind} | {len(fired)}/{len(of_kind)} | {sum(k.outcome == 'continued' for k in fired)} | "
             f"{sum(k.outcome == 'resumed' for k in fired)} | "
             f"{sum(k.outcome == 'restarted from 0' for k in fired)} "
             f"({sum(k.outcome == 'restarted from 0' and bool(k.committed_before_restart) for k in fired)}) | "
+            f"{sum(r or 0 for r in retries)}{f' ({unknown} unread)' if unknown else ''} | "
             f"{median(lost)} | {max(lost) if lost else '-'} | "
             f"{sum(len(runs[r]['orphans']) for r in runs_of_kind)} | "
             f"{sum(bool(runs[r]['model_problems']) for r in runs_of_kind)} |"
@@ -698,21 +843,27 @@ def report(
     bound = (interval or 0) + 1
     over = [k for k in fired if k.lost is not None and k.lost > bound]
     from0 = [k for k in fired if k.outcome == "restarted from 0" and k.committed_before_restart]
+    replaced = [k for k in fired if k.kind in REPLACED]
+    command = args.command or "make bench BENCH=kill_soak"
     lines = [
-        f"Command: `make bench BENCH=kill_soak` (seed {args.seed}, {args.kills} kills; train_image_classifier on the "
-        f"digits data, {args.epochs} epochs of {interval or '?'} steps, image size {args.image_size}, batch 64, "
-        "sync interval 2 s; a real scheduler and triggerer (LocalExecutor) against the dev stack; "
-        f"{len(runs)} DAG runs, {wall / 60:.0f} min).",
+        f"Command: `{command}` (seed {args.seed}, {args.kills} kills of {', '.join(args.kinds)}; "
+        f"train_image_classifier on the digits data, {args.epochs} epochs of {interval or '?'} steps, image size "
+        f"{args.image_size}, batch 64, sync interval 2 s; a real scheduler and triggerer (LocalExecutor) against "
+        f"the dev stack; {len(runs)} DAG runs of up to {args.per_run} kills, {wall / 60:.0f} min).",
         "",
         machine,
         "",
-        "| kind | fired | went on | resumed | from 0 (after a committed pass) | steps lost median | max | orphan pods | wrong final model |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| kind | fired | went on | resumed | from 0 (after a committed pass) | retries used | steps lost median | max | orphan pods | wrong final model |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         f"Resumed or went on: {sum(k.outcome in ('continued', 'resumed') for k in fired)}/{len(fired)}; "
         f"restarts from 0 after a committed pass: {len(from0)}; kills that lost more than one checkpoint "
-        f"interval + the step in flight ({bound} steps): {len(over)}; DAG runs that succeeded: {ok_runs}/{len(runs)}; "
+        f"interval + the step in flight ({bound} steps): {len(over)}; retries used by the kills the task "
+        f"replaces in the same try ({', '.join(k for k in REPLACED if k in args.kinds) or 'none here'}): "
+        f"{sum(k.retries() or 0 for k in replaced)}"
+        f"{f' ({sum(k.retries() is None for k in replaced)} unread)' if any(k.retries() is None for k in replaced) else ''}; "
+        f"DAG runs that succeeded: {ok_runs}/{len(runs)}; "
         f"orphan pods: {sum(len(r['orphans']) for r in runs)}; runs whose promoted model is wrong: "
         f"{sum(bool(r['model_problems']) for r in runs)}.",
         "",
@@ -729,7 +880,13 @@ def report(
         "from the trainer's last logged step and rate); airflow_restart SIGKILLs the Airflow process that "
         "holds the deferred training task (the triggerer, or the scheduler with its LocalExecutor, in turn) "
         "and starts a new one, as a supervisor would; kubeapi_pause stops the Kubernetes API server "
-        "(SIGSTOP) for 5-20 s, then lets it go on.",
+        "(SIGSTOP) for 5-20 s, then lets it go on; evict evicts the training pod through the Eviction API "
+        "(policy/v1, the cluster admin's identity), as a node drain; kueue_preempt runs are queued "
+        f"(queue={LOCAL_QUEUE}, priority=low) and a high-priority pod asking for the ClusterQueue's whole CPU "
+        f"quota ({QUEUE_CPU}) makes Kueue preempt the training pod, and is deleted once that pod is gone, so "
+        "that the task's next pod is admitted again. Retries used: the training task's try_number once the "
+        "kill had settled minus the one just before it (pod_delete, evict and kueue_preempt must use none: "
+        "the task replaces the pod in the same try).",
         "",
         "**Not measured: a restart of the dev stack's API server.** It keeps its objects in memory and runs "
         "the pods' containers as its own children, which die with it, so restarting it is a lost node and a "
@@ -738,14 +895,15 @@ def report(
         "",
         "Every kill:",
         "",
-        "| run | kind | variant | pod | step at kill | outcome | resumed at | steps lost | notes |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| run | kind | variant | pod | step at kill | outcome | resumed at | steps lost | try | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for k in kills:
         step = "-" if k.step_at_kill is None else f"{k.step_at_kill}{'' if k.exact else ' (est.)'}"
+        tries = "-" if k.fired_at is None else f"{k.tries_before or '?'} -> {k.tries_after or '?'}"
         lines.append(
             f"| {k.run + 1} | {k.kind} | {k.variant or '-'} | {k.pod or '-'} | {step} | {k.outcome} | "
-            f"{'-' if k.resumed_at is None else k.resumed_at} | {'-' if k.lost is None else k.lost} | "
+            f"{'-' if k.resumed_at is None else k.resumed_at} | {'-' if k.lost is None else k.lost} | {tries} | "
             f"{'; '.join(k.notes) or '-'} |"
         )
     bad = [
@@ -758,6 +916,20 @@ def report(
     return "\n".join(lines) + "\n"
 
 
+def kinds_arg(text: str) -> tuple[str, ...]:
+    """The --kinds option: comma-separated names from KINDS.
+
+    :param text: the option's value.
+    """
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(
+            f"unknown kinds of kill {', '.join(map(repr, unknown)) or '(none given)'}: expected some of {', '.join(KINDS)}"
+        )
+    return kinds
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=20)
@@ -765,6 +937,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--per-run", type=int, default=4, help="kills per DAG run")
+    parser.add_argument(
+        "--kinds",
+        type=kinds_arg,
+        default=KINDS,
+        help=f"comma-separated kinds of kill, shared out equally (default: all, {','.join(KINDS)})",
+    )
     parser.add_argument("--stack-dir", type=Path, help="a running dev stack to use (default: a private one)")
     parser.add_argument(
         "--keep", action="store_true", help="keep the Airflow home and the private stack's files"
@@ -777,6 +955,8 @@ def main(argv: list[str] | None = None) -> int:
         help="where every observation goes (JSON)",
     )
     args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args.command = f".venv/bin/python bench/bench_kill_soak.py {' '.join(given)}" if given else None
 
     from include.airflow_ui import AirflowUI
     from include.devstack.stack import Stack, free_port
@@ -820,7 +1000,9 @@ def main(argv: list[str] | None = None) -> int:
         ui.start()
         ui.wait_dags([DAG_ID], timeout=300)
         ui.set_paused(DAG_ID, False)
-        soak = Soak(stack_env, ui, kubeapi_pid, args.seed, args.epochs)
+        soak = Soak(
+            stack_env, ui, kubeapi_pid, args.seed, args.epochs, stack.load_state()["kubeconfig_admin"]
+        )
         soak.s3.upload_file(str(archive), "datasets", DATASET_KEY)
         conf = {
             "dataset_uri": f"s3://datasets/{DATASET_KEY.split('/')[0]}/",
@@ -833,12 +1015,13 @@ def main(argv: list[str] | None = None) -> int:
             "force": True,
         }
         # 1437 training images of the 1,797 at validation split 0.2, 64 a batch: 22 steps an epoch
-        planned = plan(args.kills, args.seed, args.epochs * 22, args.per_run)
+        planned = plan(args.kills, args.seed, args.epochs * 22, args.per_run, args.kinds)
         for index, run_kills in enumerate(planned):
             kills += run_kills
-            run_id = ui.trigger(DAG_ID, conf)
+            queued = any(k.kind in QUEUED for k in run_kills)
+            run_id = ui.trigger(DAG_ID, {**conf, "queue": LOCAL_QUEUE, "priority": "low"} if queued else conf)
             print(
-                f"kill soak: run {index + 1}/{len(planned)} {run_id}: "
+                f"kill soak: run {index + 1}/{len(planned)} {run_id}{' (queued, priority low)' if queued else ''}: "
                 + ", ".join(f"{k.kind}@{k.target}" for k in run_kills),
                 flush=True,
             )
@@ -856,6 +1039,7 @@ def main(argv: list[str] | None = None) -> int:
                     if pod is None:
                         kill.notes.append("the run ended before the kill point")
                         continue
+                    kill.tries_before = soak.tries(run_id)
                     soak.fire(kill, observer, pod)
                     print(
                         f"  {kill.kind}{' (' + kill.variant + ')' if kill.variant else ''} of {pod.name} "
@@ -864,6 +1048,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     if kill.fired_at is not None:
                         soak.settle(kill, observer, run_id)
+                        kill.tries_after = soak.tries(run_id)
                 final = ui.wait_run(DAG_ID, run_id, timeout=3600)
                 record["state"] = final["state"]
                 ti = soak.ti(run_id)
@@ -890,7 +1075,7 @@ def main(argv: list[str] | None = None) -> int:
             for kill in run_kills:
                 print(
                     f"  -> {kill.kind}: {kill.outcome}, step {kill.step_at_kill}, resumed at {kill.resumed_at}, "
-                    f"lost {kill.lost} {'; '.join(kill.notes)}",
+                    f"lost {kill.lost}, try {kill.tries_before} -> {kill.tries_after} {'; '.join(kill.notes)}",
                     flush=True,
                 )
             print(
@@ -922,6 +1107,7 @@ def main(argv: list[str] | None = None) -> int:
         len(fired) == len(kills)
         and all(k.outcome in ("continued", "resumed") for k in fired)
         and all(k.lost is not None and k.lost <= (spe or 0) + 1 for k in fired)
+        and all(k.retries() == 0 for k in fired if k.kind in REPLACED)
         and all(r["state"] == "success" and not r["orphans"] and not r["model_problems"] for r in runs)
     )
     return 0 if ok else 1
