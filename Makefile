@@ -36,7 +36,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: help setup test test-airflow test-trainer lint demo demo-dialogue demo-distributed airflow stack-up stack-images stack-down bench lock clean demo-sweep \
-	images images-base mirror mlflow-env
+	images images-base mirror mlflow-env build-leftovers
 
 help:
 	@echo "make demo        set up, start the dev stack and train a model end to end"
@@ -54,7 +54,13 @@ help:
 # -- set-up --------------------------------------------------------------------------------
 
 setup: $(STAMPS)/apt $(VENV)/.synced $(TVENV)/.synced $(AIRFLOW_HOME)/.migrated .tools/compose-spec.json \
-	$(STAMPS)/kubectl-$(KUBECTL_VERSION) $(RCLONE) $(KUBEFLOW_TRAINING)
+	$(STAMPS)/kubectl-$(KUBECTL_VERSION) $(RCLONE) $(KUBEFLOW_TRAINING) build-leftovers
+
+# `pip install .` builds in the checkout and leaves setuptools' metadata in plugins/ (the package
+# directory): Airflow, whose plugins folder (and so sys.path) is plugins/ here, would then take the
+# checkout for an installed kubetrain as well and report the kubetrain plugin twice.
+build-leftovers:
+	@rm -rf plugins/*.egg-info
 
 $(UV):
 	$(PYTHON) -m venv .tools
@@ -152,12 +158,12 @@ $(MIRROR): include/devstack/mirror.py include/devstack/mirror_images/buildah.Doc
 	$(VENV)/bin/python -m include.devstack.mirror build >.tools/mirror.log 2>&1 || { tail -30 .tools/mirror.log; exit 1; }
 
 # Debian bookworm (minbase) with Python 3.11 and pip, as a root file system tarball: made once per
-# machine. Like python:3.11-slim, pip may install into the system Python; the machine's CA bundle
-# goes in so that pip reaches PyPI through the same trust as the host.
+# checkout (under .tools/). Like python:3.11-slim, pip may install into the system Python; the
+# machine's CA bundle goes in so that pip reaches PyPI through the same trust as the host.
 $(IMAGE_ROOTFS): | $(STAMPS)/apt
 	@mkdir -p $(dir $@)
 	@rm -rf $@.d
-	@echo "making the Debian image base (debootstrap bookworm, once per machine)"
+	@echo "making the Debian image base (debootstrap bookworm, once per checkout)"
 	@SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	$$SUDO debootstrap --variant=minbase --include=python3,python3-pip,python-is-python3,ca-certificates \
 	  bookworm $@.d $(DEBIAN_MIRROR) >$@.log 2>&1 || { tail -20 $@.log; exit 1; }; \
@@ -236,4 +242,4 @@ bench: setup .tools/oras/.installed
 	BENCH="$(BENCH)" $(VENV)/bin/python bench/run.py
 
 clean: stack-down
-	rm -rf .venv trainer/.venv .tools .airflow .stack .demo
+	rm -rf .venv trainer/.venv .tools .airflow .stack .demo build plugins/*.egg-info

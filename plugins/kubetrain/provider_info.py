@@ -5,17 +5,44 @@ list`` like any provider; its registry connection type (``kubetrain_registry``, 
 fields) appears in the UI's connection form, and the "Training report" link is known to the
 API server. The dictionary follows Airflow's ``provider_info.schema.json``. The connection
 form is declared the way Airflow 3 reads it without importing the hook or a form library
-(``conn-fields`` for the connection's extras, ``ui-field-behaviour`` for its standard fields),
-from the extras and field behaviour that :class:`~kubetrain.hooks.registry.RegistryHook` defines.
+(``conn-fields`` for the connection's extras, ``ui-field-behaviour`` for its standard fields).
+
+This module imports nothing of Airflow, and neither does :func:`get_provider_info`: Airflow calls
+it while it is starting, which may be in the middle of importing
+:mod:`kubetrain.hooks.registry` (``from kubetrain import RegistryHook`` in an interpreter that has
+not imported Airflow yet), so importing the hook here would be a circular import. The registry
+connection's type, name and form are therefore defined here, and
+:class:`~kubetrain.hooks.registry.RegistryHook` takes them from here.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kubetrain import __version__
 
 PACKAGE_NAME = "kubetrain"
+
+# The registry connection type, as RegistryHook declares it (conn_type, hook_name).
+REGISTRY_HOOK_CLASS = "kubetrain.hooks.registry.RegistryHook"
+REGISTRY_CONN_TYPE = "kubetrain_registry"
+REGISTRY_HOOK_NAME = "Container registry (kubetrain)"
+
+# The standard fields of the registry connection's form, in the shape of a hook's get_ui_field_behaviour().
+REGISTRY_FIELD_BEHAVIOUR: dict[str, Any] = {
+    "hidden_fields": ["schema"],
+    "relabeling": {
+        "host": "Registry host",
+        "login": "Username",
+        "password": "Password or access token",
+    },
+    "placeholders": {
+        "host": "registry.example.com",
+        "port": "443",
+        "extra": json.dumps({"insecure": False, "tls_verify": True, "ca_bundle": None, "token": None}),
+    },
+}
 
 
 # The registry connection's extras (RegistryHook reads each from the connection's extra).
@@ -49,9 +76,7 @@ REGISTRY_CONN_FIELDS: dict[str, dict[str, Any]] = {
 
 
 def _field_behaviour() -> dict[str, Any]:
-    from kubetrain.hooks.registry import RegistryHook
-
-    behaviour = RegistryHook.get_ui_field_behaviour()
+    behaviour = REGISTRY_FIELD_BEHAVIOUR
     return {
         "hidden-fields": behaviour.get("hidden_fields", []),
         "relabeling": behaviour.get("relabeling", {}),
@@ -60,9 +85,7 @@ def _field_behaviour() -> dict[str, Any]:
 
 
 def get_provider_info() -> dict[str, Any]:
-    """The provider's description, connection types, extra links and plugin."""
-    from kubetrain.hooks.registry import RegistryHook
-
+    """The provider's description, connection types, extra links and plugin (without importing any of them)."""
     return {
         "package-name": PACKAGE_NAME,
         "name": "kubetrain",
@@ -94,9 +117,9 @@ def get_provider_info() -> dict[str, Any]:
         ],
         "connection-types": [
             {
-                "hook-class-name": f"{RegistryHook.__module__}.{RegistryHook.__qualname__}",
-                "hook-name": RegistryHook.hook_name,
-                "connection-type": RegistryHook.conn_type,
+                "hook-class-name": REGISTRY_HOOK_CLASS,
+                "hook-name": REGISTRY_HOOK_NAME,
+                "connection-type": REGISTRY_CONN_TYPE,
                 "conn-fields": REGISTRY_CONN_FIELDS,
                 "ui-field-behaviour": _field_behaviour(),
             }

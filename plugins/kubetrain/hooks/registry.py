@@ -27,6 +27,7 @@ Example, as an environment variable::
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import os
 import re
@@ -36,6 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
+
+from kubetrain.provider_info import REGISTRY_CONN_TYPE, REGISTRY_FIELD_BEHAVIOUR, REGISTRY_HOOK_NAME
 
 if TYPE_CHECKING:
     from kubetrain.imagebuild.oci import RegistryClient
@@ -113,8 +116,8 @@ class RegistryHook(BaseHook):
 
     conn_name_attr = "registry_conn_id"
     default_conn_name = "kubetrain_registry_default"
-    conn_type = "kubetrain_registry"
-    hook_name = "Container registry (kubetrain)"
+    conn_type = REGISTRY_CONN_TYPE
+    hook_name = REGISTRY_HOOK_NAME
 
     def __init__(
         self,
@@ -138,21 +141,8 @@ class RegistryHook(BaseHook):
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        return {
-            "hidden_fields": ["schema"],
-            "relabeling": {
-                "host": "Registry host",
-                "login": "Username",
-                "password": "Password or access token",
-            },
-            "placeholders": {
-                "host": "registry.example.com",
-                "port": "443",
-                "extra": json.dumps(
-                    {"insecure": False, "tls_verify": True, "ca_bundle": None, "token": None}
-                ),
-            },
-        }
+        # declared in provider_info, which Airflow reads without importing this module
+        return copy.deepcopy(REGISTRY_FIELD_BEHAVIOUR)
 
     @cached_property
     def settings(self) -> RegistrySettings:
