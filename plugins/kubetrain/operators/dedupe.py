@@ -124,11 +124,14 @@ class SkipIfTrainedOperator(RunStoreOperator):
         marker = self.store.markers.uri(dag_id, fp)
         previous = self.store.markers.get(dag_id, fp)
         if previous is not None and not context["params"].get("force", False):
-            raise AirflowSkipException(
+            reason = (
                 f"already trained on dataset version {self.dataset_version} with these parameters and image "
                 f"{image} in run {previous.get('run_id')} (finished {previous.get('finished_at')}); trigger "
                 "with force=true to train again"
             )
+            # Airflow logs only "Skipping task." for a skip, not the exception's message: say why here.
+            self.log.info("Skipping: %s", reason)
+            raise AirflowSkipException(reason)
         self.log.info("Fingerprint %s (image %s): not trained yet (marker %s)", fp, image, marker)
         return {"fingerprint": fp, "marker": marker, "image": image, "dataset_version": self.dataset_version}
 

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException
+from structlog.testing import capture_logs
 
 from kubetrain.operators.dedupe import RecordTrainingOperator, SkipIfTrainedOperator, fingerprint
 from tests.plugins.imagebuild.support import push_busybox_base, start_registry
@@ -95,10 +96,19 @@ def test_same_data_params_and_image_is_skipped_and_a_new_image_trains_again(regi
     assert record["run_id"] == "manual__1" and record["dataset_version"] == version
     assert record["image"] == found["image"] and record["model_version"] == "v1"
 
-    with pytest.raises(
-        AirflowSkipException, match=f"already trained on dataset version {version}.*manual__1"
+    with (
+        capture_logs() as logged,
+        pytest.raises(AirflowSkipException, match=f"already trained on dataset version {version}.*manual__1"),
     ):
         check.execute(_context(params, run_id="scheduled__2"))
+    # the task log says why (Airflow logs the skip, not its message)
+    assert [
+        e["event"] for e in logged if e["log_level"] == "info" and e["event"].startswith("Skipping: ")
+    ] == [
+        f"Skipping: already trained on dataset version {version} with these parameters and image "
+        f"{found['image']} in run manual__1 (finished {record['finished_at']}); trigger with force=true "
+        "to train again"
+    ], logged
     # other Params, or force, train again
     assert (
         check.execute(_context({**params, "epochs": 4}, run_id="scheduled__3"))["fingerprint"]
