@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 CONTRACT = json.loads((REPO / "trainer" / "sync" / "schemas" / "pod-env.v1.json").read_text())
 
 
-def written_by_pod_spec() -> dict[str, list[str]]:
+def written_by_pod_spec(early_stopping: object = None) -> dict[str, list[str]]:
     config = pod_spec.TrainingPodConfig(
         image="r.example/kubetrain/trainer@sha256:" + "a" * 64,
         sync_image="r.example/kubetrain/sync@sha256:" + "b" * 64,
@@ -30,7 +30,8 @@ def written_by_pod_spec() -> dict[str, list[str]]:
         dataset_version="0123456789abcdef",
         cache_claim="dataset-cache",
         gpus=1,
-        early_stopping=pod_spec.MedianStopping(
+        early_stopping=early_stopping
+        or pod_spec.MedianStopping(
             objective="val_accuracy",
             mode="max",
             trials_uri="s3://training/runs/sweep_x/manual__1/sweep/trials/",
@@ -45,7 +46,19 @@ def written_by_pod_spec() -> dict[str, list[str]]:
 
 
 def test_pod_spec_writes_exactly_the_contract():
-    written = written_by_pod_spec()
+    # a median trial's pod, and a hyperband trial's with a known budget: together every variable
+    rungs = pod_spec.RungStopping(
+        rule="hyperband",
+        objective="val_accuracy",
+        mode="max",
+        trials_uri="s3://training/runs/sweep_x/manual__1/sweep/trials/",
+        rungs_uri="s3://training/runs/sweep_x/manual__1/sweep/rungs/",
+        trial=1,
+        max_resource=9,
+        brackets=3,
+        bracket=1,
+    )
+    written = {**written_by_pod_spec(), **written_by_pod_spec(rungs)}
     expected = {name: spec["containers"] for name, spec in CONTRACT["written"].items()}
     assert written == expected
 

@@ -11,12 +11,12 @@ it through the ``kubetrain_contract`` link at the repository root.
   environment names the Airflow side sets and the pod side reads;
 * :mod:`kubetrain_contract.records`: the versioned records (dataclasses with ``to_json`` and
   ``from_json``) and the JSON schemas generated from them, in ``kubetrain_contract/schemas/``;
-* :mod:`kubetrain_contract.early_stop`: the early-stop record;
+* :mod:`kubetrain_contract.early_stop`: the early-stop record, the rung report and Hyperband's brackets;
 * :mod:`kubetrain_contract.trial`: a sweep's trial, round and sweep records;
 * :mod:`kubetrain_contract.manifests`: the dataset manifest and the sync-pass manifest.
 """
 
-from kubetrain_contract.early_stop import EarlyStopRecord
+from kubetrain_contract.early_stop import EarlyStopRecord, RungReportRecord
 from kubetrain_contract.exit_codes import EXIT_CODES, ExitCode, final_exit_codes
 from kubetrain_contract.manifests import DatasetManifest, SyncPassRecord
 from kubetrain_contract.pod import CHECKPOINT_DIR, DATA_DIR, OUTPUT_DIR, STOP_FILE, Env
@@ -27,6 +27,7 @@ from kubetrain_contract.trial import SweepRecord, SweepRoundRecord, TrialRecord
 #: every versioned record; each has its schema file in ``schemas/``
 RECORDS: tuple[type[Record], ...] = (
     EarlyStopRecord,
+    RungReportRecord,
     TrialRecord,
     SweepRoundRecord,
     SweepRecord,
@@ -42,6 +43,7 @@ __all__ = [
     "EXIT_CODES",
     "RECORDS",
     "EarlyStopRecord",
+    "RungReportRecord",
     "DatasetManifest",
     "SyncPassRecord",
     "Record",

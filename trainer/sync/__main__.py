@@ -243,8 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add(
         "--early-stopping",
         Env.EARLY_STOPPING,
-        "stop this sweep trial early by a rule: median (README, 'Median stopping')",
-        choices=["off", "median"],
+        "stop this sweep trial early by a rule: median, asha or hyperband (README, 'Median stopping')",
+        choices=["off", "median", "asha", "hyperband"],
         default="off",
     )
     o.add("--objective", Env.OBJECTIVE, "median stopping: the metric of history.csv or metrics.jsonl")
@@ -279,6 +279,53 @@ def build_parser() -> argparse.ArgumentParser:
         Env.STOP_FILE,
         "median stopping: the file that tells the trainer to stop",
         conv=Path,
+    )
+    o.add(
+        "--min-resource",
+        Env.ASHA_MIN_RESOURCE,
+        "asha, hyperband: reports at the first rung",
+        conv=_positive_int,
+        default=1,
+    )
+    o.add(
+        "--reduction-factor",
+        Env.ASHA_REDUCTION_FACTOR,
+        "asha, hyperband: eta, the top 1/eta of a rung go on",
+        conv=_positive_int,
+        default=3,
+    )
+    o.add(
+        "--asha-grace",
+        Env.ASHA_GRACE,
+        "asha, hyperband: reports before a trial may be stopped",
+        conv=_positive_int,
+        default=1,
+    )
+    o.add(
+        "--max-resource",
+        Env.ASHA_MAX_RESOURCE,
+        "asha, hyperband: a trial's reports at full training (no rung at or above it)",
+        conv=_positive_int,
+    )
+    o.add(
+        "--brackets",
+        Env.ASHA_BRACKETS,
+        "asha, hyperband: the sweep's brackets (1 for asha)",
+        conv=_positive_int,
+        default=1,
+    )
+    o.add(
+        "--bracket",
+        Env.ASHA_BRACKET,
+        "hyperband: this trial's bracket",
+        conv=_non_negative_int,
+        default=0,
+    )
+    o.add("--trial", Env.SWEEP_TRIAL, "asha, hyperband: this trial's number", conv=_non_negative_int)
+    o.add(
+        "--rungs-uri",
+        Env.SWEEP_RUNGS_URI,
+        "asha, hyperband: s3:// prefix of the sweep's rung reports",
     )
     _common(o, 8)
 
@@ -325,8 +372,61 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _rung_stopper(s3: Any, args: argparse.Namespace) -> Any:
+    """The sidecar's asha or hyperband early stopping (trainer.sync.asha); refuses missing settings."""
+    from trainer.sync.asha import RungRule, RungStopper
+
+    missing = [
+        flag
+        for flag, value in (
+            ("--objective", args.objective),
+            ("--trials-uri", args.trials_uri),
+            ("--rungs-uri", args.rungs_uri),
+            ("--trial", args.trial),
+            ("--stop-file", args.stop_file),
+        )
+        if value is None or value == ""
+    ]
+    if missing:
+        raise SyncError(
+            f"{args.early_stopping} stopping needs {', '.join(missing)} (or their KUBETRAIN_* variables)"
+        )
+    try:
+        rule = RungRule(
+            args.objective,
+            args.objective_mode,
+            min_resource=args.min_resource,
+            reduction_factor=args.reduction_factor,
+            grace=args.asha_grace,
+            max_resource=args.max_resource,
+            bracket=args.bracket,
+            brackets=args.brackets,
+            name=args.early_stopping,
+        )
+    except ValueError as exc:
+        raise SyncError(str(exc)) from None
+    log(
+        f"checkpoint-sync: {rule.name} stopping of {rule.objective} ({rule.mode}): bracket {rule.bracket} of "
+        f"{rule.brackets}, rungs at {rule.first_rung} * {rule.reduction_factor}**k reports from report "
+        f"{rule.start_step}" + (f" below {rule.max_resource}" if rule.max_resource else "")
+    )
+    return RungStopper(
+        s3,
+        rule,
+        trial=args.trial,
+        run=parse_s3_uri(args.run_uri, Env.RUN_URI),
+        trials=parse_s3_uri(args.trials_uri, Env.SWEEP_TRIALS_URI),
+        rungs=parse_s3_uri(args.rungs_uri, Env.SWEEP_RUNGS_URI),
+        output_dir=args.output_dir,
+        stop_file=args.stop_file,
+    )
+
+
 def _median_stopper(s3: Any, args: argparse.Namespace) -> Any:
-    """The sidecar's median early stopping, when KUBETRAIN_EARLY_STOPPING is median; refuses missing settings."""
+    """The sidecar's early stopping: median when KUBETRAIN_EARLY_STOPPING is median, the rung rule
+    for asha and hyperband; refuses missing settings."""
+    if args.early_stopping in ("asha", "hyperband"):
+        return _rung_stopper(s3, args)
     if args.early_stopping != "median":
         return None
     from trainer.sync.median import MedianRule, MedianStopper

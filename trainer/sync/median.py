@@ -27,6 +27,7 @@ import io
 import json
 import os
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,9 @@ __all__ = [
     "Decision",
     "MedianRule",
     "MedianStopper",
+    "ReportStopper",
     "parse_reports",
+    "record_values",
     "report_values",
 ]
 
@@ -121,33 +124,33 @@ def parse_reports(jsonl: str | None, history: str | None) -> list[dict[str, Any]
     return []
 
 
-class MedianStopper:
-    """Applies :class:`MedianRule` to this trial whenever its reports grow.
+def record_values(record: Mapping[str, Any], objective: str) -> list[float]:
+    """The objective per report of a trial record: its history, else its objective's values."""
+    rows = record.get("history") if isinstance(record.get("history"), list) else []
+    values = report_values([r for r in rows if isinstance(r, dict)], objective)
+    recorded = record.get("objective") if isinstance(record.get("objective"), dict) else {}
+    if not values and recorded.get("name") == objective:
+        values = [v for v in map(finite_number, recorded.get("values") or []) if v is not None]
+    return values
+
+
+class ReportStopper:
+    """What the sidecar's stopping rules share: this trial's reports, read locally when they change,
+    and the stop (the decision in S3, then the stop file).
 
     Args:
         s3: the sidecar's S3 access.
-        rule: the rule and its settings.
         run: this trial's run prefix (``KUBETRAIN_RUN_URI``).
-        trials: prefix of the sweep's finished trial records (``KUBETRAIN_SWEEP_TRIALS_URI``).
         output_dir: the trial's OUTPUT_DIR.
         stop_file: where to tell the trainer to stop (``KUBETRAIN_STOP_FILE``).
     """
 
-    def __init__(
-        self, s3: S3, rule: MedianRule, *, run: S3Uri, trials: S3Uri, output_dir: Path, stop_file: Path
-    ) -> None:
+    def __init__(self, s3: S3, *, run: S3Uri, output_dir: Path, stop_file: Path) -> None:
         self.s3 = s3
-        self.rule = rule
         self.run = run
-        self.trials = trials
         self.output_dir = output_dir
         self.stop_file = stop_file
-        self.decision: Decision | None = None
         self._seen: tuple | None = None
-        self._finished: dict[str, list[float]] = {}  # record key -> objective per report
-        self._not_finished: set[tuple[str, str]] = (
-            set()
-        )  # (key, etag) of records of trials that did not succeed
 
     def _local_reports(self) -> tuple[tuple, list[dict[str, Any]] | None]:
         """(what the report files look like, their rows); no rows when nothing changed since the last look."""
@@ -169,6 +172,40 @@ class MedianStopper:
             except OSError:
                 texts[name] = None
         return key, parse_reports(texts[METRICS_JSONL], texts[HISTORY_CSV])
+
+    def write_stop(self, record: EarlyStopRecord) -> None:
+        """Record the decision in S3, then write the stop file (atomically) for the trainer."""
+        body = (record.to_json(indent=1) + "\n").encode()
+        key = f"{self.run.key.rstrip('/')}/sync/{EARLY_STOP_RECORD}"
+        self.s3.client.put_object(Bucket=self.run.bucket, Key=key, Body=body, ContentType="application/json")
+        tmp = self.stop_file.with_name(self.stop_file.name + ".tmp")
+        tmp.write_bytes(body)
+        os.replace(tmp, self.stop_file)
+
+
+class MedianStopper(ReportStopper):
+    """Applies :class:`MedianRule` to this trial whenever its reports grow.
+
+    Args:
+        s3: the sidecar's S3 access.
+        rule: the rule and its settings.
+        run: this trial's run prefix (``KUBETRAIN_RUN_URI``).
+        trials: prefix of the sweep's finished trial records (``KUBETRAIN_SWEEP_TRIALS_URI``).
+        output_dir: the trial's OUTPUT_DIR.
+        stop_file: where to tell the trainer to stop (``KUBETRAIN_STOP_FILE``).
+    """
+
+    def __init__(
+        self, s3: S3, rule: MedianRule, *, run: S3Uri, trials: S3Uri, output_dir: Path, stop_file: Path
+    ) -> None:
+        super().__init__(s3, run=run, output_dir=output_dir, stop_file=stop_file)
+        self.rule = rule
+        self.trials = trials
+        self.decision: Decision | None = None
+        self._finished: dict[str, list[float]] = {}  # record key -> objective per report
+        self._not_finished: set[tuple[str, str]] = (
+            set()
+        )  # (key, etag) of records of trials that did not succeed
 
     def finished_values(self) -> list[list[float]]:
         """The objective per report of every finished trial of the sweep (records read once)."""
@@ -193,15 +230,7 @@ class MedianStopper:
                 ):
                     self._not_finished.add((key, etag))
                     continue
-                rows = record.get("history") if isinstance(record.get("history"), list) else []
-                values = report_values([r for r in rows if isinstance(r, dict)], self.rule.objective)
-                if not values and (record.get("objective") or {}).get("name") == self.rule.objective:
-                    values = [
-                        v
-                        for v in map(finite_number, record["objective"].get("values") or [])
-                        if v is not None
-                    ]
-                self._finished[key] = values
+                self._finished[key] = record_values(record, self.rule.objective)
         return [v for v in self._finished.values() if v]
 
     def check(self) -> Decision | None:
@@ -224,12 +253,7 @@ class MedianStopper:
 
     def stop(self, decision: Decision) -> None:
         """Record the decision in S3, then write the stop file (atomically) for the trainer."""
-        body = (decision.record(self.rule).to_json(indent=1) + "\n").encode()
-        key = f"{self.run.key.rstrip('/')}/sync/{EARLY_STOP_RECORD}"
-        self.s3.client.put_object(Bucket=self.run.bucket, Key=key, Body=body, ContentType="application/json")
-        tmp = self.stop_file.with_name(self.stop_file.name + ".tmp")
-        tmp.write_bytes(body)
-        os.replace(tmp, self.stop_file)
+        self.write_stop(decision.record(self.rule))
         self.decision = decision
         log(
             f"checkpoint-sync: median stopping: {self.rule.objective} best {decision.best:.6g} after "
