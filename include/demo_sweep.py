@@ -121,6 +121,7 @@ def main() -> int:
     print(f"\nbest:        trial {record['best']['best_trial']} ({record['best']['best_run_uri']})")
     print(f"promotion:   {json.dumps(record.get('promotion'), default=str)}")
     print(f"leaderboard: {record['report_uri']}")
+    print(f"compute:     {(record.get('compute') or {}).get('line') or 'not recorded'}")
     print(f"             copied to {local / 'report.html'} (open it in a browser: the plots are inlined)")
     print(f"sweep record: s3://{sweep.bucket}/{sweep.prefix}/sweep/sweep.json")
     return 0

@@ -207,6 +207,10 @@ def test_grid_sweep_a_killed_trial_promotion_and_reuse(sweeps_airflow, devstack,
     assert all(
         t["status"] == "success" and not t["stopped_early"] and t["reports"] == 4 for t in trials.values()
     ), trials
+    # the trainers' compute, in CPU-hours of the 1-core request: nothing stopped, nothing saved
+    compute = record["compute"]
+    assert compute["accelerator"] == "cpu" and compute["trials"] == 4 and compute["compute_used"] > 0, compute
+    assert compute["line"].startswith("no early stopping: 4 trial(s) used"), compute
 
     # the killed trial resumed from its checkpoint in a new pod of the same try (a deletion costs no retry)
     killed = read_json(s3, f"{sweep}/sweep/trials/0.json")
@@ -281,6 +285,10 @@ def assert_trials_on_the_training_page(stack_env: dict, run_id: str, trials: dic
         assert r["run_uri"] == trials[number]["run_uri"] and r["report_url"] == trials[number]["report_url"]
         assert r["promotion"]["promoted"] is (r["trial"] == best), r["promotion"]
         assert r["metrics"]["final"], r  # read from the trial's metrics.json
+    from kubetrain.sweep.records import runs_compute
+
+    # the sweep view shows the sweep's compute, which every trial's run record carries
+    assert runs_compute(ranked)["line"].startswith("no early stopping: 4 trial(s) used"), ranked
 
 
 def test_median_stopping_stops_a_bad_learning_rate(sweeps_airflow, core, s3):
@@ -318,6 +326,12 @@ def test_median_stopping_stops_a_bad_learning_rate(sweeps_airflow, core, s3):
     assert decision["step"] < 4 and trial["reports"] <= 4
     assert trial["exit_code"] == 79
     assert trial["timing"]["try_number"] == 1  # a success, not retried
+    # the leaderboard shows the compute the stop saved (the reused trial ran nothing in this sweep)
+    compute = stop_record["compute"]
+    assert compute["compute_full"] >= compute["compute_used"] > 0 and compute["reused"] == 1, compute
+    report = S3Layout().run(DAG_ID, stop.run_id).key("report", "report.md")
+    markdown = s3.get_object(Bucket="training", Key=report)["Body"].read().decode()
+    assert "| Compute | early stopping (median) stopped 1 of 1 trials and saved " in markdown, markdown
     stop_states = stop.task_states()
     stopped_tasks = [k for k in stop_states if k.startswith("round_0.train_2_at_a_time[")]
     assert len(stopped_tasks) == 1 and all(stop_states[k] == "success" for k in stopped_tasks), stop_states

@@ -121,8 +121,10 @@ def test_the_sweep_report_escapes_hostile_names():
 
     markdown = files["report.md"].decode()
     header = f"| rank | trial | {HOSTILE} | learning_rate | val_{HOSTILE} | reports | steps | outcome |"
-    assert f"\n\n## Trials\n\n{header} trainer wall (s) | report |\n|{'---|' * 10}\n| 1 | trial-" in markdown
-    assert f"| 3 | trial-2 |  |  |  |  |  | failed: {HOSTILE} |  |  |\n" in markdown  # no report: empty cell
+    columns = "trainer wall (s) | CPU-hours | report |"
+    assert f"\n\n## Trials\n\n{header} {columns}\n|{'---|' * 11}\n| 1 | trial-" in markdown
+    # no hours, no report: empty cells
+    assert f"| 3 | trial-2 |  |  |  |  |  | failed: {HOSTILE} |  |  |  |\n" in markdown
     assert markdown.endswith(
         f"\n\n## Plots\n\n![val_{HOSTILE} per trial](objective.png)\n"
         "![Parallel coordinates: hyperparameters against the objective](parallel_coordinates.png)\n"

@@ -235,7 +235,8 @@ class RecordSweepOperator(SweepStoreOperator):
         document: SweepRecord,
     ) -> list[str]:
         """One run record per trial (kind ``kubetrain/run``, its ``sweep`` field set), so the Training
-        page lists the trials with the model's other runs and shows the sweep's leaderboard."""
+        page lists the trials with the model's other runs and shows the sweep's leaderboard (the
+        sweep's ``compute`` is in every trial's ``sweep`` field, beside the trial's own hours)."""
         from kubetrain.operators.dedupe import RunRecorder
 
         model = document.model
@@ -291,6 +292,9 @@ class RecordSweepOperator(SweepStoreOperator):
                         "mode": objective.mode,
                         "value": trial.objective.value,
                     },
+                    "accelerator": trial.accelerator,
+                    "accelerator_hours": trial.accelerator_hours,
+                    "compute": dataclasses.asdict(document.compute),
                 },
             )
             uris.append(self.store.runs.write(record))

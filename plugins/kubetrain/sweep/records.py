@@ -471,6 +471,19 @@ def compute_line(summary: SweepCompute, rule: str | None, *, stopped_total: int 
     return line + (f"; {'; '.join(notes)}" if notes else "")
 
 
+def runs_compute(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The sweep's compute as its trials' run records carry it (their ``sweep.compute``; the
+    Training page's sweep view shows it), or ``None`` where no record has it (written before).
+
+    :param runs: the run records of one sweep's trials.
+    """
+    for run in runs:
+        compute = (run.get("sweep") or {}).get("compute")
+        if isinstance(compute, Mapping) and compute.get("line"):
+            return dict(compute)
+    return None
+
+
 def ranked(records: Sequence[TrialRecord], mode: str) -> list[TrialRecord]:
     """Trial records best first by objective; trials without a value last, by trial number."""
 

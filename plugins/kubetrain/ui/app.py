@@ -27,6 +27,7 @@ from urllib.parse import quote, urlencode
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse
 
+from kubetrain.sweep.records import runs_compute
 from kubetrain.ui.queries import (
     PAGE_SIZE,
     ModelNotVisible,
@@ -287,6 +288,7 @@ def create_router() -> Any:
             trials=trials,
             varied=varied_params(trials),
             trial_params=trial_params,
+            compute=runs_compute(trials),
         )
 
     @router.get("/files/{ref:path}", response_class=HTMLResponse)
@@ -370,7 +372,7 @@ def create_router() -> Any:
             trials = q.sweep(model=model, dag_id=dag_id, run_id=run_id, run_time=t)
         except (QueryError, NotVisible) as exc:
             raise api_error(exc) from None
-        return {"trials": trials, "varied": varied_params(trials)}
+        return {"trials": trials, "varied": varied_params(trials), "compute": runs_compute(trials)}
 
     # -- the page's own files (no login needed: they hold no data) -----------------------------------
 

@@ -235,3 +235,29 @@ def test_no_trial_with_a_result_fails_the_leaderboard_naming_each_trial(sweep):
         AirflowFailException, match=r"no trial of the sweep has a val_accuracy.*0: failed exit 65"
     ):
         operators(sweep, SweepReportOperator).execute(sweep.context())
+
+
+def test_the_training_page_reads_the_sweeps_compute_from_its_trials_run_records(sweep):
+    from kubetrain.sweep.records import runs_compute
+
+    plan = sweep.plan(SPACE, early_stopping={"rule": "median", "min_trials": 1, "start_step": 1})
+    dataset = {**plan["dataset"], "version": "0123456789abcdef"}
+    sweep.put(sweep.location.plan_key, {**plan, "model": "flowers", "dataset": dataset})
+    planned(sweep, [0, 1])
+    stopped = timed(1, 600, 1, gpus=0, stopped_early=True)
+    for record in (timed(0, 3600, 4, gpus=0), stopped):
+        write_trial(sweep.store, "training", sweep.location.trial_record_key(record.number), record)
+    context = sweep.context()
+    board = operators(sweep, SweepReportOperator).execute(context)
+    result = operators(sweep, RecordSweepOperator, leaderboard=board, promotion={"promoted": False}).execute(
+        context
+    )
+    runs = [json.loads(sweep.get(uri.split("/", 3)[3])) for uri in result["run_records"]]
+    assert [r["sweep"]["accelerator_hours"] for r in runs] == [pytest.approx(2.0), pytest.approx(2 / 6)]
+    compute = runs_compute(runs)
+    # 2 cores: 2 CPU-hours finished; the stopped trial used 1/3 in 1 report of the 4 the finished one
+    # made (no epochs Param), 4/3 at its own rate
+    assert compute["line"] == board["compute"] == (
+        "early stopping (median) stopped 1 of 2 trials and saved 30% of 3.3 CPU-hours (used 2.3)"
+    )
+    assert runs_compute([{"sweep": {"id": "s", "trial": "0"}}, {"sweep": None}]) is None
