@@ -185,6 +185,84 @@ class MedianStopping:
 
 
 @dataclass(frozen=True)
+class RungStopping:
+    """asha or hyperband early stopping of one trial of a sweep, done by its checkpoint-sync sidecar
+    (trainer/sync/asha.py).
+
+    :param rule: ``asha`` or ``hyperband``.
+    :param objective: the metric the trainer reports per epoch or step.
+    :param mode: ``max`` or ``min``: whether larger is better.
+    :param trials_uri: ``s3://`` prefix of the sweep's trial records.
+    :param rungs_uri: ``s3://`` prefix where the trials' sidecars publish their rung reports.
+    :param trial: the trial's number in the sweep.
+    :param min_resource: reports at the first rung.
+    :param reduction_factor: eta: the top ``1/eta`` of a rung go on.
+    :param grace: reports a trial makes before it may be stopped.
+    :param max_resource: a trial's reports at full training (no rung at or above it), or ``None``.
+    :param brackets: the sweep's Hyperband brackets (1 for asha).
+    :param bracket: the trial's bracket (from its number: ``hyperband_bracket``).
+    """
+
+    rule: str
+    objective: str
+    mode: str
+    trials_uri: str
+    rungs_uri: str
+    trial: int
+    min_resource: int = 1
+    reduction_factor: int = 3
+    grace: int = 1
+    max_resource: int | None = None
+    brackets: int = 1
+    bracket: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rule not in ("asha", "hyperband"):
+            raise ValueError(f"rule={self.rule!r} is not valid: expected 'asha' or 'hyperband'")
+        if not isinstance(self.objective, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]*$", self.objective):
+            raise ValueError(
+                f"objective={self.objective!r} is not a metric name: expected e.g. 'val_accuracy'"
+            )
+        if self.mode not in ("max", "min"):
+            raise ValueError(f"mode={self.mode!r} is not valid: expected 'max' or 'min'")
+        for name in ("trials_uri", "rungs_uri"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.startswith("s3://") or not value.endswith("/"):
+                raise ValueError(f"{name}={value!r} is not valid: expected an s3:// prefix ending in '/'")
+        object.__setattr__(self, "trial", _count("trial", self.trial, minimum=0))
+        object.__setattr__(self, "min_resource", _count("min_resource", self.min_resource, minimum=1))
+        object.__setattr__(
+            self, "reduction_factor", _count("reduction_factor", self.reduction_factor, minimum=2)
+        )
+        object.__setattr__(self, "grace", _count("grace", self.grace, minimum=1))
+        if self.max_resource is not None:
+            object.__setattr__(self, "max_resource", _count("max_resource", self.max_resource, minimum=1))
+        object.__setattr__(self, "brackets", _count("brackets", self.brackets, minimum=1))
+        object.__setattr__(self, "bracket", _count("bracket", self.bracket, minimum=0))
+        if self.bracket >= self.brackets:
+            raise ValueError(
+                f"bracket={self.bracket!r} is not valid: expected 0 to {self.brackets - 1} ({self.brackets} brackets)"
+            )
+
+    def env(self) -> dict[str, str]:
+        """The checkpoint-sync sidecar's variables for the rule."""
+        return {
+            Env.EARLY_STOPPING: self.rule,
+            Env.OBJECTIVE: self.objective,
+            Env.OBJECTIVE_MODE: self.mode,
+            Env.SWEEP_TRIALS_URI: self.trials_uri,
+            Env.SWEEP_RUNGS_URI: self.rungs_uri,
+            Env.SWEEP_TRIAL: str(self.trial),
+            Env.ASHA_MIN_RESOURCE: str(self.min_resource),
+            Env.ASHA_REDUCTION_FACTOR: str(self.reduction_factor),
+            Env.ASHA_GRACE: str(self.grace),
+            **({Env.ASHA_MAX_RESOURCE: str(self.max_resource)} if self.max_resource is not None else {}),
+            Env.ASHA_BRACKETS: str(self.brackets),
+            Env.ASHA_BRACKET: str(self.bracket),
+        }
+
+
+@dataclass(frozen=True)
 class TrainingPodConfig:
     """Everything that varies between training pods; checks itself on creation.
 
@@ -221,7 +299,7 @@ class TrainingPodConfig:
     :param env: extra environment of the base container (plain values only, never secrets).
     :param labels: pod labels (values are made label-safe).
     :param annotations: pod annotations.
-    :param early_stopping: median stopping by the sidecar (a sweep trial), or ``None``.
+    :param early_stopping: median, asha or hyperband stopping by the sidecar (a sweep trial), or ``None``.
     """
 
     image: str
@@ -256,7 +334,7 @@ class TrainingPodConfig:
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     namespace: str | None = None
-    early_stopping: MedianStopping | None = None
+    early_stopping: MedianStopping | RungStopping | None = None
 
     def __post_init__(self) -> None:
         for name in ("image", "sync_image"):

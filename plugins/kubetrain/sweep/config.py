@@ -15,10 +15,14 @@ from typing import Any
 from airflow.sdk import Param
 
 from kubetrain.sweep.space import ALGORITHMS, SpaceError, check_settings, parse_space, space_param_schema
+from kubetrain_contract.early_stop import hyperband_brackets
 
 # Params of a sweep that say how to search, not what one trial trains: never part of a trial's fingerprint.
 SWEEP_PARAMS = ("space", "algorithm", "max_trials", "parallel_trials", "seed", "objective", "early_stopping")
-EARLY_STOPPING_RULES = ("off", "median")
+EARLY_STOPPING_RULES = ("off", "median", "asha", "hyperband")
+# The settings of each rule and their defaults (the sidecar's: trainer/sync/median.py, trainer/sync/asha.py).
+MEDIAN_SETTINGS = {"min_trials": 3, "start_step": 4}
+RUNG_SETTINGS = {"min_resource": 1, "reduction_factor": 3, "grace": 1}
 _METRIC = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -155,13 +159,22 @@ class SweepSettings:
                     "rule": {"type": "string", "enum": list(EARLY_STOPPING_RULES)},
                     "min_trials": {"type": "integer", "minimum": 1},
                     "start_step": {"type": "integer", "minimum": 1},
+                    "min_resource": {"type": "integer", "minimum": 1},
+                    "reduction_factor": {"type": "integer", "minimum": 2},
+                    "grace": {"type": "integer", "minimum": 1},
+                    "max_resource": {"type": ["integer", "null"], "minimum": 1},
+                    "brackets": {"type": ["integer", "null"], "minimum": 1},
                 },
                 required=["rule"],
                 additionalProperties=False,
                 title="Early stopping",
                 description="median: stop a trial whose best objective after start_step reports is worse than "
                 "the median of the finished trials' running averages at the same report (Katib's medianstop), "
-                "once min_trials trials have finished.",
+                "once min_trials trials have finished. asha: at each rung, min_resource * reduction_factor**k "
+                "reports (from grace reports on, below max_resource, a trial's reports at full training, when "
+                "set), only the top 1/reduction_factor of the trials that have reached the rung go on. "
+                "hyperband: asha in brackets (default: as many as max_resource allows, else 3) whose first "
+                "rungs are min_resource * reduction_factor**b; each trial is assigned one by its number.",
                 section="Sweep",
             ),
         }
@@ -198,10 +211,12 @@ class SweepSettings:
                 "early_stopping.rule",
                 f"{rule!r} is not a rule: expected one of {', '.join(EARLY_STOPPING_RULES)}",
             )
-        for key, default in (("min_trials", 3), ("start_step", 4)):
+        for key, default in MEDIAN_SETTINGS.items():
             value = early.setdefault(key, default)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SpaceError(f"early_stopping.{key}", f"{value!r} is not an integer >= 1")
+        if rule in ("asha", "hyperband"):
+            early.update(rung_settings(early))
         if algorithm == "grid":
             sizes = [space.grid_size()]
         elif algorithm == "random":
@@ -230,3 +245,40 @@ class SweepSettings:
     def fixed_params(self, params: Mapping[str, Any], exclude: Sequence[str]) -> dict[str, Any]:
         """The run's Params that every trial trains with (the sweep's own Params left out)."""
         return {k: v for k, v in params.items() if k not in SWEEP_PARAMS and k not in exclude}
+
+
+def rung_settings(early: Mapping[str, Any]) -> dict[str, Any]:
+    """The checked settings of the asha or hyperband rule, with their defaults; :class:`SpaceError`
+    names the bad one.
+
+    :param early: the run's ``early_stopping`` Param.
+    """
+    out: dict[str, Any] = {}
+    for key, least in (("min_resource", 1), ("reduction_factor", 2), ("grace", 1)):
+        value = early.get(key, RUNG_SETTINGS[key])
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise SpaceError(f"early_stopping.{key}", f"{value!r} is not an integer >= {least}")
+        out[key] = value
+    for key in ("max_resource", "brackets"):
+        value = early.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise SpaceError(f"early_stopping.{key}", f"{value!r} is not an integer >= 1 (or null)")
+        out[key] = value
+    if out["max_resource"] is not None and out["max_resource"] <= out["min_resource"]:
+        raise SpaceError(
+            "early_stopping.max_resource",
+            f"{out['max_resource']!r} is not above min_resource {out['min_resource']}: no rung would judge a trial",
+        )
+    if early.get("rule") == "hyperband":
+        if out["brackets"] is None:
+            out["brackets"] = hyperband_brackets(
+                out["min_resource"], out["max_resource"], out["reduction_factor"]
+            )
+    elif out["brackets"] not in (None, 1):
+        raise SpaceError(
+            "early_stopping.brackets",
+            f"{out['brackets']!r} is not valid for asha, one bracket: use hyperband",
+        )
+    else:
+        out["brackets"] = 1
+    return out

@@ -57,7 +57,8 @@ def test_the_space_param_refuses_what_its_schema_can_see(dagbag):
     for name, bad in (
         ("algorithm", "bayes"),
         ("parallel_trials", 3),
-        ("early_stopping", {"rule": "hyperband"}),
+        ("early_stopping", {"rule": "bohb"}),
+        ("early_stopping", {"rule": "asha", "reduction_factor": 1}),
         ("objective", {"metric": "val_accuracy", "mode": "up"}),
     ):
         with pytest.raises(ParamValidationError):
