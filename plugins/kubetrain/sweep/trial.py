@@ -35,6 +35,7 @@ from kubetrain.sweep.records import (
     trial_outcome,
 )
 from kubetrain.sweep.store import read_early_stop, read_trial, write_trial
+from kubetrain_contract.early_stop import hyperband_bracket
 from kubetrain_contract.trial import TrialRecord
 
 if TYPE_CHECKING:
@@ -184,9 +185,29 @@ class TrialPodOperator(TrainingPodOperator):
     def pod_config(self, context: Context | None, *, pin: bool = True) -> pod_spec.TrainingPodConfig:
         config = super().pod_config(context, pin=pin)
         early = self.settings().get("early_stopping") or {}
+        objective = self.settings()["objective"]
+        if early.get("rule") in ("asha", "hyperband"):
+            brackets = early.get("brackets") or 1
+            sweep = self.sweep_location()
+            return dataclasses.replace(
+                config,
+                early_stopping=pod_spec.RungStopping(
+                    rule=early["rule"],
+                    objective=objective["metric"],
+                    mode=objective["mode"],
+                    trials_uri=self.settings()["trials_uri"],
+                    rungs_uri=s3_uri(sweep.bucket, sweep.key("rungs/")),
+                    trial=self.number,
+                    min_resource=early.get("min_resource", 1),
+                    reduction_factor=early.get("reduction_factor", 3),
+                    grace=early.get("grace", 1),
+                    max_resource=early.get("max_resource"),
+                    brackets=brackets,
+                    bracket=hyperband_bracket(self.number, brackets, early.get("reduction_factor", 3)),
+                ),
+            )
         if early.get("rule") != "median":
             return config
-        objective = self.settings()["objective"]
         return dataclasses.replace(
             config,
             early_stopping=pod_spec.MedianStopping(
@@ -238,7 +259,7 @@ class TrialPodOperator(TrainingPodOperator):
         exit_code = self._exit_code(state)
         if exit_code == EXIT_STOPPED and read_early_stop(self.store, self.trial_run(context)) is not None:
             self.log.info(
-                "Trial %s was stopped early by the median rule (exit code %d): a success",
+                "Trial %s was stopped early by the sweep's early-stopping rule (exit code %d): a success",
                 self.trial,
                 exit_code,
             )
@@ -357,7 +378,12 @@ class TrialPodOperator(TrainingPodOperator):
             metric,
             record.objective.value,
             len(rows),
-            f" (median rule at report {early_stop.step}: best {early_stop.best} vs median {early_stop.median})"
+            (
+                f" (median rule at report {early_stop.step}: best {early_stop.best} vs median {early_stop.median})"
+                if early_stop.rung is None
+                else f" ({early_stop.rule} rule at rung {early_stop.rung}: rank {early_stop.rank} of "
+                f"{early_stop.rung_trials}, {early_stop.value} vs cut-off {early_stop.cutoff})"
+            )
             if record.stopped_early and early_stop is not None
             else "",
             s3_uri(sweep.bucket, sweep.trial_record_key(self.number)),
