@@ -24,6 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO_DIR = REPO / ".demo"
 TRAINER_PYTHON = REPO / "trainer" / ".venv" / "bin" / "python"
 AIRFLOW = REPO / ".venv" / "bin" / "airflow"
+# lines of the task log shown when a run fails (the terminal shows only the progress lines otherwise)
+FAILURE_TAIL = 25
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,9 @@ def run_demo(name: str) -> int:
     run_id, state = runs[-1]["run_id"], runs[-1]["state"]
     print(f"{demo.dag_id} run {run_id}: {state} in {time.monotonic() - start:.0f} s", flush=True)
     if rc or state != "success":
+        # what the terminal left out may say why: the log's last lines, then where the rest is
+        for line in log.read_text(errors="replace").splitlines()[-FAILURE_TAIL:]:
+            print("  | " + _short(line), file=sys.stderr)
         print(f"error: the run did not succeed; see {log}", file=sys.stderr)
         return 1
     if trained_by := _trained_before(log):
@@ -236,27 +241,70 @@ def _trained_before(log: Path) -> str | None:
     return found.group(1) if found else None
 
 
+# A line of the task log as Airflow's console logger writes it: time, [level], the event, [logger] and
+# key=value fields, e.g. "2026-11-26T19:39:18.142055Z [info     ] [base] ... [kubetrain.triggers.pod.PodLogFollower]
+# loc=pod.py:124". The event is everything up to the last " [logger]" that only fields follow.
+_LOG_LINE = re.compile(
+    r"^(?P<time>\d{4}-\d\d-\d\dT[\d:.]+Z?) \[(?P<level>\w+)\s*\] (?P<event>.*?)"
+    r"(?: \[(?P<logger>[A-Za-z_][\w.]*)\](?: [\w.]+=.*)?)?$"
+)
+# A trainer's own line ("%(asctime)s %(levelname)s %(message)s", trainer/common/cli.py) as the task log quotes it,
+# under its container: "[base] ..." from a training pod, "[chief <pod>] ..." from a distributed run's chief.
+_TRAINER_LINE = re.compile(
+    r"^\[(?P<source>base|chief [^\]]+)\] \d{4}-\d\d-\d\d [\d:,.]+ (?P<level>[A-Z]+) (?P<message>.*)$"
+)
+# The trainer's progress: one line per epoch, a resume, early stopping, the end, a distributed run's ring.
+_TRAINER_PROGRESS = ("epoch ", "resumed from ", "early stopping", "done:", "collective ring")
+# kubetrain's own lines worth a newcomer's eye: why a task waits, skips, what it wrote and promoted.
+_TASK_NEWS = (
+    "Skipping: ",
+    "GPU request served on CPU",
+    "FailedScheduling",
+    "Distributed training:",
+    "Report written",
+    "Promoted s3://",
+    "Not promoting",
+)
+
+
 def _worth_showing(line: str) -> bool:
-    """The lines a newcomer follows: tasks ending, the trainer's epochs, errors."""
-    if "[DAG TEST] end task" in line or "Marking run" in line:
-        return True
-    if "[base] logs:" in line or "[chief " in line:
-        return any(
-            k in line for k in (" INFO epoch ", "resumed from", " INFO done:", "ERROR", "collective ring")
+    """The task log lines a newcomer follows: each task's end, the trainer's epochs, what was written, errors.
+
+    The rest (Airflow's bookkeeping, the trainer's set-up chatter, TensorFlow's start-up notices)
+    stays in the log file that `make demo` names.
+    """
+    found = _LOG_LINE.match(line.rstrip("\n"))
+    if found is None:
+        return False  # a continuation of a multi-line message, or not a log line
+    event, level = found["event"], found["level"]
+    if trainer := _TRAINER_LINE.match(event):
+        return trainer["level"] in ("WARNING", "ERROR", "CRITICAL") or trainer["message"].startswith(
+            _TRAINER_PROGRESS
         )
-    if "Distributed training:" in line:
+    if event.startswith("[") and not event.startswith("[DAG TEST]"):
+        return level in ("error", "critical")  # another container's line (stage-in, checkpoint-sync)
+    if level in ("error", "critical"):
         return True
-    return any(k in line for k in ("FailedScheduling", "Promoted s3://", "Report written", "[error"))
+    return event.startswith("[DAG TEST] end task") or any(k in event for k in _TASK_NEWS)
 
 
 def _short(line: str) -> str:
-    """A task log line without the logger's timestamp and source columns."""
+    """A task log line as `make demo` shows it: the event only, a trainer's line as ``trainer: <message>``.
+
+    :param line: a line of the task log.
+    """
     text = line.rstrip()
-    if "[base] logs: " in text:
-        text = "trainer: " + text.split("[base] logs: ", 1)[1]
-    elif "[chief " in text:
-        text = "chief: " + text.split("] ", 1)[1] if "] " in text.split("[chief ", 1)[1] else text
-    text = text.split(" [airflow.", 1)[0].split(" loc=", 1)[0]
+    if found := _LOG_LINE.match(text):
+        text = found["event"]
+        if found["level"] in ("warning", "error", "critical"):
+            text = f"{found['level']}: {text}"
+        if trainer := _TRAINER_LINE.match(found["event"]):
+            source = "trainer" if trainer["source"] == "base" else trainer["source"]
+            level = "" if trainer["level"] == "INFO" else trainer["level"].lower() + ": "
+            text = f"{source}: {level}{trainer['message']}"
+        elif text.startswith("[DAG TEST] end task "):
+            task = re.search(r"task_id=(\S+)", text)
+            text = f"task {task.group(1) if task else text} finished"
     return text[:160]
 
 

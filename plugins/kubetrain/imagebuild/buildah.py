@@ -163,8 +163,11 @@ class BuildahBuilder:
         shutil.copyfile(target.ca_bundle, certs / "ca.crt")
         return [flag, str(certs)]
 
-    def run(self, argv: Sequence[str], env: dict[str, str], what: str) -> list[str]:
-        """Run buildah, streaming each output line to the log; raise :class:`BuildError` on failure."""
+    def run(self, argv: Sequence[str], env: dict[str, str], what: str, *, quiet: bool = False) -> list[str]:
+        """Run buildah, streaming each output line to the log; raise :class:`BuildError` on failure.
+
+        :param quiet: keep the output out of the log; a failure still carries its last lines.
+        """
         tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         try:
             proc = subprocess.Popen(
@@ -185,7 +188,8 @@ class BuildahBuilder:
             for line in proc.stdout:
                 line = line.rstrip("\n")
                 tail.append(line)
-                self.log(line)
+                if not quiet:
+                    self.log(line)
         code = proc.wait()
         if code:
             last = "\n".join(tail)
@@ -353,12 +357,14 @@ class BuildahBuilder:
         env: Mapping[str, str] | None = None,
         user: str | None = None,
         what: str | None = None,
+        quiet: bool = False,
     ) -> list[str]:
         """Run ``command`` in a throw-away container of local image ``image``; returns its last lines.
 
         The image's user, working directory and environment apply as in a pod.
 
         :param volumes: host directory -> path in the container (``:ro`` may end the path).
+        :param quiet: keep the command's output out of the log (it is in the error if the command fails).
         :raises BuildError: when the command fails, with its last output lines.
         """
         container = self._quiet(
@@ -373,7 +379,7 @@ class BuildahBuilder:
             if user:
                 argv += ["--user", user]
             argv += [container, "--", *command]
-            return self.run(argv, self._env(), what or f"{' '.join(command)} in {image}")
+            return self.run(argv, self._env(), what or f"{' '.join(command)} in {image}", quiet=quiet)
         finally:
             subprocess.run([*self._global_args, "rm", container], capture_output=True, env=self._env())
 

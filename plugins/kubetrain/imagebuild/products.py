@@ -279,7 +279,8 @@ class ImagePublisher:
         local = self.builder.build(request, target, local_tag=item.name + self.local_suffix)
         if item.check:
             self.log(f"checking {local}: {' '.join(item.check)}")
-            self.builder.run_in_image(local, item.check, what=f"the check of {item.name}")
+            # the check's output (a --help page) tells nothing when it passes; a failure carries its last lines
+            self.builder.run_in_image(local, item.check, what=f"the check of {item.name}", quiet=True)
         return local
 
     def layout(self, item: ImageProduct, local: str) -> tuple[Path, str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -23,6 +24,19 @@ from kubetrain.imagebuild.builders import BuildError, PushTarget
 from kubetrain.imagebuild.products import BASES, PRODUCTS, ImagePublisher, product
 
 LOOPBACK = ("localhost", "127.0.0.1", "[::1]")
+# Build output that tells a reader nothing: pip's download progress bars (rich's "━━━╸ 4.4/4.4 MB 15.3 MB/s eta
+# 0:00:00", the older "|████| 4.4 MB") and its notices, and its warning about running as root (the images install
+# into their system Python on purpose, as python:3.11-slim does). A failed step's error still quotes its last lines.
+PIP_NOISE = re.compile(
+    r"^\s*(?:[━╸╺╾╼─]+\s+[\d.]+/[\d.]+ [kMG]?B\b|\|[█▉▊▋▌▍▎▏ ]*\|)"
+    r"|^WARNING: Running pip as the 'root' user"
+    r"|^\[notice\] "
+)
+
+
+def worth_showing(line: str) -> bool:
+    """Whether a line of the build's output goes to the terminal (pip's progress and warnings do not)."""
+    return PIP_NOISE.search(line) is None
 
 
 def registry_target(registry: str | None, conn_id: str, authdir: Path, insecure: bool | None) -> PushTarget:
@@ -124,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         builder = BuildahBuilder(
             args.storage_root,
             storage_driver=args.storage_driver,
-            log=lambda line: print(line, file=sys.stderr, flush=True),
+            log=lambda line: print(line, file=sys.stderr, flush=True) if worth_showing(line) else None,
         )
         publisher = ImagePublisher(builder, args.trainer_dir, args.layouts, log=builder.log)
         labels = {"org.opencontainers.image.revision": args.revision} if args.revision else {}
