@@ -54,7 +54,12 @@ def _outcome(trial: Mapping[str, Any]) -> str:
     if trial.get("status") != "success":
         return "failed" + (f": {trial['error']}" if trial.get("error") else "")
     if trial.get("stopped_early"):
-        step = (trial.get("early_stop") or {}).get("step")
+        decision = trial.get("early_stop") or {}
+        step, rung = decision.get("step"), decision.get("rung")
+        if rung:
+            rank, of = decision.get("rank"), decision.get("rung_trials")
+            ranked = f", rank {rank} of {of}" if rank and of else ""
+            return f"stopped early at rung {rung} (report {step}{ranked})"
         return f"stopped early at report {step}" if step else "stopped early"
     if trial.get("reused_from"):
         return "finished (reused)"
@@ -79,6 +84,19 @@ def _unit(inputs: SweepReportInputs) -> str:
     return "GPU-hours" if gpu else "CPU-hours"
 
 
+def _early_stopping(early: Mapping[str, Any]) -> str:
+    """The early-stopping settings in words."""
+    rule = early.get("rule")
+    if rule == "median":
+        return (
+            f"median, after {early.get('start_step')} reports, once {early.get('min_trials')} trials finished"
+        )
+    if rule in (None, "", "off"):
+        return "off"
+    settings = ", ".join(f"{k} {v}" for k, v in early.items() if k != "rule" and v is not None)
+    return f"{rule}, {settings}" if settings else str(rule)
+
+
 def summary_rows(inputs: SweepReportInputs) -> list[tuple[str, str]]:
     """The headline facts of a sweep as (label, value) pairs, shared by HTML and Markdown."""
     plan = inputs.plan
@@ -93,12 +111,7 @@ def summary_rows(inputs: SweepReportInputs) -> list[tuple[str, str]]:
             f"{len(inputs.trials)} of max {plan.get('max_trials')}, {plan.get('parallel_trials')} at a time",
         ),
         ("Objective", f"{objective.get('metric')} ({objective.get('mode')})"),
-        (
-            "Early stopping",
-            "off"
-            if early.get("rule") != "median"
-            else f"median, after {early.get('start_step')} reports, once {early.get('min_trials')} trials finished",
-        ),
+        ("Early stopping", _early_stopping(early)),
         ("Dataset version", format_value(dataset.get("version"))),
         ("Image", format_value(plan.get("image"))),
     ]

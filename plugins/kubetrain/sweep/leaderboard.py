@@ -60,7 +60,12 @@ def plan_compute(plan: Mapping[str, Any], trials: Sequence[TrialRecord]) -> Swee
     :param trials: every trial's record.
     """
     early = plan.get("early_stopping") or {}
-    return sweep_compute(trials, rule=early.get("rule"), fixed_params=plan.get("fixed_params"))
+    return sweep_compute(
+        trials,
+        rule=early.get("rule"),
+        fixed_params=plan.get("fixed_params"),
+        max_resource=early.get("max_resource"),
+    )
 
 
 class SweepReportOperator(SweepStoreOperator):

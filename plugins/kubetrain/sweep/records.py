@@ -349,16 +349,23 @@ def compute_fields(seconds: float | None, *, gpus: Any, cpu: Any) -> dict[str, A
 
 
 def budget_reports(
-    record: TrialRecord, fixed_params: Mapping[str, Any] | None, finished_reports: int | None
+    record: TrialRecord,
+    fixed_params: Mapping[str, Any] | None,
+    finished_reports: int | None,
+    max_resource: int | None = None,
 ) -> int | None:
-    """The reports a trial would have made had it run to its budget: its ``epochs`` (its point's, else
-    the sweep's fixed Params'; kubetrain's trainers report once an epoch), else the most reports a
-    trial that trained to its end made, else ``None``.
+    """The reports a trial would have made had it run to its budget: the early-stopping settings'
+    ``max_resource`` (a trial's reports at full training), else its ``epochs`` (its point's, else the
+    sweep's fixed Params'; kubetrain's trainers report once an epoch), else the most reports a trial
+    that trained to its end made, else ``None``.
 
     :param record: the trial.
     :param fixed_params: the Params every trial shares (the plan's ``fixed_params``).
     :param finished_reports: the most reports of the sweep's trials that trained to their end.
+    :param max_resource: the early-stopping settings' ``max_resource``, if set.
     """
+    if max_resource is not None and _number(max_resource) is not None and max_resource >= 1:
+        return int(max_resource)
     for source in (record.params, fixed_params or {}):
         epochs = _number(source.get("epochs"))
         if epochs is not None and epochs >= 1:
@@ -371,6 +378,7 @@ def sweep_compute(
     *,
     rule: str | None = None,
     fixed_params: Mapping[str, Any] | None = None,
+    max_resource: int | None = None,
 ) -> SweepCompute:
     """The trainers' compute of a sweep (``compute_used``) and what running every trial to its budget
     would have cost (``compute_full``), in GPU-hours, or CPU-hours where no trial asked for a GPU.
@@ -383,6 +391,7 @@ def sweep_compute(
     :param records: the sweep's trial records.
     :param rule: the early-stopping rule (``median``, ...; ``None`` or ``off``: no stopping).
     :param fixed_params: the Params every trial shares (the plan's ``fixed_params``).
+    :param max_resource: a trial's reports at full training (the early-stopping settings'), if set.
     """
     trained = [t for t in records if t.reused_from is None]
     timed: list[tuple[TrialRecord, float]] = []
@@ -402,7 +411,7 @@ def sweep_compute(
             continue
         if record.stopped_early:
             reports = record.reports or (record.early_stop.step if record.early_stop else None)
-            budget = budget_reports(record, fixed_params, finished_reports)
+            budget = budget_reports(record, fixed_params, finished_reports, max_resource)
             if not reports or budget is None:
                 continue
             full += hours * max(budget, reports) / reports

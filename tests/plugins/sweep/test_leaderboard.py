@@ -257,7 +257,54 @@ def test_the_training_page_reads_the_sweeps_compute_from_its_trials_run_records(
     compute = runs_compute(runs)
     # 2 cores: 2 CPU-hours finished; the stopped trial used 1/3 in 1 report of the 4 the finished one
     # made (no epochs Param), 4/3 at its own rate
-    assert compute["line"] == board["compute"] == (
-        "early stopping (median) stopped 1 of 2 trials and saved 30% of 3.3 CPU-hours (used 2.3)"
+    assert (
+        compute["line"]
+        == board["compute"]
+        == ("early stopping (median) stopped 1 of 2 trials and saved 30% of 3.3 CPU-hours (used 2.3)")
     )
     assert runs_compute([{"sweep": {"id": "s", "trial": "0"}}, {"sweep": None}]) is None
+
+
+def test_an_asha_sweep_takes_the_budget_from_max_resource_and_the_leaderboard_names_the_rung():
+    from kubetrain.report.sweep import SweepReportInputs, page_values
+    from kubetrain_contract import EarlyStopRecord
+
+    decision = EarlyStopRecord(
+        rule="asha",
+        objective="val_accuracy",
+        mode="max",
+        start_step=1,
+        step=3,
+        best=0.5,
+        rung=3,
+        value=0.5,
+        rank=2,
+        rung_trials=3,
+        cutoff=0.8,
+    )
+    records = [timed(0, 3600, 9), timed(1, 900, 3, stopped_early=True, early_stop=decision)]
+    # 9 reports at full training: the stopped trial's 0.25 h for 3 reports would have been 0.75 h
+    compute = sweep_compute(records, rule="asha", fixed_params={"epochs": 4}, max_resource=9)
+    assert (compute.compute_used, compute.compute_full) == (pytest.approx(1.25), pytest.approx(1.75))
+    assert compute.line.startswith(
+        "early stopping (asha) stopped 1 of 2 trials and saved 29% of 1.8 GPU-hours"
+    )
+    early = {"rule": "asha", "min_resource": 1, "reduction_factor": 3, "grace": 1, "max_resource": 9}
+    values = page_values(
+        SweepReportInputs(
+            plan={
+                "space": SPACE,
+                "objective": {"metric": "val_accuracy", "mode": "max"},
+                "early_stopping": early,
+            },
+            trials=[r.to_dict() for r in records],
+            best=records[0].to_dict(),
+            compute=compute,
+        ),
+        {},
+    )
+    summary = dict(values["summary"])
+    assert summary["Early stopping"] == "asha, min_resource 1, reduction_factor 3, grace 1, max_resource 9"
+    assert summary["Compute"] == compute.line
+    assert values["header"][-2] == "GPU-hours" and values["trials"][0]["cells"][-1] == "1.0000"
+    assert values["trials"][1]["cells"][-3] == "stopped early at rung 3 (report 3, rank 2 of 3)"
