@@ -151,6 +151,11 @@ class ReportStopper:
         self.output_dir = output_dir
         self.stop_file = stop_file
         self._seen: tuple | None = None
+        self.decision: Any = None  # the stop decision, once taken
+
+    def check(self) -> Any:
+        """Look at this trial's reports; stop it when the rule says so. The decision, once taken."""
+        raise NotImplementedError
 
     def _local_reports(self) -> tuple[tuple, list[dict[str, Any]] | None]:
         """(what the report files look like, their rows); no rows when nothing changed since the last look."""

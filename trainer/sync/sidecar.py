@@ -46,7 +46,7 @@ from typing import NamedTuple
 from kubetrain_contract.manifests import SyncPassError, SyncPassFile, SyncPassRecord
 from kubetrain_contract.pod import Env
 from trainer.sync.manifest import pass_key
-from trainer.sync.median import MedianStopper
+from trainer.sync.median import ReportStopper
 from trainer.sync.progress import human_bytes, log
 from trainer.sync.restore import SHA256_METADATA, list_passes, load_pass
 from trainer.sync.s3 import S3, S3Uri, SyncError
@@ -168,13 +168,13 @@ class Sidecar:
     Args:
         s3: S3 access.
         config: the sidecar's settings.
-        stopper: median early stopping of a sweep trial, checked in a thread beside the passes.
+        stopper: a sweep trial's early stopping (median, asha or hyperband), checked in a thread beside the passes.
     """
 
-    def __init__(self, s3: S3, config: SyncConfig, stopper: MedianStopper | None = None) -> None:
+    def __init__(self, s3: S3, config: SyncConfig, stopper: ReportStopper | None = None) -> None:
         self.s3 = s3
         self.config = config
-        self.stopper = stopper  # a sweep trial's median early stopping (trainer.sync.median)
+        self.stopper = stopper  # a sweep trial's early stopping (trainer.sync.median, trainer.sync.asha)
         self.stop = threading.Event()
         self.entries: dict[tuple[str, str], Entry] = {}
         self.next_pass = 1
@@ -282,7 +282,7 @@ class Sidecar:
             try:
                 self.stopper.check()
             except Exception as exc:  # a rule that cannot be applied now never stops the sync
-                log(f"checkpoint-sync: WARNING: median stopping not checked: {exc}")
+                log(f"checkpoint-sync: WARNING: early stopping not checked: {exc}")
             self.stop.wait(STOP_CHECK_INTERVAL)
 
     def final_pass(self) -> int:
