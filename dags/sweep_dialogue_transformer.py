@@ -16,6 +16,8 @@ invalid space is refused before any pod starts.
 `min_trials` trials have finished, a trial that has reported `start_step` epochs is stopped when
 its best objective so far is worse than the median of the finished trials' running averages over
 as many epochs; it keeps its best epoch's model and counts as a success, marked *stopped early*.
+`asha` (`min_resource`, `reduction_factor`, `grace`, `max_resource`) and `hyperband` (with
+`brackets`) stop by rank instead: at each rung only the top `1/reduction_factor` go on.
 
 The `leaderboard` task links the sweep's report; the record is `runs/<dag>/<run>/sweep/sweep.json`.
 """

@@ -26,6 +26,11 @@ of the finished trials' running averages of the objective over as many epochs. I
 decides and tells the trainer to stop; the trainer keeps its best epoch's model and the trial
 counts as a success, marked *stopped early*.
 
+**ASHA and Hyperband** (`{"rule": "asha", "min_resource": 1, "reduction_factor": 3, "grace": 1,
+"max_resource": <epochs>}`, or `"hyperband"` with `brackets`): at rungs of `min_resource *
+reduction_factor**k` epochs, only the top `1/reduction_factor` of the trials that have reached the
+rung so far go on; hyperband splits the trials into brackets whose first rungs are later.
+
 **Results**: the leaderboard (`leaderboard` task's "Training report" link: trials ranked by the
 objective, a parallel-coordinates plot), each trial's own report, the best trial's model
 promoted if it beats the promoted one, and the sweep record `runs/<dag>/<run>/sweep/sweep.json`.
