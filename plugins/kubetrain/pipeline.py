@@ -302,6 +302,7 @@ def training_pipeline(
         title=title,
         require_metrics=require_metrics,
         notes=train.output["notes"],
+        disruptions=train.output["disruptions"],
         on_failure_callback=[record_failure],
     )
     promote = PromoteModelOperator(
@@ -322,6 +323,7 @@ def training_pipeline(
         report=report.output,
         run_uri=train.output["run_uri"],
         dataset_manifest=stage.output["manifest_uri"],
+        disruptions=train.output["disruptions"],
     )
     stage >> check >> train >> report >> promote >> record
     return TrainingTasks(stage, check, train, report, promote, record)

@@ -366,6 +366,20 @@ def interruption(remote_pod: Any, base_container: str) -> str | None:
     return None
 
 
+def exit_code(remote_pod: Any, container: str) -> int | None:
+    """The exit code of ``container`` once it has terminated, else None (still running, or the pod is gone)."""
+    status = remote_pod.status if remote_pod is not None else None
+    for state in (status.container_statuses if status else None) or []:
+        terminated = state.state.terminated if state.state else None
+        if state.name == container and terminated is not None:
+            return terminated.exit_code
+    return None
+
+
+# An interrupted pod's training container exit code, as the trigger last saw it.
+INTERRUPTED_EXIT_KEY = "kubetrain_interrupted_exit"
+# Seconds the pod waited for Kueue's admission (the trigger's start-up watch), in the event.
+QUEUED_KEY = "kubetrain_queued_s"
 GPU_NOT_AVAILABLE = "GPUNotAvailable"
 NOTES_KEY = "kubetrain_notes"
 

@@ -25,13 +25,16 @@ from datetime import datetime
 from typing import Any
 
 from kubetrain.s3_layout import RunLocation, check_name, utc_stamp
+from kubetrain_contract.exit_codes import EXIT_PREEMPTED
 from kubetrain_contract.reports import finite_number
 from kubetrain_contract.run import (
     DatasetRef,
     ImageRef,
     MetricValue,
     PromotionEvent,
+    RunDisruptions,
     RunFailure,
+    RunInterruption,
     RunMetrics,
     RunPromotion,
     RunRecord,
@@ -145,6 +148,9 @@ class RunFacts:
     :param sweep: a sweep trial's fields (``id``, ``trial``, ``stopped_early``, ...).
     :param distributed: a distributed run's fields (``backend``, ``workers``, ``ps_replicas``).
     :param compare_on: which section of metrics.json holds the ranked value (``final`` or ``best``).
+    :param disruptions: the training task's XCom ``disruptions`` (its interruptions and time queued).
+    :param checkpoints: ``{pod: (newest checkpointed step, final)}`` of each interrupted pod's last sync
+        pass (:meth:`kubetrain.store.passes.PassRepository.last_checkpoints`).
     """
 
     dag_id: str
@@ -171,6 +177,8 @@ class RunFacts:
     sweep: Mapping[str, Any] | None = None
     distributed: Mapping[str, Any] | None = None
     compare_on: str = "final"
+    disruptions: Mapping[str, Any] | None = None
+    checkpoints: Mapping[str, tuple[int | None, bool]] | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -242,6 +250,57 @@ def _promotion(facts: RunFacts, objective: RunMetrics, report: Mapping[str, Any]
     )
 
 
+def interrupted_pods(disruptions: Mapping[str, Any] | None) -> list[str]:
+    """The names of the pods the XCom ``disruptions`` lists as ended from outside."""
+    listed = disruptions.get("interruptions") if isinstance(disruptions, Mapping) else None
+    return [str(i["pod"]) for i in listed or [] if isinstance(i, Mapping) and i.get("pod")]
+
+
+def disruptions_of(
+    disruptions: Mapping[str, Any] | None, checkpoints: Mapping[str, tuple[int | None, bool]] | None
+) -> RunDisruptions | None:
+    """The run's preemptions, evictions and time queued; None when the cluster never queued or interrupted it.
+
+    A pod's steps lost are 0 when its training container exited 75 (it checkpointed on SIGTERM, the
+    pod contract) and its sidecar's shutdown pass kept that checkpoint; otherwise they are not known
+    (a container that ignores SIGTERM loses what it trained since its last checkpoint, and only it
+    knows how much).
+
+    :param disruptions: the training task's XCom ``disruptions``.
+    :param checkpoints: ``{pod: (newest checkpointed step, final)}`` of the interrupted pods' last passes.
+    """
+    found = disruptions if isinstance(disruptions, Mapping) else {}
+    queued = finite_number(found.get("queued_s")) or 0.0
+    listed = [i for i in found.get("interruptions") or [] if isinstance(i, Mapping)]
+    if not listed and queued <= 0:
+        return None
+    checkpoints = checkpoints or {}
+    interruptions = []
+    for item in listed:
+        pod = str(item["pod"]) if item.get("pod") else None
+        step, final = checkpoints.get(pod or "", (None, False))
+        code = _integer(item.get("exit_code"))
+        at = item.get("at")
+        interruptions.append(
+            RunInterruption(
+                pod=pod,
+                reason=str(item.get("reason") or "")[:2000],
+                at=at if isinstance(at, str) and at else utc_stamp(),
+                queued_s=finite_number(item.get("queued_s")),
+                exit_code=code,
+                resume_step=step,
+                steps_lost=0 if code == EXIT_PREEMPTED and final and step is not None else None,
+            )
+        )
+    lost = [i.steps_lost for i in interruptions]
+    return RunDisruptions(
+        preemptions=len(interruptions),
+        queued_s=round(max(queued, 0.0), 3),
+        steps_lost=None if None in lost else sum(lost),  # type: ignore[arg-type]
+        interruptions=interruptions,
+    )
+
+
 def build_record(facts: RunFacts) -> RunRecord:
     """The run record of a finished run.
 
@@ -299,6 +358,7 @@ def build_record(facts: RunFacts) -> RunRecord:
         sweep=json_safe(dict(facts.sweep)) if facts.sweep else None,
         distributed=json_safe(dict(facts.distributed)) if facts.distributed else None,
         mlflow=None,
+        disruptions=disruptions_of(facts.disruptions, facts.checkpoints),
     )
 
 

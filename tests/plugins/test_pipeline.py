@@ -114,6 +114,7 @@ def test_params_reach_the_training_task_as_values_and_names_stay_text():
         ("check_new", "image"): TRAINER,
         ("train", "run_uri"): "s3://training/runs/train_x/r",
         ("train", "notes"): [],
+        ("train", "disruptions"): {"interruptions": [], "queued_s": 0.0},
         ("report", "better_than_promoted"): True,
     }
     ti = TaskInstance(xcoms)

@@ -79,6 +79,50 @@ class RunFailure(Checked):
 
 
 @dataclass(frozen=True)
+class RunInterruption(Checked):
+    """One training pod that the cluster ended before its training finished (preempted, evicted,
+    drained or deleted); a new pod resumed in the same try, without using a retry."""
+
+    PATH = "disruptions.interruptions[]."
+
+    pod: str | None
+    reason: str = spec(maxLength=2000)
+    at: str = spec(format="date-time", description="When the task saw the pod ended.")
+    queued_s: float | None = spec(
+        description="Seconds the pod waited for Kueue's admission; null: never queued."
+    )
+    exit_code: int | None = spec(
+        description="The training container's exit code when it was seen (75: it checkpointed on SIGTERM)."
+    )
+    resume_step: int | None = spec(
+        minimum=0,
+        description="The newest checkpointed step in S3 after the pod ended (its last sync pass): where the "
+        "next pod resumed. Null: no numbered checkpoint had been synced.",
+    )
+    steps_lost: int | None = spec(
+        minimum=0,
+        description="Steps trained and not kept: 0 when the container checkpointed on SIGTERM (exit 75) and its "
+        "final sync pass kept that checkpoint; null when not known (a container that did not say so).",
+    )
+
+
+@dataclass(frozen=True)
+class RunDisruptions(Checked):
+    """What the cluster did to the run's last try: its preemptions and evictions, and its time in the queue."""
+
+    PATH = "disruptions."
+
+    preemptions: int = spec(minimum=0, description="Pods ended from outside (interruptions) in the try.")
+    queued_s: float = spec(
+        minimum=0, description="Seconds the try's pods waited for Kueue's admission, in all."
+    )
+    steps_lost: int | None = spec(
+        minimum=0, description="The sum of the interruptions' steps_lost; null when any is not known."
+    )
+    interruptions: list[RunInterruption]
+
+
+@dataclass(frozen=True)
 class DatasetRef(Checked):
     """The staged dataset snapshot the run trained on."""
 
@@ -204,6 +248,11 @@ class RunRecord(Record):
     )
     distributed: dict[str, Any] | None = spec(description="A distributed run: backend, workers, ps_replicas.")
     mlflow: MlflowRun | None
+    disruptions: RunDisruptions | None = spec(
+        None,
+        description="Preemptions, evictions and time queued of the run's last try. Optional: absent in records "
+        "written before it existed, and for runs the cluster never queued or interrupted.",
+    )
 
     def __post_init__(self) -> None:
         check_strings(self, "")

@@ -159,6 +159,8 @@ class RecordTrainingOperator(RunOperator):
     :param dataset_manifest: the staged snapshot's manifest URI, ``stage.output["manifest_uri"]``. (templated)
     :param sweep: a sweep trial's fields for the record (``id``, ``trial``, ``stopped_early``, ...). (templated)
     :param distributed: a distributed run's fields (``backend``, ``workers``, ``ps_replicas``). (templated)
+    :param disruptions: the training task's preemptions and time queued, ``train.output["disruptions"]``
+        (recorded). (templated)
     :param exclude_params: Params left out of the marker, as out of the fingerprint.
     :param run_uri: the run, e.g. ``train.output["run_uri"]`` (default: this DAG run's prefix). (templated)
     :param trial: sweep trial, as given to the TrainingPodOperator. (templated)
@@ -179,6 +181,7 @@ class RecordTrainingOperator(RunOperator):
         "dataset_manifest",
         "sweep",
         "distributed",
+        "disruptions",
     )
     ui_color = "#f0f0f0"
 
@@ -196,6 +199,7 @@ class RecordTrainingOperator(RunOperator):
         dataset_manifest: str | None = None,
         sweep: Mapping[str, Any] | None = None,
         distributed: Mapping[str, Any] | None = None,
+        disruptions: Mapping[str, Any] | None = None,
         exclude_params: Sequence[str] = NOT_TRAINING_PARAMS,
         **kwargs: Any,
     ) -> None:
@@ -211,6 +215,7 @@ class RecordTrainingOperator(RunOperator):
         self.dataset_manifest = dataset_manifest
         self.sweep = sweep
         self.distributed = distributed
+        self.disruptions = disruptions
         self.exclude_params = tuple(exclude_params)
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -256,6 +261,7 @@ class RecordTrainingOperator(RunOperator):
             report=dict(self.report or {}),
             sweep=dict(self.sweep) if self.sweep else None,
             distributed=dict(self.distributed) if self.distributed else None,
+            disruptions=dict(self.disruptions) if isinstance(self.disruptions, Mapping) else None,
         )
         result["run_record"] = self.store.runs.write(run_record)
         self.log.info("Run record: %s (%s)", result["run_record"], run_record["promotion"]["reason"])
@@ -276,7 +282,7 @@ class RunRecorder:
     def build(
         self, context: Context, *, run: RunLocation, model: str, trial: str | None, status: str, **fields: Any
     ) -> dict[str, Any]:
-        from kubetrain.run_record import RunFacts, build_record
+        from kubetrain.run_record import RunFacts, build_record, interrupted_pods
 
         metrics = self._read_json(run, "metrics.json")
         run_params = self._read_json(run, "params.json")
@@ -284,6 +290,13 @@ class RunRecorder:
         if not isinstance((metrics or {}).get("resumed_from_step"), int):
             resumed = self.store.passes.resumed_from_step(run)
             source = "sync-passes" if resumed is not None else None
+        interrupted = interrupted_pods(fields.get("disruptions"))
+        checkpoints: dict[str, tuple[int | None, bool]] = {}
+        if interrupted:
+            try:
+                checkpoints = self.store.passes.last_checkpoints(run, interrupted)
+            except ValueError as exc:  # a broken pass manifest: the steps lost stay unknown
+                self.log.warning("Could not read the sync passes of the interrupted pods: %s", exc)
         ti = context["ti"]
         if trial in (None, ""):
             index = getattr(ti, "map_index", -1)
@@ -301,6 +314,7 @@ class RunRecorder:
             run_params=run_params,
             resumed_from_step=resumed,
             resumed_from_source=source,
+            checkpoints=checkpoints,
             **fields,
         )
         return build_record(facts).to_dict()
@@ -337,6 +351,7 @@ class RecordFailedRun:
 
     :param stage_task_id: the task whose XComs hold the dataset ``version`` and ``manifest_uri``.
     :param check_task_id: the task whose XComs hold the ``image`` by digest and the ``fingerprint``.
+    :param train_task_id: the task whose XCom ``disruptions`` holds its preemptions and time queued.
     :param aws_conn_id: the S3 connection.
     """
 
@@ -345,10 +360,12 @@ class RecordFailedRun:
         *,
         stage_task_id: str = "stage_dataset",
         check_task_id: str = "check_new",
+        train_task_id: str = "train",
         aws_conn_id: str | None = "aws_default",
     ) -> None:
         self.stage_task_id = stage_task_id
         self.check_task_id = check_task_id
+        self.train_task_id = train_task_id
         self.aws_conn_id = aws_conn_id
 
     def __call__(self, context: Context) -> None:
@@ -393,6 +410,7 @@ class RecordFailedRun:
             image=pulled(self.check_task_id, "image"),
             fingerprint=pulled(self.check_task_id, "fingerprint"),
             promote_rule=params.get("promote"),
+            disruptions=pulled(self.train_task_id, "disruptions"),
             failure={"task": ti.task_id, "error": f"{type(error).__name__}: {error}" if error else "failed"},
         )
         uri = store.runs.write(record)

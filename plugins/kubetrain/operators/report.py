@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kubetrain.links import REPORT_URL_XCOM_KEY, ReportLink, report_url
@@ -70,6 +70,8 @@ class ReportOperator(RunOperator):
         run gets no report and no comparison. (templated)
     :param notes: lines the report shows at the top, e.g. the training task's XCom ``notes``
         (``train.output["notes"]``: a GPU request served on CPU). (templated)
+    :param disruptions: the training task's preemptions and time queued, ``train.output["disruptions"]``:
+        the report counts them, with the steps each preemption lost. (templated)
     :param training_bucket: training bucket (default: the deployment's). (templated)
     :param aws_conn_id: Airflow connection for S3.
     """
@@ -80,6 +82,7 @@ class ReportOperator(RunOperator):
         "title",
         "require_metrics",
         "notes",
+        "disruptions",
     )
     operator_extra_links = (ReportLink(),)
     ui_color = "#fdf5e6"
@@ -92,15 +95,32 @@ class ReportOperator(RunOperator):
         title: str | None = None,
         require_metrics: bool | str = True,
         notes: Sequence[str] | str | None = None,
+        disruptions: Mapping[str, Any] | None = None,
         multiple_outputs: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(multiple_outputs=multiple_outputs, **kwargs)
         self.notes = notes
+        self.disruptions = disruptions
         self.require_metrics = require_metrics
         self.model = model
         self.compare_on = compare_on
         self.title = title
+
+    def run_disruptions(self, run: RunLocation) -> Any:
+        """The run's preemptions and time queued (a RunDisruptions), or None when there were none."""
+        from kubetrain.run_record import disruptions_of, interrupted_pods
+
+        if not isinstance(self.disruptions, Mapping):
+            return None
+        pods = interrupted_pods(self.disruptions)
+        checkpoints = {}
+        if pods:
+            try:
+                checkpoints = self.store.passes.last_checkpoints(run, pods)
+            except ValueError as exc:  # a broken pass manifest: the steps lost stay unknown
+                self.log.warning("Could not read the sync passes of the interrupted pods: %s", exc)
+        return disruptions_of(self.disruptions, checkpoints)
 
     def load_inputs(self, run: RunLocation) -> ReportInputs:
         """Read and check the run's output files."""
@@ -130,6 +150,7 @@ class ReportOperator(RunOperator):
             return {**dict.fromkeys(RESULT_KEYS), "run_uri": run.uri}
         inputs = self.load_inputs(run)
         inputs.warnings.extend(note_lines(self.notes))
+        inputs.disruptions = self.run_disruptions(run)
         metrics = inputs.metrics
 
         if self.model:

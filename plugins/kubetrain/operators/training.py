@@ -29,12 +29,14 @@ from kubetrain.doc_md import class_doc_md
 from kubetrain.hooks.registry import RegistryHook
 from kubetrain.images import pin_image
 from kubetrain.pod_startup import (
+    INTERRUPTED_EXIT_KEY,
     INTERRUPTED_KEY,
     KUEUE_GROUP,
     KUEUE_VERSION,
     NOTES_KEY,
     PRIORITY_LABEL,
     QUEUE_LABEL,
+    QUEUED_KEY,
     STARTUP_FAILURES,
     ImagePullError,
     PodStartup,
@@ -42,6 +44,7 @@ from kubetrain.pod_startup import (
     PodUnschedulableError,
     QueueTimeout,
     StageInError,
+    exit_code,
     failure_from_event,
     gpu_served_on_cpu,
     interruption,
@@ -58,6 +61,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 __all__ = [
+    "DISRUPTIONS_XCOM_KEY",
     "NOTES_XCOM_KEY",
     "NO_RETRY_EXIT_CODES",
     "ImagePullError",
@@ -84,11 +88,23 @@ INTERRUPTIONS_KEY = "kubetrain_interruptions"
 class PodInterrupted(AirflowException):
     """The training pod was ended from outside before its training finished: preempted, evicted,
     drained or deleted. The task submits a new pod in the same try, which resumes from the last
-    checkpoint; it is not a failure and costs no retry."""
+    checkpoint; it is not a failure and costs no retry.
+
+    :param message: which pod and why.
+    :param exit_code: the training container's exit code, when it had ended (75: checkpointed on SIGTERM).
+    """
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 # XCom of the lines a run's report shows at the top (e.g. a GPU request served on CPU).
 NOTES_XCOM_KEY = "notes"
+# XCom of what the cluster did to the try: ``{"interruptions": [{"pod", "reason", "at", "queued_s",
+# "exit_code"}, ...], "queued_s": seconds all its pods waited for Kueue's admission}``; the report
+# and the run record count preemptions, time queued and steps lost from it.
+DISRUPTIONS_XCOM_KEY = "disruptions"
 # Exit codes of the training container that a retry would only repeat (kubetrain_contract.exit_codes, the table the
 # trainers follow); any other failure, 75 (stopped by SIGTERM after a checkpoint) included, is retried.
 NO_RETRY_EXIT_CODES = final_exit_codes()
@@ -494,6 +510,8 @@ class TrainingPodOperator(KubernetesPodOperator):
         self.queue_log_interval_seconds = queue_log_interval_seconds
         self.max_preemptions = max_preemptions
         self._interruptions: list[dict[str, Any]] = []
+        # seconds the current pod waited for Kueue's admission (None: it never queued)
+        self._pod_queued_s: float | None = None
         self.log_containers = list(log_containers)
         if (
             not self.deferrable
@@ -602,6 +620,8 @@ class TrainingPodOperator(KubernetesPodOperator):
         if context is not None:
             context["ti"].xcom_push(key="run_uri", value=config.run_uri)
             context["ti"].xcom_push(key=NOTES_XCOM_KEY, value=[])
+            if not self._interruptions:
+                self._push_disruptions(context)
         self.log.info(
             "Training pod: image %s, run %s, %d x %s",
             config.image,
@@ -666,7 +686,9 @@ class TrainingPodOperator(KubernetesPodOperator):
             remote = self.pod_manager.read_pod(pod)
             while True:
                 events = self.pod_manager.read_pod_events(pod).items if startup.needs_events(remote) else []
-                if startup.observe(remote, events or [], datetime.now(UTC)):
+                started = startup.observe(remote, events or [], datetime.now(UTC))
+                self._pod_queued_s = startup.queued_s
+                if started:
                     break
                 if queued(remote) and time.monotonic() >= queue_due:
                     self.log.info("%s", self._queue_message(remote, startup.queued_s or 0.0))
@@ -735,12 +757,29 @@ class TrainingPodOperator(KubernetesPodOperator):
                     raise  # the trigger's resumption handles it (trigger_reentry)
                 self._replace_interrupted(context, exc)
 
-    def _replace_interrupted(self, context: Context, exc: BaseException, pod_name: str | None = None) -> None:
+    def _replace_interrupted(
+        self, context: Context, exc: BaseException, pod_name: str | None = None, code: int | None = None
+    ) -> None:
         """Count an interruption and forget the pod, so that the next execution submits a new one;
-        fail past ``max_preemptions``."""
+        fail past ``max_preemptions``.
+
+        :param code: the training container's exit code, when it was seen (75: it checkpointed on SIGTERM).
+        """
         name = pod_name or (self.pod.metadata.name if self.pod is not None else None)
         reason = str(exc)
-        self._interruptions.append({"pod": name, "reason": reason, "at": datetime.now(UTC).isoformat()})
+        if code is None:
+            code = getattr(exc, "exit_code", None)
+        self._interruptions.append(
+            {
+                "pod": name,
+                "reason": reason,
+                "at": datetime.now(UTC).isoformat(),
+                "queued_s": self._pod_queued_s,
+                "exit_code": code,
+            }
+        )
+        self._pod_queued_s = None
+        self._push_disruptions(context)
         count = len(self._interruptions)
         if count > self.max_preemptions:
             raise AirflowFailException(
@@ -784,9 +823,22 @@ class TrainingPodOperator(KubernetesPodOperator):
             )
         super().defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
 
+    def _push_disruptions(self, context: Context | None) -> None:
+        """XCom ``disruptions``: this try's interruptions and the time its pods waited in the queue."""
+        if context is None:
+            return
+        queued_total = sum(float(i.get("queued_s") or 0.0) for i in self._interruptions)
+        queued_total += self._pod_queued_s or 0.0
+        context["ti"].xcom_push(
+            key=DISRUPTIONS_XCOM_KEY,
+            value={"interruptions": list(self._interruptions), "queued_s": round(queued_total, 3)},
+        )
+
     def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
         self._startup_failure = failure_from_event(event)
         self._interruptions = list(event.get(INTERRUPTIONS_KEY) or [])
+        if event.get(QUEUED_KEY) is not None:
+            self._pod_queued_s = float(event[QUEUED_KEY])
         # the notes of earlier pods of this try (interruptions) come back in the event, then this pod's
         self._notes = [str(note) for note in event.get(NOTES_KEY) or []]
         # The trigger read every container's log to its end: reading the training container's
@@ -800,7 +852,7 @@ class TrainingPodOperator(KubernetesPodOperator):
             if isinstance(exc, PodNotFoundException):  # gone already: the trigger saw why, if it could
                 reason = event.get(INTERRUPTED_KEY) or "deleted"
                 exc = PodInterrupted(f"pod {event.get('name')}: {reason}")
-            self._replace_interrupted(context, exc, event.get("name"))
+            self._replace_interrupted(context, exc, event.get("name"), event.get(INTERRUPTED_EXIT_KEY))
             self.get_logs = get_logs
             return self.execute(context)  # a new pod: defers again
         except AirflowException as exc:
@@ -819,6 +871,7 @@ class TrainingPodOperator(KubernetesPodOperator):
     ) -> None:
         if context is not None:
             context["ti"].xcom_push(key=NOTES_XCOM_KEY, value=list(self._notes))
+            self._push_disruptions(context)
         if not self.deferrable and self.get_logs and remote_pod is not None:
             self._log_sidecar_lines(remote_pod)
         if self._startup_failure is None and not self._killed and remote_pod is not None:
@@ -837,7 +890,7 @@ class TrainingPodOperator(KubernetesPodOperator):
                 with contextlib.suppress(AirflowException):
                     super().cleanup(pod=pod, remote_pod=remote_pod, xcom_result=xcom_result, context=context)
                 name = remote_pod.metadata.name if remote_pod is not None else pod.metadata.name
-                raise PodInterrupted(f"pod {name}: {reason}")
+                raise PodInterrupted(f"pod {name}: {reason}", exit_code(remote_pod, self.base_container_name))
         # The base class deletes the pod that never started and fails with "Pod ... returned a
         # failure"; the start-up failure says why, and its class says whether to retry.
         try:

@@ -125,6 +125,8 @@ class Comparison:
     promoted_value: float | None
     better: bool
     reason: str
+    # no model is promoted at all (then the new one counts as better: there is nothing to beat)
+    nothing_promoted: bool = False
 
 
 def compare(
@@ -155,7 +157,9 @@ def compare(
             monitor, mode, None, promoted_version, None, False, f"this run has no {on} {monitor}"
         )
     if promoted is None:
-        return Comparison(monitor, mode, value, None, None, True, "no model is promoted yet")
+        return Comparison(
+            monitor, mode, value, None, None, True, "no model is promoted yet", nothing_promoted=True
+        )
     old = value_of(promoted)
     if old is None:
         return Comparison(
@@ -195,6 +199,8 @@ class ReportInputs:
     notes: list[str] = field(default_factory=list)
     # Facts about how the run ran that a reader must see first (e.g. a GPU request served on CPU).
     warnings: list[str] = field(default_factory=list)
+    # Preemptions, evictions and time queued (kubetrain_contract.run.RunDisruptions), if any.
+    disruptions: Any = None
 
 
 def load_run_inputs(

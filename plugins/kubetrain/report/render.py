@@ -86,6 +86,11 @@ def comparison_line(comparison: Comparison | None, subject: str, *, version: boo
     """
     if comparison is None:
         return None
+    if comparison.nothing_promoted:
+        return {
+            "css": "better",
+            "text": f"No model is promoted yet: none to compare {subject[:1].lower()}{subject[1:]} with",
+        }
     verdict = "better than" if comparison.better else "not better than"
     text = f"{subject} is {verdict} the promoted model: {comparison.reason}"
     if version and comparison.promoted_version:
@@ -113,6 +118,35 @@ def report_files(kind: str, plots: Plots, values: Mapping[str, Any]) -> dict[str
     files["report.html"] = render_page(f"{kind}.html", values).encode("utf-8")
     files["report.md"] = render_page(f"{kind}.md", values).encode("utf-8")
     return files
+
+
+def duration(seconds: float) -> str:
+    """``42 s``, ``3 min 20 s``, ``2 h 05 min``."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def disruption_rows(disruptions: Any) -> list[tuple[str, str]]:
+    """The summary rows of a run the cluster queued or interrupted (a RunDisruptions, or None)."""
+    if disruptions is None:
+        return []
+    rows = [("Time queued", duration(disruptions.queued_s))]
+    if disruptions.preemptions:
+        lost = "not known" if disruptions.steps_lost is None else str(disruptions.steps_lost)
+        resumed = ", ".join(
+            "?" if i.resume_step is None else str(i.resume_step) for i in disruptions.interruptions
+        )
+        rows.append(
+            (
+                "Preemptions",
+                f"{disruptions.preemptions} (no retry used; resumed at step {resumed}; steps lost: {lost})",
+            )
+        )
+    return rows
 
 
 def summary_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
@@ -152,6 +186,7 @@ def summary_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
             rows.append(
                 (label, ", ".join(map(str, value)) if isinstance(value, list) else format_value(value))
             )
+    rows.extend(disruption_rows(inputs.disruptions))
     params = inputs.params or {}
     for key, label in (
         ("dataset_version", "Dataset version"),

@@ -244,6 +244,34 @@ class PassRepository:
         gone = set(doomed)
         return doomed, [entry for entry in files if entry["key"] not in gone]
 
+    def last_checkpoints(self, run: RunLocation, pods: Sequence[str]) -> dict[str, tuple[int | None, bool]]:
+        """``{pod: (newest checkpointed step, final)}`` of the last sync pass each of ``pods`` wrote.
+
+        For the run record's interruptions: the step a replaced pod left behind (where the next pod
+        resumed) and whether its sidecar's shutdown pass kept it. The manifests are read leniently
+        and in parallel (``read_many``); a pod that wrote no pass is left out.
+
+        :param pods: the pod names to look for.
+        """
+        wanted = set(pods)
+        if not wanted:
+            return {}
+        numbers = self.numbers(run)
+        documents = self.store.read_many(run.bucket, [key for _, key in numbers])
+        found: dict[str, tuple[int | None, bool]] = {}
+        for document in documents:
+            if not isinstance(document, dict) or document.get("pod") not in wanted:
+                continue
+            steps = [
+                group[1]
+                for entry in document.get("files") or []
+                if isinstance(entry, dict)
+                and entry.get("area") == "checkpoints"
+                and (group := checkpoint_group(str(entry.get("path"))))
+            ]
+            found[str(document["pod"])] = (max(steps) if steps else None, bool(document.get("final")))
+        return found
+
     def resumed_from_step(self, run: RunLocation) -> int | None:
         """The step the run's last pod resumed from, from its sync pass manifests; 0 when it started fresh.
 

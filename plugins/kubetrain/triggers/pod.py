@@ -24,12 +24,15 @@ from airflow.triggers.base import TriggerEvent
 
 from kubetrain.pod_startup import (
     EVENT_KEY,
+    INTERRUPTED_EXIT_KEY,
     INTERRUPTED_KEY,
     KUEUE_GROUP,
     KUEUE_VERSION,
     NOTES_KEY,
+    QUEUED_KEY,
     STARTUP_FAILURES,
     PodStartup,
+    exit_code,
     failure_kind,
     gpu_served_on_cpu,
     interruption,
@@ -182,6 +185,7 @@ class TrainingPodTrigger(KubernetesPodTrigger):
         self.queue_timeout = queue_timeout
         self.queue_log_interval = queue_log_interval
         self.notes: list[str] = []
+        self.queued_s: float | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         _, kwargs = super().serialize()
@@ -223,6 +227,7 @@ class TrainingPodTrigger(KubernetesPodTrigger):
                     listing = await self.hook.get_pod_events(name=self.pod_name, namespace=self.pod_namespace)
                     events = list(listing.items or [])
                 started = startup.observe(pod, events, datetime.now(UTC))
+                self.queued_s = startup.queued_s
                 if queued(pod) and time.monotonic() >= queue_due:
                     self.log.info("%s", await self._queue_message(pod, startup.queued_s or 0.0))
                     queue_due = time.monotonic() + self.queue_log_interval
@@ -310,6 +315,8 @@ class TrainingPodTrigger(KubernetesPodTrigger):
         if self.notes:
             # after the notes of the try's earlier pods, which travel in the trigger's kwargs
             payload[NOTES_KEY] = [*(payload.get(NOTES_KEY) or []), *self.notes]
+        if self.queued_s is not None:
+            payload[QUEUED_KEY] = round(self.queued_s, 3)
         try:
             pod = await self.hook.get_pod(name=self.pod_name, namespace=self.pod_namespace)
         except Exception as exc:
@@ -320,6 +327,7 @@ class TrainingPodTrigger(KubernetesPodTrigger):
         reason = interruption(pod, self.base_container_name)
         if reason is not None:
             payload[INTERRUPTED_KEY] = reason
+            payload[INTERRUPTED_EXIT_KEY] = exit_code(pod, self.base_container_name)
         if not self.get_logs:
             return payload
         await self.pod_manager.follow(
