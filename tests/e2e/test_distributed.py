@@ -369,3 +369,97 @@ def test_a_killed_or_timed_out_task_deletes_its_job_pods_and_service(
         # execute_complete waits for the pods' DELETED events before it fails
         assert left_behind(api)["pods"] == [], left_behind(api)
     assert_nothing_left(api)
+
+
+def test_a_queued_two_worker_run_is_admitted_all_or_nothing(airflow, api, s3, digits, dev_images):
+    """In LocalQueue 'training' (the dev stack's Kueue stand-in: 1 GPU of quota), a 2-worker run is one
+    Indexed Job that Kueue admits whole: with 1 GPU per worker it never starts one worker alone (the
+    quota would hold one), and on CPU both replicas start together and train."""
+    core = client.CoreV1Api(api)
+    seen_pods: set[str] = set()
+    stop = threading.Event()
+
+    def watch_pods() -> None:
+        while not stop.is_set():
+            pods = core.list_namespaced_pod(NAMESPACE, label_selector=f"kubetrain.io/dag-id={DAG}").items
+            seen_pods.update(p.metadata.name for p in pods)
+            stop.wait(0.3)
+
+    base = {
+        "dataset_uri": digits,
+        "workers": 2,
+        "image_size": 16,
+        "batch_size": 32,
+        "sync_interval": 2,
+        "cpu": "1",
+        "memory": "2Gi",
+        "backend": "indexed_job",
+        "queue": "training",
+    }
+    watcher = threading.Thread(target=watch_pods, daemon=True)
+    watcher.start()
+    try:
+        # 2 workers x 1 GPU against a quota of 1: all or nothing means nothing, and no pod at all
+        too_big = airflow.dags_test(
+            DAG,
+            {**base, "model_name": "e2e-gang-none", "gpus": 1, "epochs": 1, "force": True},
+            KUBETRAIN_QUEUE_TIMEOUT="20",
+            **FAST,
+        )
+    finally:
+        stop.set()
+        watcher.join(5)
+    assert too_big.task_states()["train"] == "failed", too_big.output[-3000:]
+    assert "was not admitted by Kueue within queue_timeout=20 s" in too_big.output, too_big.output[-3000:]
+    assert "is queued in Kueue (suspended until admitted, all replicas at once)" in too_big.output
+    assert too_big.try_numbers("train") == 1  # a queue timeout is not retried
+    assert seen_pods == set(), f"a replica started although the job as a whole did not fit: {seen_pods}"
+    assert_nothing_left(api)
+
+    # on CPU the whole job fits: both replicas of the one Job run and train together
+    logs: dict[str, str] = {}
+    stop = threading.Event()
+
+    def keep_logs() -> None:
+        while not stop.is_set():
+            for pod in core.list_namespaced_pod(NAMESPACE, label_selector=f"kubetrain.io/dag-id={DAG}").items:
+                for container in ("base", "checkpoint-sync"):
+                    try:
+                        logs[f"{pod.metadata.name}/{container}"] = core.read_namespaced_pod_log(
+                            pod.metadata.name, NAMESPACE, container=container
+                        )
+                    except client.ApiException:
+                        continue
+            stop.wait(0.5)
+
+    keeper = threading.Thread(target=keep_logs, daemon=True)
+    keeper.start()
+    try:
+        run = airflow.dags_test(DAG, {**base, "model_name": "e2e-gang", "gpus": 0, "epochs": 2}, **FAST)
+    finally:
+        stop.set()
+        keeper.join(10)
+    assert run.returncode == 0 and run.state() == "success", run.output[-5000:]
+    jobs = {key.split("/")[0].rsplit("-", 2)[0] for key in logs}
+    assert len(jobs) == 1 and next(iter(jobs)).endswith("-all"), sorted(logs)
+    ring = [
+        k
+        for k, text in logs.items()
+        if k.endswith("/base") and "collective ring of 2 worker(s) is up" in text
+    ]
+    assert len(ring) == 2, sorted(logs)
+    # the worker's sidecar idled; the chief's synced
+    idle = [
+        k for k, text in logs.items() if k.endswith("/checkpoint-sync") and "idle until the pod ends" in text
+    ]
+    assert len(idle) == 1 and "-all-1-" in idle[0], idle
+    prefix = run.xcom("train", key="run_uri").removeprefix("s3://training/")
+    metrics = json.loads(s3.get_object(Bucket="training", Key=f"{prefix}/output/metrics.json")["Body"].read())
+    assert metrics["workers"] == 2 and metrics["strategy"] == "multi_worker"
+    passes = s3.list_objects_v2(Bucket="training", Prefix=f"{prefix}/sync/pass-")["Contents"]
+    pods_of_passes = {
+        json.loads(s3.get_object(Bucket="training", Key=o["Key"])["Body"].read())["pod"] for o in passes
+    }
+    assert all("-all-0-" in pod or pod.startswith("airflow:") for pod in pods_of_passes), pods_of_passes
+    assert run.xcom("train", key="disruptions")["queued_s"] >= 0
+    assert_nothing_left(api)

@@ -21,6 +21,7 @@ EARLY_SIGTERM = threading.Event()
 if len(sys.argv) > 1 and sys.argv[1] == "checkpoint-sync":
     signal.signal(signal.SIGTERM, lambda *_: EARLY_SIGTERM.set())
 
+from kubetrain_contract.cluster import ClusterError  # noqa: E402
 from kubetrain_contract.pod import Env  # noqa: E402
 from trainer.sync.progress import log  # noqa: E402
 from trainer.sync.s3 import SyncError, parse_s3_uri  # noqa: E402
@@ -512,6 +513,13 @@ def main(argv: list[str] | None = None) -> int:
                 progress_interval=args.progress_interval,
             )
             return 0
+        from trainer.sync.replica import idle_reason
+
+        idle = idle_reason(os.environ)
+        if idle:  # a replica of a job whose replicas share one pod template: the chief's sidecar syncs
+            log(f"{label}: idle until the pod ends: {idle}")
+            EARLY_SIGTERM.wait()
+            return 0
         from trainer.sync.sidecar import Sidecar, SyncConfig
 
         s3 = S3(pool=max(10, args.workers))
@@ -534,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-    except SyncError as exc:
+    except (SyncError, ClusterError) as exc:
         log(f"{label}: ERROR: {exc}")
         return 1
     except KeyboardInterrupt:

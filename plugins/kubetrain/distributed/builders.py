@@ -2,7 +2,12 @@
 
 * ``indexed_job``: a headless Service ``<name>`` and one Indexed Job ``<name>-<role>`` per role
   (batch/v1, ``kubernetes.client`` models): pods ``<name>-<role>-<index>.<name>``; the replicas
-  compute TF_CONFIG from ``KUBETRAIN_TF_*`` (:mod:`kubetrain.distributed.cluster`).
+  compute TF_CONFIG from ``KUBETRAIN_TF_*`` (:mod:`kubetrain.distributed.cluster`). In a Kueue
+  queue, Kueue admits each Job as a workload of its own, so one Job per role could have the chief
+  admitted and a worker not, burning its GPU while it waits: a queued multi-worker run is instead
+  one Indexed Job ``<name>-all`` of every replica (all of one size, chief at index 0), which Kueue
+  admits all or nothing. Parameter servers have a size of their own and cannot share that Job; a
+  queued parameter-server run needs ``tfjob`` or ``trainjob``, which Kueue admits as one workload.
 * ``tfjob``: a Kubeflow ``TFJob`` (kubeflow.org/v1, training operator v1.9) with one replica spec
   per role, built from the typed dataclasses below. The training operator's Python SDK
   (``kubeflow-training``) pins ``kubernetes<36``, which the cncf-kubernetes provider's
@@ -16,7 +21,12 @@
   TF_CONFIG from ``KUBETRAIN_TF_*``, with ``KUBETRAIN_TF_ROLE`` per replicated job.
 
 Every replica follows the training pod contract (:func:`kubetrain.pod_spec.replica_pod_template`):
-stage-in on every replica, the checkpoint-sync sidecar on the chief only.
+stage-in on every replica, the checkpoint-sync sidecar on the chief only (in the one Job of a queued
+run every replica has the sidecar and all but the chief's idle, as the template is shared).
+
+In a queue, the job object (each Job, the TFJob, the TrainJob) carries Kueue's
+``kueue.x-k8s.io/queue-name`` and ``kueue.x-k8s.io/priority-class`` labels; Kueue's webhook
+creates it suspended and resumes it on admission.
 """
 
 from __future__ import annotations
@@ -33,6 +43,8 @@ from kubetrain import pod_spec
 from kubetrain.distributed.cluster import BACKENDS, cluster_spec, host_pattern, replica_env
 from kubetrain.distributed.spec import DistributedSpec
 from kubetrain.extras import missing_extra
+from kubetrain.pod_startup import QUEUE_LABEL
+from kubetrain_contract.cluster import REPLICAS_ENV, replicas_json
 
 JOB_LABEL = "kubetrain.io/distributed-job"
 ROLE_LABEL = "kubetrain.io/replica-role"
@@ -40,6 +52,10 @@ TFJOB_CONTAINER = "tensorflow"  # the container the training operator writes TF_
 TFJOB_PORT_NAME = "tfjob-port"
 TF_PORT_NAME = "tf"
 TFJOB_REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS"}
+# The role label of the replicas of a queued run's one Indexed Job (the chief is its index 0).
+GANG_ROLE = "all"
+# The label Kubernetes gives each pod of an Indexed Job: its completion index.
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 
 def to_dict(obj: Any) -> Any:
@@ -77,6 +93,7 @@ class Submission:
     :param hosts: the replicas' host pattern (:func:`~kubetrain.distributed.cluster.host_pattern`).
     :param container: the base container's name in every replica.
     :param resources: the objects, in creation order.
+    :param gang: every replica is in one Indexed Job (``<name>-all``, a queued run's), admitted as one.
     """
 
     backend: str
@@ -86,6 +103,7 @@ class Submission:
     hosts: str
     container: str
     resources: list[Resource] = field(default_factory=list)
+    gang: bool = False
 
     @property
     def pod_selector(self) -> str:
@@ -94,7 +112,14 @@ class Submission:
 
     @property
     def chief_selector(self) -> str:
+        if self.gang:
+            return f"{JOB_LABEL}={self.name},{INDEX_LABEL}=0"
         return f"{JOB_LABEL}={self.name},{ROLE_LABEL}=chief"
+
+    @property
+    def job_roles(self) -> list[str]:
+        """The ``<role>`` of each Indexed Job ``<name>-<role>``."""
+        return [GANG_ROLE] if self.gang else list(self.replicas)
 
     def cluster(self) -> dict[str, list[str]]:
         """The cluster the replicas form (the TF_CONFIG ``cluster``)."""
@@ -136,6 +161,20 @@ def replica_template(
     )
 
 
+def _queued(queue: Mapping[str, str] | None, spec: DistributedSpec, backend: str) -> dict[str, str]:
+    """Kueue's labels for the job object; refuses what Kueue could not admit all or nothing."""
+    if not queue:
+        return {}
+    if backend == "indexed_job" and spec.parameter_server:
+        raise ValueError(
+            f"backend 'indexed_job' cannot queue a parameter-server run in Kueue LocalQueue "
+            f"{queue.get(QUEUE_LABEL, '')!r}: its roles are Jobs of different sizes, which Kueue "
+            "admits one by one, so the chief could run while a worker waits; expected backend 'tfjob' or "
+            "'trainjob' (one workload, admitted all or nothing), or ps_replicas=0"
+        )
+    return dict(queue)
+
+
 def _meta(name: str, namespace: str, labels: Mapping[str, str]) -> k8s.V1ObjectMeta:
     return k8s.V1ObjectMeta(
         name=name,
@@ -154,8 +193,10 @@ def indexed_job(
     name: str,
     namespace: str,
     labels: Mapping[str, str],
+    queue: Mapping[str, str] | None = None,
 ) -> Submission:
-    """A headless Service and one Indexed Job per role."""
+    """A headless Service and one Indexed Job per role; in a queue, one Indexed Job of every replica."""
+    queue_labels = _queued(queue, spec, "indexed_job")
     replicas = spec.replicas()
     hosts = host_pattern("indexed_job", job=name, namespace=namespace, port=spec.port)
     meta = _meta(name, namespace, labels)
@@ -174,6 +215,20 @@ def indexed_job(
         ),
     )
     resources = [Resource("v1", "Service", "services", name, to_dict(service))]
+    if queue_labels:
+        job = gang_job(config, spec, name=name, namespace=namespace, labels={**meta.labels, **queue_labels})
+        resources.append(Resource("batch/v1", "Job", "jobs", job.metadata.name, to_dict(job)))
+        gang_hosts = f"{name}-{GANG_ROLE}-{{replica}}.{name}:{spec.port}"
+        return Submission(
+            "indexed_job",
+            name,
+            namespace,
+            replicas,
+            gang_hosts,
+            pod_spec.BASE_CONTAINER,
+            resources,
+            gang=True,
+        )
     for role, count in replicas.items():
         job_name = f"{name}-{role}"
         template = replica_template(
@@ -203,6 +258,55 @@ def indexed_job(
         )
         resources.append(Resource("batch/v1", "Job", "jobs", job_name, to_dict(job)))
     return Submission("indexed_job", name, namespace, replicas, hosts, pod_spec.BASE_CONTAINER, resources)
+
+
+def gang_job(
+    config: pod_spec.TrainingPodConfig,
+    spec: DistributedSpec,
+    *,
+    name: str,
+    namespace: str,
+    labels: Mapping[str, str],
+) -> k8s.V1Job:
+    """One Indexed Job ``<name>-all`` of every replica of a multi-worker run (no parameter servers):
+    index 0 is the chief, and every replica computes its role from its index (no ``KUBETRAIN_TF_ROLE``).
+
+    Every pod has the sidecar (the template is shared); it syncs on the chief only, and idles on the
+    others, which it tells from ``KUBETRAIN_TF_REPLICAS`` and ``JOB_COMPLETION_INDEX``.
+    """
+    replicas = spec.replicas()
+    count = sum(replicas.values())
+    job_name = f"{name}-{GANG_ROLE}"
+    hosts = f"{job_name}-{{replica}}.{name}:{spec.port}"
+    template = pod_spec.replica_pod_template(
+        role_config(config, spec, "worker"),
+        sync=True,
+        env=replica_env(replicas, hosts, None),
+        ports=[k8s.V1ContainerPort(name=TF_PORT_NAME, container_port=spec.port, protocol="TCP")],
+        labels={JOB_LABEL: name, ROLE_LABEL: GANG_ROLE},
+        subdomain=name,
+        container_name=pod_spec.BASE_CONTAINER,
+    )
+    for container in template.spec.init_containers or []:
+        if container.name == pod_spec.SYNC_CONTAINER:
+            container.env = [
+                *(container.env or []),
+                k8s.V1EnvVar(name=REPLICAS_ENV, value=replicas_json(replicas)),
+            ]
+    return k8s.V1Job(
+        api_version="batch/v1",
+        kind="Job",
+        metadata=k8s.V1ObjectMeta(
+            name=job_name, namespace=namespace, labels={**labels, ROLE_LABEL: GANG_ROLE}
+        ),
+        spec=k8s.V1JobSpec(
+            completion_mode="Indexed",
+            completions=count,
+            parallelism=count,
+            backoff_limit=spec.max_restarts * count,
+            template=template,
+        ),
+    )
 
 
 # -- tfjob ---------------------------------------------------------------------------------------
@@ -283,8 +387,10 @@ def tfjob(
     name: str,
     namespace: str,
     labels: Mapping[str, str],
+    queue: Mapping[str, str] | None = None,
 ) -> Submission:
     """A TFJob whose Chief, Worker and PS replicas follow the training pod contract."""
+    queue_labels = _queued(queue, spec, "tfjob")
     replicas = spec.replicas()
     hosts = host_pattern("tfjob", job=name, namespace=namespace, port=spec.port)
     replica_specs = {
@@ -307,7 +413,7 @@ def tfjob(
         for role, count in replicas.items()
     }
     job = TFJob(
-        metadata=_meta(name, namespace, labels),
+        metadata=_meta(name, namespace, {**labels, **queue_labels}),
         replica_specs=replica_specs,
         run_policy=TFRunPolicy(clean_pod_policy="All", backoff_limit=spec.max_restarts * spec.total),
     )
@@ -332,8 +438,10 @@ def trainjob(
     name: str,
     namespace: str,
     labels: Mapping[str, str],
+    queue: Mapping[str, str] | None = None,
 ) -> Submission:
     """A TrainingRuntime (a JobSet template, one replicated job per role) and the TrainJob that runs it."""
+    queue_labels = _queued(queue, spec, "trainjob")
     try:
         from kubeflow_trainer_api import models as kf
     except ModuleNotFoundError as exc:
@@ -395,7 +503,9 @@ def trainjob(
     train = kf.TrainerV1alpha1TrainJob(
         api_version="trainer.kubeflow.org/v1alpha1",
         kind="TrainJob",
-        metadata=kf.IoK8sApimachineryPkgApisMetaV1ObjectMeta.from_dict(meta),
+        metadata=kf.IoK8sApimachineryPkgApisMetaV1ObjectMeta.from_dict(
+            to_dict(_meta(name, namespace, {**labels, **queue_labels}))
+        ),
         spec=kf.TrainerV1alpha1TrainJobSpec(
             runtime_ref=kf.TrainerV1alpha1RuntimeRef(
                 name=name, kind="TrainingRuntime", api_group="trainer.kubeflow.org"
@@ -434,8 +544,12 @@ def build(
     name: str,
     namespace: str,
     labels: Mapping[str, str],
+    queue: Mapping[str, str] | None = None,
 ) -> Submission:
-    """The objects ``backend`` submits for a run of ``config`` with the replicas of ``spec``."""
+    """The objects ``backend`` submits for a run of ``config`` with the replicas of ``spec``.
+
+    :param queue: Kueue's labels (LocalQueue, priority class) for the job object; empty: not queued.
+    """
     if backend not in BUILDERS:
         raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    return BUILDERS[backend](config, spec, name=name, namespace=namespace, labels=labels)
+    return BUILDERS[backend](config, spec, name=name, namespace=namespace, labels=labels, queue=queue)

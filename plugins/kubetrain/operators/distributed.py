@@ -17,8 +17,8 @@ from kubetrain.distributed import builders
 from kubetrain.distributed.backends import choose_backend, served_backends
 from kubetrain.distributed.cleanup import delete_sync
 from kubetrain.distributed.spec import DistributedSpec
-from kubetrain.operators.training import NOTES_XCOM_KEY, TrainingPodOperator
-from kubetrain.pod_startup import failure_from_event
+from kubetrain.operators.training import DISRUPTIONS_XCOM_KEY, NOTES_XCOM_KEY, TrainingPodOperator
+from kubetrain.pod_startup import QUEUED_KEY, failure_from_event
 from kubetrain.triggers.distributed import DistributedJobTrigger
 
 if TYPE_CHECKING:
@@ -162,7 +162,9 @@ class DistributedTrainingOperator(TrainingPodOperator):
         if self.experiment:
             labels["kubetrain.io/experiment"] = self.experiment
         ti.xcom_push(key="run_uri", value=config.run_uri)
-        return builders.build(backend, config, spec, name=name, namespace=namespace, labels=labels)
+        return builders.build(
+            backend, config, spec, name=name, namespace=namespace, labels=labels, queue=self.queue_labels()
+        )
 
     def execute(self, context: Context) -> Any:
         spec = self.distributed_spec()
@@ -194,7 +196,8 @@ class DistributedTrainingOperator(TrainingPodOperator):
                 name=submission.name,
                 namespace=submission.namespace,
                 resources=resources,
-                roles=list(submission.replicas),
+                roles=submission.job_roles,
+                gang=submission.gang,
                 container=submission.container,
                 pod_selector=submission.pod_selector,
                 deadline=deadline,
@@ -205,7 +208,9 @@ class DistributedTrainingOperator(TrainingPodOperator):
                     "startup_timeout": self.startup_timeout_seconds,
                     "stage_in_timeout": self.stage_in_timeout_seconds,
                     "stage_in_container": pod_spec.STAGE_IN_CONTAINER,
+                    "queue_timeout": self._queue_timeout(),
                 },
+                queue_log_interval=self.queue_log_interval_seconds,
                 kubernetes_conn_id=self.kubernetes_conn_id,
                 config_file=self.config_file,
                 cluster_context=self.cluster_context,
@@ -242,6 +247,9 @@ class DistributedTrainingOperator(TrainingPodOperator):
         resources = resources or event.get("resources") or []
         # the report task reads XCom ``notes`` of every training task, as the single pod pushes it
         context["ti"].xcom_push(key=NOTES_XCOM_KEY, value=[str(note) for note in event.get("notes") or []])
+        # the record step reads XCom ``disruptions`` of every training task, as the single pod pushes it
+        queued = float(event.get(QUEUED_KEY) or 0.0)
+        context["ti"].xcom_push(key=DISRUPTIONS_XCOM_KEY, value={"interruptions": [], "queued_s": queued})
         if spec is None:
             spec = self.distributed_spec().describe()
         try:

@@ -12,9 +12,13 @@ from typing import Any
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from kubetrain.pod_startup import STARTUP_FAILURES, PodStartup, failure_kind
+from kubetrain.pod_startup import QUEUED_KEY, STARTUP_FAILURES, PodStartup, QueueTimeout, failure_kind
 
 ROLE_LABEL = "kubetrain.io/replica-role"
+# Kubernetes labels each pod of an Indexed Job with its completion index.
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+# The one Indexed Job of a queued multi-worker run (kubetrain.distributed.builders.gang_job).
+GANG_ROLE = "all"
 
 
 def _true(conditions: list[Any] | None, kind: str) -> Any:
@@ -50,7 +54,10 @@ class DistributedJobTrigger(BaseTrigger):
     :param deadline: epoch seconds after which the job times out (``None``: never).
     :param poll_interval: seconds between looks at the job.
     :param startup: :class:`~kubetrain.pod_startup.PodStartup` budgets (schedule_timeout, unschedulable_grace,
-        startup_timeout, stage_in_timeout).
+        startup_timeout, stage_in_timeout, queue_timeout). While Kueue holds the job suspended it has no
+        pods and no start-up budget runs; ``queue_timeout`` bounds that wait.
+    :param gang: every replica is in the one Indexed Job ``<name>-all`` (its index 0 the chief).
+    :param queue_log_interval: seconds between the task log's lines about a job Kueue holds.
     :param kubernetes_conn_id: Airflow connection of the cluster.
     :param config_file: kubeconfig path, as the pod operator passes it (read in the triggerer).
     :param cluster_context: kubeconfig context.
@@ -74,8 +81,12 @@ class DistributedJobTrigger(BaseTrigger):
         config_file: str | None = None,
         cluster_context: str | None = None,
         in_cluster: bool | None = None,
+        gang: bool = False,
+        queue_log_interval: float = 60.0,
     ) -> None:
         super().__init__()
+        self.gang = gang
+        self.queue_log_interval = queue_log_interval
         self.backend = backend
         self.name = name
         self.namespace = namespace
@@ -108,6 +119,8 @@ class DistributedJobTrigger(BaseTrigger):
             "config_file": self.config_file,
             "cluster_context": self.cluster_context,
             "in_cluster": self.in_cluster,
+            "gang": self.gang,
+            "queue_log_interval": self.queue_log_interval,
         }
 
     @cached_property
@@ -130,20 +143,27 @@ class DistributedJobTrigger(BaseTrigger):
     # -- reading the job -----------------------------------------------------------------------
 
     async def job_state(self) -> tuple[str, str]:
-        """``(running|succeeded|failed, detail)`` from the job objects' conditions."""
+        """``(queued|running|succeeded|failed, detail)`` from the job objects' conditions; ``queued``
+        while Kueue holds a job object suspended."""
         from kubernetes_asyncio import client as aclient
 
         async with self.hook.get_conn() as conn:
             if self.backend == "indexed_job":
                 batch = aclient.BatchV1Api(conn)
+                suspended = []
                 for role in self.roles:
                     job = await batch.read_namespaced_job_status(f"{self.name}-{role}", self.namespace)
                     failed = _true(job.status.conditions, "Failed")
                     if failed is not None:
                         return "failed", f"Job {self.name}-{role} failed: {_message(failed)}"
-                chief = await batch.read_namespaced_job_status(f"{self.name}-chief", self.namespace)
-                if _true(chief.status.conditions, "Complete") is not None:
-                    return "succeeded", f"Job {self.name}-chief completed"
+                    if job.spec.suspend:
+                        suspended.append(f"Job {self.name}-{role}")
+                done = f"{self.name}-{GANG_ROLE if self.gang else 'chief'}"
+                last = await batch.read_namespaced_job_status(done, self.namespace)
+                if _true(last.status.conditions, "Complete") is not None:
+                    return "succeeded", f"Job {done} completed"
+                if suspended:
+                    return "queued", ", ".join(suspended)
                 return "running", ""
             api_version, kind, plural, name = self.resources[-1]
             group, _, version = api_version.rpartition("/")
@@ -157,6 +177,9 @@ class DistributedJobTrigger(BaseTrigger):
             done = _true(conditions, "Succeeded") or _true(conditions, "Complete")
             if done is not None:
                 return "succeeded", f"{kind} {name}: {_message(done)}"
+            spec = obj.get("spec") or {}
+            if spec.get("suspend") or (spec.get("runPolicy") or {}).get("suspend"):
+                return "queued", f"{kind} {name}"
             return "running", ""
 
     async def pods(self) -> list[Any]:
@@ -173,7 +196,9 @@ class DistributedJobTrigger(BaseTrigger):
     async def stream_chief(self, pods: list[Any]) -> None:
         """Log the chief's new trainer lines (each pod of the chief in turn, restarts included)."""
         for pod in pods:
-            if (pod.metadata.labels or {}).get(ROLE_LABEL) != "chief":
+            labels = pod.metadata.labels or {}
+            chief = labels.get(INDEX_LABEL) == "0" if self.gang else labels.get(ROLE_LABEL) == "chief"
+            if not chief:
                 continue
             statuses = pod.status.container_statuses or []
             if not any(
@@ -231,6 +256,11 @@ class DistributedJobTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         judges: dict[str, PodStartup] = {}
+        queued_since: float | None = None
+        queued_before = 0.0  # seconds of earlier waits (a preempted job is suspended again)
+        queue_logged = 0.0
+        queue_timeout = float(self.startup.get("queue_timeout") or 86400.0)
+        budgets = {k: v for k, v in self.startup.items() if k != "queue_timeout"}
         # The objects to delete travel in the event too: `airflow dags test` resumes the task with the event
         # alone, without the kwargs given to defer().
         base = {
@@ -246,7 +276,9 @@ class DistributedJobTrigger(BaseTrigger):
                 for pod in pods:
                     if pod.status.phase not in (None, "Pending") or pod.metadata.deletion_timestamp:
                         continue
-                    judge = judges.setdefault(pod.metadata.name, PodStartup(**self.startup))
+                    judge = judges.setdefault(
+                        pod.metadata.name, PodStartup(**budgets, queue_timeout=queue_timeout)
+                    )
                     events = []
                     if judge.needs_events(pod):
                         events = (
@@ -254,6 +286,29 @@ class DistributedJobTrigger(BaseTrigger):
                         ).items or []
                     judge.observe(pod, events, datetime.now(UTC))
                 state, detail = await self.job_state()
+                if state == "queued":
+                    now = time.monotonic()
+                    queued_since = queued_since if queued_since is not None else now
+                    waited = now - queued_since
+                    if waited > queue_timeout:
+                        raise QueueTimeout(
+                            f"{detail} was not admitted by Kueue within queue_timeout={queue_timeout:g} s: "
+                            "it stayed suspended; its queue's quota stayed in use"
+                        )
+                    if now - queue_logged >= self.queue_log_interval:
+                        self.log.info(
+                            "%s is queued in Kueue (suspended until admitted, all replicas at once) for %.0f s",
+                            detail,
+                            waited,
+                        )
+                        queue_logged = now
+                elif queued_since is not None and state == "running":
+                    self.log.info("%s %s was admitted by Kueue", self.backend, self.name)
+                    queued_before += time.monotonic() - queued_since
+                    queued_since = None
+                base[QUEUED_KEY] = round(
+                    queued_before + (time.monotonic() - queued_since if queued_since is not None else 0.0), 3
+                )
             except STARTUP_FAILURES as exc:
                 self.log.warning("A replica of %s cannot start: %s", self.name, exc)
                 yield TriggerEvent(
