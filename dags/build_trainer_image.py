@@ -78,8 +78,12 @@ CODE_DIR = "{{ var.value.get('kubetrain_trainer_code_dir', '/app/trainer') }}"
             title="Mode",
             description="auto: full build when the dependencies changed, else a code layer; full or append: force one.",
         ),
+        # a switch always has a value: "null" keeps the trigger form from marking it required
         "force": Param(
-            False, type="boolean", title="Force", description="Build even when trainer/ is unchanged."
+            False,
+            type=["boolean", "null"],
+            title="Force",
+            description="Build even when trainer/ is unchanged.",
         ),
     },
 )
@@ -99,7 +103,7 @@ def build_trainer_image():
             registry_conn_id=REGISTRY_CONN_ID,
             variant=params["variant"] or settings.get("trainer_variant") or "gpu",
             mode=params["mode"],
-            force=params["force"],
+            force=bool(params["force"]),  # null (allowed, see the Param) is false
         )
         if planned:  # the builds take their arguments as mappings, not as rendered text
             for name in ("trainer", "sync"):

@@ -32,27 +32,29 @@ looks like a Python literal as that literal (a model named ``1.10`` would become
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jsonschema import FormatChecker
 
 from kubetrain.s3_layout import parse_s3_uri
 
-if TYPE_CHECKING:
-    from airflow.sdk import Param
-
 __all__ = [
     "FOLDED_SECTIONS",
     "OPEN_SECTIONS",
     "S3_URI",
+    "SWITCH",
     "form_order",
     "is_s3_uri",
+    "marked_required",
     "native_dag",
 ]
 
 OPEN_SECTIONS = ("Container", "Training", "Model")
 FOLDED_SECTIONS = ("Data", "Resources", "Cluster", "Promotion")
 S3_URI = "S3 URI: s3://<bucket>/<prefix>/ or s3://<bucket>/<file>"
+# The type of a boolean Param: the form shows a switch, which always has a value; "null" keeps the form
+# from marking it required (:func:`marked_required`).
+SWITCH = ["boolean", "null"]
 
 
 def is_s3_uri(value: object) -> bool:
@@ -77,11 +79,37 @@ def _section(param: Any) -> str | None:
     return section if isinstance(section, str) and section else None
 
 
-def _unsectioned(param: Param) -> Param:
+def marked_required(schema: Mapping[str, Any]) -> bool:
+    """Whether Airflow 3's trigger form marks a Param with this JSON schema required (a red asterisk).
+
+    The form (airflow-core's ui/src/components/FlexibleForm) marks a Param required when its
+    schema has a ``type`` that does not allow ``null``, whatever its default.
+
+    :param schema: the Param's schema.
+    """
+    kind = schema.get("type")
+    return bool(kind) and not (isinstance(kind, list) and "null" in kind)
+
+
+def _as_shown(param: Any, *, open_section: bool) -> Any:
+    """``param`` as the trigger form should show it: open (no ``section``) or not, a boolean never required.
+
+    A boolean Param is a switch, which always has a value: its type allows ``null`` so that the
+    form does not mark it required; the switch still submits true or false.
+    """
+    schema = getattr(param, "schema", None)
+    if not isinstance(schema, dict):
+        return param  # a plain value
+    changed = dict(schema)
+    if open_section:
+        changed.pop("section", None)
+    if changed.get("type") in ("boolean", ["boolean"]):
+        changed["type"] = list(SWITCH)
+    if changed == schema:
+        return param
     from airflow.sdk import Param
 
-    schema = {k: v for k, v in param.schema.items() if k != "section"}
-    return Param(param.value, param.description, source=param.source, schema=schema)
+    return Param(param.value, param.description, source=param.source, schema=changed)
 
 
 def form_order(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -90,7 +118,9 @@ def form_order(params: Mapping[str, Any]) -> dict[str, Any]:
     Params of :data:`OPEN_SECTIONS` (and those with no section) come first, in that section
     order, and lose their ``section`` so that the form shows them open; the others follow in
     :data:`FOLDED_SECTIONS` order, then any other section in the order it first appears, each
-    Param in its DAG's order. Plain values (not Params) count as open.
+    Param in its DAG's order. Plain values (not Params) count as open. A boolean Param's type
+    also allows ``null``, so that the form does not mark it required (:func:`marked_required`):
+    its switch always has a value.
 
     :param params: a DAG's Params by name.
     """
@@ -115,8 +145,7 @@ def form_order(params: Mapping[str, Any]) -> dict[str, Any]:
 
     ordered = sorted(enumerate(params.items()), key=rank)
     return {
-        name: _unsectioned(param) if _section(param) in OPEN_SECTIONS else param
-        for _, (name, param) in ordered
+        name: _as_shown(param, open_section=_section(param) in OPEN_SECTIONS) for _, (name, param) in ordered
     }
 
 

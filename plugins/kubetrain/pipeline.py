@@ -33,7 +33,7 @@ from kubetrain.operators.promote import PromoteModelOperator
 from kubetrain.operators.report import ReportOperator
 from kubetrain.operators.stage import StageDatasetOperator, dataset_asset
 from kubetrain.operators.training import TrainingPodOperator
-from kubetrain.params import S3_URI, form_order, native_dag
+from kubetrain.params import S3_URI, SWITCH, form_order, native_dag
 from kubetrain.settings import DNS_SUBDOMAIN, environ
 
 __all__ = ["DEFAULT_ARGS", "TrainingTasks", "common_params", "form_order", "schedule", "training_pipeline"]
@@ -216,7 +216,7 @@ def common_params(
         ),
         "force": Param(
             False,
-            type="boolean",
+            type=SWITCH,
             title="Force",
             description="Train even when this dataset version was already trained with these Params.",
             section="Promotion",

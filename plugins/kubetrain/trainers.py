@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from airflow.sdk import Param
 
+from kubetrain.params import SWITCH
+
 __all__ = ["DIALOGUE_TRANSFORMER", "IMAGE_CLASSIFIER", "TRAINERS", "TrainerSpec"]
 
 
@@ -116,7 +118,7 @@ def image_classifier_params() -> dict[str, Param]:
         ),
         "augment": Param(
             False,
-            type="boolean",
+            type=SWITCH,
             title="Augment",
             description="Random shifts, brightness and contrast.",
             section="Training",
@@ -132,7 +134,7 @@ def image_classifier_params() -> dict[str, Param]:
         ),
         "mixed_precision": Param(
             False,
-            type="boolean",
+            type=SWITCH,
             title="Mixed precision",
             description="float16 compute on GPUs that support it.",
             section="Training",
