@@ -227,7 +227,9 @@ def run_demo(name: str) -> int:
     print("\nmetrics: " + json.dumps(summary, default=str))
     print(f"report:  {report_uri}")
     print(f"         copied to {local} (open it in a browser: the plots are inlined)")
-    print('         or from the report task\'s "Training report" link in `make airflow`')
+    print(
+        '         or in `make airflow`: the run\'s report task, Details tab, Extra Links: "Training report"'
+    )
     print("run:     on the Training page of `make airflow`, and on its model's leaderboard")
     return 0
 
