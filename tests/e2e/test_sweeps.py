@@ -342,6 +342,51 @@ def test_median_stopping_stops_a_bad_learning_rate(sweeps_airflow, core, s3):
     assert_no_pods_left(core, DAG_ID)
 
 
+def test_asha_stops_a_bad_learning_rate_at_its_first_rung_and_a_rerun_starts_no_pod(sweeps_airflow, core, s3):
+    if not GRID:
+        pytest.skip("needs the trials of the grid sweep above")
+    conf, trials = GRID["conf"], GRID["trials"]
+    # asha, rungs at 1, 3 reports (eta 3, the budget of 4 epochs): the good point (0.001 at batch 16)
+    # was trained by the grid sweep and is reused, so its record is at rung 1 before the bad point
+    # (1e-6) reports; 2 trials at rung 1, the top max(1, 2 // 3) = 1 goes on: the bad one stops at
+    # its first report, ranked 2 of 2 (tests/trainer/sync/test_asha.py holds the rule's table).
+    asha = {
+        **conf,
+        "space": {"batch_size": [16], "learning_rate": [0.001, 0.000001]},
+        "early_stopping": {"rule": "asha", "min_resource": 1, "reduction_factor": 3, "max_resource": 4},
+        "sync_interval": 1,
+    }
+    stop = sweeps_airflow.dags_test(DAG_ID, asha, **FAST)
+    assert stop.returncode == 0 and stop.state() == "success", stop.output[-6000:]
+    sweep = S3Layout().run(DAG_ID, stop.run_id).prefix
+    record = read_json(s3, f"{sweep}/sweep/sweep.json")
+    good, bad = sorted(record["trials"], key=lambda t: -t["params"]["learning_rate"])
+    assert good["reused_from"]["run_uri"] == trials[0]["run_uri"] and not good["stopped_early"]
+    assert bad["status"] == "success" and bad["stopped_early"] and bad["exit_code"] == 79, bad
+    decision = bad["early_stop"]
+    ranked = (decision["rule"], decision["rung"], decision["rank"], decision["rung_trials"])
+    assert ranked == ("asha", 1, 2, 2), decision
+    assert decision["cutoff"] == good["objective"]["values"][0] and decision["value"] < decision["cutoff"]
+    assert bad["reports"] < 4 and bad["timing"]["try_number"] == 1
+    # the trial published its reports for the others at its rung
+    assert keys(s3, f"{sweep}/sweep/rungs/") == [f"{sweep}/sweep/rungs/{bad['number']}.json"]
+    # the leaderboard names the rung and the compute the stop saved
+    markdown = s3.get_object(Bucket="training", Key=f"{sweep}/report/report.md")["Body"].read().decode()
+    assert "stopped early at rung 1 (report " in markdown and ", rank 2 of 2)" in markdown, markdown
+    assert "| Compute | early stopping (asha) stopped 1 of 1 trials and saved " in markdown, markdown
+    assert_no_pods_left(core, DAG_ID)
+
+    # the same asha sweep again: the good trial and the stopped one (same settings) are reused, no pod
+    with PodWatch(core, DAG_ID, kill_trial=None) as again_watch:
+        again = sweeps_airflow.dags_test(DAG_ID, asha, **FAST)
+    assert again.returncode == 0 and again.state() == "success", again.output[-4000:]
+    assert again_watch.seen == set(), f"the re-run started pods: {again_watch.seen}"
+    again_record = read_json(s3, f"{S3Layout().run(DAG_ID, again.run_id).prefix}/sweep/sweep.json")
+    assert sorted(t["reused_from"]["run_uri"] for t in again_record["trials"]) == sorted(
+        [good["reused_from"]["run_uri"], bad["run_uri"]]
+    )
+
+
 def test_invalid_spaces_are_refused_before_any_pod(sweeps_airflow, core, digits):
     # the Param's schema refuses an unknown hyperparameter: no run is created
     run = sweeps_airflow.dags_test(DAG_ID, {"dataset_uri": digits, "space": {"momentum": [0.9]}}, **FAST)
