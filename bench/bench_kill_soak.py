@@ -41,7 +41,9 @@ Per kill: whether the run went on (the same trainer process), resumed (a new pod
 restored step R > 0) or restarted from 0 (and whether a sync pass had committed a checkpoint
 before that pod started: a restart from 0 after a committed pass is a failure), the steps lost
 (step at the kill minus the step resumed at), against the checkpoint interval (the trainer
-checkpoints at every epoch end, every 100 steps and on SIGTERM: here one epoch). Per DAG run:
+checkpoints at every epoch end, every 100 steps and on SIGTERM: here one epoch), and the Airflow
+retries it used (the training task's try_number once the kill has settled minus the one before it;
+a kill the task replaces in the same try must use none). Per DAG run:
 the run's state, pods left behind once it ended (orphans), and whether the promoted model is
 the one trained across the kills: the promoted files are the final sync pass's outputs
 (sha256), the final pass was written by the pod whose trainer finished, metrics.json counts
@@ -50,6 +52,7 @@ metrics.json says it scores.
 
     make bench BENCH=kill_soak                    # 20 kills, seed 13
     .venv/bin/python bench/bench_kill_soak.py --kills 5 --stack-dir .stack   # a running stack
+    .venv/bin/python bench/bench_kill_soak.py --kinds evict,kueue_preempt --kills 40 --per-run 8
 
 Writes bench/results/kill_soak.md, and every observation (each pod's logs, each sync pass) to
 --observations (default: kubetrain-kill-soak.json in the temporary directory).
