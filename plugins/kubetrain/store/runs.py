@@ -37,12 +37,16 @@ class RunRepository:
         Writing the same run again (a retried record step, a cleared and re-run DAG run) replaces
         its index entries: the copies of the previous record under other names (another status,
         value or dataset version) are deleted after the new ones are written, so the run is
-        never missing from the indexes and never listed twice.
+        never missing from the indexes and never listed twice. Last, a delta object of the run
+        index database (:mod:`kubetrain.store.runs_db`): its key is this write's own, so
+        concurrent writers never lose each other's entries; the first record of an empty index
+        also puts the database's empty snapshot.
 
         :param record: the record, or its document (read, and so checked, as a :class:`RunRecord`).
         :raises RecordError: the document is not a valid run record.
         """
-        from kubetrain.store.index import record_keys
+        from kubetrain.store.index import index_name, record_keys
+        from kubetrain.store.runs_db import start_if_empty, write_delta
 
         if not isinstance(record, RunRecord):
             record = RunRecord.from_dict(dict(record))
@@ -53,6 +57,8 @@ class RunRepository:
                 f"run {run.uri} is not in the training bucket {bucket}: its record would not be indexed"
             )
         previous = self.get(run)
+        if previous is None:
+            start_if_empty(self.store)
         keys = record_keys(self.layout, record)
         body = (record.to_json(indent=1) + "\n").encode()
         # The run's own key last: a reader of the previous record still finds its stale copies to delete.
@@ -65,4 +71,5 @@ class RunRepository:
                 stale = set()  # a record of an older format: its copies cannot be named
             if stale:
                 self.store.delete(bucket, sorted(stale))
+        write_delta(self.store, record, index_name(record))
         return s3_uri(bucket, keys[0])

@@ -110,6 +110,7 @@ def create_router() -> Any:
 
     from kubetrain.run_store import RunStore
     from kubetrain.s3_layout import S3Layout
+    from kubetrain.store.runs_db import cached_index
 
     router = APIRouter(prefix=PREFIX)
 
@@ -128,7 +129,10 @@ def create_router() -> Any:
 
     def queries(user: Any = Depends(get_user)) -> TrainingQueries:  # noqa: B008
         readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
-        return TrainingQueries(run_store(), readable)
+        store = run_store()
+        # the run index database, cached in this process (kubetrain.store.runs_db)
+        index = cached_index(store, str(store.hook.conn.meta.endpoint_url))
+        return TrainingQueries(store, readable, index)
 
     def base_of(request: Request) -> str:
         return request.scope.get("root_path", "").rstrip("/") + PREFIX
@@ -325,6 +329,7 @@ def create_router() -> Any:
             "next_after": found.next_after,
             "scanned": found.scanned,
             "searched_all": found.searched_all,
+            "source": found.source,
         }
 
     @router.get("/api/models")

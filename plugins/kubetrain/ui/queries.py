@@ -1,9 +1,12 @@
 """What the Training page shows, read from the run index in S3 for one viewer.
 
 Every query takes the set of DAG ids the viewer may read (the Airflow auth manager's answer)
-and never returns, reads or names a run of another DAG. Lists read keys first (the run index's
-names carry model, DAG, run, trial, dataset version and status) and fetch only the records a
-page shows, in parallel.
+and never returns, reads or names a run of another DAG. The runs list and its filters are
+answered by the run index database (:mod:`kubetrain.store.runs_db`) when the API server has
+one: one local query, its records included, after one S3 list that keeps it in step. Without
+it (no snapshot yet, or one that cannot be read) lists read keys (the run index's names carry
+model, DAG, run, trial, dataset version and status) and fetch only the records a page shows,
+in parallel, a filter reading at most :data:`MAX_SCAN` keys per request.
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kubetrain.s3_layout import ALL_MODELS, check_name, check_version, safe_segment
+from kubetrain.s3_layout import check_name, check_version, safe_segment
 from kubetrain.store.index import IndexEntry, LeaderboardEntry, inverted_time, run_time_of
 
 if TYPE_CHECKING:
     from kubetrain.report.inputs import History
     from kubetrain.run_store import RunStore
+    from kubetrain.store.runs_db import RunsDb, RunsIndex
 
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
@@ -103,12 +107,15 @@ class RunsPage:
 
     ``scanned`` index keys were read; ``searched_all`` is false when the scan stopped at
     :data:`MAX_SCAN` keys before the page was full (then ``next_after`` searches on).
+    ``source`` says what answered: ``"db"`` the run index database (always complete), ``"keys"``
+    the key walk.
     """
 
     runs: list[dict[str, Any]]
     next_after: str | None
     scanned: int = 0
     searched_all: bool = True
+    source: str = "keys"
 
 
 @dataclass
@@ -133,13 +140,29 @@ class TrainingQueries:
 
     :param store: the run store (the API server's S3 connection).
     :param readable_dags: DAG ids the viewer may read.
+    :param index: the process's run index database; ``None``: lists walk the index keys.
     """
 
-    def __init__(self, store: RunStore, readable_dags: Iterable[str]) -> None:
+    def __init__(self, store: RunStore, readable_dags: Iterable[str], index: RunsIndex | None = None) -> None:
         self.store = store
         self.bucket = store.layout.training_bucket
         self.dag_ids = sorted(readable_dags)
         self.readable = {safe_segment(d) for d in self.dag_ids}
+        self.index = index
+        self._db: RunsDb | None = None
+        self._db_tried = False
+
+    def db(self) -> RunsDb | None:
+        """The run index database brought up to date (once per request), or ``None`` to walk the keys."""
+        from kubetrain.store.runs_db import IndexUnavailable
+
+        if self.index is not None and not self._db_tried:
+            self._db_tried = True
+            try:
+                self._db = self.index.refresh()
+            except IndexUnavailable:
+                self._db = None
+        return self._db
 
     # -- runs ----------------------------------------------------------------------------------
 
@@ -166,6 +189,9 @@ class TrainingQueries:
         prefix = self.store.layout.run_index_prefix(filt.model or None)
         if after is not None and not after.startswith(prefix):
             raise QueryError(f"after={after!r} is not a key of the run index {prefix}")
+        db = self.db()
+        if db is not None:
+            return self._runs_from_db(db, filt, prefix, after, limit)
         picked: list[IndexEntry] = []
         more = False
         scanned = 0
@@ -192,6 +218,26 @@ class TrainingQueries:
             return RunsPage(runs, picked[-1].key, scanned)
         return RunsPage(runs, last if stopped else None, scanned, searched_all=not stopped)
 
+    def _runs_from_db(
+        self, db: RunsDb, filt: RunFilter, prefix: str, after: str | None, limit: int
+    ) -> RunsPage:
+        from kubetrain.store.runs_db import Query
+
+        query = Query(
+            readable=frozenset(self.readable),
+            model=filt.model or None,
+            dag=safe_segment(filt.dag_id) if filt.dag_id else None,
+            dataset_version=filt.dataset_version or None,
+            status=filt.status or None,
+            after=after[len(prefix) :] if after is not None else None,
+            limit=limit,
+        )
+        with self.index.lock:  # type: ignore[union-attr]  # one query at a time on the shared connection
+            found, more = db.runs(query)
+        runs = [self._row(record, prefix + entry) for entry, record in found]
+        next_after = prefix + found[-1][0] if more and found else None
+        return RunsPage(runs, next_after, len(runs), searched_all=True, source="db")
+
     def _row(self, record: dict[str, Any], key: str | None = None) -> dict[str, Any]:
         record = dict(record)
         record["ref"] = record_ref(record)
@@ -200,12 +246,21 @@ class TrainingQueries:
 
     def models(self) -> list[str]:
         """Models that have runs of a DAG the viewer may read in the index (other teams' model names stay hidden)."""
+        db = self.db()
+        if db is not None:
+            with self.index.lock:  # type: ignore[union-attr]
+                return db.models(self.readable)
         prefixes = self.store.list_prefixes(self.bucket, "index/")
         names = [p[len("index/") :].rstrip("/") for p in prefixes]
-        return sorted(n for n in names if n and n != ALL_MODELS and self.model_readable(n))
+        # index/_all/ and index/_db/ (the database) are no model's: model names start with a letter or digit
+        return sorted(n for n in names if n and not n.startswith("_") and self.model_readable(n))
 
     def model_readable(self, model: str) -> bool:
         """Whether ``model`` has a run of a readable DAG in its index (the first ``MAX_SCAN`` entries decide)."""
+        db = self.db()
+        if db is not None:
+            with self.index.lock:  # type: ignore[union-attr]
+                return db.has_model(model, self.readable)
         for scanned, entry in enumerate(self._entries(self.store.layout.run_index_prefix(model), None)):
             if entry.dag in self.readable:
                 return True
