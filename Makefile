@@ -42,7 +42,7 @@ help:
 	@echo "make demo        set up, start the dev stack and train a model end to end"
 	@echo "make test        set up and run the whole test suite (what CI runs)"
 	@echo "make demo-distributed  the same classifier trained by 2 workers (multi-node training)"
-	@echo "make demo-sweep  a small hyperparameter sweep end to end; prints the leaderboard's location"
+	@echo "make demo-sweep  a small asha hyperparameter sweep end to end; prints the leaderboard's location and the compute saved"
 	@echo "make stack-up    start the dev stack in the background (.stack/env, .stack/kubeconfig); MLFLOW=1 adds MLflow"
 	@echo "make stack-down  stop it"
 	@echo "make airflow     the Airflow UI against the dev stack"

@@ -59,7 +59,7 @@ BENCHES = {
     "sweep": (
         AIRFLOW,
         "bench_sweep.py",
-        "16-trial random sweep with and without median stopping: compute saved, wall vs. ideal, per-trial overhead",
+        "16-trial random sweep without stopping, with median and with asha: compute saved, wall vs. ideal, per-trial overhead",
     ),
     "runs_page": (AIRFLOW, "bench_runs_page.py", "the Training page's API with 10,000 run records"),
     "distributed": (
