@@ -207,9 +207,11 @@ def test_grid_sweep_a_killed_trial_promotion_and_reuse(sweeps_airflow, devstack,
     assert all(
         t["status"] == "success" and not t["stopped_early"] and t["reports"] == 4 for t in trials.values()
     ), trials
-    # the trainers' compute, in CPU-hours of the 1-core request: nothing stopped, nothing saved
+    # the trainers' compute in GPU-hours of the 1 GPU each trial asks for (the DAG's default, which
+    # the dev stack serves on CPU): nothing stopped, nothing saved
     compute = record["compute"]
-    assert compute["accelerator"] == "cpu" and compute["trials"] == 4 and compute["compute_used"] > 0, compute
+    assert compute["accelerator"] == "gpu" and compute["trials"] == 4 and compute["compute_used"] > 0, compute
+    assert compute["compute_full"] == compute["compute_used"] and compute["saved_fraction"] == 0, compute
     assert compute["line"].startswith("no early stopping: 4 trial(s) used"), compute
 
     # the killed trial resumed from its checkpoint in a new pod of the same try (a deletion costs no retry)
