@@ -5,7 +5,9 @@ Checks, in under a minute, what a first training run needs, one line each (PASS,
 the fix, WARN, INFO): the Kubernetes API and the namespace; the S3 Secret's keys (or the
 workload identity's service account); that the trainer and sync images can be pulled (a
 short-lived pod each, deleted afterwards); that a pod can reach the S3 endpoint and read the
-datasets bucket; GPU nodes and their taints; the `gpu` pool; the registry as the workers
+datasets bucket; GPU nodes and their taints; the `gpu` pool (read through Airflow's REST API with
+the `airflow_api` connection: the API server's URL and a user's login and password, or extra
+`{"token": ...}`; without it the line says INFO and how to check by hand); the registry as the workers
 reach it; and which distributed-training APIs the cluster serves (TFJob, TrainJob, Indexed
 Job). The task fails when any check fails; its log lists every line. A second task reviews, from
 the triggerer, what the triggerer's own account may do (deferred tasks are followed from there,
@@ -13,7 +15,7 @@ under another identity than the workers').
 
 Also runnable without Airflow's scheduler: `PYTHONPATH=plugins python -m kubetrain.preflight`.
 Settings: the deployment's (`KUBETRAIN_*` or the `kubetrain_*` Variables), connections
-`kubernetes_default` and `kubetrain_registry_default`.
+`kubernetes_default`, `kubetrain_registry_default` and `airflow_api`.
 """
 
 from __future__ import annotations

@@ -23,11 +23,26 @@ Checks, in order:
   ``python -m trainer.sync probe``: it lists the datasets bucket, asks S3 each bucket's region (FAIL when it is
   not the one the pods sign for), and writes, reads back through the CRT (stage-in's download path) and
   deletes an object under ``preflight/`` in the training bucket;
-* ``gpu-nodes``: nodes that offer the GPU resource, with their taints (WARN when none);
-* ``gpu-pool``: the Airflow pool ``gpu`` that bounds concurrent GPU pods;
+* ``gpu-nodes``: nodes that offer the GPU resource, with their taints (WARN when none; INFO when a node says,
+  by the annotation ``kubetrain.io/gpu-requests-served-on-cpu``, that it runs GPU requests on CPU, as the dev
+  stack's does unless started with ``--strict-gpu``);
+* ``gpu-pool``: the Airflow pool ``gpu`` that bounds concurrent GPU pods, read through Airflow's REST API
+  (below);
 * ``registry``: the registry answers the Airflow workers (where images are built and pushed);
 * ``training-apis``: which distributed-training APIs the cluster serves, and whether Kueue does, with the
   versions served.
+
+The pool is read through Airflow's public REST API (``GET /api/v2/pools/{name}`` on the API server), never
+through the ORM: a task of Airflow 3 may not open the metadata database, and from a shell the ORM would create
+an empty ``airflow.db`` wherever ``AIRFLOW_HOME`` points. The API is the connection ``airflow_api`` (type http:
+``AIRFLOW_CONN_AIRFLOW_API='http://admin:<password>@localhost:8080'``, or ``airflow connections add``): its host
+and port are the API server's, its login and password a user's, exchanged for a JWT at ``POST /auth/token``
+(the simple auth manager's and FAB's endpoint), or its extra ``{"token": "<JWT>"}`` a token used as is. The CLI's
+``--airflow-api-url`` (default Airflow's ``[api] base_url``) replaces the connection's host, or without the
+connection is asked with no credentials. With neither, the line is INFO and names ``airflow pools get gpu``;
+an API that does not answer or refuses is WARN naming the URL and what to set. One GET and, with a password,
+the token's POST do not justify a client library: they go through ``requests``, already a dependency
+(``apache-airflow-client`` is not in the lock).
 """
 
 from __future__ import annotations
@@ -172,6 +187,11 @@ KUEUE_GROUP = "kueue.x-k8s.io"
 # sidecar, with the pods' credentials (AWS_* from the Secret, or workload identity). Its last line is this and JSON.
 PROBE_PREFIX = "KUBETRAIN_PROBE "
 S3_CHECKS = ("s3-from-pod", "s3-region", "s3-write")
+# The connection to Airflow's REST API, where the pool line reads the pool.
+AIRFLOW_API_CONN_ID = "airflow_api"
+# A node annotated so serves requests for the listed GPU resources (comma-separated) on CPU when it has too few,
+# instead of leaving the pod Pending: the dev stack's node without --strict-gpu (include/devstack/kubeapi/cluster.py).
+CPU_FALLBACK_ANNOTATION = "kubetrain.io/gpu-requests-served-on-cpu"
 
 
 @dataclass(frozen=True)
@@ -190,6 +210,97 @@ class Check:
     def line(self) -> str:
         text = f"{self.status:<4}  {self.name}: {self.detail}"
         return f"{text} -> fix: {self.fix}" if self.fix else text
+
+
+class AirflowApiError(Exception):
+    """Airflow's REST API could not be asked: unreachable, or it refused (``unauthorized``: 401 or 403)."""
+
+    def __init__(self, message: str, *, unauthorized: bool = False) -> None:
+        super().__init__(message)
+        self.unauthorized = unauthorized
+
+
+@dataclass(frozen=True)
+class AirflowApi:
+    """Airflow's public REST API (the API server's ``/api/v2``), for the one thing the preflight reads there.
+
+    :param url: the API server's base URL (``http://host:8080``, without ``/api/v2``).
+    :param where: where the URL came from, for messages.
+    :param token: a JWT (or other bearer token) the API server accepts; sent as is.
+    :param username: with ``password``: exchanged for a JWT at ``POST /auth/token`` (the simple auth manager's
+        and FAB's token endpoint) when no ``token`` is given.
+    :param password: the user's password.
+    :param timeout: seconds per request.
+    """
+
+    url: str
+    where: str
+    token: str = ""
+    username: str = ""
+    password: str = field(default="", repr=False)
+    timeout: float = 10.0
+
+    def _request(self, method: str, path: str, **kwargs: Any):
+        import requests
+
+        target = f"{self.url.rstrip('/')}{path}"
+        try:
+            return requests.request(method, target, timeout=self.timeout, **kwargs)
+        except requests.RequestException as exc:
+            raise AirflowApiError(f"does not answer: {_short(exc)}") from exc
+
+    def _headers(self) -> dict[str, str]:
+        token = self.token
+        if not token and self.username:
+            answer = self._request(
+                "POST", "/auth/token", json={"username": self.username, "password": self.password}
+            )
+            if answer.status_code in (401, 403):
+                raise AirflowApiError(
+                    f"refused user {self.username!r} at POST /auth/token ({answer.status_code})",
+                    unauthorized=True,
+                )
+            if answer.status_code not in (200, 201):
+                raise AirflowApiError(
+                    f"answered POST /auth/token with {answer.status_code}: {answer.text[:200]}"
+                )
+            token = answer.json().get("access_token") or ""
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def pool(self, name: str) -> dict[str, Any] | None:
+        """``GET /api/v2/pools/{name}``: the pool (``slots``, ``occupied_slots``, ...), None when it does not exist."""
+        from urllib.parse import quote
+
+        answer = self._request("GET", f"/api/v2/pools/{quote(name, safe='')}", headers=self._headers())
+        if answer.status_code == 404:
+            return None
+        if answer.status_code in (401, 403):
+            who = f"user {self.username!r}" if self.username and not self.token else "the request"
+            raise AirflowApiError(
+                f"refused {who} at GET /api/v2/pools ({answer.status_code})", unauthorized=True
+            )
+        if answer.status_code != 200:
+            raise AirflowApiError(
+                f"answered GET /api/v2/pools with {answer.status_code}: {answer.text[:200]}"
+            )
+        return answer.json()
+
+
+def _connection_url(conn: Any) -> str:
+    """The base URL of an http connection: its host (with a scheme, or the schema/type's), and port."""
+    host = (conn.host or "").rstrip("/")
+    if not host:
+        return ""
+    if "://" not in host:
+        scheme = (
+            conn.schema
+            if conn.schema in ("http", "https")
+            else "https"
+            if conn.conn_type == "https"
+            else "http"
+        )
+        host = f"{scheme}://{host}"
+    return f"{host}:{conn.port}" if conn.port else host
 
 
 @dataclass(frozen=True)
@@ -212,6 +323,8 @@ class Preflight:
     :param registry_conn_id: the registry's connection; the ``registry`` setting when it is not defined.
     :param pool: the Airflow pool of GPU training tasks.
     :param pod_timeout: seconds a preflight pod may take to pull and run.
+    :param airflow_api_conn_id: the connection to Airflow's REST API (where the pool is read).
+    :param airflow_api_url: the API server's URL, over the connection's host (the CLI's ``--airflow-api-url``).
     """
 
     deployment: Deployment
@@ -219,6 +332,8 @@ class Preflight:
     registry_conn_id: str = "kubetrain_registry_default"
     pool: str = "gpu"
     pod_timeout: float = 45.0
+    airflow_api_conn_id: str = AIRFLOW_API_CONN_ID
+    airflow_api_url: str | None = None
     results: list[Check] = field(default_factory=list)
 
     @cached_property
@@ -651,20 +766,36 @@ class Preflight:
         return "check the pods' S3 credentials and endpoint"
 
     def check_gpu_nodes(self) -> Check:
+        """Nodes that offer the GPU resource, with their taints; a node that serves GPU requests on CPU
+        (the dev stack's, annotated :data:`CPU_FALLBACK_ANNOTATION`) is named as such, not as a GPU node."""
         resource = self.deployment.gpu_resource
         try:
             nodes = self.core.list_node(_request_timeout=15).items
         except Exception as exc:  # noqa: BLE001 - e.g. 403: a namespaced Role cannot list nodes
             return Check("gpu-nodes", "INFO", f"nodes cannot be listed ({_short(exc)}); GPU nodes unknown")
         gpu = []
+        on_cpu = []
         for node in nodes:
             count = (node.status.allocatable or {}).get(resource) if node.status else None
+            annotations = (node.metadata.annotations or {}) if node.metadata else {}
+            served_on_cpu = resource in annotations.get(CPU_FALLBACK_ANNOTATION, "").split(",")
             if count and str(count) not in ("0", ""):
                 taints = (
                     ", ".join(f"{t.key}={t.value or ''}:{t.effect}" for t in (node.spec.taints or []))
                     or "no taints"
                 )
-                gpu.append(f"{node.metadata.name} ({count} {resource}; {taints})")
+                beyond = "; requests beyond them are served on CPU" if served_on_cpu else ""
+                gpu.append(f"{node.metadata.name} ({count} {resource}; {taints}{beyond})")
+            elif served_on_cpu:
+                on_cpu.append(node.metadata.name)
+        if not gpu and on_cpu:
+            return Check(
+                "gpu-nodes",
+                "INFO",
+                f"none of {len(nodes)} node(s) offers {resource}; node(s) {', '.join(on_cpu)} serve GPU requests "
+                f"on CPU (the dev stack, annotation {CPU_FALLBACK_ANNOTATION}): training pods that ask for GPUs "
+                "start and train on CPU, where a cluster without GPU nodes would keep them Pending",
+            )
         if not gpu:
             return Check(
                 "gpu-nodes",
@@ -675,25 +806,75 @@ class Preflight:
             )
         return Check("gpu-nodes", "PASS", f"{len(gpu)} of {len(nodes)} node(s): {'; '.join(gpu)}")
 
-    def check_pool(self) -> Check:
-        try:
-            from airflow.models.pool import Pool
+    def airflow_api(self) -> AirflowApi | None:
+        """Where Airflow's REST API is and how to sign in: the ``airflow_api_conn_id`` connection, its URL
+        replaced by ``airflow_api_url`` when given; only ``airflow_api_url`` (no credentials) when the
+        connection is not defined; None when neither is."""
+        from airflow.sdk import BaseHook
 
-            pool = Pool.get_pool(self.pool)
-        except Exception as exc:  # noqa: BLE001 - a task process may not read the metadata database
+        try:
+            conn = BaseHook.get_connection(self.airflow_api_conn_id)
+        except Exception as exc:  # noqa: BLE001 - AirflowNotFoundException: not defined
+            if type(exc).__name__ != "AirflowNotFoundException":
+                raise
+            conn = None
+        if conn is None:
+            if not self.airflow_api_url:
+                return None
+            return AirflowApi(self.airflow_api_url, "--airflow-api-url (no connection: no credentials)")
+        extra = conn.extra_dejson
+        url = self.airflow_api_url or _connection_url(conn)
+        if not url:
+            raise ValueError(
+                f"connection {self.airflow_api_conn_id!r} has no host: expected the API server's URL, "
+                "e.g. http://airflow-api-server:8080"
+            )
+        return AirflowApi(
+            url,
+            f"connection {self.airflow_api_conn_id!r}",
+            token=str(extra.get("token") or ""),
+            username=conn.login or "",
+            password=conn.password or "",
+        )
+
+    def check_pool(self) -> Check:
+        """The Airflow pool of GPU training tasks, read through Airflow's REST API (never the ORM)."""
+        manual = f"check with `airflow pools get {self.pool}`"
+        setup = (
+            f"define connection {self.airflow_api_conn_id} (type http: the API server's URL with a user's login "
+            'and password, or extra {"token": ...})'
+        )
+        try:
+            api = self.airflow_api()
+        except Exception as exc:  # noqa: BLE001 - a connection that does not parse
+            return Check("gpu-pool", "WARN", f"pool {self.pool!r} not checked: {_short(exc)}; {manual}")
+        if api is None:
             return Check(
                 "gpu-pool",
                 "INFO",
-                f"pools cannot be read here ({_short(exc)}); check with `airflow pools get {self.pool}`",
+                f"pool {self.pool!r} not checked: no Airflow API configured ({setup}); {manual}",
+            )
+        try:
+            pool = api.pool(self.pool)
+        except AirflowApiError as exc:
+            return Check(
+                "gpu-pool",
+                "WARN",
+                f"pool {self.pool!r} not checked: the Airflow API at {api.url} ({api.where}) {exc}; "
+                + (f"{setup}; " if exc.unauthorized else "")
+                + manual,
             )
         if pool is None:
             return Check(
                 "gpu-pool",
                 "FAIL",
-                f"Airflow pool {self.pool!r} does not exist: GPU training tasks would not be scheduled",
+                f"Airflow pool {self.pool!r} does not exist (API {api.url}): GPU training tasks would not be "
+                "scheduled",
                 f"airflow pools set {self.pool} <number of GPUs> 'GPU training pods'",
             )
-        return Check("gpu-pool", "PASS", f"Airflow pool {self.pool!r} has {pool.slots} slot(s)")
+        return Check(
+            "gpu-pool", "PASS", f"Airflow pool {self.pool!r} has {pool.get('slots')} slot(s) (API {api.url})"
+        )
 
     def check_registry(self) -> Check:
         from kubetrain.hooks.registry import RegistryHook
@@ -1043,6 +1224,13 @@ def fail_on_failures(preflight: Preflight) -> list[str]:
     return [c.line() for c in preflight.results]
 
 
+def _configured_api_url() -> str:
+    """Airflow's ``[api] base_url`` (AIRFLOW__API__BASE_URL), empty when not set."""
+    from airflow.configuration import conf
+
+    return conf.get("api", "base_url", fallback="") or ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m kubetrain.preflight", description=__doc__.split("\n\n")[0]
@@ -1055,6 +1243,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pod-timeout", type=float, default=45.0, help="seconds per preflight pod (default %(default)s)"
     )
+    parser.add_argument(
+        "--airflow-api-conn-id",
+        default=AIRFLOW_API_CONN_ID,
+        help="connection to Airflow's REST API, where the pool is read (default %(default)s)",
+    )
+    parser.add_argument(
+        "--airflow-api-url",
+        default=_configured_api_url(),
+        help="the Airflow API server's URL, over the connection's host (default: [api] base_url, %(default)s)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     try:
@@ -1064,6 +1262,8 @@ def main(argv: list[str] | None = None) -> int:
             registry_conn_id=args.registry_conn_id,
             pool=args.pool,
             pod_timeout=args.pod_timeout,
+            airflow_api_conn_id=args.airflow_api_conn_id,
+            airflow_api_url=args.airflow_api_url or None,
         )
     except ValueError as exc:  # a setting that does not parse
         print(f"FAIL  settings: {exc}", flush=True)

@@ -176,6 +176,13 @@ class Cluster:
                     ),
                     "node-role.kubernetes.io/control-plane": "",
                 },
+                # what no real node does, said where clients can read it (the preflight's gpu-nodes line):
+                # a pod asking for more nvidia.com/gpu than is free runs on CPU instead of staying Pending
+                **(
+                    {}
+                    if self.strict_gpu
+                    else {"annotations": {"kubetrain.io/gpu-requests-served-on-cpu": "nvidia.com/gpu"}}
+                ),
             },
             "spec": {},
             "status": {
