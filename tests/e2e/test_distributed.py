@@ -82,14 +82,27 @@ def assert_nothing_left(api: client.ApiClient) -> None:
     assert left_behind(api) == {"pods": [], "services": [], "jobs": []}
 
 
+def replica(pod) -> str:
+    """``chief``, ``worker`` or ``ps`` of a replica's pod: its role label, or, in the one Indexed Job of a
+    queued run (role ``all``), its completion index (0 is the chief)."""
+    labels = pod.metadata.labels or {}
+    role = labels.get("kubetrain.io/replica-role")
+    if role == "all":
+        return "chief" if labels.get("batch.kubernetes.io/job-completion-index") == "0" else "worker"
+    return role
+
+
 class Watcher(threading.Thread):
-    """Keeps every replica's trainer log, and deletes the first non-chief worker once the chief checkpointed."""
+    """Keeps every replica's trainer and sidecar logs (by pod name, then ``/base`` or ``/checkpoint-sync``),
+    and deletes the first non-chief worker once the chief checkpointed."""
 
     def __init__(self, api: client.ApiClient, kill: bool) -> None:
         super().__init__(daemon=True)
         self.core = client.CoreV1Api(api)
         self.kill = kill
         self.logs: dict[str, str] = {}
+        self.sidecar_logs: dict[str, str] = {}
+        self.roles: dict[str, str] = {}
         self.killed: list[str] = []
         self.stop = threading.Event()
 
@@ -97,28 +110,33 @@ class Watcher(threading.Thread):
         while not self.stop.is_set():
             pods = self.core.list_namespaced_pod(NAMESPACE, label_selector=f"kubetrain.io/dag-id={DAG}").items
             for pod in pods:
-                try:
-                    self.logs[pod.metadata.name] = self.core.read_namespaced_pod_log(
-                        pod.metadata.name, NAMESPACE, container="base"
-                    )
-                except client.ApiException:
-                    continue
+                self.roles[pod.metadata.name] = replica(pod)
+                for container, logs in (("base", self.logs), ("checkpoint-sync", self.sidecar_logs)):
+                    try:
+                        logs[pod.metadata.name] = self.core.read_namespaced_pod_log(
+                            pod.metadata.name, NAMESPACE, container=container
+                        )
+                    except client.ApiException:
+                        continue
             chief_checkpointed = any(
                 "checkpoint ckpt-" in text and "INFO done:" not in text
                 for name, text in self.logs.items()
-                if "-chief-" in name
+                if self.roles.get(name) == "chief"
             )
             if self.kill and not self.killed and chief_checkpointed:
                 for pod in pods:
-                    labels = pod.metadata.labels or {}
-                    if labels.get("kubetrain.io/replica-role") == "worker" and pod.status.phase == "Running":
+                    if replica(pod) == "worker" and pod.status.phase == "Running":
                         self.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE)
                         self.killed.append(pod.metadata.name)
                         break
             time.sleep(0.5)
 
 
-def test_two_workers_train_survive_a_killed_worker_and_promote(airflow, api, s3, digits, dev_images):
+def test_two_queued_workers_train_together_survive_a_killed_worker_and_promote(
+    airflow, api, s3, digits, dev_images
+):
+    """In LocalQueue 'training' the run is one Indexed Job of both replicas, admitted at once by the dev
+    stack's Kueue stand-in; the worker's sidecar idles and the chief's syncs."""
     conf = {
         "dataset_uri": digits,
         "model_name": "e2e-distributed",
@@ -132,6 +150,7 @@ def test_two_workers_train_survive_a_killed_worker_and_promote(airflow, api, s3,
         "cpu": "1",
         "memory": "2Gi",
         "backend": "auto",
+        "queue": "training",
     }
     watcher = Watcher(api, kill=True)
     watcher.start()
@@ -147,20 +166,31 @@ def test_two_workers_train_survive_a_killed_worker_and_promote(airflow, api, s3,
     )
     # Both workers formed the ring of 2: the chief's and a worker's pods say so.
     ring = {name for name, text in watcher.logs.items() if "collective ring of 2 worker(s) is up" in text}
-    assert any("-chief-" in n for n in ring) and any("-worker-" in n for n in ring), sorted(watcher.logs)
+    assert {watcher.roles[n] for n in ring} == {"chief", "worker"}, (sorted(watcher.logs), watcher.roles)
+    # one Job of every replica (a queued run's), whose worker sidecars idle while the chief's syncs
+    assert all(re.search(r"-all-[01]-", name) for name in watcher.roles), sorted(watcher.roles)
+    idle = {n for n, text in watcher.sidecar_logs.items() if "idle until the pod ends" in text}
+    assert idle and {watcher.roles[n] for n in idle} == {"worker"}, (idle, watcher.roles)
     prefix = run.xcom("train", key="run_uri").removeprefix("s3://training/")
     metrics = json.loads(s3.get_object(Bucket="training", Key=f"{prefix}/output/metrics.json")["Body"].read())
     assert metrics["workers"] == 2 and metrics["strategy"] == "multi_worker" and metrics["replicas"] == 2
     assert metrics["resumed_from_step"] > 0, (
         "the restarted job trained from step 0, not from the chief's checkpoint"
     )
-    restarted_chief = [t for n, t in watcher.logs.items() if "-chief-" in n and "resumed from ckpt-" in t]
+    restarted_chief = [
+        t for n, t in watcher.logs.items() if watcher.roles.get(n) == "chief" and "resumed from ckpt-" in t
+    ]
     assert restarted_chief, "no chief pod resumed from a checkpoint"
     # Only the chief's files reached S3: no scratch checkpoints of the other worker.
     keys = [
         o["Key"] for o in s3.list_objects_v2(Bucket="training", Prefix=f"{prefix}/checkpoints/")["Contents"]
     ]
     assert keys and not any("kubetrain-worker" in k for k in keys)
+    passes = s3.list_objects_v2(Bucket="training", Prefix=f"{prefix}/sync/pass-")["Contents"]
+    writers = {
+        json.loads(s3.get_object(Bucket="training", Key=o["Key"])["Body"].read())["pod"] for o in passes
+    }
+    assert all(watcher.roles.get(w) == "chief" or w.startswith("airflow:") for w in writers), writers
     report = s3.get_object(Bucket="training", Key=f"{prefix}/report/report.md")["Body"].read().decode()
     assert any("Workers" in line and "2" in line for line in report.splitlines()), report[:2000]
     promotion = run.xcom("promote")
@@ -371,10 +401,11 @@ def test_a_killed_or_timed_out_task_deletes_its_job_pods_and_service(
     assert_nothing_left(api)
 
 
-def test_a_queued_two_worker_run_is_admitted_all_or_nothing(airflow, api, s3, digits, dev_images):
+def test_a_queued_two_worker_run_that_does_not_fit_starts_no_replica(airflow, api, digits, dev_images):
     """In LocalQueue 'training' (the dev stack's Kueue stand-in: 1 GPU of quota), a 2-worker run is one
-    Indexed Job that Kueue admits whole: with 1 GPU per worker it never starts one worker alone (the
-    quota would hold one), and on CPU both replicas start together and train."""
+    Indexed Job that Kueue admits whole or not at all: with 1 GPU per worker it never starts one worker
+    alone, though the quota would hold one (one Job per role would have started the chief). The run
+    that fits is test_two_queued_workers_train_together_survive_a_killed_worker_and_promote."""
     core = client.CoreV1Api(api)
     seen_pods: set[str] = set()
     stop = threading.Event()
@@ -414,52 +445,4 @@ def test_a_queued_two_worker_run_is_admitted_all_or_nothing(airflow, api, s3, di
     assert "is queued in Kueue (suspended until admitted, all replicas at once)" in too_big.output
     assert too_big.try_numbers("train") == 1  # a queue timeout is not retried
     assert seen_pods == set(), f"a replica started although the job as a whole did not fit: {seen_pods}"
-    assert_nothing_left(api)
-
-    # on CPU the whole job fits: both replicas of the one Job run and train together
-    logs: dict[str, str] = {}
-    stop = threading.Event()
-
-    def keep_logs() -> None:
-        while not stop.is_set():
-            for pod in core.list_namespaced_pod(NAMESPACE, label_selector=f"kubetrain.io/dag-id={DAG}").items:
-                for container in ("base", "checkpoint-sync"):
-                    try:
-                        logs[f"{pod.metadata.name}/{container}"] = core.read_namespaced_pod_log(
-                            pod.metadata.name, NAMESPACE, container=container
-                        )
-                    except client.ApiException:
-                        continue
-            stop.wait(0.5)
-
-    keeper = threading.Thread(target=keep_logs, daemon=True)
-    keeper.start()
-    try:
-        run = airflow.dags_test(DAG, {**base, "model_name": "e2e-gang", "gpus": 0, "epochs": 2}, **FAST)
-    finally:
-        stop.set()
-        keeper.join(10)
-    assert run.returncode == 0 and run.state() == "success", run.output[-5000:]
-    jobs = {key.split("/")[0].rsplit("-", 2)[0] for key in logs}
-    assert len(jobs) == 1 and next(iter(jobs)).endswith("-all"), sorted(logs)
-    ring = [
-        k
-        for k, text in logs.items()
-        if k.endswith("/base") and "collective ring of 2 worker(s) is up" in text
-    ]
-    assert len(ring) == 2, sorted(logs)
-    # the worker's sidecar idled; the chief's synced
-    idle = [
-        k for k, text in logs.items() if k.endswith("/checkpoint-sync") and "idle until the pod ends" in text
-    ]
-    assert len(idle) == 1 and "-all-1-" in idle[0], idle
-    prefix = run.xcom("train", key="run_uri").removeprefix("s3://training/")
-    metrics = json.loads(s3.get_object(Bucket="training", Key=f"{prefix}/output/metrics.json")["Body"].read())
-    assert metrics["workers"] == 2 and metrics["strategy"] == "multi_worker"
-    passes = s3.list_objects_v2(Bucket="training", Prefix=f"{prefix}/sync/pass-")["Contents"]
-    pods_of_passes = {
-        json.loads(s3.get_object(Bucket="training", Key=o["Key"])["Body"].read())["pod"] for o in passes
-    }
-    assert all("-all-0-" in pod or pod.startswith("airflow:") for pod in pods_of_passes), pods_of_passes
-    assert run.xcom("train", key="disruptions")["queued_s"] >= 0
     assert_nothing_left(api)
