@@ -126,6 +126,24 @@ def test_all_pass_against_the_dev_stack_as_a_dag(stack_env, stack_images, core, 
     assert preflight_pods(core) == []
 
 
+def test_the_gpu_nodes_line_says_the_dev_stack_serves_gpu_requests_on_cpu(stack_env, core):
+    """The dev stack's node is annotated as serving nvidia.com/gpu on CPU: INFO, not a warning that pods stay
+    Pending. For a resource it does not serve so (its pods stay Pending there too) the warning stands."""
+    node = core.list_node().items[0]
+    if "nvidia.com/gpu" in (node.status.allocatable or {}):
+        pytest.skip("this machine has GPUs: the dev stack's node offers nvidia.com/gpu")
+    assert node.metadata.annotations == {"kubetrain.io/gpu-requests-served-on-cpu": "nvidia.com/gpu"}
+    check = Preflight(deployment()).check_gpu_nodes()
+    assert check.status == "INFO", check
+    assert "node(s) kubetrain-dev serve GPU requests on CPU (the dev stack" in check.detail
+    assert "train on CPU, where a cluster without GPU nodes would keep them Pending" in check.detail
+    other = Preflight(deployment(gpu_resource="amd.com/gpu")).check_gpu_nodes()
+    assert other.status == "WARN"
+    assert other.detail.startswith(
+        "none of 1 node(s) offers amd.com/gpu: training pods that ask for GPUs stay"
+    )
+
+
 def test_the_queue_line_checks_the_configured_local_queue(stack_env):
     found = Preflight(Deployment(queue="training")).check_queue()
     assert (found.status, found.detail) == ("PASS", "LocalQueue 'training' feeds ClusterQueue 'kubetrain'")
