@@ -38,8 +38,8 @@ an empty ``airflow.db`` wherever ``AIRFLOW_HOME`` points. The API is the connect
 ``AIRFLOW_CONN_AIRFLOW_API='http://admin:<password>@localhost:8080'``, or ``airflow connections add``): its host
 and port are the API server's, its login and password a user's, exchanged for a JWT at ``POST /auth/token``
 (the simple auth manager's and FAB's endpoint), or its extra ``{"token": "<JWT>"}`` a token used as is. The CLI's
-``--airflow-api-url`` (default Airflow's ``[api] base_url``) replaces the connection's host, or without the
-connection is asked with no credentials. With neither, the line is INFO and names ``airflow pools get gpu``;
+``--airflow-api-url`` replaces the connection's host; Airflow's ``[api] base_url`` stands in for a host neither
+gives, and from the CLI without the connection the API is asked there with no credentials. With neither, the line is INFO and names ``airflow pools get gpu``;
 an API that does not answer or refuses is WARN naming the URL and what to set. One GET and, with a password,
 the token's POST do not justify a client library: they go through ``requests``, already a dependency
 (``apache-airflow-client`` is not in the lock).
@@ -273,7 +273,18 @@ class AirflowApi:
 
         answer = self._request("GET", f"/api/v2/pools/{quote(name, safe='')}", headers=self._headers())
         if answer.status_code == 404:
-            return None
+            try:
+                detail = answer.json().get("detail")
+            except ValueError:
+                detail = None
+            # Airflow's answer for a pool it lacks: {"detail": "The Pool with name: `gpu` was not found"}; a path
+            # that is no route of it (a URL with the wrong prefix) gets {"detail": "Not Found"}
+            if isinstance(detail, str) and f"`{name}`" in detail:
+                return None
+            raise AirflowApiError(
+                f"answered 404 to GET /api/v2/pools/{name} ({detail or answer.text[:100]!r}): "
+                "is it the API server's URL?"
+            )
         if answer.status_code in (401, 403):
             who = f"user {self.username!r}" if self.username and not self.token else "the request"
             raise AirflowApiError(
@@ -283,7 +294,16 @@ class AirflowApi:
             raise AirflowApiError(
                 f"answered GET /api/v2/pools with {answer.status_code}: {answer.text[:200]}"
             )
-        return answer.json()
+        try:
+            pool = answer.json()
+        except ValueError:
+            pool = None
+        if not isinstance(pool, dict) or "slots" not in pool:
+            raise AirflowApiError(
+                f"answered GET /api/v2/pools/{name} with no pool ({answer.headers.get('content-type')}: "
+                f"{answer.text[:80]!r}): is it the API server's URL?"
+            )
+        return pool
 
 
 def _connection_url(conn: Any) -> str:
@@ -325,6 +345,7 @@ class Preflight:
     :param pod_timeout: seconds a preflight pod may take to pull and run.
     :param airflow_api_conn_id: the connection to Airflow's REST API (where the pool is read).
     :param airflow_api_url: the API server's URL, over the connection's host (the CLI's ``--airflow-api-url``).
+    :param airflow_api_default_url: the URL when neither gives one (the CLI: Airflow's ``[api] base_url``).
     """
 
     deployment: Deployment
@@ -334,6 +355,7 @@ class Preflight:
     pod_timeout: float = 45.0
     airflow_api_conn_id: str = AIRFLOW_API_CONN_ID
     airflow_api_url: str | None = None
+    airflow_api_default_url: str | None = None
     results: list[Check] = field(default_factory=list)
 
     @cached_property
@@ -808,8 +830,9 @@ class Preflight:
 
     def airflow_api(self) -> AirflowApi | None:
         """Where Airflow's REST API is and how to sign in: the ``airflow_api_conn_id`` connection, its URL
-        replaced by ``airflow_api_url`` when given; only ``airflow_api_url`` (no credentials) when the
-        connection is not defined; None when neither is."""
+        ``airflow_api_url``, else its host, else ``airflow_api_default_url`` or ``[api] base_url``; when the
+        connection is not defined, ``airflow_api_url`` or ``airflow_api_default_url`` with no credentials;
+        None when there is no URL either."""
         from airflow.sdk import BaseHook
 
         try:
@@ -819,15 +842,21 @@ class Preflight:
                 raise
             conn = None
         if conn is None:
-            if not self.airflow_api_url:
+            url = self.airflow_api_url or self.airflow_api_default_url
+            if not url:
                 return None
-            return AirflowApi(self.airflow_api_url, "--airflow-api-url (no connection: no credentials)")
+            return AirflowApi(url, f"no credentials: connection {self.airflow_api_conn_id!r} is not defined")
         extra = conn.extra_dejson
-        url = self.airflow_api_url or _connection_url(conn)
+        url = (
+            self.airflow_api_url
+            or _connection_url(conn)
+            or self.airflow_api_default_url
+            or _configured_api_url()
+        )
         if not url:
             raise ValueError(
-                f"connection {self.airflow_api_conn_id!r} has no host: expected the API server's URL, "
-                "e.g. http://airflow-api-server:8080"
+                f"connection {self.airflow_api_conn_id!r} has no host and [api] base_url is not set: "
+                "expected the API server's URL, e.g. http://airflow-api-server:8080"
             )
         return AirflowApi(
             url,
@@ -1250,8 +1279,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--airflow-api-url",
-        default=_configured_api_url(),
-        help="the Airflow API server's URL, over the connection's host (default: [api] base_url, %(default)s)",
+        help="the Airflow API server's URL, over the connection's host (default: the connection's host, "
+        "else [api] base_url)",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -1264,6 +1293,7 @@ def main(argv: list[str] | None = None) -> int:
             pod_timeout=args.pod_timeout,
             airflow_api_conn_id=args.airflow_api_conn_id,
             airflow_api_url=args.airflow_api_url or None,
+            airflow_api_default_url=_configured_api_url() or None,
         )
     except ValueError as exc:  # a setting that does not parse
         print(f"FAIL  settings: {exc}", flush=True)

@@ -112,6 +112,15 @@ def test_a_missing_pool_fails_with_the_command_that_creates_it(api, monkeypatch)
     assert check.fix == "airflow pools set gpu-missing <number of GPUs> 'GPU training pods'"
 
 
+def test_a_url_that_is_not_the_api_servers_warns_rather_than_failing(api, monkeypatch):
+    url, _, token = api
+    connection(monkeypatch, host=f"{url}/airflow", extra={"token": token})
+    check = pool_line()
+    assert check.status == "WARN"
+    assert f"the Airflow API at {url}/airflow (connection 'airflow_api') answered" in check.detail, check
+    assert "is it the API server's URL?" in check.detail
+
+
 def test_a_refused_password_warns_naming_the_url_and_the_connection(api, monkeypatch):
     url, _, _ = api
     connection(monkeypatch, host=url, login="admin", password="not-the-password")
@@ -128,8 +137,8 @@ def test_no_credentials_warn_naming_what_to_set(api, monkeypatch):
     check = pool_line(airflow_api_url=url)
     assert check.status == "WARN"
     assert (
-        f"the Airflow API at {url} (--airflow-api-url (no connection: no credentials)) refused"
-        in check.detail
+        f"the Airflow API at {url} (no credentials: connection 'airflow_api' is not defined) "
+        "refused the request at GET /api/v2/pools (401)" in check.detail
     )
     assert "define connection airflow_api (type http" in check.detail
 
@@ -188,6 +197,17 @@ def test_the_cli_creates_no_metadata_database(tmp_path):
     line = pool_output(proc)
     assert line.startswith("INFO  gpu-pool: pool 'gpu' not checked: no Airflow API configured"), line
     assert "slot_pool" not in proc.stdout and "ORM" not in proc.stdout
+
+
+def test_the_cli_asks_airflows_base_url_and_names_the_connection_to_set(api, tmp_path):
+    url, _, _ = api
+    proc = cli(tmp_path, AIRFLOW__API__BASE_URL=url)
+    line = pool_output(proc)
+    assert line.startswith(
+        f"WARN  gpu-pool: pool 'gpu' not checked: the Airflow API at {url} (no credentials"
+    ), line
+    assert "define connection airflow_api (type http" in line
+    assert list(tmp_path.rglob("*.db")) == []
 
 
 def test_the_cli_reads_the_pool_from_the_api_server(api, tmp_path):
