@@ -65,6 +65,11 @@ def test_train_log_shows_epochs_while_the_task_is_deferred(ui, devstack, page, t
             print(
                 f"step {step} of epoch {epoch}/{EPOCHS} reached the task log {found['delay']:.1f} s after the pod wrote it"
             )
+            delays = found["delays"]
+            print(
+                f"{len(delays)} trainer lines: median {delays[len(delays) // 2]:.1f} s, "
+                f"max {delays[-1]:.1f} s behind the pod"
+            )
 
             # The UI's log page of the task shows step lines while the task is still deferred (the
             # page renders only the lines in view of a log that grows by several lines a second,
@@ -122,12 +127,23 @@ def follow_train_log(ui, stack_env: dict[str, str], run_id: str, timeout: float 
             xcoms = f"/dags/{DAG_ID}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances/train/xcomEntries"
             pod = ui.api("GET", f"{xcoms}/pod_name")["value"]
             namespace = ui.api("GET", f"{xcoms}/pod_namespace")["value"]
-            written = kubelet_times(stack_env, pod, namespace).get(message)
+            kubelet = kubelet_times(stack_env, pod, namespace)
+            written = kubelet.get(message)
             assert written is not None, f"{message!r} is not in the pod's log"
             logged = pendulum.parse(str(entry["timestamp"]))
             delay = (logged - written).total_seconds()
             assert delay <= MAX_DELAY_S, f"the line reached the task log {delay:.1f} s after the pod wrote it"
-            return {"step": step, "epoch": epoch, "delay": delay}
+            # every trainer line logged so far, against when the pod wrote it: the lag over the run
+            delays = sorted(
+                (pendulum.parse(str(e["timestamp"])) - kubelet[text]).total_seconds()
+                for e in entries
+                if "[base] " in str(e.get("event", ""))
+                and (text := str(e["event"]).split("[base] ", 1)[1]) in kubelet
+            )
+            assert delays and delays[-1] <= MAX_DELAY_S, delays[-10:]
+            # the lines follow a header that says the pod runs, not the provider's "Waiting ... scheduled"
+            assert any("is running: its containers' lines follow" in e for e in events), events[:40]
+            return {"step": step, "epoch": epoch, "delay": delay, "delays": delays}
         time.sleep(3)
     raise AssertionError(
         f"no trainer line of a running epoch in the train task's log within {timeout:.0f} s "

@@ -256,6 +256,14 @@ class TrainingPodTrigger(KubernetesPodTrigger):
             )
         else:
             await self._check_gpus(pod)
+            if self.get_logs and self.logging_interval:
+                self.log.info(
+                    "Pod %s/%s is running: its containers' lines follow, each marked [container], within about "
+                    "%.0f s of being written",
+                    self.pod_namespace,
+                    self.pod_name,
+                    self.logging_interval + self.poll_interval,
+                )
         async for event in super().run():
             yield TriggerEvent(await self._finish(dict(event.payload)))
 
