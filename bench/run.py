@@ -61,7 +61,11 @@ BENCHES = {
         "bench_sweep.py",
         "16-trial random sweep without stopping, with median and with asha: compute saved, wall vs. ideal, per-trial overhead",
     ),
-    "runs_page": (AIRFLOW, "bench_runs_page.py", "the Training page's API with 10,000 run records"),
+    "runs_page": (
+        AIRFLOW,
+        "bench_runs_page.py",
+        "the Training page's API with 100,000 run records, key walk and run index database",
+    ),
     "distributed": (
         AIRFLOW,
         "bench_distributed.py",

@@ -199,6 +199,8 @@ class RunsDb:
         return int(self.get_meta("deltas_through") or 0)
 
     def serialize(self) -> bytes:
+        """The database as bytes (a snapshot), with fresh statistics for the query planner (``ANALYZE``)."""
+        self.conn.execute("ANALYZE")
         self.conn.commit()
         return self.conn.serialize()
 
@@ -206,7 +208,9 @@ class RunsDb:
 
     def runs(self, query: Query) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
         """``(entry name, record)`` of up to ``query.limit`` runs newest first, and whether more match."""
-        where, args = ["dag IN (SELECT value FROM json_each(?))"], [json.dumps(sorted(query.readable))]
+        # "+dag": the readable DAGs filter rows but choose no index (else the first page would read every
+        # readable run through runs_dag and sort them); a filter's own columns choose it
+        where, args = ["+dag IN (SELECT value FROM json_each(?))"], [json.dumps(sorted(query.readable))]
         for column, value in (
             ("model", query.model),
             ("dag", query.dag),
