@@ -305,7 +305,8 @@ class _Listing:
 class RunsIndex:
     """The run index database of one training bucket, cached in this process and refreshed per request.
 
-    :param store: the run store (its hook's boto3 client is used for the list and the GETs).
+    :param store: the run store; only its hook's boto3 client is used (the list and the GETs), which
+        the API server's threads may share.
     """
 
     def __init__(self, store: RunStore) -> None:
@@ -341,6 +342,8 @@ class RunsIndex:
 
     def refresh(self) -> RunsDb:
         """Bring the cached database up to date; :class:`IndexUnavailable` when there is none to use."""
+        from kubetrain.run_store import is_missing_key
+
         with self.lock:
             since = self.db.deltas_through - GRACE_MS if self.db is not None else 0
             listing = self._list(since)
@@ -349,9 +352,17 @@ class RunsIndex:
                 self.problem = "the run index database has no snapshot yet"
                 raise IndexUnavailable(self.problem)
             if listing.snapshot_etag != self.etag or self.db is None:
-                data = self.store.read(self.bucket, SNAPSHOT_KEY)
-                if data is None:
-                    raise IndexUnavailable("the run index snapshot disappeared while it was read")
+                # the boto3 client, not the hook's resource: threads share this index (and its store)
+                try:
+                    data = self.store.hook.conn.get_object(Bucket=self.bucket, Key=SNAPSHOT_KEY)[
+                        "Body"
+                    ].read()
+                except Exception as exc:
+                    if is_missing_key(exc):
+                        raise IndexUnavailable(
+                            "the run index snapshot disappeared while it was read"
+                        ) from None
+                    raise
                 try:
                     db = RunsDb(data)
                 except IndexUnavailable as exc:
