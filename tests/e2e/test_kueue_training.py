@@ -17,36 +17,9 @@ from kubernetes import client
 from test_training_dags import FAST, assert_no_pods_left, core, digits, read_json, s3  # noqa: F401
 
 from include.devstack.stack import NAMESPACE
+from include.devstack.workloads import queued_pod
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-def high_priority_gpu_pod(name: str) -> dict:
-    """A workload of priority class 'high' that needs the queue's one GPU (Pod Security level restricted)."""
-    return {
-        "metadata": {
-            "name": name,
-            "labels": {"kueue.x-k8s.io/queue-name": "training", "kueue.x-k8s.io/priority-class": "high"},
-        },
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": 10001,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
-            "containers": [
-                {
-                    "name": "hold",
-                    "image": "busybox:1.36",
-                    "command": ["sh", "-c", "sleep 600"],
-                    "resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}},
-                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-                }
-            ],
-        },
-    }
 
 
 def preempt_once_checkpointed(core, dag_id: str, stop: threading.Event, seen: dict) -> None:  # noqa: F811
@@ -65,7 +38,9 @@ def preempt_once_checkpointed(core, dag_id: str, stop: threading.Event, seen: di
                     continue
                 if "checkpoint ckpt-" in log and "end of epoch" in log:
                     seen["preempted"] = pod.metadata.name
-                    core.create_namespaced_pod(NAMESPACE, high_priority_gpu_pod(holder))
+                    core.create_namespaced_pod(
+                        NAMESPACE, queued_pod(holder, {"nvidia.com/gpu": "1"}, priority="high")
+                    )
                     break
             stop.wait(0.5)
         while not stop.is_set():

@@ -19,34 +19,15 @@ from kubernetes import client, config
 from test_training_logs import TICKING, Records, TaskInstance, run_trigger, stack_env, staged  # noqa: F401
 
 from include.devstack.stack import NAMESPACE
+from include.devstack.workloads import queued_pod
 from kubetrain.operators.training import NOTES_XCOM_KEY, TrainingPodOperator
 
 QUEUED = "is queued in Kueue LocalQueue 'training'"
 
 
 def holder_pod(name: str) -> dict:
-    """A pod that takes the queue's one GPU until it is deleted (Pod Security level restricted)."""
-    return {
-        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "training"}},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": 10001,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
-            "containers": [
-                {
-                    "name": "hold",
-                    "image": "busybox:1.36",
-                    "command": ["sh", "-c", "sleep 600"],
-                    "resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}},
-                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-                }
-            ],
-        },
-    }
+    """A pod that takes the queue's one GPU until it is deleted."""
+    return queued_pod(name, {"nvidia.com/gpu": "1"})
 
 
 def wait_lines(records: Records, text: str, count: int, thread: threading.Thread) -> list[str]:
@@ -163,8 +144,7 @@ def test_a_preempted_run_gets_a_new_pod_in_the_same_try(stack_env, staged, allow
         thread, result = in_thread(first.value.trigger, records)
         wait_lines(records, "[base] tick 2 of 15", 1, thread)
         # a higher-priority workload arrives: Kueue preempts the running pod
-        high = holder_pod(holder)
-        high["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "high"
+        high = queued_pod(holder, {"nvidia.com/gpu": "1"}, priority="high")
         core.create_namespaced_pod(NAMESPACE, high)
         thread.join(300)
         event = result["event"]
