@@ -124,6 +124,9 @@ def airflow_env(stack: dict[str, str]) -> dict[str, str]:
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        # kubetrain_contract (trainer/kubetrain_contract, linked at the checkout's root), which the
+        # provider imports: the plugins folder on sys.path holds only kubetrain.
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
         # The DAGs that `airflow dags test` adds to the metadata DB start paused, as `make airflow`
         # creates them: a DAG left unpaused here starts its schedule's latest run the moment
         # `make airflow` starts the scheduler, next to the run the user triggers.
