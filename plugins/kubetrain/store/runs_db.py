@@ -272,11 +272,17 @@ def empty_snapshot() -> bytes:
 
 
 def start_if_empty(store: RunStore) -> None:
-    """Put an empty snapshot when the run index has no entry at all (a new deployment's first run)."""
+    """Put an empty snapshot when the run index has no entry at all (a new deployment's first run).
+
+    Two short lists: ``index/_db/`` (it has a snapshot or deltas: nothing to do), then ``index/_all/``
+    (runs from before the database: they wait for :func:`rebuild`); never a list of all of ``index/``.
+    """
     bucket = store.layout.training_bucket
     client = store.hook.conn
-    if client.list_objects_v2(Bucket=bucket, Prefix="index/", MaxKeys=1).get("KeyCount", 0) == 0:
-        store.write(bucket, SNAPSHOT_KEY, empty_snapshot(), content_type="application/vnd.sqlite3")
+    for prefix in (DB_PREFIX, store.layout.run_index_prefix(None)):
+        if client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("KeyCount", 0):
+            return
+    store.write(bucket, SNAPSHOT_KEY, empty_snapshot(), content_type="application/vnd.sqlite3")
 
 
 def write_delta(store: RunStore, record: RunRecord, entry_name: str) -> str:
