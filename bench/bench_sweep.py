@@ -299,7 +299,8 @@ def write(raw: dict) -> int:
     # (and so the wall / ideal ratios) measure the other work as much as the sweep.
     busy = not loads or peak > 3
     lines = [
-        f"Command: `make bench BENCH=sweep` (sweep_image_classifier, random search, {TRIALS} trials, parallel_trials "
+        f"Command: `{_instance()}make bench BENCH=sweep` (sweep_image_classifier, random search, {TRIALS} trials, "
+        "parallel_trials "
         f"{PARALLEL}, {CONF['epochs']} epochs, image size {CONF['image_size']}, on the digits demo data; a real "
         "scheduler, triggerer and LocalExecutor against the dev stack; `force` so no trial is reused).",
         "",
@@ -387,6 +388,15 @@ def write(raw: dict) -> int:
     (REPO / "bench" / "results").mkdir(exist_ok=True)
     (REPO / "bench" / "results" / "sweep.md").write_text("\n".join(lines) + "\n")
     return 0
+
+
+def _instance() -> str:
+    """The variables that made a smaller instance than bench/README.md's, as a command's prefix."""
+    return "".join(
+        f"{name}={os.environ[name]} "
+        for name in ("KUBETRAIN_BENCH_SWEEP_TRIALS", "KUBETRAIN_BENCH_SWEEP_EPOCHS")
+        if os.environ.get(name)
+    )
 
 
 def _fraction(value: float | None) -> str:
