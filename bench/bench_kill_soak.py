@@ -82,6 +82,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "plugins"))
 
+from include.devstack.workloads import queued_pod  # noqa: E402
+
 TRAINER_PYTHON = REPO / "trainer" / ".venv" / "bin" / "python"
 SEED_DB = Path(os.environ.get("AIRFLOW_HOME", REPO / ".airflow")) / "airflow.db"
 RESULTS = REPO / "bench" / "results"
@@ -360,31 +362,7 @@ def holder_pod(name: str) -> dict[str, Any]:
 
     :param name: the pod's name.
     """
-    resources = {"cpu": QUEUE_CPU}
-    return {
-        "metadata": {
-            "name": name,
-            "labels": {"kueue.x-k8s.io/queue-name": LOCAL_QUEUE, "kueue.x-k8s.io/priority-class": "high"},
-        },
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": 10001,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
-            "containers": [
-                {
-                    "name": "hold",
-                    "image": "busybox:1.36",
-                    "command": ["sh", "-c", "sleep 600"],
-                    "resources": {"requests": resources, "limits": resources},
-                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-                }
-            ],
-        },
-    }
+    return queued_pod(name, {"cpu": QUEUE_CPU}, queue=LOCAL_QUEUE, priority="high")
 
 
 class Soak:
