@@ -17,6 +17,7 @@ the Airflow environment (.venv).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -28,7 +29,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,35 @@ class AirflowUI:
                 start_new_session=True,  # its own process group: stopped with everything it forks
                 preexec_fn=_die_with_parent,
             )
+
+    @contextlib.contextmanager
+    def api_server_only(self, timeout: float = 240) -> Iterator[AirflowUI]:
+        """Run the API server alone (no scheduler, triggerer or DAG processor) on this home's DB until
+        the block ends; it is up once ``/api/v2/monitor/health`` answers.
+
+        For tests of what reads the REST API (the Training page's permissions, the preflight's pool).
+
+        :param timeout: seconds the server may take to answer.
+        """
+        (self.home / "logs").mkdir(parents=True, exist_ok=True)
+        _ = self.password  # written before the API server reads the passwords file
+        self._spawn("api-server", self.env())
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                self.check_alive()
+                try:
+                    with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5):
+                        break
+                except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                    pass
+                if time.monotonic() > deadline:
+                    tail = self.log_path("api-server").read_text(errors="replace")[-3000:]
+                    raise AirflowUIError(f"the API server did not answer within {timeout:.0f} s: {tail}")
+                time.sleep(1)
+            yield self
+        finally:
+            self.stop()
 
     def restart(self, component: str, *, sig: int = signal.SIGKILL, timeout: float = 180) -> None:
         """Kill one component (its whole process group, task processes included) with ``sig`` and start

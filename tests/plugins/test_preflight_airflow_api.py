@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -49,35 +48,12 @@ def api(tmp_path_factory):
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     password = ui.password
-    log = home / "api-server.log"
-    with open(log, "wb") as sink:
-        proc = subprocess.Popen(
-            [str(AIRFLOW), "api-server", "--host", "127.0.0.1", "--port", str(ui.port)],
-            env=env,
-            cwd=REPO,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, f"the API server exited: {log.read_text()[-3000:]}"
-            try:
-                if requests.get(f"{ui.url}/api/v2/monitor/health", timeout=5).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, f"the API server did not answer: {log.read_text()[-3000:]}"
-            time.sleep(1)
+    with ui.api_server_only():
         answer = requests.post(
             f"{ui.url}/auth/token", json={"username": "admin", "password": password}, timeout=30
         )
         assert answer.status_code in (200, 201), answer.text
         yield ui.url, password, answer.json()["access_token"]
-    finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(30)
 
 
 def connection(monkeypatch, **fields) -> None:

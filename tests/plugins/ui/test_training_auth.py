@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import urllib.parse
 from datetime import timedelta
 from pathlib import Path
@@ -95,27 +94,7 @@ def server(s3_server, tmp_path_factory):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     _ = ui.password  # the admin's; the auth manager generates the others' on start
-    log = home / "api-server.log"
-    with open(log, "wb") as sink:
-        proc = subprocess.Popen(
-            [str(AIRFLOW), "api-server", "--host", "127.0.0.1", "--port", str(ui.port)],
-            env=env,
-            cwd=REPO,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, f"the API server exited: {log.read_text()[-3000:]}"
-            try:
-                if requests.get(f"{ui.url}/api/v2/monitor/health", timeout=5).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, f"the API server did not answer: {log.read_text()[-3000:]}"
-            time.sleep(1)
+    with ui.api_server_only():
         passwords = json.loads(ui.passwords_file.read_text())
         tokens = {}
         for user in ("admin", "mlviewer", "rsviewer"):
@@ -125,9 +104,6 @@ def server(s3_server, tmp_path_factory):
             assert answer.status_code in (200, 201), answer.text
             tokens[user] = answer.json()["access_token"]
         yield ui.url, tokens
-    finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(30)
 
 
 @pytest.fixture(scope="module")
