@@ -858,6 +858,17 @@ class TrainingPodOperator(KubernetesPodOperator):
             self.get_logs = get_logs
             return self.execute(context)  # a new pod: defers again
         except AirflowException as exc:
+            if event.get(INTERRUPTED_KEY) and self.pod is None and not isinstance(exc, STARTUP_FAILURES):
+                # The trigger saw the pod ended from outside, and it was gone (deleted by Kueue or a drain)
+                # before the base class's wait for its completion: that wait forgot the pod, so the cleanup
+                # that tells an interruption from a failure never ran, and "Container state failed" is not
+                # this task's failure.
+                interrupted = PodInterrupted(f"pod {event.get('name')}: {event[INTERRUPTED_KEY]}")
+                self._replace_interrupted(
+                    context, interrupted, event.get("name"), event.get(INTERRUPTED_EXIT_KEY)
+                )
+                self.get_logs = get_logs
+                return self.execute(context)  # a new pod: defers again
             if self._startup_failure is None or isinstance(exc, STARTUP_FAILURES):
                 raise
             raise self._startup_failure from exc

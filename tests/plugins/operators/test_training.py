@@ -128,9 +128,9 @@ def test_is_a_kubernetes_pod_operator_with_training_defaults():
     assert op.do_xcom_push is False
     assert op.termination_message_policy == "FallbackToLogsOnError"
     assert (op.startup_timeout_seconds, op.stage_in_timeout_seconds) == (600, 3600)
-    # The task log follows the pod while the task is deferred (at most ~17 s behind), and a
+    # The task log follows the pod while the task is deferred (at most ~5 s behind), and a
     # failed pod's container states and events are logged.
-    assert (op.logging_interval, op.poll_interval) == (15, 2)
+    assert (op.logging_interval, op.poll_interval) == (3, 2)
     assert op.log_containers == ["stage-in", "checkpoint-sync"]
     assert op.log_events_on_failure is True
     assert set(KubernetesPodOperator.template_fields) <= set(TrainingPodOperator.template_fields)

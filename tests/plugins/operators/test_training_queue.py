@@ -213,3 +213,60 @@ def test_an_eviction_through_the_eviction_api_costs_no_retry(stack_env, staged, 
         and ("DisruptionTarget: EvictionByEvictionAPI" in note or ": deleted)" in note)
         for note in notes
     ), "\n".join(notes)
+
+
+def test_a_preempted_pod_gone_before_the_completion_wait_is_still_replaced(stack_env, staged):  # noqa: F811
+    """Kueue deletes a preempted pod: when it is gone between the trigger's last look (which saw why it
+    ended) and the provider's wait for its completion, the provider forgets the pod and raises "Container
+    state failed" without the cleanup that tells an interruption from a failure. The task must still
+    replace it in the same try. The fault is a timing window: here the pod is deleted for real (through
+    the API) at the start of that wait, which then meets the API's real 404."""
+    core = client.CoreV1Api(config.new_client_from_config(stack_env["KUBECONFIG"]))
+    train, context = queued_training(stack_env, staged, script=LONG_TICKING, local_queue="", gpus=0)
+    with pytest.raises(TaskDeferred) as first:
+        train.execute(context)
+    first_pod = context["ti"].xcom["pod_name"]
+    records = Records()
+    thread, result = in_thread(first.value.trigger, records)
+    wait_lines(records, "[base] tick 2 of 15", 1, thread)
+    # the event the trigger gives after a preemption it saw (failed, with why), while the pod still exists
+    event = {
+        "status": "failed",
+        "namespace": NAMESPACE,
+        "name": first_pod,
+        "message": "Container state failed",
+        "kubetrain_interrupted": "TerminationTarget: WorkloadEvictedDueToPreempted",
+    }
+    waited = train.pod_manager.await_pod_completion
+
+    def gone_first(pod, *args, **kwargs):
+        from kubernetes import watch
+
+        listed = core.list_namespaced_pod(NAMESPACE, field_selector=f"metadata.name={pod.metadata.name}")
+        core.delete_namespaced_pod(pod.metadata.name, NAMESPACE, grace_period_seconds=0)
+        for change in watch.Watch().stream(
+            core.list_namespaced_pod,
+            NAMESPACE,
+            field_selector=f"metadata.name={pod.metadata.name}",
+            resource_version=listed.metadata.resource_version,
+            timeout_seconds=120,
+        ):
+            if change["type"] == "DELETED":
+                break
+        return waited(pod, *args, **kwargs)  # meets the API's 404
+
+    train.pod_manager.await_pod_completion = gone_first
+    try:
+        with pytest.raises(TaskDeferred) as second:  # a new pod, deferred again: no failure, no retry
+            getattr(train, first.value.method_name)(context, event)
+    finally:
+        train.pod_manager.await_pod_completion = waited
+    second_pod = context["ti"].xcom["pod_name"]
+    assert second_pod != first_pod
+    thread.join(300)  # the first pod's trigger ends with it
+    (interrupted,) = context["ti"].xcom["disruptions"]["interruptions"]
+    assert interrupted["pod"] == first_pod and interrupted["reason"].startswith(f"pod {first_pod}: "), (
+        interrupted
+    )
+    assert isinstance(second.value, TaskDeferred)
+    core.delete_namespaced_pod(second_pod, NAMESPACE, grace_period_seconds=0)
