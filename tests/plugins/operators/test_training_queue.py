@@ -78,6 +78,17 @@ def queued_training(env: dict, dataset: dict, **kwargs) -> tuple[TrainingPodOper
     return train, context
 
 
+def ticking(train: TrainingPodOperator, context: dict) -> tuple[TaskDeferred, str, threading.Thread, dict]:
+    """Submit the task's pod and follow it with its trigger in a thread until the script ticks twice:
+    the deferral, the pod's name, the trigger's thread and the dict its event will be put in."""
+    with pytest.raises(TaskDeferred) as deferred:
+        train.execute(context)
+    records = Records()
+    thread, result = in_thread(deferred.value.trigger, records)
+    wait_lines(records, "[base] tick 2 of 15", 1, thread)
+    return deferred.value, context["ti"].xcom["pod_name"], thread, result
+
+
 def in_thread(trigger, records: Records) -> tuple[threading.Thread, dict]:
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(event=run_trigger(trigger, records)), daemon=True)
@@ -137,12 +148,7 @@ def test_a_preempted_run_gets_a_new_pod_in_the_same_try(stack_env, staged, allow
         train, context = queued_training(
             stack_env, staged, script=LONG_TICKING, priority_class="low", max_preemptions=allowed
         )
-        with pytest.raises(TaskDeferred) as first:
-            train.execute(context)
-        first_pod = context["ti"].xcom["pod_name"]
-        records = Records()
-        thread, result = in_thread(first.value.trigger, records)
-        wait_lines(records, "[base] tick 2 of 15", 1, thread)
+        first, first_pod, thread, result = ticking(train, context)
         # a higher-priority workload arrives: Kueue preempts the running pod
         high = queued_pod(holder, {"nvidia.com/gpu": "1"}, priority="high")
         core.create_namespaced_pod(NAMESPACE, high)
@@ -152,10 +158,10 @@ def test_a_preempted_run_gets_a_new_pod_in_the_same_try(stack_env, staged, allow
             with pytest.raises(
                 AirflowFailException, match=r"ended from outside 1 times in this try .*max_preemptions=0"
             ):
-                getattr(train, first.value.method_name)(context, event)
+                getattr(train, first.method_name)(context, event)
             return
         with pytest.raises(TaskDeferred) as second:  # no failure, no retry: a new pod, deferred again
-            getattr(train, first.value.method_name)(context, event)
+            getattr(train, first.method_name)(context, event)
         second_pod = context["ti"].xcom["pod_name"]
         assert second_pod != first_pod
         assert [g.name for g in core.read_namespaced_pod(second_pod, NAMESPACE).spec.scheduling_gates] == [
@@ -188,12 +194,7 @@ def test_an_eviction_through_the_eviction_api_costs_no_retry(stack_env, staged, 
     core = client.CoreV1Api(config.new_client_from_config(devstack.load_state()["kubeconfig_admin"]))
     # no queue: a drain evicts pods wherever they came from
     train, context = queued_training(stack_env, staged, script=LONG_TICKING, local_queue="", gpus=0)
-    with pytest.raises(TaskDeferred) as first:
-        train.execute(context)
-    first_pod = context["ti"].xcom["pod_name"]
-    records = Records()
-    thread, result = in_thread(first.value.trigger, records)
-    wait_lines(records, "[base] tick 2 of 15", 1, thread)
+    first, first_pod, thread, result = ticking(train, context)
     core.create_namespaced_pod_eviction(
         first_pod,
         NAMESPACE,
@@ -201,7 +202,7 @@ def test_an_eviction_through_the_eviction_api_costs_no_retry(stack_env, staged, 
     )
     thread.join(300)
     with pytest.raises(TaskDeferred) as second:
-        getattr(train, first.value.method_name)(context, result["event"])
+        getattr(train, first.method_name)(context, result["event"])
     records = Records()
     thread, result = in_thread(second.value.trigger, records)
     thread.join(300)
@@ -223,12 +224,7 @@ def test_a_preempted_pod_gone_before_the_completion_wait_is_still_replaced(stack
     the API) at the start of that wait, which then meets the API's real 404."""
     core = client.CoreV1Api(config.new_client_from_config(stack_env["KUBECONFIG"]))
     train, context = queued_training(stack_env, staged, script=LONG_TICKING, local_queue="", gpus=0)
-    with pytest.raises(TaskDeferred) as first:
-        train.execute(context)
-    first_pod = context["ti"].xcom["pod_name"]
-    records = Records()
-    thread, result = in_thread(first.value.trigger, records)
-    wait_lines(records, "[base] tick 2 of 15", 1, thread)
+    first, first_pod, thread, result = ticking(train, context)
     # the event the trigger gives after a preemption it saw (failed, with why), while the pod still exists
     event = {
         "status": "failed",
@@ -258,7 +254,7 @@ def test_a_preempted_pod_gone_before_the_completion_wait_is_still_replaced(stack
     train.pod_manager.await_pod_completion = gone_first
     try:
         with pytest.raises(TaskDeferred) as second:  # a new pod, deferred again: no failure, no retry
-            getattr(train, first.value.method_name)(context, event)
+            getattr(train, first.method_name)(context, event)
     finally:
         train.pod_manager.await_pod_completion = waited
     second_pod = context["ti"].xcom["pod_name"]
