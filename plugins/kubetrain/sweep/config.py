@@ -171,8 +171,9 @@ class SweepSettings:
                 description="median: stop a trial whose best objective after start_step reports is worse than "
                 "the median of the finished trials' running averages at the same report (Katib's medianstop), "
                 "once min_trials trials have finished. asha: at each rung, min_resource * reduction_factor**k "
-                "reports (from grace reports on, below max_resource, a trial's reports at full training, when "
-                "set), only the top 1/reduction_factor of the trials that have reached the rung go on. "
+                "reports (from grace reports on, below max_resource, a trial's reports at full training: when "
+                "unset, the run's epochs if the space does not search them), only the top 1/reduction_factor "
+                "of the trials that have reached the rung go on. "
                 "hyperband: asha in brackets (default: as many as max_resource allows, else 3) whose first "
                 "rungs are min_resource * reduction_factor**b; each trial is assigned one by its number.",
                 section="Sweep",
@@ -216,6 +217,8 @@ class SweepSettings:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SpaceError(f"early_stopping.{key}", f"{value!r} is not an integer >= 1")
         if rule in ("asha", "hyperband"):
+            if early.get("max_resource") is None:
+                early["max_resource"] = epochs_budget(params, space.names, early)
             early.update(rung_settings(early))
         if algorithm == "grid":
             sizes = [space.grid_size()]
@@ -245,6 +248,26 @@ class SweepSettings:
     def fixed_params(self, params: Mapping[str, Any], exclude: Sequence[str]) -> dict[str, Any]:
         """The run's Params that every trial trains with (the sweep's own Params left out)."""
         return {k: v for k, v in params.items() if k not in SWEEP_PARAMS and k not in exclude}
+
+
+def epochs_budget(params: Mapping[str, Any], searched: Sequence[str], early: Mapping[str, Any]) -> int | None:
+    """A trial's reports at full training when ``max_resource`` is not set: the run's ``epochs``
+    Param, which every trial shares when the space does not search it (kubetrain's trainers report
+    once an epoch), so that no rung is placed at or past a trial's last report; ``None`` when the
+    epochs are searched, missing, or not above ``min_resource`` (no rung could judge a trial then,
+    and the rule places rungs without a bound as before).
+
+    :param params: the run's Params.
+    :param searched: the names the space searches.
+    :param early: the run's ``early_stopping`` Param.
+    """
+    epochs = params.get("epochs")
+    if "epochs" in searched or not isinstance(epochs, int) or isinstance(epochs, bool):
+        return None
+    min_resource = early.get("min_resource", RUNG_SETTINGS["min_resource"])
+    if not isinstance(min_resource, int) or isinstance(min_resource, bool) or epochs <= min_resource:
+        return None
+    return epochs
 
 
 def rung_settings(early: Mapping[str, Any]) -> dict[str, Any]:

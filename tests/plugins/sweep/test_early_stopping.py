@@ -52,6 +52,39 @@ def test_asha_and_hyperband_get_their_defaults():
     assert plan({"rule": "median"})["early_stopping"] == {"rule": "median", "min_trials": 3, "start_step": 4}
 
 
+@pytest.mark.parametrize(
+    ("early", "params", "space", "budget", "brackets"),
+    [
+        # max_resource unset: the run's epochs, which every trial shares, bound the rungs
+        ({"rule": "asha"}, {"epochs": 27}, SPACE, 27, 1),
+        ({"rule": "hyperband"}, {"epochs": 27}, SPACE, 27, 4),
+        # a max_resource that is set wins over the epochs
+        ({"rule": "asha", "max_resource": 9}, {"epochs": 27}, SPACE, 9, 1),
+        # epochs the space searches differ per trial: no shared budget
+        ({"rule": "asha"}, {"epochs": 27}, {**SPACE, "epochs": [9, 27]}, None, 1),
+        # epochs not above min_resource: no rung could judge a trial below them
+        ({"rule": "asha", "min_resource": 3}, {"epochs": 3}, SPACE, None, 1),
+        # no integer epochs Param (a container without one): unbounded, as before
+        ({"rule": "asha"}, {}, SPACE, None, 1),
+        ({"rule": "asha"}, {"epochs": "27"}, SPACE, None, 1),
+    ],
+)
+def test_the_rungs_budget_defaults_to_the_runs_epochs(early, params, space, budget, brackets):
+    planned = SweepSettings(tunable=None).plan(
+        {
+            "space": space,
+            "algorithm": "random",
+            "max_trials": 4,
+            "parallel_trials": 2,
+            "seed": 0,
+            "objective": {"metric": "val_accuracy", "mode": "max"},
+            "early_stopping": early,
+            **params,
+        }
+    )["early_stopping"]
+    assert (planned["max_resource"], planned["brackets"]) == (budget, brackets)
+
+
 def test_tpe_with_hyperband_budgets_is_a_plan():
     pytest.importorskip("optuna")
     planned = plan({"rule": "hyperband", "max_resource": 9}, algorithm="tpe")
