@@ -44,3 +44,17 @@ def test_the_public_names_are_the_packages():
     for name, modules in listed.items():
         assert any(hasattr(importlib.import_module(m), name) for m in modules), (name, modules)
         assert getattr(kubetrain, name) is not None
+
+
+def test_the_guides_commands_name_the_interpreters_make_setup_makes():
+    # the dev-stack blocks (```bash) run as written (tests/e2e/test_extending_guide.py); here only what
+    # a reader without the dev stack can check: no bare `python` or `airflow`, which a fresh shell lacks
+    blocks = code_blocks(GUIDE, "bash")
+    assert blocks, "docs/extending.md marks its dev-stack commands as ```bash blocks"
+    for line in "".join(blocks).splitlines():
+        for word in {"python", "python3", "airflow", "pytest"} & set(line.split()):
+            raise AssertionError(f"{line!r}: name the environment's {word} (.venv/bin/ or trainer/.venv/bin/)")
+    for interpreter in re.findall(r"(?:^|\s)((?:trainer/)?\.venv/bin/\w+)", "".join(blocks)):
+        assert (REPO / interpreter).exists(), f"{interpreter} is missing: `make setup` makes it"
+    assert (REPO / "tests" / "e2e" / "test_extending_guide.py").exists()
+    assert "test_extending_guide.py" in GUIDE

@@ -12,6 +12,7 @@ since this machine reaches no public registry. Prints the pushed image by digest
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -54,7 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--file", default="Dockerfile", help="the Dockerfile, relative to the context")
     parser.add_argument(
-        "--state-dir", type=Path, default=REPO / ".stack", help="the dev stack (default: .stack)"
+        "--state-dir",
+        type=Path,
+        default=Path(os.environ.get("KUBETRAIN_STACK_DIR") or REPO / ".stack"),
+        help="the dev stack (default: $KUBETRAIN_STACK_DIR, which .stack/env sets, else .stack)",
     )
     args = parser.parse_args(argv)
     from include.devstack.stack import Stack, StackError

@@ -501,6 +501,11 @@ class Stack:
             "KUBETRAIN_S3_ACCESS_KEY_ID": s3["access_key_id"],
             "KUBETRAIN_S3_SECRET_ACCESS_KEY": s3["secret_access_key"],
             "KUBETRAIN_S3_SECRET": S3_SECRET_NAME,
+            # the same endpoint and keys for the AWS CLI and boto3 of a shell that sources this file
+            "AWS_ACCESS_KEY_ID": s3["access_key_id"],
+            "AWS_SECRET_ACCESS_KEY": s3["secret_access_key"],
+            "AWS_ENDPOINT_URL": s3["endpoint"],
+            "AWS_DEFAULT_REGION": s3["region"],
             "KUBETRAIN_NAMESPACE": NAMESPACE,
             "KUBETRAIN_STACK_DIR": str(self.state_dir),
         }

@@ -303,6 +303,9 @@ def training_pipeline(
         require_metrics=require_metrics,
         notes=train.output["notes"],
         disruptions=train.output["disruptions"],
+        image=check.output["image"],
+        dataset_version=stage.output["version"],
+        command=cmds if isinstance(cmds, str) else list(cmds),
         on_failure_callback=[record_failure],
     )
     promote = PromoteModelOperator(

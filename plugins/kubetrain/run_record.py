@@ -346,7 +346,8 @@ def build_record(facts: RunFacts) -> RunRecord:
         params=json_safe(dict(facts.params or {})),
         hyperparameters=json_safe(run_params.get("hyperparameters") or {}),
         metrics=objective,
-        epochs=_integer(metrics.get("epochs")),
+        # metrics.json's, else the report's (a container of the user's own: the epochs of its history.csv)
+        epochs=_integer(metrics.get("epochs", report.get("epochs"))),
         steps=_integer(metrics.get("steps")),
         wall_time_s=finite_number(metrics.get("wall_time_s")),
         examples_per_s=finite_number(metrics.get("examples_per_s")),

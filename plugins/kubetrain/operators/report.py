@@ -45,6 +45,19 @@ def note_lines(notes: Any) -> list[str]:
     raise ValueError(f"notes {notes!r} is not a list of lines: expected e.g. train.output['notes']")
 
 
+def command_words(command: Any) -> list[str] | None:
+    """A container command as a list of words, from a list, one string (split as a shell would), or nothing."""
+    if command in (None, "", "None", "[]"):
+        return None
+    if isinstance(command, str):
+        import shlex
+
+        return shlex.split(command)
+    if isinstance(command, Sequence):
+        return [str(word) for word in command]
+    raise ValueError(f"command {command!r} is not a list of words: expected e.g. ['python', 'train.py']")
+
+
 class ReportOperator(RunOperator):
     """Render a training run's report into ``<run>/report/`` and compare it with the promoted model.
 
@@ -72,6 +85,11 @@ class ReportOperator(RunOperator):
         (``train.output["notes"]``: a GPU request served on CPU). (templated)
     :param disruptions: the training task's preemptions and time queued, ``train.output["disruptions"]``:
         the report counts them, with the steps each preemption lost. (templated)
+    :param image: the training image by digest (``check.output["image"]``), for a container that records
+        none in params.json (an image of the user's own): the report's Image and Trainer rows. (templated)
+    :param dataset_version: the staged dataset version (``stage.output["version"]``), likewise. (templated)
+    :param command: the training container's command (the training task's ``cmds``), for the Trainer row
+        of a container whose metrics.json names no ``trainer``. (templated)
     :param training_bucket: training bucket (default: the deployment's). (templated)
     :param aws_conn_id: Airflow connection for S3.
     """
@@ -83,6 +101,9 @@ class ReportOperator(RunOperator):
         "require_metrics",
         "notes",
         "disruptions",
+        "image",
+        "dataset_version",
+        "command",
     )
     operator_extra_links = (ReportLink(),)
     ui_color = "#fdf5e6"
@@ -96,12 +117,18 @@ class ReportOperator(RunOperator):
         require_metrics: bool | str = True,
         notes: Sequence[str] | str | None = None,
         disruptions: Mapping[str, Any] | None = None,
+        image: str | None = None,
+        dataset_version: str | None = None,
+        command: Sequence[str] | str | None = None,
         multiple_outputs: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(multiple_outputs=multiple_outputs, **kwargs)
         self.notes = notes
         self.disruptions = disruptions
+        self.image = image
+        self.dataset_version = dataset_version
+        self.command = command
         self.require_metrics = require_metrics
         self.model = model
         self.compare_on = compare_on
@@ -151,6 +178,9 @@ class ReportOperator(RunOperator):
         inputs = self.load_inputs(run)
         inputs.warnings.extend(note_lines(self.notes))
         inputs.disruptions = self.run_disruptions(run)
+        inputs.image = self.image or None
+        inputs.dataset_version = self.dataset_version or None
+        inputs.command = command_words(self.command)
         metrics = inputs.metrics
 
         if self.model:
@@ -171,13 +201,13 @@ class ReportOperator(RunOperator):
             "run_uri": run.uri,
             "report_uri": report_uri,
             "report_url": url,
-            "trainer": metrics.get("trainer"),
+            "trainer": inputs.trainer,
             "monitor": monitor,
             "monitor_mode": metrics["monitor_mode"],
             "value": section.get(monitor),
             "final": metrics["final"],
             "best": metrics.get("best"),
-            "epochs": metrics.get("epochs"),
+            "epochs": metrics.get("epochs", inputs.epochs),
             "steps": metrics.get("steps"),
             "wall_time_s": metrics.get("wall_time_s"),
             "examples_per_s": metrics.get("examples_per_s"),

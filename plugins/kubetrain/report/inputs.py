@@ -201,6 +201,53 @@ class ReportInputs:
     warnings: list[str] = field(default_factory=list)
     # Preemptions, evictions and time queued (kubetrain_contract.run.RunDisruptions), if any.
     disruptions: Any = None
+    # What the platform knows of the run, for a container that records none of it in params.json
+    # (an image of the user's own): the image by digest, the dataset version, the training command.
+    image: str | None = None
+    dataset_version: str | None = None
+    command: list[str] | None = None
+
+    @property
+    def epochs(self) -> int | None:
+        """The epochs trained: metrics.json's ``epochs``, else the last epoch of history.csv (``None``: unknown)."""
+        return epochs_of(self.metrics, self.history)
+
+    @property
+    def trainer(self) -> str | None:
+        """metrics.json's ``trainer``, else the image's repository (a container of the user's own)."""
+        return self.metrics.get("trainer") or image_repository(self.image)
+
+
+def epochs_of(metrics: dict[str, Any], history: History | None) -> int | None:
+    """The epochs a run trained: metrics.json's ``epochs``, else the last (highest) epoch of history.csv.
+
+    :param metrics: the run's metrics.json.
+    :param history: its history.csv, if any.
+    """
+    stated = finite_number(metrics.get("epochs"))
+    if stated is not None:
+        return int(stated) if stated == int(stated) and stated >= 0 else None
+    if history is None or not history.rows:
+        return None
+    epochs = [e for e in (row.get("epoch") for row in history.rows) if e is not None]
+    last = max(epochs) if epochs else float(len(history.rows))
+    return int(last) if last == int(last) and last >= 0 else None
+
+
+def image_repository(image: str | None) -> str | None:
+    """An image reference without its registry, tag or digest (``examples/keras-model``), or ``None``.
+
+    :param image: e.g. ``localhost:5000/examples/keras-model@sha256:...``.
+    """
+    if not image:
+        return None
+    name = image.split("@", 1)[0]
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        name = rest
+    last_slash = name.rfind("/")
+    colon = name.rfind(":")
+    return name[:colon] if colon > last_slash else name
 
 
 def load_run_inputs(

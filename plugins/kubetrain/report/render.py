@@ -154,8 +154,8 @@ def summary_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
     m = inputs.metrics
     rows = [
         ("Run", inputs.run_uri),
-        ("Trainer", format_value(m.get("trainer"))),
-        ("Task", format_value(m.get("task"))),
+        ("Trainer", trainer_cell(inputs)),
+        ("Task", format_value(m.get("task")) or 'not stated (metrics.json has no "task")'),
     ]
     monitor = m["monitor"]
     rows.append(("Monitor", f"{monitor} ({m['monitor_mode']})"))
@@ -170,6 +170,9 @@ def summary_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
                 f"{format_value(best.get(monitor))}" + (f" at epoch {epoch}" if epoch is not None else ""),
             )
         )
+    facts = dict(m)
+    if "epochs" not in facts and inputs.epochs is not None:
+        facts["epochs"] = inputs.epochs  # from history.csv
     for key, label in (
         ("epochs", "Epochs"),
         ("steps", "Steps"),
@@ -181,21 +184,33 @@ def summary_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
         ("strategy", "Distribution"),
         ("skipped_files", "Skipped input files"),
     ):
-        if key in m:
-            value = m[key]
+        if key in facts:
+            value = facts[key]
             rows.append(
                 (label, ", ".join(map(str, value)) if isinstance(value, list) else format_value(value))
             )
     rows.extend(disruption_rows(inputs.disruptions))
+    # params.json (kubetrain's trainers) first, else what the platform knows (a container of the user's own)
     params = inputs.params or {}
+    known = {"dataset_version": inputs.dataset_version, "image": inputs.image}
     for key, label in (
         ("dataset_version", "Dataset version"),
         ("image", "Image"),
         ("code_version", "Code version"),
     ):
-        if params.get(key):
-            rows.append((label, format_value(params[key])))
+        if value := params.get(key) or known.get(key):
+            rows.append((label, format_value(value)))
     return rows
+
+
+def trainer_cell(inputs: ReportInputs) -> str:
+    """The Trainer row: metrics.json's ``trainer``, else the image's repository and the command it ran."""
+    if inputs.metrics.get("trainer"):
+        return format_value(inputs.metrics["trainer"])
+    if inputs.trainer is None and not inputs.command:
+        return ""
+    command = " ".join(inputs.command) if inputs.command else "its own ENTRYPOINT and CMD"
+    return f"{inputs.trainer or 'the training image'} (command: {command})"
 
 
 def page_values(inputs: ReportInputs, plots: Plots) -> dict[str, Any]:

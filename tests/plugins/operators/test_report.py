@@ -245,3 +245,22 @@ def test_the_training_task_notes_open_the_report(client):
     assert b'class="warning"' not in quiet.read("report.html")[0]
     with pytest.raises(ValueError, match="notes 3 is not a list of lines"):
         classifier_run(client).execute(notes=3)
+
+
+def test_an_image_of_your_own_gets_its_digest_dataset_version_trainer_and_epochs(client):
+    # a container of the user's own: the contract's required fields only, no params.json
+    own = {"monitor": "val_accuracy", "monitor_mode": "max", "final": {"loss": 0.61, "val_accuracy": 0.8}}
+    run = Run(client, metrics_json=json.dumps(own).encode(), **{"history.csv": HISTORY})
+    image = "localhost:5000/examples/keras-model@sha256:" + "ab" * 32
+    result, _ = run.execute(
+        image=image, dataset_version="3f2a9c0d1e4b5a69", command=["python", "train.py"], model=None
+    )
+
+    markdown = run.read("report.md")[0].decode()
+    assert f"| Image | {image} |" in markdown
+    assert "| Dataset version | 3f2a9c0d1e4b5a69 |" in markdown
+    assert "| Trainer | examples/keras-model (command: python train.py) |" in markdown
+    assert '| Task | not stated (metrics.json has no "task") |' in markdown
+    assert "| Epochs | 3 |" in markdown  # history.csv's last epoch
+    # the run record takes the trainer and the epochs from these
+    assert (result["trainer"], result["epochs"]) == ("examples/keras-model", 3)
