@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -384,9 +385,14 @@ def sweep_compute(
     would have cost (``compute_full``), in GPU-hours, or CPU-hours where no trial asked for a GPU.
 
     A trial that finished or failed counts its actual hours in both figures; a trial stopped early
-    counts its actual hours in the first and, in the second, its own hours per report times its
-    budget of reports (:func:`budget_reports`). A trial that reused an earlier result ran nothing here;
-    one without trainer time or resources (or, stopped, without a budget) is counted as unknown.
+    counts its actual hours in the first and, in the second, those hours plus its remaining reports
+    (up to its budget, :func:`budget_reports`) at the rate of the sweep's trials that trained to
+    their end (the median of their hours per report and accelerator): their rate spreads one
+    start-up over a whole budget, as the stopped trial's full run would have. With no such trial,
+    at its own hours per report, which overstates what it saved: its start-up (the trainer's
+    imports, the first step's tracing: several seconds) is spread over a few reports only. A trial
+    that reused an earlier result ran nothing here; one without trainer time or resources (or,
+    stopped, without a budget) is counted as unknown.
 
     :param records: the sweep's trial records.
     :param rule: the early-stopping rule (``median``, ...; ``None`` or ``off``: no stopping).
@@ -404,6 +410,16 @@ def sweep_compute(
             timed.append((record, float(hours)))
     accelerator = "gpu" if any(t.accelerator == "gpu" for t, _ in timed) else ("cpu" if timed else None)
     finished_reports = max((t.reports for t in trained if t.finished and t.reports), default=None)
+    rates = [
+        hours / record.accelerators / record.reports
+        for record, hours in timed
+        if record.accelerator == accelerator
+        and not record.stopped_early
+        and record.succeeded
+        and record.reports
+        and record.accelerators
+    ]
+    finished_rate = statistics.median(rates) if rates else None
     used = full = 0.0
     counted = stopped = failed = 0
     for record, hours in timed:
@@ -414,7 +430,11 @@ def sweep_compute(
             budget = budget_reports(record, fixed_params, finished_reports, max_resource)
             if not reports or budget is None:
                 continue
-            full += hours * max(budget, reports) / reports
+            remaining = max(budget, reports) - reports
+            if finished_rate is not None and record.accelerators:
+                full += hours + remaining * finished_rate * record.accelerators
+            else:
+                full += hours + remaining * hours / reports
             stopped += 1
         else:
             full += hours

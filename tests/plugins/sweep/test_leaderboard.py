@@ -87,6 +87,19 @@ def test_a_stopped_trial_counts_its_own_rate_times_its_budget_the_others_what_th
     )
 
 
+def test_a_stopped_trials_remaining_reports_cost_what_the_finished_trials_paid_per_report():
+    # A stopped trial's own rate carries its start-up: 2 reports in 0.3 h on 2 GPUs (0.075 h a
+    # report and GPU) where trials that ran to their end of 10 reports paid 0.05 h a report and GPU
+    finished = [timed(0, 1800, 10), timed(1, 1800, 10), timed(2, 2160, 10, gpus=2)]
+    stopped = timed(3, 540, 2, gpus=2, stopped_early=True)
+    compute = sweep_compute([*finished, stopped], rule="asha", max_resource=10)
+    # the finished trials' median, 0.05 h a report and GPU, for the 8 reports it did not run on 2 GPUs
+    assert compute.compute_full == pytest.approx(0.5 + 0.5 + 1.2 + 0.3 + 8 * 0.05 * 2)
+    # with no trial that ran to its end, its own rate: 0.3 h x 10 / 2
+    alone = sweep_compute([stopped, timed(4, 3600, 3, error="exit 65")], rule="asha", max_resource=10)
+    assert alone.compute_full == pytest.approx(1.5 + 1.0)
+
+
 @pytest.mark.parametrize(
     ("trials", "rule", "line"),
     [
@@ -255,12 +268,12 @@ def test_the_training_page_reads_the_sweeps_compute_from_its_trials_run_records(
     runs = [json.loads(sweep.get(uri.split("/", 3)[3])) for uri in result["run_records"]]
     assert [r["sweep"]["accelerator_hours"] for r in runs] == [pytest.approx(2.0), pytest.approx(2 / 6)]
     compute = runs_compute(runs)
-    # 2 cores: 2 CPU-hours finished; the stopped trial used 1/3 in 1 report of the 4 the finished one
-    # made (no epochs Param), 4/3 at its own rate
+    # 2 cores: 2 CPU-hours finished, 0.25 h a report and core; the stopped trial used 1/3 in 1 report
+    # of the 4 the finished one made (no epochs Param): 1/3 + 3 x 0.25 x 2 at the finished one's rate
     assert (
         compute["line"]
         == board["compute"]
-        == ("early stopping (median) stopped 1 of 2 trials and saved 30% of 3.3 CPU-hours (used 2.3)")
+        == ("early stopping (median) stopped 1 of 2 trials and saved 39% of 3.8 CPU-hours (used 2.3)")
     )
     assert runs_compute([{"sweep": {"id": "s", "trial": "0"}}, {"sweep": None}]) is None
 
@@ -283,11 +296,12 @@ def test_an_asha_sweep_takes_the_budget_from_max_resource_and_the_leaderboard_na
         cutoff=0.8,
     )
     records = [timed(0, 3600, 9), timed(1, 900, 3, stopped_early=True, early_stop=decision)]
-    # 9 reports at full training: the stopped trial's 0.25 h for 3 reports would have been 0.75 h
+    # 9 reports at full training: the stopped trial's 0.25 h for 3 reports, plus 6 more at the
+    # finished trial's 1/9 h a report, would have been 0.25 + 6/9 h
     compute = sweep_compute(records, rule="asha", fixed_params={"epochs": 4}, max_resource=9)
-    assert (compute.compute_used, compute.compute_full) == (pytest.approx(1.25), pytest.approx(1.75))
+    assert (compute.compute_used, compute.compute_full) == (pytest.approx(1.25), pytest.approx(1.25 + 6 / 9))
     assert compute.line.startswith(
-        "early stopping (asha) stopped 1 of 2 trials and saved 29% of 1.8 GPU-hours"
+        "early stopping (asha) stopped 1 of 2 trials and saved 35% of 1.9 GPU-hours"
     )
     early = {"rule": "asha", "min_resource": 1, "reduction_factor": 3, "grace": 1, "max_resource": 9}
     values = page_values(
