@@ -196,6 +196,9 @@ ENVIRONMENT: dict[str, EnvironmentVariable] = {
         ),
         EnvironmentVariable("KUBETRAIN_WATCH_CRON", "Schedule of the watch_datasets DAG."),
         EnvironmentVariable(
+            "KUBETRAIN_RUN_INDEX_CRON", "Schedule of kubetrain_run_index (the Training page's index upkeep)."
+        ),
+        EnvironmentVariable(
             "KUBETRAIN_IMAGE_CLASSIFIER_CRON", "Schedule of train_image_classifier; empty: none."
         ),
         EnvironmentVariable(

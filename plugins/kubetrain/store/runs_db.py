@@ -37,8 +37,10 @@ remembered, so they are read once.
 Compaction (:func:`compact`, ``python -m kubetrain.store.rebuild_index --compact``) writes the
 reader's folded database back as the snapshot and deletes the deltas it holds that are older
 than the grace window, so a fresh API server reads one object plus a few deltas. Run one
-compaction at a time (a scheduled task or cron job): two at once could write back a snapshot
-that lacks what the other deleted.
+compaction at a time: two at once could write back a snapshot that lacks what the other
+deleted. The ``kubetrain_run_index`` DAG (daily, one run at a time) does it: :func:`maintain`
+rebuilds when there is no readable snapshot (a new deployment's bucket that has runs from
+before this database), else compacts and checks, and rebuilds when they disagree.
 
 When the index and the records disagree (a delta lost to a crash between the record and its
 delta, an object edited by hand, a snapshot from a bug): the per-run records and their key-named
@@ -499,3 +501,53 @@ def check(store: RunStore) -> Disagreement:
     keys = {k[len(prefix) :] for k in store.list_keys(store.layout.training_bucket, prefix)}
     rows = db.entries()
     return Disagreement(sorted(keys - rows), sorted(rows - keys))
+
+
+@dataclass
+class Maintenance:
+    """What :func:`maintain` did.
+
+    :param action: ``"rebuilt"`` or ``"compacted"``.
+    :param reason: why, in words.
+    :param runs: the runs the snapshot holds now.
+    :param missing: runs of ``index/_all/`` the compacted database lacked (then rebuilt).
+    :param extra: rows of the compacted database that ``index/_all/`` lacked (then rebuilt).
+    """
+
+    action: str
+    reason: str
+    runs: int
+    missing: int = 0
+    extra: int = 0
+
+    def line(self) -> str:
+        """One line for a task log."""
+        return f"Run index database {self.action}: {self.runs} runs ({self.reason})"
+
+
+def maintain(store: RunStore) -> Maintenance:
+    """The run index database's upkeep, one run at a time (the ``kubetrain_run_index`` DAG).
+
+    Without a readable snapshot (a bucket whose runs were recorded before this database, or a
+    snapshot that is no database): :func:`rebuild` from the records. Otherwise :func:`compact`,
+    then :func:`check` against ``index/_all/``, and :func:`rebuild` when they disagree (a delta
+    lost between a record and its delta; a record step still between its index copies and its
+    delta also shows as missing, and costs only an unneeded rebuild).
+    """
+    try:
+        db = compact(store)
+    except IndexUnavailable as exc:
+        db = rebuild(store)
+        return Maintenance("rebuilt", f"{exc}: rebuilt from the run records", db.count())
+    found = check(store)
+    if found.agree:
+        return Maintenance("compacted", "it agrees with index/_all/", db.count())
+    db = rebuild(store)
+    return Maintenance(
+        "rebuilt",
+        f"{len(found.missing)} run(s) of index/_all/ were missing from it and {len(found.extra)} row(s) "
+        "were not in index/_all/: rebuilt from the run records",
+        db.count(),
+        len(found.missing),
+        len(found.extra),
+    )

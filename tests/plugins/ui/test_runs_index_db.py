@@ -266,3 +266,51 @@ def test_without_a_snapshot_the_page_walks_the_keys(store, client, seeded):
         assert page.source == "keys" and names(page) == [f"manual__{seeded['tag']}-3"]
     finally:
         client.put_object(Bucket="training", Key=runs_db.SNAPSHOT_KEY, Body=saved)
+
+
+# -- upkeep: the kubetrain_run_index DAG --------------------------------------------------------------
+
+
+def maintain_task():
+    """The kubetrain_run_index DAG's task, as its DAG file defines it."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "dags" / "kubetrain_run_index.py"
+    spec = importlib.util.spec_from_file_location("dagfile_kubetrain_run_index", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    dag = module.kubetrain_run_index()  # the @dag function makes the DAG the file defines
+    assert dag.dag_id == "kubetrain_run_index" and dag.max_active_runs == 1
+    return dag.task_dict["maintain"].python_callable
+
+
+def test_the_upkeep_rebuilds_without_a_snapshot_compacts_and_rebuilds_what_disagrees(store, client):
+    import uuid
+
+    maintain = maintain_task()
+    # a bucket whose runs were recorded before the database: no snapshot, so it is rebuilt
+    client.delete_object(Bucket="training", Key=runs_db.SNAPSHOT_KEY)
+    done = maintain()
+    assert done["action"] == "rebuilt" and "no snapshot" in done["reason"], done
+    assert runs_db.check(store).agree
+    # runs recorded since: their deltas are folded into the snapshot, which a fresh reader finds
+    model = f"upkeep-{uuid.uuid4().hex[:6]}"
+    for i in range(2):
+        store.runs.write(
+            make_record(run_id=f"manual__{model}-{i}", model=model, when=T0 + timedelta(minutes=i))
+        )
+    done = maintain()
+    assert done["action"] == "compacted" and done["missing"] == done["extra"] == 0, done
+    snapshot = RunsDb(client.get_object(Bucket="training", Key=runs_db.SNAPSHOT_KEY)["Body"].read())
+    assert snapshot.has_model(model, ["train_image_classifier"]) and snapshot.count() == done["runs"]
+    # a record whose delta was lost (the record step stopped after its index copies): rebuilt
+    record = RunRecord.from_dict(make_record(run_id=f"manual__{model}-lost", model=model))
+    body = (record.to_json(indent=1) + "\n").encode()
+    for key in record_keys(S3Layout(), record):
+        client.put_object(Bucket="training", Key=key, Body=body)
+    done = maintain()
+    assert (done["action"], done["missing"], done["extra"]) == ("rebuilt", 1, 0), done
+    assert runs_db.check(store).agree
+    q = TrainingQueries(store, ["train_image_classifier"], RunsIndex(store))
+    assert f"manual__{model}-lost" in names(q.runs(RunFilter(model=model)))
