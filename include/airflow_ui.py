@@ -2,9 +2,16 @@
 
 What `airflow standalone` does, with the knobs a shared dev machine and the tests need: a
 chosen port and home, the dev stack's connections, a generated password for the
-SimpleAuthManager ``admin`` user, LocalExecutor on SQLite with a small parallelism, one
-JWT secret shared by all components, and every component in a process group of its own
-so that stopping (``with`` exit, Ctrl-C, SIGTERM) leaves no process behind.
+SimpleAuthManager ``admin`` user, LocalExecutor with a small parallelism, one JWT secret
+shared by all components, and every component in a process group of its own so that
+stopping (``with`` exit, Ctrl-C, SIGTERM) leaves no process behind.
+
+The metadata DB is a database of the dev stack's Postgres (include/devstack/postgres.py;
+``KUBETRAIN_POSTGRES_URL`` and ``PGPASSFILE`` in the stack's env): four components write it at
+once, which SQLite serves only by making them wait on its lock (the trigger form's unpause then
+failed after 5 s). Each home gets its own database, named in ``<home>/postgres-database``,
+copied from a template migrated once per Airflow version. SQLite (``<home>/airflow.db``,
+``seed_db``) remains for the API server alone (``api_server_only``), a single process.
 
     with AirflowUI(home, stack_env, port=8080) as ui:
         print(ui.url, ui.username, ui.password)
@@ -20,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -34,6 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from include.devstack import postgres
 from include.devstack.stack import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,11 +60,12 @@ class AirflowUIError(RuntimeError):
 class AirflowUI:
     """Start and stop a local Airflow whose components share ``home`` and the dev stack's connections.
 
-    :param home: the Airflow home (``airflow.db``, logs, the passwords file, component logs).
-    :param stack_env: the dev stack's variables (``Stack.env()``): connections, KUBECONFIG, ...
+    :param home: the Airflow home (the name of its Postgres database, logs, the passwords file, component logs).
+    :param stack_env: the dev stack's variables (``Stack.env()``): connections, KUBECONFIG, its Postgres, ...
     :param port: API server port (the UI is at ``http://<host>:<port>``).
     :param host: address the API server binds to (``0.0.0.0``: every interface).
-    :param seed_db: a migrated metadata DB copied to ``home/airflow.db`` when that is missing.
+    :param seed_db: without Postgres in ``stack_env`` (the API server alone): a migrated SQLite
+        metadata DB copied to ``home/airflow.db`` when that is missing; unused with Postgres.
     :param parallelism: task slots of the LocalExecutor (and per DAG); keep it near the core count.
     :param pool_slots: slots of the ``gpu`` pool that training pods take.
     :param paused_at_creation: whether DAGs new to this metadata DB start paused
@@ -94,6 +104,7 @@ class AirflowUI:
         self.paused_at_creation = paused_at_creation
         self.dags_folder = Path(dags_folder).resolve()
         self.extra_env = dict(env or {})
+        self.postgres = postgres.Server.from_env(self.stack_env)
         self.procs: dict[str, subprocess.Popen] = {}
         self.started_at: datetime | None = None
         self._token: str | None = None
@@ -138,18 +149,41 @@ class AirflowUI:
 
     @property
     def db(self) -> Path:
+        """The SQLite metadata DB (the API server alone, without the dev stack's Postgres)."""
         return self.home / "airflow.db"
+
+    @property
+    def database_file(self) -> Path:
+        return self.home / "postgres-database"
+
+    @property
+    def database(self) -> str | None:
+        """This home's database on the dev stack's Postgres (None before ``start`` made it, or without Postgres)."""
+        if self.postgres is None or not self.database_file.exists():
+            return None
+        return self.database_file.read_text().strip() or None
+
+    def sql_alchemy_conn(self) -> str:
+        if self.postgres is None:
+            return f"sqlite:///{self.db}"
+        database = self.database
+        if database is None:
+            raise AirflowUIError(f"{self.home} has no Postgres database yet: start() makes it")
+        return self.postgres.sqlalchemy_url(database)
 
     def log_path(self, component: str) -> Path:
         return self.home / "logs" / f"{component}.log"
 
-    def env(self) -> dict[str, str]:
-        """The environment every component (and an ``airflow`` CLI call against this instance) gets."""
+    def env(self, sql_alchemy_conn: str | None = None) -> dict[str, str]:
+        """The environment every component (and an ``airflow`` CLI call against this instance) gets.
+
+        :param sql_alchemy_conn: another metadata DB than this home's (the template, while it is migrated).
+        """
         env = {
             **os.environ,
             **self.stack_env,
             "AIRFLOW_HOME": str(self.home),
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.db}",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": sql_alchemy_conn or self.sql_alchemy_conn(),
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -177,6 +211,8 @@ class AirflowUI:
         # The API server signs the tokens that the workers present to the execution API; every
         # component must hold the same secret.
         env["AIRFLOW__API_AUTH__JWT_SECRET"] = self._jwt_secret()
+        if self.postgres is not None:
+            env.update(self.postgres.env())
         if self.paused_at_creation is not None:
             env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = str(self.paused_at_creation)
         env.update(self.extra_env)
@@ -209,15 +245,15 @@ class AirflowUI:
         with socket.socket() as sock:
             if sock.connect_ex((urllib.parse.urlsplit(self.url).hostname, self.port)) == 0:
                 raise AirflowUIError(f"port {self.port} is in use: another Airflow or server listens there")
+        if self.postgres is None:
+            raise AirflowUIError(
+                "the scheduler, DAG processor, triggerer and API server need the dev stack's Postgres "
+                "(KUBETRAIN_POSTGRES_URL and PGPASSFILE in stack_env): start the stack with `make stack-up`, "
+                "or restart one started before it had Postgres (`make stack-down stack-up`)"
+            )
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "logs").mkdir(exist_ok=True)
-        if not self.db.exists():
-            if self.seed_db is None or not self.seed_db.exists():
-                raise AirflowUIError(
-                    f"no metadata DB at {self.db} and no migrated DB to copy (seed_db={self.seed_db}): "
-                    "run `make setup`, which migrates .airflow/airflow.db"
-                )
-            copy_metadata_db(self.seed_db, self.db, pause_dags=bool(self.paused_at_creation))
+        self.prepare_database()
         _ = self.password  # written before the API server reads the passwords file
         env = self.env()
         self.started_at = datetime.now(UTC)
@@ -229,6 +265,49 @@ class AirflowUI:
         except BaseException:
             self.stop()
             raise
+
+    def prepare_database(self) -> None:
+        """Make sure the metadata DB exists: with Postgres, this home's database (copied from the
+        migrated template, made first when this Airflow version has none); else ``home/airflow.db``
+        from ``seed_db``."""
+        (self.home / "logs").mkdir(parents=True, exist_ok=True)
+        if self.postgres is None:
+            if not self.db.exists():
+                if self.seed_db is None or not self.seed_db.exists():
+                    raise AirflowUIError(
+                        f"no metadata DB at {self.db} and no migrated DB to copy (seed_db={self.seed_db}): "
+                        "run `make setup`, which migrates .airflow/airflow.db"
+                    )
+                copy_metadata_db(self.seed_db, self.db, pause_dags=bool(self.paused_at_creation))
+            return
+        server = self.postgres
+        try:
+            with server.lock():
+                databases = server.databases()
+                if self.database in databases:
+                    return
+                # Databases of homes that are gone (a test's or a benchmark's temporary Airflow) go too.
+                for name, comment in databases.items():
+                    if name.startswith("airflow_home_") and comment and not _names(Path(comment), name):
+                        server.drop(name)
+                template = server.template(_template_name(), self._migrate)
+                name = f"airflow_home_{secrets.token_hex(6)}"
+                server.create(name, template, comment=str(self.home))
+                self.database_file.write_text(name + "\n")
+        except postgres.PostgresError as exc:
+            raise AirflowUIError(f"the metadata DB for {self.home} could not be made: {exc}") from None
+
+    def _migrate(self, url: str) -> None:
+        """``airflow db migrate`` into the database at ``url`` (the template, once per Airflow version)."""
+        log = self.home / "logs" / "migrate.log"
+        env = self.env(sql_alchemy_conn=url)
+        with open(log, "ab") as out:
+            proc = subprocess.run(
+                [str(AIRFLOW), "db", "migrate"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+        if proc.returncode != 0:
+            tail = log.read_text(errors="replace")[-3000:]
+            raise AirflowUIError(f"airflow db migrate failed ({proc.returncode}); end of {log}:\n{tail}")
 
     def _spawn(self, name: str, env: Mapping[str, str]) -> None:
         argv = [str(AIRFLOW), name]
@@ -255,7 +334,7 @@ class AirflowUI:
 
         :param timeout: seconds the server may take to answer.
         """
-        (self.home / "logs").mkdir(parents=True, exist_ok=True)
+        self.prepare_database()
         _ = self.password  # written before the API server reads the passwords file
         self._spawn("api-server", self.env())
         try:
@@ -500,6 +579,24 @@ class AirflowUI:
                     f"{dag_id} run {run_id} is {run['state']} after {timeout:.0f} s; tasks: {tis}"
                 )
             time.sleep(2)
+
+
+def _template_name() -> str:
+    """The template database of the Airflow in .venv (``airflow_template_3_3_2``): one per version."""
+    site = REPO / ".venv" / "lib"
+    found = sorted(site.glob("python3*/site-packages/apache_airflow-*.dist-info"))
+    if not found:
+        raise AirflowUIError(f"no Airflow installed under {site}: run `make setup`")
+    version = found[-1].name[len("apache_airflow-") : -len(".dist-info")]
+    return "airflow_template_" + re.sub(r"[^a-z0-9]+", "_", version.lower())
+
+
+def _names(home: Path, database: str) -> bool:
+    """Whether ``home`` still exists and names ``database`` as its own."""
+    try:
+        return (home / "postgres-database").read_text().strip() == database
+    except OSError:
+        return False
 
 
 def copy_metadata_db(source: Path | str, dest: Path | str, *, pause_dags: bool) -> None:

@@ -15,8 +15,10 @@ docker-compose.yaml, `make airflow` and the tests' multi-process Airflow use Pos
   ``<state dir>/postgres/pgpass`` (libpq's password file, mode 0600): clients find it through
   ``PGPASSFILE``, so neither URLs, environments nor logs carry it;
 * Postgres refuses to run as root: then ``initdb`` and the server run as the package's
-  ``postgres`` user (``setpriv``), which owns the data directory; the directories above it that
-  only root may enter get the ``postgres`` group with search permission (mode 0710), no more;
+  ``postgres`` user (``setpriv``), which owns the data directory, with CAP_DAC_READ_SEARCH so that
+  it reaches it under directories only root may enter (``.stack`` is 0700); where that capability
+  cannot be handed down, those directories get the ``postgres`` group with search permission
+  (mode 0710) instead;
 * durability is a dev stack's: no fsync (an OS crash may lose the metadata DB, a process crash
   does not).
 
@@ -67,17 +69,47 @@ def bin_dir() -> Path:
     return found[-1]
 
 
+def _read_search_capability() -> bool:
+    """Whether this process may hand CAP_DAC_READ_SEARCH down (it is in the bounding set)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapBnd:"):
+                return bool(int(line.split()[1], 16) & (1 << 2))
+    except (OSError, ValueError):
+        pass
+    return False
+
+
 def _as_server_user(argv: list[str]) -> list[str]:
-    """``argv`` run as the ``postgres`` user when we are root (Postgres refuses root), else as is."""
+    """``argv`` run as the ``postgres`` user when we are root (Postgres refuses root), else as is.
+
+    The server keeps CAP_DAC_READ_SEARCH (where the machine allows it): it reaches its data directory
+    however the directories above it are set (a test session's 0700 temporary directory, whose mode
+    pytest sets back at the start of every session, while the server runs).
+    """
     if os.geteuid() != 0:
         return argv
-    return ["setpriv", f"--reuid={SERVER_USER}", f"--regid={SERVER_USER}", "--init-groups", "--", *argv]
+    caps = (
+        ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
+        if _read_search_capability()
+        else []
+    )
+    return [
+        "setpriv",
+        f"--reuid={SERVER_USER}",
+        f"--regid={SERVER_USER}",
+        "--init-groups",
+        *caps,
+        "--",
+        *argv,
+    ]
 
 
 def _let_server_user_in(path: Path) -> None:
-    """As root, give the ``postgres`` group search permission on ``path`` and the directories above it
-    that would stop the server reaching its data directory (mode 0700 becomes 0710, group postgres)."""
-    if os.geteuid() != 0:
+    """As root without CAP_DAC_READ_SEARCH to hand down, give the ``postgres`` group search permission on
+    ``path`` and the directories above it that would stop the server reaching its data directory (mode
+    0700 becomes 0710, group postgres)."""
+    if os.geteuid() != 0 or _read_search_capability():
         return
     user = pwd.getpwnam(SERVER_USER)
     gid = grp.getgrnam(SERVER_USER).gr_gid

@@ -4,8 +4,8 @@ Log in with the generated password, open train_image_classifier, see the trigger
 the Training and Model Params, have a dataset URI that is not s3://... refused in words, trigger
 it with one Param changed (epochs), follow the run to success, and follow the report task's
 "Training report" link to the HTML report, served by the Airflow API server from S3, which
-says that the GPU request was served on CPU. Screenshots of each step are kept in the test's
-tmp dir.
+says that the GPU request was served on CPU. Then unpause and trigger from the form five times
+back to back: every run starts. Screenshots of each step are kept in the test's tmp dir.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import urllib.request
 from urllib.parse import quote, unquote, urlparse
 
 import pytest
-from ui_support import DAG_ID, shot
+from ui_support import DAG_ID, log_in, shot
 
 from kubetrain.s3_layout import S3Layout
 
@@ -204,3 +204,63 @@ def test_trigger_from_the_form_and_follow_the_report_link(ui, page, tmp_path):
         "the GPU line is not in the train task's log"
     )
     report_page.screenshot(path=str(tmp_path / "7-report.png"), full_page=True)
+
+
+def test_the_form_unpauses_and_triggers_five_times_in_a_row_and_every_run_starts(ui, page, tmp_path):
+    """The trigger form sends its unpause (PATCH /dags/<id>) together with the trigger. With four
+    components writing one SQLite file, the unpause could wait on the file's lock and fail after 5 s
+    (500), leaving the DAG paused and the run queued with no hint; on Postgres every one answers, and
+    every run leaves "queued". Each run is failed once it runs, so that the next may start
+    (max_active_runs=1) and no training takes place: seconds, not minutes."""
+    from playwright.sync_api import expect
+
+    runs_before = {r["dag_run_id"] for r in ui.runs(DAG_ID)}
+    log_in(page, ui, f"/dags/{DAG_ID}")
+    answers = []
+    for attempt in range(5):
+        ui.set_paused(DAG_ID, True)
+        page.reload()
+        page.get_by_role("button", name="Trigger").first.click()
+        form = page.get_by_role("dialog")
+        expect(form.get_by_role("checkbox", name=f"Unpause {DAG_ID} on trigger")).to_be_checked()
+        submit = form.get_by_role("button", name="Trigger", exact=True)
+        expect(submit).to_be_enabled()
+        started = time.monotonic()
+        with (
+            page.expect_response(
+                lambda r: r.request.method == "PATCH" and f"/dags/{DAG_ID}" in r.url
+            ) as unpause,
+            page.expect_response(
+                lambda r: r.request.method == "POST" and r.url.endswith("/dagRuns")
+            ) as trigger,
+        ):
+            submit.click()
+        answers.append((unpause.value.status, trigger.value.status, round(time.monotonic() - started, 1)))
+        assert unpause.value.ok and trigger.value.ok, (
+            f"attempt {attempt + 1}: unpause, trigger, seconds: {answers}"
+        )
+        page.keyboard.press("Escape")
+    shot(page, tmp_path, "five-triggers")
+    assert ui.api("GET", f"/dags/{DAG_ID}")["is_paused"] is False
+
+    new = [r["dag_run_id"] for r in ui.runs(DAG_ID) if r["dag_run_id"] not in runs_before]
+    assert len(new) == 5, f"5 submits made {len(new)} runs: {new}; answers {answers}"
+    started_runs: dict[str, str] = {}
+    deadline = time.monotonic() + 180
+    try:
+        while len(started_runs) < len(new):
+            for run in ui.runs(DAG_ID):
+                run_id = run["dag_run_id"]
+                if run_id in new and run_id not in started_runs and run["state"] != "queued":
+                    started_runs[run_id] = run["state"]
+                    if run["state"] == "running":
+                        ui.api(
+                            "PATCH", f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}", {"state": "failed"}
+                        )
+            assert time.monotonic() < deadline, (
+                f"runs still queued after 180 s: {sorted(set(new) - set(started_runs))}; started: {started_runs}"
+            )
+            time.sleep(1)
+    finally:
+        ui.set_paused(DAG_ID, True)
+    assert set(started_runs.values()) <= {"running", "failed", "success"}, started_runs

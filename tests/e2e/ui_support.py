@@ -1,14 +1,13 @@
 """The Airflow UI of the end-to-end tests: Airflow as `make airflow` starts it, and headless Chromium.
 
 ``airflow_ui`` starts Airflow (API server, scheduler, DAG processor, triggerer) in a private
-home against the dev stack, with a small digits dataset uploaded; tests/e2e/conftest.py makes
+home against the dev stack (its metadata DB a database of the stack's Postgres), with a small digits dataset uploaded; tests/e2e/conftest.py makes
 it the session's ``ui`` fixture, so that every browser and live-log test shares one Airflow.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import secrets
 import subprocess
@@ -22,7 +21,6 @@ from include.devstack.stack import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER_PYTHON = REPO / "trainer" / ".venv" / "bin" / "python"
-SEED_DB = Path(os.environ.get("AIRFLOW_HOME", REPO / ".airflow")) / "airflow.db"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
@@ -78,7 +76,6 @@ def airflow_ui(
         work / "airflow",
         stack_env,
         port=free_port(),
-        seed_db=SEED_DB,
         paused_at_creation=True,
         env={
             "KUBETRAIN_IMAGE_CLASSIFIER_CRON": "",
