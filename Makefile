@@ -183,10 +183,24 @@ lock: | $(UV)
 # -- tests ---------------------------------------------------------------------------------
 
 # The suites start their own dev stack (tests/conftest.py), so a stack of yours keeps running.
-test: setup lint $(IMAGE_ROOTFS) $(MIRROR) $(MLFLOW_VENV)/.synced
-	@rc=0; \
-	env -u KUBETRAIN_STACK_DIR $(VENV)/bin/pytest tests --ignore=tests/trainer --durations=40 || rc=$$?; \
-	env -u KUBETRAIN_STACK_DIR $(TVENV)/bin/pytest tests/trainer --durations=15 || rc=$$?; \
+# They run side by side: the trainer's suite needs only its environment and the S3 server, so it
+# starts once those are there, while the rest of the set-up (made in parallel) and then the Airflow
+# side's suite run; its output follows the Airflow side's. The trainer's suite is mostly TensorFlow
+# on the CPU, the Airflow side's mostly waits on the scheduler and pods, so together they use the
+# cores the other leaves idle. The trainer's suite runs in a session of its own (setsid), which
+# an interrupted `make test` stops with it.
+TEST_READY := setup lint $(IMAGE_ROOTFS) $(MIRROR) $(MLFLOW_VENV)/.synced
+test: $(TVENV)/.synced $(RCLONE)
+	@mkdir -p .tools/test; rm -f .tools/test/trainer.rc; \
+	setsid bash -c 'env -u KUBETRAIN_STACK_DIR $(TVENV)/bin/pytest -p no:cacheprovider tests/trainer --durations=15 \
+	  >.tools/test/trainer.log 2>&1; echo $$? >.tools/test/trainer.rc' & \
+	trainer=$$!; trap 'kill -TERM -- -'$$trainer' 2>/dev/null || true' EXIT; \
+	echo "the trainer's suite runs beside the set-up and the Airflow side's suite (its output follows)"; \
+	rc=0; $(MAKE) --no-print-directory -j3 $(TEST_READY) || rc=$$?; \
+	if [ $$rc = 0 ]; then env -u KUBETRAIN_STACK_DIR $(VENV)/bin/pytest tests --ignore=tests/trainer --durations=40 || rc=$$?; fi; \
+	wait $$trainer || true; \
+	echo "== the trainer's suite (tests/trainer), run beside the Airflow side's"; cat .tools/test/trainer.log; \
+	trc=$$(cat .tools/test/trainer.rc 2>/dev/null || echo 1); [ "$$trc" = 0 ] || rc=$$trc; \
 	exit $$rc
 
 test-airflow: setup $(IMAGE_ROOTFS) $(MIRROR) $(MLFLOW_VENV)/.synced
