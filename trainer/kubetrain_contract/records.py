@@ -23,6 +23,7 @@ version-1 document written by a newer writer that added an optional field.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -64,7 +65,9 @@ def _json_name(field: dataclasses.Field) -> str:
     return field.metadata.get("json_name", field.name)
 
 
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
+    # once per class: evaluating the annotations cost 0.2 ms per nested record (a manifest's objects)
     return get_type_hints(cls, include_extras=False)
 
 

@@ -26,8 +26,8 @@ import base64
 import errno
 import hashlib
 import os
+import queue
 import re
-import threading
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -213,37 +213,32 @@ class Downloader:
     def run(self, items: list[Download]) -> None:
         """Download and verify ``items``; on failure, no partial file is left behind.
 
+        The engine's completions come back through one queue: this thread starts a download
+        whenever one of the ``workers`` slots is free and finishes (checks) each download that
+        the queue hands back, so nothing is polled and no lock is taken per object.
+
         Raises:
             SyncError: naming the object or file that failed.
         """
-        slots = threading.Semaphore(self.workers)
-        running: list[tuple[Download, object]] = []
-        failed: list[BaseException] = []
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        running: dict[int, tuple[Download, object]] = {}
         try:
             for d in items:
                 d._md5_allowed = self.verify == "md5" or (
                     self.verify == "auto" and d.size <= self.md5_max_size
                 )
             self._plan_ranged(items)
-            for d in items:
-                while not slots.acquire(timeout=0.5):
-                    # a failure elsewhere stops the queue
-                    failed.extend(e for e in self._reap(running, slots, block=False) if e)
-                    if failed:
-                        raise failed[0]
+            for i, d in enumerate(items):
+                while len(running) >= self.workers:
+                    self._finish(*running.pop(done.get()))
                 self._plan(d)
-                handle = self._start(d, slots) if d.size else _EmptyObject(self, d, slots)
-                running.append((d, handle))
-                failed.extend(e for e in self._reap(running, slots, block=False) if e)
-                if failed:
-                    raise failed[0]
-            failed.extend(e for e in self._reap(running, slots, block=True) if e)
-            if failed:
-                raise failed[0]
+                running[i] = (d, self._start(d, i, done) if d.size else _EmptyObject(self, d, i, done))
+            while running:
+                self._finish(*running.pop(done.get()))
         except BaseException:
-            for _, handle in running:
+            for _, handle in running.values():
                 handle.cancel()
-            for _, handle in running:
+            for _, handle in running.values():
                 try:
                     handle.wait()
                 except BaseException:  # noqa: BLE001 - the first failure is the one raised
@@ -254,22 +249,6 @@ class Downloader:
                     d._fd = -1
                 d.dest.unlink(missing_ok=True)
             raise
-
-    def _reap(self, running: list, slots: threading.Semaphore, *, block: bool) -> list[BaseException | None]:
-        """Finish the downloads that are done (all of them with ``block``); their errors."""
-        errors: list[BaseException | None] = []
-        keep = []
-        for d, handle in running:
-            if not block and not handle.request.finished_future.done():
-                keep.append((d, handle))
-                continue
-            try:
-                self._finish(d, handle)
-                errors.append(None)
-            except BaseException as exc:  # noqa: BLE001 - the caller raises the first one
-                errors.append(exc)
-        running[:] = keep
-        return errors
 
     # -- planning ------------------------------------------------------------------------
 
@@ -363,7 +342,7 @@ class Downloader:
 
     # -- work ----------------------------------------------------------------------------
 
-    def _start(self, d: Download, slots: threading.Semaphore):
+    def _start(self, d: Download, index: int, done: queue.SimpleQueue):
         def on_headers(status: int, headers: dict[str, str]) -> None:
             # a server that ignores If-Match still names the version it sends
             sent = headers.get("etag")
@@ -419,8 +398,8 @@ class Downloader:
             on_body=None if d._to_file else on_body,
             to_file=str(d.dest) if d._to_file else None,
             on_progress=on_progress if d._to_file else None,
+            on_finished=lambda: done.put(index),
         )
-        handle.request.finished_future.add_done_callback(lambda _f: slots.release())
         return handle
 
     def _finish(self, d: Download, handle) -> None:
@@ -497,10 +476,7 @@ class Downloader:
 class _EmptyObject:
     """An empty object: one GET through botocore (a ranged GET, as the CRT sends, gets 416 from S3)."""
 
-    def __init__(self, downloader: Downloader, d: Download, slots: threading.Semaphore) -> None:
-        from concurrent.futures import Future
-
-        self.request = type("Done", (), {"finished_future": Future()})()
+    def __init__(self, downloader: Downloader, d: Download, index: int, done: queue.SimpleQueue) -> None:
         self.error: BaseException | None = None
         try:
             s3 = downloader.s3
@@ -527,8 +503,7 @@ class _EmptyObject:
             from trainer.sync.s3 import client_error
 
             self.error = exc if isinstance(exc, SyncError) else client_error(d.uri, exc)
-        self.request.finished_future.set_result(None)
-        slots.release()
+        done.put(index)
 
     def cancel(self) -> None:
         pass
