@@ -58,7 +58,14 @@ IDENTITIES = {
 }
 RBAC_MANIFEST = REPO / "deploy" / "rbac.yaml"
 KUBECTL = REPO / ".tools" / "bin" / "kubectl"
-DEFAULT_PORTS = {"s3": 9000, "registry": 5000, "mirror": 5001, "kubeapi": 6443, "mlflow": 5500, "postgres": 5432}
+DEFAULT_PORTS = {
+    "s3": 9000,
+    "registry": 5000,
+    "mirror": 5001,
+    "kubeapi": 6443,
+    "mlflow": 5500,
+    "postgres": 5432,
+}
 
 
 class StackError(RuntimeError):
