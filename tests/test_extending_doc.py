@@ -53,7 +53,9 @@ def test_the_guides_commands_name_the_interpreters_make_setup_makes():
     assert blocks, "docs/extending.md marks its dev-stack commands as ```bash blocks"
     for line in "".join(blocks).splitlines():
         for word in {"python", "python3", "airflow", "pytest"} & set(line.split()):
-            raise AssertionError(f"{line!r}: name the environment's {word} (.venv/bin/ or trainer/.venv/bin/)")
+            raise AssertionError(
+                f"{line!r}: name the environment's {word} (.venv/bin/ or trainer/.venv/bin/)"
+            )
     for interpreter in re.findall(r"(?:^|\s)((?:trainer/)?\.venv/bin/\w+)", "".join(blocks)):
         assert (REPO / interpreter).exists(), f"{interpreter} is missing: `make setup` makes it"
     assert (REPO / "tests" / "e2e" / "test_extending_guide.py").exists()

@@ -63,7 +63,9 @@ def why_not_run(block: str) -> str:
         return "builds and pushes to the reader's own registry (the dev-stack block: include.devstack.build)"
     if "aws s3 cp" in block or "airflow dags test" in block:
         return "a cluster's S3 credentials and Airflow (the dev-stack block: .stack/env, boto3, .venv/bin/airflow)"
-    raise AssertionError(f"an indented block of docs/extending.md that is neither run nor explained:\n{block}")
+    raise AssertionError(
+        f"an indented block of docs/extending.md that is neither run nor explained:\n{block}"
+    )
 
 
 def user_checkout(root: Path, stack_env_file: Path) -> Path:
@@ -113,7 +115,11 @@ def test_the_guide_runs_word_for_word_on_the_dev_stack(devstack, tmp_path):
         print(f"not run: {block.splitlines()[0]} ... -- {why_not_run(block)}")
     script = "\n".join(run_blocks)
     # the cluster's steps have their dev-stack equivalents among the blocks that run
-    for step in ("include.devstack.build docs/examples/keras_model", "keras-digits/digits.zip", "dags test " + DAG_ID):
+    for step in (
+        "include.devstack.build docs/examples/keras_model",
+        "keras-digits/digits.zip",
+        "dags test " + DAG_ID,
+    ):
         assert step in script, f"no `bash` block of docs/extending.md does {step!r}"
 
     env = devstack.env()
@@ -132,7 +138,9 @@ def test_the_guide_runs_word_for_word_on_the_dev_stack(devstack, tmp_path):
         )
     output = log.read_text(errors="replace")
     print(f"the guide's {len(run_blocks)} bash blocks ran in {time.monotonic() - start:.0f} s")
-    assert done.returncode == 0, f"docs/extending.md's bash blocks failed ({done.returncode}):\n{output[-6000:]}"
+    assert done.returncode == 0, (
+        f"docs/extending.md's bash blocks failed ({done.returncode}):\n{output[-6000:]}"
+    )
 
     # the script tried without a cluster: Keras' epochs and the metrics.json the guide shows
     assert '"monitor": "val_accuracy"' in output and "trained 2 epochs" in output
@@ -158,7 +166,9 @@ def test_the_guide_runs_word_for_word_on_the_dev_stack(devstack, tmp_path):
         }
     assert state == "success" and states == dict.fromkeys(TASKS, "success"), (state, states)
     image, version = xcoms["check_new"]["image"], xcoms["stage_dataset"]["version"]
-    assert re.fullmatch(rf"{re.escape(env['KUBETRAIN_REGISTRY'])}/examples/keras-model@sha256:[0-9a-f]{{64}}", image)
+    assert re.fullmatch(
+        rf"{re.escape(env['KUBETRAIN_REGISTRY'])}/examples/keras-model@sha256:[0-9a-f]{{64}}", image
+    )
 
     s3 = boto3.client(
         "s3",
@@ -185,4 +195,6 @@ def test_the_guide_runs_word_for_word_on_the_dev_stack(devstack, tmp_path):
     assert (record["trainer"], record["epochs"], record["status"]) == ("keras_model", 2, "success")
     assert xcoms["promote"]["promoted"] is True, xcoms["promote"]
     latest = json.loads(s3.get_object(Bucket="training", Key=f"models/{MODEL}/latest")["Body"].read())
-    assert s3.head_object(Bucket="training", Key=f"models/{MODEL}/{latest['version']}/model.keras")["ContentLength"]
+    assert s3.head_object(Bucket="training", Key=f"models/{MODEL}/{latest['version']}/model.keras")[
+        "ContentLength"
+    ]
