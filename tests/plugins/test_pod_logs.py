@@ -51,3 +51,36 @@ def test_continuation_lines_follow_the_line_they_belong_to(follower):
     ]
     # A continuation of a line logged before is not logged again.
     assert logged(follower, "base", lines) == []
+
+
+def test_the_containers_lines_of_one_read_come_in_the_order_they_were_written(follower):
+    # The pod ended: the last read has the trainer's last epoch and then the sidecar's final pass,
+    # each container's lines in its own order, merged by their stamps (not container by container).
+    reads = {
+        "checkpoint-sync": [
+            "2026-11-22T04:00:02Z pass 7: 3 files",
+            "2026-11-22T04:00:06Z final pass: 4 files",
+            "2026-11-22T04:00:06Z done",
+        ],
+        "base": [
+            "2026-11-22T04:00:01Z Epoch 3/3",
+            "2026-11-22T04:00:05Z Traceback (most recent call last):",
+            '  File "train.py", line 3',
+            "2026-11-22T04:00:06Z exit",
+        ],
+    }
+    with capture_logs() as entries:
+        assert follower._log_merged(reads) == 6
+    assert [e["event"] for e in entries] == [
+        "[base] Epoch 3/3",
+        "[checkpoint-sync] pass 7: 3 files",
+        "[base] Traceback (most recent call last):",
+        '[base]   File "train.py", line 3',
+        "[checkpoint-sync] final pass: 4 files",
+        "[checkpoint-sync] done",
+        "[base] exit",
+    ]
+    # the next read overlaps: nothing is logged twice
+    with capture_logs() as entries:
+        assert follower._log_merged(reads) == 0
+    assert entries == []

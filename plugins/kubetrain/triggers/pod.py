@@ -11,9 +11,10 @@ task back, so a failed pod's last lines are in the log however it failed.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Any
@@ -80,47 +81,69 @@ class PodLogFollower(AsyncPodManager):
     async def follow(self, pod: Any, containers: Sequence[str], since_time: datetime | None = None) -> int:
         """Log the lines ``containers`` wrote since their last read; return how many were logged.
 
-        Containers that have not started are skipped (their log cannot be read yet).
+        The containers are read at once (one request each, side by side) and their new lines
+        logged in the order the kubelet stamped them: each container's in the order it wrote them,
+        and across containers by time, so that a sidecar's last lines come after the trainer's
+        that preceded them. Containers that have not started are skipped (their log cannot be
+        read yet).
 
         :param pod: the pod as last read.
-        :param containers: container names, in the order their lines are logged.
+        :param containers: container names; lines stamped at the same instant come in this order.
         :param since_time: where to start for a container read for the first time (``None``: its whole log).
         """
         started = started_containers(pod)
-        logged = 0
-        for name in dict.fromkeys(containers):
-            if name not in started:
-                continue
-            last = self.last_line.get(name)
-            start = last[0] if last else since_time
-            since_seconds = None
-            if start is not None:
-                since_seconds = max(1, math.ceil((datetime.now(UTC) - start + READ_OVERLAP).total_seconds()))
-            try:
-                lines = await self.kube.read_logs(
-                    name=pod.metadata.name,
-                    namespace=pod.metadata.namespace,
-                    container_name=name,
-                    since_seconds=since_seconds,
-                )
-            except Exception as exc:  # a log read must never fail the wait for the pod
-                self.log.warning(
-                    "Could not read the log of container %s of pod %s: %s", name, pod.metadata.name, exc
-                )
-                continue
-            logged += await asyncio.to_thread(self._log_lines, name, lines)
-        return logged
+        names = [name for name in dict.fromkeys(containers) if name in started]
+        reads = await asyncio.gather(*(self._read(pod, name, since_time) for name in names))
+        return await asyncio.to_thread(
+            self._log_merged,
+            {name: lines for name, lines in zip(names, reads, strict=True) if lines is not None},
+        )
+
+    async def _read(self, pod: Any, name: str, since_time: datetime | None) -> Sequence[str] | None:
+        last = self.last_line.get(name)
+        start = last[0] if last else since_time
+        since_seconds = None
+        if start is not None:
+            since_seconds = max(1, math.ceil((datetime.now(UTC) - start + READ_OVERLAP).total_seconds()))
+        try:
+            return await self.kube.read_logs(
+                name=pod.metadata.name,
+                namespace=pod.metadata.namespace,
+                container_name=name,
+                since_seconds=since_seconds,
+            )
+        except Exception as exc:  # a log read must never fail the wait for the pod
+            self.log.warning(
+                "Could not read the log of container %s of pod %s: %s", name, pod.metadata.name, exc
+            )
+            return None
 
     def _log_lines(self, container: str, lines: Sequence[str]) -> int:
+        """Log the lines of one container's read that were not logged before; return how many."""
+        return self._log_merged({container: lines})
+
+    def _log_merged(self, reads: Mapping[str, Sequence[str]]) -> int:
+        """Log the new lines of each container's read, merged in timestamp order; return how many."""
+        fresh = [self._new_lines(container, lines) for container, lines in reads.items()]
+        logged = 0
+        for _stamp, container, message, continued in heapq.merge(*fresh, key=lambda line: line[0]):
+            self.log.info("[%s] %s", container, message)
+            logged += 0 if continued else 1
+        return logged
+
+    def _new_lines(self, container: str, lines: Sequence[str]) -> list[tuple[datetime, str, str, bool]]:
+        """The lines of a read that were not logged before, as ``(stamp, container, message,
+        continued)`` in the read's order; a continuation line (no timestamp) carries the stamp of
+        the line it belongs to. Moves the container's place past them."""
         last_time, seen_at_last = self.last_line.get(container, (None, 0))
         skip_at_last = seen_at_last
-        logged = 0
+        out: list[tuple[datetime, str, str, bool]] = []
         emitting = False
         for line in lines:
             stamp, message = parse_log_line(line)
             if stamp is None:  # not a timestamped line: the continuation of the one before
-                if emitting:
-                    self.log.info("[%s] %s", container, line.rstrip("\n"))
+                if emitting and out:
+                    out.append((out[-1][0], container, line.rstrip("\n"), True))
                 continue
             stamp = stamp.astimezone(UTC)
             emitting = False
@@ -133,12 +156,11 @@ class PodLogFollower(AsyncPodManager):
                 seen_at_last += 1
             else:
                 last_time, seen_at_last, skip_at_last = stamp, 1, 0
-            self.log.info("[%s] %s", container, message)
+            out.append((stamp, container, message, False))
             emitting = True
-            logged += 1
         if last_time is not None:
             self.last_line[container] = (last_time, seen_at_last)
-        return logged
+        return out
 
 
 class TrainingPodTrigger(KubernetesPodTrigger):
