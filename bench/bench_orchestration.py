@@ -24,14 +24,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from include.demo import AIRFLOW, DEMOS, upload_dataset  # noqa: E402
-from include.devstack.stack import Stack  # noqa: E402
+from include.devstack.stack import Stack, s3_client  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_sweep import publish_images  # noqa: E402
 
 
 def main() -> int:
-    import boto3
 
     demo = DEMOS["image_classifier"]
     conf = {**demo.conf, "epochs": 3, "force": True}
@@ -79,13 +78,7 @@ def main() -> int:
                         (demo.dag_id, run_id),
                     ).fetchone()[0]
                 )
-            s3 = boto3.client(
-                "s3",
-                endpoint_url=env_vars["KUBETRAIN_S3_ENDPOINT"],
-                aws_access_key_id=env_vars["KUBETRAIN_S3_ACCESS_KEY_ID"],
-                aws_secret_access_key=env_vars["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
-                region_name="us-east-1",
-            )
+            s3 = s3_client(env_vars)
             bucket, _, prefix = run_uri[len("s3://") :].partition("/")
             metrics = json.loads(
                 s3.get_object(Bucket=bucket, Key=f"{prefix}/output/metrics.json")["Body"].read()

@@ -41,8 +41,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "plugins"))
 
 from include.airflow_ui import AirflowUI  # noqa: E402
-from include.demo import DEMOS, _s3, upload_dataset  # noqa: E402
-from include.devstack.stack import Stack  # noqa: E402
+from include.demo import DEMOS, upload_dataset  # noqa: E402
+from include.devstack.stack import Stack, s3_client  # noqa: E402
 
 DAG_ID = "sweep_image_classifier"
 PARALLEL = 2
@@ -255,7 +255,7 @@ def main() -> int:
             env = stack.env()
             publish_images(stack)
             upload_dataset(DEMOS["image_classifier"], env)
-            s3 = _s3(env)
+            s3 = s3_client(env)
             ui = AirflowUI(
                 Path(tmp) / "airflow",
                 env,

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from include.devstack.stack import s3_client
+
 REPO = Path(__file__).resolve().parents[1]
 DEMO_DIR = REPO / ".demo"
 TRAINER_PYTHON = REPO / "trainer" / ".venv" / "bin" / "python"
@@ -140,7 +142,7 @@ def upload_dataset(demo: Demo, stack: dict[str, str]) -> str:
     path = DEMO_DIR / demo.filename
     subprocess.run([str(TRAINER_PYTHON), "-m", demo.generator, "--out", str(path)], cwd=REPO, check=True)
     key = f"{demo.dataset}/{demo.filename}"
-    _s3(stack).upload_file(str(path), "datasets", key)
+    s3_client(stack).upload_file(str(path), "datasets", key)
     uri = f"s3://datasets/{key}"
     print(f"uploaded {path.relative_to(REPO)} ({path.stat().st_size / 1e6:.1f} MB) to {uri}", flush=True)
     return uri
@@ -172,7 +174,7 @@ def run_outputs(dag_id: str, run_id: str, stack: dict[str, str]) -> tuple[str, d
     from kubetrain.s3_layout import S3Layout
 
     run = S3Layout(training_bucket=stack.get("KUBETRAIN_TRAINING_BUCKET") or "training").run(dag_id, run_id)
-    obj = _s3(stack).get_object(Bucket=run.bucket, Key=run.key("output", "metrics.json"))
+    obj = s3_client(stack).get_object(Bucket=run.bucket, Key=run.key("output", "metrics.json"))
     return f"{run.uri}/report/report.html", json.loads(obj["Body"].read())
 
 
@@ -313,21 +315,9 @@ def _short(line: str) -> str:
     return text[:160]
 
 
-def _s3(stack: dict[str, str]):
-    import boto3
-
-    return boto3.client(
-        "s3",
-        endpoint_url=stack["KUBETRAIN_S3_ENDPOINT"],
-        aws_access_key_id=stack["KUBETRAIN_S3_ACCESS_KEY_ID"],
-        aws_secret_access_key=stack["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
-        region_name="us-east-1",
-    )
-
-
 def _download(uri: str, path: Path, stack: dict[str, str]) -> None:
     bucket, _, key = uri[len("s3://") :].partition("/")
-    _s3(stack).download_file(bucket, key, str(path))
+    s3_client(stack).download_file(bucket, key, str(path))
 
 
 def run_ui(port: int) -> int:

@@ -24,7 +24,6 @@ from include.demo import (  # noqa: E402
     AIRFLOW,
     DEMO_DIR,
     DEMOS,
-    _s3,
     _short,
     _worth_showing,
     airflow_env,
@@ -33,6 +32,7 @@ from include.demo import (  # noqa: E402
     stack_env,
     upload_dataset,
 )
+from include.devstack.stack import s3_client  # noqa: E402
 
 DAG_ID = "sweep_image_classifier"
 CONF = {
@@ -95,7 +95,7 @@ def main() -> int:
     sys.path.insert(0, str(REPO / "plugins"))
     from kubetrain.s3_layout import S3Layout
 
-    s3 = _s3(stack)
+    s3 = s3_client(stack)
     sweep = S3Layout(training_bucket=stack.get("KUBETRAIN_TRAINING_BUCKET") or "training").run(DAG_ID, run_id)
     record = json.loads(
         s3.get_object(Bucket=sweep.bucket, Key=f"{sweep.prefix}/sweep/sweep.json")["Body"].read()

@@ -33,8 +33,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from include.devstack import postgres
 
@@ -103,6 +105,23 @@ def s3_keys(state_dir: Path) -> tuple[str, str]:
     with os.fdopen(fd, "w") as f:
         json.dump({"access_key_id": access_key, "secret_access_key": secret_key}, f)
     return access_key, secret_key
+
+
+def s3_client(env: Mapping[str, str]) -> Any:
+    """A boto3 S3 client of the stack whose variables ``env`` holds (:meth:`Stack.env`, or what
+    ``.stack/env`` exports). boto3 is imported here: this module stays standard library only.
+
+    :param env: the stack's variables: ``KUBETRAIN_S3_ENDPOINT`` and its key pair.
+    """
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=env["KUBETRAIN_S3_ENDPOINT"],
+        aws_access_key_id=env["KUBETRAIN_S3_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
+        region_name="us-east-1",
+    )
 
 
 def serving_certificate(directory: Path) -> tuple[Path, Path]:

@@ -28,8 +28,9 @@ import subprocess
 import time
 from pathlib import Path
 
-import boto3
 import pytest
+
+from include.devstack.stack import s3_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -170,13 +171,7 @@ def test_the_guide_runs_word_for_word_on_the_dev_stack(devstack, tmp_path):
         rf"{re.escape(env['KUBETRAIN_REGISTRY'])}/examples/keras-model@sha256:[0-9a-f]{{64}}", image
     )
 
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=env["KUBETRAIN_S3_ENDPOINT"],
-        aws_access_key_id=env["KUBETRAIN_S3_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
-        region_name="us-east-1",
-    )
+    s3 = s3_client(env)
 
     def read(uri: str) -> bytes:
         bucket, _, key = uri.removeprefix("s3://").partition("/")

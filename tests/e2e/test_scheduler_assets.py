@@ -20,7 +20,7 @@ from urllib.parse import quote
 import pytest
 
 from include.airflow_ui import AirflowUI
-from include.devstack.stack import free_port
+from include.devstack.stack import free_port, s3_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -32,18 +32,6 @@ TRAIN = "train_image_classifier"
 DATASET_URI = "s3://datasets/digits/"
 DATASET_KEY = "digits/digits.zip"
 STAGE_TASK = "stage_digits"  # watch_datasets names its task after the dataset
-
-
-def s3_client(stack_env: dict[str, str]):
-    import boto3
-
-    return boto3.client(
-        "s3",
-        endpoint_url=stack_env["KUBETRAIN_S3_ENDPOINT"],
-        aws_access_key_id=stack_env["KUBETRAIN_S3_ACCESS_KEY_ID"],
-        aws_secret_access_key=stack_env["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
-        region_name="us-east-1",
-    )
 
 
 def small_digits(out: Path) -> Path:

@@ -18,12 +18,11 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-import boto3
 import pytest
 from kubernetes import client, config
 
 from include.devstack import mirror
-from include.devstack.stack import NAMESPACE
+from include.devstack.stack import NAMESPACE, s3_client
 from kubetrain.s3_layout import S3Layout
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -38,13 +37,7 @@ CUSTOM_DAG_ID = "sweep_custom_script"
 @pytest.fixture(scope="module")
 def s3(devstack):
     env = devstack.env()
-    return boto3.client(
-        "s3",
-        endpoint_url=env["KUBETRAIN_S3_ENDPOINT"],
-        aws_access_key_id=env["KUBETRAIN_S3_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
-        region_name="us-east-1",
-    )
+    return s3_client(env)
 
 
 @pytest.fixture(scope="module")

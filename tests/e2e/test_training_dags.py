@@ -15,13 +15,12 @@ import threading
 import time
 from pathlib import Path
 
-import boto3
 import pytest
 from kubernetes import client, config
 from markupsafe import escape as html_escape  # the reports' templates escape with it
 
 from include.devstack import mirror
-from include.devstack.stack import NAMESPACE
+from include.devstack.stack import NAMESPACE, s3_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -33,13 +32,7 @@ FAST = {"KUBETRAIN_RETRY_DELAY_SECONDS": "1"}
 @pytest.fixture(scope="module")
 def s3(devstack):
     env = devstack.env()
-    return boto3.client(
-        "s3",
-        endpoint_url=env["KUBETRAIN_S3_ENDPOINT"],
-        aws_access_key_id=env["KUBETRAIN_S3_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
-        region_name="us-east-1",
-    )
+    return s3_client(env)
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ import pytest
 import requests
 
 from include.devstack.mlflow_server import MLFLOW, MlflowServer
+from include.devstack.stack import s3_client
 from kubetrain.s3_layout import S3Layout
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -53,7 +54,6 @@ TRACKING_VARIABLE = "kubetrain_mlflow_tracking_uri"
 @pytest.fixture(scope="module")
 def stack(devstack, tmp_path_factory):
     """The dev stack's variables, a fresh digits dataset and an MLflow server on the stack's S3."""
-    import boto3
 
     if not MLFLOW.exists():
         pytest.fail(f"{MLFLOW} is missing: run `make mlflow-env` (make test does)")
@@ -78,13 +78,7 @@ def stack(devstack, tmp_path_factory):
         check=True,
         capture_output=True,
     )
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=env["KUBETRAIN_S3_ENDPOINT"],
-        aws_access_key_id=env["KUBETRAIN_S3_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
-        region_name="us-east-1",
-    )
+    s3 = s3_client(env)
     dataset = f"digits-{MODEL}"
     s3.upload_file(str(archive), "datasets", f"{dataset}/digits.zip")
     with MlflowServer(

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from include.airflow_ui import AirflowUI
-from include.devstack.stack import free_port
+from include.devstack.stack import free_port, s3_client
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER_PYTHON = REPO / "trainer" / ".venv" / "bin" / "python"
@@ -40,7 +40,6 @@ def airflow_ui(
     stack_env: dict[str, str], work: Path, dags: tuple[str, ...] = (DAG_ID,)
 ) -> Iterator[AirflowUI]:
     """Airflow as `make airflow` starts it, in a private home, with a small digits dataset uploaded."""
-    import boto3
 
     archive = work / "digits.zip"
     # Unreadable files from a fresh seed make this upload a dataset version no other test trained.
@@ -64,13 +63,7 @@ def airflow_ui(
         check=True,
         capture_output=True,
     )
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=stack_env["KUBETRAIN_S3_ENDPOINT"],
-        aws_access_key_id=stack_env["KUBETRAIN_S3_ACCESS_KEY_ID"],
-        aws_secret_access_key=stack_env["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
-        region_name="us-east-1",
-    )
+    s3 = s3_client(stack_env)
     s3.upload_file(str(archive), "datasets", "digits/digits.zip")
     with AirflowUI(
         work / "airflow",

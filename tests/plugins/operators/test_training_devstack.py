@@ -13,13 +13,12 @@ import uuid
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
-import boto3
 import pytest
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import TaskDeferred
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
-from include.devstack.stack import NAMESPACE
+from include.devstack.stack import NAMESPACE, s3_client
 from kubetrain.operators.promote import PromoteModelOperator
 from kubetrain.operators.report import ReportOperator
 from kubetrain.operators.stage import StageDatasetOperator
@@ -75,13 +74,7 @@ def test_stage_train_report_promote_on_the_dev_stack(devstack, stack_images, mon
         "KUBETRAIN_S3_PUBLIC_URL",
     ):
         monkeypatch.delenv(name, raising=False)
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=env["KUBETRAIN_S3_ENDPOINT"],
-        aws_access_key_id=env["KUBETRAIN_S3_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
-        region_name="us-east-1",
-    )
+    s3 = s3_client(env)
     dataset = f"table-{uuid.uuid4().hex[:8]}"
     model = f"script-{uuid.uuid4().hex[:6]}"
     s3.put_object(Bucket="datasets", Key=f"{dataset}/table.csv", Body=b"a,b\n1,2\n3,4\n")

@@ -16,14 +16,13 @@ import uuid
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
-import boto3
 import pytest
 import structlog
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
-from include.devstack.stack import NAMESPACE
+from include.devstack.stack import NAMESPACE, s3_client
 from kubetrain.operators.stage import StageDatasetOperator
 from kubetrain.operators.training import NOTES_XCOM_KEY, TrainingPodOperator
 from kubetrain.pod_startup import NOTES_KEY
@@ -113,13 +112,7 @@ def stack_env(devstack, stack_images, monkeypatch):
 
 @pytest.fixture
 def staged(stack_env):
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=stack_env["KUBETRAIN_S3_ENDPOINT"],
-        aws_access_key_id=stack_env["KUBETRAIN_S3_ACCESS_KEY_ID"],
-        aws_secret_access_key=stack_env["KUBETRAIN_S3_SECRET_ACCESS_KEY"],
-        region_name="us-east-1",
-    )
+    s3 = s3_client(stack_env)
     dataset = f"logs-{uuid.uuid4().hex[:8]}"
     s3.put_object(Bucket="datasets", Key=f"{dataset}/table.csv", Body=b"a,b\n1,2\n")
     return StageDatasetOperator(task_id="stage", source_uri=f"s3://datasets/{dataset}/").execute(
