@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubetrain.imagebuild.reference import parse_reference
 from kubetrain_contract.reports import finite_number
 
 MONITOR_MODES = ("max", "min")
@@ -235,19 +236,17 @@ def epochs_of(metrics: dict[str, Any], history: History | None) -> int | None:
 
 
 def image_repository(image: str | None) -> str | None:
-    """An image reference without its registry, tag or digest (``examples/keras-model``), or ``None``.
+    """An image reference without its registry, tag or digest (``examples/keras-model``), or ``None``
+    (no image, or one that is no reference).
 
     :param image: e.g. ``localhost:5000/examples/keras-model@sha256:...``.
     """
     if not image:
         return None
-    name = image.split("@", 1)[0]
-    first, _, rest = name.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        name = rest
-    last_slash = name.rfind("/")
-    colon = name.rfind(":")
-    return name[:colon] if colon > last_slash else name
+    try:
+        return parse_reference(image).repository
+    except ValueError:
+        return None
 
 
 def load_run_inputs(
