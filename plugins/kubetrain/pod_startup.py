@@ -117,7 +117,13 @@ def _condition(pod: Any, kind: str) -> Any:
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
 KUEUE_GATE = "kueue.x-k8s.io/admission"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+#: Kueue's webhook labels each pod it manages (and gates it at creation)
+KUEUE_MANAGED_LABEL = "kueue.x-k8s.io/managed"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+
+
+def _kueue_managed(pod: Any) -> bool:
+    return (getattr(pod.metadata, "labels", None) or {}).get(KUEUE_MANAGED_LABEL) == "true"
 
 
 def queue_name(pod: Any) -> str | None:
@@ -244,6 +250,24 @@ class PodStartup:
                 f"the {self.stage_in_container} container of pod {name} exited with {terminated.exit_code}"
                 + (f": {detail}" if detail else "")
             )
+        if (
+            not queued(pod)
+            and "admitted" not in self.first_seen
+            and (self.queued_s is not None or _kueue_managed(pod))
+        ):
+            # Admitted. The watcher may have missed the gated pod altogether (Kueue admitted it between two
+            # looks), so the time queued is the pod's own: from its creation until the scheduler bound it
+            # (PodScheduled's transition; an upper bound by the bind's latency), or until now.
+            self.first_seen["admitted"] = now
+            scheduled = _condition(pod, "PodScheduled")
+            bound = (
+                _timestamp(scheduled.last_transition_time)
+                if scheduled and scheduled.status == "True"
+                else None
+            )
+            created = _timestamp(pod.metadata.creation_timestamp)
+            if created is not None:
+                self.queued_s = max((min(bound or now, now) - created).total_seconds(), 0.0)
         if phase not in (None, "Pending", "Unknown"):
             return True
         waiting = _waiting(pod)
@@ -261,8 +285,6 @@ class PodStartup:
                     f"(LocalQueue {queue_name(pod)!r}); its quota stayed in use"
                 )
             return False
-        if self.queued_s is not None:
-            self.first_seen.setdefault("admitted", now)
         scheduled = _condition(pod, "PodScheduled")
         if not (scheduled and scheduled.status == "True"):
             self._check_scheduling(pod, scheduled, list(events), now)

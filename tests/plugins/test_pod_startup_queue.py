@@ -38,21 +38,34 @@ def startup(**budgets) -> PodStartup:
     return PodStartup(**{**values, **budgets})
 
 
-def pod(*, gated: bool, scheduled: tuple[str, str] | None = None) -> k8s.V1Pod:
+def pod(
+    *,
+    gated: bool,
+    scheduled: tuple[str, str] | None = None,
+    bound_at: float | None = None,
+    managed: bool = False,
+    phase: str = "Pending",
+) -> k8s.V1Pod:
     conditions = None
     if scheduled is not None:
         status, reason = scheduled
-        conditions = [k8s.V1PodCondition(type="PodScheduled", status=status, reason=reason)]
+        moved = at(bound_at) if bound_at is not None else None
+        conditions = [
+            k8s.V1PodCondition(type="PodScheduled", status=status, reason=reason, last_transition_time=moved)
+        ]
+    labels = {"kueue.x-k8s.io/queue-name": "training"}
+    if managed:
+        labels["kueue.x-k8s.io/managed"] = "true"
     gates = [k8s.V1PodSchedulingGate(name=KUEUE_GATE)] if gated else None
     return k8s.V1Pod(
         metadata=k8s.V1ObjectMeta(
             name="train-abc",
             uid="u-1",
             creation_timestamp=T0,
-            labels={"kueue.x-k8s.io/queue-name": "training"},
+            labels=labels,
         ),
         spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="base")], scheduling_gates=gates),
-        status=k8s.V1PodStatus(phase="Pending", conditions=conditions),
+        status=k8s.V1PodStatus(phase=phase, conditions=conditions),
     )
 
 
@@ -63,6 +76,28 @@ def test_a_queued_pod_outwaits_every_start_up_budget():
     for seconds in (1, 600, 3599):
         assert judge.observe(held, [], at(seconds)) is False
     assert judge.queued_s == 3599
+
+
+def test_the_time_queued_ends_where_the_scheduler_bound_the_admitted_pod():
+    judge = startup()
+    judge.observe(pod(gated=True, managed=True), [], at(3))
+    assert judge.queued_s == 3
+    bound = pod(gated=False, managed=True, scheduled=("True", None), bound_at=50, phase="Running")
+    assert judge.observe(bound, [], at(55)) is True
+    assert judge.queued_s == 50
+
+
+def test_a_managed_pod_admitted_between_two_looks_still_counts_its_time_queued():
+    # Kueue gated the pod at creation and admitted it before the watcher's first look: the pod's own
+    # timestamps say how long it waited
+    judge = startup()
+    running = pod(gated=False, managed=True, scheduled=("True", None), bound_at=42, phase="Running")
+    assert judge.observe(running, [], at(60)) is True
+    assert judge.queued_s == 42
+    # a pod Kueue does not manage was never queued, however long it took to schedule
+    plain = startup()
+    assert plain.observe(pod(gated=False, scheduled=("True", None), bound_at=42, phase="Running"), [], at(60))
+    assert plain.queued_s is None
 
 
 def test_queue_timeout_ends_the_wait_without_a_retry():
