@@ -1,12 +1,12 @@
 """The S3 gateway of kubetrain's Airflow side, and the repositories of its documents.
 
 :class:`RunStore` reads and writes objects, nothing more, through the amazon provider's S3Hook,
-so connection, retries, endpoint and credentials are the provider's: every call but one goes
-through the hook's own methods (``head_object``, ``get_key``, ``load_bytes``,
-``iter_file_metadata``, ``list_keys``, ``list_prefixes``, ``copy_object``, ``delete_objects``);
-:meth:`RunStore.read_many` uses the hook's boto3 client (``hook.conn``), for the measured reason
-its documentation gives. Objects that a browser shows keep their Content-Type through an S3Hook
-of the same connection whose upload arguments carry it.
+so connection, retries, endpoint and credentials are the provider's: calls go through the
+hook's own methods (``head_object``, ``load_bytes``, ``iter_file_metadata``, ``list_keys``,
+``list_prefixes``, ``copy_object``, ``delete_objects``) or its boto3 client (``hook.conn``):
+reads are one GetObject each (the hook's ``get_key`` adds a HeadObject and a resource object;
+:meth:`RunStore.read_many` has the figures), and an object a browser shows is uploaded with its
+Content-Type as ``load_bytes`` uploads (the hook's ExtraArgs and transfer config).
 
 What the objects are is the repositories' business (:mod:`kubetrain.store`), one per document
 type, reached as attributes: ``store.passes`` (sync pass manifests), ``store.models`` (promoted
@@ -21,6 +21,7 @@ Failures have classes: :class:`FinalPassPending` (the sidecar is not done yet: w
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -104,7 +105,6 @@ class RunStore:
     def __init__(self, hook: S3Hook, layout: S3Layout) -> None:
         self.hook = hook
         self.layout = layout
-        self._typed_hooks: dict[str, S3Hook] = {}
         self.passes = PassRepository(self)
         self.models = ModelRepository(self)
         self.promotions = PromotionRepository(self)
@@ -119,14 +119,50 @@ class RunStore:
         """The object's metadata (``ContentLength``, ``ETag``, ``Metadata``), or ``None`` when it is missing."""
         return self.hook.head_object(key, bucket)
 
+    def head_many(
+        self, bucket: str, keys: Sequence[str], *, workers: int = 8
+    ) -> dict[str, dict[str, Any] | None]:
+        """:meth:`head` of each of ``keys``, in parallel: key -> metadata (``None`` where missing).
+
+        A final sync pass lists a run's checkpoint and output files, ten to a few hundred: one
+        HeadObject after the other cost 0.6 s per sweep trial under a sweep's load (bench/README.md,
+        "sweep").
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        unique = list(dict.fromkeys(keys))
+        if len(unique) <= 1:
+            return {key: self.head(bucket, key) for key in unique}
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, self._pool_size(), len(unique)))) as pool:
+            return dict(zip(unique, pool.map(lambda key: self.head(bucket, key), unique), strict=True))
+
     def read(self, bucket: str, key: str) -> bytes | None:
-        """The object's bytes, or ``None`` when it is missing."""
+        """The object's bytes, or ``None`` when it is missing.
+
+        One GetObject on the hook's boto3 client (``hook.conn``): the hook's ``get_key`` sends a
+        HeadObject before it and builds a boto3 resource object per call, twice the requests for a
+        document of a few KB (see :meth:`read_many`'s measurements).
+        """
         try:
-            return self.hook.get_key(key, bucket).get()["Body"].read()
+            return self.hook.conn.get_object(Bucket=bucket, Key=key)["Body"].read()
         except Exception as exc:
             if is_missing_key(exc):
                 return None
             raise
+
+    def read_files(self, bucket: str, keys: Sequence[str], *, workers: int = 8) -> dict[str, bytes | None]:
+        """The objects at ``keys`` (bytes, ``None`` where missing), read in parallel: key -> bytes."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        unique = list(dict.fromkeys(keys))
+        if len(unique) <= 1:
+            return {key: self.read(bucket, key) for key in unique}
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, self._pool_size(), len(unique)))) as pool:
+            return dict(zip(unique, pool.map(lambda key: self.read(bucket, key), unique), strict=True))
+
+    def _pool_size(self) -> int:
+        # no more threads than the client keeps connections (botocore's max_pool_connections, 10 by default)
+        return getattr(self.hook.conn.meta.config, "max_pool_connections", None) or 10
 
     def read_json(self, bucket: str, key: str) -> Any | None:
         """The object decoded as JSON, or ``None`` when it is missing; a broken document is named in the error."""
@@ -136,8 +172,7 @@ class RunStore:
     def read_many(self, bucket: str, keys: Sequence[str], *, workers: int = 16) -> list[Any | None]:
         """The JSON documents at ``keys``, read in parallel, in the order given (``None`` where missing).
 
-        The one read that does not go through the hook's object methods: it uses the hook's boto3
-        client (``hook.conn``), which threads may share. Measured on the dev stack's S3 server,
+        Threads share the hook's boto3 client (``hook.conn``). Measured on the dev stack's S3 server,
         50 documents of 2 KB (a page of runs): 100 ms as 10 threads of ``get_object`` on the client;
         320 ms through ``get_key`` on a pool of 10 S3Hooks (``get_key`` sends a HEAD before each
         GET, and its boto3 resource may not be shared between threads, so each thread needs a hook
@@ -146,25 +181,8 @@ class RunStore:
 
         :param workers: at most this many reads at once.
         """
-        from concurrent.futures import ThreadPoolExecutor
-
-        if not keys:
-            return []
-        client = self.hook.conn
-
-        def one(key: str) -> Any | None:
-            try:
-                body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
-            except Exception as exc:
-                if is_missing_key(exc):
-                    return None
-                raise
-            return _json(bucket, key, body)
-
-        # no more threads than the client keeps connections (botocore's max_pool_connections, 10 by default)
-        pool_size = getattr(client.meta.config, "max_pool_connections", None) or 10
-        with ThreadPoolExecutor(max_workers=max(1, min(workers, pool_size, len(keys)))) as pool:
-            return list(pool.map(one, keys))
+        bodies = self.read_files(bucket, keys, workers=workers)
+        return [None if bodies[key] is None else _json(bucket, key, bodies[key]) for key in keys]
 
     def write(self, bucket: str, key: str, body: bytes | str, *, content_type: str | None = None) -> str:
         """Write (or replace) an object; return its URI.
@@ -172,18 +190,34 @@ class RunStore:
         :param content_type: the object's Content-Type (default: S3's, ``binary/octet-stream``).
         """
         data = body.encode() if isinstance(body, str) else body
-        hook = self._hook_for(content_type) if content_type else self.hook
-        hook.load_bytes(data, key=key, bucket_name=bucket, replace=True)
+        if not content_type:
+            self.hook.load_bytes(data, key=key, bucket_name=bucket, replace=True)
+            return s3_uri(bucket, key)
+        # What the hook's load_bytes does (upload_fileobj on its client, with its ExtraArgs and
+        # transfer config), plus the Content-Type, which S3Hook takes only from a hook's own
+        # extra_args: a second S3Hook per Content-Type cost a connection lookup and a boto3 client
+        # each, 0.1 s on a quiet dev stack and three of them for every report written.
+        self.hook.conn.upload_fileobj(
+            io.BytesIO(data),
+            bucket,
+            key,
+            ExtraArgs={**self.hook.extra_args, "ContentType": content_type},
+            Config=self.hook.transfer_config,
+        )
         return s3_uri(bucket, key)
 
-    def _hook_for(self, content_type: str) -> S3Hook:
-        # S3Hook's uploads take their ExtraArgs from the hook: one hook per Content-Type.
-        if content_type not in self._typed_hooks:
-            self._typed_hooks[content_type] = type(self.hook)(
-                aws_conn_id=self.hook.aws_conn_id,
-                extra_args={**self.hook.extra_args, "ContentType": content_type},
-            )
-        return self._typed_hooks[content_type]
+    def write_files(
+        self, bucket: str, files: Sequence[tuple[str, bytes | str, str | None]], *, workers: int = 8
+    ) -> None:
+        """Write several objects in parallel: ``(key, body, content_type)`` each."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if len(files) <= 1:
+            for key, body, content_type in files:
+                self.write(bucket, key, body, content_type=content_type)
+            return
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, self._pool_size(), len(files)))) as pool:
+            list(pool.map(lambda item: self.write(bucket, item[0], item[1], content_type=item[2]), files))
 
     def write_json(self, bucket: str, key: str, document: Any) -> str:
         """Write ``document`` as indented JSON; return its URI."""

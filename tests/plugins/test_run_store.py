@@ -86,6 +86,41 @@ def test_read_many_keeps_the_order(store):
         store.read_many("training", [keys[0], prefix + "bad.json"])
 
 
+def test_typed_and_parallel_writes_keep_the_hooks_upload_arguments(client):
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    from kubetrain.run_store import RunStore
+    from kubetrain.s3_layout import S3Layout
+
+    # a connection's upload arguments (here user metadata) apply to every object, typed or not
+    store = RunStore(
+        S3Hook(aws_conn_id="aws_default", extra_args={"Metadata": {"team": "vision"}}), S3Layout()
+    )
+    prefix = f"store/{uuid.uuid4().hex}/"
+    files = [(prefix + f"{n}.png", bytes([n]) * (n + 1), "image/png") for n in range(6)]
+    store.write_files(
+        "training", [*files, (prefix + "r.html", "<p>r</p>", "text/html"), (prefix + "raw", b"x", None)]
+    )
+
+    def metadata(head):  # names as the server keeps them ("Team" here)
+        return {name.lower(): value for name, value in head["Metadata"].items()}
+
+    for key, body, content_type in files:
+        head = client.head_object(Bucket="training", Key=key)
+        assert (head["ContentType"], metadata(head), head["ContentLength"]) == (
+            content_type,
+            {"team": "vision"},
+            len(body),
+        )
+    html = client.head_object(Bucket="training", Key=prefix + "r.html")
+    assert (html["ContentType"], metadata(html)) == ("text/html", {"team": "vision"})
+    assert metadata(client.head_object(Bucket="training", Key=prefix + "raw")) == {"team": "vision"}
+    bodies = store.read_files("training", [files[2][0], prefix + "missing", files[2][0]])
+    assert bodies == {files[2][0]: files[2][1], prefix + "missing": None}
+    heads = store.head_many("training", [files[0][0], prefix + "missing"])
+    assert heads[files[0][0]]["ContentLength"] == 1 and heads[prefix + "missing"] is None
+
+
 def test_the_repositories_hang_off_the_store(store):
     from kubetrain.store.manifests import ManifestRepository
     from kubetrain.store.markers import MarkerRepository

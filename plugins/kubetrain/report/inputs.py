@@ -249,6 +249,10 @@ def image_repository(image: str | None) -> str | None:
         return None
 
 
+#: the output files :func:`load_run_inputs` reads
+REPORT_FILES = ("metrics.json", "history.csv", "params.json", "confusion_matrix.json", "samples.json")
+
+
 def load_run_inputs(
     read: Callable[[str], bytes | None], run_uri: str, *, title: str | None = None
 ) -> ReportInputs | None:

@@ -147,6 +147,16 @@ class PassRepository:
         :param checksums: compare SHA-256 digests too, not only sizes.
         """
         problems = []
+        heads = self.store.head_many(
+            run.bucket,
+            [
+                key
+                for entry in files
+                if entry.get("area") in ("checkpoints", "output")
+                and isinstance(key := entry.get("key"), str)
+                and key.startswith(run.area_prefix(entry["area"]))
+            ],
+        )
         for entry in files:
             area, path, key = entry.get("area"), entry.get("path"), entry.get("key")
             where = f"{area}/{path}"
@@ -159,7 +169,7 @@ class PassRepository:
                     f"{where}: key {key!r} is not inside the run's {area} area {run.area_prefix(str(area))}"
                 )
                 continue
-            head = self.store.head(run.bucket, key)
+            head = heads[key]
             if head is None:
                 problems.append(f"{where}: missing from {s3_uri(run.bucket, key)}")
                 continue

@@ -30,7 +30,13 @@ class ReportRepository:
 
         :param files: file name to bytes.
         """
-        for name, body in files.items():
+
+        def typed(name: str) -> tuple[str, bytes, str]:
             content_type = CONTENT_TYPES.get(name[name.rfind(".") :], "application/octet-stream")
-            self.store.write(run.bucket, run.key("report", name), body, content_type=content_type)
+            return run.key("report", name), files[name], content_type
+
+        # the files in parallel, then report.html: the page appears once what it links to is there
+        self.store.write_files(run.bucket, [typed(name) for name in files if name != "report.html"])
+        if "report.html" in files:
+            self.store.write_files(run.bucket, [typed("report.html")])
         return s3_uri(run.bucket, run.key("report", "report.html"))

@@ -58,11 +58,23 @@ def write_trial(store: RunStore, bucket: str, key: str, record: TrialRecord) -> 
     return store.write(bucket, key, record.to_json(indent=2) + "\n")
 
 
+def early_stop_key(run: RunLocation) -> str:
+    """Key of the sidecar's early-stop decision for ``run`` (``sync/early-stop.json``)."""
+    return f"{run.prefix}/sync/{EARLY_STOP_RECORD}"
+
+
+def parse_early_stop(run: RunLocation, body: bytes | None) -> EarlyStopRecord | None:
+    """The early-stop decision read from :func:`early_stop_key`, or ``None`` when there was none."""
+    return (
+        None
+        if body is None
+        else EarlyStopRecord.from_json(body, where=s3_uri(run.bucket, early_stop_key(run)))
+    )
+
+
 def read_early_stop(store: RunStore, run: RunLocation) -> EarlyStopRecord | None:
     """The sidecar's early-stop decision for ``run`` (``sync/early-stop.json``), or ``None``."""
-    key = f"{run.prefix}/sync/{EARLY_STOP_RECORD}"
-    body = store.read(run.bucket, key)
-    return None if body is None else EarlyStopRecord.from_json(body, where=s3_uri(run.bucket, key))
+    return parse_early_stop(run, store.read(run.bucket, early_stop_key(run)))
 
 
 def load_trial_records(store: RunStore, sweep: SweepLocation) -> dict[int, TrialRecord]:

@@ -34,7 +34,7 @@ from kubetrain.sweep.records import (
     trial_marker_key,
     trial_outcome,
 )
-from kubetrain.sweep.store import read_early_stop, read_trial, write_trial
+from kubetrain.sweep.store import early_stop_key, parse_early_stop, read_early_stop, read_trial, write_trial
 from kubetrain_contract.early_stop import hyperband_bracket
 from kubetrain_contract.trial import TrialRecord
 
@@ -147,6 +147,7 @@ class TrialPodOperator(TrainingPodOperator):
         super().__init__(callbacks=[*given, TrialPodCallbacks], **kwargs)
         # When this task process reached each step after the pod (the trial record's timing).
         self._stamps: dict[str, str] = {}
+        self._prefetched: dict[str, bytes | None] = {}
         # The pod as it stood when its training container finished (TrialPodCallbacks sets it).
         self.pod_state: dict[str, Any] = {}
         self.sweep = sweep
@@ -313,8 +314,11 @@ class TrialPodOperator(TrainingPodOperator):
         return self.record(context, state or {})
 
     def _read(self, run: RunLocation, area: str, name: str) -> bytes | None:
+        key = run.key(area, name)
+        if key in self._prefetched:
+            return self._prefetched[key]
         try:
-            return self.store.read(run.bucket, run.key(area, name))
+            return self.store.read(run.bucket, key)
         except Exception as exc:
             if is_missing_key(exc):
                 return None
@@ -322,12 +326,18 @@ class TrialPodOperator(TrainingPodOperator):
 
     def record(self, context: Context, state: dict[str, Any]) -> dict[str, Any]:
         """Read the trial's outputs, render its report, and write its records."""
-        from kubetrain.report.inputs import load_run_inputs, parse_json
+        from kubetrain.report.inputs import REPORT_FILES, load_run_inputs, parse_json
 
         self._stamps["final_pass"] = _now()
         settings = self.settings()
         run = self.trial_run(context)
         metric, mode = settings["objective"]["metric"], settings["objective"]["mode"]
+        # every file the record and the report read, in parallel: a dozen small GETs one after the
+        # other were a second of each trial's end under a sweep's load
+        self._prefetched = self.store.read_files(
+            run.bucket,
+            [run.key("output", name) for name in (*REPORT_FILES, METRICS_JSONL)] + [early_stop_key(run)],
+        )
         raw_metrics = self._read(run, "output", "metrics.json")
         metrics = parse_json("metrics.json", raw_metrics) if raw_metrics is not None else None
         metrics = metrics if isinstance(metrics, dict) else None
@@ -335,7 +345,7 @@ class TrialPodOperator(TrainingPodOperator):
             metrics_jsonl=self._read(run, "output", METRICS_JSONL),
             history_csv=self._read(run, "output", HISTORY_CSV),
         )
-        early_stop = read_early_stop(self.store, run)
+        early_stop = parse_early_stop(run, self._prefetched[early_stop_key(run)])
         outcome = trial_outcome(metrics, rows, early_stop, self._exit_code(state), metric, mode)
         report_uri = url = None
         inputs = load_run_inputs(lambda name: self._read(run, "output", name), run.uri, title=self._title())
