@@ -392,8 +392,8 @@ def write(raw: dict) -> int:
         ),
         "",
         "Compute saved: 1 - the sweep's summed trainer wall time / the no-stopping sweep's (the same points, "
-        "seed and data); the sweep record's estimate instead prices each stopped trial at its own seconds per "
-        "report times its budget. Overhead per trial: the task's duration minus the trainer's own wall time "
+        "seed and data); the sweep record's estimate instead prices each stopped trial's remaining reports at "
+        "the median hours per report of the trials that trained to their end. Overhead per trial: the task's duration minus the trainer's own wall time "
         "(its training loop). Sweep wall: first trial started to last trial done; ideal: the trainers' summed "
         "wall time / parallel_trials. Each sweep starts once the 1-minute load average has fallen to "
         f"{QUIET_LOAD} (at most 5 minutes' wait); the load during a sweep is its own work. No target is called "
