@@ -85,7 +85,6 @@ sys.path.insert(0, str(REPO / "plugins"))
 from include.devstack.workloads import queued_pod  # noqa: E402
 
 TRAINER_PYTHON = REPO / "trainer" / ".venv" / "bin" / "python"
-SEED_DB = Path(os.environ.get("AIRFLOW_HOME", REPO / ".airflow")) / "airflow.db"
 RESULTS = REPO / "bench" / "results"
 DAG_ID = "train_image_classifier"
 MODEL = "soak-digits"
@@ -968,7 +967,6 @@ def main(argv: list[str] | None = None) -> int:
             tmp / "airflow",
             stack_env,
             port=free_port(),
-            seed_db=SEED_DB,
             pool_slots=1,
             paused_at_creation=True,
             env={

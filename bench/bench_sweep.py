@@ -260,7 +260,6 @@ def main() -> int:
                 Path(tmp) / "airflow",
                 env,
                 port=_free_port(),
-                seed_db=REPO / ".airflow" / "airflow.db",
                 pool_slots=PARALLEL,
                 parallelism=4,
                 paused_at_creation=True,

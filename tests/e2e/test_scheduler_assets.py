@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import secrets
 import subprocess
 import time
@@ -26,7 +25,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER_PYTHON = REPO / "trainer" / ".venv" / "bin" / "python"
-SEED_DB = Path(os.environ.get("AIRFLOW_HOME", REPO / ".airflow")) / "airflow.db"
 WATCH = "watch_datasets"
 TRAIN = "train_image_classifier"
 DATASET_URI = "s3://datasets/digits/"
@@ -94,7 +92,6 @@ def test_new_dataset_version_triggers_one_training_run_and_the_same_bytes_none(d
         tmp_path / "airflow",
         stack_env,
         port=free_port(),
-        seed_db=SEED_DB,
         paused_at_creation=True,
         env={
             "KUBETRAIN_WATCHED_DATASETS": DATASET_URI,
