@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
-from airflow.providers.cncf.kubernetes.utils.container import container_is_completed
+from airflow.providers.cncf.kubernetes.utils.container import container_is_completed, container_is_running
 from airflow.providers.cncf.kubernetes.utils.pod_manager import (
     PodManager,
     PodNotFoundException,
@@ -224,6 +224,27 @@ class TrainingPodManager(PodManager):
             if exc.status != 410:  # 410: the resourceVersion is too old; read the pod again
                 raise
         return self.read_pod(remote)
+
+    # Seconds a log stream that ended waits for its container's status to say why.
+    log_end_wait_seconds = 1.0
+
+    def container_is_running(self, pod: k8s.V1Pod, container_name: str) -> bool:
+        """Whether the container still runs, waiting briefly on a watch when the pod still says so.
+
+        The provider asks this when a followed log stream ends. A container's log ends when its
+        process exits, a moment before the kubelet reports it terminated; reading "running" then,
+        the provider sleeps a second and reads the log again from a second before its last line,
+        logging the container's last lines twice. A watch returns as soon as the status changes,
+        within the second the provider would have slept anyway.
+        """
+        remote = self.read_pod(pod)
+        deadline = time.monotonic() + self.log_end_wait_seconds
+        while container_is_running(pod=remote, container_name=container_name):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            remote = self.await_pod_change(remote, max(1, round(left)))
+        return False
 
     def await_pod_completion(
         self,

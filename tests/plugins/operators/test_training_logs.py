@@ -259,6 +259,19 @@ def test_a_pod_stopped_after_its_checkpoint_is_retried(stack_env, staged):
     assert "returned a failure" in str(failure.value), failure.value
 
 
+def test_a_task_that_waits_in_the_worker_logs_the_last_lines_once(stack_env, staged):
+    # The training container's log ends as it exits, a moment before the kubelet says so: the
+    # provider then read the log again from a second before its end and logged the last lines twice
+    train, context = ticking_pod(stack_env, staged, deferrable=False)
+    with Records() as records:
+        train.execute(context)
+    lines = [line.rstrip("\n") for line in records.lines()]
+    ticks = [line for line in lines if line.startswith("[base] tick")]
+    assert ticks == [f"[base] tick {n} of 5" for n in range(1, 6)], ticks
+    assert lines.count("[base] last line before exit") == 1, lines[-30:]
+    assert not [line for line in lines if "log read interrupted" in line], lines[-30:]
+
+
 def test_unusable_data_fails_without_retries_when_not_deferred(stack_env, staged):
     train, context = ticking_pod(stack_env, staged, exit_code=65, script=EXITING, deferrable=False)
     with Records(), pytest.raises(AirflowFailException) as failure:
