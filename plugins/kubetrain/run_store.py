@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kubetrain.s3_layout import S3Layout, s3_uri
@@ -128,13 +128,7 @@ class RunStore:
         HeadObject after the other cost 0.6 s per sweep trial under a sweep's load (bench/README.md,
         "sweep").
         """
-        from concurrent.futures import ThreadPoolExecutor
-
-        unique = list(dict.fromkeys(keys))
-        if len(unique) <= 1:
-            return {key: self.head(bucket, key) for key in unique}
-        with ThreadPoolExecutor(max_workers=max(1, min(workers, self._pool_size(), len(unique)))) as pool:
-            return dict(zip(unique, pool.map(lambda key: self.head(bucket, key), unique), strict=True))
+        return self._each(lambda key: self.head(bucket, key), keys, workers)
 
     def read(self, bucket: str, key: str) -> bytes | None:
         """The object's bytes, or ``None`` when it is missing.
@@ -152,13 +146,17 @@ class RunStore:
 
     def read_files(self, bucket: str, keys: Sequence[str], *, workers: int = 8) -> dict[str, bytes | None]:
         """The objects at ``keys`` (bytes, ``None`` where missing), read in parallel: key -> bytes."""
+        return self._each(lambda key: self.read(bucket, key), keys, workers)
+
+    def _each(self, call: Callable[[str], Any], keys: Sequence[str], workers: int) -> dict[str, Any]:
+        """``call(key)`` for each distinct key, in parallel on the hook's one client: key -> result."""
         from concurrent.futures import ThreadPoolExecutor
 
         unique = list(dict.fromkeys(keys))
         if len(unique) <= 1:
-            return {key: self.read(bucket, key) for key in unique}
+            return {key: call(key) for key in unique}
         with ThreadPoolExecutor(max_workers=max(1, min(workers, self._pool_size(), len(unique)))) as pool:
-            return dict(zip(unique, pool.map(lambda key: self.read(bucket, key), unique), strict=True))
+            return dict(zip(unique, pool.map(call, unique), strict=True))
 
     def _pool_size(self) -> int:
         # no more threads than the client keeps connections (botocore's max_pool_connections, 10 by default)
@@ -210,14 +208,12 @@ class RunStore:
         self, bucket: str, files: Sequence[tuple[str, bytes | str, str | None]], *, workers: int = 8
     ) -> None:
         """Write several objects in parallel: ``(key, body, content_type)`` each."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        if len(files) <= 1:
-            for key, body, content_type in files:
-                self.write(bucket, key, body, content_type=content_type)
-            return
-        with ThreadPoolExecutor(max_workers=max(1, min(workers, self._pool_size(), len(files)))) as pool:
-            list(pool.map(lambda item: self.write(bucket, item[0], item[1], content_type=item[2]), files))
+        typed = {key: (body, content_type) for key, body, content_type in files}
+        self._each(
+            lambda key: self.write(bucket, key, typed[key][0], content_type=typed[key][1]),
+            list(typed),
+            workers,
+        )
 
     def write_json(self, bucket: str, key: str, document: Any) -> str:
         """Write ``document`` as indented JSON; return its URI."""

@@ -20,7 +20,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from kubetrain import pod_spec
 from kubetrain.links import REPORT_URL_XCOM_KEY, ReportLink, report_url
 from kubetrain.operators.training import NO_RETRY_EXIT_CODES, TrainingPodOperator
-from kubetrain.run_store import FinalPassPending, RunStore, is_missing_key
+from kubetrain.run_store import FinalPassPending, RunStore
 from kubetrain.s3_layout import RunLocation, S3Layout, run_from_context, s3_uri, utc_stamp
 from kubetrain.sweep.records import (
     EXIT_STOPPED,
@@ -315,14 +315,7 @@ class TrialPodOperator(TrainingPodOperator):
 
     def _read(self, run: RunLocation, area: str, name: str) -> bytes | None:
         key = run.key(area, name)
-        if key in self._prefetched:
-            return self._prefetched[key]
-        try:
-            return self.store.read(run.bucket, key)
-        except Exception as exc:
-            if is_missing_key(exc):
-                return None
-            raise
+        return self._prefetched[key] if key in self._prefetched else self.store.read(run.bucket, key)
 
     def record(self, context: Context, state: dict[str, Any]) -> dict[str, Any]:
         """Read the trial's outputs, render its report, and write its records."""
