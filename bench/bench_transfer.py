@@ -455,37 +455,24 @@ def main() -> int:
                         f"s3://training/{d}/checkpoints/",
                     ],
                 }
-            elif sid in "ad":
-                with_crc, plain = manifest
-                clients = {
-                    "trainer.sync": lambda d, m=with_crc: ours + ["--manifest", m, "--data-dir", str(d)],
-                    # the copy s5cmd uploaded: no store checksum, so the MD5 of every object
-                    NO_STORE_CHECKSUM: lambda d, m=plain: ours + ["--manifest", m, "--data-dir", str(d)],
-                    "s5cmd": lambda d, p=prefix: [
-                        s5,
-                        "--endpoint-url",
-                        endpoint,
-                        "cp",
-                        f"s3://datasets/{p}*",
-                        f"{d}/",
-                    ],
-                    "awscli": lambda d, p=prefix: [
-                        aws,
-                        "s3",
-                        "cp",
-                        "--recursive",
-                        "--only-show-errors",
-                        f"s3://datasets/{p}",
-                        str(d),
-                    ],
-                }
             else:
+                if sid in "ad":
+                    with_crc, plain = manifest
+                    ours_rows = {
+                        "trainer.sync": lambda d, m=with_crc: ours + ["--manifest", m, "--data-dir", str(d)],
+                        # the copy s5cmd uploaded: no store checksum, so the MD5 of every object
+                        NO_STORE_CHECKSUM: lambda d, m=plain: ours + ["--manifest", m, "--data-dir", str(d)],
+                    }
+                else:
+                    ours_rows = {
+                        "trainer.sync": lambda d, m=manifest: ours + ["--manifest", m, "--data-dir", str(d)],
+                        # the same transfer with the MD5 of every object, to show what that costs
+                        "trainer.sync --verify md5": lambda d, m=manifest: (
+                            ours + ["--manifest", m, "--data-dir", str(d), "--verify", "md5"]
+                        ),
+                    }
                 clients = {
-                    "trainer.sync": lambda d, m=manifest: ours + ["--manifest", m, "--data-dir", str(d)],
-                    # the same transfer with the MD5 of every object, to show what that costs
-                    "trainer.sync --verify md5": lambda d, m=manifest: (
-                        ours + ["--manifest", m, "--data-dir", str(d), "--verify", "md5"]
-                    ),
+                    **ours_rows,
                     "s5cmd": lambda d, p=prefix: [
                         s5,
                         "--endpoint-url",
