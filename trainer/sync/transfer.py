@@ -226,6 +226,26 @@ class Downloader:
         """
         done: queue.SimpleQueue = queue.SimpleQueue()
         running: dict[int, tuple[Download, object]] = {}
+        # A small object's check reads its file back and hashes it: done by one more thread (the
+        # read and the hash let go of the GIL), so this one goes on starting downloads meanwhile.
+        checker = ThreadPoolExecutor(1, thread_name_prefix="check") if self.verify == "auto" else None
+        checking = 0  # checks handed to the checker, not yet answered
+
+        def next_event() -> None:
+            nonlocal checking
+            event = done.get()
+            if type(event) is tuple:  # ("checked", error or None) from the checker
+                checking -= 1
+                if event[1] is not None:
+                    raise event[1]
+                return
+            d, handle = running.pop(event)
+            if checker is not None and d._engine_checks:
+                checking += 1
+                checker.submit(self._finish_and_answer, d, handle, done)
+            else:
+                self._finish(d, handle)
+
         # what exists now (modules, classes, the manifest) lives to the end: keep the collector
         # from walking it again every few thousand objects (gc_collect showed in the profile)
         gc.freeze()
@@ -237,12 +257,16 @@ class Downloader:
             self._plan_ranged(items)
             for i, d in enumerate(items):
                 while len(running) >= self.workers:
-                    self._finish(*running.pop(done.get()))
+                    next_event()
                 self._plan(d)
                 running[i] = (d, self._start(d, i, done) if d.size else _EmptyObject(self, d, i, done))
-            while running:
-                self._finish(*running.pop(done.get()))
+            while running or checking:
+                next_event()
+            if checker is not None:
+                checker.shutdown()
         except BaseException:
+            if checker is not None:  # no check may still read a file about to be removed
+                checker.shutdown(wait=True, cancel_futures=True)
             for _, handle in running.values():
                 handle.cancel()
             for _, handle in running.values():
@@ -427,6 +451,14 @@ class Downloader:
             on_finished=lambda: done.put(index),
         )
         return handle
+
+    def _finish_and_answer(self, d: Download, handle, done: queue.SimpleQueue) -> None:
+        try:
+            self._finish(d, handle)
+        except BaseException as exc:  # noqa: BLE001 - raised by run(), in its thread
+            done.put(("checked", exc))
+        else:
+            done.put(("checked", None))
 
     def _finish(self, d: Download, handle) -> None:
         try:
