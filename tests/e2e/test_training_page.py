@@ -136,8 +136,9 @@ def runs(stack, ui):
 def page(tmp_path):
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (`make setup` does)")
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    expect.set_options(timeout=30_000)  # as ui_support.chromium_page: assertions wait like actions
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
             str(tmp_path / "chromium-profile"),

@@ -99,7 +99,7 @@ def test_trigger_from_the_form_and_follow_the_report_link(ui, page, tmp_path):
     epochs_field.fill(str(epochs))
     submit = form.get_by_role("button", name="Trigger", exact=True)
     try:
-        expect(submit).to_be_enabled(timeout=5_000)
+        expect(submit).to_be_enabled()
     except AssertionError:
         # The form takes an empty text field for a missing value, which only a "null"-typed Param allows.
         empty = form.locator("input[name^='element_']").evaluate_all(

@@ -85,8 +85,11 @@ def chromium_page(profile: Path):
     """A headless Chromium page (Debian's chromium, driven by Playwright)."""
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (`make setup` does)")
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    # a loaded machine renders the UI slowly: every action and every assertion waits for its
+    # condition up to 30 s (Playwright's assertions have a default of their own, 5 s)
+    expect.set_options(timeout=30_000)
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
             str(profile),
