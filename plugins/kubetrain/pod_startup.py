@@ -257,7 +257,9 @@ class PodStartup:
         ):
             # Admitted. The watcher may have missed the gated pod altogether (Kueue admitted it between two
             # looks), so the time queued is the pod's own: from its creation until the scheduler bound it
-            # (PodScheduled's transition; an upper bound by the bind's latency), or until now.
+            # (PodScheduled's transition; an upper bound by the bind's latency), or until now. Both
+            # timestamps have whole seconds: a wait under a second can read 0 from them, so a wait this
+            # watcher saw gated keeps what it saw as its least.
             self.first_seen["admitted"] = now
             scheduled = _condition(pod, "PodScheduled")
             bound = (
@@ -267,7 +269,8 @@ class PodStartup:
             )
             created = _timestamp(pod.metadata.creation_timestamp)
             if created is not None:
-                self.queued_s = max((min(bound or now, now) - created).total_seconds(), 0.0)
+                stamped = max((min(bound or now, now) - created).total_seconds(), 0.0)
+                self.queued_s = max(stamped, self.queued_s or 0.0)
         if phase not in (None, "Pending", "Unknown"):
             return True
         waiting = _waiting(pod)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from kubernetes import client
@@ -54,6 +55,12 @@ def preempt_once_checkpointed(core, dag_id: str, stop: threading.Event, seen: di
                 ]
                 if gated:
                     seen["requeued"] = gated
+                    # a high-priority workload runs a while: it ends once the replacement has waited
+                    # two seconds behind it (the pod's timestamps have whole seconds; a shorter wait
+                    # could read as none)
+                    created = min(p.metadata.creation_timestamp for p in pods if p.metadata.name in gated)
+                    while not stop.is_set() and datetime.now(UTC) - created < timedelta(seconds=2):
+                        stop.wait(0.2)
                     break
             stop.wait(0.5)
     finally:

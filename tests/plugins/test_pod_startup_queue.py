@@ -87,6 +87,15 @@ def test_the_time_queued_ends_where_the_scheduler_bound_the_admitted_pod():
     assert judge.queued_s == 50
 
 
+def test_a_wait_seen_gated_is_not_lost_to_whole_second_timestamps():
+    # gated when looked at 0.8 s after its creation; its bind stamped in its creation's second
+    judge = startup()
+    judge.observe(pod(gated=True, managed=True), [], at(0.8))
+    bound = pod(gated=False, managed=True, scheduled=("True", None), bound_at=0, phase="Running")
+    assert judge.observe(bound, [], at(1.2)) is True
+    assert judge.queued_s == pytest.approx(0.8)
+
+
 def test_a_managed_pod_admitted_between_two_looks_still_counts_its_time_queued():
     # Kueue gated the pod at creation and admitted it before the watcher's first look: the pod's own
     # timestamps say how long it waited
