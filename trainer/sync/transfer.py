@@ -413,7 +413,7 @@ class Downloader:
                 checksum = store_checksum(headers)
                 if checksum:  # the store keeps a checksum: it replaces the MD5
                     d.checksum = checksum
-                    if not d._to_file:  # else the engine checks it
+                    if not d._to_file:  # else hashed from the file the engine writes
                         d._segments = [_Segment(0, d.size, checksum_factory(checksum[0]))]
                     d.verified_by = f"size+etag+{checksum[0]}(store)"
 
