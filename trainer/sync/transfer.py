@@ -170,6 +170,7 @@ class Download:
     _next: int = 0
     _to_file: bool = False  # nothing to hash in Python as it arrives: the engine writes the file itself
     _engine_checks: bool = False  # a whole object the engine writes, hashed from its file afterwards
+    _file_hash: Callable[[], object] | None = None  # its hash, planned (a store checksum found later wins)
     _etag_is_md5: bool = True
     _md5_allowed: bool = True
 
@@ -373,7 +374,7 @@ class Downloader:
             and (new_hash is None or (new_hash is hashlib.md5 and not multi))
         )
         if d._engine_checks:
-            new_hash = None
+            d._file_hash, new_hash = new_hash, None
         if multi and d.part_size and new_hash is hashlib.md5:
             bounds = [(s, min(d.part_size, d.size - s)) for s in range(0, d.size, d.part_size)] or [(0, 0)]
         else:
@@ -470,12 +471,8 @@ class Downloader:
                 os.close(d._fd)
                 d._fd = -1
         if d._to_file:
-            new_hash = None
-            if d._engine_checks and self.verify == "auto":
-                if d.checksum:  # the store's, from the response's headers
-                    new_hash = checksum_factory(d.checksum[0])
-                elif d._md5_allowed and _SINGLE.fullmatch(strip_etag(d.etag or "")):
-                    new_hash = hashlib.md5
+            # the store's checksum, from the response's headers, else the hash planned for it
+            new_hash = checksum_factory(d.checksum[0]) if d._engine_checks and d.checksum else d._file_hash
             try:
                 d._next = self._hash_file(d, new_hash) if new_hash else os.stat(d.dest).st_size
             except OSError as exc:
