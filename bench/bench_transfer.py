@@ -79,6 +79,28 @@ def ensure_tools() -> None:
         )
 
 
+def compile_tool() -> None:
+    """Compile the pod-side tool's bytecode, as its image does at build time (trainer/Dockerfile.sync).
+
+    ``make`` runs everything with PYTHONDONTWRITEBYTECODE, so each stage-in of a fresh checkout
+    would otherwise compile the tool's modules again before its first request (about 30 ms of
+    every run), which no stage-in in a pod pays.
+    """
+    subprocess.run(
+        [
+            str(REPO / "trainer" / ".venv" / "bin" / "python"),
+            "-m",
+            "compileall",
+            "-q",
+            "trainer/sync",
+            "trainer/kubetrain_contract",
+        ],
+        cwd=REPO,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
 def ensure_s3rver() -> None:
     if not (S3RVER_DIR / "node_modules" / ".bin" / "s3rver").exists():
         print(f"bench: installing {S3RVER_PIN} into .tools/s3rver", flush=True)
@@ -341,6 +363,7 @@ def main() -> int:
     if not args.scenarios:
         parser.error("--scenarios names none of a, b, d, e")
     ensure_tools()
+    compile_tool()
     import boto3
     from sync_support.faultproxy import FaultProxy
 

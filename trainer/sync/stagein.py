@@ -12,11 +12,11 @@ manifest from S3.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
 import shutil
-import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,18 +172,26 @@ def _check_space(directory: Path, needed: int) -> None:
 
 
 def _publish(objects: Path, data_dir: Path) -> None:
-    """Move the staged entries into DATA_DIR, replacing what an earlier stage-in left."""
+    """Move the staged entries into DATA_DIR, replacing what an earlier stage-in left.
+
+    A rename replaces a file in place; only an entry the rename cannot replace (a directory, or
+    a file where a directory goes) is removed first, so a fresh DATA_DIR costs one call per entry.
+    """
     for name in sorted(os.listdir(objects)):
-        dst = data_dir / name
+        src, dst = objects / name, data_dir / name
         try:
-            st = os.lstat(dst)  # one call per entry: a dataset may hold thousands at its top
-        except FileNotFoundError:
-            st = None
-        if st is not None and stat.S_ISDIR(st.st_mode):
+            os.rename(src, dst)
+            continue
+        except (IsADirectoryError, NotADirectoryError, FileExistsError):
+            pass
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
+        if os.path.isdir(dst) and not os.path.islink(dst):
             shutil.rmtree(dst)
-        elif st is not None:
+        else:
             dst.unlink()
-        os.rename(objects / name, dst)
+        os.rename(src, dst)
 
 
 def _cache_entries(manifest: DatasetManifest) -> list[dict]:

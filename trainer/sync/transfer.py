@@ -31,6 +31,7 @@ import hashlib
 import os
 import queue
 import re
+import threading
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -229,21 +230,15 @@ class Downloader:
         running: dict[int, tuple[Download, object]] = {}
         # A small object's check reads its file back and hashes it: done by one more thread (the
         # read and the hash let go of the GIL), so this one goes on starting downloads meanwhile.
-        checker = ThreadPoolExecutor(1, thread_name_prefix="check") if self.verify == "auto" else None
-        checking = 0  # checks handed to the checker, not yet answered
+        checker = _Checker(self._finish, done) if self.verify == "auto" else None
 
         def next_event() -> None:
-            nonlocal checking
             event = done.get()
-            if type(event) is tuple:  # ("checked", error or None) from the checker
-                checking -= 1
-                if event[1] is not None:
-                    raise event[1]
-                return
+            if type(event) is not int:  # the checker's first failure
+                raise event
             d, handle = running.pop(event)
             if checker is not None and d._engine_checks:
-                checking += 1
-                checker.submit(self._finish_and_answer, d, handle, done)
+                checker.check(d, handle)
             else:
                 self._finish(d, handle)
 
@@ -261,13 +256,13 @@ class Downloader:
                     next_event()
                 self._plan(d)
                 running[i] = (d, self._start(d, i, done) if d.size else _EmptyObject(self, d, i, done))
-            while running or checking:
+            while running:
                 next_event()
             if checker is not None:
-                checker.shutdown()
+                checker.finish()
         except BaseException:
             if checker is not None:  # no check may still read a file about to be removed
-                checker.shutdown(wait=True, cancel_futures=True)
+                checker.finish(cancel=True)
             for _, handle in running.values():
                 handle.cancel()
             for _, handle in running.values():
@@ -453,14 +448,6 @@ class Downloader:
         )
         return handle
 
-    def _finish_and_answer(self, d: Download, handle, done: queue.SimpleQueue) -> None:
-        try:
-            self._finish(d, handle)
-        except BaseException as exc:  # noqa: BLE001 - raised by run(), in its thread
-            done.put(("checked", exc))
-        else:
-            done.put(("checked", None))
-
     def _finish(self, d: Download, handle) -> None:
         try:
             handle.wait()
@@ -549,6 +536,48 @@ class Downloader:
                     f'{d.uri}: ETag mismatch: content hashes to "{got}", expected {d.etag}{hint}; refused'
                 )
         self.progress.add(objects=1)
+
+
+class _Checker:
+    """One thread that finishes (checks) the downloads handed to it, in order.
+
+    It answers the thread that started the downloads only with its first failure (put on that
+    thread's queue of completions), not once per object: a queue put, a wake-up and a GIL hand-off
+    per object less than a ``ThreadPoolExecutor`` with a result per check (bench/notes/transfer-profile.md).
+    """
+
+    def __init__(self, finish: Callable[[Download, object], None], done: queue.SimpleQueue) -> None:
+        self._finish = finish
+        self._done = done
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._failed = False
+        self._thread = threading.Thread(target=self._run, name="check", daemon=True)
+        self._thread.start()
+
+    def check(self, d: Download, handle: object) -> None:
+        self._work.put((d, handle))
+
+    def finish(self, cancel: bool = False) -> None:
+        """Wait for every check handed over (or, with ``cancel``, only the one under way)."""
+        if cancel:
+            self._failed = True  # the rest are skipped
+        self._work.put(None)
+        self._thread.join()
+        if not cancel:  # a failure the main thread has not taken from its queue yet
+            while not self._done.empty():
+                event = self._done.get()
+                if type(event) is not int:
+                    raise event
+
+    def _run(self) -> None:
+        while (item := self._work.get()) is not None:
+            if self._failed:
+                continue
+            try:
+                self._finish(*item)
+            except BaseException as exc:  # noqa: BLE001 - raised by Downloader.run, in its thread
+                self._failed = True
+                self._done.put(exc)
 
 
 class _EmptyObject:

@@ -367,3 +367,42 @@ def test_read_only_target_directory_is_a_clear_error(s3_server, dataset, tmp_pat
         )
     finally:
         subprocess.run(["umount", str(data)], check=True)
+
+
+def test_publishing_replaces_what_an_earlier_stage_in_left_whatever_its_kind(tmp_path):
+    from trainer.sync.stagein import _publish
+
+    data, objects = tmp_path / "data", tmp_path / "staging" / "objects"
+    for path, text in {
+        "file.txt": "new file",  # replaces a file
+        "was_dir": "a file where a directory was",
+        "was_file/inner.txt": "a directory where a file was",
+        "full_dir/new.txt": "a directory where a directory with other files was",
+        "link/x.txt": "a directory where a symbolic link to a directory was",
+    }.items():
+        (objects / path).parent.mkdir(parents=True, exist_ok=True)
+        (objects / path).write_text(text)
+    (data / "was_dir").mkdir(parents=True)
+    (data / "was_dir" / "old.txt").write_text("old")
+    (data / "file.txt").write_text("old file")
+    (data / "was_file").write_text("old")
+    (data / "full_dir").mkdir()
+    (data / "full_dir" / "old.txt").write_text("old")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "kept.txt").write_text("not DATA_DIR's")
+    (data / "link").symlink_to(tmp_path / "elsewhere")
+    (data / "untouched.txt").write_text("not in the new snapshot")
+
+    _publish(objects, data)
+
+    assert os.listdir(objects) == []
+    assert {str(p.relative_to(data)): p.read_text() for p in sorted(data.rglob("*")) if p.is_file()} == {
+        "file.txt": "new file",
+        "full_dir/new.txt": "a directory where a directory with other files was",
+        "link/x.txt": "a directory where a symbolic link to a directory was",
+        "untouched.txt": "not in the new snapshot",
+        "was_dir": "a file where a directory was",
+        "was_file/inner.txt": "a directory where a file was",
+    }
+    assert not (data / "link").is_symlink()
+    assert (tmp_path / "elsewhere" / "kept.txt").read_text() == "not DATA_DIR's"  # a link is not followed
