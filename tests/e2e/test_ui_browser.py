@@ -219,9 +219,14 @@ def test_the_form_unpauses_and_triggers_five_times_in_a_row_and_every_run_starts
     answers = []
     for attempt in range(5):
         ui.set_paused(DAG_ID, True)
-        page.reload()
+        # the DAG's own page each time: the UI moves to the new run's page after a trigger, and that
+        # page polls the running run's task instances, which is what the machine was busiest with
+        page.goto(f"{ui.url}/dags/{DAG_ID}")
         page.get_by_role("button", name="Trigger").first.click()
         form = page.get_by_role("dialog")
+        # the form renders once the DAG's details and Params have arrived: with the suite and two
+        # CPU hogs beside it, an attempt took about a minute and the form once more than 30 s
+        expect(form).to_be_visible(timeout=120_000)
         expect(form.get_by_role("checkbox", name=f"Unpause {DAG_ID} on trigger")).to_be_checked()
         submit = form.get_by_role("button", name="Trigger", exact=True)
         expect(submit).to_be_enabled()
