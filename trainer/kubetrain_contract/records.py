@@ -108,15 +108,10 @@ def _bad(value: Any, tp: Any, where: str, path: str) -> RecordError:
 
 # A converter turns a document's value into the field's type: ``conv(value, where, path)``, raising
 # RecordError that names the document, the field and what was expected. One is built per type and
-# kept: a dataset manifest of 2,000 objects was read in 55 ms when each value's type was taken
+# kept: a dataset manifest of 2,000 objects was read in 47 ms when each value's type was taken
 # apart again (``get_origin`` per value), in 12 ms with them (stage-in's start,
 # bench/notes/transfer-profile.md).
 _Converter = typing.Callable[[Any, str, str], Any]
-
-
-def _convert(value: Any, tp: Any, where: str, path: str) -> Any:
-    """``value`` as ``tp`` (nested dataclasses built), or :class:`RecordError`."""
-    return _converter(tp)(value, where, path)
 
 
 @functools.cache

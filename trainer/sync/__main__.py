@@ -555,7 +555,7 @@ if __name__ == "__main__":
     # Every command's work is done and its files closed here. The interpreter's own teardown (the
     # engine's event-loop threads joined, every module's objects freed) cost a stage-in of 2,000
     # objects 80 ms of wall time after its last file was in place (bench/notes/transfer-profile.md),
-    # half as long as the whole start of s5cmd's: skipped, as the sidecar does on its way out.
+    # about half as long as its own start: skipped, as the sidecar does on its way out.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
