@@ -91,6 +91,10 @@ $(STAMPS)/kubectl-$(KUBECTL_VERSION): | $(UV)
 $(VENV)/.synced: requirements.lock Makefile | $(UV)
 	@[ -x $(VENV)/bin/python ] || $(UV) venv --quiet --python $(PYTHON) $(VENV)
 	$(UV) pip sync --quiet --compile-bytecode --python $(VENV)/bin/python requirements.lock
+	@# the wheel's declared dependencies resolved once against the lock, so that uv's cache holds every
+	@# index page tests/test_provider_dist.py's offline install reads (a sync takes wheels already in the
+	@# cache without reading their project's page: apache-airflow's was missing on a fresh machine)
+	$(UV) pip compile --quiet --all-extras --constraint requirements.lock pyproject.toml -o /dev/null
 	@touch $@
 
 $(TVENV)/.synced: trainer/requirements.lock Makefile | $(UV)
