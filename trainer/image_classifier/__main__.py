@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
+from trainer.common.cli import exit_process
 from trainer.image_classifier.train import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -238,3 +238,22 @@ def test_sample_data_generators_run_as_modules(tmp_path):
     assert "4 images in 2 classes" in out.stdout
     with zipfile.ZipFile(tmp_path / "d.zip") as archive:
         assert sorted({n.split("/")[1] for n in archive.namelist()}) == ["3", "7"]
+
+
+def test_the_process_ends_with_its_code_after_its_exit_handlers_and_buffered_output():
+    """exit_process skips only the interpreter's teardown: the exit handlers (logging's flush among
+    them) run, what sits in the streams' buffers reaches the pipe, and the exit code is the one given."""
+    code = (
+        "import atexit, logging, sys\n"
+        "from trainer.common.cli import exit_process, setup_logging\n"
+        "setup_logging()\n"
+        "atexit.register(lambda: sys.stdout.write('exit handler ran\\n'))\n"
+        "sys.stdout.write('a line still in the buffer')\n"
+        "logging.getLogger('kubetrain.trainer').info('the last log line')\n"
+        "exit_process(79)\n"
+        "print('never')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 79, proc.stderr
+    assert proc.stdout == "a line still in the bufferexit handler ran\n"
+    assert proc.stderr.rstrip().endswith("INFO the last log line"), proc.stderr
