@@ -138,3 +138,29 @@ def test_html_templates_autoescape_and_markdown_ones_do_not(name, escaped):
     page = environment().get_template(f"report/{name}").render(values)
     assert (ESCAPED in page) is escaped and (HOSTILE in page) is not escaped
     assert (TEMPLATES / "report" / name).is_file()
+
+
+def test_after_the_warm_up_a_report_renders_without_loading_anything_more():
+    """A sweep trial's task warms the renderer while its pod runs (TrialPodCallbacks.on_pod_starting):
+    rendering a report afterwards, in the same process, imports no module and opens no template."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys\n"
+        "sys.path[:0] = ['tests/plugins', 'plugins', 'trainer']\n"
+        "from test_report_render import run_inputs\n"
+        "from kubetrain.report.render import environment, render_report, warm_up\n"
+        "assert 'matplotlib' not in sys.modules\n"
+        "inputs = run_inputs()\n"
+        "warm_up()\n"
+        "modules, templates = set(sys.modules), len(environment().cache)\n"
+        "files = render_report(inputs)\n"
+        "assert files['report.html'] and any(name.endswith('.png') for name in files), sorted(files)\n"
+        "print(sorted(set(sys.modules) - modules), len(environment().cache) - templates)\n"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["[]", "0"], proc.stdout

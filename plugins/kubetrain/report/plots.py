@@ -25,6 +25,17 @@ def _png(figure) -> bytes:
     return buffer.getvalue()
 
 
+def warm_up() -> None:
+    """Draw one small plot with text to PNG, so that matplotlib's modules, its font cache and the
+    font are loaded before a report is rendered in this process (about 0.4 s of a first render)."""
+    figure = _figure(1.0, 1.0)
+    axes = figure.add_subplot()
+    axes.plot([0, 1], [0, 1])
+    axes.set_title("warm-up")
+    _epoch_axis(axes)
+    _png(figure)
+
+
 def _epoch_axis(axes) -> None:
     from matplotlib.ticker import MaxNLocator
 

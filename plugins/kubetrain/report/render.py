@@ -107,6 +107,18 @@ def render_page(template: str, values: Mapping[str, Any]) -> str:
     return environment().get_template(f"report/{template}").render(values)
 
 
+def warm_up() -> None:
+    """Load what rendering a report takes (the templates compiled, matplotlib and its font),
+    so that a process which renders one later, such as a sweep trial's task at its pod's end,
+    does not pay for it then."""
+    from kubetrain.report import plots
+
+    env = environment()
+    for name in env.list_templates(filter_func=lambda name: name.startswith("report/")):
+        env.get_template(name)  # the pages' own and what they extend and import
+    plots.warm_up()
+
+
 def report_files(kind: str, plots: Plots, values: Mapping[str, Any]) -> dict[str, bytes]:
     """Every file of a report by name: ``report.html``, ``report.md`` and the PNG plots.
 

@@ -89,7 +89,21 @@ class TrialPodCallbacks(KubernetesPodOperatorCallback):
     The KubernetesPodOperator calls ``on_pod_completion`` with the pod as it reads it then, both
     in its worker process and when a deferred task resumes, before it raises for a failed pod; so
     one code path sees the training container's exit code and times, whichever way the task waited.
+
+    A task that waits for its pod in its worker process (``on_pod_starting`` is called only there)
+    loads what rendering the trial's report takes while the trainer starts, instead of after the
+    pod's end, while the trial holds one of the sweep's ``parallel_trials`` (about 0.4 s a trial).
     """
+
+    @staticmethod
+    def on_pod_starting(*, operator: Any, **kwargs: Any) -> None:
+        if isinstance(operator, TrialPodOperator):
+            from kubetrain.report.render import warm_up
+
+            try:
+                warm_up()
+            except Exception as exc:  # a renderer that cannot load fails at the trial's end, as without this
+                operator.log.warning("The report renderer did not load ahead of the trial's end: %s", exc)
 
     @staticmethod
     def on_pod_completion(*, pod: k8s.V1Pod, operator: Any, **kwargs: Any) -> None:
