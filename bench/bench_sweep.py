@@ -3,7 +3,8 @@
 Starts a private dev stack with kubetrain's trainer and sync images in its registry, uploads
 the digits demo data and runs sweep_image_classifier three times under a real Airflow (scheduler,
 triggerer, LocalExecutor; the ``gpu`` pool 2 slots): the same space, seed, data and trial count,
-2 trials at a time, ``force`` on so that no sweep reuses another's trials. The space is the
+2 trials at a time, ``force`` on so that no sweep reuses another's trials, after a short sweep
+that is not measured (:func:`warm_up`: the images pulled onto the node). The space is the
 learning rate alone, 1e-5 to 1 log-uniform, at a fixed short budget of epochs on small images: a
 good share of its points (the low learning rates) stay bad to the end, which is where a rule that
 stops by rank can save compute (bench/README.md, "sweep", says why). From the trial records (S3)
@@ -98,6 +99,20 @@ def publish_images(stack: Stack) -> None:
         base="debian",
         rootfs=IMAGE_ROOTFS,
     )
+
+
+def warm_up(ui: AirflowUI) -> float:
+    """A sweep of one short trial per slot, not measured: the node pulls the trainer and sync images
+    and Airflow parses and runs the sweep DAG once, so that the three measured sweeps start alike.
+    Without it the first sweep alone paid the node's image pull (25 s in each of its first two
+    trials' pod start, on 4201195). Returns its wall time."""
+    start = time.monotonic()
+    conf = {**CONF, "max_trials": PARALLEL, "epochs": 1, "early_stopping": {"rule": "off"}}
+    run_id = ui.trigger(DAG_ID, conf)
+    run = ui.wait_run(DAG_ID, run_id, timeout=1800)
+    if run["state"] != "success":
+        raise SystemExit(f"the warm-up sweep {run_id} ended {run['state']}")
+    return time.monotonic() - start
 
 
 def run_sweep(ui: AirflowUI, s3, early_stopping: dict) -> dict:
@@ -268,6 +283,8 @@ def main() -> int:
             with ui:
                 ui.wait_dags([DAG_ID])
                 ui.set_paused(DAG_ID, False)
+                print("== warm-up sweep (the images onto the node; not measured) ...", flush=True)
+                print(f"== warm-up sweep: {warm_up(ui):.0f} s", flush=True)
                 for name, rule in VARIANTS.items():
                     load = settle()
                     start = time.monotonic()
@@ -394,7 +411,9 @@ def write(raw: dict) -> int:
         "seed and data); the sweep record's estimate instead prices each stopped trial's remaining reports at "
         "the median hours per report of the trials that trained to their end. Overhead per trial: the task's duration minus the trainer's own wall time "
         "(its training loop). Sweep wall: first trial started to last trial done; ideal: the trainers' summed "
-        "wall time / parallel_trials. Each sweep starts once the 1-minute load average has fallen to "
+        "wall time / parallel_trials. Before the three, a sweep of one 1-epoch trial per slot, not measured, "
+        "pulls the images onto the node and runs the DAG once, so that every sweep starts alike. "
+        "Each sweep starts once the 1-minute load average has fallen to "
         f"{QUIET_LOAD} (at most 5 minutes' wait); the load during a sweep is its own work. No target is called "
         f"met when the load before a sweep stayed above {QUIET_LOAD} on the {os.cpu_count()} CPUs: other work "
         "was running, the trials then waited for a core (and asha's rung decisions depend on when the trials "
