@@ -64,6 +64,8 @@ TEMPORARY = re.compile(r"(\.tmp|_temp|\.partial$|\.part$|~$|^\.#|\.swp$|^\.kubet
 FINAL_PASS_RETRIES = 3
 # seconds of the grace period kept for the final manifest after the uploads
 MANIFEST_RESERVE = 2.0
+# threads of a pass that takes recent files: each holds still for `settle` seconds in its own
+SETTLE_THREADS = 64
 # seconds between looks at the trial's reports when it may be stopped early (a stat of two files)
 STOP_CHECK_INTERVAL = 1.0
 # TensorFlow's checkpoint index (a CheckpointState text proto, written by rename after the
@@ -412,11 +414,23 @@ class Sidecar:
                 f"{len(plan.todo)} files ({human_bytes(nbytes)}) to upload"
             )
         self.unsettled = False
-        pool = ThreadPoolExecutor(self.config.workers, thread_name_prefix="put")
+        # At most `workers` files read and sent at once (this pass's permits: an upload an earlier,
+        # abandoned pass left hanging holds none of them). A recent file then holds still for
+        # `settle` seconds in its own thread, holding no permit: every file a trainer wrote last
+        # is recent in the final pass (18 of 18 at the end of a sweep trial), and with `workers`
+        # threads they settled in waves: that final pass took 1.6 s at 8 workers and a settle of
+        # 0.5 s, and takes 0.6 s with a thread each.
+        requests = threading.BoundedSemaphore(self.config.workers)
+        recent = sum(1 for c in plan.todo if c.recent)
+        threads = max(self.config.workers, min(recent, SETTLE_THREADS))
+        pool = ThreadPoolExecutor(threads, thread_name_prefix="put")
         futures: dict[Future[bool], tuple[str, str]] = {}
         batch = plan.todo
         for _ in range(1 if plan.final else 3):
-            round_ = {pool.submit(self._sync_file, c.ident, c.path, c.recent, plan.final): c for c in batch}
+            round_ = {
+                pool.submit(self._sync_file, c.ident, c.path, c.recent, plan.final, requests): c
+                for c in batch
+            }
             futures.update({fut: c.ident for fut, c in round_.items()})
             pending = self._wait_round(pool, set(round_), futures, deadline)
             batch = [
@@ -566,30 +580,47 @@ class Sidecar:
 
     # -- one file ------------------------------------------------------------------------
 
-    def _sync_file(self, ident: tuple[str, str], path: Path, recent: bool, final: bool) -> bool:
-        """Upload one file; True when it changed while it was read or sent (then it is not listed)."""
+    def _sync_file(
+        self, ident: tuple[str, str], path: Path, recent: bool, final: bool, requests: threading.Semaphore
+    ) -> bool:
+        """Upload one file; True when it changed while it was read or sent (then it is not listed).
+
+        ``requests`` bounds the pass's concurrent S3 requests (``workers``).
+        """
         if self.stop.is_set() and not final:
             return False
         try:
-            return self._sync_existing(ident, path, recent, final)
+            return self._sync_existing(ident, path, recent, final, requests)
         except FileNotFoundError:
             # deleted since the scan (trainers prune old checkpoints): no longer part of the set
             self.entries.pop(ident, None)
             return False
 
-    def _sync_existing(self, ident: tuple[str, str], path: Path, recent: bool, final: bool) -> bool:
+    def _sync_existing(
+        self, ident: tuple[str, str], path: Path, recent: bool, final: bool, requests: threading.Semaphore
+    ) -> bool:
         area, rel = ident
         key = f"{self.config.run.key.rstrip('/')}/{area}/{rel}"
         began = time.monotonic()
         before = Stat.of(path)
         entry = self.entries.get(ident)
+        data: bytes | None = None
+        # a permit of the pass's `requests` from the read to the end of the upload: at most
+        # `workers` files read, held in memory and sent at once, as with `workers` threads
+        requests.acquire()
+        holding = True
         try:
             if before.size <= SINGLE_PUT_LIMIT:
                 data = _read_all(path, before.size)
                 if Stat.of(path) != before:
                     raise _Changed()
                 if path.name == CHECKPOINT_INDEX:
-                    self._sync_named_checkpoint(ident, path, data, final)
+                    # the files it names take permits of their own: this one is not held meanwhile
+                    requests.release()
+                    holding = False
+                    self._sync_named_checkpoint(ident, path, data, final, requests)
+                    requests.acquire()
+                    holding = True
                 sha = hashlib.sha256(data).hexdigest()
                 if entry is not None and entry.file.sha256 == sha:
                     self.entries[ident] = Entry(before, entry.file)  # touched, not changed
@@ -611,6 +642,10 @@ class Sidecar:
             self.unsettled = True
             log(f"checkpoint-sync: {area}/{rel} is still being written; not listed in this pass")
             return True
+        finally:
+            if holding:
+                requests.release()
+        data = None  # sent: a thread that waits for the file to settle below holds no copy of it
         if recent:
             # a file written just before SIGTERM (or in a pass that takes recent files) is
             # listed only if it then holds still
@@ -626,7 +661,9 @@ class Sidecar:
         self.uploaded_bytes += before.size
         return False
 
-    def _sync_named_checkpoint(self, ident: tuple[str, str], path: Path, data: bytes, final: bool) -> None:
+    def _sync_named_checkpoint(
+        self, ident: tuple[str, str], path: Path, data: bytes, final: bool, requests: threading.Semaphore
+    ) -> None:
         """Upload (if needed) the files of the checkpoint that an index version names, before the index.
 
         The trainer may save again between this pass's scan and the read of its index: the
@@ -654,6 +691,7 @@ class Sidecar:
                 f"checkpoint-sync: {area}/{rel} names {prefix_rel}, whose files are gone; not listed in this pass"
             )
             raise _Changed()
+        sent: list[tuple[tuple[str, str], Path]] = []
         for dep in files:
             dep_ident = (area, dep.relative_to(root).as_posix())
             if is_temporary(dep_ident[1]):
@@ -664,13 +702,34 @@ class Sidecar:
                     continue
             except OSError:
                 raise _Changed() from None
-            # a checkpoint's files are complete once an index names them: no quiet period
+            # a checkpoint's files are complete once an index names them: no quiet period; they
+            # hold still for `settle` seconds around their uploads all together, below (one after
+            # the other, each in turn, the data and index files took a second of every final pass)
             try:
-                if self._sync_existing(dep_ident, dep, True, final):
+                if self._sync_existing(dep_ident, dep, False, final, requests):
                     raise _Changed()
             except FileNotFoundError:
                 raise _Changed() from None
             if dep_ident not in self.entries:
+                raise _Changed()
+            if entry is None or self.entries[dep_ident].file is not entry.file:
+                sent.append((dep_ident, dep))  # uploaded now (not only touched since its last upload)
+        if not sent:
+            return
+        # every file's upload began before now, and each must be unchanged `settle` seconds after
+        time.sleep(self.config.settle)
+        for dep_ident, dep in sent:
+            entry = self.entries.get(dep_ident)
+            try:
+                held = entry is not None and Stat.of(dep) == entry.stat
+            except OSError:
+                held = False
+            if not held:
+                self.entries.pop(dep_ident, None)
+                self.unsettled = True
+                log(
+                    f"checkpoint-sync: {area}/{dep_ident[1]} changed after its upload; not listed in this pass"
+                )
                 raise _Changed()
 
     def _put(self, key: str, data: bytes, sha: str, md5: bytes) -> None:

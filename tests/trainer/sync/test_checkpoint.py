@@ -174,6 +174,84 @@ def test_final_pass_on_sigterm_lists_only_complete_files(s3_server, s3, tmp_path
     assert final["files"][0]["key"].startswith(f"{key}/checkpoints/")
 
 
+def test_an_index_naming_a_checkpoint_still_written_between_pauses_keeps_the_last_complete_one(
+    s3_server, s3, tmp_path
+):
+    """The files an index names hold still for the settle period after their uploads, all together:
+    a data file written in bursts with pauses longer than its upload (so unchanged right after it)
+    but shorter than the settle period keeps the new index, and itself, out of the final pass."""
+    run, key = _run_uri()
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    ck.mkdir()
+    out.mkdir()
+    (ck / "ckpt-1.index").write_bytes(os.urandom(300))
+    (ck / "ckpt-1.data-00000-of-00001").write_bytes(os.urandom(50_000))
+    first_index = 'model_checkpoint_path: "ckpt-1"\n'
+    (ck / "checkpoint").write_text(first_index)
+    proc = _sidecar(s3_server.env(), run, ck, out, "--interval", "0.3", "--quiet", "0.3", "--settle", "2")
+    try:
+        _wait_for(s3, key, lambda m: len(m["files"]) == 3)
+        stop_writing, wrote = threading.Event(), threading.Event()
+        data = ck / "ckpt-2.data-00000-of-00001"
+
+        def writer() -> None:
+            with open(data, "wb") as f:
+                while not stop_writing.is_set():
+                    f.write(os.urandom(4096))
+                    f.flush()
+                    wrote.set()
+                    stop_writing.wait(0.5)  # a pause longer than an upload, shorter than the settle period
+
+        (ck / "ckpt-2.index").write_bytes(os.urandom(300))
+        thread = threading.Thread(target=writer)
+        thread.start()
+        assert wrote.wait(30)
+        (ck / "checkpoint").write_text('model_checkpoint_path: "ckpt-2"\n')
+        output = _stop(proc, timeout=60)
+        stop_writing.set()
+        thread.join()
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output
+    final = _passes(s3, key)[max(_passes(s3, key))]
+    assert final["final"] and final["complete"], output
+    listed = _listed(final)
+    assert "checkpoints/ckpt-2.data-00000-of-00001" not in listed, output
+    # the index listed is the one that names the complete checkpoint, as its object in S3 holds it
+    assert listed["checkpoints/checkpoint"] == hashlib.sha256(first_index.encode()).hexdigest(), output
+    assert {"checkpoints/ckpt-1.index", "checkpoints/ckpt-1.data-00000-of-00001"} <= set(listed), output
+    _check_bytes(s3, final)
+    assert "not listed" in output
+
+
+def test_a_final_pass_of_recent_files_with_one_worker_lists_them_all(s3_server, s3, tmp_path):
+    """One worker (one file read and sent at a time) and every file recent when SIGTERM comes, among
+    them indexes naming their checkpoints' files: the final pass lists the whole set."""
+    run, key = _run_uri()
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    (ck / "best").mkdir(parents=True)
+    out.mkdir()
+    proc = _sidecar(s3_server.env(), run, ck, out, "--interval", "600", "--quiet", "60", "--workers", "1")
+    try:
+        _wait_for(s3, key, lambda m: True)  # the start-up pass: nothing to upload yet
+        for where in (ck, ck / "best"):
+            (where / "ckpt-3.index").write_bytes(os.urandom(300))
+            (where / "ckpt-3.data-00000-of-00001").write_bytes(os.urandom(60_000))
+            (where / "checkpoint").write_text('model_checkpoint_path: "ckpt-3"\n')
+        for i in range(12):
+            (out / f"file-{i:02d}.json").write_text(json.dumps({"i": i}))
+        output = _stop(proc, timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output
+    final = _passes(s3, key)[max(_passes(s3, key))]
+    assert final["final"] and final["complete"], output
+    assert set(_listed(final)) == {f"checkpoints/{k}" for k in tree(ck)} | {
+        f"output/{k}" for k in tree(out)
+    }, output
+    _check_bytes(s3, final)
+
+
 def test_sync_survives_faults_and_a_new_sidecar_continues(s3_server, s3, tmp_path):
     run, key = _run_uri()
     ck, out = tmp_path / "ck", tmp_path / "out"
