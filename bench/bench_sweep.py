@@ -229,6 +229,8 @@ def summarize(name: str, result: dict) -> dict:
     }
     ideal = trainer / PARALLEL
     return {
+        "containers": sum(t.get("container_s") or 0.0 for t in trials) / PARALLEL,
+        "tasks": sum(t["task_s"] or 0.0 for t in trials) / PARALLEL,
         "name": name,
         "trainer_s": trainer,
         "steps": sum(t["steps"] for t in trials),
@@ -377,6 +379,21 @@ def write(raw: dict) -> int:
             f"- {r['name']}: wall time within 1.3x of its ideal: {r['ratio']:.2f}, "
             f"**{_verdict(r['ratio'] <= 1.3, busy=busy)}**."
             for r in rows
+        ),
+        "",
+        "The same wall time against two other baselines, for reading only (no target is set on them): the "
+        "trainer containers' summed run / parallel_trials (the trainer process from its start to its exit: "
+        "the ideal plus its own start-up and exports, which an unmodified container brings with it), and the "
+        "trial tasks' summed time / parallel_trials (how well the slots were kept busy):",
+        "",
+        f"| | sweep wall (s) | containers' run / {PARALLEL} (s) | wall / containers' run | tasks' time / "
+        f"{PARALLEL} (s) | wall / tasks' time |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {r['name']} | {r['span']:.0f} | {r['containers']:.0f} | {r['span'] / r['containers']:.2f} | "
+            f"{r['tasks']:.0f} | {r['span'] / r['tasks']:.2f} |"
+            for r in rows
+            if r["containers"] and r["tasks"]
         ),
         "",
         "Per-trial overhead (median over the trials, seconds), what each trial costs beyond its training: task start to "
