@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -121,6 +123,30 @@ def _check_bytes(s3, manifest: dict) -> None:
         assert {k.lower(): v for k, v in obj["Metadata"].items()}["sha256"] == f["sha256"]
 
 
+@contextlib.contextmanager
+def _writing(path: Path, pause: float) -> Iterator[None]:
+    """``path`` written 4 KiB at a time with ``pause`` seconds between writes, from its first write
+    until the block ends."""
+    stop, wrote = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        with open(path, "wb") as f:
+            while not stop.is_set():
+                f.write(os.urandom(4096))
+                f.flush()
+                wrote.set()
+                stop.wait(pause)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        assert wrote.wait(30)
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def test_final_pass_on_sigterm_lists_only_complete_files(s3_server, s3, tmp_path):
     run, key = _run_uri()
     ck, out = tmp_path / "ck", tmp_path / "out"
@@ -138,24 +164,9 @@ def test_final_pass_on_sigterm_lists_only_complete_files(s3_server, s3, tmp_path
         first = _wait_for(s3, key, lambda m: len(m["files"]) == 4)
         # (pass 1 may have come before every file was quiet on a loaded machine)
         assert first["complete"] and not first["final"]
-        # a checkpoint file being written when SIGTERM arrives
-        partial = ck / "ckpt-2.data-00000-of-00001"
-        stop_writing, writing = threading.Event(), threading.Event()
-
-        def writer() -> None:
-            with open(partial, "wb") as f:
-                while not stop_writing.is_set():
-                    f.write(os.urandom(4096))
-                    f.flush()
-                    writing.set()
-                    stop_writing.wait(0.02)  # the pace of a slow writer
-
-        thread = threading.Thread(target=writer)
-        thread.start()
-        assert writing.wait(30)
-        output = _stop(proc)
-        stop_writing.set()
-        thread.join()
+        # a checkpoint file being written when SIGTERM arrives, at the pace of a slow writer
+        with _writing(ck / "ckpt-2.data-00000-of-00001", pause=0.02):
+            output = _stop(proc)
     finally:
         proc.kill()
     assert proc.returncode == 0, output
@@ -191,25 +202,11 @@ def test_an_index_naming_a_checkpoint_still_written_between_pauses_keeps_the_las
     proc = _sidecar(s3_server.env(), run, ck, out, "--interval", "0.3", "--quiet", "0.3", "--settle", "2")
     try:
         _wait_for(s3, key, lambda m: len(m["files"]) == 3)
-        stop_writing, wrote = threading.Event(), threading.Event()
-        data = ck / "ckpt-2.data-00000-of-00001"
-
-        def writer() -> None:
-            with open(data, "wb") as f:
-                while not stop_writing.is_set():
-                    f.write(os.urandom(4096))
-                    f.flush()
-                    wrote.set()
-                    stop_writing.wait(0.5)  # a pause longer than an upload, shorter than the settle period
-
         (ck / "ckpt-2.index").write_bytes(os.urandom(300))
-        thread = threading.Thread(target=writer)
-        thread.start()
-        assert wrote.wait(30)
-        (ck / "checkpoint").write_text('model_checkpoint_path: "ckpt-2"\n')
-        output = _stop(proc, timeout=60)
-        stop_writing.set()
-        thread.join()
+        # pauses longer than an upload, shorter than the settle period
+        with _writing(ck / "ckpt-2.data-00000-of-00001", pause=0.5):
+            (ck / "checkpoint").write_text('model_checkpoint_path: "ckpt-2"\n')
+            output = _stop(proc, timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 0, output
