@@ -123,6 +123,14 @@ def _check_bytes(s3, manifest: dict) -> None:
         assert {k.lower(): v for k, v in obj["Metadata"].items()}["sha256"] == f["sha256"]
 
 
+def _final_pass(s3, key: str, proc: subprocess.Popen, output: str) -> dict:
+    """The run's last pass manifest, once the sidecar exited 0 with it final and complete."""
+    assert proc.returncode == 0, output
+    final = _passes(s3, key)[max(_passes(s3, key))]
+    assert final["final"] and final["complete"], output
+    return final
+
+
 @contextlib.contextmanager
 def _writing(path: Path, pause: float) -> Iterator[None]:
     """``path`` written 4 KiB at a time with ``pause`` seconds between writes, from its first write
@@ -209,9 +217,7 @@ def test_an_index_naming_a_checkpoint_still_written_between_pauses_keeps_the_las
             output = _stop(proc, timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 0, output
-    final = _passes(s3, key)[max(_passes(s3, key))]
-    assert final["final"] and final["complete"], output
+    final = _final_pass(s3, key, proc, output)
     listed = _listed(final)
     assert "checkpoints/ckpt-2.data-00000-of-00001" not in listed, output
     # the index listed is the one that names the complete checkpoint, as its object in S3 holds it
@@ -240,9 +246,7 @@ def test_a_final_pass_of_recent_files_with_one_worker_lists_them_all(s3_server, 
         output = _stop(proc, timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 0, output
-    final = _passes(s3, key)[max(_passes(s3, key))]
-    assert final["final"] and final["complete"], output
+    final = _final_pass(s3, key, proc, output)
     assert set(_listed(final)) == {f"checkpoints/{k}" for k in tree(ck)} | {
         f"output/{k}" for k in tree(out)
     }, output
