@@ -107,23 +107,24 @@ def warm_up(ui: AirflowUI) -> float:
     Without it the first sweep alone paid the node's image pull (25 s in each of its first two
     trials' pod start, on 4201195). Returns its wall time."""
     start = time.monotonic()
-    conf = {**CONF, "max_trials": PARALLEL, "epochs": 1, "early_stopping": {"rule": "off"}}
-    run_id = ui.trigger(DAG_ID, conf)
-    run = ui.wait_run(DAG_ID, run_id, timeout=1800)
-    if run["state"] != "success":
-        raise SystemExit(f"the warm-up sweep {run_id} ended {run['state']}")
+    _sweep(ui, {**CONF, "max_trials": PARALLEL, "epochs": 1, "early_stopping": {"rule": "off"}})
     return time.monotonic() - start
 
 
-def run_sweep(ui: AirflowUI, s3, early_stopping: dict) -> dict:
-    from kubetrain.s3_layout import S3Layout
-
-    conf = {**CONF, "early_stopping": early_stopping}
+def _sweep(ui: AirflowUI, conf: dict) -> tuple[str, dict]:
+    """Trigger the sweep DAG with ``conf`` and wait for its run to succeed; its run id and run."""
     run_id = ui.trigger(DAG_ID, conf)
     run = ui.wait_run(DAG_ID, run_id, timeout=3600)
     if run["state"] != "success":
         tis = {k: v["state"] for k, v in ui.task_instances(DAG_ID, run_id).items()}
         raise SystemExit(f"the sweep {run_id} ended {run['state']}: {tis}")
+    return run_id, run
+
+
+def run_sweep(ui: AirflowUI, s3, early_stopping: dict) -> dict:
+    from kubetrain.s3_layout import S3Layout
+
+    run_id, run = _sweep(ui, {**CONF, "early_stopping": early_stopping})
     tis = {
         k: v
         for k, v in ui.task_instances(DAG_ID, run_id).items()

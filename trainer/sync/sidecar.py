@@ -585,7 +585,8 @@ class Sidecar:
     ) -> bool:
         """Upload one file; True when it changed while it was read or sent (then it is not listed).
 
-        ``requests`` bounds the pass's concurrent S3 requests (``workers``).
+        ``requests``: the pass's permits, ``workers`` of them: a file holds one from its read to the
+        end of its upload.
         """
         if self.stop.is_set() and not final:
             return False

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kubetrain.report.inputs import Comparison, ReportInputs
 from kubetrain.report.plots import all_plots
+from kubetrain.report.plots import warm_up as warm_up_plots
 
 if TYPE_CHECKING:
     from jinja2 import Environment
@@ -111,12 +112,10 @@ def warm_up() -> None:
     """Load what rendering a report takes (the templates compiled, matplotlib and its font),
     so that a process which renders one later, such as a sweep trial's task at its pod's end,
     does not pay for it then."""
-    from kubetrain.report import plots
-
     env = environment()
     for name in env.list_templates(filter_func=lambda name: name.startswith("report/")):
         env.get_template(name)  # the pages' own and what they extend and import
-    plots.warm_up()
+    warm_up_plots()
 
 
 def report_files(kind: str, plots: Plots, values: Mapping[str, Any]) -> dict[str, bytes]:
