@@ -784,6 +784,11 @@ def checkpoint_sync_container(config: TrainingPodConfig) -> k8s.V1Container:
         k8s.V1EnvVar(name=Env.SYNC_INTERVAL, value=str(config.sync_interval)),
         k8s.V1EnvVar(name=Env.SYNC_QUIET, value=str(config.sync_quiet)),
         k8s.V1EnvVar(name=Env.SYNC_GRACE, value=str(sync_grace(config.termination_grace_period))),
+        # A native sidecar gets its SIGTERM only once every main container has exited (at the pod's
+        # end, and on deletion or eviction since Kubernetes 1.29, the oldest kubetrain supports), so
+        # no writer is left when its final pass starts: the settle period, which waits for a file a
+        # trainer may still be writing, would only add its 0.5 s to every run's and trial's end.
+        k8s.V1EnvVar(name=Env.SYNC_SETTLE, value="0"),
         *stop_env(config),
         # The pod name goes into every pass manifest.
         k8s.V1EnvVar(

@@ -136,6 +136,8 @@ def test_pod_contract():
     sidecar_env = {e["name"]: e.get("value") for e in sidecar["env"]}
     assert sidecar_env["KUBETRAIN_SYNC_INTERVAL"] == "30" and sidecar_env["KUBETRAIN_SYNC_QUIET"] == "2"
     assert int(sidecar_env["KUBETRAIN_SYNC_GRACE"]) < spec["terminationGracePeriodSeconds"] == 300
+    # A native sidecar's SIGTERM comes after the trainer's exit: its final pass waits for no writer.
+    assert sidecar_env["KUBETRAIN_SYNC_SETTLE"] == "0"
 
     # Credentials reach only the sync containers, and only by Secret reference.
     assert stage_in["envFrom"] == sidecar["envFrom"] == [{"secretRef": {"name": "kubetrain-s3"}}]
