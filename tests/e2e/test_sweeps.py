@@ -94,6 +94,7 @@ class PodWatch:
         self.core, self.dag_id, self.kill_trial = core, dag_id, kill_trial
         self.last_epoch = epochs
         self.seen: set[str] = set()
+        self.images: set[tuple[str, str]] = set()  # (container, image) of every trial's pod seen
         self.killed: list[str] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -115,6 +116,9 @@ class PodWatch:
             for pod in found:
                 self.seen.add(pod.metadata.name)
                 labels = pod.metadata.labels or {}
+                if "kubetrain.io/trial" in labels:
+                    containers = (pod.spec.init_containers or []) + pod.spec.containers
+                    self.images.update((c.name, c.image) for c in containers)
                 if (
                     self.killed
                     or self.kill_trial is None
@@ -194,6 +198,14 @@ def test_grid_sweep_a_killed_trial_promotion_and_reuse(sweeps_airflow, devstack,
     assert record["kind"] == "kubetrain/sweep" and record["algorithm"] == "grid"
     assert record["space"] == {"batch_size": {"choices": [16, 32, 64, 128]}}
     assert record["dataset"]["version"] and "@sha256:" in record["image"]
+    # the plan pinned both images once: every trial's pod ran those digests
+    plan = read_json(s3, f"{sweep}/sweep/plan.json")
+    assert plan["image"] == record["image"] and "@sha256:" in plan["sync_image"], plan
+    assert watch.images == {
+        ("stage-in", plan["sync_image"]),
+        ("checkpoint-sync", plan["sync_image"]),
+        ("base", plan["image"]),
+    }, watch.images
     trials = {t["number"]: t for t in record["trials"]}
     assert sorted(trials) == [0, 1, 2, 3]
     assert [trials[n]["params"] for n in range(4)] == [{"batch_size": b} for b in (16, 32, 64, 128)]

@@ -100,11 +100,14 @@ def sweep_pipeline(
         dataset_version=stage.output["version"],
         dataset_manifest=stage.output["manifest_uri"],
         image="{{ params.image or '' }}",
+        # pinned once for every trial (train_kwargs may name another than the deployment's)
+        sync_image=train_kwargs.pop("sync_image", None),
         title=title,
     )
     trial_kwargs: dict[str, Any] = dict(
         pool="gpu",
         image=plan.output["image"],
+        sync_image=plan.output["sync_image"],
         cmds=cmds if isinstance(cmds, str) else list(cmds),
         dataset_manifest=stage.output["manifest_uri"],
         dataset_version=stage.output["version"],

@@ -48,7 +48,7 @@ TRIAL_EXCLUDE = (*NOT_TRAINING_PARAMS, *SWEEP_PARAMS, "model_name")
 
 
 class PlanSweepOperator(SweepStoreOperator, SkipMixin):
-    """Check a sweep's settings before any pod starts, pin the training image, and write the plan.
+    """Check a sweep's settings before any pod starts, pin the images, and write the plan.
 
     Refuses, naming the field and without retries, a space that cannot be searched: an unknown
     hyperparameter, an empty list, ``low`` > ``high``, a value that the hyperparameter's own Param
@@ -59,13 +59,20 @@ class PlanSweepOperator(SweepStoreOperator, SkipMixin):
     (``variant_tasks``, set by :func:`~kubetrain.sweep.pipeline.sweep_pipeline`); this task
     skips all but the one the run asked for.
 
-    Pushes (XCom) ``plan``, ``image`` and ``trial_settings``, and the three as ``return_value``.
+    Both images are pinned to their digests once, here, so every trial of the sweep runs the same
+    trainer and the same sync tool (whose sidecar applies the early-stopping rule), whatever is
+    pushed to their tags while the sweep runs; no trial asks the registry again.
+
+    Pushes (XCom) ``plan``, ``image``, ``sync_image`` and ``trial_settings``, and the four as
+    ``return_value``.
 
     :param settings: the DAG's sweep settings.
     :param dataset_version: ``stage.output["version"]``. (templated)
     :param dataset_manifest: ``stage.output["manifest_uri"]``. (templated)
     :param image: the training image (default: the deployment's), pinned to its digest here. (templated)
-    :param registry_conn_id: registry connection to resolve the image's digest with.
+    :param sync_image: the image of the trials' stage-in and checkpoint-sync containers (default:
+        the deployment's), pinned to its digest here. (templated)
+    :param registry_conn_id: registry connection to resolve the images' digests with.
     :param title: the sweep's title (reports). (templated)
     """
 
@@ -74,6 +81,7 @@ class PlanSweepOperator(SweepStoreOperator, SkipMixin):
         "dataset_version",
         "dataset_manifest",
         "image",
+        "sync_image",
         "title",
     )
     ui_color = "#f0f0f0"
@@ -86,6 +94,7 @@ class PlanSweepOperator(SweepStoreOperator, SkipMixin):
         dataset_version: str,
         dataset_manifest: str | None = None,
         image: str | None = None,
+        sync_image: str | None = None,
         registry_conn_id: str = RegistryHook.default_conn_name,
         title: str | None = None,
         **kwargs: Any,
@@ -95,6 +104,7 @@ class PlanSweepOperator(SweepStoreOperator, SkipMixin):
         self.dataset_version = dataset_version
         self.dataset_manifest = dataset_manifest
         self.image = image
+        self.sync_image = sync_image
         self.registry_conn_id = registry_conn_id
         self.title = title
         # parallel_trials -> task id of round 0's training task for it
@@ -109,6 +119,9 @@ class PlanSweepOperator(SweepStoreOperator, SkipMixin):
         image = pin_image(
             pod_spec.resolve_image(self.image, "trainer"), registry_conn_id=self.registry_conn_id
         )
+        sync_image = pin_image(
+            pod_spec.resolve_image(self.sync_image, "sync"), registry_conn_id=self.registry_conn_id
+        )
         dag_id, run_id = context["ti"].dag_id, context["run_id"]
         sweep = self.sweep_location(context)
         document = {
@@ -121,6 +134,7 @@ class PlanSweepOperator(SweepStoreOperator, SkipMixin):
             "title": self.title,
             **plan,
             "image": image,
+            "sync_image": sync_image,
             "code_version": pod_spec.code_version_of(image),
             "dataset": {
                 "uri": params.get("dataset_uri"),
@@ -157,7 +171,12 @@ class PlanSweepOperator(SweepStoreOperator, SkipMixin):
             "early_stopping": plan["early_stopping"],
             "title": self.title,
         }
-        result = {"plan": document, "image": image, "trial_settings": trial_settings}
+        result = {
+            "plan": document,
+            "image": image,
+            "sync_image": sync_image,
+            "trial_settings": trial_settings,
+        }
         others = {task_id for p, task_id in self.variant_tasks.items() if p != plan["parallel_trials"]}
         if not others:
             return result
