@@ -172,6 +172,17 @@ def run_sweep(ui: AirflowUI, s3, early_stopping: dict) -> dict:
             "report + records": recorded - final_pass if recorded and final_pass else None,
             "task exit": ended - recorded if ended and recorded else None,
         }
+        # What "task to pod" is made of (the trial's own stamps, sub-second, where the pod's
+        # creationTimestamp has whole seconds): the task process's start (the DAG file parsed, the
+        # task's arguments rendered), the trial's own work before the pod (its earlier record looked
+        # up in S3, the pod spec with its images pinned) and the provider's create call.
+        executing, requested = _t(timing.get("executing")), _t(timing.get("pod_requested"))
+        accepted = _t(timing.get("pod_accepted"))
+        start_details = {
+            "task start to execute": executing - started if executing and started else None,
+            "execute to pod request": requested - executing if requested and executing else None,
+            "pod create call": accepted - requested if accepted and requested else None,
+        }
         trials.append(
             {
                 "number": trial["number"],
@@ -186,6 +197,7 @@ def run_sweep(ui: AirflowUI, s3, early_stopping: dict) -> dict:
                 "task_s": ended - started if ended and started else None,
                 "phases": phases,
                 "details": details,
+                **({"start_details": start_details} if executing else {}),
                 "container_s": base_end - base_start if base_end and base_start else None,
             }
         )
@@ -228,6 +240,10 @@ def summarize(name: str, result: dict) -> dict:
     details = {
         k: _median([t.get("details", {}).get(k) for t in trials]) for k in trials[0].get("details", {})
     }
+    start_details = {
+        k: _median([t.get("start_details", {}).get(k) for t in trials])
+        for k in trials[0].get("start_details", {})
+    }
     ideal = trainer / PARALLEL
     return {
         "containers": sum(t.get("container_s") or 0.0 for t in trials) / PARALLEL,
@@ -245,6 +261,7 @@ def summarize(name: str, result: dict) -> dict:
         "orchestration": _median(orchestration),
         "phases": phases,
         "details": details,
+        "start_details": start_details,
         "compute": result.get("compute") or {},
         "load": result.get("load") or [],
     }
@@ -422,6 +439,24 @@ def write(raw: dict) -> int:
                 ),
             ]
             if off.get("details")
+            else []
+        ),
+        *(
+            [
+                "",
+                "What \"task to pod\" is made of (median seconds, the trial's own stamps): the task process's start "
+                "to the operator's execute (the DAG file parsed, the task's arguments rendered), execute to the pod's "
+                "request (the trial's earlier record looked up in S3, the pod spec with its images pinned), the "
+                "provider's create call:",
+                "",
+                "| | " + " | ".join(off["start_details"]) + " |",
+                "|---|" + "---|" * len(off["start_details"]),
+                *(
+                    f"| {r['name']} | " + " | ".join(f"{v:.2f}" for v in r["start_details"].values()) + " |"
+                    for r in rows
+                ),
+            ]
+            if off.get("start_details")
             else []
         ),
         "",

@@ -159,7 +159,8 @@ class TrialPodOperator(TrainingPodOperator):
         given = kwargs.pop("callbacks", None) or []
         given = list(given) if isinstance(given, list | tuple) else [given]
         super().__init__(callbacks=[*given, TrialPodCallbacks], **kwargs)
-        # When this task process reached each step after the pod (the trial record's timing).
+        # When this task process reached each step (the trial record's timing; a trial that deferred
+        # keeps those of the process that resumed it).
         self._stamps: dict[str, str] = {}
         self._prefetched: dict[str, bytes | None] = {}
         # The pod as it stood when its training container finished (TrialPodCallbacks sets it).
@@ -237,6 +238,7 @@ class TrialPodOperator(TrainingPodOperator):
     # -- the pod ------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> Any:
+        self._stamps["executing"] = _now()
         sweep = self.sweep_location()
         existing = read_trial(self.store, sweep.bucket, sweep.trial_record_key(self.number))
         if existing is not None and existing.succeeded:
@@ -252,6 +254,14 @@ class TrialPodOperator(TrainingPodOperator):
         except AirflowException as exc:  # the synchronous path (deferrable=False) ends here
             return self._after_failure(context, exc)
         return self.finish(context)
+
+    def get_or_create_pod(self, pod_request_obj: k8s.V1Pod, context: Context) -> k8s.V1Pod:
+        # The pod's spec is built (its images pinned): when the task asked for the pod, and when
+        # the API server had it (its creationTimestamp has whole seconds only).
+        self._stamps["pod_requested"] = _now()
+        pod = super().get_or_create_pod(pod_request_obj, context)
+        self._stamps["pod_accepted"] = _now()
+        return pod
 
     def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
         # The callbacks' on_operator_resuming would stamp this, but the provider (10.x) declares it
