@@ -267,6 +267,22 @@ def summarize(name: str, result: dict) -> dict:
     }
 
 
+def _breakdown(rows: list[dict], off: dict, key: str, caption: str, fmt: str) -> list[str]:
+    """A table of one phase's parts, a row per sweep, headed by the no-stopping sweep's (``off``);
+    nothing when the results have none (an older run's)."""
+    first = off.get(key)
+    if not first:
+        return []
+    return [
+        "",
+        caption,
+        "",
+        "| | " + " | ".join(first) + " |",
+        "|---|" + "---|" * len(first),
+        *(f"| {r['name']} | " + " | ".join(format(v, fmt) for v in r[key].values()) + " |" for r in rows),
+    ]
+
+
 def _median(values: list) -> float:
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else float("nan")
@@ -423,41 +439,25 @@ def write(raw: dict) -> int:
         "| | " + " | ".join(off["phases"]) + " |",
         "|---|" + "---|" * len(off["phases"]),
         *(f"| {r['name']} | " + " | ".join(f"{v:.1f}" for v in r["phases"].values()) + " |" for r in rows),
-        *(
-            [
-                "",
-                "What \"exit to task end\" is made of (median seconds): from the trainer's exit to the pod's end "
-                "(the training container's log ends, the sidecar's final sync pass, the pod's terminal status on the "
-                "task's watch) and its deletion, the task's check of the final pass in S3, the trial's report and "
-                "records, the task process's exit:",
-                "",
-                "| | " + " | ".join(off["details"]) + " |",
-                "|---|" + "---|" * len(off["details"]),
-                *(
-                    f"| {r['name']} | " + " | ".join(f"{v:.1f}" for v in r["details"].values()) + " |"
-                    for r in rows
-                ),
-            ]
-            if off.get("details")
-            else []
+        *_breakdown(
+            rows,
+            off,
+            "details",
+            "What \"exit to task end\" is made of (median seconds): from the trainer's exit to the pod's end "
+            "(the training container's log ends, the sidecar's final sync pass, the pod's terminal status on the "
+            "task's watch) and its deletion, the task's check of the final pass in S3, the trial's report and "
+            "records, the task process's exit:",
+            ".1f",
         ),
-        *(
-            [
-                "",
-                "What \"task to pod\" is made of (median seconds, the trial's own stamps): the task process's start "
-                "to the operator's execute (the DAG file parsed, the task's arguments rendered), execute to the pod's "
-                "request (the trial's earlier record looked up in S3, the pod spec with its images pinned), the "
-                "provider's create call:",
-                "",
-                "| | " + " | ".join(off["start_details"]) + " |",
-                "|---|" + "---|" * len(off["start_details"]),
-                *(
-                    f"| {r['name']} | " + " | ".join(f"{v:.2f}" for v in r["start_details"].values()) + " |"
-                    for r in rows
-                ),
-            ]
-            if off.get("start_details")
-            else []
+        *_breakdown(
+            rows,
+            off,
+            "start_details",
+            "What \"task to pod\" is made of (median seconds, the trial's own stamps): the task process's start "
+            "to the operator's execute (the DAG file parsed, the task's arguments rendered), execute to the pod's "
+            "request (the trial's earlier record looked up in S3, the pod spec with its images pinned), the "
+            "provider's create call:",
+            ".2f",
         ),
         "",
         "Compute saved: 1 - the sweep's summed trainer wall time / the no-stopping sweep's (the same points, "
