@@ -312,8 +312,8 @@ def sidecar_final_pass(run_uri: str, directory: str) -> int:
     The pass starts at once (no interval, no quiet period: the files are complete), lists
     the run's passes, uploads every file and writes the pass manifest, as on SIGTERM.
     """
-    from trainer.sync.__main__ import build_parser
-    from trainer.sync.s3 import S3, parse_s3_uri
+    from trainer.sync.__main__ import build_parser, sidecar_s3
+    from trainer.sync.s3 import parse_s3_uri
     from trainer.sync.sidecar import Sidecar, SyncConfig
 
     args = build_parser().parse_args(
@@ -321,7 +321,7 @@ def sidecar_final_pass(run_uri: str, directory: str) -> int:
         + ["--output-dir", "/nonexistent", "--quiet", "0", "--settle", "0", "--grace", "3600"]
     )
     sidecar = Sidecar(
-        S3(pool=max(10, args.workers)),
+        sidecar_s3(args.workers),
         SyncConfig(
             run=parse_s3_uri(args.run_uri),
             dirs={"checkpoints": args.checkpoint_dir, "output": args.output_dir},

@@ -11,9 +11,10 @@
 The formats it reads and writes are described in ``trainer/sync/README.md`` and, as JSON
 Schemas, in ``trainer/sync/schemas/`` (the pod's environment) and ``kubetrain_contract/schemas/``
 (the dataset and sync-pass manifests, generated from :mod:`kubetrain_contract.manifests`).
-Besides the standard library the package needs botocore (listings, HEADs, manifests, the
-sidecar's uploads), awscrt (the AWS Common Runtime's S3 client for object data, and
-CRC32C/CRC64NVME) and s3transfer (workload-identity credentials for the CRT), with their
+Besides the standard library the package needs awscrt (the AWS Common Runtime's S3 client:
+object data, and every other call when keys are in the environment; CRC32C/CRC64NVME),
+botocore (those other calls, and the credential chain, under workload identity) and
+s3transfer (workload-identity credentials for the CRT), with their
 dependencies, pinned in ``trainer/requirements-sync.txt``: what its small image
 (``trainer/Dockerfile.sync``) installs, and nothing else.
 """

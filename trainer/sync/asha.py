@@ -243,19 +243,16 @@ class RungStopper(ReportStopper):
 
     def _read(self, prefix: S3Uri, parse: Any) -> None:
         """List ``prefix`` once; read each object that is new or changed (ETag) through ``parse``."""
-        client = self.s3.client
-        pages = client.get_paginator("list_objects_v2").paginate(Bucket=prefix.bucket, Prefix=prefix.key)
-        for page in pages:
-            for item in page.get("Contents", []):
-                key, etag = item["Key"], item.get("ETag", "")
-                if not key.endswith(".json") or self._objects.get(key, ("",))[0] == etag:
-                    continue
-                body = client.get_object(Bucket=prefix.bucket, Key=key)["Body"].read()
-                try:
-                    number, values = parse(json.loads(body))
-                except (ValueError, TypeError, KeyError, RecordError):
-                    number, values = None, []
-                self._objects[key] = (etag, number, values)
+        for item in self.s3.list_objects(prefix.bucket, prefix.key):
+            key, etag = item["Key"], item["ETag"]
+            if not key.endswith(".json") or self._objects.get(key, ("",))[0] == etag:
+                continue
+            body = self.s3.get_bytes(prefix.bucket, key)
+            try:
+                number, values = parse(json.loads(body))
+            except (ValueError, TypeError, KeyError, RecordError):
+                number, values = None, []
+            self._objects[key] = (etag, number, values)
 
     def _from_record(self, record: Any) -> tuple[int | None, list[float]]:
         if not isinstance(record, dict) or not isinstance(record.get("number"), int):
@@ -317,11 +314,8 @@ class RungStopper(ReportStopper):
             promoted_at=self.judged,
         )
         key = self.report_key
-        self.s3.client.put_object(
-            Bucket=self.rungs.bucket,
-            Key=key,
-            Body=report.to_json(indent=None).encode(),
-            ContentType="application/json",
+        self.s3.put_bytes(
+            self.rungs.bucket, key, report.to_json(indent=None).encode(), content_type="application/json"
         )
 
     def check(self) -> RungDecision | None:

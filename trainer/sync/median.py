@@ -182,7 +182,7 @@ class ReportStopper:
         """Record the decision in S3, then write the stop file (atomically) for the trainer."""
         body = (record.to_json(indent=1) + "\n").encode()
         key = f"{self.run.key.rstrip('/')}/sync/{EARLY_STOP_RECORD}"
-        self.s3.client.put_object(Bucket=self.run.bucket, Key=key, Body=body, ContentType="application/json")
+        self.s3.put_bytes(self.run.bucket, key, body, content_type="application/json")
         tmp = self.stop_file.with_name(self.stop_file.name + ".tmp")
         tmp.write_bytes(body)
         os.replace(tmp, self.stop_file)
@@ -214,28 +214,24 @@ class MedianStopper(ReportStopper):
 
     def finished_values(self) -> list[list[float]]:
         """The objective per report of every finished trial of the sweep (records read once)."""
-        client = self.s3.client
-        prefix = self.trials.key
-        pages = client.get_paginator("list_objects_v2").paginate(Bucket=self.trials.bucket, Prefix=prefix)
-        for page in pages:
-            for item in page.get("Contents", []):
-                key, etag = item["Key"], item.get("ETag", "")
-                if not key.endswith(".json") or key in self._finished or (key, etag) in self._not_finished:
-                    continue
-                body = client.get_object(Bucket=self.trials.bucket, Key=key)["Body"].read()
-                try:
-                    record = json.loads(body)
-                except ValueError:
-                    self._not_finished.add((key, etag))
-                    continue
-                if (
-                    not isinstance(record, dict)
-                    or record.get("status") != "success"
-                    or record.get("stopped_early")
-                ):
-                    self._not_finished.add((key, etag))
-                    continue
-                self._finished[key] = record_values(record, self.rule.objective)
+        for item in self.s3.list_objects(self.trials.bucket, self.trials.key):
+            key, etag = item["Key"], item["ETag"]
+            if not key.endswith(".json") or key in self._finished or (key, etag) in self._not_finished:
+                continue
+            body = self.s3.get_bytes(self.trials.bucket, key)
+            try:
+                record = json.loads(body)
+            except ValueError:
+                self._not_finished.add((key, etag))
+                continue
+            if (
+                not isinstance(record, dict)
+                or record.get("status") != "success"
+                or record.get("stopped_early")
+            ):
+                self._not_finished.add((key, etag))
+                continue
+            self._finished[key] = record_values(record, self.rule.objective)
         return [v for v in self._finished.values() if v]
 
     def check(self) -> Decision | None:

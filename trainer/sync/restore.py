@@ -40,11 +40,10 @@ def list_passes(s3: S3, run: S3Uri) -> list[int]:
     prefix = f"{run.key.rstrip('/')}/sync/pass-"
     numbers = []
     try:
-        for page in s3.client.get_paginator("list_objects_v2").paginate(Bucket=run.bucket, Prefix=prefix):
-            for item in page.get("Contents", []):
-                match = PASS_NAME.search(item["Key"])
-                if match:
-                    numbers.append(int(match.group(1)))
+        for item in s3.list_objects(run.bucket, prefix):
+            match = PASS_NAME.search(item["Key"])
+            if match:
+                numbers.append(int(match.group(1)))
     except Exception as exc:
         raise SyncError(f"cannot list the pass manifests under {run}/sync/: {exc}") from exc
     return sorted(numbers)
@@ -63,13 +62,14 @@ def load_pass(s3: S3, run: S3Uri, number: int) -> PassManifest:
 def _mismatch(s3: S3, bucket: str, f: PassFile) -> str | None:
     """Why the object no longer holds the file's bytes, or None when it does (as far as a HEAD tells)."""
     try:
-        head = s3.client.head_object(Bucket=bucket, Key=f.key)
+        head = s3.head(bucket, f.key)
     except Exception as exc:
         return f"s3://{bucket}/{f.key} cannot be read ({exc})"
-    if head["ContentLength"] != f.size:
-        return f"s3://{bucket}/{f.key} has {head['ContentLength']} bytes, the manifest says {f.size}"
-    # metadata names are case-insensitive: S3 sends them lower-case, MinIO and rclone capitalized
-    stored = {k.lower(): v for k, v in head.get("Metadata", {}).items()}.get(SHA256_METADATA)
+    size = int(head.get("content-length", -1))
+    if size != f.size:
+        return f"s3://{bucket}/{f.key} has {size} bytes, the manifest says {f.size}"
+    # header names are case-insensitive: S3 sends metadata lower-case, MinIO and rclone capitalized
+    stored = head.get(f"x-amz-meta-{SHA256_METADATA}")
     if stored is not None and stored != f.sha256:
         return f"s3://{bucket}/{f.key} holds content with sha256 {stored}, the manifest says {f.sha256}"
     return None

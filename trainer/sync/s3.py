@@ -1,14 +1,17 @@
 """S3 access for the transfer tool, on two maintained engines that share one set of credentials.
 
-* ``S3.client``: a botocore client for listings, HEADs, small JSON objects and the sidecar's
-  multipart uploads. Every call has a connect timeout, a read timeout and a bounded number
-  of attempts (botocore's standard retries).
+* ``S3.client``: a botocore client for listings, HEADs and small objects under workload
+  identity (its credential chain). Every call has a connect timeout, a read timeout and a
+  bounded number of attempts (botocore's standard retries). With keys in the environment
+  (``small_calls_on_crt``) those calls go through the CRT's plain requests instead, so that
+  a pod never imports botocore (0.34 CPU-seconds: a fifth of a checkpoint's final pass,
+  bench/README.md, "transfer"); each is bounded by the same read timeout.
 * ``S3.get_object``: object data through the AWS Common Runtime's S3 client (awscrt), built
   for throughput: its event loop, connection pool, SigV4 signing and retries are C, it
   splits a large object into ranged GETs itself and hands the body over in object order,
   so a download costs little more client CPU than s5cmd's (bench/README.md, "transfer").
-  ``S3.put_bytes`` sends the sidecar's single PUTs through it too (botocore's per-request
-  CPU, not the bytes, is what a checkpoint of many small files costs).
+  ``S3.put_bytes`` and the multipart calls send the sidecar's uploads through it too
+  (botocore's per-request CPU, not the bytes, is what a checkpoint of many small files costs).
 
 Both engines sign every header they send (``range``, ``if-match``, ``x-amz-checksum-mode``
 included), as AWS S3 requires of ``x-amz-*`` headers.
@@ -16,11 +19,14 @@ included), as AWS S3 requires of ``x-amz-*`` headers.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from urllib.parse import quote, urlsplit
+from typing import Any
+from urllib.parse import quote, unquote_plus, urlsplit
 
 from kubetrain_contract.pod import Env
 
@@ -31,6 +37,7 @@ DEFAULT_ATTEMPTS = 5
 # the CRT's ranged GETs: objects up to this size are one request
 PART_SIZE = 8 * 1024 * 1024
 MiB = 1024 * 1024
+S3_XMLNS = "http://s3.amazonaws.com/doc/2006-03-01/"
 
 
 class SyncError(Exception):
@@ -101,6 +108,24 @@ def error_code(body: bytes | None) -> tuple[str, str]:
     return root.findtext("Code") or "", root.findtext("Message") or ""
 
 
+def _xml_text(body: bytes, name: str) -> str:
+    """The text of the first element ``name`` (any namespace) of an S3 XML answer; empty if none."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.fromstring(body or b"")
+    except ET.ParseError:
+        return ""
+    for element in root.iter():
+        if element.tag.rpartition("}")[2] == name:
+            return element.text or ""
+    return ""
+
+
+def _quoted(etag: str) -> str:
+    return f'"{etag.strip(chr(34))}"' if etag else ""
+
+
 def client_error(uri: S3Uri, exc: Exception) -> SyncError:
     """A botocore exception as a ``SyncError`` naming the URI (``S3RequestError`` for an HTTP status)."""
     response = getattr(exc, "response", None)
@@ -160,11 +185,12 @@ class S3:
             default: the standard ``AWS_MAX_ATTEMPTS`` variable, else 5.
         pool: connections botocore may keep open.
         connect_timeout: seconds to open a connection.
-        read_timeout: seconds without data before a botocore request counts as failed.
-        small_calls_on_crt: send ``get_bytes`` and ``head`` through the CRT as well, so that a
-            stage-in with keys in the environment never imports botocore (0.5 CPU-seconds, a
-            fifth of a small dataset's whole download). The sidecar keeps them on botocore,
-            whose read timeout the CRT does not have.
+        read_timeout: seconds without data before a botocore request counts as failed; a CRT
+            call's whole answer must come within it (plus a second per MiB it sends).
+        small_calls_on_crt: send ``get_bytes``, ``head`` and ``list_objects`` through the CRT as
+            well, so that a pod with keys in the environment never imports botocore (0.5
+            CPU-seconds, a fifth of a small dataset's whole download). The CRT has no read
+            timeout: each such call is bounded by ``read_timeout`` here (``_crt_call``).
     """
 
     def __init__(
@@ -321,6 +347,23 @@ class S3:
                 )
             return self._crts[region]
 
+    def _payload_signing(self, region: str, sha256_hex: str):
+        """Signing that covers the body: the store refuses a body whose SHA-256 is not ``sha256_hex``.
+
+        The CRT signs ``UNSIGNED-PAYLOAD`` otherwise (it does not hash a body itself).
+        """
+        from awscrt.auth import AwsSignedBodyHeaderType, AwsSigningConfig
+
+        return AwsSigningConfig(
+            credentials_provider=self._provider,
+            region=region,
+            service="s3",
+            use_double_uri_encode=False,
+            should_normalize_uri_path=False,
+            signed_body_value=sha256_hex,
+            signed_body_header_type=AwsSignedBodyHeaderType.X_AMZ_CONTENT_SHA_256,
+        )
+
     def _netloc(self, region: str) -> str:
         return urlsplit(self._endpoint).netloc if self._endpoint else f"s3.{region}.amazonaws.com"
 
@@ -361,18 +404,95 @@ class S3:
         return netloc, f"{self._path_prefix}/{bucket}/{quote(key, safe='/~')}"
 
     def _crt_call(
-        self, method: str, bucket: str, key: str, extra: list[tuple[str, str]], query: str = ""
+        self,
+        method: str,
+        bucket: str,
+        key: str,
+        extra: list[tuple[str, str]],
+        query: str = "",
+        *,
+        body: bytes = b"",
+        operation: str = "",
+        payload_sha256: str | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
-        """One plain request through the CRT (retried by it): status, lower-cased headers, body."""
-        return self._crt_request(
-            method,
-            bucket,
-            key,
-            extra,
-            query,
-            region=self.bucket_region(bucket),
-            operation="HeadObject" if method == "HEAD" else "GetObject",
-        )
+        """One plain request through the CRT (retried by it): status, lower-cased headers, body.
+
+        The CRT has no read timeout: each attempt is bounded here by ``read_timeout`` plus a
+        second per MiB sent, then cancelled. A read (GET, HEAD) that got no answer is sent
+        again, ``max_attempts`` times in all, as botocore retries a read timeout; any other
+        request raises, for its caller to decide (a second CreateMultipartUpload would leave
+        the first one's upload behind).
+
+        Raises:
+            S3RequestError: an HTTP error after the engine's retries.
+            SyncError: no answer within the bound, or a connection that kept failing.
+        """
+        attempts = self.max_attempts if method in ("GET", "HEAD") else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._crt_request(
+                    method,
+                    bucket,
+                    key,
+                    extra,
+                    query,
+                    body=body,
+                    region=self.bucket_region(bucket),
+                    operation=operation or ("HeadObject" if method == "HEAD" else "GetObject"),
+                    timeout=self.read_timeout + len(body) / MiB,
+                    payload_sha256=payload_sha256,
+                )
+            except TimeoutError as exc:
+                if attempt == attempts:
+                    raise SyncError(f"{exc}; cancelled after {attempt} attempt(s)") from None
+        raise AssertionError("not reached")
+
+    def list_objects(self, bucket: str, prefix: str, *, page_size: int = 1000) -> Iterator[dict[str, Any]]:
+        """Every object whose key starts with ``prefix``, as ListObjectsV2 pages them.
+
+        Each a dict with ``Key``, ``ETag`` (in quotes, as S3 sends it; some servers list it
+        without) and ``Size``, the
+        names botocore's listing uses; ``page_size`` keys a request at most. Through the CRT with ``small_calls_on_crt`` (the XML read
+        by the standard library's ElementTree), else botocore's paginator.
+
+        Raises:
+            S3RequestError: an HTTP error such as 403 or 404 (no such bucket).
+            SyncError: the request kept failing.
+        """
+        if not self.small_calls_on_crt:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix=prefix, PaginationConfig={"PageSize": page_size}
+            )
+            for page in pages:
+                for item in page.get("Contents", []):
+                    yield {
+                        "Key": item["Key"],
+                        "ETag": _quoted(item.get("ETag", "")),
+                        "Size": item.get("Size", 0),
+                    }
+            return
+        import xml.etree.ElementTree as ET
+
+        token = None
+        while True:
+            # keys as S3 URL-encodes them: a key may hold characters XML 1.0 cannot
+            query = f"encoding-type=url&list-type=2&max-keys={page_size}&prefix={quote(prefix, safe='')}"
+            if token:
+                query += f"&continuation-token={quote(token, safe='')}"
+            _, _, body = self._crt_call("GET", bucket, "", [], query, operation="ListObjectsV2")
+            root = ET.fromstring(body)
+            ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+            encoded = root.findtext(f"{ns}EncodingType") == "url"
+            for item in root.iter(f"{ns}Contents"):
+                name = item.findtext(f"{ns}Key") or ""
+                yield {
+                    "Key": unquote_plus(name) if encoded else name,
+                    "ETag": _quoted(item.findtext(f"{ns}ETag") or ""),
+                    "Size": int(item.findtext(f"{ns}Size") or 0),
+                }
+            token = root.findtext(f"{ns}NextContinuationToken")
+            if root.findtext(f"{ns}IsTruncated") != "true" or not token:
+                return
 
     def _crt_request(
         self,
@@ -385,20 +505,25 @@ class S3:
         region: str,
         operation: str,
         raise_errors: bool = True,
+        body: bytes = b"",
+        timeout: float | None = None,
+        payload_sha256: str | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
+        import io
+
         from awscrt.http import HttpHeaders, HttpRequest
         from awscrt.s3 import S3RequestType
 
         crt = self._crt_client(region)
         host, path = self._address(bucket, key, region)
         got: dict = {"status": 0, "headers": {}}
-        body = bytearray()
+        received = bytearray()
 
         def on_headers(status_code, headers, **_kwargs) -> None:
             got["status"], got["headers"] = status_code, {k.lower(): v for k, v in headers}
 
         def on_body(chunk, offset, **_kwargs) -> None:
-            body[offset : offset + len(chunk)] = chunk
+            received[offset : offset + len(chunk)] = chunk
 
         handle = _Download(S3Uri(bucket, key), None, lambda c, o: None)
         handle.request = crt.make_request(
@@ -406,9 +531,11 @@ class S3:
             request=HttpRequest(
                 method,
                 f"{path}?{query}" if query else path,
-                HttpHeaders([("host", host), ("content-length", "0"), *extra]),
+                HttpHeaders([("host", host), ("content-length", str(len(body))), *extra]),
+                io.BytesIO(body) if body else None,
             ),
             operation_name=operation,
+            signing_config=self._payload_signing(region, payload_sha256) if payload_sha256 else None,
             on_headers=on_headers,
             on_body=on_body,
             on_done=handle.done,
@@ -422,12 +549,23 @@ class S3:
                 return handle.status, handle.error_headers, b""
             if handle.error is not None and not isinstance(handle.error, S3RequestError):
                 raise handle.error
-            return got["status"], got["headers"], bytes(body)
-        handle.wait()
-        return got["status"], got["headers"], bytes(body)
+            return got["status"], got["headers"], bytes(received)
+        try:
+            handle.wait(timeout)
+        except TimeoutError:
+            handle.cancel()
+            raise TimeoutError(f"{handle.uri}: no answer to {operation} within {timeout:.0f}s") from None
+        return got["status"], got["headers"], bytes(received)
 
     def put_bytes(
-        self, bucket: str, key: str, data: bytes, *, content_md5: str, metadata: dict[str, str]
+        self,
+        bucket: str,
+        key: str,
+        data: bytes,
+        *,
+        content_md5: str | None = None,
+        metadata: dict[str, str] | None = None,
+        content_type: str | None = None,
     ) -> dict[str, str]:
         """Upload a small object in one PUT through the CRT; the response headers, lower-case names.
 
@@ -440,43 +578,106 @@ class S3:
             bucket: bucket name.
             key: object key.
             data: the whole content.
-            content_md5: the base64 MD5 of ``data``.
+            content_md5: the base64 MD5 of ``data`` (computed when not given).
             metadata: user metadata (``x-amz-meta-<name>``).
+            content_type: the object's ``Content-Type``.
 
         Raises:
             S3RequestError: an HTTP error after the engine's retries.
             SyncError: no answer within the bound, or a connection that kept failing.
         """
-        import io
-
-        from awscrt.http import HttpHeaders, HttpRequest
-        from awscrt.s3 import S3RequestType
-
-        region = self.bucket_region(bucket)
-        crt = self._crt_client(region)
-        host, path = self._address(bucket, key, region)
+        if content_md5 is None:
+            content_md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
         headers = [
-            ("host", host),
-            ("content-length", str(len(data))),
             ("content-md5", content_md5),
-            *((f"x-amz-meta-{name}", value) for name, value in metadata.items()),
+            *((("content-type", content_type),) if content_type else ()),
+            *((f"x-amz-meta-{name}", value) for name, value in (metadata or {}).items()),
         ]
-        got: dict[str, str] = {}
-        handle = _Download(S3Uri(bucket, key), None, lambda c, o: None)
-        handle.request = crt.make_request(
-            type=S3RequestType.DEFAULT,
-            request=HttpRequest("PUT", path, HttpHeaders(headers), io.BytesIO(data)),
-            operation_name="PutObject",
-            on_headers=lambda status_code, headers, **_kw: got.update((k.lower(), v) for k, v in headers),
-            on_done=handle.done,
+        return self._crt_call("PUT", bucket, key, headers, body=data, operation="PutObject")[1]
+
+    # -- multipart uploads, through the CRT's plain requests (the sidecar's large files) -----
+
+    def create_multipart_upload(self, bucket: str, key: str, metadata: dict[str, str]) -> str:
+        """Start a multipart upload; its UploadId.
+
+        Raises:
+            S3RequestError, SyncError: as ``put_bytes``.
+        """
+        headers = [(f"x-amz-meta-{name}", value) for name, value in metadata.items()]
+        _, _, body = self._crt_call(
+            "POST", bucket, key, headers, "uploads", operation="CreateMultipartUpload"
         )
-        bound = self.read_timeout + len(data) / MiB
-        try:
-            handle.wait(bound)
-        except TimeoutError:
-            handle.cancel()
-            raise SyncError(f"{handle.uri}: no answer to the upload within {bound:.0f}s; cancelled") from None
-        return got
+        upload_id = _xml_text(body, "UploadId")
+        if not upload_id:
+            raise SyncError(f"s3://{bucket}/{key}: CreateMultipartUpload answered without an UploadId")
+        return upload_id
+
+    def upload_part(self, bucket: str, key: str, upload_id: str, number: int, data: bytes) -> str:
+        """Send one part; its ETag, with its quotes.
+
+        The signature covers the part's SHA-256 (``x-amz-content-sha256``, as botocore signs a
+        body over plain HTTP): the store refuses a part damaged on the way. A SHA-256 costs the
+        client less than half of a ``Content-MD5`` (0.15 against 0.35 CPU-seconds for 256 MiB).
+
+        Raises:
+            S3RequestError, SyncError: as ``put_bytes``.
+        """
+        query = f"partNumber={number}&uploadId={quote(upload_id, safe='')}"
+        _, headers, _ = self._crt_call(
+            "PUT",
+            bucket,
+            key,
+            [],
+            query,
+            body=data,
+            operation="UploadPart",
+            payload_sha256=hashlib.sha256(data).hexdigest(),
+        )
+        return headers.get("etag", "")
+
+    def complete_multipart_upload(self, bucket: str, key: str, upload_id: str, etags: list[str]) -> None:
+        """Join the parts, numbered from 1 in the order of ``etags``.
+
+        S3 may answer 200 and then an error document (the join failed after the answer began):
+        that is raised as the error it names, as botocore does.
+
+        Raises:
+            S3RequestError, SyncError: as ``put_bytes``.
+        """
+        import xml.etree.ElementTree as ET
+
+        root = ET.Element("CompleteMultipartUpload", xmlns=S3_XMLNS)
+        for number, etag in enumerate(etags, start=1):
+            part = ET.SubElement(root, "Part")
+            ET.SubElement(part, "PartNumber").text = str(number)
+            ET.SubElement(part, "ETag").text = etag
+        _, _, body = self._crt_call(
+            "POST",
+            bucket,
+            key,
+            [("content-type", "application/xml")],
+            f"uploadId={quote(upload_id, safe='')}",
+            body=ET.tostring(root),
+            operation="CompleteMultipartUpload",
+        )
+        code, message = error_code(body)
+        if code:
+            raise S3RequestError(S3Uri(bucket, key), 200, code, message)
+
+    def abort_multipart_upload(self, bucket: str, key: str, upload_id: str) -> None:
+        """Abort a multipart upload, so that its parts are no longer stored.
+
+        Raises:
+            S3RequestError, SyncError: as ``put_bytes``.
+        """
+        self._crt_call(
+            "DELETE",
+            bucket,
+            key,
+            [],
+            f"uploadId={quote(upload_id, safe='')}",
+            operation="AbortMultipartUpload",
+        )
 
     def get_object(
         self,

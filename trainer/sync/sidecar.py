@@ -547,9 +547,7 @@ class Sidecar:
 
         def put() -> None:
             self._retry(
-                lambda: self.s3.client.put_object(
-                    Bucket=self.config.run.bucket, Key=key, Body=body, ContentType="application/json"
-                ),
+                lambda: self.s3.put_bytes(self.config.run.bucket, key, body, content_type="application/json"),
                 f"s3://{self.config.run.bucket}/{key}",
             )
 
@@ -559,13 +557,13 @@ class Sidecar:
             self._until_stop(put, deadline)
 
     def _retry(self, call, what: str):
-        # botocore (standard mode, ``S3.max_attempts``) and the CRT (single puts) already retry
-        # each request on 5xx, throttling and connection errors; this loop, ``config.attempts``
-        # times around them, retries what they cannot: a multipart upload as a whole (a part or
-        # the completion that still fails leaves an aborted UploadId, recovered only by a new
-        # create/parts/complete), a single put refused for its Content-MD5 (a body damaged on
-        # the way) or whose ETag is not the MD5 sent, and a put that got no answer in time.
-        # Around the pass manifest's one put, which has neither, it only adds attempts.
+        # the CRT (and botocore under workload identity, standard mode, ``S3.max_attempts``)
+        # already retry each request on 5xx, throttling and connection errors; this loop,
+        # ``config.attempts`` times around them, retries what they cannot: a multipart upload
+        # as a whole (a part or the completion that still fails leaves an aborted UploadId,
+        # recovered only by a new create/parts/complete), a single put refused for its
+        # Content-MD5 (a body damaged on the way) or whose ETag is not the MD5 sent, and a put
+        # that got no answer in time. Around the pass manifest's one put it only adds attempts.
         delay = 0.2
         for attempt in range(1, self.config.attempts + 1):
             try:
@@ -749,27 +747,21 @@ class Sidecar:
             )
 
     def _put_multipart(self, key: str, path: Path, size: int, sha: str, crcs: list[int]) -> None:
-        client, bucket = self.s3.client, self.config.run.bucket
-        upload = client.create_multipart_upload(Bucket=bucket, Key=key, Metadata={SHA256_METADATA: sha})
-        upload_id = upload["UploadId"]
+        s3, bucket = self.s3, self.config.run.bucket
+        upload_id = s3.create_multipart_upload(bucket, key, {SHA256_METADATA: sha})
         part_size = _part_size(size)
-        parts = []
+        etags = []
         try:
             with open(path, "rb") as f:
                 for number, expected in enumerate(crcs, start=1):
                     data = os.pread(f.fileno(), part_size, (number - 1) * part_size)
                     if _part_crc(data) != expected:
                         raise _Changed()
-                    resp = client.upload_part(
-                        Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data
-                    )
-                    parts.append({"PartNumber": number, "ETag": resp["ETag"]})
-            client.complete_multipart_upload(
-                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
-            )
+                    etags.append(s3.upload_part(bucket, key, upload_id, number, data))
+            s3.complete_multipart_upload(bucket, key, upload_id, etags)
         except BaseException:
             try:
-                client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+                s3.abort_multipart_upload(bucket, key, upload_id)
             except Exception as exc:
                 log(f"checkpoint-sync: WARNING: could not abort the multipart upload of {key}: {exc}")
             raise

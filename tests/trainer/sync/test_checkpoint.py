@@ -263,7 +263,10 @@ def test_sync_survives_faults_and_a_new_sidecar_continues(s3_server, s3, tmp_pat
     (ck / "big.data").write_bytes(os.urandom(18 * 1024 * 1024))  # above the single-PUT limit: multipart
     with FaultProxy(s3_server.endpoint, fail_rate=0.2, seed=3) as proxy:
         env = {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint}
-        proc = _sidecar(env, run, ck, out, "--interval", "0.3", "--quiet", "0")
+        # every module the sidecar imports is named in its output (python -X importtime)
+        proc = _sidecar(
+            {**env, "PYTHONPROFILEIMPORTTIME": "1"}, run, ck, out, "--interval", "0.3", "--quiet", "0"
+        )
         try:
             _wait_for(s3, key, lambda m: len(m["files"]) == 26, timeout=60)
             (ck / "nested" / "shard-03").write_bytes(b"changed in place")
@@ -275,6 +278,13 @@ def test_sync_survives_faults_and_a_new_sidecar_continues(s3_server, s3, tmp_pat
         finally:
             proc.kill()
         assert proc.returncode == 0, output
+        imported = {
+            line.rsplit("|", 1)[-1].strip() for line in output.splitlines() if line.startswith("import time:")
+        }
+        assert "awscrt.s3" in imported
+        # with keys in the environment: listings, the multipart upload and the manifests through the CRT
+        assert not {m for m in imported if m.split(".")[0] == "botocore"}, sorted(imported)
+        output = "\n".join(line for line in output.splitlines() if not line.startswith("import time:"))
         assert {"503", "500", "reset"} <= {r.fault for r in proxy.records if r.fault}
         final = _passes(s3, key)[max(_passes(s3, key))]
         assert final["final"] and final["complete"], output

@@ -234,12 +234,17 @@ def test_an_index_rewritten_after_the_scan_goes_with_the_checkpoint_it_names(
 
 
 def test_every_sidecar_call_has_timeouts_and_bounded_retries(s3_server, monkeypatch):
-    from trainer.sync.s3 import CONNECT_TIMEOUT, READ_TIMEOUT, S3
+    from trainer.sync.__main__ import sidecar_s3
+    from trainer.sync.s3 import CONNECT_TIMEOUT, READ_TIMEOUT
 
     for name, value in {**s3_server.env(), "AWS_MAX_ATTEMPTS": "3"}.items():
         monkeypatch.setenv(name, value)
-    s3 = S3()  # as the sidecar makes it: every call through botocore
-    config = s3.client.meta.config
+    s3 = sidecar_s3(8)  # as the sidecar makes it
+    # keys in the environment: every call through the CRT, each bounded by the read timeout and
+    # its reads sent again (tests/trainer/sync/test_put.py stalls them)
+    assert s3.small_calls_on_crt
+    assert (s3.connect_timeout, s3.read_timeout, s3.max_attempts) == (CONNECT_TIMEOUT, READ_TIMEOUT, 3)
+    config = s3.client.meta.config  # botocore, under workload identity
     assert (config.connect_timeout, config.read_timeout) == (CONNECT_TIMEOUT, READ_TIMEOUT)
-    assert config.retries["total_max_attempts"] == 3 and not s3.small_calls_on_crt
+    assert config.retries["total_max_attempts"] == 3
     assert CONNECT_TIMEOUT <= 10 and READ_TIMEOUT <= 30
