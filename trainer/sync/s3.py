@@ -451,9 +451,9 @@ class S3:
         """Every object whose key starts with ``prefix``, as ListObjectsV2 pages them.
 
         Each a dict with ``Key``, ``ETag`` (in quotes, as S3 sends it; some servers list it
-        without) and ``Size``, the
-        names botocore's listing uses; ``page_size`` keys a request at most. Through the CRT with ``small_calls_on_crt`` (the XML read
-        by the standard library's ElementTree), else botocore's paginator.
+        without) and ``Size``, the names botocore's listing uses; ``page_size`` keys a request
+        at most. Through the CRT with ``small_calls_on_crt`` (the XML read by the standard
+        library's ElementTree), else botocore's paginator.
 
         Raises:
             S3RequestError: an HTTP error such as 403 or 404 (no such bucket).
