@@ -123,7 +123,8 @@ def _xml_text(body: bytes, name: str) -> str:
 
 
 def _quoted(etag: str) -> str:
-    return f'"{etag.strip(chr(34))}"' if etag else ""
+    """An ETag in its quotes, as S3 lists it (some servers list it without)."""
+    return '"' + etag.strip('"') + '"' if etag else ""
 
 
 def client_error(uri: S3Uri, exc: Exception) -> SyncError:
