@@ -219,8 +219,9 @@ class FaultProxy:
                     with self._lock:
                         self._script.insert(0, fault)
                     fault = ""
-                client.sendall(raw)
+                # recorded before it is sent: a client that has its answer finds the request recorded
                 self._record(method, path, status, len(resp_body), fault if fault == "corrupt" else "")
+                client.sendall(raw)
                 if resp_headers.get("connection", "").lower() == "close":
                     return
         except (OSError, ValueError):
