@@ -26,7 +26,7 @@ KUBEFLOW_TRAINING := .tools/kubeflow-training/.installed
 # runc for the local kubelet's containers, Chromium for the browser test of the UI, debootstrap for
 # the Debian-made image base, a C compiler for the local API's pod networking, openssl for its serving certificate,
 # Postgres for the metadata DB of `make airflow`'s Airflow (include/devstack/postgres.py).
-APT_PACKAGES := docker-registry buildah skopeo runc busybox-static chromium debootstrap gcc libc6-dev openssl postgresql
+APT_PACKAGES := docker-registry buildah skopeo runc busybox-static chromium debootstrap gcc libc6-dev openssl postgresql haproxy
 
 export AIRFLOW_HOME ?= $(CURDIR)/.airflow
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags

@@ -3,8 +3,9 @@
 The stack is three servers on 127.0.0.1, each a background process of its own session
 so that it outlives the ``make`` call that started it:
 
-* ``s3``: rclone's S3 server over ``<state dir>/s3`` (include/devstack/S3.md), with the
-  ``datasets`` and ``training`` buckets; it keeps its objects and its key pair across restarts;
+* ``s3``: rclone's S3 server over ``<state dir>/s3`` behind HAProxy, which answers a range as
+  AWS S3 does (include/devstack/s3.py, S3.md), with the ``datasets`` and ``training`` buckets; it
+  keeps its objects and its key pair across restarts;
 * ``registry``: Debian's ``docker-registry`` (the CNCF distribution registry);
 * ``mirror``: the same registry, read-only, serving the public images that pods name (busybox,
   alpine, python, tensorflow) as stand-ins built here from Debian packages (mirror.py, `make mirror`);

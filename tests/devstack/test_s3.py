@@ -99,3 +99,43 @@ def test_only_requests_signed_with_the_stack_key_pair_are_served(s3_server):
     with pytest.raises(urllib.error.HTTPError) as http:
         urllib.request.urlopen(url.replace("report/index.html", "report/other.html"), timeout=30)
     assert http.value.code == 403
+
+
+def test_a_range_is_answered_as_aws_s3_answers_it(s3_server, tmp_path):
+    """206 with no whole-object checksum, so boto3's ranged downloads of a checksummed object work."""
+    client = _client(s3_server.endpoint, s3_server.access_key_id, s3_server.secret_access_key)
+    data = os.urandom(20_000_000)
+    # boto3's default: a CRC32 the store keeps and sends back with the whole object
+    client.put_object(Bucket="training", Key="models/m 1+x/model.bin", Body=data)
+
+    whole = client.get_object(Bucket="training", Key="models/m 1+x/model.bin", ChecksumMode="ENABLED")
+    assert whole["ResponseMetadata"]["HTTPStatusCode"] == 200
+    assert whole["ChecksumCRC32"]
+    assert whole["Body"].read() == data  # botocore validated it against the CRC32
+
+    part = client.get_object(
+        Bucket="training", Key="models/m 1+x/model.bin", Range="bytes=100-199", ChecksumMode="ENABLED"
+    )
+    assert part["ResponseMetadata"]["HTTPStatusCode"] == 206
+    assert part["ContentRange"] == f"bytes 100-199/{len(data)}"
+    assert not [h for h in part["ResponseMetadata"]["HTTPHeaders"] if h.startswith("x-amz-checksum-")]
+    assert part["Body"].read() == data[100:200]
+
+    # over 8 MiB: s3transfer's ranged GETs, each of which botocore validates when a checksum comes
+    client.download_file("training", "models/m 1+x/model.bin", str(tmp_path / "model.bin"))
+    assert (tmp_path / "model.bin").read_bytes() == data
+
+
+def test_a_presigned_url_valid_for_more_than_a_week_is_refused(s3_server):
+    client = _client(
+        s3_server.endpoint, s3_server.access_key_id, s3_server.secret_access_key, signature_version="s3v4"
+    )
+    client.put_object(Bucket="training", Key="runs/x/report/week.html", Body=b"<html>report</html>")
+    params = {"Bucket": "training", "Key": "runs/x/report/week.html"}
+    week = client.generate_presigned_url("get_object", Params=params, ExpiresIn=604800)
+    assert urllib.request.urlopen(week, timeout=30).read() == b"<html>report</html>"
+    longer = client.generate_presigned_url("get_object", Params=params, ExpiresIn=604801)
+    with pytest.raises(urllib.error.HTTPError) as http:
+        urllib.request.urlopen(longer, timeout=30)
+    assert http.value.code == 400
+    assert b"<Code>AuthorizationQueryParametersError</Code>" in http.value.read()
