@@ -30,13 +30,9 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,12 +118,6 @@ backend rclone
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _die_with_parent() -> None:
     """In a child: killed when the process that started it ends, however it ends (Linux prctl)."""
     import ctypes
@@ -135,29 +125,14 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _wait_answers(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2).close()
-            return
-        except urllib.error.HTTPError:
-            return  # an answer (403 to this unsigned request): it serves
-        except OSError:
-            pass
-        if proc.poll() is not None:
-            raise S3ServerError(f"rclone exited with {proc.returncode} before it answered on {url}")
-        if time.monotonic() > deadline:
-            raise S3ServerError(f"rclone did not answer on {url} within {timeout:.0f} s")
-        time.sleep(0.1)
-
-
 def serve_with_front(host: str, port: int, cmd: list[str], env: dict[str, str]) -> int:
     """Run rclone (``cmd``, its listen address replaced by a loopback port of its own) behind
     HAProxy on ``host:port`` until either exits or this process is told to stop."""
+    from include.devstack.stack import StackError, free_port, wait_http
+
     if not HAPROXY.exists():
         raise S3ServerError(f"{HAPROXY} is missing: run `make setup` (it installs Debian's haproxy)")
-    upstream = _free_port()
+    upstream = free_port()
     cmd = list(cmd)
     cmd[cmd.index("--addr") + 1] = f"127.0.0.1:{upstream}"
     children: list[subprocess.Popen] = []
@@ -173,7 +148,10 @@ def serve_with_front(host: str, port: int, cmd: list[str], env: dict[str, str]) 
         try:
             rclone = subprocess.Popen(cmd, env={**os.environ, **env}, preexec_fn=_die_with_parent)
             children.append(rclone)
-            _wait_answers(f"http://127.0.0.1:{upstream}/", rclone)
+            try:  # answered (403 to this unsigned request): it serves the buckets
+                wait_http(f"http://127.0.0.1:{upstream}/", 60, rclone)
+            except StackError as exc:
+                raise S3ServerError(f"rclone: {exc}") from exc
             config = Path(tmp) / "haproxy.cfg"
             config.write_text(front_config(host, port, upstream))
             # -db: in the foreground, no daemon; its own errors go to this process's stderr
