@@ -25,7 +25,8 @@ KUBEFLOW_TRAINING := .tools/kubeflow-training/.installed
 # Debian packages: the registry, daemonless image builds and a static busybox for the stand-in images,
 # runc for the local kubelet's containers, Chromium for the browser test of the UI, debootstrap for
 # the Debian-made image base, a C compiler for the local API's pod networking, openssl for its serving certificate,
-# Postgres for the metadata DB of `make airflow`'s Airflow (include/devstack/postgres.py).
+# Postgres for the metadata DB of `make airflow`'s Airflow (include/devstack/postgres.py), HAProxy for
+# the dev stack's S3 front (include/devstack/s3.py).
 APT_PACKAGES := docker-registry buildah skopeo runc busybox-static chromium debootstrap gcc libc6-dev openssl postgresql haproxy
 
 export AIRFLOW_HOME ?= $(CURDIR)/.airflow
