@@ -29,6 +29,11 @@ BENCHES = {
         "bench_train_step.py",
         "training step time: steps per execution 1 vs 16, XLA off/on",
     ),
+    "gpu_step": (
+        TRAINER,
+        "bench_gpu_step.py",
+        "the classifier's network on a GPU: host-fed vs. compute-only step time, K 1 vs. 16, mixed precision",
+    ),
     "transfer": (TRAINER, "bench_transfer.py", "S3 stage-in vs. s5cmd and awscli (wall time, client CPU/GB)"),
     "image_update": (
         AIRFLOW,
