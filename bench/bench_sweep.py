@@ -21,8 +21,11 @@ and the task instances (Airflow's REST API) it reports, for each sweep:
   own wall time), final sync and records (container exit to task end);
 * the load average before and after each sweep (the machine may be shared).
 
-``KUBETRAIN_BENCH_SWEEP_TRIALS`` and ``KUBETRAIN_BENCH_SWEEP_EPOCHS`` make a smaller instance
-(bench/README.md has 16 trials of 27 epochs); ``--from-raw`` writes the tables again from the last
+``KUBETRAIN_BENCH_SWEEP_TRIALS``, ``KUBETRAIN_BENCH_SWEEP_EPOCHS``, ``KUBETRAIN_BENCH_SWEEP_IMAGE_SIZE``
+and ``KUBETRAIN_BENCH_SWEEP_MIN_RESOURCE`` make another instance (the default, 16 trials of 81 epochs at
+image size 32 with asha's first rung at 9 epochs, runs about an hour; the earlier, shorter one is
+``KUBETRAIN_BENCH_SWEEP_EPOCHS=27 KUBETRAIN_BENCH_SWEEP_IMAGE_SIZE=16 KUBETRAIN_BENCH_SWEEP_MIN_RESOURCE=1``,
+about 15 minutes); ``--from-raw`` writes the tables again from the last
 run's raw results (in the temp dir).
 """
 
@@ -50,16 +53,24 @@ PARALLEL = 2
 # the 1-minute load average a sweep starts at, on a machine at rest (2 cores)
 QUIET_LOAD = 1.5
 TRIALS = int(os.environ.get("KUBETRAIN_BENCH_SWEEP_TRIALS", "16"))  # fewer for a quick look
-# Reports (epochs) per trial: asha's rungs are at 1, 3 and 9 reports of 27 (reduction factor 3).
-EPOCHS = int(os.environ.get("KUBETRAIN_BENCH_SWEEP_EPOCHS", "27"))
+# Reports (epochs) per trial, and asha's first rung: rungs at 9, 27 and 81 reports (reduction factor 3).
+# Why these sizes: a trial costs about 9.5 s beyond its training (the pod's start with the dataset
+# staged, TensorFlow's import, the final sync and records; bench/README.md, "sweep"), and a sweep's
+# wall / ideal is about 1.05 x (1 + that / its trials' mean training time). Most of asha's trials
+# stop at the first rung, so 1.3 takes that rung at about 20 s of training (9 epochs at image size
+# 32, about 2 s an epoch with 2 trials on 2 cores) and the budget 9 times that: the no-stopping
+# sweep's trials train about 170 s each. At 27 epochs of 1 s (image size 16, first rung 1 epoch)
+# asha's trials trained 6 s on average and its wall / ideal was 2.4-2.8.
+EPOCHS = int(os.environ.get("KUBETRAIN_BENCH_SWEEP_EPOCHS", "81"))
+IMAGE_SIZE = int(os.environ.get("KUBETRAIN_BENCH_SWEEP_IMAGE_SIZE", "32"))
+MIN_RESOURCE = int(os.environ.get("KUBETRAIN_BENCH_SWEEP_MIN_RESOURCE", "9"))
 CONF = {
     "dataset_uri": "s3://datasets/digits/",
     "model_name": "bench-sweep",
-    # A fixed short budget on small images, batch size 32 (about 40 steps an epoch): at 27 epochs a
-    # trial trains for about half a minute on one core, long against its ~10 s of fixed overhead
-    # (the wall-time target), and a learning rate below ~3e-4 has not learnt the digits by then.
+    # A fixed budget on small images, batch size 32 (about 45 steps an epoch), over a learning-rate
+    # range whose ends learn little in it.
     "epochs": EPOCHS,
-    "image_size": 16,
+    "image_size": IMAGE_SIZE,
     "cpu": "1",
     "memory": "2Gi",
     "promote": "never",
@@ -73,7 +84,7 @@ CONF = {
 VARIANTS = {
     "no stopping": {"rule": "off"},
     "median stopping": {"rule": "median", "min_trials": 3, "start_step": 2},
-    "asha": {"rule": "asha", "min_resource": 1, "reduction_factor": 3, "max_resource": EPOCHS},
+    "asha": {"rule": "asha", "min_resource": MIN_RESOURCE, "reduction_factor": 3, "max_resource": EPOCHS},
 }
 IMAGE_ROOTFS = REPO / ".tools" / "images" / "bookworm-python.tar"
 
@@ -482,7 +493,12 @@ def _instance() -> str:
     """The variables that made a smaller instance than bench/README.md's, as a command's prefix."""
     return "".join(
         f"{name}={os.environ[name]} "
-        for name in ("KUBETRAIN_BENCH_SWEEP_TRIALS", "KUBETRAIN_BENCH_SWEEP_EPOCHS")
+        for name in (
+            "KUBETRAIN_BENCH_SWEEP_TRIALS",
+            "KUBETRAIN_BENCH_SWEEP_EPOCHS",
+            "KUBETRAIN_BENCH_SWEEP_IMAGE_SIZE",
+            "KUBETRAIN_BENCH_SWEEP_MIN_RESOURCE",
+        )
         if os.environ.get(name)
     )
 
