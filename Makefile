@@ -268,7 +268,9 @@ airflow: setup stack-images
 	$(UV) pip install --quiet --target .tools/oras --no-deps oras==0.2.43
 	touch $@
 
-bench: setup .tools/oras/.installed
+# The benches that start a dev stack need what the suite's stack needs: the image base, the
+# registry mirror and the S3 front.
+bench: setup .tools/oras/.installed $(IMAGE_ROOTFS) $(MIRROR) $(STAMPS)/haproxy
 	BENCH="$(BENCH)" $(VENV)/bin/python bench/run.py
 
 clean: stack-down
