@@ -67,8 +67,9 @@ MIN_RESOURCE = int(os.environ.get("KUBETRAIN_BENCH_SWEEP_MIN_RESOURCE", "9"))
 CONF = {
     "dataset_uri": "s3://datasets/digits/",
     "model_name": "bench-sweep",
-    # A fixed budget on small images, batch size 32 (about 45 steps an epoch), over a learning-rate
-    # range whose ends learn little in it.
+    # A fixed budget on small images, batch size 32 (45 steps an epoch). At 81 epochs every point of the
+    # range learns the digits (0.975 to 1.0 on the run of 2026-11-28; at 27 epochs of image size 16 its
+    # ends stayed behind): asha stops by rank at a rung, not by a point's badness, and still saves.
     "epochs": EPOCHS,
     "image_size": IMAGE_SIZE,
     "cpu": "1",
