@@ -58,8 +58,8 @@ TRIALS = int(os.environ.get("KUBETRAIN_BENCH_SWEEP_TRIALS", "16"))  # fewer for 
 # staged, TensorFlow's import, the final sync and records; bench/README.md, "sweep"), and a sweep's
 # wall / ideal is about 1.05 x (1 + that / its trials' mean training time). Most of asha's trials
 # stop at the first rung, so 1.3 takes that rung at about 20 s of training (9 epochs at image size
-# 32, about 2 s an epoch with 2 trials on 2 cores) and the budget 9 times that: the no-stopping
-# sweep's trials train about 170 s each. At 27 epochs of 1 s (image size 16, first rung 1 epoch)
+# 32, 2.4 s an epoch with 2 trials on 2 cores) and the budget 9 times that: the no-stopping
+# sweep's trials trained 194 s each, asha's 62 s on average (wall / ideal 1.17). At 27 epochs of 1 s (image size 16, first rung 1 epoch)
 # asha's trials trained 6 s on average and its wall / ideal was 2.4-2.8.
 EPOCHS = int(os.environ.get("KUBETRAIN_BENCH_SWEEP_EPOCHS", "81"))
 IMAGE_SIZE = int(os.environ.get("KUBETRAIN_BENCH_SWEEP_IMAGE_SIZE", "32"))
