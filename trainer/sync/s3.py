@@ -89,6 +89,10 @@ class NotAsListed(Refused):
     """
 
 
+class ChecksumMismatch(NotAsListed):
+    """The engine found the bytes it received do not give the checksum it was to check them against."""
+
+
 class S3RequestError(SyncError):
     """An S3 request failed with an HTTP status (after the engine's retries)."""
 
@@ -687,6 +691,7 @@ class S3:
         *,
         if_match: str | None = None,
         checksum_mode: bool = False,
+        expected_checksum: tuple[str, str] | None = None,
         on_headers: Callable[[int, dict[str, str]], None] | None = None,
         on_body: Callable[[memoryview, int], None] | None = None,
         to_file: str | None = None,
@@ -705,6 +710,10 @@ class S3:
             key: object key.
             if_match: ETag the object must still have (a changed object fails with 412).
             checksum_mode: ask for the object's stored checksum (``x-amz-checksum-*``).
+            expected_checksum: the whole object's checksum (algorithm, base64), from a HEAD: the
+                engine checks the bytes against it as they arrive, across all ranges, and the
+                download fails with ``ChecksumMismatch`` if they differ. Meant for a large object
+                written by the engine (``to_file``): its body never passes through Python.
             on_headers: called with the status and the (lower-cased) headers of the first
                 response; a ``SyncError`` it raises ends the download.
             on_body: called with each piece of the body and its offset in the object; a
@@ -718,7 +727,7 @@ class S3:
                 outcome, when ``wait()`` no longer blocks.
         """
         from awscrt.http import HttpHeaders, HttpRequest
-        from awscrt.s3 import S3FileIoOptions, S3RequestType
+        from awscrt.s3 import S3ChecksumAlgorithm, S3ChecksumConfig, S3FileIoOptions, S3RequestType
 
         region = self.bucket_region(bucket)
         crt = self._crt_client(region)
@@ -731,11 +740,18 @@ class S3:
             headers.append(("if-match", if_match))
         if checksum_mode:
             headers.append(("x-amz-checksum-mode", "ENABLED"))
-        handle = _Download(S3Uri(bucket, key), on_headers, on_body, on_finished)
+        checksum_config = None
+        if expected_checksum:
+            algorithm, value = expected_checksum
+            checksum_config = S3ChecksumConfig(
+                expected_checksum=value, expected_checksum_algorithm=S3ChecksumAlgorithm[algorithm.upper()]
+            )
+        handle = _Download(S3Uri(bucket, key), on_headers, on_body, on_finished, expected_checksum)
         handle.request = crt.make_request(
             type=S3RequestType.GET_OBJECT,
             request=HttpRequest("GET", path, HttpHeaders(headers)),
             operation_name="GetObject",
+            checksum_config=checksum_config,
             on_headers=handle.headers,
             on_body=handle.body if to_file is None else None,
             recv_filepath=to_file,
@@ -754,9 +770,15 @@ class _Download:
     """
 
     def __init__(
-        self, uri: S3Uri, on_headers, on_body, on_finished: Callable[[], None] | None = None
+        self,
+        uri: S3Uri,
+        on_headers,
+        on_body,
+        on_finished: Callable[[], None] | None = None,
+        expected_checksum: tuple[str, str] | None = None,
     ) -> None:
         self.uri = uri
+        self.expected_checksum = expected_checksum
         self._on_headers, self._on_body = on_headers, on_body
         self._on_finished = on_finished
         # held until the request ends: a plain lock costs a tenth of an Event (a Condition and
@@ -786,19 +808,45 @@ class _Download:
         except BaseException as exc:  # noqa: BLE001 - kept, then raised by wait()
             self._fail(exc)
 
-    def done(self, error=None, status_code=None, error_body=None, error_headers=None, **_kwargs) -> None:
+    def done(
+        self,
+        error=None,
+        status_code=None,
+        error_body=None,
+        error_headers=None,
+        did_validate_checksum=False,
+        **_kwargs,
+    ) -> None:
         try:
             if error is not None and status_code:
                 self.status = status_code
                 self.error_headers = {k.lower(): v for k, v in error_headers or []}
             if error is not None and self.error is None:
-                if status_code:
+                # the engine names the last response's status (200) with a checksum mismatch
+                if (
+                    getattr(error, "name", "") == "AWS_ERROR_S3_RESPONSE_CHECKSUM_MISMATCH"
+                    and self.expected_checksum
+                ):
+                    algorithm, value = self.expected_checksum
+                    self.error = ChecksumMismatch(
+                        f"{self.uri}: {algorithm} mismatch: the content does not give the store's checksum "
+                        f"{value}; refused"
+                    )
+                elif status_code:
                     code, message = error_code(error_body)
                     self.error = S3RequestError(self.uri, status_code, code or "HTTPError", message)
                 elif getattr(error, "name", "") == "AWS_ERROR_S3_SLOW_DOWN":  # the CRT names no status
                     self.error = S3RequestError(self.uri, 503, "SlowDown", "the store kept throttling")
                 else:
                     self.error = SyncError(f"{self.uri}: {getattr(error, 'name', '')} {error}".strip())
+            elif (
+                error is None and self.error is None and self.expected_checksum and not did_validate_checksum
+            ):
+                # the engine skips its check where it cannot make one: never a silent pass
+                self.error = SyncError(
+                    f"{self.uri}: the engine did not check the content against the store's "
+                    f"{self.expected_checksum[0]} {self.expected_checksum[1]}"
+                )
         finally:
             self._running.release()
             if self._on_finished is not None:

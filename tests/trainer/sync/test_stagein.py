@@ -261,7 +261,8 @@ def _one_object_dataset(s3, client, size: int) -> tuple[str, str]:
     ("store_checksum", "size", "extra", "message"),
     [
         (True, 100_000, [], "crc32 mismatch: the content gives"),
-        (True, 12 * MiB, [], "crc32 mismatch: the content gives"),
+        # a ranged object: the engine checks it against the checksum of stage-in's HEAD
+        (True, 12 * MiB, [], "crc32 mismatch: the content does not give the store's checksum"),
         (False, 100_000, [], "ETag mismatch: content hashes to"),
         (False, 12 * MiB, ["--verify", "md5"], "ETag mismatch: content hashes to"),
     ],
@@ -280,6 +281,47 @@ def test_corrupted_bytes_are_refused(s3_server, s3, plain_s3, tmp_path, store_ch
     assert result.returncode == 1, result.stderr
     assert f"s3://datasets/{key}: {message}" in result.stderr
     assert not data.exists() or os.listdir(data) == []
+
+
+@pytest.mark.parametrize("algorithm", ["CRC32C", "CRC64NVME", "SHA1", "SHA256"])
+def test_a_large_object_is_checked_against_any_store_checksum(s3_server, s3, tmp_path, algorithm):
+    """Each full-object checksum S3 keeps, checked by the engine across a ranged download."""
+    prefix = f"large-{secrets.token_hex(4)}/"
+    key = f"{prefix}blob.bin"
+    body = os.urandom(12 * MiB + 1234)
+    s3.put_object(Bucket="datasets", Key=key, Body=body, ChecksumAlgorithm=algorithm)
+    uri = put_manifest(s3, dataset_manifest(s3, "datasets", prefix, f"unit-{prefix.strip('/')}"))
+    result = _stage(s3_server, uri, tmp_path / "data")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "data" / "blob.bin").read_bytes() == body
+    line = next(x for x in result.stderr.splitlines() if "stage-in: verified " in x)
+    assert f"1 objects by size+etag+{algorithm.lower()}(store)" in line
+    with FaultProxy(s3_server.endpoint, fail_rate=0.0, corrupt=key) as proxy:
+        bad = run_sync(
+            ["stage-in", "--manifest", uri, "--data-dir", str(tmp_path / "bad")],
+            {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint},
+        )
+    assert bad.returncode == 1
+    assert f"s3://datasets/{key}: {algorithm.lower()} mismatch: the content does not give" in bad.stderr
+    assert not (tmp_path / "bad").exists() or os.listdir(tmp_path / "bad") == []
+
+
+def test_a_download_the_engine_did_not_check_is_refused():
+    """Where the engine was given a checksum and reports it made no check, nothing passes silently.
+
+    No server makes the engine skip its check on demand: its completion is called as it would be.
+    """
+    from trainer.sync.s3 import S3Uri, SyncError, _Download
+
+    handle = _Download(S3Uri("datasets", "blob.bin"), None, None, expected_checksum=("crc32", "LC6FYw=="))
+    handle.done(error=None, status_code=200, did_validate_checksum=False)
+    with pytest.raises(
+        SyncError, match=r"s3://datasets/blob.bin: the engine did not check .* crc32 LC6FYw=="
+    ):
+        handle.wait()
+    checked = _Download(S3Uri("datasets", "blob.bin"), None, None, expected_checksum=("crc32", "LC6FYw=="))
+    checked.done(error=None, status_code=200, did_validate_checksum=True)
+    checked.wait()
 
 
 def test_stage_in_says_how_each_object_was_verified(s3_server, s3, plain_s3, tmp_path):
