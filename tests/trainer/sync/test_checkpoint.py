@@ -313,6 +313,54 @@ def test_sync_survives_faults_and_a_new_sidecar_continues(s3_server, s3, tmp_pat
         assert puts == {f"/training/{key}/sync/pass-{final['pass'] + 1:08d}.json"}
 
 
+@pytest.mark.parametrize("refused", [False, True], ids=["part-crc32c", "store-refuses-part-checksums"])
+def test_a_large_file_goes_in_parts_the_store_checks(s3_server, s3, tmp_path, refused):
+    """Each part with its CRC32C; where the store refuses part checksums, each signed with its SHA-256."""
+    import base64
+
+    from awscrt.checksums import crc32c
+
+    run, key = _run_uri()
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    ck.mkdir()
+    out.mkdir()
+    big = os.urandom(18 * 1024 * 1024)  # above the single-PUT limit: two parts of 16 MiB and 2 MiB
+    (ck / "big.data").write_bytes(big)
+    refuse = "x-amz-checksum-algorithm" if refused else None
+    with FaultProxy(s3_server.endpoint, fail_rate=0.0, refuse_header=refuse) as proxy:
+        proc = _sidecar(
+            {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint},
+            run,
+            ck,
+            out,
+            "--interval",
+            "60",
+            "--quiet",
+            "0",
+        )
+        try:
+            _wait_for(s3, key, lambda m: len(m["files"]) == 1)
+            output = _stop(proc)
+        finally:
+            proc.kill()
+    final = _final_pass(s3, key, proc, output)
+    _check_bytes(s3, final)
+    parts = [big[: 16 * 1024 * 1024], big[16 * 1024 * 1024 :]]
+    sent = [r for r in proxy.records if r.method == "PUT" and "uploadId=" in r.path and r.status == 200]
+    assert len(sent) == 2, output
+    if refused:
+        assert "the store refused part checksums (InvalidArgument)" in output
+        assert [r.headers.get("x-amz-content-sha256") for r in sent] == [
+            hashlib.sha256(d).hexdigest() for d in parts
+        ]
+        assert not any("x-amz-checksum-crc32c" in r.headers for r in sent)
+    else:
+        assert "refused" not in output
+        assert [r.headers.get("x-amz-checksum-crc32c") for r in sent] == [
+            base64.b64encode(crc32c(d).to_bytes(4, "big")).decode() for d in parts
+        ]
+
+
 def test_persistent_failure_is_recorded_and_the_sidecar_keeps_going(s3_server, s3, tmp_path):
     run, key = _run_uri()
     ck, out = tmp_path / "ck", tmp_path / "out"

@@ -132,12 +132,41 @@ def test_a_listing_that_gets_no_answer_is_sent_again(s3_server, monkeypatch):
         assert all(i["Key"].startswith("runs/unit_list/") for i in listed)
 
 
-def test_every_part_is_signed_with_its_sha256(s3_server, s3, monkeypatch):
-    """A part's signature covers its SHA-256 (``x-amz-content-sha256``), which AWS S3 checks.
+def test_every_part_is_sent_with_its_crc32c(s3_server, s3, monkeypatch):
+    """A part goes with its CRC32C (``x-amz-checksum-crc32c``, a signed header), which AWS S3 checks.
 
-    No server that installs here checks it (neither the dev stack's nor moto: a part signed
-    for other bytes is stored; include/devstack/S3.md), so the test reads the requests as sent.
+    No server that installs here checks it (neither the dev stack's nor moto: a part sent with
+    another part's CRC32C is stored; include/devstack/S3.md), so the test reads the requests as sent.
     """
+    from awscrt.checksums import crc32c
+
+    with FaultProxy(s3_server.endpoint, fail_rate=0.0) as proxy:
+        _env(monkeypatch, {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint})
+        client = S3(small_calls_on_crt=True)
+        key = f"runs/unit_put/{secrets.token_hex(5)}/ckpt 1+b/big.data"  # signed as sent: a space and a plus
+        parts = [secrets.token_bytes(5 * 1024 * 1024), b"tail"]
+        crcs = [crc32c(d) for d in parts]
+        upload_id = client.create_multipart_upload("training", key, {}, part_checksums=True)
+        etags = [
+            client.upload_part("training", key, upload_id, n, d, crc32c=c)
+            for n, (d, c) in enumerate(zip(parts, crcs, strict=True), start=1)
+        ]
+        client.complete_multipart_upload("training", key, upload_id, etags, crc32cs=crcs)
+    create = next(r for r in proxy.records if r.method == "POST" and r.path.endswith("?uploads"))
+    assert create.headers.get("x-amz-checksum-algorithm") == "CRC32C"
+    sent = [r for r in proxy.records if r.method == "PUT" and "uploadId=" in r.path and r.status == 200]
+    assert [r.headers.get("x-amz-checksum-crc32c") for r in sent] == [
+        base64.b64encode(c.to_bytes(4, "big")).decode() for c in crcs
+    ]
+    assert all("x-amz-checksum-crc32c" in r.headers["authorization"] for r in sent)
+    # the body is not hashed to sign it: the checksum covers it
+    assert {r.headers.get("x-amz-content-sha256") for r in sent} == {"UNSIGNED-PAYLOAD"}
+    assert s3.get_object(Bucket="training", Key=key)["Body"].read() == b"".join(parts)
+
+
+def test_without_part_checksums_every_part_is_signed_with_its_sha256(s3_server, s3, monkeypatch):
+    """Where the store takes no part checksums, a part's signature covers its SHA-256
+    (``x-amz-content-sha256``), which AWS S3 checks: read from the requests as sent, as above."""
     with FaultProxy(s3_server.endpoint, fail_rate=0.0) as proxy:
         _env(monkeypatch, {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint})
         client = S3(small_calls_on_crt=True)

@@ -26,6 +26,10 @@ _WRONG_REGION = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AuthorizationHeaderMalformed</Code><Message>The '
     b"authorization header is malformed; the region '%s' is wrong; expecting '%s'</Message><Region>%s</Region></Error>"
 )
+_REFUSED = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InvalidArgument</Code><Message>Unsupported '
+    b"header %s received for this API call.</Message></Error>"
+)
 _ERROR_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>%s</Code><Message>injected by the test proxy'
     b"</Message></Error>"
@@ -61,6 +65,8 @@ class FaultProxy:
         region: answer as AWS S3 does for buckets in this region: a request signed for another
             region gets 400 ``AuthorizationHeaderMalformed`` naming the right one, and every
             answer to a bucket HEAD carries ``x-amz-bucket-region``.
+        refuse_header: a request that carries this header gets 400 ``InvalidArgument``, as from
+            a store that does not know it (an S3-compatible store without flexible checksums).
     """
 
     def __init__(
@@ -74,6 +80,7 @@ class FaultProxy:
         first_gets: tuple[str, ...] = (),
         stall=None,
         region: str | None = None,
+        refuse_header: str | None = None,
     ) -> None:
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname, parts.port)
@@ -84,6 +91,7 @@ class FaultProxy:
         self._script = list(first_gets)
         self.stall = stall
         self.region = region
+        self.refuse_header = refuse_header.lower() if refuse_header else None
         self.stalled = threading.Event()  # set once a request has been held
         self._rng = random.Random(seed)
         self._local = threading.local()
@@ -181,6 +189,17 @@ class FaultProxy:
                                 "content-length": str(len(xml)),
                                 "x-amz-bucket-region": self.region,
                             },
+                            xml,
+                        )
+                    )
+                    continue
+                if self.refuse_header and self.refuse_header in headers:
+                    self._record(method, path, 400, 0, "refused")
+                    xml = _REFUSED % self.refuse_header.encode()
+                    client.sendall(
+                        _encode_response(
+                            "HTTP/1.1 400 Bad Request",
+                            {"content-type": "application/xml", "content-length": str(len(xml))},
                             xml,
                         )
                     )
