@@ -257,13 +257,13 @@ def upload_with_crc64nvme(client, path: Path, key: str) -> None:
     """Upload one file in one PUT with its CRC64NVME, the full-object checksum S3 keeps of new objects."""
     import base64
 
-    from awscrt import checksums
+    from trainer.sync.transfer import checksum_factory
 
-    crc = 0
+    crc = checksum_factory("crc64nvme")()  # the check stage-in makes of a whole object
     with open(path, "rb") as f:
         while chunk := f.read(8 * MiB):
-            crc = checksums.crc64nvme(chunk, crc)
-    value = base64.b64encode(crc.to_bytes(8, "big")).decode()
+            crc.update(chunk)
+    value = base64.b64encode(crc.digest()).decode()
     with open(path, "rb") as f:
         client.put_object(Bucket="datasets", Key=key, Body=f, ChecksumCRC64NVME=value)
     head = client.head_object(Bucket="datasets", Key=key, ChecksumMode="ENABLED")
