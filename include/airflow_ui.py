@@ -464,8 +464,23 @@ class AirflowUI:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:1000]
-            raise AirflowUIError(f"{method} {path} answered {exc.code}: {detail}") from None
+            raise AirflowUIError(
+                f"{method} {path} answered {exc.code}: {detail}{self._logged_error(detail)}"
+            ) from None
         return json.loads(raw) if raw else None
+
+    def _logged_error(self, detail: str) -> str:
+        """The API server's log record of a database error it answered with only an ID (500s hide
+        the statement and its traceback unless ``[api] expose_stacktrace``), for failure messages."""
+        found = re.search(r"look for ID (\w+)", detail)
+        log = self.log_path("api-server")
+        if not found or not log.exists():
+            return ""
+        lines = log.read_text(errors="replace").splitlines()
+        start = next((i for i, line in enumerate(lines) if f"Error with id {found[1]}" in line), None)
+        if start is None:
+            return ""
+        return f"\nthe API server logged ({log}):\n" + "\n".join(lines[start : start + 40])
 
     def ensure_pool(self, name: str, slots: int, description: str, include_deferred: bool = True) -> None:
         """Create the pool, or set its slots when it exists (what ``airflow pools set`` does).
@@ -513,6 +528,30 @@ class AirflowUI:
 
     def set_paused(self, dag_id: str, paused: bool) -> None:
         self.api("PATCH", f"/dags/{dag_id}", {"is_paused": paused})
+
+    def set_run_state(self, dag_id: str, run_id: str, state: str) -> None:
+        """Mark a run ``failed``, ``success`` or ``queued``, as the UI's buttons do.
+
+        Marking a run rewrites its task instances while the scheduler, and a task starting or
+        ending, may write the same rows: Postgres can pick the API server's transaction as a
+        deadlock's victim, which it answers with a 500 "Database error" (CI saw one). Airflow's
+        own components retry such a transaction; so does this, up to five times."""
+        import tenacity
+
+        retry = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(
+                lambda exc: (
+                    isinstance(exc, AirflowUIError)
+                    and "answered 500" in str(exc)
+                    and '"Database error"' in str(exc)
+                )
+            ),
+            wait=tenacity.wait_exponential(multiplier=0.5, max=8),
+            stop=tenacity.stop_after_attempt(5),
+            reraise=True,
+        )
+        path = f"/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
+        retry(self.api, "PATCH", path, {"state": state})
 
     def trigger(self, dag_id: str, conf: Mapping[str, Any] | None = None) -> str:
         """Trigger a manual run now; return its run id."""

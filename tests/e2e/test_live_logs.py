@@ -82,9 +82,7 @@ def test_train_log_shows_epochs_while_the_task_is_deferred(ui, devstack, page, t
             shot(page, tmp_path, "train-log-while-deferred")
         finally:
             # Failing the run cancels the deferred task's trigger, which deletes the pod.
-            ui.api(
-                "PATCH", f"/dags/{DAG_ID}/dagRuns/{urllib.parse.quote(run_id, safe='')}", {"state": "failed"}
-            )
+            ui.set_run_state(DAG_ID, run_id, "failed")
             ui.wait_run(DAG_ID, run_id, timeout=120)
     finally:
         ui.set_paused(DAG_ID, True)

@@ -259,9 +259,7 @@ def test_the_form_unpauses_and_triggers_five_times_in_a_row_and_every_run_starts
                 if run_id in new and run_id not in started_runs and run["state"] != "queued":
                     started_runs[run_id] = run["state"]
                     if run["state"] == "running":
-                        ui.api(
-                            "PATCH", f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}", {"state": "failed"}
-                        )
+                        ui.set_run_state(DAG_ID, run_id, "failed")
             assert time.monotonic() < deadline, (
                 f"runs still queued after 180 s: {sorted(set(new) - set(started_runs))}; started: {started_runs}"
             )
