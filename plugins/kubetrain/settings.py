@@ -184,6 +184,11 @@ ENVIRONMENT: dict[str, EnvironmentVariable] = {
     for v in (
         EnvironmentVariable("KUBETRAIN_RETRY_DELAY_SECONDS", "Seconds between a task's retries (every DAG)."),
         EnvironmentVariable(
+            "KUBETRAIN_UNSCHEDULABLE_GRACE_SECONDS",
+            "Seconds a training pod may stay unschedulable, with no autoscaler adding a node, before its "
+            "task fails without a retry (every DAG).",
+        ),
+        EnvironmentVariable(
             "KUBETRAIN_TRAINER_DIR", "The trainer/ directory the image build DAG builds from."
         ),
         EnvironmentVariable("KUBETRAIN_REGISTRY_CONN_ID", "The registry connection of the image build DAG."),

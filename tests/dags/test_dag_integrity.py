@@ -59,6 +59,13 @@ def test_dag_conventions(dagbag, path):
         assert task.retries >= DEFAULT_ARGS["retries"], (
             f"{dag.dag_id}.{task.task_id} has {task.retries} retries, fewer than DEFAULT_ARGS' {DEFAULT_ARGS['retries']}"
         )
+    # the training tasks' unschedulable grace is the deployment's (KUBETRAIN_UNSCHEDULABLE_GRACE_SECONDS)
+    for task in dag.tasks:
+        grace = getattr(task, "unschedulable_grace_seconds", DEFAULT_ARGS["unschedulable_grace_seconds"])
+        assert grace == DEFAULT_ARGS["unschedulable_grace_seconds"], (
+            f"{dag.dag_id}.{task.task_id} has unschedulable_grace_seconds={grace}: expected DEFAULT_ARGS' "
+            f"{DEFAULT_ARGS['unschedulable_grace_seconds']}"
+        )
     # topological_sort raises on a cycle
     assert len(dag.topological_sort()) == len(dag.tasks)
 

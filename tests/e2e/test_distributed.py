@@ -284,12 +284,15 @@ def test_refusals_fail_fast_and_leave_nothing(airflow, api, digits, dev_images):
             "epochs": 1,
             "image_size": 16,
         },
+        # the deployment's grace for an autoscaler, which the dev stack does not have
+        KUBETRAIN_UNSCHEDULABLE_GRACE_SECONDS="5",
         **FAST,
     )
     assert unschedulable.task_states()["train"] == "failed", unschedulable.output[-3000:]
     assert (
         "cannot be scheduled" in unschedulable.output and "Insufficient amd.com/gpu" in unschedulable.output
     )
+    assert "(no autoscaler added a node within 5 s)" in unschedulable.output
     assert unschedulable.try_numbers("train") == 1
     assert time.monotonic() - started < 600
     assert_nothing_left(api)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -175,3 +176,38 @@ def test_precedence_variable_then_environment_then_default(monkeypatch, name):
 def test_unknown_setting_is_named():
     with pytest.raises(KeyError, match="unknown kubetrain setting 'namespaces'"):
         settings.get("namespaces")
+
+
+def test_seconds_from_the_environment_are_whole_and_not_negative(monkeypatch):
+    from kubetrain.defaults import seconds_from_env
+
+    monkeypatch.delenv("KUBETRAIN_UNSCHEDULABLE_GRACE_SECONDS", raising=False)
+    assert seconds_from_env("KUBETRAIN_UNSCHEDULABLE_GRACE_SECONDS", 60) == 60
+    monkeypatch.setenv("KUBETRAIN_UNSCHEDULABLE_GRACE_SECONDS", "0")
+    assert seconds_from_env("KUBETRAIN_UNSCHEDULABLE_GRACE_SECONDS", 60) == 0
+    for bad in ("-5", "1.5", "soon"):
+        monkeypatch.setenv("KUBETRAIN_UNSCHEDULABLE_GRACE_SECONDS", bad)
+        with pytest.raises(ValueError) as err:
+            seconds_from_env("KUBETRAIN_UNSCHEDULABLE_GRACE_SECONDS", 60)
+        assert str(err.value) == (
+            f"KUBETRAIN_UNSCHEDULABLE_GRACE_SECONDS={bad!r}: expected a whole number of seconds >= 0"
+        )
+
+
+def test_the_unschedulable_grace_reaches_every_training_task_of_a_parsed_dag():
+    """Set in the environment, the grace is every training task's, in a fresh interpreter that parses
+    the DAGs as the scheduler does; the tasks that start no pod do not take it."""
+    code = (
+        "import json, airflow\n"
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        f"bag = DagBag(dag_folder={str(REPO / 'dags')!r})\n"
+        "assert not bag.import_errors, bag.import_errors\n"
+        "print(json.dumps({d.dag_id + '.' + t.task_id: t.unschedulable_grace_seconds for d in bag.dags.values()"
+        " for t in d.tasks if hasattr(t, 'unschedulable_grace_seconds')}))\n"
+    )
+    env = {**os.environ, "KUBETRAIN_UNSCHEDULABLE_GRACE_SECONDS": "7"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    graces = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "train_image_classifier.train" in graces and "train_image_classifier_distributed.train" in graces
+    assert set(graces.values()) == {7}, graces
