@@ -39,6 +39,7 @@ from airflow.sdk import Asset, Param, dag, task
 
 from kubetrain.defaults import DEFAULT_ARGS
 from kubetrain.operators.build import AppendLayerOperator, BuildImageOperator
+from kubetrain.params import with_dialect
 from kubetrain.settings import environ
 
 TRAINER_DIR = environ("KUBETRAIN_TRAINER_DIR") or str(Path(__file__).resolve().parents[1] / "trainer")
@@ -62,30 +63,32 @@ CODE_DIR = "{{ var.value.get('kubetrain_trainer_code_dir', '/app/trainer') }}"
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=["kubetrain", "image", "build"],
-    params={
-        "variant": Param(
-            None,
-            type=["null", "string"],
-            enum=[None, "gpu", "cpu"],
-            title="Trainer variant",
-            description="gpu: on the TensorFlow GPU base, tagged <tag> and <tag>-gpu; cpu: tagged <tag>-cpu; "
-            "empty: the trainer_variant setting.",
-        ),
-        "mode": Param(
-            "auto",
-            type="string",
-            enum=["auto", "full", "append"],
-            title="Mode",
-            description="auto: full build when the dependencies changed, else a code layer; full or append: force one.",
-        ),
-        # a switch always has a value: "null" keeps the trigger form from marking it required
-        "force": Param(
-            False,
-            type=["boolean", "null"],
-            title="Force",
-            description="Build even when trainer/ is unchanged.",
-        ),
-    },
+    params=with_dialect(
+        {
+            "variant": Param(
+                None,
+                type=["null", "string"],
+                enum=[None, "gpu", "cpu"],
+                title="Trainer variant",
+                description="gpu: on the TensorFlow GPU base, tagged <tag> and <tag>-gpu; cpu: tagged <tag>-cpu; "
+                "empty: the trainer_variant setting.",
+            ),
+            "mode": Param(
+                "auto",
+                type="string",
+                enum=["auto", "full", "append"],
+                title="Mode",
+                description="auto: full build when the dependencies changed, else a code layer; full or append: force one.",
+            ),
+            # a switch always has a value: "null" keeps the trigger form from marking it required
+            "force": Param(
+                False,
+                type=["boolean", "null"],
+                title="Force",
+                description="Build even when trainer/ is unchanged.",
+            ),
+        }
+    ),
 )
 def build_trainer_image():
     @task.short_circuit

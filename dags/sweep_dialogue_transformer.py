@@ -32,7 +32,7 @@ from pathlib import Path
 import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401
 from airflow.sdk import DAG
 
-from kubetrain.params import form_order
+from kubetrain.params import form_order, with_dialect
 from kubetrain.pipeline import DEFAULT_ARGS, SweepSettings, common_params, sweep_pipeline
 from kubetrain.sweep.space import tunable_schemas
 from kubetrain.trainers import DIALOGUE_TRANSFORMER as TRAINER
@@ -53,18 +53,20 @@ with DAG(
     catchup=False,
     default_args=DEFAULT_ARGS,
     tags=["kubetrain", "sweep", "nlp", "transformer"],
-    params=form_order(
-        {
-            **common_params(dataset_uri=DATASET, model=TRAINER.model),
-            **TRAINING,
-            **SWEEP.params(
-                space={
-                    "hidden_size": [64, 128],
-                    "num_layers": {"low": 1, "high": 3, "type": "int"},
-                    "dropout": [0.1, 0.2],
-                }
-            ),
-        }
+    params=with_dialect(
+        form_order(
+            {
+                **common_params(dataset_uri=DATASET, model=TRAINER.model),
+                **TRAINING,
+                **SWEEP.params(
+                    space={
+                        "hidden_size": [64, 128],
+                        "num_layers": {"low": 1, "high": 3, "type": "int"},
+                        "dropout": [0.1, 0.2],
+                    }
+                ),
+            }
+        )
     ),
     render_template_as_native_obj=True,
 ) as dag:

@@ -46,7 +46,7 @@ from pathlib import Path
 import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401
 from airflow.sdk import DAG
 
-from kubetrain.params import form_order
+from kubetrain.params import form_order, with_dialect
 from kubetrain.pipeline import DEFAULT_ARGS, SweepSettings, common_params, sweep_pipeline
 from kubetrain.sweep.space import tunable_schemas
 from kubetrain.trainers import IMAGE_CLASSIFIER as TRAINER
@@ -67,17 +67,19 @@ with DAG(
     catchup=False,
     default_args=DEFAULT_ARGS,
     tags=["kubetrain", "sweep", "image-classification"],
-    params=form_order(
-        {
-            **common_params(dataset_uri=DATASET, model=TRAINER.model),
-            **TRAINING,
-            **SWEEP.params(
-                space={
-                    "learning_rate": {"low": 0.0003, "high": 0.01, "log": True},
-                    "batch_size": [32, 64, 128],
-                }
-            ),
-        }
+    params=with_dialect(
+        form_order(
+            {
+                **common_params(dataset_uri=DATASET, model=TRAINER.model),
+                **TRAINING,
+                **SWEEP.params(
+                    space={
+                        "learning_rate": {"low": 0.0003, "high": 0.01, "log": True},
+                        "batch_size": [32, 64, 128],
+                    }
+                ),
+            }
+        )
     ),
     render_template_as_native_obj=True,
 ) as dag:

@@ -25,6 +25,7 @@ from pathlib import Path
 import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401
 from airflow.sdk import DAG, Param
 
+from kubetrain.params import with_dialect
 from kubetrain.pipeline import DEFAULT_ARGS, common_params, form_order, training_pipeline
 
 with DAG(
@@ -34,50 +35,52 @@ with DAG(
     catchup=False,
     default_args=DEFAULT_ARGS,
     tags=["kubetrain", "training", "custom"],
-    params=form_order(
-        {
-            **common_params(dataset_uri="s3://datasets/digits/", model="custom-model", gpus=0),
-            "promote": Param(
-                "always",
-                type="string",
-                enum=["always", "if_better", "never"],
-                title="Promote",
-                description="Promote the output: always, only if its metrics.json beats the promoted one, or never.",
-                section="Promotion",
-            ),
-            "image": Param(
-                "tensorflow/tensorflow:2.21.0-gpu",
-                type="string",
-                minLength=1,
-                title="Training image",
-                description="Any image that trains: it reads $DATA_DIR and writes $CHECKPOINT_DIR and $OUTPUT_DIR.",
-                section="Container",
-            ),
-            "command": Param(
-                ["python"],
-                type="array",
-                items={"type": "string"},
-                minItems=1,
-                title="Command",
-                description="The container's command (entrypoint), one item per line.",
-                section="Container",
-            ),
-            "args": Param(
-                ["train.py"],
-                type="array",
-                items={"type": "string"},
-                title="Arguments",
-                description="The container's arguments, one item per line.",
-                section="Container",
-            ),
-            "metrics_required": Param(
-                False,
-                type="boolean",
-                title="Metrics required",
-                description="Fail unless the container writes OUTPUT_DIR/metrics.json; without it the run gets no report.",
-                section="Container",
-            ),
-        }
+    params=with_dialect(
+        form_order(
+            {
+                **common_params(dataset_uri="s3://datasets/digits/", model="custom-model", gpus=0),
+                "promote": Param(
+                    "always",
+                    type="string",
+                    enum=["always", "if_better", "never"],
+                    title="Promote",
+                    description="Promote the output: always, only if its metrics.json beats the promoted one, or never.",
+                    section="Promotion",
+                ),
+                "image": Param(
+                    "tensorflow/tensorflow:2.21.0-gpu",
+                    type="string",
+                    minLength=1,
+                    title="Training image",
+                    description="Any image that trains: it reads $DATA_DIR and writes $CHECKPOINT_DIR and $OUTPUT_DIR.",
+                    section="Container",
+                ),
+                "command": Param(
+                    ["python"],
+                    type="array",
+                    items={"type": "string"},
+                    minItems=1,
+                    title="Command",
+                    description="The container's command (entrypoint), one item per line.",
+                    section="Container",
+                ),
+                "args": Param(
+                    ["train.py"],
+                    type="array",
+                    items={"type": "string"},
+                    title="Arguments",
+                    description="The container's arguments, one item per line.",
+                    section="Container",
+                ),
+                "metrics_required": Param(
+                    False,
+                    type="boolean",
+                    title="Metrics required",
+                    description="Fail unless the container writes OUTPUT_DIR/metrics.json; without it the run gets no report.",
+                    section="Container",
+                ),
+            }
+        )
     ),
     render_template_as_native_obj=True,
 ) as dag:

@@ -24,6 +24,7 @@ from pathlib import Path
 import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401
 from airflow.sdk import DAG
 
+from kubetrain.params import with_dialect
 from kubetrain.pipeline import DEFAULT_ARGS, common_params, form_order, schedule, training_pipeline
 from kubetrain.trainers import DIALOGUE_TRANSFORMER as TRAINER
 
@@ -37,7 +38,9 @@ with DAG(
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=["kubetrain", "training", "nlp", "transformer"],
-    params=form_order({**common_params(dataset_uri=DATASET, model=TRAINER.model), **TRAINER.params()}),
+    params=with_dialect(
+        form_order({**common_params(dataset_uri=DATASET, model=TRAINER.model), **TRAINER.params()})
+    ),
     render_template_as_native_obj=True,
 ) as dag:
     training_pipeline(title=TRAINER.title, cmds=TRAINER.cmds, arguments=TRAINER.arguments)

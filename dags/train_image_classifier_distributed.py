@@ -27,6 +27,7 @@ import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401
 from airflow.sdk import DAG, Param
 
 from kubetrain.operators.distributed import DistributedTrainingOperator
+from kubetrain.params import with_dialect
 from kubetrain.pipeline import DEFAULT_ARGS, common_params, schedule, training_pipeline
 from kubetrain.trainers import IMAGE_CLASSIFIER
 
@@ -40,98 +41,100 @@ with DAG(
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=["kubetrain", "training", "image-classification", "distributed"],
-    params={
-        **common_params(dataset_uri=DATASET, model=IMAGE_CLASSIFIER.model, gpus=1),
-        "backend": Param(
-            "auto",
-            type="string",
-            enum=["auto", "tfjob", "trainjob", "indexed_job"],
-            title="Backend",
-            description="Engine that runs the replicas: auto (the first the cluster serves of TFJob, TrainJob and "
-            "Indexed Job), a Kubeflow TFJob, a Kubeflow Trainer TrainJob, or Indexed Jobs with a headless Service.",
-            section="Distributed",
-        ),
-        "workers": Param(
-            2,
-            type="integer",
-            minimum=1,
-            maximum=64,
-            title="Workers",
-            description="Training replicas, each with the GPUs, CPU and memory of Resources (the chief is the first).",
-            section="Distributed",
-        ),
-        "ps_replicas": Param(
-            0,
-            type="integer",
-            minimum=0,
-            maximum=16,
-            title="Parameter servers",
-            description="0: MultiWorkerMirroredStrategy. More: parameter-server training, a chief coordinating the "
-            "workers and this many ps replicas holding the variables.",
-            section="Distributed",
-        ),
-        "gpus_per_ps": Param(
-            0,
-            type="integer",
-            minimum=0,
-            maximum=8,
-            title="GPUs per parameter server",
-            description="Parameter servers move variables; they rarely need a GPU.",
-            section="Distributed",
-        ),
-        "ps_cpu": Param(
-            "1",
-            type="string",
-            pattern=r"^[0-9]+(\.[0-9]+)?m?$",
-            title="CPU per parameter server",
-            description="CPU request and limit of each ps replica.",
-            section="Distributed",
-        ),
-        "ps_memory": Param(
-            "2Gi",
-            type="string",
-            pattern=r"^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$",
-            title="Memory per parameter server",
-            description="Memory of each ps replica.",
-            section="Distributed",
-        ),
-        "chief_cpu": Param(
-            None,
-            type=["null", "string"],
-            pattern=r"^[0-9]+(\.[0-9]+)?m?$",
-            title="CPU of the chief (parameter servers)",
-            description="With parameter servers the chief only coordinates: its CPU request and limit (empty: the "
-            "workers' CPU).",
-            section="Distributed",
-        ),
-        "chief_memory": Param(
-            None,
-            type=["null", "string"],
-            pattern=r"^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$",
-            title="Memory of the chief (parameter servers)",
-            description="With parameter servers, the chief's memory (empty: the workers' memory).",
-            section="Distributed",
-        ),
-        # the image classifier's training Params (its spec), and two that several workers need
-        **IMAGE_CLASSIFIER.params(),
-        "max_steps": Param(
-            None,
-            type=["null", "integer"],
-            minimum=1,
-            title="Max steps",
-            description="Stop after this many steps in total (empty: the epochs decide).",
-            section="Training",
-        ),
-        "checkpoint_every_steps": Param(
-            100,
-            type="integer",
-            minimum=0,
-            maximum=100000,
-            title="Checkpoint every N steps",
-            description="The chief's checkpoint interval: at most this many steps are lost when a worker dies.",
-            section="Training",
-        ),
-    },
+    params=with_dialect(
+        {
+            **common_params(dataset_uri=DATASET, model=IMAGE_CLASSIFIER.model, gpus=1),
+            "backend": Param(
+                "auto",
+                type="string",
+                enum=["auto", "tfjob", "trainjob", "indexed_job"],
+                title="Backend",
+                description="Engine that runs the replicas: auto (the first the cluster serves of TFJob, TrainJob and "
+                "Indexed Job), a Kubeflow TFJob, a Kubeflow Trainer TrainJob, or Indexed Jobs with a headless Service.",
+                section="Distributed",
+            ),
+            "workers": Param(
+                2,
+                type="integer",
+                minimum=1,
+                maximum=64,
+                title="Workers",
+                description="Training replicas, each with the GPUs, CPU and memory of Resources (the chief is the first).",
+                section="Distributed",
+            ),
+            "ps_replicas": Param(
+                0,
+                type="integer",
+                minimum=0,
+                maximum=16,
+                title="Parameter servers",
+                description="0: MultiWorkerMirroredStrategy. More: parameter-server training, a chief coordinating the "
+                "workers and this many ps replicas holding the variables.",
+                section="Distributed",
+            ),
+            "gpus_per_ps": Param(
+                0,
+                type="integer",
+                minimum=0,
+                maximum=8,
+                title="GPUs per parameter server",
+                description="Parameter servers move variables; they rarely need a GPU.",
+                section="Distributed",
+            ),
+            "ps_cpu": Param(
+                "1",
+                type="string",
+                pattern=r"^[0-9]+(\.[0-9]+)?m?$",
+                title="CPU per parameter server",
+                description="CPU request and limit of each ps replica.",
+                section="Distributed",
+            ),
+            "ps_memory": Param(
+                "2Gi",
+                type="string",
+                pattern=r"^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$",
+                title="Memory per parameter server",
+                description="Memory of each ps replica.",
+                section="Distributed",
+            ),
+            "chief_cpu": Param(
+                None,
+                type=["null", "string"],
+                pattern=r"^[0-9]+(\.[0-9]+)?m?$",
+                title="CPU of the chief (parameter servers)",
+                description="With parameter servers the chief only coordinates: its CPU request and limit (empty: the "
+                "workers' CPU).",
+                section="Distributed",
+            ),
+            "chief_memory": Param(
+                None,
+                type=["null", "string"],
+                pattern=r"^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$",
+                title="Memory of the chief (parameter servers)",
+                description="With parameter servers, the chief's memory (empty: the workers' memory).",
+                section="Distributed",
+            ),
+            # the image classifier's training Params (its spec), and two that several workers need
+            **IMAGE_CLASSIFIER.params(),
+            "max_steps": Param(
+                None,
+                type=["null", "integer"],
+                minimum=1,
+                title="Max steps",
+                description="Stop after this many steps in total (empty: the epochs decide).",
+                section="Training",
+            ),
+            "checkpoint_every_steps": Param(
+                100,
+                type="integer",
+                minimum=0,
+                maximum=100000,
+                title="Checkpoint every N steps",
+                description="The chief's checkpoint interval: at most this many steps are lost when a worker dies.",
+                section="Training",
+            ),
+        }
+    ),
     render_template_as_native_obj=True,
 ) as dag:
     training_pipeline(

@@ -30,6 +30,7 @@ _PUBLIC = {
     "TrainingTasks": "kubetrain.pipeline",
     "DEFAULT_ARGS": "kubetrain.defaults",
     "form_order": "kubetrain.params",
+    "with_dialect": "kubetrain.params",
     "S3_URI": "kubetrain.params",
     # operators
     "TrainingPodOperator": "kubetrain.operators.training",

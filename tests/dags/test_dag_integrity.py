@@ -11,6 +11,7 @@ import airflow  # noqa: F401  (importing Airflow puts its plugins folder on sys.
 import pytest
 
 from kubetrain.defaults import DEFAULT_ARGS
+from kubetrain.params import SCHEMA_DIALECT
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_FILES = sorted(p for p in (REPO / "dags").glob("*.py") if not p.name.startswith("_"))
@@ -68,6 +69,27 @@ def test_dag_conventions(dagbag, path):
         )
     # topological_sort raises on a cycle
     assert len(dag.topological_sort()) == len(dag.tasks)
+
+
+@pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)
+def test_every_param_declares_the_draft_07_dialect_and_is_a_valid_schema_of_it(dagbag, path):
+    """kubetrain.params.with_dialect: jsonschema checks each schema against draft-07's meta-schema,
+    not 2020-12's, each time Airflow resolves a Param (every serialization of the DAG)."""
+    from jsonschema import Draft7Validator, FormatChecker, validators
+
+    dag = dagbag.dags[path.stem]
+    for owner in [dag, *dag.tasks]:
+        for name in owner.params:
+            schema = owner.params.get_param(name).schema
+            where = f"{dag.dag_id}{'' if owner is dag else '.' + owner.task_id} Param {name!r}"
+            assert schema.get("$schema") == SCHEMA_DIALECT, f"{where} declares no draft-07 $schema: {schema}"
+            Draft7Validator.check_schema(schema)
+            assert validators.validator_for(schema) is Draft7Validator
+            value = owner.params.get_param(name).value
+            errors = [
+                e.message for e in Draft7Validator(schema, format_checker=FormatChecker()).iter_errors(value)
+            ]
+            assert errors == [], f"{where}'s default {value!r} is refused by its own schema: {errors}"
 
 
 @pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)

@@ -8,7 +8,7 @@ import airflow  # noqa: F401  (importing Airflow puts its plugins folder on sys.
 import pytest
 
 from kubetrain.operators.training import TrainingPodOperator, string_list
-from kubetrain.params import form_order
+from kubetrain.params import form_order, with_dialect
 from kubetrain.trainers import DIALOGUE_TRANSFORMER, IMAGE_CLASSIFIER, TRAINERS, TrainerSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ def dagbag():
 @pytest.mark.parametrize(("dag_id", "trainer"), [*SINGLE_RUN.items(), *SWEEPS.items()])
 def test_the_dags_training_params_are_the_specs(dagbag, dag_id, trainer):
     dag = dagbag.dags[dag_id]
-    expected = form_order(trainer.params())  # as the trigger form orders them
+    expected = with_dialect(form_order(trainer.params()))  # as the trigger form orders them
     assert set(expected) <= set(dag.params)
     for name, param in expected.items():
         offered = dag.params.get_param(name)

@@ -13,6 +13,7 @@ from pathlib import Path
 import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401
 from airflow.sdk import DAG, Param
 
+from kubetrain.params import with_dialect
 from kubetrain.pipeline import DEFAULT_ARGS, SweepSettings, common_params, sweep_pipeline
 
 SWEEP = SweepSettings(
@@ -26,27 +27,29 @@ with DAG(
     catchup=False,
     default_args=DEFAULT_ARGS,
     tags=["kubetrain", "sweep", "e2e"],
-    params={
-        **common_params(dataset_uri="s3://datasets/digits/", model="script-model", gpus=0),
-        "promote": Param(
-            "always",
-            type="string",
-            enum=["always", "if_better", "never"],
-            title="Promote",
-            description="Promotion rule.",
-        ),
-        # the test passes python:3.11-slim pinned by the digest the dev stack's mirror serves
-        "image": Param(
-            "python:3.11-slim", type="string", title="Image", description="Any image, pinned by digest."
-        ),
-        "command": Param(
-            ["python"], type="array", items={"type": "string"}, title="Command", description="Entrypoint."
-        ),
-        "args": Param(
-            [], type="array", items={"type": "string"}, title="Arguments", description="Its arguments."
-        ),
-        **SWEEP.params(space={"lr": {"low": 0.0001, "high": 0.1, "log": True}}),
-    },
+    params=with_dialect(
+        {
+            **common_params(dataset_uri="s3://datasets/digits/", model="script-model", gpus=0),
+            "promote": Param(
+                "always",
+                type="string",
+                enum=["always", "if_better", "never"],
+                title="Promote",
+                description="Promotion rule.",
+            ),
+            # the test passes python:3.11-slim pinned by the digest the dev stack's mirror serves
+            "image": Param(
+                "python:3.11-slim", type="string", title="Image", description="Any image, pinned by digest."
+            ),
+            "command": Param(
+                ["python"], type="array", items={"type": "string"}, title="Command", description="Entrypoint."
+            ),
+            "args": Param(
+                [], type="array", items={"type": "string"}, title="Arguments", description="Its arguments."
+            ),
+            **SWEEP.params(space={"lr": {"low": 0.0001, "high": 0.1, "log": True}}),
+        }
+    ),
     render_template_as_native_obj=True,
 ) as dag:
     sweep_pipeline(
