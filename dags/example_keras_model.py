@@ -17,7 +17,7 @@ from pathlib import Path
 import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401  (the DAG processor pre-imports it once)
 from airflow.sdk import DAG, Param
 
-from kubetrain import DEFAULT_ARGS, common_params, schedule, training_pipeline, with_dialect
+from kubetrain import DEFAULT_ARGS, common_params, schedule, training_pipeline
 
 DATASET = "s3://datasets/keras-digits/"
 IMAGE = "localhost:5000/examples/keras-model:1"  # your image: the script and its libraries
@@ -30,16 +30,14 @@ with DAG(
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=["kubetrain", "training", "example"],
-    params=with_dialect(
-        common_params(
-            dataset_uri=DATASET,
-            model="keras-digits",
-            image=Param(IMAGE, type="string", title="Training image", section="Model"),
-            epochs=Param(3, type="integer", minimum=1, title="Epochs", section="Training"),
-            learning_rate=Param(
-                0.001, type="number", exclusiveMinimum=0, title="Learning rate", section="Training"
-            ),
-        )
+    params=common_params(
+        dataset_uri=DATASET,
+        model="keras-digits",
+        image=Param(IMAGE, type="string", title="Training image", section="Model"),
+        epochs=Param(3, type="integer", minimum=1, title="Epochs", section="Training"),
+        learning_rate=Param(
+            0.001, type="number", exclusiveMinimum=0, title="Learning rate", section="Training"
+        ),
     ),
     render_template_as_native_obj=True,
 ) as dag:

@@ -33,7 +33,7 @@ from kubetrain.operators.promote import PromoteModelOperator
 from kubetrain.operators.report import ReportOperator
 from kubetrain.operators.stage import StageDatasetOperator, dataset_asset
 from kubetrain.operators.training import TrainingPodOperator
-from kubetrain.params import S3_URI, SWITCH, form_order, native_dag
+from kubetrain.params import S3_URI, SWITCH, form_order, native_dag, with_dialect
 from kubetrain.settings import DNS_SUBDOMAIN, environ
 
 __all__ = ["DEFAULT_ARGS", "TrainingTasks", "common_params", "form_order", "schedule", "training_pipeline"]
@@ -66,7 +66,9 @@ def common_params(
 
     The result is in the trigger form's order (:func:`kubetrain.params.form_order`): the DAG's
     Training and Model Params first and open, then Data, Resources, Cluster and Promotion,
-    folded. A Param of the DAG's own replaces a common one of the same name.
+    folded. A Param of the DAG's own replaces a common one of the same name. Every Param declares
+    the draft-07 JSON Schema dialect (:func:`kubetrain.params.with_dialect`); a DAG that adds Params
+    beside these passes the whole dict through ``with_dialect`` too.
 
     :param dataset_uri: the default dataset, ``s3://<bucket>/<prefix>/`` or ``s3://<bucket>/<file>``.
     :param model: the default model name (the name it is promoted as).
@@ -222,7 +224,7 @@ def common_params(
             section="Promotion",
         ),
     }
-    return form_order({**common, **params})
+    return with_dialect(form_order({**common, **params}))
 
 
 @dataclass
