@@ -11,6 +11,8 @@ UV_VERSION := 0.13.8
 UV := .tools/bin/uv
 VENV := .venv
 TVENV := trainer/.venv
+MD5MANY := trainer/sync/_md5many.so
+MD5MANY_CFLAGS := -O2 -fPIC -shared -fvisibility=hidden -Wall -Wextra -Werror
 STAMPS := .tools/stamps
 # kubectl for the dev stack and its tests (Debian's kubernetes-client is 1.20, too old for OpenAPI v3)
 KUBECTL_VERSION := 1.37.1
@@ -55,7 +57,7 @@ help:
 
 # -- set-up --------------------------------------------------------------------------------
 
-setup: $(STAMPS)/apt $(VENV)/.synced $(TVENV)/.synced $(AIRFLOW_HOME)/.migrated .tools/compose-spec.json \
+setup: $(STAMPS)/apt $(VENV)/.synced $(TVENV)/.synced $(MD5MANY) $(AIRFLOW_HOME)/.migrated .tools/compose-spec.json \
 	$(STAMPS)/kubectl-$(KUBECTL_VERSION) $(RCLONE) $(KUBEFLOW_TRAINING) build-leftovers
 
 # `pip install .` builds in the checkout and leaves setuptools' metadata in plugins/ (the package
@@ -112,6 +114,11 @@ $(TVENV)/.synced: trainer/requirements.lock Makefile | $(UV)
 	@[ -x $(TVENV)/bin/python ] || $(UV) venv --quiet --python $(PYTHON) $(TVENV)
 	$(UV) pip sync --quiet --compile-bytecode --python $(TVENV)/bin/python trainer/requirements.lock
 	@touch $@
+
+# trainer.sync's multi-buffer MD5 (trainer/sync/md5many.py), built beside its module for the
+# checkout's trainer environment, as trainer/Dockerfile.sync builds it into the sync image.
+$(MD5MANY): trainer/sync/native/md5many.c | $(STAMPS)/apt
+	gcc $(MD5MANY_CFLAGS) -o $@ $<
 
 # The dev stack's MLflow tracking server in an environment of its own (its pins clash with Airflow's).
 MLFLOW_VENV := .tools/mlflow
@@ -205,7 +212,7 @@ lock: | $(UV)
 # cores the other leaves idle. The trainer's suite runs in a session of its own (setsid), which
 # an interrupted `make test` stops with it.
 TEST_READY := setup lint $(IMAGE_ROOTFS) $(MIRROR) $(MLFLOW_VENV)/.synced
-test: $(TVENV)/.synced $(RCLONE) $(STAMPS)/haproxy
+test: $(TVENV)/.synced $(MD5MANY) $(RCLONE) $(STAMPS)/haproxy
 	@mkdir -p .tools/test; rm -f .tools/test/trainer.rc; \
 	setsid bash -c 'env -u KUBETRAIN_STACK_DIR $(TVENV)/bin/pytest -p no:cacheprovider tests/trainer --durations=15 \
 	  >.tools/test/trainer.log 2>&1; echo $$? >.tools/test/trainer.rc' & \
@@ -274,4 +281,4 @@ bench: setup .tools/oras/.installed $(IMAGE_ROOTFS) $(MIRROR) $(STAMPS)/haproxy
 	BENCH="$(BENCH)" $(VENV)/bin/python bench/run.py
 
 clean: stack-down
-	rm -rf .venv trainer/.venv .tools .airflow .stack .demo build plugins/*.egg-info
+	rm -rf .venv trainer/.venv .tools .airflow .stack .demo build plugins/*.egg-info $(MD5MANY)

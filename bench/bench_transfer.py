@@ -664,6 +664,31 @@ def hash_costs() -> dict[str, float]:
             times.append(time.process_time() - t0)
         costs[name] = statistics.median(times) / (len(data) / 1e9)
         print(f"bench: {name}: {costs[name]:.3f} CPU-s/GB", flush=True)
+    # stage-in's check of small objects without a store checksum: hashed MD5_BATCH at a time
+    from trainer.sync import md5many
+    from trainer.sync.transfer import MD5_BATCH
+
+    rnd = random.Random(7)
+    objects, off = [], 0
+    while off < len(data) - 200 * 1000:
+        n = rnd.randrange(20 * 1000, 200 * 1000)
+        objects.append(bytes(data[off : off + n]))
+        off += n
+    size = sum(map(len, objects))
+    width = md5many.lanes()
+    name = (
+        f"MD5 (ETag) of 20-200 KB objects, {MD5_BATCH} at a time ({width} lanes)"
+        if width
+        else f"MD5 (ETag) of 20-200 KB objects, one at a time ({md5many.unavailable()})"
+    )
+    times = []
+    for _ in range(3):
+        t0 = time.process_time()
+        for i in range(0, len(objects), MD5_BATCH):
+            md5many.md5_many(objects[i : i + MD5_BATCH])
+        times.append(time.process_time() - t0)
+    costs[name] = statistics.median(times) / (size / 1e9)
+    print(f"bench: {name}: {costs[name]:.3f} CPU-s/GB", flush=True)
     return costs
 
 

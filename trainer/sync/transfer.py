@@ -19,7 +19,8 @@ What is checked (``verify``):
   for new objects) when it keeps one; otherwise the MD5 of the content against the ETag, for
   objects up to ``md5_max_size`` (64 MiB by default): MD5 costs about 1.5 CPU-seconds per GB,
   more than the whole download, so larger objects without a store checksum are checked by
-  size and ETag only, as s5cmd and the AWS CLI check them;
+  size and ETag only, as s5cmd and the AWS CLI check them. The small objects checked by MD5 are
+  hashed together, side by side in a vector register's lanes (``trainer.sync.md5many``);
 * ``md5``: the MD5 of every object against its ETag, whatever its size;
 * ``size``: sizes only.
 """
@@ -40,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainer.sync.md5many import md5_many
 from trainer.sync.progress import Progress, log
 from trainer.sync.s3 import PART_SIZE, S3, NotAsListed, Refused, S3RequestError, S3Uri, SyncError
 
@@ -61,6 +63,10 @@ COMMON_PART_SIZES = [
     256 * MiB,
     512 * MiB,
 ]
+# The checker hashes the small objects it checks by MD5 together (trainer/sync/md5many.py), up to
+# this many at once or this many bytes: enough to keep 16 lanes busy (bench/notes/md5many.md).
+MD5_BATCH = 64
+MD5_BATCH_BYTES = 32 * MiB
 _SINGLE = re.compile(r"[0-9a-f]{32}")
 _MULTI = re.compile(r"([0-9a-f]{32})-(\d+)")
 
@@ -191,6 +197,19 @@ class _Segment:
         self.hash = new_hash()
 
 
+class _Digest:
+    """A digest computed elsewhere (``md5_many``), where a segment's hash object is asked for it."""
+
+    def __init__(self, digest: bytes) -> None:
+        self._digest = digest
+
+    def digest(self) -> bytes:
+        return self._digest
+
+    def hexdigest(self) -> str:
+        return self._digest.hex()
+
+
 @dataclass
 class Downloader:
     """Fetch many objects, ``workers`` at a time; the first failure stops the rest.
@@ -233,7 +252,7 @@ class Downloader:
         running: dict[int, tuple[Download, object]] = {}
         # A small object's check reads its file back and hashes it: done by one more thread (the
         # read and the hash let go of the GIL), so this one goes on starting downloads meanwhile.
-        checker = _Checker(self._finish, done) if self.verify == "auto" else None
+        checker = _Checker(self._finish, self._finish_md5, done) if self.verify == "auto" else None
 
         def next_event() -> None:
             event = done.get()
@@ -458,7 +477,7 @@ class Downloader:
         )
         return handle
 
-    def _finish(self, d: Download, handle) -> None:
+    def _wait(self, d: Download, handle) -> None:
         try:
             handle.wait()
         except S3RequestError as exc:
@@ -467,6 +486,14 @@ class Downloader:
             if d._fd >= 0:
                 os.close(d._fd)
                 d._fd = -1
+
+    @staticmethod
+    def md5_from_file(d: Download) -> bool:
+        """Whether ``d`` is checked by the MD5 of the file the engine wrote (the checker batches those)."""
+        return d._engine_checks and not d.checksum and d._file_hash is hashlib.md5
+
+    def _finish(self, d: Download, handle) -> None:
+        self._wait(d, handle)
         if d._to_file:
             # the store's checksum, from the response's headers, else the hash planned for it
             new_hash = checksum_factory(d.checksum[0]) if d._engine_checks and d.checksum else d._file_hash
@@ -476,9 +503,22 @@ class Downloader:
                 raise _write_error(d.dest, exc, d.size) from exc
             if d._engine_checks:  # no progress callback per piece: counted once here
                 self.progress.add(nbytes=d._next)
-        if d._next != d.size:
-            raise SyncError(f"{d.uri} is shorter than the manifest's size {d.size}: {d._next} bytes arrived")
         self._check(d)
+
+    def _finish_md5(self, batch: list[tuple[Download, object]]) -> None:
+        """Finish downloads checked by the MD5 of their files, hashed together (``md5_many``)."""
+        contents = []
+        for d, handle in batch:
+            self._wait(d, handle)
+            try:
+                contents.append(_read_file(d.dest, d.size))
+            except OSError as exc:
+                raise _write_error(d.dest, exc, d.size) from exc
+        for (d, _), content, digest in zip(batch, contents, md5_many(contents), strict=True):
+            d._next = len(content)
+            self.progress.add(nbytes=d._next)
+            d._segments = [_Segment(0, d.size, lambda digest=digest: _Digest(digest))]
+            self._check(d)
 
     @staticmethod
     def _hash_file(d: Download, new_hash: Callable[[], object]) -> int:
@@ -508,6 +548,8 @@ class Downloader:
         return exc
 
     def _check(self, d: Download) -> None:
+        if d._next != d.size:
+            raise SyncError(f"{d.uri} is shorter than the manifest's size {d.size}: {d._next} bytes arrived")
         if d.checksum and d._segments:
             algorithm, want = d.checksum
             got = base64.b64encode(d._segments[0].hash.digest()).decode()
@@ -549,15 +591,23 @@ class Downloader:
 
 
 class _Checker:
-    """One thread that finishes (checks) the downloads handed to it, in order.
+    """One thread that finishes (checks) the downloads handed to it.
 
     It answers the thread that started the downloads only with its first failure (put on that
     thread's queue of completions), not once per object: a queue put, a wake-up and a GIL hand-off
     per object less than a ``ThreadPoolExecutor`` with a result per check (bench/notes/transfer-profile.md).
+    Those checked by the MD5 of their files wait until ``MD5_BATCH`` of them (or ``MD5_BATCH_BYTES``)
+    or the last have come, and are hashed together; the others are checked as they come.
     """
 
-    def __init__(self, finish: Callable[[Download, object], None], done: queue.SimpleQueue) -> None:
+    def __init__(
+        self,
+        finish: Callable[[Download, object], None],
+        finish_md5: Callable[[list[tuple[Download, object]]], None],
+        done: queue.SimpleQueue,
+    ) -> None:
         self._finish = finish
+        self._finish_md5 = finish_md5
         self._done = done
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._failed = False
@@ -580,14 +630,29 @@ class _Checker:
                     raise event
 
     def _run(self) -> None:
+        batch: list[tuple[Download, object]] = []
+        size = 0
         while (item := self._work.get()) is not None:
             if self._failed:
                 continue
-            try:
-                self._finish(*item)
-            except BaseException as exc:  # noqa: BLE001 - raised by Downloader.run, in its thread
-                self._failed = True
-                self._done.put(exc)
+            d = item[0]
+            if not Downloader.md5_from_file(d):
+                self._attempt(self._finish, *item)
+                continue
+            batch.append(item)
+            size += d.size
+            if len(batch) >= MD5_BATCH or size >= MD5_BATCH_BYTES:
+                self._attempt(self._finish_md5, batch)
+                batch, size = [], 0
+        if batch and not self._failed:
+            self._attempt(self._finish_md5, batch)
+
+    def _attempt(self, finish: Callable[..., None], *args: object) -> None:
+        try:
+            finish(*args)
+        except BaseException as exc:  # noqa: BLE001 - raised by Downloader.run, in its thread
+            self._failed = True
+            self._done.put(exc)
 
 
 class _EmptyObject:
@@ -638,6 +703,18 @@ def _object_size(headers: dict[str, str]) -> int | None:
         return int(total) if total.isdigit() else None
     length = headers.get("content-length", "")
     return int(length) if length.isdigit() else None
+
+
+def _read_file(path: Path, size: int) -> bytes:
+    """The file the engine wrote (still in the page cache), up to one byte past ``size``."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        content = os.read(fd, size + 1)  # one read for a whole file
+        while len(content) <= size and (more := os.read(fd, size + 1 - len(content))):
+            content += more
+    finally:
+        os.close(fd)
+    return content
 
 
 def _open_for_write(path: Path) -> int:

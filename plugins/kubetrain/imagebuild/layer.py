@@ -32,6 +32,9 @@ DEFAULT_EXCLUDES: tuple[str, ...] = (
     ".ruff_cache",
     "*.egg-info",
     ".git",
+    # the multi-buffer MD5 that `make setup` compiles into a checkout's trainer/sync: the sync
+    # image compiles its own (trainer/Dockerfile.sync), as trainer/.dockerignore says
+    "_md5many.so",
 )
 OPAQUE_WHITEOUT = ".wh..wh..opq"
 GZIP_LEVEL = 6

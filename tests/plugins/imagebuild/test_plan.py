@@ -101,8 +101,13 @@ def test_sync_plan_cases(trainer_src):
     )
     (trainer_src / "train.py").write_text("A = 3\n")  # trainer code outside sync/ does not count
     assert plan_sync_image(trainer_src, previous=previous, existing_digest=None).action == "skip"
+    # nor the multi-buffer MD5 `make setup` compiled into the checkout: the image compiles its own
+    (trainer_src / "sync" / "_md5many.so").write_bytes(b"\x7fELF")
+    assert plan_sync_image(trainer_src, previous=previous, existing_digest=None).action == "skip"
+    (trainer_src / "sync" / "native").mkdir()
     for change in (
         lambda: (trainer_src / "sync" / "__main__.py").write_text("print('v2')\n"),
+        lambda: (trainer_src / "sync" / "native" / "md5many.c").write_text("int x;\n"),
         lambda: (trainer_src / "requirements-sync.txt").write_text("awscrt==1\n"),
     ):
         change()

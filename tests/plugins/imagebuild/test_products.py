@@ -90,6 +90,18 @@ def test_sync_image_runs_the_transfer_tool(stack_images, image_builder):
     probe = "import awscrt, botocore, s3transfer, os; print('engine', botocore.__version__, os.getuid())"
     lines = image_builder.run_in_image(stack_images["sync"].local, ["python3", "-c", probe])
     assert lines[-1] == "engine 1.44.5 10001"
+    # the multi-buffer MD5 the image compiled for itself (Dockerfile.sync's first stage), in use on
+    # this CPU, and agreeing with hashlib
+    flags = set(re.findall(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M)[0].split())
+    cpu_lanes = 16 if "avx512f" in flags else 8 if "avx2" in flags else 0
+    probe = (
+        "import hashlib; from trainer.sync import md5many as m; b = [bytes([i]) * i * 9 for i in range(40)]; "
+        "assert m.md5_many(b) == [hashlib.md5(x).digest() for x in b]; "
+        "print('md5', m.LIBRARY, m.lanes(), repr(m.unavailable()))"
+    )
+    lines = image_builder.run_in_image(stack_images["sync"].local, ["python3", "-c", probe])
+    why = "" if cpu_lanes else "this CPU has neither AVX-512 nor AVX2"
+    assert lines[-1] == f"md5 /app/trainer/sync/_md5many.so {cpu_lanes} {why!r}", lines
 
 
 def test_trainer_image_trains_one_step_as_its_user(stack_images, image_builder, tmp_path):
@@ -135,8 +147,10 @@ def test_a_broken_dockerfile_fails_before_anything_is_pushed(stack_images, image
     context.mkdir()
     for name in ("requirements-sync.txt", ".dockerignore"):
         (context / name).write_bytes((REPO / "trainer" / name).read_bytes())
-    (context / "sync").mkdir()
+    (context / "sync" / "native").mkdir(parents=True)
     (context / "sync" / "__init__.py").write_text("")  # the package without its __main__
+    native = REPO / "trainer" / "sync" / "native" / "md5many.c"
+    (context / "sync" / "native" / "md5many.c").write_bytes(native.read_bytes())
     import shutil
 
     shutil.copytree(

@@ -9,6 +9,8 @@ import sys
 
 from sync_support import REPO
 
+from trainer.sync import md5many
+
 DOCKERFILE = REPO / "trainer" / "Dockerfile.sync"
 
 
@@ -29,7 +31,18 @@ def test_dockerfile_pins_match_the_trainer_lock_and_runs_as_numeric_non_root():
     assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim$", text, re.M) and re.search(
         r"^FROM \$\{BASE_IMAGE\}$", text, re.M
     )
-    assert re.findall(r"^COPY (\S+)", text, re.M) == ["requirements-sync.txt", "sync/", "kubetrain_contract/"]
+    # the build stage compiles the multi-buffer MD5 alone; the image copies its library, not its compiler
+    build, final = text.split("\nFROM ${BASE_IMAGE}\n")
+    assert re.findall(r"^COPY (.+)$", build, re.M) == ["sync/native/md5many.c /tmp/md5many.c"]
+    assert "apt-get" not in final and "gcc" not in final
+    assert re.findall(r"^COPY (.+)$", final, re.M) == [
+        "requirements-sync.txt /tmp/requirements-sync.txt",
+        "sync/ /app/trainer/sync/",
+        f"--from=md5many /tmp/{md5many.LIBRARY.name} /app/trainer/sync/{md5many.LIBRARY.name}",
+        "kubetrain_contract/ /app/kubetrain_contract/",
+    ]
+    # the checkout's own build of it stays out of the build context
+    assert f"sync/{md5many.LIBRARY.name}" in (REPO / "trainer" / ".dockerignore").read_text().splitlines()
     user = re.findall(r"^USER (\S+)$", text, re.M)
     assert len(user) == 1 and re.fullmatch(r"[1-9]\d*:[1-9]\d*", user[0])
 

@@ -283,6 +283,36 @@ def test_corrupted_bytes_are_refused(s3_server, s3, plain_s3, tmp_path, store_ch
     assert not data.exists() or os.listdir(data) == []
 
 
+def test_many_small_objects_are_md5_checked_together_and_one_corrupted_is_refused(
+    s3_server, s3, plain_s3, tmp_path
+):
+    """Objects without a store checksum are hashed in batches (trainer/sync/md5many.py): more of
+    them than a batch, of every length around MD5's block, each checked against its own ETag."""
+    from trainer.sync.transfer import MD5_BATCH
+
+    prefix = f"many-{secrets.token_hex(4)}/"
+    bodies = {f"{prefix}{i:03d}.bin": os.urandom(i * 37 % 300 + i) for i in range(MD5_BATCH + 9)}
+    for key, body in bodies.items():
+        plain_s3.put_object(Bucket="datasets", Key=key, Body=body)
+    uri = put_manifest(s3, dataset_manifest(s3, "datasets", prefix, f"unit-{prefix.strip('/')}"))
+    result = _stage(s3_server, uri, tmp_path / "data")
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stderr.splitlines() if "stage-in: verified " in x)
+    assert f"{len(bodies)} objects by size+md5(etag)" in line
+    assert {p.name: p.read_bytes() for p in (tmp_path / "data").iterdir()} == {
+        k.rsplit("/", 1)[1]: v for k, v in bodies.items()
+    }
+    bad = f"{prefix}{MD5_BATCH - 3:03d}.bin"  # neither a batch's first nor its last
+    with FaultProxy(s3_server.endpoint, fail_rate=0.0, corrupt=bad) as proxy:
+        refused = run_sync(
+            ["stage-in", "--manifest", uri, "--data-dir", str(tmp_path / "bad")],
+            {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint},
+        )
+    assert refused.returncode == 1, refused.stderr
+    assert f"s3://datasets/{bad}: ETag mismatch: content hashes to" in refused.stderr
+    assert not (tmp_path / "bad").exists() or list((tmp_path / "bad").rglob("*.bin")) == []
+
+
 @pytest.mark.parametrize("algorithm", ["CRC32C", "CRC64NVME", "SHA1", "SHA256"])
 def test_a_large_object_is_checked_against_any_store_checksum(s3_server, s3, tmp_path, algorithm):
     """Each full-object checksum S3 keeps, checked by the engine across a ranged download."""
