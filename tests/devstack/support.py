@@ -148,6 +148,27 @@ def wait_phase(
     return wait_for(check, timeout, what=f"pod {name} to reach {phases}")
 
 
+def first_line(core: client.CoreV1Api, name: str, ns: str = "default", container: str | None = None) -> str:
+    """The first line the (running) container writes, read by following its log.
+
+    A pod's Running phase says its process started, not that a shell has set its SIGTERM trap yet:
+    a SIGTERM before that finds PID 1 without a handler, which the kernel ignores, and the pod ends
+    in SIGKILL (137) at its grace period's end. A script that echoes once its trap is set, read
+    here, closes that window.
+    """
+    kwargs = {"container": container} if container else {}
+    log = core.read_namespaced_pod_log(name, ns, follow=True, _preload_content=False, **kwargs)
+    said = b""
+    try:
+        for chunk in log.stream(amt=None):
+            said += chunk
+            if b"\n" in said:
+                break
+    finally:
+        log.release_conn()
+    return said.decode().split("\n")[0]
+
+
 def simple_pod(name: str, script: str, image: str = "busybox:1.36", **spec) -> dict:
     return {
         "apiVersion": "v1",

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 from kubernetes import client, watch
 
-from .support import simple_pod, start_server, stop_server
+from .support import first_line, simple_pod, start_server, stop_server
 
 NS = "default"
 CONFIG = """
@@ -143,11 +143,12 @@ def test_a_waiting_workload_names_the_quota_it_waits_for(core, custom):
 
 
 def test_a_higher_priority_run_preempts_a_lower_one(core, custom):
-    script = "trap 'echo checkpointed; exit 0' TERM; while true; do sleep 0.1; done"
+    script = "trap 'echo checkpointed; exit 0' TERM; echo trapped; while true; do sleep 0.1; done"
     core.create_namespaced_pod(
         NS, queued_pod("low", script, priority="low", terminationGracePeriodSeconds=30)
     )
     until(core, "low", phase_in("Running"))
+    assert first_line(core, "low") == "trapped"  # its trap is set before the preemption's SIGTERM
     core.create_namespaced_pod(NS, queued_pod("high", "echo high", priority="high"))
     marked = until(
         core, "low", lambda _, p: any(c.type == "TerminationTarget" for c in p.status.conditions or [])

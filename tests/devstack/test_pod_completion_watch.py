@@ -26,13 +26,15 @@ def training_shaped(name: str, main: str) -> dict:
         "command": [
             "sh",
             "-c",
-            "trap 'sleep 1; echo final-pass >> /w/log; exit 0' TERM; while true; do sleep 0.1; done",
+            "trap 'sleep 1; echo final-pass >> /w/log; exit 0' TERM; touch /w/trapped; "
+            "while true; do sleep 0.1; done",
         ],
         "volumeMounts": [{"name": "w", "mountPath": "/w"}],
     }
+    # main starts once the sidecar's trap is set: a SIGTERM before it would end the sidecar in 137
     return simple_pod(
         name,
-        main,
+        f"until [ -e /w/trapped ]; do sleep 0.1; done; {main}",
         initContainers=[sidecar],
         volumes=[{"name": "w", "emptyDir": {}}],
         container={"volumeMounts": [{"name": "w", "mountPath": "/w"}]},

@@ -15,7 +15,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from kubernetes.stream import stream
 
-from .support import simple_pod, wait_for, wait_phase
+from .support import first_line, simple_pod, wait_for, wait_phase
 
 NS = "default"
 
@@ -411,8 +411,8 @@ def test_watch_events_and_resource_versions(core):
 
 
 def test_graceful_deletion_sigterm_then_sigkill(core):
-    stubborn = "trap 'echo ignoring-term' TERM; while true; do sleep 0.1; done"
-    polite = "trap 'echo bye; exit 0' TERM; while true; do sleep 0.1; done"
+    stubborn = "trap 'echo ignoring-term' TERM; echo trapped; while true; do sleep 0.1; done"
+    polite = "trap 'echo bye; exit 0' TERM; echo trapped; while true; do sleep 0.1; done"
     create(core, simple_pod("stubborn", stubborn, terminationGracePeriodSeconds=2))
     create(core, simple_pod("polite", polite, terminationGracePeriodSeconds=30))
     for name in ("stubborn", "polite"):
@@ -421,6 +421,7 @@ def test_graceful_deletion_sigterm_then_sigkill(core):
             20,
             what=f"{name} running",
         )
+        assert first_line(core, name) == "trapped"
     finals: dict[str, client.V1Pod] = {}
     rv = core.list_namespaced_pod(NS).metadata.resource_version
 
