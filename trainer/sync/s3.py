@@ -710,6 +710,7 @@ class S3:
         if_match: str | None = None,
         checksum_mode: bool = False,
         expected_checksum: tuple[str, str] | None = None,
+        expected_is: str | None = None,
         on_headers: Callable[[int, dict[str, str]], None] | None = None,
         on_body: Callable[[memoryview, int], None] | None = None,
         to_file: str | None = None,
@@ -732,6 +733,8 @@ class S3:
                 engine checks the bytes against it as they arrive, across all ranges, and the
                 download fails with ``ChecksumMismatch`` if they differ. Meant for a large object
                 written by the engine (``to_file``): its body never passes through Python.
+            expected_is: what the expected checksum is, as a mismatch names it (default: "the
+                store's checksum <value>").
             on_headers: called with the status and the (lower-cased) headers of the first
                 response; a ``SyncError`` it raises ends the download.
             on_body: called with each piece of the body and its offset in the object; a
@@ -764,7 +767,9 @@ class S3:
             checksum_config = S3ChecksumConfig(
                 expected_checksum=value, expected_checksum_algorithm=S3ChecksumAlgorithm[algorithm.upper()]
             )
-        handle = _Download(S3Uri(bucket, key), on_headers, on_body, on_finished, expected_checksum)
+        handle = _Download(
+            S3Uri(bucket, key), on_headers, on_body, on_finished, expected_checksum, expected_is
+        )
         handle.request = crt.make_request(
             type=S3RequestType.GET_OBJECT,
             request=HttpRequest("GET", path, HttpHeaders(headers)),
@@ -799,9 +804,13 @@ class _Download:
         on_body,
         on_finished: Callable[[], None] | None = None,
         expected_checksum: tuple[str, str] | None = None,
+        expected_is: str | None = None,
     ) -> None:
         self.uri = uri
         self.expected_checksum = expected_checksum
+        self.expected_is = expected_is or (
+            f"the store's checksum {expected_checksum[1]}" if expected_checksum else ""
+        )
         self._on_headers, self._on_body = on_headers, on_body
         self._on_finished = on_finished
         # held until the request ends: a plain lock costs a tenth of an Event (a Condition and
@@ -850,10 +859,9 @@ class _Download:
                     getattr(error, "name", "") == "AWS_ERROR_S3_RESPONSE_CHECKSUM_MISMATCH"
                     and self.expected_checksum
                 ):
-                    algorithm, value = self.expected_checksum
                     self.error = ChecksumMismatch(
-                        f"{self.uri}: {algorithm} mismatch: the content does not give the store's checksum "
-                        f"{value}; refused"
+                        f"{self.uri}: {self.expected_checksum[0]} mismatch: the content does not give "
+                        f"{self.expected_is}; refused"
                     )
                 elif status_code:
                     code, message = error_code(error_body)
@@ -867,8 +875,8 @@ class _Download:
             ):
                 # the engine skips its check where it cannot make one: never a silent pass
                 self.error = SyncError(
-                    f"{self.uri}: the engine did not check the content against the store's "
-                    f"{self.expected_checksum[0]} {self.expected_checksum[1]}"
+                    f"{self.uri}: the engine did not check the content's {self.expected_checksum[0]} "
+                    f"against {self.expected_is}"
                 )
         finally:
             self._running.release()

@@ -456,6 +456,38 @@ def test_restore_never_trusts_a_pass_whose_manifest_did_not_land(s3_server, s3, 
     assert not any(n.startswith(".kubetrain") for n in os.listdir(ck2))
 
 
+def test_restore_checks_a_large_file_against_its_sha256_in_the_engine(s3_server, s3, tmp_path):
+    """A file of more than one GET (8 MiB) is checked against the manifest's sha256 by the engine as
+    its ranges arrive; one corrupted on the way fails its pass, and the pass before is restored."""
+    run, key = _run_uri()
+    index, big = b"i" * 100, os.urandom(9 * 1024 * 1024 + 4321)
+    _put_pass(s3, key, 1, {"checkpoints/ckpt.index": index})
+    _put_pass(s3, key, 2, {"checkpoints/ckpt.index": index, "checkpoints/ckpt.data": big})
+    ck = tmp_path / "ck"
+    result = run_sync(["restore", "--run-uri", run, "--checkpoint-dir", str(ck)], s3_server.env())
+    assert result.returncode == 0, result.stderr
+    assert (ck / "ckpt.data").read_bytes() == big
+
+    big_key = f"{key}/checkpoints/ckpt.data"
+    ck2 = tmp_path / "ck2"
+    with FaultProxy(s3_server.endpoint, fail_rate=0.0, corrupt=big_key) as proxy:
+        result = run_sync(
+            ["restore", "--run-uri", run, "--checkpoint-dir", str(ck2)],
+            {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint},
+        )
+        corrupted = sum(1 for r in proxy.records if r.fault == "corrupt")
+    assert corrupted >= 1
+    assert result.returncode == 0, result.stderr
+    sha = hashlib.sha256(big).hexdigest()
+    # the engine's words: Python's own check would say what the content gave
+    assert (
+        f"pass 2 no longer verifies (s3://training/{big_key}: sha256 mismatch: the content does not give "
+        f"the manifest's sha256 {sha}; refused)" in result.stderr
+    )
+    assert tree(ck2) == {"ckpt.index": hashlib.sha256(index).hexdigest()}
+    assert not any(n.startswith(".kubetrain") for n in os.listdir(ck2))
+
+
 def test_restore_areas_and_stage_in_resume(s3_server, s3, tmp_path):
     run, key = _run_uri()
     files = {

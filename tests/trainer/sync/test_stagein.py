@@ -346,7 +346,9 @@ def test_a_download_the_engine_did_not_check_is_refused():
     handle = _Download(S3Uri("datasets", "blob.bin"), None, None, expected_checksum=("crc32", "LC6FYw=="))
     handle.done(error=None, status_code=200, did_validate_checksum=False)
     with pytest.raises(
-        SyncError, match=r"s3://datasets/blob.bin: the engine did not check .* crc32 LC6FYw=="
+        SyncError,
+        match=r"s3://datasets/blob.bin: the engine did not check the content's crc32 against the store's "
+        r"checksum LC6FYw==",
     ):
         handle.wait()
     checked = _Download(S3Uri("datasets", "blob.bin"), None, None, expected_checksum=("crc32", "LC6FYw=="))
