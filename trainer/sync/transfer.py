@@ -472,7 +472,7 @@ class Downloader:
             if_match=d.etag or None,
             checksum_mode=whole and self.verify == "auto" and not d.sha256,
             expected_checksum=d._expected,
-            expected_is=f"the manifest's sha256 {d.sha256}" if d.sha256 else None,
+            expected_is=f"the manifest's sha256 {d.sha256}" if d.sha256 and d._expected else None,
             on_headers=on_headers,
             on_body=None if d._to_file else on_body,
             to_file=str(d.dest) if d._to_file else None,
