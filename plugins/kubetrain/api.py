@@ -4,9 +4,13 @@ Mounted at ``/kubetrain`` by the kubetrain plugin. ``/kubetrain/training/`` is t
 (:mod:`kubetrain.ui.app`), which the plugin adds to the Airflow UI's navigation.
 
 ``GET /kubetrain/reports/<dag_id>/<bucket>/<key>``
-answers with a report file of a run of that DAG when the viewer's Airflow session (the UI's
-cookie, or a Bearer token) may read the DAG's runs. Only files of the report area of that
-DAG's runs in the training bucket are served: ``runs/<dag_id>/.../report/<file>``.
+answers with a report file of a run of that DAG when the DAG exists in this Airflow and the
+viewer's Airflow session (the UI's cookie, or a Bearer token) may read its runs. Only files of
+the report area of that DAG's runs in the training bucket are served:
+``runs/<dag_id>/.../report/<file>``. A report of a DAG this Airflow does not know (one deleted
+since, or another deployment's sharing the bucket) or that the viewer may not read answers as a
+missing report does: the auth manager's check of a DAG id alone lets a viewer through for an id
+no DAG has (multi-team mode), so the route also asks for the DAGs that exist and the viewer may read.
 
 The report's HTML is served from Airflow's own origin, so it goes out with a Content Security
 Policy that allows no scripts, no network access and no forms: it is a sandboxed document
@@ -39,8 +43,9 @@ def allowed_report_key(dag_id: str, bucket: str, key: str) -> bool:
 
 def create_app() -> Any:
     """The FastAPI app of kubetrain's routes (imported only by the API server, on first use)."""
+    from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
-    from airflow.api_fastapi.core_api.security import requires_access_dag
+    from airflow.api_fastapi.core_api.security import get_user, requires_access_dag
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
     from fastapi import Depends, FastAPI, HTTPException, Request, Response
     from fastapi.exception_handlers import http_exception_handler
@@ -56,9 +61,15 @@ def create_app() -> Any:
 
     @app.exception_handler(HTTPException)
     async def login_first(request: Request, exc: HTTPException) -> Response:
+        params = request.path_params
+        if exc.status_code == 403 and {"dag_id", "bucket", "key"} <= params.keys():
+            # a report of a DAG the viewer may not read answers as a missing one: the answer does not
+            # tell another team's DAG ids apart from ids no DAG has
+            exc = HTTPException(
+                status_code=404, detail=f"no report at s3://{params['bucket']}/{params['key']}"
+            )
         # A browser that opens a page without a login is sent to Airflow's, and back here after it.
         if exc.status_code == 401 and _wants_html(request):
-            from airflow.api_fastapi.app import get_auth_manager
             from fastapi.responses import RedirectResponse
 
             here = request.url.path
@@ -72,9 +83,12 @@ def create_app() -> Any:
         dependencies=[Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.RUN))],
         response_class=Response,
     )
-    def report(dag_id: str, bucket: str, key: str) -> Response:
+    def report(dag_id: str, bucket: str, key: str, user: Any = Depends(get_user)) -> Response:  # noqa: B008
         if not allowed_report_key(dag_id, bucket, key):
             raise HTTPException(status_code=404, detail=f"s3://{bucket}/{key} is not a report of {dag_id}")
+        # the DAGs that exist and that this user may read, as the Training page lists them
+        if dag_id not in get_auth_manager().get_authorized_dag_ids(user=user, method="GET"):
+            raise HTTPException(status_code=404, detail=f"no report at s3://{bucket}/{key}")
         store = RunStore(S3Hook(aws_conn_id="aws_default"), S3Layout.from_environment())
         body = store.read(bucket, key)
         if body is None:

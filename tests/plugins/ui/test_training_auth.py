@@ -277,6 +277,46 @@ def test_without_a_login_nothing_is_served(server, records):
     assert get(server, None, "/static/training.js").status_code == 200  # the page's script holds no data
 
 
+@pytest.mark.parametrize(
+    ("user", "dag_id", "status"),
+    [
+        ("mlviewer", "ml_training", 200),  # its own team's DAG
+        ("admin", "ml_training", 200),
+        ("mlviewer", "research_training", 404),  # another team's DAG: the auth manager refuses
+        ("mlviewer", "ghost_training", 404),  # no DAG of that id in Airflow: as a missing report
+        ("admin", "ghost_training", 404),  # not even for an admin: a deleted DAG's or another deployment's
+    ],
+    ids=["own-team", "admin", "other-team", "unknown-dag-viewer", "unknown-dag-admin"],
+)
+def test_a_report_is_served_only_for_a_dag_that_exists_and_the_user_may_read(
+    s3_server, server, records, user, dag_id, status
+):
+    import boto3
+
+    key = f"runs/{dag_id}/manual__auth-report/report/report.html"
+    body = f"<html>report of {dag_id}</html>".encode()
+    boto3.client(
+        "s3",
+        endpoint_url=s3_server.endpoint,
+        aws_access_key_id=s3_server.access_key_id,
+        aws_secret_access_key=s3_server.secret_access_key,
+        region_name=s3_server.region,
+    ).put_object(Bucket="training", Key=key, Body=body)
+    url, tokens = server
+    answer = requests.get(
+        f"{url}/kubetrain/reports/{dag_id}/training/{key}",
+        headers={"Authorization": f"Bearer {tokens[user]}"},
+        timeout=60,
+    )
+    assert answer.status_code == status, answer.text
+    if status == 200:
+        assert answer.content == body
+    else:
+        assert body not in answer.content
+    if status == 404:  # answered as a missing report: nothing tells the DAG ids apart
+        assert answer.json()["detail"] == f"no report at s3://training/{key}"
+
+
 def test_the_training_page_is_in_the_navigation(server):
     url, tokens = server
     plugins = requests.get(
