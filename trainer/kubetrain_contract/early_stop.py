@@ -5,17 +5,21 @@ trial step reads it to tell an early stop from a failure, and the leaderboard sh
 
 Also here, because both sides compute it: the Hyperband bracket of a sweep's trial
 (:func:`hyperband_bracket`), which the Airflow side puts in the trial's pod and the sidecar
-computes for the competitors whose records it reads.
+computes for the competitors whose records it reads; and the rung rule's ranking of a trial's
+objective at a rung (:func:`rung_rank`), written once with what it does with a value that is not
+a finite number.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
 from kubetrain_contract.records import Record, spec
+from kubetrain_contract.reports import finite_number
 
 
 def utc_now() -> str:
@@ -39,7 +43,9 @@ class EarlyStopRecord(Record):
     mode: Literal["max", "min"] = spec(description="Whether a larger or a smaller objective is better.")
     start_step: int = spec(minimum=1, description="The first report at which the rule may stop a trial.")
     step: int = spec(minimum=1, description="The number of reports the trial had made when it was stopped.")
-    best: float = spec(description="The trial's best objective value so far.")
+    best: float | None = spec(
+        description="The trial's best objective value so far (null: none of its reports was a finite number)."
+    )
     min_trials: int | None = spec(
         None, minimum=1, description="median: finished trials the rule needs before it stops any."
     )
@@ -52,12 +58,22 @@ class EarlyStopRecord(Record):
         minimum=1,
         description="asha, hyperband: the rung (a number of reports) the trial was judged at.",
     )
-    value: float | None = spec(None, description="asha, hyperband: the trial's objective at the rung.")
+    value: float | None = spec(
+        None,
+        description="asha, hyperband: the trial's objective at the rung (null also when it was not a finite "
+        "number there: the trial is then stopped unranked).",
+    )
     rank: int | None = spec(
-        None, minimum=1, description="asha, hyperband: the trial's rank at the rung (1 is the best)."
+        None,
+        minimum=1,
+        description="asha, hyperband: the trial's rank at the rung (1 is the best; null: its value there was "
+        "not a finite number, not ranked).",
     )
     rung_trials: int | None = spec(
-        None, minimum=1, description="asha, hyperband: the trials ranked at the rung, this one included."
+        None,
+        minimum=1,
+        description="asha, hyperband: the trials ranked at the rung, this one included when its value was "
+        "ranked (null: none was).",
     )
     promoted: int | None = spec(
         None, minimum=1, description="asha, hyperband: how many of them go on: max(1, rung_trials // eta)."
@@ -95,13 +111,60 @@ class RungReportRecord(Record):
     trial: int = spec(minimum=0, description="The trial's number in the sweep.")
     bracket: int = spec(minimum=0, description="The trial's Hyperband bracket (0 under asha).")
     objective: str = spec(description="The metric of the values (a metrics.jsonl key or history.csv column).")
-    values: list[float] = spec(description="The trial's objective at each of its reports so far, in order.")
+    values: list[float | None] = spec(
+        description="The trial's objective at each of its reports so far, in order; null where a report's "
+        "value was not a finite number (NaN, infinite, not a number): its position counts all the same."
+    )
     promoted_at: int = spec(
         0,
         minimum=0,
         description="The highest rung the trial was promoted at (0: none yet); a restarted sidecar resumes there.",
     )
     published_at: str = spec(default_factory=utc_now, format="date-time")
+
+
+@dataclass(frozen=True)
+class RungRank:
+    """How a trial's objective at a rung ranks among the other trials' values there (:func:`rung_rank`)."""
+
+    value: float | None  # None: not a finite number, not ranked
+    rank: int | None  # 1 + the ranked values strictly better; None when ``value`` is
+    trials: int  # the values ranked: the others' usable ones, and this one when usable
+    promoted_count: int  # how many of them go on: max(1, trials // eta); 0 when none was ranked
+    cutoff: float | None  # the worst value that goes on (ties go on); None when none was ranked
+
+    @property
+    def promoted(self) -> bool:
+        return self.rank is not None and self.rank <= self.promoted_count
+
+
+def rung_rank(value: object, others: Sequence[object], mode: str, reduction_factor: int) -> RungRank:
+    """Rank ``value``, a trial's objective at a rung, among ``others``, the values at that rung of the
+    trials of its bracket that reached it; the rule of Optuna's SuccessiveHalvingPruner.
+
+    Of ``n`` values ranked, the best ``max(1, n // eta)`` go on, ties with the cut-off included. A
+    value that is not a finite number (``None``, NaN, an infinity, a string that is not a number)
+    does not go on, even alone at the rung, and is not ranked: it counts in no trial's ``n``, this
+    one's or a later one's. Optuna prunes a NaN at a rung before it ranks it and records no rung
+    value for it; an infinity, which Optuna would rank as a number, is a diverged trial here.
+
+    :param value: this trial's objective at the rung's report.
+    :param others: the other trials' objective at the rung's report.
+    :param mode: ``max`` or ``min``.
+    :param reduction_factor: eta.
+    """
+    mine = finite_number(value)
+    ranked = [v for v in map(finite_number, others) if v is not None]
+    if mine is not None:
+        ranked.append(mine)
+    if not ranked:
+        return RungRank(None, None, 0, 0, None)
+    ordered = sorted(ranked, reverse=mode == "max")
+    count = max(1, len(ordered) // reduction_factor)
+    if mine is None:
+        return RungRank(None, None, len(ordered), count, ordered[count - 1])
+    better = sum(1 for v in ordered if (v > mine if mode == "max" else v < mine))
+    return RungRank(mine, better + 1, len(ordered), count, ordered[count - 1])
 
 
 def hyperband_allocation(brackets: int, reduction_factor: int) -> list[int]:

@@ -53,5 +53,28 @@ def parse_jsonl(text: str) -> list[dict[str, Any]]:
 
 
 def objective_values(rows: Sequence[Mapping[str, Any]], metric: str) -> list[float]:
-    """The metric of each report that has a finite value of it, in order."""
+    """The metric of each report that has a finite value of it, in order: the usable values, for a
+    trial's best and its record. A stopping rule that counts reports reads :func:`objective_reports`."""
     return [v for v in (finite_number(row.get(metric)) for row in rows) if v is not None]
+
+
+def objective_reports(rows: Sequence[Mapping[str, Any]], metric: str) -> list[float | None]:
+    """The metric of each report of it, in order, ``None`` where its value is not a finite number.
+
+    A report's position (its epoch or evaluation) counts whether or not its value is usable, so
+    that report ``S`` is the same report for every trial: a NaN, an infinity, a string that is
+    not a number, ``null`` or an empty cell is a report without a usable value, not a missing
+    report. A report of the metric is a ``metrics.jsonl`` line that has its key (whatever its
+    value) or a ``history.csv`` row (every row has every column); a line without the key (a
+    trainer's per-batch line of other metrics) is no report of it.
+    """
+    return [finite_number(row[metric]) for row in rows if metric in row]
+
+
+def best_report(values: Sequence[float | None], mode: str) -> float | None:
+    """The best usable value of ``values`` (the largest for ``max``, the smallest for ``min``);
+    ``None`` when none is a finite number."""
+    usable = [v for v in map(finite_number, values) if v is not None]
+    if not usable:
+        return None
+    return max(usable) if mode == "max" else min(usable)

@@ -39,9 +39,14 @@ trials' rung reports and the sweep's trial records (``KUBETRAIN_SWEEP_TRIALS_URI
 from an earlier sweep has a record and no rung report). Each decision lists the two prefixes once
 and reads only the objects that changed since the last one (by ETag).
 
-Reports are read as the median rule reads them (:func:`trainer.sync.median.parse_reports`): the
-objective of each line of ``metrics.jsonl`` (else each row of ``history.csv``) that has it. A stop
-writes the decision to ``<run>/sync/early-stop.json``, then the stop file, as the median rule does.
+Reports are read as the median rule reads them (:func:`trainer.sync.median.report_values`): the
+objective of each line of ``metrics.jsonl`` that has its key (else each row of ``history.csv``), in
+order, ``None`` where it is not a finite number. A report's position counts whether or not its value
+is usable, so a rung is the same report for every trial; a value that is not a finite number at a
+rung stops the trial there unranked, even alone at the rung, and is not counted among the values
+ranked there (:func:`kubetrain_contract.early_stop.rung_rank`; Optuna's SuccessiveHalvingPruner
+prunes a NaN at a rung before it ranks it). A stop writes the decision to
+``<run>/sync/early-stop.json``, then the stop file, as the median rule does.
 """
 
 from __future__ import annotations
@@ -51,8 +56,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubetrain_contract.early_stop import EarlyStopRecord, RungReportRecord, hyperband_bracket
+from kubetrain_contract.early_stop import EarlyStopRecord, RungReportRecord, hyperband_bracket, rung_rank
 from kubetrain_contract.records import RecordError
+from kubetrain_contract.reports import best_report
 from trainer.sync.median import MODES, ReportStopper, record_values, report_values
 from trainer.sync.progress import log
 from trainer.sync.s3 import S3, S3RequestError, S3Uri
@@ -64,18 +70,19 @@ RULES = ("asha", "hyperband")
 
 @dataclass(frozen=True)
 class RungDecision:
-    """How a trial ranked at one rung; ``promoted`` is whether it goes on."""
+    """How a trial ranked at one rung; ``promoted`` is whether it goes on. ``value`` and ``rank`` are
+    ``None`` when its value there was not a finite number (not ranked, not promoted)."""
 
     rung: int
-    value: float
-    rank: int
+    value: float | None
+    rank: int | None
     trials: int
     promoted_count: int
-    cutoff: float
+    cutoff: float | None
 
     @property
     def promoted(self) -> bool:
-        return self.rank <= self.promoted_count
+        return self.rank is not None and self.rank <= self.promoted_count
 
 
 @dataclass(frozen=True)
@@ -155,21 +162,21 @@ class RungRule:
             rung *= self.reduction_factor
         return rung
 
-    def rank(self, rung: int, value: float, competitors: list[list[float]]) -> RungDecision:
+    def rank(self, rung: int, value: float | None, competitors: list[list[float | None]]) -> RungDecision:
         """How ``value`` at ``rung`` ranks among the competitors that reached the rung."""
         at = [c[rung - 1] for c in competitors if len(c) >= rung]
-        ordered = sorted([*at, value], reverse=self.mode == "max")
-        count = max(1, len(ordered) // self.reduction_factor)
-        better = sum(1 for v in at if (v > value if self.mode == "max" else v < value))
-        return RungDecision(rung, value, better + 1, len(ordered), count, ordered[count - 1])
+        ranked = rung_rank(value, at, self.mode, self.reduction_factor)
+        return RungDecision(
+            rung, ranked.value, ranked.rank, ranked.trials, ranked.promoted_count, ranked.cutoff
+        )
 
     def judge(
-        self, values: list[float], competitors: list[list[float]], after: int = 0
+        self, values: list[float | None], competitors: list[list[float | None]], after: int = 0
     ) -> list[RungDecision]:
         """The decisions at the rungs above ``after`` that ``values`` has reached, in order; the last
         one stops the trial when it is not promoted (no rung is judged after a stop).
 
-        :param values: this trial's objective per report.
+        :param values: this trial's objective per report (``None`` where not a finite number).
         :param competitors: the objective per report of the other trials of its bracket.
         :param after: the highest rung already judged.
         """
@@ -183,7 +190,7 @@ class RungRule:
                 break
         return out
 
-    def record(self, decision: RungDecision, values: list[float]) -> EarlyStopRecord:
+    def record(self, decision: RungDecision, values: list[float | None]) -> EarlyStopRecord:
         """The early-stop record of a stop at ``decision`` after ``values``."""
         return EarlyStopRecord(
             rule=self.name,
@@ -191,12 +198,12 @@ class RungRule:
             mode=self.mode,  # type: ignore[arg-type]
             start_step=self.start_step,
             step=len(values),
-            best=max(values) if self.mode == "max" else min(values),
+            best=best_report(values, self.mode),
             rung=decision.rung,
             value=decision.value,
             rank=decision.rank,
-            rung_trials=decision.trials,
-            promoted=decision.promoted_count,
+            rung_trials=decision.trials or None,
+            promoted=decision.promoted_count or None,
             cutoff=decision.cutoff,
             min_resource=self.min_resource,
             reduction_factor=self.reduction_factor,
@@ -238,7 +245,8 @@ class RungStopper(ReportStopper):
         self.rungs = rungs
         self.judged = 0  # the highest rung this trial was promoted at
         self.decision: RungDecision | None = None
-        self._objects: dict[str, tuple[str, int | None, list[float]]] = {}  # key -> (etag, trial, values)
+        # key -> (etag, trial, objective per report)
+        self._objects: dict[str, tuple[str, int | None, list[float | None]]] = {}
         self._restored = False
 
     def _read(self, prefix: S3Uri, parse: Any) -> None:
@@ -254,7 +262,7 @@ class RungStopper(ReportStopper):
                 number, values = None, []
             self._objects[key] = (etag, number, values)
 
-    def _from_record(self, record: Any) -> tuple[int | None, list[float]]:
+    def _from_record(self, record: Any) -> tuple[int | None, list[float | None]]:
         if not isinstance(record, dict) or not isinstance(record.get("number"), int):
             return None, []
         number = record["number"]
@@ -262,18 +270,18 @@ class RungStopper(ReportStopper):
             return None, []
         return number, record_values(record, self.rule.objective)
 
-    def _from_rung_report(self, doc: Any) -> tuple[int | None, list[float]]:
+    def _from_rung_report(self, doc: Any) -> tuple[int | None, list[float | None]]:
         report = RungReportRecord.from_dict(doc, where="rung report")
         if report.bracket != self.rule.bracket or report.objective != self.rule.objective:
             return None, []
         return report.trial, list(report.values)
 
-    def competitors(self) -> list[list[float]]:
+    def competitors(self) -> list[list[float | None]]:
         """The objective per report of every other trial of this bracket: its record's history, or its
         latest rung report, whichever has more reports."""
         self._read(self.trials, self._from_record)
         self._read(self.rungs, self._from_rung_report)
-        best: dict[int, list[float]] = {}
+        best: dict[int, list[float | None]] = {}
         for _, number, values in self._objects.values():
             if number is None or number == self.trial or not values:
                 continue
@@ -304,7 +312,7 @@ class RungStopper(ReportStopper):
         if report.bracket == self.rule.bracket and report.objective == self.rule.objective:
             self.judged = max(self.judged, report.promoted_at)
 
-    def publish(self, values: list[float]) -> None:
+    def publish(self, values: list[float | None]) -> None:
         """Put this trial's objective per report so far where the other trials' sidecars read it."""
         report = RungReportRecord(
             trial=self.trial,
@@ -348,6 +356,12 @@ class RungStopper(ReportStopper):
                 continue
             self.write_stop(self.rule.record(decision, values))
             self.decision = decision
+            if decision.rank is None:
+                log(
+                    f"checkpoint-sync: {self.rule.name}: {self.rule.objective} at rung {decision.rung} is not a "
+                    f"finite number (NaN, infinite or not a number): stopping the trial unranked ({self.stop_file})"
+                )
+                return decision
             log(
                 f"checkpoint-sync: {self.rule.name}: {self.rule.objective} {decision.value:.6g} at rung "
                 f"{decision.rung} ranks {decision.rank} of {decision.trials}, outside the top "

@@ -8,6 +8,15 @@ applies once at least ``min_trials`` trials have finished. A finished trial is o
 record says it succeeded without being stopped; one with fewer than ``S`` reports
 contributes the average of all of its reports.
 
+A report whose objective is not a finite number (NaN, an infinity, a value that is not a
+number, ``null``, an empty cell) still counts as a report: report ``S`` is the ``S``-th line
+that has the objective whatever its value. A trial's best is its best usable value; a trial
+none of whose reports is usable is stopped once the rule applies to it (``S >= start_step``, the
+finished trials to compare with), as Optuna's MedianPruner prunes a trial whose intermediate
+values are all NaN. A finished trial's running average is
+over its usable values among its first ``S`` reports; one that has none there does not count at
+``S``, neither in the median nor towards ``min_trials``.
+
 Reports come from the trial's own OUTPUT_DIR, read locally: ``metrics.jsonl`` (one JSON
 object a line, appended per epoch or step; any container can write it) when it exists, else
 ``history.csv`` (kubetrain's trainers write one row per epoch). A container that writes
@@ -38,8 +47,9 @@ from kubetrain_contract.reports import (
     EARLY_STOP_RECORD,
     HISTORY_CSV,
     METRICS_JSONL,
+    best_report,
     finite_number,
-    objective_values,
+    objective_reports,
     parse_jsonl,
 )
 from trainer.sync.progress import log
@@ -68,7 +78,7 @@ class Decision:
     """Why a trial is stopped at report ``step``."""
 
     step: int
-    best: float
+    best: float | None  # None: none of the trial's reports was a finite number
     median: float
     finished_trials: int
 
@@ -98,21 +108,32 @@ class MedianRule:
                 f"min_trials {self.min_trials} and start_step {self.start_step} must be at least 1"
             )
 
-    def decide(self, values: list[float], finished: list[list[float]]) -> Decision | None:
-        """A stop decision for a trial that reported ``values`` so far, or ``None`` to let it run."""
+    def decide(self, values: list[float | None], finished: list[list[float | None]]) -> Decision | None:
+        """A stop decision for a trial that reported ``values`` so far (``None`` where a report was not
+        a finite number), or ``None`` to let it run."""
         step = len(values)
-        completed = [f for f in finished if f]
-        if step < self.start_step or len(completed) < self.min_trials:
+        if step < self.start_step:
             return None
-        median = statistics.median(sum(f[:step]) / len(f[:step]) for f in completed)
-        best = max(values) if self.mode == "max" else min(values)
+        averages = []
+        for curve in finished:
+            usable = [v for v in map(finite_number, curve[:step]) if v is not None]
+            if usable:
+                averages.append(sum(usable) / len(usable))
+        if len(averages) < self.min_trials:
+            return None
+        median = statistics.median(averages)
+        best = best_report(values, self.mode)
+        if best is None:
+            return Decision(step, None, median, len(averages))
         worse = best < median if self.mode == "max" else best > median
-        return Decision(step, best, median, len(completed)) if worse else None
+        return Decision(step, best, median, len(averages)) if worse else None
 
 
-def report_values(rows: list[dict[str, Any]], objective: str) -> list[float]:
-    """The objective of each report that has it, in order."""
-    return objective_values(rows, objective)
+def report_values(rows: list[dict[str, Any]], objective: str) -> list[float | None]:
+    """The objective of each report of it, in order, ``None`` where it is not a finite number: a
+    report's position counts whether or not its value is usable
+    (:func:`kubetrain_contract.reports.objective_reports`)."""
+    return objective_reports(rows, objective)
 
 
 def parse_reports(jsonl: str | None, history: str | None) -> list[dict[str, Any]]:
@@ -124,13 +145,14 @@ def parse_reports(jsonl: str | None, history: str | None) -> list[dict[str, Any]
     return []
 
 
-def record_values(record: Mapping[str, Any], objective: str) -> list[float]:
-    """The objective per report of a trial record: its history, else its objective's values."""
+def record_values(record: Mapping[str, Any], objective: str) -> list[float | None]:
+    """The objective per report of a trial record (``None`` where not a finite number): its history,
+    else its objective's values (the usable ones only, as the Airflow side records them)."""
     rows = record.get("history") if isinstance(record.get("history"), list) else []
     values = report_values([r for r in rows if isinstance(r, dict)], objective)
     recorded = record.get("objective") if isinstance(record.get("objective"), dict) else {}
-    if not values and recorded.get("name") == objective:
-        values = [v for v in map(finite_number, recorded.get("values") or []) if v is not None]
+    if not values and recorded.get("name") == objective and isinstance(recorded.get("values"), list):
+        values = [finite_number(v) for v in recorded["values"]]
     return values
 
 
@@ -207,12 +229,12 @@ class MedianStopper(ReportStopper):
         self.rule = rule
         self.trials = trials
         self.decision: Decision | None = None
-        self._finished: dict[str, list[float]] = {}  # record key -> objective per report
+        self._finished: dict[str, list[float | None]] = {}  # record key -> objective per report
         self._not_finished: set[tuple[str, str]] = (
             set()
         )  # (key, etag) of records of trials that did not succeed
 
-    def finished_values(self) -> list[list[float]]:
+    def finished_values(self) -> list[list[float | None]]:
         """The objective per report of every finished trial of the sweep (records read once)."""
         for item in self.s3.list_objects(self.trials.bucket, self.trials.key):
             key, etag = item["Key"], item["ETag"]
@@ -256,6 +278,12 @@ class MedianStopper(ReportStopper):
         """Record the decision in S3, then write the stop file (atomically) for the trainer."""
         self.write_stop(decision.record(self.rule))
         self.decision = decision
+        if decision.best is None:
+            log(
+                f"checkpoint-sync: median stopping: {self.rule.objective} is not a finite number in any of "
+                f"{decision.step} reports (NaN, infinite or not a number): stopping the trial ({self.stop_file})"
+            )
+            return
         log(
             f"checkpoint-sync: median stopping: {self.rule.objective} best {decision.best:.6g} after "
             f"{decision.step} reports is {'below' if self.rule.mode == 'max' else 'above'} the median "

@@ -408,6 +408,9 @@ class TrialPodOperator(TrainingPodOperator):
             (
                 f" (median rule at report {early_stop.step}: best {early_stop.best} vs median {early_stop.median})"
                 if early_stop.rung is None
+                else f" ({early_stop.rule} rule at rung {early_stop.rung}: no usable value there (NaN, infinite "
+                "or not a number), ranked worst)"
+                if early_stop.value is None
                 else f" ({early_stop.rule} rule at rung {early_stop.rung}: rank {early_stop.rank} of "
                 f"{early_stop.rung_trials}, {early_stop.value} vs cut-off {early_stop.cutoff})"
             )

@@ -227,3 +227,34 @@ RUNG_ENV = (
     Env.ASHA_BRACKET,
     Env.STOP_FILE,
 )
+
+
+def test_the_decision_of_a_trial_stopped_for_a_nan_at_its_rung_reads_on_the_airflow_side():
+    # issue #53 item 9: the sidecar stops a trial whose objective at a rung is not a finite number,
+    # unranked; its decision has no value, rank or best, and JSON has no NaN
+    import json
+
+    import jsonschema
+
+    from kubetrain.report.sweep import _outcome
+    from kubetrain_contract.early_stop import EarlyStopRecord
+
+    record = EarlyStopRecord(
+        rule="asha",
+        objective="val_accuracy",
+        mode="max",
+        start_step=1,
+        step=2,
+        best=None,
+        rung=1,
+        value=None,
+        rank=None,
+        min_resource=1,
+        reduction_factor=3,
+        grace=1,
+    )
+    doc = json.loads(record.to_json())
+    jsonschema.Draft202012Validator(EarlyStopRecord.json_schema()).validate(doc)
+    assert EarlyStopRecord.from_dict(doc) == record
+    trial = {"status": "success", "stopped_early": True, "early_stop": doc}
+    assert _outcome(trial) == "stopped early at rung 1 (report 2)"

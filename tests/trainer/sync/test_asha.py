@@ -6,6 +6,7 @@ records of finished ones, the decision in early-stop.json, and a third-party tra
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import subprocess
@@ -96,6 +97,21 @@ TABLE = [
     # grace 2 skips rung 1: the trial is first judged at rung 3
     (RungRule("acc", grace=2), [0.1, 0.1], [[0.9, 0.9, 0.9]], 0, []),
     (RungRule("acc", grace=2), [0.1, 0.1, 0.1], [[0.9, 0.9, 0.9]], 0, [(3, 2, 2, False, 0.9)]),
+    # a value that is not a finite number (None as the reports are read; NaN or an infinity handed in
+    # as such) is not ranked and does not go on, even alone at the rung (Optuna prunes a NaN there)
+    (ASHA, [None], [], 0, [(1, None, 0, False, None)]),
+    (ASHA, [None, 0.9, 0.9], [[0.5] * 3], 0, [(1, None, 1, False, 0.5)]),
+    (LOSS, [math.inf], [[0.5]], 0, [(1, None, 1, False, 0.5)]),
+    (ASHA, [math.nan], [[0.5], [0.4]], 0, [(1, None, 2, False, 0.5)]),
+    # a report's position counts: rung 3 is the third report (0.95), not the third number (0.1)
+    (ASHA, [0.9, None, 0.95, 0.1], [[0.5] * 4], 0, [(1, 1, 2, True, 0.9), (3, 1, 2, True, 0.95)]),
+    (ASHA, [0.9, 0.8, None, 0.95], [[0.5] * 4], 1, [(3, None, 1, False, 0.5)]),
+    # a competitor's value that is not a finite number at the rung is not ranked: 3 values, not 4,
+    # so only the top 3 // 2 = 1 goes on (counted as the worst, 0.5 would be 2nd of the top 2)
+    (RungRule("acc", reduction_factor=2), [0.5], [[None], [0.6], [0.4]], 0, [(1, 2, 3, False, 0.6)]),
+    (RungRule("acc", reduction_factor=2), [0.5], [[math.nan], [0.6], [0.4]], 0, [(1, 2, 3, False, 0.6)]),
+    # ... and a NaN after the rung's report is no business of the rung
+    (ASHA, [0.5], [[0.6, None], [0.4, math.nan]], 0, [(1, 2, 3, False, 0.6)]),
     # a hyperband bracket 1 trial: its first rung is 3
     (RungRule("acc", bracket=1, brackets=2, name="hyperband"), [0.1, 0.1], [[0.9] * 3], 0, []),
     (
@@ -128,6 +144,35 @@ def test_a_stop_is_recorded_with_its_rung_rank_and_cut_off():
     assert doc["reduction_factor"] == 3 and doc["min_resource"] == 1 and doc["bracket"] is None
     assert doc["median"] is None and doc["min_trials"] is None
     assert EarlyStopRecord.from_json(record.to_json()) == record
+
+
+def test_a_stop_on_a_value_that_is_not_a_finite_number_is_recorded_unranked():
+    rule = RungRule("acc", "max")
+    (decision,) = rule.judge([None, None], [])
+    assert (decision.rung, decision.value, decision.rank, decision.promoted) == (1, None, None, False)
+    record = rule.record(decision, [None, None])
+    doc = json.loads(record.to_json())  # JSON without NaN
+    assert (doc["rung"], doc["value"], doc["rank"], doc["rung_trials"], doc["promoted"], doc["cutoff"]) == (
+        1,
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
+    assert doc["best"] is None and doc["step"] == 2
+    assert EarlyStopRecord.from_json(record.to_json()) == record
+    # with others ranked there: how many, how many go on, and the cut-off; its best is its best usable value
+    (decision,) = rule.judge([0.9, 0.9, None], [[0.5] * 3, [0.4] * 3], after=1)
+    doc = json.loads(rule.record(decision, [0.9, 0.9, None]).to_json())
+    assert (doc["rung"], doc["rank"], doc["rung_trials"], doc["promoted"], doc["cutoff"], doc["best"]) == (
+        3,
+        None,
+        2,
+        1,
+        0.5,
+        0.9,
+    )
 
 
 def test_an_early_stop_record_of_the_median_rule_written_before_the_rung_fields_still_reads():
@@ -261,6 +306,29 @@ def test_the_stopper_ranks_against_running_and_finished_trials_and_publishes_its
     )
     assert (own.trial, own.bracket, own.values, own.promoted_at) == (5, 0, [0.5], 0)
     assert stopper.check() is decision  # once taken, the decision stands
+
+
+def test_a_trial_whose_report_is_not_a_number_at_its_rung_is_stopped_and_publishes_null(
+    s3_server, s3, tmp_path, monkeypatch
+):
+    # trial 1's rung report has no finite value at report 1 (null): it is not ranked there
+    sweep = _sweep(s3, {0: [0.5] * 4}, {1: (0, [None, 0.9])})
+    stopper = _stopper(s3_server, monkeypatch, sweep, tmp_path, RungRule("score", "max"))
+    _report(tmp_path, [0.9, math.nan])
+    assert stopper.check() is None and stopper.judged == 1  # rung 1: 0.9 first of 2
+    _report(tmp_path, [0.9, math.nan, "n/a"])
+    decision = stopper.check()
+    assert decision is not None and (decision.rung, decision.value, decision.rank) == (3, None, None)
+    assert (tmp_path / "ck" / ".kubetrain-stop").exists()
+    own = RungReportRecord.from_json(
+        s3.get_object(Bucket="training", Key=f"{sweep}/sweep/rungs/5.json")["Body"].read()
+    )
+    assert own.values == [0.9, None, None]  # positions kept, JSON without NaN
+    doc = json.loads(
+        s3.get_object(Bucket="training", Key=f"{sweep}/trials/5/sync/early-stop.json")["Body"].read()
+    )
+    assert (doc["rung"], doc["value"], doc["rank"], doc["best"], doc["step"]) == (3, None, None, 0.9, 3)
+    assert (doc["rung_trials"], doc["cutoff"]) == (1, 0.5)  # trial 0's record; trial 1 never reached 3
 
 
 def test_a_promoted_trial_resumes_at_its_rung_after_a_restart(s3_server, s3, tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ looks for KUBETRAIN_STOP_FILE between steps.
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import subprocess
@@ -22,7 +23,7 @@ from sync_support import REPO, s3_client
 from sync_support.faultproxy import FaultProxy
 from test_checkpoint import _Lines, _sidecar
 
-from trainer.sync.median import MedianRule, MedianStopper, parse_reports, report_values
+from trainer.sync.median import MedianRule, MedianStopper, parse_reports, record_values, report_values
 from trainer.sync.s3 import S3, parse_s3_uri
 
 
@@ -82,13 +83,79 @@ def test_reports_come_from_metrics_jsonl_else_history_csv():
         0.5,
         0.7,
     ]  # torn last line dropped
+    # an empty cell is epoch 2's report without a usable value, not a missing epoch (issue #53 item 9)
     assert report_values(parse_reports(None, "epoch,val_accuracy\n1,0.1\n2,\n3,0.3\n"), "val_accuracy") == [
         0.1,
+        None,
         0.3,
     ]
     assert report_values(parse_reports(None, None), "val_accuracy") == []
     with pytest.raises(ValueError, match="metrics.jsonl line 1 is not JSON"):
         parse_reports("not json\n{}\n", None)
+
+
+def test_a_report_counts_whether_or_not_its_value_is_a_finite_number():
+    # a line that has the objective's key is a report of it, whatever its value; one without it is not
+    lines = [
+        '{"step": 1, "score": 0.5}',
+        '{"step": 2, "score": NaN}',  # what json.dumps writes for a diverged value
+        '{"step": 2, "loss": 0.1}',  # a line of other metrics: no report of score
+        '{"step": 3, "score": "n/a"}',
+        '{"step": 4, "score": null}',
+        '{"step": 5, "score": -Infinity}',
+        '{"step": 6, "score": true}',
+        '{"step": 7, "score": "0.7"}',
+    ]
+    rows = parse_reports("".join(line + "\n" for line in lines), None)
+    assert report_values(rows, "score") == [0.5, None, None, None, None, None, 0.7]
+    assert report_values(rows, "loss") == [0.1]
+    # a finished trial's record: its history, positions kept
+    record = {"history": [{"score": 0.2}, {"score": math.nan}, {"score": 0.4}]}
+    assert record_values(record, "score") == [0.2, None, 0.4]
+
+
+@pytest.mark.parametrize(
+    ("rule", "values", "finished", "stop"),
+    [
+        # none of its reports is a finite number: stopped once the rule applies (Optuna's MedianPruner
+        # prunes a trial whose intermediate values are all NaN)
+        (MedianRule("acc", "max", 2, 2), [None, None], [[0.5] * 3, [0.5] * 3], (2, None, 0.5)),
+        (MedianRule("acc", "max", 2, 3), [None, None], [[0.5] * 3, [0.5] * 3], None),  # before start_step
+        (MedianRule("acc", "max", 3, 2), [None, None], [[0.5] * 3, [0.5] * 3], None),  # before min_trials
+        (MedianRule("loss", "min", 2, 2), [None, None, None], [[1.0] * 3, [1.0] * 3], (3, None, 1.0)),
+        # the best usable value is ranked; the report count is the step
+        (MedianRule("acc", "max", 2, 2), [0.1, None], [[0.5] * 3, [0.5] * 3], (2, 0.1, 0.5)),
+        (MedianRule("acc", "max", 2, 2), [0.9, None, None], [[0.5] * 3, [0.5] * 3], None),
+        # a finished trial's running average is over its usable reports among the first S
+        (
+            MedianRule("acc", "max", 3, 2),
+            [0.45, 0.45],
+            [[0.5, None, 0.9], [0.7] * 3, [0.3] * 3],
+            (2, 0.45, 0.5),
+        ),
+        # ... and one with none there does not count at S, neither in the median nor for min_trials
+        (MedianRule("acc", "max", 2, 1), [0.1], [[None, 0.9], [0.5]], None),
+        (MedianRule("acc", "max", 1, 1), [0.1], [[None, 0.9], [0.5]], (1, 0.1, 0.5)),
+    ],
+)
+def test_reports_that_are_not_finite_numbers_under_the_median_rule(rule, values, finished, stop):
+    decision = rule.decide(values, finished)
+    if stop is None:
+        assert decision is None
+    else:
+        step, best, median = stop
+        assert (decision.step, decision.best) == (step, best) and decision.median == pytest.approx(median)
+        assert decision.record(rule).to_json()  # JSON without NaN: best is null when nothing was usable
+
+
+def test_a_trial_that_reports_nan_from_the_start_is_stopped_after_start_step(s3_server, s3, tmp_path):
+    prefix = f"runs/unit_median/{secrets.token_hex(5)}/sweep/trials/"
+    _finished_trials(s3, prefix, [[0.6, 0.8, 0.9, 0.9], [0.5, 0.7, 0.8, 0.85]])
+    code, output, sidecar, key = _trial(s3_server, tmp_path, score=math.nan, steps=40, trials_prefix=prefix)
+    assert code == 79, (output, sidecar)
+    decision = json.loads(s3.get_object(Bucket="training", Key=f"{key}/sync/early-stop.json")["Body"].read())
+    assert decision["rule"] == "median" and decision["best"] is None and 3 <= decision["step"] < 40
+    assert f"score is not a finite number in any of {decision['step']} reports" in sidecar
 
 
 def _finished_trials(s3, prefix: str, curves: list[list[float]], metric: str = "score") -> None:
