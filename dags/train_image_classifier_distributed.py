@@ -28,7 +28,14 @@ from airflow.sdk import DAG, Param
 
 from kubetrain.operators.distributed import DistributedTrainingOperator
 from kubetrain.params import with_dialect
-from kubetrain.pipeline import DEFAULT_ARGS, common_params, schedule, training_pipeline
+from kubetrain.pipeline import (
+    CPU_PATTERN,
+    DEFAULT_ARGS,
+    MEMORY_PATTERN,
+    common_params,
+    schedule,
+    training_pipeline,
+)
 from kubetrain.trainers import IMAGE_CLASSIFIER
 
 DATASET = IMAGE_CLASSIFIER.dataset_uri
@@ -84,7 +91,7 @@ with DAG(
             "ps_cpu": Param(
                 "1",
                 type="string",
-                pattern=r"^[0-9]+(\.[0-9]+)?m?$",
+                pattern=CPU_PATTERN,
                 title="CPU per parameter server",
                 description="CPU request and limit of each ps replica.",
                 section="Distributed",
@@ -92,7 +99,7 @@ with DAG(
             "ps_memory": Param(
                 "2Gi",
                 type="string",
-                pattern=r"^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$",
+                pattern=MEMORY_PATTERN,
                 title="Memory per parameter server",
                 description="Memory of each ps replica.",
                 section="Distributed",
@@ -100,7 +107,7 @@ with DAG(
             "chief_cpu": Param(
                 None,
                 type=["null", "string"],
-                pattern=r"^[0-9]+(\.[0-9]+)?m?$",
+                pattern=CPU_PATTERN,
                 title="CPU of the chief (parameter servers)",
                 description="With parameter servers the chief only coordinates: its CPU request and limit (empty: the "
                 "workers' CPU).",
@@ -109,7 +116,7 @@ with DAG(
             "chief_memory": Param(
                 None,
                 type=["null", "string"],
-                pattern=r"^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$",
+                pattern=MEMORY_PATTERN,
                 title="Memory of the chief (parameter servers)",
                 description="With parameter servers, the chief's memory (empty: the workers' memory).",
                 section="Distributed",

@@ -34,9 +34,41 @@ from kubetrain.operators.report import ReportOperator
 from kubetrain.operators.stage import StageDatasetOperator, dataset_asset
 from kubetrain.operators.training import TrainingPodOperator
 from kubetrain.params import S3_URI, SWITCH, form_order, native_dag, with_dialect
-from kubetrain.settings import DNS_SUBDOMAIN, environ
+from kubetrain.settings import DNS_SUBDOMAIN, LABEL_VALUE_PATTERN, QUALIFIED_NAME_PATTERN, environ
 
 __all__ = ["DEFAULT_ARGS", "TrainingTasks", "common_params", "form_order", "schedule", "training_pipeline"]
+
+# The trigger form's quantities, each small enough that Kubernetes can count it as an int64 (bytes, or
+# millicores for CPU: kubetrain.pod_spec._quantity holds the exact rule). A pattern cannot compare
+# numbers, so each suffix gets as many digits as surely fit: up to 18 digits of bytes (10**18 < 2**63),
+# 15 of k/Ki, 12 of M/Mi, 9 of G/Gi, 6 of T/Ti, 3 of P/Pi; CPU up to 15 digits of cores or 18 of
+# millicores, with at most nano precision (9 decimals of a core).
+CPU_PATTERN = r"^([0-9]{1,15}(\.[0-9]{1,9})?|[0-9]{1,18}(\.[0-9]{1,6})?m)$"
+MEMORY_PATTERN = r"^([0-9]{1,18}|[0-9]{1,15}(Ki|k)|[0-9]{1,12}(Mi|M)|[0-9]{1,9}(Gi|G)|[0-9]{1,6}(Ti|T))$"
+SIZE_PATTERN = (
+    r"^([0-9]{1,15}(\.[0-9]{1,9})?(Ki|k)|[0-9]{1,12}(\.[0-9]{1,9})?(Mi|M)|[0-9]{1,9}(\.[0-9]{1,9})?(Gi|G)"
+    r"|[0-9]{1,6}(\.[0-9]{1,9})?(Ti|T)|[0-9]{1,3}(\.[0-9]{1,9})?(Pi|P))$"
+)
+# A node label or toleration as the API server takes it (kubetrain.settings: qualified names, label values).
+LABEL_KEY_SCHEMA = {"type": "string", "maxLength": 317, "pattern": QUALIFIED_NAME_PATTERN}
+LABEL_VALUE_SCHEMA = {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE_PATTERN}
+TOLERATION_SCHEMA = {
+    "type": "object",
+    "properties": {
+        # empty only with operator Exists (the Python check says so in words)
+        "key": {
+            "type": ["null", "string"],
+            "maxLength": 317,
+            "pattern": rf"^$(?!\n)|{QUALIFIED_NAME_PATTERN}",
+        },
+        "operator": {"enum": [None, "", "Equal", "Exists"]},
+        "value": {**LABEL_VALUE_SCHEMA, "type": ["null", "string"]},
+        "effect": {"enum": [None, "", "NoSchedule", "PreferNoSchedule", "NoExecute"]},
+        "tolerationSeconds": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
+        "toleration_seconds": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
+    },
+    "additionalProperties": False,
+}
 
 
 def schedule(dataset_uri: str, cron_env: str, default_cron: str | None):
@@ -115,7 +147,8 @@ def common_params(
         "node_selector": Param(
             None,
             type=["null", "object"],
-            additionalProperties={"type": "string"},
+            propertyNames=LABEL_KEY_SCHEMA,
+            additionalProperties=LABEL_VALUE_SCHEMA,
             title="Node selector",
             description='Node labels the pod must match, e.g. {"gpu-type": "a100"}; empty: the deployment\'s '
             "(KUBETRAIN_NODE_SELECTOR).",
@@ -124,7 +157,7 @@ def common_params(
         "tolerations": Param(
             None,
             type=["null", "array"],
-            items={"type": "object"},
+            items=TOLERATION_SCHEMA,
             title="Tolerations",
             description='Extra tolerations, e.g. [{"key": "spot", "operator": "Exists"}]; GPU pods always tolerate their '
             "GPU taint. Empty: the deployment's (KUBETRAIN_TOLERATIONS).",
@@ -160,7 +193,7 @@ def common_params(
         "cpu": Param(
             cpu,
             type="string",
-            pattern=r"^[0-9]+(\.[0-9]+)?m?$",
+            pattern=CPU_PATTERN,
             title="CPU",
             description="CPU request and limit, e.g. 2 or 500m.",
             section="Resources",
@@ -168,7 +201,7 @@ def common_params(
         "memory": Param(
             memory,
             type="string",
-            pattern=r"^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$",
+            pattern=MEMORY_PATTERN,
             title="Memory",
             description="Memory request and limit, e.g. 4Gi.",
             section="Resources",
@@ -185,7 +218,7 @@ def common_params(
         "data_size": Param(
             None,
             type=["null", "string"],
-            pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)$",
+            pattern=SIZE_PATTERN,
             title="Data volume size",
             description="Size of the pod's /data volume, e.g. 200Gi; empty: twice the dataset plus 1Gi, enough for the "
             "dataset and its archives extracted beside them. Set it for archives that expand to more than their own "

@@ -65,32 +65,76 @@ def label_value(value: str) -> str:
     hex digits of the original's SHA-256, so distinct inputs keep distinct labels.
     """
     value = str(value)
-    if _LABEL_VALUE.match(value) and len(value) <= 63:
+    if _LABEL_VALUE.fullmatch(value) and len(value) <= 63:
         return value
     digest = hashlib.sha256(value.encode()).hexdigest()[:8]
     cleaned = re.sub(r"[^A-Za-z0-9_.-]", "-", value)[:54].strip("-_.")
     return f"{cleaned}-{digest}" if cleaned else digest
 
 
+# How the API server counts a quantity (k8s.io/apimachinery/pkg/api/resource): memory and storage in
+# bytes and CPU in millicores (MilliValue), each as an int64; ParseQuantity silently caps a larger value
+# at the int64 maximum and MilliValue overflows, so a value past it is refused here instead.
+INT64_MAX = 2**63 - 1
+BYTES, MILLICORES, COUNT = "bytes", "millicores", "count"
+_UNIT_SCALE = {BYTES: 1, MILLICORES: 1000, COUNT: 1}
+# The API server's quantity syntax: a signed decimal number and at most one suffix (binary Ki..Ei,
+# decimal n, u, m, k, M..E, or an exponent e<n>); nothing else (no spaces, '_', NaN or Infinity,
+# which Python's Decimal would read).
+_QUANTITY = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?")
+
+
 def _quantity(
-    name: str, value: str | int | float | None, expected: str = "e.g. '500m', '2', '4Gi'"
+    name: str,
+    value: str | int | float | None,
+    expected: str = "e.g. '500m', '2', '4Gi'",
+    *,
+    unit: str = BYTES,
 ) -> Decimal | None:
+    """The value of a resource quantity (``None`` when unset), checked as the API server would.
+
+    The API server's rules (ValidateResourceQuantityValue in pkg/apis/core/validation, and
+    resource.Quantity): its syntax (:data:`_QUANTITY`); greater than zero here (a training pod asks
+    for something); at most :data:`INT64_MAX` as Kubernetes counts the resource: ``unit`` ``bytes``
+    (memory, ephemeral storage, volume sizes: ``8Ei`` is one too many), ``millicores`` (CPU: at most
+    ``9223372036854775807m``, i.e. ``9223372036854775.807`` cores), or ``count`` (extended resources such
+    as GPUs: a whole number).
+    """
     from kubernetes.utils.quantity import parse_quantity
 
     if value in (None, ""):
         return None
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number or (isinstance(value, str) and _QUANTITY.fullmatch(value))):
+        raise ValueError(f"{name}={value!r} is not a Kubernetes quantity: expected {expected}")
     try:
         parsed = parse_quantity(value)
-    except (ValueError, TypeError) as exc:
+        if not parsed.is_finite():
+            raise ValueError("not finite")
+    except (ValueError, TypeError, ArithmeticError) as exc:  # ArithmeticError: decimal.Overflow
         raise ValueError(f"{name}={value!r} is not a Kubernetes quantity: expected {expected}") from exc
     if parsed <= 0:
         raise ValueError(f"{name}={value!r} must be greater than zero")
+    scale = _UNIT_SCALE[unit]
+    # Compared as a Decimal before any rounding: 1e999999 would not fit in memory as an int.
+    if parsed > Decimal(INT64_MAX) / scale:
+        most = {
+            BYTES: f"{INT64_MAX} bytes (just under 8Ei)",
+            MILLICORES: f"{INT64_MAX}m ({Decimal(INT64_MAX) / scale} cores)",
+            COUNT: str(INT64_MAX),
+        }[unit]
+        counted = "in units" if unit == COUNT else f"in {unit}"
+        raise ValueError(
+            f"{name}={value!r} is too large: Kubernetes counts it {counted} as a 64-bit integer, at most {most}"
+        )
+    if unit == COUNT and parsed != parsed.to_integral_value():
+        raise ValueError(f"{name}={value!r} is not a whole number: extended resources are counted in units")
     return parsed
 
 
 def _dns_name(what: str, value: str, *, subdomain: bool = False) -> str:
     pattern = _DNS_SUBDOMAIN if subdomain else _DNS_LABEL
-    if not isinstance(value, str) or not pattern.match(value):
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         kind = "DNS-1123 subdomain" if subdomain else "DNS-1123 label"
         raise ValueError(
             f"{what} {value!r} is not a valid {kind}: expected lower-case letters, digits and '-'"
@@ -351,11 +395,15 @@ class TrainingPodConfig:
             raise ValueError(
                 f"run_uri={self.run_uri!r} is not valid: expected s3://<bucket>/<prefix> without a trailing '/'"
             )
+        if self.node_selector:  # the API server's label rules, whichever way the mapping came
+            settings.parse_node_selector(dict(self.node_selector))
         if self.dataset_manifest is not None and not str(self.dataset_manifest).startswith("s3://"):
             raise ValueError(
                 f"dataset_manifest={self.dataset_manifest!r} is not valid: expected an s3:// URI of a manifest"
             )
         object.__setattr__(self, "gpus", _count("gpus", self.gpus, minimum=0))
+        if self.gpus:
+            _quantity("gpus", self.gpus, unit=COUNT)
         if not isinstance(self.gpu_resource, str) or not _EXTENDED_RESOURCE.match(self.gpu_resource):
             raise ValueError(
                 f"gpu_resource={self.gpu_resource!r} is not an extended resource name: expected e.g. "
@@ -372,13 +420,13 @@ class TrainingPodConfig:
             "termination_grace_period",
             _count("termination_grace_period", self.termination_grace_period, minimum=1),
         )
-        for name, limit_name in (("cpu", "cpu_limit"), ("memory", "memory_limit")):
-            request = _quantity(name, getattr(self, name))
+        for name, limit_name, unit in (("cpu", "cpu_limit", MILLICORES), ("memory", "memory_limit", BYTES)):
+            request = _quantity(name, getattr(self, name), unit=unit)
             if request is None:
                 raise ValueError(
                     f"{name} must be set: every container of a training pod has requests and limits"
                 )
-            limit = _quantity(limit_name, getattr(self, limit_name))
+            limit = _quantity(limit_name, getattr(self, limit_name), unit=unit)
             if limit is not None and limit < request:
                 raise ValueError(
                     f"{limit_name}={getattr(self, limit_name)!r} is below {name}={getattr(self, name)!r}: a limit must be >= its request"
@@ -398,6 +446,7 @@ class TrainingPodConfig:
                 f"total_bytes): expected at least {_size_text(self.dataset_bytes)}, or empty to derive it "
                 f"({_size_text(derived_data_size(self.dataset_bytes))})"
             )
+        _check_storage_total(self)
         if self.s3_secret is None and not self.service_account_name:
             raise ValueError(
                 "s3_secret=None (workload identity) needs service_account_name: the pod has no other way to reach S3"
@@ -442,6 +491,25 @@ def _size(name: str, value: str | int | None) -> int | None:
     if parsed < MI:
         raise ValueError(f"{name}={value!r} is too small for a volume: expected at least 1Mi, e.g. '50Gi'")
     return math.ceil(parsed)
+
+
+def _check_storage_total(config: TrainingPodConfig) -> None:
+    """The largest ephemeral-storage request (the base container's, :func:`scratch_sizes`) fits an int64 of bytes.
+
+    Each size fits on its own (:func:`_quantity`); their sum, rounded up to a MiB, must too.
+    """
+    sizes = [_size(n, getattr(config, n)) or 0 for n in ("checkpoint_size", "output_size")]
+    data = _size("data_size", config.data_size)
+    if data is None and config.dataset_bytes is not None:
+        data = derived_data_size(config.dataset_bytes)
+    total = -(-((data or 0) + sum(sizes) + BASE_STORAGE) // MI) * MI
+    if total > INT64_MAX:
+        raise ValueError(
+            f"data_size={config.data_size!r} (dataset_bytes={config.dataset_bytes!r}), "
+            f"checkpoint_size={config.checkpoint_size!r} and output_size={config.output_size!r} add up to "
+            f"{total} bytes of ephemeral-storage: Kubernetes counts it in bytes as a 64-bit integer, at most "
+            f"{INT64_MAX}"
+        )
 
 
 def _count(name: str, value: object, *, minimum: int) -> int:

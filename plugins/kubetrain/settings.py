@@ -249,7 +249,73 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
-_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+# The API server's rules for label keys and values (k8s.io/apimachinery/pkg/util/validation/validation.go,
+# IsQualifiedName and IsValidLabelValue), which node selectors (ValidateLabels) and tolerations
+# (pkg/apis/core/validation ValidateTolerations: key a qualified name, value a label value) follow:
+#
+#   qualified name  [prefix/]name: prefix a DNS-1123 subdomain (at most 253 characters, dot-separated
+#                   parts of [a-z0-9-] starting and ending with [a-z0-9]); name at most 63 characters,
+#                   [A-Za-z0-9][-A-Za-z0-9_.]* ending with [A-Za-z0-9]; at most one '/'
+#   label value     empty, or a name as above (at most 63 characters)
+LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+DNS1123_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+# The same rules as JSON Schema patterns for the trigger form (ECMA-262 and Python's re read them
+# alike; "$(?!\n)" because Python's "$" also matches before a final newline).
+LABEL_VALUE_PATTERN = rf"^(?=.{{0,63}}$(?!\n))({LABEL_NAME})?$(?!\n)"
+QUALIFIED_NAME_PATTERN = (
+    rf"^((?=[^/]{{1,253}}/){DNS1123_SUBDOMAIN}/)?(?=[^/]{{1,63}}$(?!\n)){LABEL_NAME}$(?!\n)"
+)
+_LABEL_NAME = re.compile(LABEL_NAME)
+_DNS1123_SUBDOMAIN = re.compile(DNS1123_SUBDOMAIN)
+_NAME_CHARS = "letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+
+
+def qualified_name_problem(value: object) -> str | None:
+    """What makes ``value`` no Kubernetes qualified name (a label key, a toleration key); ``None``: it is one.
+
+    The rule (IsQualifiedName in k8s.io/apimachinery/pkg/util/validation): an optional prefix, a
+    DNS-1123 subdomain of at most 253 characters, and '/'; then a name of at most 63 characters,
+    :data:`LABEL_NAME`.
+    """
+    if not isinstance(value, str):
+        return "expected text"
+    parts = value.split("/")
+    if len(parts) > 2:
+        return "expected at most one '/', between an optional DNS subdomain prefix and the name"
+    if len(parts) == 2:
+        prefix = parts[0]
+        if not prefix:
+            return "its prefix before '/' is empty: expected a DNS subdomain such as example.com"
+        if len(prefix) > 253:
+            return f"its prefix has {len(prefix)} characters: expected at most 253"
+        if not _DNS1123_SUBDOMAIN.fullmatch(prefix):
+            return (
+                f"its prefix {prefix!r} is not a DNS-1123 subdomain: expected lower-case letters, digits, '-' "
+                "and '.', each dot-separated part starting and ending with a letter or digit"
+            )
+    name = parts[-1]
+    if not name:
+        return "its name is empty: expected 1 to 63 " + _NAME_CHARS
+    if len(name) > 63:
+        return f"its name part has {len(name)} characters: expected at most 63"
+    if not _LABEL_NAME.fullmatch(name):
+        return f"its name part {name!r} is not valid: expected {_NAME_CHARS}"
+    return None
+
+
+def label_value_problem(value: object) -> str | None:
+    """What makes ``value`` no Kubernetes label value; ``None``: it is one.
+
+    The rule (IsValidLabelValue in k8s.io/apimachinery/pkg/util/validation): empty, or at most 63
+    characters of :data:`LABEL_NAME`.
+    """
+    if not isinstance(value, str):
+        return "expected text"
+    if len(value) > 63:
+        return f"it has {len(value)} characters: expected at most 63"
+    if value and not _LABEL_NAME.fullmatch(value):
+        return f"expected empty or {_NAME_CHARS}"
+    return None
 
 
 def get(name: str) -> str:
@@ -284,7 +350,11 @@ def parse_list(name: str, value: str) -> tuple[str, ...]:
 
 
 def parse_node_selector(value: str | Mapping[str, str] | None) -> dict[str, str]:
-    """Node labels from ``k=v,k2=v2``, a JSON object, or a mapping; ``{}`` when empty."""
+    """Node labels from ``k=v,k2=v2``, a JSON object, or a mapping; ``{}`` when empty.
+
+    The API server's rules apply (ValidateLabels of a pod's nodeSelector): each key a qualified
+    name (:func:`qualified_name_problem`), each value a label value (:func:`label_value_problem`).
+    """
     if not value:
         return {}
     if isinstance(value, Mapping):
@@ -304,10 +374,16 @@ def parse_node_selector(value: str | Mapping[str, str] | None) -> dict[str, str]
                 )
             labels[key.strip()] = val.strip()
     for key, val in labels.items():
-        if not isinstance(key, str) or not _LABEL_KEY.match(key) or not isinstance(val, str):
+        if not isinstance(key, str) or not isinstance(val, str):
             raise ValueError(
                 f"node_selector {key!r}={val!r} is not a valid node label: expected key=value strings"
             )
+        problem = qualified_name_problem(key)
+        if problem:
+            raise ValueError(f"node_selector key {key!r} is not a valid label key: {problem}")
+        problem = label_value_problem(val)
+        if problem:
+            raise ValueError(f"node_selector value {val!r} of {key!r} is not a valid label value: {problem}")
     return labels
 
 
@@ -316,7 +392,13 @@ TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds", "t
 
 
 def parse_tolerations(value: str | list[Any] | None) -> list[dict[str, Any]]:
-    """Tolerations from a JSON list of objects (or such a list); ``[]`` when empty."""
+    """Tolerations from a JSON list of objects (or such a list); ``[]`` when empty.
+
+    The API server's rules apply (ValidateTolerations in pkg/apis/core/validation): a key is a
+    qualified name (:func:`qualified_name_problem`) and may be empty only with operator Exists;
+    a value is a label value (:func:`label_value_problem`) and must be empty with Exists;
+    tolerationSeconds (an int64) only with effect NoExecute.
+    """
     if not value:
         return []
     items = value
@@ -353,9 +435,25 @@ def parse_tolerations(value: str | list[Any] | None) -> list[dict[str, Any]]:
             raise ValueError(
                 f"toleration {item!r}: an empty key needs operator Exists (it tolerates every taint)"
             )
+        if item.get("key"):
+            problem = qualified_name_problem(item["key"])
+            if problem:
+                raise ValueError(
+                    f"toleration {item!r}: key {item['key']!r} is not a valid label key: {problem}"
+                )
+        if item.get("value"):
+            problem = label_value_problem(item["value"])
+            if problem:
+                raise ValueError(
+                    f"toleration {item!r}: value {item['value']!r} is not a valid label value: {problem}"
+                )
         seconds = item.get("tolerationSeconds", item.get("toleration_seconds"))
-        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
-            raise ValueError(f"toleration {item!r}: tolerationSeconds must be a whole number of seconds")
+        if seconds is not None and (
+            isinstance(seconds, bool) or not isinstance(seconds, int) or not -(2**63) <= seconds < 2**63
+        ):
+            raise ValueError(
+                f"toleration {item!r}: tolerationSeconds must be a whole number of seconds (a 64-bit integer)"
+            )
         if seconds is not None and item.get("effect") != "NoExecute":
             raise ValueError(f"toleration {item!r}: tolerationSeconds applies only with effect NoExecute")
     return [dict(t) for t in items]
