@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
@@ -20,6 +21,7 @@ from kubetrain.report.plots import warm_up as warm_up_plots
 
 if TYPE_CHECKING:
     from jinja2 import Environment
+    from markupsafe import Markup
 
 MAX_SAMPLES = 20
 TEMPLATES = Path(__file__).resolve().parent.parent / "ui" / "templates"
@@ -41,6 +43,55 @@ def markdown_cell(value: Any) -> str:
     return format_value(value).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
+# A link the pages may follow: http(s) with a host, or a path of this origin ("/kubetrain/..."), never
+# "//host" or "/\\host", which browsers read as another host.
+_WEB_LINK = re.compile(r"(?i)(https?://[^/?#]|/(?![/\\]))")
+
+
+def web_link(url: Any) -> str | None:
+    """``url`` if a page may make it an ``href``, else ``None``.
+
+    Run records are documents in S3: their ``report_url``, ``mlflow.url`` (and a sweep's trials'
+    ``report_url``) are rendered as links, so only an ``http://`` or ``https://`` URL with a host, or
+    a path on the page's own origin (one leading '/'), passes. Anything else (``javascript:``,
+    ``data:``, ``vbscript:``, ``//host/``) fails, and so does any whitespace, control character or
+    backslash, which browsers drop or read as '/' before they look at the scheme (``" javascript:"``,
+    ``"java\\tscript:"``, ``"/\\host"``).
+    """
+    if not isinstance(url, str) or not url:
+        return None
+    if any(c <= " " or c in "\x7f\\" for c in url):
+        return None
+    return url if _WEB_LINK.match(url) else None
+
+
+def link(url: Any, text: str, **attributes: str) -> Markup:
+    """The Jinja filter ``link``: ``<a href=url ...>text</a>`` for a :func:`web_link`, else ``text`` as plain text.
+
+    ``{{ run.report_url | link("report", title=run.report_uri) }}``; the attributes (``title``,
+    ``target``, ``rel``) are escaped like the text; a refused URL is shown only in the title.
+    """
+    from markupsafe import Markup, escape
+
+    href = web_link(url)
+    if href is None:
+        return Markup('<span class="muted" title="not a web link: {}">{}</span>').format(url, text)
+    extra = Markup("").join(Markup(' {}="{}"').format(name, value) for name, value in attributes.items())
+    return Markup('<a href="{}"{}>{}</a>').format(href, extra, escape(text))
+
+
+def register_filters(env: Environment) -> Environment:
+    """Add the filters every kubetrain template may use (``link``, ``href``) to ``env``.
+
+    Both environments over ``ui/templates`` (the Training page's, :func:`kubetrain.ui.app.templates`,
+    and the reports', :func:`environment`) call it, so that a template links a stored URL only
+    through :func:`web_link`.
+    """
+    env.filters["link"] = link
+    env.filters["href"] = lambda url: web_link(url) or ""
+    return env
+
+
 @cache
 def environment() -> Environment:
     """The reports' Jinja environment, over the Training page's template folder and set up as its own.
@@ -60,7 +111,7 @@ def environment() -> Environment:
     )
     env.filters["fmt"] = format_value
     env.filters["md"] = markdown_cell
-    return env
+    return register_filters(env)
 
 
 class Figure(NamedTuple):

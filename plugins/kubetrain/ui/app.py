@@ -51,7 +51,10 @@ PREFIX = "/training"
 
 @cache
 def templates() -> Any:
+    """The Training page's Jinja environment; stored URLs become links only through its ``link`` filter."""
     from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+
+    from kubetrain.report.render import register_filters
 
     env = Environment(
         loader=FileSystemLoader(HERE / "templates"),
@@ -60,7 +63,7 @@ def templates() -> Any:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    return env
+    return register_filters(env)
 
 
 class Links:
