@@ -174,7 +174,46 @@ def test_image_classifier_survives_a_killed_pod_and_promotes(airflow, core, s3, 
     assert_no_pods_left(core, dag_id)
 
 
-def test_custom_container_without_s3_code_keeps_its_checkpoints(airflow, core, s3, digits):
+def encodings_of(secret: str) -> set[bytes]:
+    """``secret`` as it could be found in a column: raw, JSON- and URL-quoted, hex, and base64 at each of
+    the three alignments a longer encoded value could put it (standard and URL-safe alphabets)."""
+    import base64
+    import urllib.parse
+
+    raw = secret.encode()
+    found = {raw, json.dumps(secret).encode(), urllib.parse.quote(secret, safe="").encode()}
+    found |= {raw.hex().encode(), raw.hex().upper().encode()}
+    for offset in range(3):
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            text = encode(b"\0" * offset + raw)
+            # the characters that depend only on the secret's own bytes
+            start = (offset * 4 + 2) // 3 + (1 if offset else 0)
+            end = ((offset + len(raw)) // 3) * 4
+            found.add(text[start:end])
+    return found
+
+
+def columns_holding(db: Path, needles: set[bytes]) -> list[str]:
+    """``table.column`` of every value in the SQLite database ``db`` that holds one of ``needles``."""
+    import sqlite3
+
+    hits = []
+    with sqlite3.connect(db) as conn:
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        for table in tables:
+            columns = [r[1] for r in conn.execute(f'PRAGMA table_info("{table}")')]
+            for column in columns:
+                for (value,) in conn.execute(
+                    f'SELECT "{column}" FROM "{table}" WHERE "{column}" IS NOT NULL'
+                ):
+                    data = value if isinstance(value, bytes) else str(value).encode()
+                    if any(n in data for n in needles):
+                        hits.append(f"{table}.{column}")
+                        break
+    return hits
+
+
+def test_custom_container_without_s3_code_keeps_its_checkpoints(airflow, core, s3, digits, devstack):
     """A plain script that only reads DATA_DIR and writes CHECKPOINT_DIR and OUTPUT_DIR."""
     script = textwrap.dedent(
         """
@@ -215,6 +254,17 @@ def test_custom_container_without_s3_code_keeps_its_checkpoints(airflow, core, s
     ].read()
     assert model == b"trained on 1797 images, resumed from 0"
     assert_no_pods_left(core, "train_custom_container")
+    # The task deferred: its trigger's arguments are in the trigger table, which Airflow 3 stores as the
+    # worker sends them (the Task SDK sends a dict; the API server encrypts only a string). The worker's
+    # Kubernetes token (its kubeconfig's) is in no column of the metadata database, in any encoding.
+    kubeconfig = json.loads(Path(devstack.env()["KUBECONFIG"]).read_text())
+    (token,) = [u["user"]["token"] for u in kubeconfig["users"] if u["user"].get("token")]
+    import sqlite3
+
+    with sqlite3.connect(run.db) as conn:
+        classpaths = [r[0] for r in conn.execute("SELECT classpath FROM trigger")]
+    assert "kubetrain.triggers.pod.TrainingPodTrigger" in classpaths  # the check below is not vacuous
+    assert columns_holding(run.db, encodings_of(token)) == []
 
 
 def test_dialogue_transformer_trains_and_reports_samples(airflow, core, s3, tmp_path):

@@ -344,9 +344,14 @@ class BuildImageOperator(BaseOperator):
             raise
         except TaskDeferred as deferred:
             # The provider's trigger watches the pod from the triggerer; this task, not the inner
-            # pod operator, resumes when it fires.
+            # pod operator, resumes when it fires. Its arguments go to the metadata database: without
+            # the kubeconfig the provider read (its token) and the connection's extras.
+            from kubetrain.triggers.pod import PodTriggerByReference
+
             self.defer(
-                trigger=deferred.trigger, method_name="execute_in_cluster_complete", timeout=deferred.timeout
+                trigger=PodTriggerByReference.of(deferred.trigger, None),
+                method_name="execute_in_cluster_complete",
+                timeout=deferred.timeout,
             )
 
     @staticmethod

@@ -833,9 +833,10 @@ class TrainingPodOperator(KubernetesPodOperator):
     ) -> None:
         """Defer as the base class does, with its pod trigger extended by kubetrain's start-up phases and logs."""
         if type(trigger) is KubernetesPodTrigger:
-            _, arguments = trigger.serialize()
-            trigger = TrainingPodTrigger(
-                **arguments,
+            # without the kubeconfig the provider read (its token) and the connection's extras
+            trigger = TrainingPodTrigger.of(
+                trigger,
+                self.config_file,
                 stage_in_timeout=self.stage_in_timeout_seconds,
                 unschedulable_grace=self.unschedulable_grace_seconds,
                 stage_in_container=pod_spec.STAGE_IN_CONTAINER,

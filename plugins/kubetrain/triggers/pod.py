@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
+import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Any
 
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
 from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.providers.cncf.kubernetes.utils.pod_manager import AsyncPodManager, parse_log_line
 from airflow.triggers.base import TriggerEvent
@@ -163,8 +165,74 @@ class PodLogFollower(AsyncPodManager):
         return out
 
 
-class TrainingPodTrigger(KubernetesPodTrigger):
-    """A :class:`KubernetesPodTrigger` that judges the pod's start-up with :class:`~kubetrain.pod_startup.PodStartup`.
+class PodTriggerByReference(KubernetesPodTrigger):
+    """The provider's pod trigger, whose arguments name the cluster's credentials instead of holding them.
+
+    A trigger's arguments are stored in the metadata database's trigger table, and Airflow 3 stores
+    them as the worker's Task SDK sends them: a dict, which the API server writes as JSON without
+    encrypting it (it encrypts only a string), whatever the Fernet key. The provider's operator hands
+    its trigger the kubeconfig it read (``config_dict``, with the worker's token) and the
+    connection's extras; this trigger carries the kubeconfig's path and the connection's id, and the
+    triggerer reads both itself.
+
+    :param config_file: the kubeconfig the task used (its ``config_file``, else ``KUBECONFIG``);
+        the triggerer reads the same path.
+    :param kwargs: KubernetesPodTrigger arguments, without ``config_dict`` and ``connection_extras``.
+    """
+
+    def __init__(self, *, config_file: str | None = None, **kwargs: Any) -> None:
+        for name in ("config_dict", "connection_extras"):
+            if kwargs.get(name):
+                raise ValueError(
+                    f"{type(self).__name__} takes no {name}: its arguments are stored in the metadata "
+                    "database, which must hold no credential; give config_file (a kubeconfig's path) and "
+                    "the connection's id"
+                )
+        super().__init__(**kwargs)
+        self.config_file = config_file
+
+    @classmethod
+    def of(
+        cls, trigger: KubernetesPodTrigger, config_file: str | None, **kwargs: Any
+    ) -> PodTriggerByReference:
+        """This class's trigger for the provider's ``trigger``, without what it carries of the credentials."""
+        _, arguments = trigger.serialize()
+        arguments.pop("config_dict", None)
+        arguments.pop("connection_extras", None)
+        return cls(**arguments, config_file=config_file or os.environ.get("KUBECONFIG") or None, **kwargs)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        _, kwargs = super().serialize()
+        for name in ("config_dict", "connection_extras"):
+            kwargs.pop(name, None)
+        kwargs["config_file"] = self.config_file
+        return f"{type(self).__module__}.{type(self).__qualname__}", kwargs
+
+    @cached_property
+    def hook(self) -> AsyncKubernetesHook:
+        """The provider's async hook, with the kubeconfig read here, in the triggerer, and the connection by id."""
+        config_dict = None
+        if self.config_file:
+            import yaml
+
+            try:
+                with open(self.config_file) as f:
+                    config_dict = yaml.safe_load(f)
+            except OSError as exc:
+                raise OSError(
+                    f"the kubeconfig {self.config_file} that the task used cannot be read by the triggerer "
+                    f"({exc.strerror}): give the triggerer the same file, or use a connection with in_cluster"
+                ) from exc
+        return AsyncKubernetesHook(
+            conn_id=self.kubernetes_conn_id,
+            in_cluster=self.in_cluster,
+            config_dict=config_dict,
+            cluster_context=self.cluster_context,
+        )
+
+
+class TrainingPodTrigger(PodTriggerByReference):
+    """A :class:`PodTriggerByReference` that judges the pod's start-up with :class:`~kubetrain.pod_startup.PodStartup`.
 
     Scheduling, image pulls and stage-in each get their own budget; a pod that cannot start
     yields one ``timeout`` event whose ``kubetrain_startup`` names the failure class. Once
@@ -183,7 +251,7 @@ class TrainingPodTrigger(KubernetesPodTrigger):
     :param gpu_resource: the extended resource the pod's GPUs are requested as.
     :param queue_timeout: seconds a pod that Kueue holds may wait for admission.
     :param queue_log_interval: seconds between the task log's lines about a queued pod.
-    :param kwargs: KubernetesPodTrigger arguments.
+    :param kwargs: :class:`PodTriggerByReference` arguments.
     """
 
     def __init__(

@@ -17,9 +17,9 @@ import asyncio
 import json
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
-from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import TaskDeferred
 from kubernetes import client as kube_client
@@ -28,6 +28,7 @@ from kubernetes import config as kube_config
 from include.devstack.stack import NAMESPACE, RBAC_MANIFEST
 from kubetrain.imagebuild.oci import RegistryClient
 from kubetrain.operators.build import BuildImageOperator
+from kubetrain.triggers.pod import PodTriggerByReference
 from tests.plugins.imagebuild.support import push_busybox_base, skopeo_pull, tags
 
 RUN_ID = "manual__2026-11-23T10:00:00+00:00"
@@ -145,8 +146,14 @@ def test_in_cluster_build_defers_then_resumes_and_tags_the_pushed_image(
     assert deferred.value.method_name == "execute_in_cluster_complete"
     assert builder_pods(core), "the builder pod runs while the task is deferred"
     classpath, kwargs = deferred.value.trigger.serialize()
-    assert classpath == "airflow.providers.cncf.kubernetes.triggers.pod.KubernetesPodTrigger"
-    trigger = KubernetesPodTrigger(**kwargs)  # as the triggerer builds it
+    assert classpath == "kubetrain.triggers.pod.PodTriggerByReference"
+    # what the trigger table stores names the connection and holds none of its credentials
+    worker = json.loads(Path(env["KUBECONFIG"]).read_text())
+    (token,) = [u["user"]["token"] for u in worker["users"] if u["user"].get("token")]
+    assert token not in json.dumps(kwargs, default=str)
+    assert "config_dict" not in kwargs and "connection_extras" not in kwargs
+    assert kwargs["kubernetes_conn_id"] == "kubernetes_default"
+    trigger = PodTriggerByReference(**kwargs)  # as the triggerer builds it
 
     async def first_event():
         async for event in trigger.run():

@@ -728,6 +728,42 @@ def test_the_provider_defers_on_a_plain_pod_trigger_which_the_subclass_replaces(
     assert (trigger.logging_interval, trigger.log_containers) == (7, ["stage-in", "checkpoint-sync"])
 
 
+def test_the_deferred_trigger_carries_references_to_the_credentials_never_the_credentials(
+    airflow_env, tmp_path, monkeypatch
+):
+    """The trigger's arguments are stored in the metadata database (the trigger table): the provider's
+    trigger carries the kubeconfig it read (with its token) and the connection's extras; the subclass's
+    carries the kubeconfig's path and the connection's id, and the triggerer reads both itself."""
+    token = "tok-" + uuid.uuid4().hex
+    config = json.loads(kubeconfig(tmp_path / "worker-kubeconfig", "https://127.0.0.1:9").read_text())
+    config["users"][0]["user"] = {"token": token}
+    (tmp_path / "worker-kubeconfig").write_text(json.dumps(config))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "worker-kubeconfig"))
+    extra_secret = "extra-" + uuid.uuid4().hex
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KUBERNETES_DEFAULT",
+        json.dumps({"conn_type": "kubernetes", "extra": {"namespace": "ml", "note": extra_secret}}),
+    )
+    op = operator()
+    op.pod = k8s.V1Pod(metadata=k8s.V1ObjectMeta(name="train-digits-x1", namespace="ml"))
+    with pytest.raises(TaskDeferred) as deferred:
+        op.invoke_defer_method()
+    stored = json.dumps(deferred.value.trigger.serialize()[1], default=str)
+    assert token not in stored and extra_secret not in stored, stored
+    _, kwargs = deferred.value.trigger.serialize()
+    assert "config_dict" not in kwargs and "connection_extras" not in kwargs
+    assert kwargs["config_file"] == str(tmp_path / "worker-kubeconfig")
+    assert kwargs["kubernetes_conn_id"] == "kubernetes_default"
+    # the triggerer's trigger, as it is built from the stored arguments, reads the kubeconfig itself
+    hook = TrainingPodTrigger(**kwargs).hook
+    assert hook.config_dict["users"][0]["user"]["token"] == token
+    assert hook.conn_id == "kubernetes_default"
+    with pytest.raises(
+        ValueError, match="takes no config_dict: its arguments are stored in the metadata database"
+    ):
+        TrainingPodTrigger(**kwargs, config_dict=config)
+
+
 class PodAPI:
     """What the Kubernetes API answers about one pod: its base container runs until the pod has been
     read ``polls`` times, then the pod has succeeded; each container's log is one line. It serves
