@@ -873,6 +873,13 @@ class TrainingPodOperator(KubernetesPodOperator):
         try:
             return super().trigger_reentry(context, event)
         except (PodInterrupted, PodNotFoundException) as exc:
+            if isinstance(exc, PodNotFoundException) and event.get("status") == "success":
+                # the trigger saw the training container exit 0 before the pod went: it finished
+                self.log.warning(
+                    "pod %s was deleted after its training container finished (exit 0): taken as finished",
+                    event.get("name"),
+                )
+                return None
             if isinstance(exc, PodNotFoundException):  # gone already: the trigger saw why, if it could
                 reason = event.get(INTERRUPTED_KEY) or "deleted"
                 exc = PodInterrupted(f"pod {event.get('name')}: {reason}")
@@ -909,7 +916,11 @@ class TrainingPodOperator(KubernetesPodOperator):
             self._push_disruptions(context)
         if not self.deferrable and self.get_logs and remote_pod is not None:
             self._log_sidecar_lines(remote_pod)
-        if self._startup_failure is None and not self._killed and remote_pod is not None:
+        # A training container that exited 0 finished its training, whatever happens to its pod next: a
+        # preemption or a drain that deletes the pod afterwards (read again below: gone, or marked with
+        # a DisruptionTarget) does not make it an interruption to run again.
+        finished = exit_code(remote_pod, self.base_container_name) == 0
+        if self._startup_failure is None and not self._killed and remote_pod is not None and not finished:
             # the pod as it is now: a task that waited in the worker holds an older copy, and a pod
             # deleted meanwhile is gone (a pod never created has no remote_pod and is not read)
             try:

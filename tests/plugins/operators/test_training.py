@@ -764,6 +764,64 @@ def test_the_deferred_trigger_carries_references_to_the_credentials_never_the_cr
         TrainingPodTrigger(**kwargs, config_dict=config)
 
 
+def _ended_pod(base_exit: int, phase: str) -> k8s.V1Pod:
+    terminated = k8s.V1ContainerState(terminated=k8s.V1ContainerStateTerminated(exit_code=base_exit))
+    return k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="train-digits-x1", namespace="ml"),
+        spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="base")]),
+        status=k8s.V1PodStatus(
+            phase=phase,
+            container_statuses=[
+                k8s.V1ContainerStatus(
+                    name="base", image="i", image_id="i", ready=False, restart_count=0, state=terminated
+                )
+            ],
+        ),
+    )
+
+
+class _GonePodManager:
+    """The API's answers once the pod is deleted (a preemption or a drain right after it ended): 404."""
+
+    def __init__(self) -> None:
+        self.deleted: list[str] = []
+
+    def read_pod(self, pod):
+        from kubernetes.client.exceptions import ApiException
+
+        raise ApiException(status=404, reason="Not Found")
+
+    def delete_pod(self, pod):
+        self.deleted.append(pod.metadata.name)
+
+
+@pytest.mark.parametrize(
+    ("base_exit", "phase", "interrupted"),
+    [
+        (0, "Succeeded", False),  # finished, then deleted: finished
+        (137, "Failed", True),  # killed, then deleted: an interruption, resumed in a new pod
+    ],
+    ids=["finished-then-deleted", "killed-then-deleted"],
+)
+def test_a_pod_deleted_after_its_training_container_ended_is_judged_by_that_end(
+    airflow_env, base_exit, phase, interrupted
+):
+    """A pod gone when the task reads it again (deleted by Kueue's preemption after its training
+    container ended) was interrupted only if the training container had not exited 0."""
+    from kubetrain.operators.training import PodInterrupted
+
+    op = operator()
+    manager = _GonePodManager()
+    op.__dict__["pod_manager"] = manager
+    pod = _ended_pod(base_exit, phase)
+    if interrupted:
+        with pytest.raises(PodInterrupted, match="pod train-digits-x1: deleted"):
+            op.cleanup(pod=pod, remote_pod=pod)
+    else:
+        op.cleanup(pod=pod, remote_pod=pod)  # no interruption: no new pod, the task succeeds
+        assert manager.deleted == ["train-digits-x1"]  # the base class's on_finish_action, as usual
+
+
 class PodAPI:
     """What the Kubernetes API answers about one pod: its base container runs until the pod has been
     read ``polls`` times, then the pod has succeeded; each container's log is one line. It serves
