@@ -41,17 +41,18 @@ def pin_image(image: str, *, registry_conn_id: str | None = None) -> str:
     :param image: an image reference; one with a digest is returned unchanged.
     :param registry_conn_id: the registry connection for images in the configured registry
         (default ``kubetrain_registry_default``).
-    :raises ImageNotFoundError: the registry has no such tag (not retried).
+    :raises ImageNotFoundError: the registry has no such tag, or points the worker at a host it may not ask
+        (a Bearer realm, a redirect elsewhere): not retried, a retry would meet the same answer.
     :raises ImageResolutionError: the registry cannot be reached or refuses the credentials (retried: a token
         may have expired and be renewed).
     """
     from kubetrain.hooks.registry import RegistryHook
     from kubetrain.imagebuild.oci import (
         ManifestNotFound,
-        RealmRefused,
         RegistryAuthError,
         RegistryClient,
         RegistryError,
+        TargetRefused,
     )
     from kubetrain.imagebuild.reference import parse_reference
 
@@ -83,10 +84,12 @@ def pin_image(image: str, *, registry_conn_id: str | None = None) -> str:
             repository = full_name[len(within.rstrip("/")) + 1 :]
         else:
             where = f"registry {host}"
-            client = RegistryClient(host, insecure=host.split(":")[0] in _LOOPBACK, timeout=30)
+            # the host without its port: "[::1]:5000" -> "[::1]", "localhost:5000" -> "localhost"
+            name = host[: host.index("]") + 1] if host.startswith("[") else host.split(":")[0]
+            client = RegistryClient(host, insecure=name in _LOOPBACK, timeout=30)
         with client:
             digest = client.manifest_digest(repository, tag)
-    except (ManifestNotFound, RealmRefused) as exc:
+    except (ManifestNotFound, TargetRefused) as exc:  # TargetRefused covers RealmRefused
         raise ImageNotFoundError(f"cannot resolve image {image} to a digest: {exc}") from exc
     except RegistryAuthError as exc:
         # retried: a registry token expires (ECR's after 12 hours) and a secrets backend or Variable may renew it

@@ -153,8 +153,10 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "token_services",
             "",
-            "Comma-separated https:// URLs (or host[:port]) of token services that registry logins may follow, "
-            "beside the registry's own host (e.g. auth.docker.io for Docker Hub); other Bearer realms are refused.",
+            "Comma-separated https:// URLs (or host[:port]) of the token services, blob stores and upload hosts a "
+            "registry may send the workers to, beside the registry's own host and the known ones of Docker Hub, "
+            "ECR, GCR and GHCR (e.g. a private registry's token service); other Bearer realms, blob redirects "
+            "and upload Locations are refused before any request is sent there.",
         ),
         Setting(
             "mlflow_tracking_uri",

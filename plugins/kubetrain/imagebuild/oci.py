@@ -17,6 +17,17 @@ inspect`` (every training task pins its image), the Bearer realm is followed onl
 registry's host and the trusted token services (``token_services``) before any credential is
 sent, and :class:`TransferStats` reports what moved. Without those, skopeo would do.
 
+Where requests go. A registry may be named in a Param, so what it answers must not steer the worker
+elsewhere (issue #53). Every request is prepared first (``Session.prepare_request``) and checked on the URL
+the HTTP client will send, read the way urllib3 reads it (``urllib3.util.parse_url``), and then exactly that
+request is sent; a URL that ``urllib.parse.urlsplit`` reads with another host or port
+(``http://a:1\\@b:2/``) is refused outright. Its host must be the registry's own, a service the registry is
+known to use (:data:`KNOWN_SERVICES`) or one the ``token_services`` setting trusts; only requests to the
+registry's own host carry our ``Authorization``. requests never follows a redirect here: the client follows
+one itself only where the distribution spec expects it (blob downloads, which registries send to their
+storage), at most :data:`MAX_REDIRECTS` hops, each checked as above; every other redirect, and an upload
+``Location`` outside those hosts, is refused before anything is sent there.
+
 It speaks just what the build operators need: check, mount and upload blobs, get and put
 manifests (Docker v2 schema 2 and OCI, single images and multi-platform indexes), with
 Basic or Bearer auth as the registry's ``WWW-Authenticate`` challenge asks. Every request
@@ -31,12 +42,16 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import requests
+from urllib3.exceptions import LocationParseError
+from urllib3.util import parse_url
 
 from kubetrain.imagebuild.reference import check_digest, check_repository, check_tag, split_registry
 
@@ -64,7 +79,12 @@ class RegistryAuthError(RegistryError):
     """The registry wants credentials, or refused the ones given."""
 
 
-class RealmRefused(RegistryAuthError):
+class TargetRefused(RegistryError):
+    """The registry pointed the client at a URL it does not send to (a redirect, an upload Location, a realm);
+    nothing was sent there."""
+
+
+class RealmRefused(RegistryAuthError, TargetRefused):
     """The registry pointed its Bearer realm outside its own host and the trusted token services."""
 
 
@@ -146,9 +166,29 @@ def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
     return scheme.lower(), dict(_CHALLENGE_PARAM.findall(params))
 
 
-# Token services a registry may send its clients to besides its own host (Docker Hub's API host hands out
-# auth.docker.io); others come from the token_services setting.
-KNOWN_TOKEN_SERVICES = {"registry-1.docker.io": ("auth.docker.io",)}
+# The one table of hosts a registry is known to send its clients to besides its own: its token service (the
+# Bearer realm) and the storage its blob downloads redirect to. Keyed by the registry's host; a '*' stands
+# for part of one DNS label (fnmatch, label by label); each host is trusted over HTTPS on port 443 only.
+# Others come from the token_services setting. Artifact Registry (<region>-docker.pkg.dev) redirects blobs
+# to its own host (relative Locations) and needs no row; gcr.io and GHCR's token services are on their own
+# hosts.
+KNOWN_SERVICES: dict[str, tuple[str, ...]] = {
+    "registry-1.docker.io": (
+        "auth.docker.io",
+        "production.cloudflare.docker.com",
+        "production.cloudfront.docker.com",
+        "docker-images-prod.6aa30f8b08e16409b46e0173d6de2f56.r2.cloudflarestorage.com",
+    ),
+    "*.dkr.ecr.*.amazonaws.com": (
+        "prod-*-starport-layer-bucket.s3.*.amazonaws.com",
+        "prod-*-starport-layer-bucket.s3.amazonaws.com",
+    ),
+    "gcr.io": ("storage.googleapis.com",),
+    "*.gcr.io": ("storage.googleapis.com",),
+    "ghcr.io": ("pkg-containers.githubusercontent.com",),
+}
+#: hops a blob download may take (containerd and Go's net/http allow 10; registries use one)
+MAX_REDIRECTS = 5
 
 
 def error_detail(response: requests.Response) -> str:
@@ -177,14 +217,57 @@ def error_detail(response: requests.Response) -> str:
 
 
 def _endpoint(url: str) -> tuple[str, str, int] | None:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return None
+    """``(scheme, host, port)`` of ``url`` as urllib3, which requests sends with, reads it (an IPv6 host in
+    brackets); None when it is not an http(s) URL with a host."""
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        parts = parse_url(url)
+    except LocationParseError:
+        return None
+    scheme = (parts.scheme or "").lower()
+    if scheme not in ("http", "https") or not parts.host:
+        return None
+    return scheme, parts.host.lower(), parts.port or (443 if scheme == "https" else 80)
+
+
+def _split_endpoint(url: str) -> tuple[str, str, int] | None:
+    """:func:`_endpoint` by ``urllib.parse.urlsplit``'s reading, to refuse a URL the two read apart."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
     except ValueError:
         return None
-    return parts.scheme, parts.hostname.lower(), port
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not host:
+        return None
+    return scheme, f"[{host}]" if ":" in host else host, port or (443 if scheme == "https" else 80)
+
+
+def _hostport(where: tuple[str, str, int] | None) -> str:
+    return f"{where[1]}:{where[2]}" if where else "no http(s) host"
+
+
+def _shown(url: str) -> str:
+    """``url`` for a message: no credentials, query or fragment (a storage URL's query is a signature)."""
+    try:
+        text = parse_url(url)._replace(auth=None, query=None, fragment=None).url
+    except LocationParseError:
+        text = repr(url)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _subject(kind: str, target: str) -> tuple[str, str, str]:
+    """How messages name a URL the registry chose: (what it is, whose it is, what a trusted host would be)."""
+    return {
+        "realm": ("a Bearer realm", "its Bearer realm", "token service"),
+        "redirect": (f"a redirect of {target}", f"its redirect of {target}", "blob storage"),
+        "location": (f"an upload Location for {target}", f"the upload Location for {target}", "upload host"),
+    }[kind]
+
+
+def _host_matches(pattern: str, host: str) -> bool:
+    """``host`` against a :data:`KNOWN_SERVICES` pattern, label by label ('*' never spans a dot)."""
+    labels, wanted = host.lower().split("."), pattern.lower().split(".")
+    return len(labels) == len(wanted) and all(map(fnmatchcase, labels, wanted))
 
 
 class RegistryClient:
@@ -200,9 +283,10 @@ class RegistryClient:
     :param token: a ready Bearer token sent as is (instead of a password; ``username`` is then ignored).
     :param timeout: seconds to wait for the registry's answer to each request.
     :param token_services: token services (``host[:port]`` or URL prefixes) whose Bearer realms this client may
-        follow besides the registry's own host; default: the ``token_services`` setting. A realm elsewhere is
-        refused before any request is sent there: a registry named in a Param must not make the worker fetch
-        arbitrary URLs.
+        follow besides the registry's own host and :data:`KNOWN_SERVICES`; default: the ``token_services``
+        setting. The same hosts may serve blob downloads the registry redirects to, and upload Locations. A
+        URL elsewhere is refused before any request is sent there: a registry named in a Param must not make
+        the worker fetch arbitrary URLs.
     """
 
     def __init__(
@@ -231,6 +315,11 @@ class RegistryClient:
         self._session = requests.Session()
         self._session.verify = verify
         self._session.headers["User-Agent"] = USER_AGENT
+        # Every request goes through _send (allow_redirects=False; _exchange follows what may be followed), so
+        # max_redirects never applies. Setting it to 0 would break that: send() then raises on any 3xx.
+        own = _endpoint(self.base_url)
+        assert own is not None  # split_registry admits only hosts that make a URL
+        self._own = own
         self._challenge: tuple[str, dict[str, str]] | None = None
         self._bearer: dict[tuple[str, ...], str] = {}
         self._token_services = token_services
@@ -270,52 +359,113 @@ class RegistryClient:
             f"registry {self.registry} asks for {scheme!r} auth; expected Basic or Bearer"
         )
 
-    def check_realm(self, realm: str) -> None:
-        """Refuse a Bearer realm outside the registry's own host and the trusted token services."""
-        where = _endpoint(realm)
-        own = _endpoint(self.base_url)
+    def _trusted(self) -> list[str]:
+        """The ``token_services`` entries: the argument, else the setting."""
+        if self._token_services is not None:
+            return list(self._token_services)
+        from kubetrain import settings
+
+        return list(settings.parse_list("token_services", settings.get("token_services")))
+
+    def _allows(self, where: tuple[str, str, int], url: str) -> bool:
+        """Whether a request to ``url`` (prepared; ``where`` its endpoint) may be sent: the registry's own
+        host, a host of :data:`KNOWN_SERVICES` for this registry, or a ``token_services`` entry."""
+        if where == self._own:
+            return True
+        scheme, host, port = where
+        known = [h for r, hosts in KNOWN_SERVICES.items() if _host_matches(r, self._own[1]) for h in hosts]
+        if (scheme, port) == ("https", 443) and any(_host_matches(pattern, host) for pattern in known):
+            return True
+        for entry in self._trusted():
+            entry = entry.strip()
+            if "://" in entry:  # a URL prefix: its endpoint, and the path under its path
+                prefix = (parse_url(entry).path or "").rstrip("/") if _endpoint(entry) else ""
+                path = parse_url(url).path or "/"
+                if _endpoint(entry) == where and (path == prefix or path.startswith(prefix + "/")):
+                    return True
+            elif _endpoint(f"https://{entry}") == where:  # a bare host[:port] is trusted over HTTPS only
+                return True
+        return False
+
+    def _vet(self, url: str, prepared: requests.PreparedRequest, kind: str, target: str = "") -> bool:
+        """Check where ``prepared`` (made from ``url``, which the registry chose) would go before it is sent;
+        True when that is the registry's own host (the only one our credentials go to).
+
+        :param kind: ``realm``, ``redirect`` (of a blob download) or ``location`` (of an upload).
+        :param target: the request it belongs to, for messages.
+        :raises TargetRefused: (:class:`RealmRefused` for a realm) naming the registry and the URL.
+        """
+        subject, its, service = _subject(kind, target)
+        refuse = RealmRefused if kind == "realm" else TargetRefused
+        where = _endpoint(prepared.url or "")
         if where is None:
+            raise refuse(f"registry {self.registry} sent {subject} that is not an http(s) URL: refused")
+        read = _split_endpoint(url)
+        if read != where:  # urlsplit and urllib3 disagree: no check made with one may decide for the other
+            shown = repr(url) if len(url) <= 200 else repr(url[:200]) + "..."
+            raise refuse(
+                f"registry {self.registry} sent {subject} {shown} whose host URL parsers read differently "
+                f"({_hostport(read)} to urlsplit, {_hostport(where)} to the HTTP client): refused, nothing "
+                "was sent there"
+            )
+        if self._allows(where, prepared.url or ""):
+            return where == self._own
+        raise refuse(
+            f"registry {self.registry} points {its} at {where[0]}://{where[1]}:{where[2]}, which is neither "
+            f"the registry's own host nor a trusted {service}: refused, nothing was sent there (trust it "
+            f"with the token_services setting if it is the registry's real {service})"
+        )
+
+    def check_realm(
+        self,
+        realm: str,
+        *,
+        params: Sequence[tuple[str, str]] | None = None,
+        auth: tuple[str, str] | None = None,
+    ) -> requests.PreparedRequest:
+        """The token request to ``realm``, prepared, once it may be sent: refused when the realm is outside
+        the registry's own host and the trusted token services, or when URL parsers read its host differently.
+
+        :raises RealmRefused: naming the registry and the realm; nothing was sent.
+        """
+        try:
+            prepared = self._session.prepare_request(
+                requests.Request("GET", realm, params=params or [], auth=auth)
+            )
+        except (requests.RequestException, ValueError):
             raise RealmRefused(
                 f"registry {self.registry} sent a Bearer realm that is not an http(s) URL: refused"
-            )
-        if where == own:
-            return
-        trusted = list(KNOWN_TOKEN_SERVICES.get(self.host.lower(), ()))
-        if self._token_services is None:
-            from kubetrain import settings
+            ) from None
+        self._vet(realm, prepared, "realm")
+        return prepared
 
-            trusted += settings.parse_list("token_services", settings.get("token_services"))
-        else:
-            trusted += list(self._token_services)
-        for entry in trusted:
-            entry = entry.strip()
-            if "://" in entry:
-                if realm.startswith(entry.rstrip("/")) and _endpoint(entry) == where:
-                    return
-            elif _endpoint(f"https://{entry}") == where:  # a bare host[:port] is trusted over HTTPS only
-                return
-        raise RealmRefused(
-            f"registry {self.registry} points its Bearer realm at {where[0]}://{where[1]}:{where[2]}, which is neither the "
-            "registry's "
-            "own host nor a trusted token service: refused, nothing was sent there (trust it with the token_services "
-            "setting if it is the registry's real token service)"
-        )
+    def _send(self, prepared: requests.PreparedRequest) -> requests.Response:
+        """Send exactly ``prepared``, never following a redirect; proxies and CA bundles from the environment
+        apply as in ``Session.request``."""
+        settings = self._session.merge_environment_settings(prepared.url, {}, None, None, None)
+        return self._session.send(prepared, allow_redirects=False, timeout=self.timeout, **settings)
 
     def _fetch_token(self, params: Mapping[str, str], scopes: tuple[str, ...]) -> str:
         realm = params.get("realm")
         if not realm:
             raise RegistryAuthError(f"registry {self.registry} sent a Bearer challenge without a realm")
-        self.check_realm(realm)
         query: list[tuple[str, str]] = [("service", params["service"])] if params.get("service") else []
         query += [("scope", s) for s in scopes]
         auth = (self.username, self._password or "") if self.username else None
+        prepared = self.check_realm(realm, params=query, auth=auth)
         try:
-            resp = self._session.get(realm, params=query, auth=auth, timeout=self.timeout)
+            resp = self._send(prepared)
         except requests.RequestException as exc:
             raise RegistryUnreachable(
                 f"token service {realm} of registry {self.registry} is unreachable: {exc}"
             ) from exc
         self.stats.requests += 1
+        if resp.is_redirect:
+            raise TargetRefused(
+                f"token service {realm} of registry {self.registry} redirected the token request (HTTP "
+                f"{resp.status_code}) to {_shown(self._redirect_url(resp))}: refused, nothing was sent there "
+                "(a token service must answer itself)"
+            )
         if resp.status_code in (401, 403):
             raise RegistryAuthError(
                 f"token service {realm} of registry {self.registry} refused {self._who()} ({error_detail(resp)})"
@@ -334,6 +484,10 @@ class RegistryClient:
 
     # -- transport ---------------------------------------------------------------------------
 
+    def _redirect_url(self, response: requests.Response) -> str:
+        """Where a redirect points, resolved against the URL that answered (as requests would)."""
+        return urljoin(response.url, self._session.get_redirect_target(response) or "")
+
     def _request(
         self,
         method: str,
@@ -346,30 +500,31 @@ class RegistryClient:
         headers: Mapping[str, str] | None = None,
         params: Mapping[str, str] | None = None,
         what: str = "",
+        follow: bool = False,
+        location: bool = False,
     ) -> requests.Response:
+        """One API call: auth challenge and retry, redirects (``follow``: a blob download) and error mapping.
+
+        :param path: a path on the registry, or a URL the registry gave (``location``: an upload Location,
+            checked like a redirect before anything is sent there).
+        """
         url = urljoin(self.base_url + "/", path)
+        target = what or f"{method} {path}"
         response = None
         for attempt in (0, 1):
-            hdrs = {**(headers or {}), **self._auth_header(scopes, refresh=attempt > 0)}
-            try:
-                if isinstance(data, Path):
-                    with data.open("rb") as body:
-                        response = self._session.request(
-                            method, url, data=body, headers=hdrs, params=params, timeout=self.timeout
-                        )
-                else:
-                    response = self._session.request(
-                        method, url, data=data, headers=hdrs, params=params, timeout=self.timeout
-                    )
-            except requests.exceptions.SSLError as exc:
-                raise RegistryUnreachable(
-                    f"TLS connection to registry {self.base_url} failed ({exc}); for a plain-HTTP registry set "
-                    "insecure, for a private CA set ca_bundle on the registry connection"
-                ) from exc
-            except requests.RequestException as exc:
-                raise RegistryUnreachable(f"registry {self.base_url} is unreachable: {exc}") from exc
-            self._count(method, data, response)
-            if response.status_code != 401 or attempt:
+            response, own = self._exchange(
+                method,
+                url,
+                scopes=scopes,
+                data=data,
+                headers=headers,
+                params=params,
+                refresh=attempt > 0,
+                follow=follow,
+                target=target,
+                location=location,
+            )
+            if response.status_code != 401 or attempt or not own:  # another host's challenge is not ours
                 break
             challenge = response.headers.get("WWW-Authenticate", "")
             if not challenge or self._token:
@@ -380,7 +535,6 @@ class RegistryClient:
         assert response is not None
         if response.status_code in set(ok):
             return response
-        target = what or f"{method} {path}"
         if response.status_code == 401:
             if not (self.username or self._token):
                 raise RegistryAuthError(
@@ -398,6 +552,78 @@ class RegistryClient:
         if response.status_code == 404 and not_found is not None:
             raise not_found(f"{target}: not found in registry {self.registry} ({error_detail(response)})")
         raise RegistryError(f"registry {self.registry} failed {target}: {error_detail(response)}")
+
+    def _exchange(
+        self,
+        method: str,
+        url: str,
+        *,
+        scopes: tuple[str, ...],
+        data: bytes | Path | None,
+        headers: Mapping[str, str] | None,
+        params: Mapping[str, str] | None,
+        refresh: bool,
+        follow: bool,
+        target: str,
+        location: bool,
+    ) -> tuple[requests.Response, bool]:
+        """Send one request and the redirects that may be followed; returns the last answer and whether it
+        came from the registry's own host. Each hop is prepared, checked (:meth:`_vet`), sent as prepared."""
+        kind = "location" if location else ""
+        hops = 0
+        while True:
+            with ExitStack() as stack:
+                body = stack.enter_context(data.open("rb")) if isinstance(data, Path) else data
+                request = requests.Request(method, url, data=body, headers=dict(headers or {}), params=params)
+                try:
+                    prepared = self._session.prepare_request(request)
+                except (requests.RequestException, ValueError):
+                    if not kind:
+                        raise
+                    raise TargetRefused(
+                        f"registry {self.registry} sent {_subject(kind, target)[0]} that is not an http(s) "
+                        "URL: refused"
+                    ) from None
+                own = self._vet(url, prepared, kind, target) if kind else self._check_own(prepared)
+                if own:  # our credentials go to the registry's own host only
+                    prepared.headers.update(self._auth_header(scopes, refresh))
+                try:
+                    response = self._send(prepared)
+                except requests.exceptions.SSLError as exc:
+                    raise RegistryUnreachable(
+                        f"TLS connection to registry {self.base_url} failed ({exc}); for a plain-HTTP "
+                        "registry set insecure, for a private CA set ca_bundle on the registry connection"
+                    ) from exc
+                except requests.RequestException as exc:
+                    if own:
+                        raise RegistryUnreachable(f"registry {self.base_url} is unreachable: {exc}") from exc
+                    raise RegistryUnreachable(
+                        f"{_shown(prepared.url or url)}, where registry {self.registry} sent {target}, is "
+                        f"unreachable: {exc}"
+                    ) from exc
+            self._count(method, data, response)
+            if not response.is_redirect:
+                return response, own
+            next_url = self._redirect_url(response)
+            if not follow:
+                raise TargetRefused(
+                    f"registry {self.registry} redirected {target} (HTTP {response.status_code}) to "
+                    f"{_shown(next_url)}: refused, nothing was sent there (the distribution API redirects "
+                    "only blob downloads)"
+                )
+            if hops == MAX_REDIRECTS:
+                raise TargetRefused(
+                    f"registry {self.registry} redirected {target} more than {MAX_REDIRECTS} times (last to "
+                    f"{_shown(next_url)}): refused"
+                )
+            hops += 1
+            url, data, params, kind = next_url, None, None, "redirect"
+
+    def _check_own(self, prepared: requests.PreparedRequest) -> bool:
+        """A URL this client made from the registry's name and checked names: on the registry's own host."""
+        if _endpoint(prepared.url or "") != self._own:  # not reachable with checked names; kept as a guard
+            raise TargetRefused(f"registry {self.registry}: {_shown(prepared.url or '')} is not on its host")
+        return True
 
     def _count(self, method: str, data: bytes | Path | None, response: requests.Response) -> None:
         self.stats.requests += 1
@@ -495,7 +721,8 @@ class RegistryClient:
         return sha256_digest(raw)
 
     def get_blob(self, repository: str, digest: str) -> bytes:
-        """Fetch a small blob (a config) into memory and check its digest."""
+        """Fetch a small blob (a config) into memory and check its digest. A redirect to the registry's
+        storage is followed where :meth:`_allows` lets it go; credentials go to the registry's host only."""
         resp = self._request(
             "GET",
             f"/v2/{self._path(repository)}/blobs/{check_digest(digest)}",
@@ -503,6 +730,7 @@ class RegistryClient:
             ok=(200,),
             not_found=RegistryError,
             what=f"blob {repository}@{digest}",
+            follow=True,
         )
         if sha256_digest(resp.content) != digest:
             raise RegistryError(
@@ -517,6 +745,7 @@ class RegistryClient:
             scopes=self._pull(repository),
             ok=(200, 404),
             what=f"HEAD blob {repository}@{digest}",
+            follow=True,  # the blob endpoint: a registry may send HEAD to its storage as it sends GET
         )
         return resp.status_code == 200
 
@@ -536,7 +765,16 @@ class RegistryClient:
         location = resp.headers.get("Location")
         if location:  # the registry opened an upload instead; do not leave it dangling
             try:
-                self._request("DELETE", location, scopes=scopes, ok=(204, 404), what="cancel upload")
+                self._request(
+                    "DELETE",
+                    urljoin(resp.url, location),
+                    scopes=scopes,
+                    ok=(204, 404),
+                    what=f"cancel upload of {digest} to {repository}",
+                    location=True,
+                )
+            except TargetRefused:
+                raise
             except RegistryError:
                 pass
         return False
@@ -556,13 +794,14 @@ class RegistryClient:
             raise RegistryError(f"registry {self.registry} started an upload without a Location header")
         self._request(
             "PUT",
-            location,
+            urljoin(start.url, location),  # a relative Location is relative to the request that answered
             scopes=scopes,
             ok=(201,),
             params={"digest": blob.digest},
             data=blob.source,
             headers={"Content-Type": "application/octet-stream", "Content-Length": str(blob.size)},
-            what=f"upload blob {blob.digest} to {repository}",
+            what=f"upload of blob {blob.digest} to {repository}",
+            location=True,
         )
 
     def ensure_blob(self, repository: str, blob: Blob, mount_from: str | None = None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -10,6 +11,11 @@ _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 REPOSITORY_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+# A registry host (distribution/reference's domain-and-port): ASCII DNS labels separated by '.' (which covers
+# localhost and IPv4 addresses), or a bracketed IPv6 address; then an optional port.
+_DOMAIN_COMPONENT = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"
+_DOMAIN = rf"{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*"
+HOST_RE = re.compile(rf"(?:{_DOMAIN}|\[(?P<ipv6>[0-9A-Fa-f:.]+)\])(?::(?P<port>[0-9]{{1,5}}))?")
 
 
 def check_tag(tag: str) -> str:
@@ -32,18 +38,33 @@ def check_repository(repository: str) -> str:
     return repository
 
 
+def _is_host(host: str) -> bool:
+    match = HOST_RE.fullmatch(host)
+    if match is None or (match["port"] and not 1 <= int(match["port"]) <= 65535):
+        return False
+    if match["ipv6"]:
+        try:
+            ipaddress.IPv6Address(match["ipv6"])
+        except ValueError:
+            return False
+    return True
+
+
 def split_registry(registry: str) -> tuple[str, str]:
     """``host[:port][/path]`` -> (host[:port], path): a registry may keep every repository under a path,
-    as Artifact Registry does (``europe-west4-docker.pkg.dev/<project>/<repository>``).
+    as Artifact Registry does (``europe-west4-docker.pkg.dev/<project>/<repository>``). The host follows
+    distribution/reference's grammar, so that every HTTP client reads the same host out of it.
 
     :raises ValueError: naming the value and what a registry is.
     """
     text = registry.strip() if isinstance(registry, str) else ""
     host, _, path = text.partition("/")
-    if not host or " " in text or (path and not REPOSITORY_RE.match(path)):
+    if not _is_host(host) or " " in text or (path and not REPOSITORY_RE.match(path)):
         raise ValueError(
             f"invalid registry {registry!r}: expected host[:port], optionally with a path under which the "
-            "repositories live, e.g. registry.example.com:5000 or europe-west4-docker.pkg.dev/my-project/ml"
+            "repositories live, e.g. registry.example.com:5000 or europe-west4-docker.pkg.dev/my-project/ml; "
+            "the host is a DNS name of ASCII letters, digits and '-' in labels separated by '.', localhost, "
+            "an IPv4 address or an IPv6 address in brackets, and the port 1 to 65535"
         )
     return host, path
 
@@ -69,6 +90,8 @@ class ImageReference:
     digest: str | None = None
 
     def __post_init__(self) -> None:
+        if self.registry:
+            split_registry(self.registry)
         check_repository(self.repository)
         if self.tag is not None:
             check_tag(self.tag)
@@ -108,8 +131,9 @@ def parse_reference(text: str, default_registry: str = "") -> ImageReference:
         if rest.startswith(scheme):
             rest = rest[len(scheme) :]
     digest = None
-    if "@" in rest:
-        rest, digest = rest.split("@", 1)
+    name, at, after = rest.rpartition("@")
+    if at and "/" not in after:  # '@' before a '/' is no digest: it is in the host, and refused there
+        rest, digest = name, after
     tag = None
     last = rest.rsplit("/", 1)[-1]
     if ":" in last:

@@ -224,3 +224,58 @@ def test_bearer_token_auth(tmp_path, monkeypatch):
     finally:
         reg.stop()
         tokens.stop()
+
+
+@pytest.mark.parametrize(
+    ("registry", "realm", "allowed"),
+    [
+        ("registry-1.docker.io", "https://auth.docker.io/token", True),
+        ("registry-1.docker.io", "https://production.cloudflare.docker.com/registry-v2/x", True),
+        ("registry-1.docker.io", "http://auth.docker.io/token", False),  # known hosts over HTTPS only
+        ("registry-1.docker.io", "https://auth.docker.io:8443/token", False),
+        ("ghcr.io", "https://auth.docker.io/token", False),  # a row serves its own registry only
+        (
+            "123456789012.dkr.ecr.eu-west-1.amazonaws.com",
+            "https://prod-eu-west-1-starport-layer-bucket.s3.eu-west-1.amazonaws.com/x",
+            True,
+        ),
+        (  # '*' never spans a dot: another bucket name under another domain does not match
+            "123456789012.dkr.ecr.eu-west-1.amazonaws.com",
+            "https://prod-a.evil.example-starport-layer-bucket.s3.eu-west-1.amazonaws.com/x",
+            False,
+        ),
+        ("gcr.io", "https://storage.googleapis.com/artifacts.p.appspot.com/x", True),
+    ],
+)
+def test_known_services_are_trusted_per_registry(registry, realm, allowed):
+    """KNOWN_SERVICES, the one table of token services and blob storage hosts, without any request."""
+    from kubetrain.imagebuild.oci import RealmRefused
+
+    client = RegistryClient(registry, token_services=[])
+    if allowed:
+        assert client.check_realm(realm, params=[("scope", "s")]).url.startswith(realm)
+    else:
+        with pytest.raises(RealmRefused, match="which is neither the registry's own host nor a trusted"):
+            client.check_realm(realm)
+
+
+@pytest.mark.parametrize(
+    ("entry", "realm", "allowed"),
+    [
+        ("https://auth.example.com/token", "https://auth.example.com/token", True),
+        ("https://auth.example.com/token", "https://auth.example.com/token/v2", True),
+        ("https://auth.example.com/token", "https://auth.example.com/tokens", False),  # a path, not a prefix
+        ("https://auth.example.com/token", "https://auth.example.com:444/token", False),
+        ("auth.example.com", "https://auth.example.com/any", True),
+        ("auth.example.com", "http://auth.example.com/any", False),  # a bare host is trusted over HTTPS only
+    ],
+)
+def test_token_services_entries(entry, realm, allowed):
+    from kubetrain.imagebuild.oci import RealmRefused
+
+    client = RegistryClient("registry.example.com", token_services=[entry])
+    if allowed:
+        client.check_realm(realm)
+    else:
+        with pytest.raises(RealmRefused, match="refused, nothing was sent there"):
+            client.check_realm(realm)
