@@ -40,7 +40,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: help setup test test-airflow test-trainer lint demo demo-dialogue demo-distributed airflow stack-up stack-images stack-down bench lock clean demo-sweep \
-	images images-base mirror mlflow-env build-leftovers
+	images images-base mirror mlflow-env build-leftovers preflight
 
 help:
 	@echo "make demo        set up, start the dev stack and train a model end to end"
@@ -50,6 +50,7 @@ help:
 	@echo "make stack-up    start the dev stack in the background (.stack/env, .stack/kubeconfig); MLFLOW=1 adds MLflow"
 	@echo "make stack-down  stop it"
 	@echo "make airflow     the Airflow UI against the dev stack"
+	@echo "make preflight   check a cluster, S3 and registry before the first run (docs/real-cluster.md); ARGS=... passes options"
 	@echo "make images      build the trainer (GPU, CPU) and sync images, check them, push them to KUBETRAIN_REGISTRY"
 	@echo "make lint        ruff, with the Airflow 3 rules"
 	@echo "make bench       benchmarks (ratios; results in bench/README.md)"
@@ -267,6 +268,18 @@ demo-sweep: setup stack-images
 
 airflow: setup stack-images
 	$(VENV)/bin/python -m include.demo ui
+
+# The preflight (docs/real-cluster.md) from any shell: the cluster, S3 and registry of the Airflow
+# connections, KUBECONFIG and KUBETRAIN_* settings in the environment; with none of them, the dev
+# stack's (its env file, .stack/env or $KUBETRAIN_STACK_DIR/env). Where the kubetrain wheel is
+# installed (an Airflow image), the same check is the `kubetrain-preflight` command.
+STACK_DIR ?= $(or $(KUBETRAIN_STACK_DIR),.stack)
+preflight: | $(VENV)/.synced
+	@if [ -z "$${AIRFLOW_CONN_KUBERNETES_DEFAULT:-}$${KUBECONFIG:-}" ] && [ -f $(STACK_DIR)/env ]; then \
+	  echo "preflight: no connection or KUBECONFIG in this shell: checking the dev stack ($(STACK_DIR)/env)"; \
+	  set -a; . $(STACK_DIR)/env; set +a; \
+	fi; \
+	PYTHONPATH=plugins $(VENV)/bin/python -m kubetrain.preflight $(ARGS)
 
 # -- benchmarks ----------------------------------------------------------------------------
 

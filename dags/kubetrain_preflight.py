@@ -13,7 +13,8 @@ Job). The task fails when any check fails; its log lists every line. A second ta
 the triggerer, what the triggerer's own account may do (deferred tasks are followed from there,
 under another identity than the workers').
 
-Also runnable without Airflow's scheduler: `PYTHONPATH=plugins python -m kubetrain.preflight`.
+Also runnable without Airflow's scheduler: `make preflight` in the checkout, `kubetrain-preflight` where the
+kubetrain wheel is installed.
 Settings: the deployment's (`KUBETRAIN_*` or the `kubetrain_*` Variables), connections
 `kubernetes_default`, `kubetrain_registry_default` and `airflow_api`.
 """

@@ -1,6 +1,7 @@
 """Preflight: check that a cluster, its S3 store and registry are ready for kubetrain's training pods.
 
-    PYTHONPATH=plugins python -m kubetrain.preflight      # or trigger the kubetrain_preflight DAG
+    make preflight            # in the checkout; kubetrain-preflight where the wheel is installed;
+                              # or trigger the kubetrain_preflight DAG
 
 Each check prints one line, ``PASS``, ``FAIL``, ``WARN``, ``INFO`` or ``SKIP``, and every FAIL
 says how to fix it. The exit status is 1 when any check failed. The settings are the

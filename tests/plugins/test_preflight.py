@@ -155,6 +155,48 @@ def test_the_queue_line_checks_the_configured_local_queue(stack_env):
         Deployment(queue="Team_A")
 
 
+def test_the_preflight_runs_as_the_docs_say_from_a_clean_shell(devstack, stack_images, tmp_path):
+    """docs/real-cluster.md's command, word for word, in a shell with no Airflow connection, no
+    KUBECONFIG and no virtual environment on PATH: it checks the dev stack (the env file's), prints
+    its lines and no traceback."""
+    doc = (REPO / "docs" / "real-cluster.md").read_text()
+    (command,) = [
+        line.split("#")[0].strip()
+        for line in doc.splitlines()
+        if line.startswith("    ") and "preflight" in line and "#" in line
+    ][:1]
+    assert command == "make preflight", command
+    env = {
+        # what a new login shell has: the system's PATH, a home, the machine's proxy and CA settings
+        **{k: v for k, v in os.environ.items() if k.lower().endswith("_proxy") or k.startswith("SSL_CERT")},
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "KUBETRAIN_STACK_DIR": str(devstack.state_dir),  # the test session's stack stands in for .stack
+        # what `make stack-images` pushes as the defaults, this session's build
+        "KUBETRAIN_TRAINER_IMAGE": stack_images["trainer"].reference,
+        "KUBETRAIN_SYNC_IMAGE": stack_images["sync"].reference,
+    }
+    proc = subprocess.run(
+        ["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out and "ModuleNotFoundError" not in out, out[-4000:]
+    assert f"checking the dev stack ({devstack.state_dir}/env)" in out
+    status = {
+        line.split()[1].rstrip(":"): line.split()[0]
+        for line in proc.stdout.splitlines()
+        if line[:4] in ("PASS", "FAIL", "WARN", "INFO", "SKIP")
+    }
+    assert proc.returncode == 0, out[-4000:]
+    assert {k: status.get(k) for k in ("api", "access", "s3-secret", "image:trainer", "s3-write")} == {
+        "api": "PASS",
+        "access": "PASS",
+        "s3-secret": "PASS",
+        "image:trainer": "PASS",
+        "s3-write": "PASS",
+    }, out[-4000:]
+
+
 def test_broken_configuration_names_each_fix(stack_env, core, devstack):
     """Run as `python -m kubetrain.preflight`: a Secret without the secret key that points pods at a
     closed port, an image the registry lacks, a registry the workers cannot reach, a missing pool."""
