@@ -11,7 +11,10 @@ Areas:
   the rules are in trainer/sync/README.md, "Stage-in"). Issue #31 items 3 and 6.
 
 Sections for Params (trigger-form values), UI requests and images follow below, each
-with its own header and its own helpers.
+with its own header and its own helpers; then issue #53's: registries (realms, redirects, upload
+Locations, hosts), Params against the API server's rules and the form's schema, links read from
+run records, stopping rules with reports that are not finite numbers (against Optuna's pruners),
+and damaged archives and member floods.
 
 Runs under the Airflow environment (.venv): what it imports from the pod side
 (trainer.sync.archive) is standard library only.
@@ -19,6 +22,7 @@ Runs under the Airflow environment (.venv): what it imports from the pod side
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -981,3 +985,1189 @@ def test_an_error_never_echoes_a_body_that_is_not_an_error_document(content_type
     response.status_code, response._content = 502, body
     response.headers["Content-Type"] = content_type
     assert error_detail(response) == shown
+
+
+# ==========================================================================================
+# Registries: realms, redirects and upload Locations (issue #53 items 1, 2 and 6)
+# ==========================================================================================
+#
+# A registry named in the image Param answers the worker. Whatever URL it hands back (a Bearer realm, a
+# redirect, an upload Location) is checked on the URL the HTTP client will send, the way urllib3 reads it,
+# and refused when urlsplit reads another host out of it, or when the host is neither the registry's own nor
+# a trusted service. Only a blob download follows a redirect; nothing else does. Every refused case runs a
+# second loopback server (on 127.0.0.1, or on ::1) where the registry points, and checks that nothing reached
+# it; an accepted blob redirect checks the bytes, that our Authorization went to the registry's host only,
+# and that TransferStats counted every hop. A registry host outside distribution/reference's grammar is
+# refused before any request.
+
+
+class _RegServer:
+    """A loopback HTTP server (``host`` 127.0.0.1 or ::1) answering every method with
+    ``answer(method, path)``; records ``(method, path, headers)`` of what reached it."""
+
+    def __init__(self, answer, host: str = "127.0.0.1") -> None:
+        import http.server
+        import socket
+        import threading
+
+        seen = self.seen = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                seen.append((self.command, self.path, dict(self.headers)))
+                status, headers, body = answer(self.command, self.path)
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            do_HEAD = do_POST = do_PUT = do_DELETE = do_GET  # noqa: N815
+
+            def log_message(self, *args):
+                pass
+
+        class Server(http.server.ThreadingHTTPServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        self.server = Server((host, 0), Handler)
+        self.port = self.server.server_address[1]
+        self.netloc = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _reg_start_other(host: str, answer) -> _RegServer:
+    """The server the registry points at; skips the case when the machine has no IPv6 loopback."""
+    try:
+        return _RegServer(answer, host)
+    except OSError as exc:
+        pytest.skip(f"no {host} loopback here: {exc}")
+
+
+_REG_SECRET = b"<html>internal admin console: root password hunter2</html>"
+_REG_BLOB = b'{"architecture":"amd64","os":"linux"}'
+_REG_DIGEST = "sha256:" + hashlib.sha256(_REG_BLOB).hexdigest()
+_REG_TOKEN = "reg-secret-token"
+
+
+def _reg_redirect(status: int, prefix: str, to: str = "http://{other}/elsewhere"):
+    """A registry redirecting requests under ``prefix`` to ``to`` (``{reg}`` and ``{other}`` filled in)."""
+
+    def answer(method, path, reg, other):
+        if path.startswith(prefix):
+            return status, {"Location": to.format(reg=reg, other=other)}, b""
+        return 404, {"Content-Type": "application/json"}, b'{"errors": [{"code": "NOT_FOUND"}]}'
+
+    return answer
+
+
+def _reg_realm(realm: str, token_answer=None):
+    """A registry asking for a Bearer token at ``realm``; ``token_answer`` answers its own /token."""
+
+    def answer(method, path, reg, other):
+        if path.startswith("/token") and token_answer is not None:
+            return token_answer(reg, other)
+        challenge = f'Bearer realm="{realm.format(reg=reg, other=other)}",service="x"'
+        return 401, {"WWW-Authenticate": challenge, "Content-Type": "application/json"}, b"{}"
+
+    return answer
+
+
+def _reg_pin(reg: str):
+    from kubetrain.images import pin_image
+
+    return pin_image(f"{reg}/team/trainer:latest", registry_conn_id="no_such_registry_conn")
+
+
+def _reg_client(action):
+    """A call opening a client with a ready token (sent on each request to the registry) to run ``action``."""
+
+    def call(reg: str):
+        from kubetrain.imagebuild.oci import RegistryClient
+
+        with RegistryClient(reg, insecure=True, token=_REG_TOKEN, timeout=10) as client:
+            return action(client)
+
+    return call
+
+
+def _reg_upload(client):
+    from kubetrain.imagebuild.oci import OCI_LAYER_GZIP, Blob
+
+    client.upload_blob("team/trainer", Blob.from_bytes(b"layer bytes", OCI_LAYER_GZIP))
+
+
+_REG_BLOBS = "/v2/team/trainer/blobs/"
+_REG_MANIFESTS = "/v2/team/trainer/manifests/"
+_REG_UPLOADS = "/v2/team/trainer/blobs/uploads/"
+_REG_PARSERS = (
+    "whose host URL parsers read differently ({reg} to urlsplit, {other} to the HTTP client): refused, "
+)
+_REG_ELSEWHERE = (
+    "(HTTP {code}) to http://{other}/elsewhere: refused, nothing was sent there (the distribution API"
+)
+
+REG_REFUSAL_CASES = [
+    # (id, host of the other server, registry answer, call, exception name, message fragment)
+    (
+        "realm-backslash-reads-as-registry-host",
+        "127.0.0.1",
+        _reg_realm("http://{other}\\@{reg}/token"),
+        _reg_pin,
+        "ImageNotFoundError",
+        _REG_PARSERS + "nothing was sent there",
+    ),
+    (
+        "realm-on-registry-host-redirects-elsewhere",
+        "127.0.0.1",
+        _reg_realm(
+            "http://{reg}/token", lambda reg, other: (302, {"Location": f"http://{other}/steal"}, b"")
+        ),
+        _reg_pin,
+        "ImageNotFoundError",
+        "token service http://{reg}/token of registry {reg} redirected the token request (HTTP 302) to "
+        "http://{other}/steal: refused, nothing was sent there",
+    ),
+    *[
+        (
+            f"ping-{code}-to-{name}",
+            host,
+            _reg_redirect(code, "/v2/"),
+            _reg_client(lambda c: c.ping()),
+            "TargetRefused",
+            "registry {reg} redirected GET /v2/ (API check) " + _REG_ELSEWHERE.replace("{code}", str(code)),
+        )
+        for code, host, name in (
+            (301, "127.0.0.1", "other-port"),
+            (302, "::1", "ipv6"),
+            (307, "127.0.0.1", "other-port"),
+        )
+    ],
+    *[
+        (
+            f"manifest-head-{code}-to-{name}",
+            host,
+            _reg_redirect(code, _REG_MANIFESTS),
+            _reg_pin,
+            "ImageNotFoundError",
+            "registry {reg} redirected HEAD team/trainer:latest "
+            + _REG_ELSEWHERE.replace("{code}", str(code)),
+        )
+        for code, host, name in ((301, "::1", "ipv6"), (302, "127.0.0.1", "other-port"), (307, "::1", "ipv6"))
+    ],
+    *[
+        (
+            f"manifest-get-{code}-to-{name}",
+            host,
+            _reg_redirect(code, _REG_MANIFESTS),
+            _reg_client(lambda c: c.get_manifest("team/trainer", "latest")),
+            "TargetRefused",
+            "redirected image {reg}/team/trainer:latest " + _REG_ELSEWHERE.replace("{code}", str(code)),
+        )
+        for code, host, name in (
+            (301, "127.0.0.1", "other-port"),
+            (302, "::1", "ipv6"),
+            (307, "127.0.0.1", "other-port"),
+        )
+    ],
+    (
+        "upload-location-on-another-port",
+        "127.0.0.1",
+        lambda method, path, reg, other: (202, {"Location": f"http://{other}/upload/1"}, b""),
+        _reg_client(_reg_upload),
+        "TargetRefused",
+        "to team/trainer at http://{other}, which is neither the registry's own host nor a trusted upload "
+        "host: refused, nothing was sent there",
+    ),
+    (
+        "mount-answers-an-upload-location-on-ipv6",
+        "::1",
+        lambda method, path, reg, other: (202, {"Location": f"http://{other}/upload/1"}, b""),
+        _reg_client(lambda c: c.mount_blob("team/trainer", _REG_DIGEST, "base/image")),
+        "TargetRefused",
+        "the upload Location for cancel upload of "
+        + _REG_DIGEST
+        + " to team/trainer at http://{other}, which is "
+        "neither the registry's own host nor a trusted upload host: refused, nothing was sent there",
+    ),
+    *[
+        (
+            f"blob-get-{code}-to-{name}",
+            host,
+            _reg_redirect(code, _REG_BLOBS),
+            _reg_client(lambda c: c.get_blob("team/trainer", _REG_DIGEST)),
+            "TargetRefused",
+            f"points its redirect of blob team/trainer@{_REG_DIGEST} at http://{{other}}, which is neither "
+            "the registry's own host nor a trusted blob storage: refused, nothing was sent there",
+        )
+        for code, host, name in ((302, "127.0.0.1", "foreign-port"), (307, "::1", "foreign-ipv6"))
+    ],
+    (
+        "blob-get-redirect-backslash-reads-as-registry-host",
+        "127.0.0.1",
+        _reg_redirect(307, _REG_BLOBS, "http://{other}\\@{reg}/storage"),
+        _reg_client(lambda c: c.get_blob("team/trainer", _REG_DIGEST)),
+        "TargetRefused",
+        _REG_PARSERS + "nothing was sent there",
+    ),
+    (
+        "blob-get-redirect-to-a-file-url",
+        "127.0.0.1",
+        _reg_redirect(302, _REG_BLOBS, "file:///etc/passwd"),
+        _reg_client(lambda c: c.get_blob("team/trainer", _REG_DIGEST)),
+        "TargetRefused",
+        f"sent a redirect of blob team/trainer@{_REG_DIGEST} that is not an http(s) URL: refused",
+    ),
+    (
+        "blob-get-redirect-loop-on-registry-host",
+        "127.0.0.1",
+        _reg_redirect(302, _REG_BLOBS, "http://{reg}" + _REG_BLOBS + _REG_DIGEST),
+        _reg_client(lambda c: c.get_blob("team/trainer", _REG_DIGEST)),
+        "TargetRefused",
+        f"redirected blob team/trainer@{_REG_DIGEST} more than 5 times",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("other_host", "answer", "call", "error", "message"),
+    [c[1:] for c in REG_REFUSAL_CASES],
+    ids=[c[0] for c in REG_REFUSAL_CASES],
+)
+def test_hostile_registry_target(monkeypatch, other_host, answer, call, error, message):
+    monkeypatch.delenv("KUBETRAIN_TOKEN_SERVICES", raising=False)
+    other = _reg_start_other(
+        other_host, lambda method, path: (200, {"Content-Type": "text/html"}, _REG_SECRET)
+    )
+    ports = {}
+    registry = _RegServer(lambda method, path: answer(method, path, ports["reg"], other.netloc))
+    ports["reg"] = registry.netloc
+    try:
+        with pytest.raises(Exception) as err:  # noqa: PT011 - the class is checked by name below
+            call(registry.netloc)
+    finally:
+        registry.close()
+        other.close()
+    assert type(err.value).__name__ == error, repr(err.value)
+    assert message.format(reg=registry.netloc, other=other.netloc) in str(err.value)
+    assert other.seen == []  # nothing reached the other server
+    assert "hunter2" not in str(err.value)
+
+
+def _reg_storage(method, path):
+    return (
+        (200, {"Content-Type": "application/octet-stream"}, _REG_BLOB)
+        if "storage" in path
+        else (404, {}, b"")
+    )
+
+
+REG_BLOB_REDIRECT_CASES = [
+    # (id, registry answer, other server in the token_services setting, requests to the registry, to it)
+    (
+        "to-a-host-of-the-token-services-setting",
+        _reg_redirect(307, _REG_BLOBS, "http://{other}/storage/1?sig=abc"),
+        True,
+        1,
+        1,
+    ),
+    (
+        "relative-on-the-registry-host",
+        lambda method, path, reg, other: (
+            (302, {"Location": "/storage/1"}, b"")
+            if path.startswith(_REG_BLOBS)
+            else _reg_storage(method, path)
+        ),
+        False,
+        2,
+        0,
+    ),
+    (
+        "registry-host-then-trusted-host",
+        lambda method, path, reg, other: (
+            (302, {"Location": "/hop"}, b"")
+            if path.startswith(_REG_BLOBS)
+            else (301, {"Location": f"http://{other}/storage/2"}, b"")
+        ),
+        True,
+        2,
+        1,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("answer", "trusted", "to_registry", "to_other"),
+    [c[1:] for c in REG_BLOB_REDIRECT_CASES],
+    ids=[c[0] for c in REG_BLOB_REDIRECT_CASES],
+)
+def test_a_blob_download_follows_a_redirect_to_an_allowed_host(
+    monkeypatch, answer, trusted, to_registry, to_other
+):
+    """The one redirect the distribution spec expects: followed, bytes checked, credentials kept home."""
+    from kubetrain.imagebuild.oci import RegistryClient
+
+    other = _RegServer(_reg_storage)
+    if trusted:
+        monkeypatch.setenv("KUBETRAIN_TOKEN_SERVICES", f"http://{other.netloc}")
+    else:
+        monkeypatch.delenv("KUBETRAIN_TOKEN_SERVICES", raising=False)
+    ports = {}
+    registry = _RegServer(lambda method, path: answer(method, path, ports["reg"], other.netloc))
+    ports["reg"] = registry.netloc
+    try:
+        with RegistryClient(registry.netloc, insecure=True, token=_REG_TOKEN, timeout=10) as client:
+            assert client.get_blob("team/trainer", _REG_DIGEST) == _REG_BLOB
+            stats = client.stats
+    finally:
+        registry.close()
+        other.close()
+    assert (len(registry.seen), len(other.seen)) == (to_registry, to_other)
+    assert all(h.get("Authorization") == f"Bearer {_REG_TOKEN}" for _, _, h in registry.seen)
+    assert all("Authorization" not in h for _, _, h in other.seen)  # our token never leaves the registry
+    assert (stats.requests, stats.by_method, stats.bytes_received) == (
+        to_registry + to_other,
+        {"GET": to_registry + to_other},
+        len(_REG_BLOB),
+    )
+
+
+REG_HOST_CASES = [
+    # (id, image reference ({port}: the other server's), message fragment)
+    (
+        "non-ascii-host",
+        "régistry.localhost:{port}/team/trainer:1",
+        "invalid registry 'régistry.localhost:{port}'",
+    ),
+    (
+        "non-ascii-host-with-digest",
+        "régistry.localhost:{port}/team/trainer@sha256:" + "0" * 64,
+        "invalid registry 'régistry.localhost:{port}'",
+    ),
+    (
+        "backslash-host",
+        "127.0.0.1:{port}\\@127.0.0.1:{port}/team/trainer:1",
+        "invalid registry '127.0.0.1:{port}\\\\@127.0.0.1:{port}'",
+    ),
+    ("at-sign-host", "user@127.0.0.1:{port}/team/trainer:1", "invalid registry 'user@127.0.0.1:{port}'"),
+    (
+        "at-sign-host-with-digest",
+        "user@127.0.0.1:{port}/team/trainer@sha256:" + "0" * 64,
+        "invalid registry 'user@127.0.0.1:{port}'",
+    ),
+    ("empty-label", "127..0.0.1:{port}/team/trainer:1", "invalid registry '127..0.0.1:{port}'"),
+    ("port-out-of-range", "127.0.0.1:99999/team/trainer:1", "invalid registry '127.0.0.1:99999'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("image", "message"), [c[1:] for c in REG_HOST_CASES], ids=[c[0] for c in REG_HOST_CASES]
+)
+def test_hostile_registry_host_in_an_image(image, message):
+    """A registry host outside distribution/reference's grammar is refused before any registry is asked."""
+    from kubetrain.images import pin_image
+
+    other = _RegServer(lambda method, path: (200, {"Content-Type": "text/html"}, _REG_SECRET))
+    try:
+        with pytest.raises(ValueError) as err:
+            pin_image(image.format(port=other.port), registry_conn_id="no_such_registry_conn")
+    finally:
+        other.close()
+    assert message.format(port=other.port) in str(err.value)
+    assert "the host is a DNS name of ASCII letters, digits and '-'" in str(err.value)
+    assert other.seen == []  # nothing reached the other server
+
+
+# ==========================================================================================
+# Params reaching the pod spec, and links from run records (issue #53 items 6 and 7)
+# ==========================================================================================
+#
+# Node selectors, tolerations and resource quantities are checked with the API server's own
+# rules before any pod is built (kubetrain.settings: qualified names and label values;
+# kubetrain.pod_spec._quantity: quantities that fit an int64 as Kubernetes counts them, bytes
+# or millicores), and the trigger form's JSON Schema refuses the same values. A refusal names
+# the field and the value and says what was expected.
+#
+# A run record is a document in S3; its report_url and mlflow.url (and a sweep's trials'
+# report_url) become links only when they are http(s) URLs or paths of the page's own origin;
+# anything else is shown as text, its value only in the title.
+
+_PRM_INT64 = 2**63 - 1
+_PRM_POD = {"image": "r:5000/t:1", "sync_image": "r:5000/s:1", "run_uri": "s3://training/runs/d/r"}
+
+
+def _prm_selector(value) -> Callable[[], object]:
+    """What the training operator and the deployment's setting do with a node selector."""
+    from kubetrain.settings import parse_node_selector
+
+    return lambda: parse_node_selector(value)
+
+
+def _prm_config(**changes) -> Callable[[], object]:
+    from kubetrain.pod_spec import TrainingPodConfig
+
+    return lambda: TrainingPodConfig(**_PRM_POD, **changes)
+
+
+def _prm_pod(**changes) -> dict:
+    """The pod spec (as the API server receives it) of a config with ``changes``."""
+    from kubernetes.client import ApiClient
+
+    from kubetrain.pod_spec import TrainingPodConfig, training_pod
+
+    return ApiClient().sanitize_for_serialization(training_pod(TrainingPodConfig(**_PRM_POD, **changes)))
+
+
+def _prm_toleration(**fields) -> Callable[[], object]:
+    return _prm_config(tolerations=[fields])
+
+
+PRM_REFUSED = [
+    # (id, call, message fragment naming the field and the value)
+    (
+        "selector-value-too-long",
+        _prm_selector({"pool": "g" * 64}),
+        f"node_selector value {'g' * 64!r} of 'pool' is not a valid label value: it has 64 characters: "
+        "expected at most 63",
+    ),
+    (
+        "selector-value-space",
+        _prm_selector({"pool": "a100 spot"}),
+        "node_selector value 'a100 spot' of 'pool' is not a valid label value: expected empty or letters, "
+        "digits, '-', '_' and '.', starting and ending with a letter or digit",
+    ),
+    (
+        "selector-value-slash",
+        _prm_selector({"pool": "gpu/a100"}),
+        "node_selector value 'gpu/a100' of 'pool' is not a valid label value",
+    ),
+    (
+        "selector-value-leading-dash",
+        _prm_selector({"pool": "-gpu"}),
+        "node_selector value '-gpu' of 'pool' is not a valid label value",
+    ),
+    (
+        "selector-value-non-ascii",
+        _prm_selector({"zone": "zürich-1"}),
+        "node_selector value 'zürich-1' of 'zone' is not a valid label value",
+    ),
+    (
+        "selector-value-trailing-newline",
+        _prm_selector({"pool": "gpu\n"}),
+        "node_selector value 'gpu\\n' of 'pool' is not a valid label value",
+    ),
+    (
+        "selector-value-in-text-form",
+        _prm_selector("pool=gpu,zone=a b"),
+        "node_selector value 'a b' of 'zone' is not a valid label value",
+    ),
+    (
+        "selector-key-two-slashes",
+        _prm_selector({"example.com/pool/x": "gpu"}),
+        "node_selector key 'example.com/pool/x' is not a valid label key: expected at most one '/'",
+    ),
+    (
+        "selector-key-name-over-63",
+        _prm_selector({"example.com/" + "n" * 64: "gpu"}),
+        "is not a valid label key: its name part has 64 characters: expected at most 63",
+    ),
+    (
+        "selector-key-prefix-over-253",
+        _prm_selector({"a" * 254 + "/pool": "gpu"}),
+        "is not a valid label key: its prefix has 254 characters: expected at most 253",
+    ),
+    (
+        "selector-key-prefix-double-dot",
+        _prm_selector({"example..com/pool": "gpu"}),
+        "node_selector key 'example..com/pool' is not a valid label key: its prefix 'example..com' is not a "
+        "DNS-1123 subdomain",
+    ),
+    (
+        "selector-key-trailing-newline",
+        _prm_selector({"pool\n": "gpu"}),
+        "node_selector key 'pool\\n' is not a valid label key: its name part 'pool\\n' is not valid",
+    ),
+    (
+        "toleration-key-space",
+        _prm_toleration(key="spot instance", operator="Exists"),
+        "key 'spot instance' is not a valid label key: its name part 'spot instance' is not valid",
+    ),
+    (
+        "toleration-key-over-63",
+        _prm_toleration(key="k" * 64, operator="Exists"),
+        f"key {'k' * 64!r} is not a valid label key: its name part has 64 characters: expected at most 63",
+    ),
+    (
+        "toleration-key-two-slashes",
+        _prm_toleration(key="a.io/b/c", operator="Exists"),
+        "key 'a.io/b/c' is not a valid label key: expected at most one '/'",
+    ),
+    (
+        "toleration-value-slash",
+        _prm_toleration(key="pool", operator="Equal", value="gpu/a100"),
+        "value 'gpu/a100' is not a valid label value: expected empty or letters",
+    ),
+    (
+        "toleration-value-non-ascii",
+        _prm_toleration(key="zone", value="zürich"),
+        "value 'zürich' is not a valid label value",
+    ),
+    (
+        "toleration-value-too-long",
+        _prm_toleration(key="pool", value="v" * 64),
+        f"value {'v' * 64!r} is not a valid label value: it has 64 characters: expected at most 63",
+    ),
+    (
+        "toleration-seconds-past-int64",
+        _prm_toleration(key="spot", operator="Exists", effect="NoExecute", tolerationSeconds=2**63),
+        "tolerationSeconds must be a whole number of seconds (a 64-bit integer)",
+    ),
+    (
+        "memory-far-past-int64",
+        _prm_config(memory="99999999999999999999999Ti"),
+        "memory='99999999999999999999999Ti' is too large: Kubernetes counts it in bytes as a 64-bit integer",
+    ),
+    (
+        "cpu-nan",
+        _prm_config(cpu="NaN"),
+        "cpu='NaN' is not a Kubernetes quantity: expected e.g. '500m', '2', '4Gi'",
+    ),
+    ("memory-infinity", _prm_config(memory="Infinity"), "memory='Infinity' is not a Kubernetes quantity"),
+    ("cpu-leading-space", _prm_config(cpu=" 2"), "cpu=' 2' is not a Kubernetes quantity"),
+    ("memory-underscores", _prm_config(memory="4_000Mi"), "memory='4_000Mi' is not a Kubernetes quantity"),
+    (
+        "cpu-huge-exponent",
+        _prm_config(cpu="1e999999999"),
+        "cpu='1e999999999' is too large: Kubernetes counts it in millicores as a 64-bit integer, at most "
+        "9223372036854775807m (9223372036854775.807 cores)",
+    ),
+    (
+        "dataset-bytes-overflow-the-storage",
+        _prm_config(dataset_bytes=2**62),
+        "data_size=None (dataset_bytes=4611686018427387904), checkpoint_size='4Gi' and output_size='2Gi' add up "
+        "to 9223372045444710400 bytes of ephemeral-storage: Kubernetes counts it in bytes as a 64-bit integer",
+    ),
+]
+
+
+@pytest.mark.parametrize(("call", "message"), [c[1:] for c in PRM_REFUSED], ids=[c[0] for c in PRM_REFUSED])
+def test_prm_refused_before_any_pod_is_built(call, message):
+    with pytest.raises(ValueError) as err:
+        call()
+    assert message in str(err.value)
+
+
+def _prm_pod_value(pod: dict, field: str) -> object:
+    """Where a field's value lands in the pod spec."""
+    base = next(c for c in pod["spec"]["containers"] if c["name"] == "base")["resources"]
+    if field == "data_size":
+        return next(v for v in pod["spec"]["volumes"] if v["name"] == "data")["emptyDir"]["sizeLimit"]
+    if field in ("cpu_limit", "memory_limit"):
+        return base["limits"][field.removesuffix("_limit")]
+    if field == "gpus":
+        return int(base["requests"]["nvidia.com/gpu"])
+    return base["requests"][field]
+
+
+PRM_EDGES = [
+    # (id, field, the largest value that fits, the next one, message fragment of its refusal)
+    (
+        "memory-bytes",
+        "memory",
+        "9223372036854775807",
+        "9223372036854775808",
+        "memory='9223372036854775808' is too large: Kubernetes counts it in bytes as a 64-bit integer, at "
+        "most 9223372036854775807 bytes",
+    ),
+    ("memory-binary", "memory", "8191Pi", "8Ei", "memory='8Ei' is too large"),
+    (
+        "cpu-millicores",
+        "cpu",
+        "9223372036854775807m",
+        "9223372036854775808m",
+        "cpu='9223372036854775808m' is too large: Kubernetes counts it in millicores as a 64-bit integer, at "
+        "most 9223372036854775807m (9223372036854775.807 cores)",
+    ),
+    (
+        "cpu-cores",
+        "cpu",
+        "9223372036854775.807",
+        "9223372036854775.808",
+        "cpu='9223372036854775.808' is too large: Kubernetes counts it in millicores",
+    ),
+    # 9223372036854776m is nine thousand cores short of the edge in cores; as cores it is past it
+    (
+        "cpu-whole-cores",
+        "cpu",
+        "9223372036854776m",
+        "9223372036854776",
+        "cpu='9223372036854776' is too large",
+    ),
+    (
+        "cpu-limit",
+        "cpu_limit",
+        "9223372036854775807m",
+        "9223372036854775808m",
+        "cpu_limit='9223372036854775808m' is too large: Kubernetes counts it in millicores",
+    ),
+    (
+        "memory-limit",
+        "memory_limit",
+        "8388607Ti",
+        "8388608Ti",
+        "memory_limit='8388608Ti' is too large: Kubernetes counts it in bytes",
+    ),
+    (
+        "data-size",
+        "data_size",
+        "8388607Ti",
+        "8Ei",
+        "data_size='8Ei' is too large: Kubernetes counts it in bytes",
+    ),
+    (
+        "data-size-with-the-other-volumes",
+        "data_size",
+        "8388607Ti",
+        "8388607.999Ti",
+        "data_size='8388607.999Ti' (dataset_bytes=None), checkpoint_size='4Gi' and output_size='2Gi' add up to "
+        "9223372043272060928 bytes of ephemeral-storage",
+    ),
+    (
+        "gpus",
+        "gpus",
+        _PRM_INT64,
+        _PRM_INT64 + 1,
+        "gpus=9223372036854775808 is too large: Kubernetes counts it in units as a 64-bit integer",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("field", "fits", "too_large", "message"), [c[1:] for c in PRM_EDGES], ids=[c[0] for c in PRM_EDGES]
+)
+def test_prm_quantities_fit_an_int64_as_kubernetes_counts_them(field, fits, too_large, message):
+    assert _prm_pod_value(_prm_pod(**{field: fits}), field) == fits
+    with pytest.raises(ValueError) as err:
+        _prm_pod(**{field: too_large})
+    assert message in str(err.value)
+
+
+def _prm_form_param(name: str):
+    from kubetrain.pipeline import common_params
+
+    return common_params(dataset_uri="s3://datasets/digits/", model="digits")[name]
+
+
+def _prm_python(name: str, value) -> Callable[[], object]:
+    """The Python side's check of a Param's value: the node selector's parser, else the pod's config."""
+    if name == "node_selector":
+        return _prm_selector(value)
+    return _prm_config(**{name: value})
+
+
+PRM_FORM = [
+    # (id, Param, value, the part of it refused)
+    ("selector-value-too-long", "node_selector", {"pool": "g" * 64}, "g" * 64),
+    ("selector-value-space", "node_selector", {"pool": "a100 spot"}, "a100 spot"),
+    ("selector-value-slash", "node_selector", {"pool": "gpu/a100"}, "gpu/a100"),
+    ("selector-value-leading-dash", "node_selector", {"pool": "-gpu"}, "-gpu"),
+    ("selector-value-non-ascii", "node_selector", {"zone": "zürich-1"}, "zürich-1"),
+    ("selector-value-trailing-newline", "node_selector", {"pool": "gpu\n"}, "gpu\n"),
+    ("selector-key-two-slashes", "node_selector", {"example.com/pool/x": "gpu"}, "example.com/pool/x"),
+    ("selector-key-name-over-63", "node_selector", {"n" * 64: "gpu"}, "n" * 64),
+    (
+        "toleration-key-space",
+        "tolerations",
+        [{"key": "spot instance", "operator": "Exists"}],
+        "spot instance",
+    ),
+    ("toleration-key-over-63", "tolerations", [{"key": "k" * 64, "operator": "Exists"}], "k" * 64),
+    ("toleration-value-slash", "tolerations", [{"key": "pool", "value": "gpu/a100"}], "gpu/a100"),
+    ("toleration-value-non-ascii", "tolerations", [{"key": "zone", "value": "zürich"}], "zürich"),
+    ("memory-far-past-int64", "memory", "99999999999999999999999Ti", "99999999999999999999999Ti"),
+    ("memory-8ei", "memory", "8388608Ti", "8388608Ti"),
+    ("cpu-millicores", "cpu", "9223372036854775808m", "9223372036854775808m"),
+    ("cpu-cores", "cpu", "9223372036854776", "9223372036854776"),
+    ("data-size-8ei", "data_size", "8388608Ti", "8388608Ti"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "refused"), [c[1:] for c in PRM_FORM], ids=[c[0] for c in PRM_FORM]
+)
+def test_prm_the_form_refuses_what_the_pod_spec_refuses(name, value, refused):
+    import jsonschema
+
+    param = _prm_form_param(name)
+    validator = jsonschema.Draft7Validator(param.schema)
+    assert validator.is_valid(param.value)  # the default stays valid
+    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    assert error is not None, f"the form takes {name}={value!r}"
+    assert error.message.startswith(repr(refused))
+    with pytest.raises(ValueError) as err:
+        _prm_python(name, value)()
+    assert f"{name.rstrip('s')}" in str(err.value) and repr(refused) in str(err.value)
+
+
+def _prm_record(field: str, url: str) -> dict:
+    """A run record as the record step writes it (tests/plugins/ui/training_records.py), holding ``url``."""
+    import importlib.util
+    from pathlib import Path
+
+    from kubetrain.ui.queries import record_ref
+
+    tests = next(p for p in Path(__file__).resolve().parents if p.name == "tests")
+    spec = importlib.util.spec_from_file_location(
+        "_prm_records", tests / "plugins" / "ui" / "training_records.py"
+    )
+    records = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(records)
+    record = records.make_record(run_id="manual__2026-03-02T08:00:00+00:00")
+    if field == "mlflow":
+        record["mlflow"] = {"experiment_id": "1", "run_id": "abc", "url": url}
+    else:
+        record["report_url"] = url
+    record["ref"] = record_ref(record)
+    return record
+
+
+def _prm_runs_page(field: str, url: str) -> str:
+    """The Training page's runs list (runs.html and its macros) with one run whose ``field`` holds ``url``."""
+    from kubetrain.ui.app import Links, templates
+    from kubetrain.ui.queries import RunFilter, RunsPage
+
+    base = "/kubetrain/training"
+    return (
+        templates()
+        .get_template("runs.html")
+        .render(
+            base=base,
+            links=Links(base),
+            models=["digits"],
+            section="runs",
+            model=None,
+            title="Training runs",
+            filt=RunFilter(),
+            page=RunsPage([_prm_record(field, url)], None, 1),
+            dags=["train_image_classifier"],
+            next_url=None,
+        )
+    )
+
+
+def _prm_sweep_report(url: str, kind: str) -> str:
+    """A sweep's leaderboard (report/sweep.html or .md) with one trial whose report_url is ``url``."""
+    from kubetrain.report.sweep import SweepReportInputs, render_html, render_markdown
+
+    inputs = SweepReportInputs(
+        plan={"objective": {"metric": "val_accuracy", "mode": "max"}},
+        trials=[{"trial": "trial-0", "status": "success", "report_url": url}],
+        best=None,
+    )
+    return (render_html if kind == "html" else render_markdown)(inputs, {})
+
+
+def _prm_rendered(where: str, url: str) -> str:
+    if where == "sweep.html":
+        return _prm_sweep_report(url, "html")
+    if where == "sweep.md":
+        return _prm_sweep_report(url, "md")
+    return _prm_runs_page(where, url)
+
+
+PRM_LINKS = [
+    # (id, where: a run's "report_url" or "mlflow" on the runs page, or a sweep report's trial, the label,
+    #  a stored value shown as text, a stored value linked)
+    (
+        "report-javascript",
+        "report_url",
+        "report",
+        "javascript:alert(document.domain)",
+        "/kubetrain/reports/train_image_classifier/training/runs/x/report/report.html",
+    ),
+    (
+        "mlflow-javascript",
+        "mlflow",
+        "MLflow",
+        "javascript:fetch('/x')",
+        "https://mlflow.example/#/experiments/1/runs/abc",
+    ),
+    (
+        "report-data",
+        "report_url",
+        "report",
+        "data:text/html,<script>alert(1)</script>",
+        "http://airflow.example/kubetrain/r",
+    ),
+    (
+        "mlflow-vbscript",
+        "mlflow",
+        "MLflow",
+        "vbscript:msgbox(1)",
+        "http://mlflow:5000/#/experiments/1/runs/abc",
+    ),
+    (
+        "report-leading-space",
+        "report_url",
+        "report",
+        " javascript:alert(1)",
+        "https://airflow.example/kubetrain/r",
+    ),
+    (
+        "mlflow-leading-control",
+        "mlflow",
+        "MLflow",
+        "\x01javascript:alert(1)",
+        "HTTPS://mlflow.example/runs/abc",
+    ),
+    ("report-tab-in-scheme", "report_url", "report", "java\tscript:alert(1)", "/kubetrain/reports/d/b/k"),
+    ("mlflow-newline-in-scheme", "mlflow", "MLflow", "java\nscript:alert(1)", "https://mlflow.example/"),
+    ("report-mixed-case", "report_url", "report", "JaVaScRiPt:alert(1)", "/kubetrain/reports/d/b/k?x=1"),
+    ("report-protocol-relative", "report_url", "report", "//evil.example/", "/kubetrain/training/"),
+    ("mlflow-backslash-host", "mlflow", "MLflow", "/\\evil.example/", "https://mlflow.example/runs/abc"),
+    ("report-scheme-without-host", "report_url", "report", "https:evil.example", "https://airflow.example/r"),
+    ("sweep-trial-javascript", "sweep.html", "report", "javascript:alert(1)", "/kubetrain/reports/d/b/t0"),
+    (
+        "sweep-trial-protocol-relative",
+        "sweep.html",
+        "report",
+        "//evil.example/x",
+        "https://airflow.example/r",
+    ),
+    ("sweep-markdown-javascript", "sweep.md", "report", "javascript:alert(1)", "/kubetrain/reports/d/b/t0"),
+]
+
+
+@pytest.mark.parametrize(
+    ("where", "label", "hostile", "fine"), [c[1:] for c in PRM_LINKS], ids=[c[0] for c in PRM_LINKS]
+)
+def test_prm_record_links_are_only_web_links(where, label, hostile, fine):
+    import re
+
+    from markupsafe import escape
+
+    page = _prm_rendered(where, hostile)
+    if where == "sweep.md":
+        assert f"({hostile})" not in page and "[report](" not in page
+        assert f"[report]({fine})" in _prm_rendered(where, fine)
+        return
+    hrefs = re.findall(r'href="([^"]*)"', page)
+    assert not [h for h in hrefs if hostile.strip() in h or "script" in h.lower() or h.startswith("//")], (
+        hrefs
+    )
+    # shown as text, the stored value only in the title
+    assert f'<span class="muted" title="not a web link: {escape(hostile)}">{label}</span>' in page
+    linked = _prm_rendered(where, fine)
+    assert re.search(rf'<a href="{re.escape(str(escape(fine)))}"[^>]*>{label}</a>', linked), linked
+
+
+# ==========================================================================================
+# Stopping rules: reports whose objective is not a finite number (issue #53 item 9)
+# ==========================================================================================
+#
+# A trainer's report may carry NaN (a diverged loss), an infinity or a value that is not a
+# number at all. The rule (trainer/sync/README.md, "ASHA and Hyperband" and "Median stopping"):
+# a report's position (its epoch) counts whether or not its value is usable; a value that is
+# not a finite number at a rung stops the trial there unranked, even when it is alone at the
+# rung, and is not counted among the trials ranked there; the median rule stops a trial none of
+# whose reports is usable, and otherwise ranks its best usable value.
+#
+# Each case runs the same trials, one after the other, twice: through the checkpoint-sync
+# sidecar's stopper (trainer/sync/asha.py or median.py, on an in-memory S3 that holds the rung
+# reports and the trial records as the sidecars and the Airflow side write them), and through
+# Optuna's pruner (a study of the same direction; SuccessiveHalvingPruner, HyperbandPruner or
+# MedianPruner with the same settings; each report given to trial.report at its step, then
+# trial.should_prune()). What our rule cannot use is handed to Optuna as NaN, Optuna's mark of a
+# report it cannot rank (Optuna itself ranks an infinity as a number and refuses a string). Both
+# must stop each trial at the report the table expects (None: the trial runs to its end).
+
+_ASHA_NAN = float("nan")
+_ASHA_INF = float("inf")
+_ASHA_N = _ASHA_NAN  # short, for the tables
+_ASHA_ETA2 = {"min_resource": 1, "reduction_factor": 2}
+# a study name whose Optuna brackets (a hash of the name and trial number) are, for trials 0 to 3,
+# the brackets kubetrain_contract.early_stop.hyperband_bracket gives them: 0, 1, 0, 2
+_ASHA_HYPERBAND = {
+    "min_resource": 1,
+    "reduction_factor": 3,
+    "max_resource": 9,
+    "study": "hyperband-60",
+    "brackets": [0, 1, 0, 2],
+}
+_ASHA_MEDIAN = {"min_trials": 2, "start_step": 2}
+
+# (rule, mode, settings, each trial's reports in order, the report each is stopped at or None)
+ASHA_CASES = [
+    pytest.param("asha", "max", {}, [[_ASHA_N] * 4], [1], id="asha-nan-from-the-first-epoch-alone"),
+    pytest.param(
+        "asha",
+        "max",
+        {},
+        [[0.5] * 4, [0.9, _ASHA_N, 0.95, 0.1]],
+        [None, None],
+        # rung 3 is its third report (0.95), not its third number (0.1 at report 4)
+        id="asha-nan-between-rungs-keeps-the-positions",
+    ),
+    pytest.param(
+        "asha", "max", {}, [[0.5] * 4, [0.9, 0.8, _ASHA_N, 0.95]], [None, 3], id="asha-nan-at-the-second-rung"
+    ),
+    pytest.param(
+        "asha", "max", {}, [[0.5] * 3, [_ASHA_INF, 0.9, 0.9]], [None, 1], id="asha-plus-inf-is-not-the-best"
+    ),
+    pytest.param("asha", "min", {}, [[_ASHA_INF, 0.3, 0.2]], [1], id="asha-inf-loss-alone-at-the-rung"),
+    pytest.param(
+        "asha", "max", {}, [[0.5] * 3, ["n/a", 0.9, 0.9]], [None, 1], id="asha-non-numeric-string-at-the-rung"
+    ),
+    pytest.param("asha", "max", {}, [[0.5] * 3, [None, 0.9, 0.9]], [None, 1], id="asha-null-at-the-rung"),
+    pytest.param(
+        "asha",
+        "max",
+        {},
+        [[0.5] * 3, ["0.7", "0.8", "0.9"]],
+        [None, None],
+        id="asha-numeric-strings-are-numbers",
+    ),
+    pytest.param(
+        "asha",
+        "max",
+        {},
+        [[0.5] * 4, [0.6, 0.6, 0.6, _ASHA_N, _ASHA_N, _ASHA_INF]],
+        [None, None],
+        id="asha-nan-only-after-the-last-rung",
+    ),
+    pytest.param(
+        "asha",
+        "max",
+        {},
+        [[0.5] * 2, [_ASHA_N, 0.9], [0.6] * 2, [0.4] * 2],
+        [None, 1, None, 1],
+        id="asha-one-of-several-nan-at-the-rung",
+    ),
+    pytest.param(
+        "asha",
+        "max",
+        _ASHA_ETA2,
+        [[_ASHA_N] * 2, [0.6] * 2, [0.4] * 2, [0.5] * 2],
+        # a NaN counted as the worst would make 4 ranked and promote the top 2, 0.5 among them
+        [1, None, 1, 1],
+        id="asha-a-nan-is-not-counted-among-the-ranked",
+    ),
+    pytest.param(
+        "asha",
+        "min",
+        {},
+        [[1.0, 0.9], [_ASHA_N, 0.1], [0.8, 0.7], [2.0, 1.5]],
+        [None, 1, None, 1],
+        id="asha-min-one-of-several-nan-at-the-rung",
+    ),
+    pytest.param(
+        "hyperband",
+        "max",
+        _ASHA_HYPERBAND,
+        [[0.5] * 4, [_ASHA_N] * 4, [_ASHA_N, 0.9, 0.9], [_ASHA_N] * 5],
+        # bracket 1's first rung is report 3, bracket 2's is report 9
+        [None, 3, 1, None],
+        id="hyperband-nan-at-each-brackets-first-rung",
+    ),
+    pytest.param(
+        "median",
+        "max",
+        _ASHA_MEDIAN,
+        [[0.5] * 4, [0.5] * 4, [_ASHA_N] * 4],
+        [None, None, 2],
+        id="median-nan-from-the-first-report",
+    ),
+    pytest.param(
+        "median",
+        "max",
+        _ASHA_MEDIAN,
+        [[0.5] * 4, [0.5] * 4, [0.1, _ASHA_N, 0.2, 0.2]],
+        # at report 2 its best is 0.1, below the median 0.5; not at its second number (report 3)
+        [None, None, 2],
+        id="median-nan-keeps-the-positions",
+    ),
+    pytest.param(
+        "median",
+        "max",
+        _ASHA_MEDIAN,
+        [[0.5] * 4, [0.5] * 4, [0.9, _ASHA_N, "n/a", _ASHA_INF]],
+        [None, None, None],
+        id="median-a-good-best-then-unusable-reports",
+    ),
+    pytest.param(
+        "median",
+        "min",
+        _ASHA_MEDIAN,
+        [[1.0] * 4, [1.0] * 4, [_ASHA_INF] * 4],
+        [None, None, 2],
+        id="median-min-inf-loss",
+    ),
+    pytest.param(
+        "median",
+        "max",
+        {"min_trials": 3, "start_step": 2},
+        [[0.5, _ASHA_N, 0.5, 0.5], [0.7] * 4, [0.3] * 4, [0.45] * 4],
+        [None, None, None, 2],
+        id="median-a-finished-trial-with-a-nan-report",
+    ),
+]
+
+
+class _AshaS3:
+    """The calls of trainer.sync.s3.S3 the stoppers make, on a dict of keys to bodies."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+
+    def list_objects(self, bucket: str, prefix: str):
+        import hashlib
+
+        for key in sorted(k for k in self.objects if k.startswith(prefix)):
+            yield {"Key": key, "ETag": f'"{hashlib.md5(self.objects[key]).hexdigest()}"'}
+
+    def get_bytes(self, bucket: str, key: str) -> bytes:
+        from trainer.sync.s3 import S3RequestError, S3Uri
+
+        if key not in self.objects:
+            raise S3RequestError(S3Uri(bucket, key), 404, "NoSuchKey")
+        return self.objects[key]
+
+    def put_bytes(self, bucket: str, key: str, data: bytes, **_) -> dict[str, str]:
+        self.objects[key] = bytes(data)
+        return {}
+
+
+def _asha_for_optuna(raw) -> float:
+    """What Optuna is told for a report: the number, or NaN where it is not a finite number."""
+    import math
+
+    if raw is None or isinstance(raw, bool):
+        return math.nan
+    try:
+        number = float(raw)
+    except (TypeError, ValueError):
+        return math.nan
+    return number if math.isfinite(number) else math.nan
+
+
+def _asha_optuna(rule: str, mode: str, settings: dict, trials: list[list]) -> tuple[list, list[int]]:
+    """Each trial's report at which Optuna's pruner prunes it (None: never), and its bracket."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if rule == "median":
+        pruner = optuna.pruners.MedianPruner(
+            n_startup_trials=settings["min_trials"], n_warmup_steps=settings["start_step"]
+        )
+    elif rule == "hyperband":
+        pruner = optuna.pruners.HyperbandPruner(
+            min_resource=settings["min_resource"],
+            max_resource=settings["max_resource"],
+            reduction_factor=settings["reduction_factor"],
+        )
+    else:
+        pruner = optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=settings.get("min_resource", 1), reduction_factor=settings.get("reduction_factor", 3)
+        )
+    study = optuna.create_study(
+        study_name=settings.get("study", "asha"),
+        direction="maximize" if mode == "max" else "minimize",
+        pruner=pruner,
+    )
+    pruned, brackets = [], []
+    for reports in trials:
+        trial = study.ask()
+        at = None
+        for step, raw in enumerate(reports, 1):
+            trial.report(_asha_for_optuna(raw), step)
+            if trial.should_prune():
+                at = step
+                break
+        # Optuna has no public way to tell a trial's bracket; the table checks it is the one expected
+        brackets.append(pruner._get_bracket_id(study, trial) if rule == "hyperband" else 0)
+        # the objective's final value is no pruner's business; a finite one keeps the trial COMPLETE
+        study.tell(
+            trial, 0.0 if at is None else None, state=None if at is None else optuna.trial.TrialState.PRUNED
+        )
+        pruned.append(at)
+    return pruned, brackets
+
+
+def _asha_ours(
+    tmp_path, rule: str, mode: str, settings: dict, trials: list[list], brackets: list[int]
+) -> list:
+    """Each trial's report at which its checkpoint-sync sidecar's stopper stops it (None: never)."""
+    import json
+
+    from trainer.sync.asha import RungRule, RungStopper
+    from trainer.sync.median import MedianRule, MedianStopper
+    from trainer.sync.s3 import parse_s3_uri
+
+    s3 = _AshaS3()
+    records = parse_s3_uri("s3://training/sweep/sweep/trials/")
+    stopped = []
+    for number, reports in enumerate(trials):
+        out, ck = tmp_path / str(number) / "out", tmp_path / str(number) / "ck"
+        out.mkdir(parents=True)
+        ck.mkdir()
+        where = {
+            "run": parse_s3_uri(f"s3://training/sweep/trials/{number}"),
+            "trials": records,
+            "output_dir": out,
+            "stop_file": ck / ".kubetrain-stop",
+        }
+        if rule == "median":
+            median = MedianRule("score", mode, settings["min_trials"], settings["start_step"])
+            stopper = MedianStopper(s3, median, **where)
+        else:
+            rung_rule = RungRule(
+                "score",
+                mode,
+                min_resource=settings.get("min_resource", 1),
+                reduction_factor=settings.get("reduction_factor", 3),
+                bracket=brackets[number],
+                brackets=3 if rule == "hyperband" else 1,
+                name=rule,
+            )
+            rungs = parse_s3_uri("s3://training/sweep/sweep/rungs/")
+            stopper = RungStopper(s3, rung_rule, trial=number, rungs=rungs, **where)
+        at, lines = None, []
+        for step, raw in enumerate(reports, 1):
+            # as a Python trainer appends them: json.dumps writes NaN and Infinity as such
+            lines.append(json.dumps({"step": step, "score": raw}) + "\n")
+            (out / "metrics.jsonl").write_text("".join(lines))
+            if stopper.check() is not None:
+                at = step
+                break
+        # the trial's record, as the Airflow side writes it when the trial ends (NaN kept)
+        record = {
+            "kind": "kubetrain/sweep-trial",
+            "number": number,
+            "status": "success",
+            "stopped_early": at is not None,
+            "history": [{"step": s, "score": r} for s, r in enumerate(reports[: at or len(reports)], 1)],
+        }
+        s3.objects[f"{records.key}{number}.json"] = json.dumps(record).encode()
+        stopped.append(at)
+    return stopped
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")  # Optuna's nanmax of NaNs
+@pytest.mark.parametrize(("rule", "mode", "settings", "trials", "expected"), ASHA_CASES)
+def test_hostile_report_values(tmp_path, rule, mode, settings, trials, expected):
+    pytest.importorskip("optuna")
+    optuna_stops, brackets = _asha_optuna(rule, mode, settings, trials)
+    assert brackets == settings.get("brackets", [0] * len(trials))
+    ours = _asha_ours(tmp_path, rule, mode, settings, trials, brackets)
+    assert (ours, optuna_stops) == (expected, expected)
