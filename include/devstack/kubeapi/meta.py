@@ -342,6 +342,16 @@ _register(
         ("create",),
     )
 )
+_register(
+    Resource(
+        "selfsubjectrulesreviews",
+        "SelfSubjectRulesReview",
+        "authorization.k8s.io",
+        "v1",
+        False,
+        ("create",),
+    )
+)
 
 GROUPS = {
     "batch": "v1",
@@ -353,7 +363,8 @@ GROUPS = {
 SERVED_SUMMARY = (
     "pods, pods/log, pods/exec, pods/attach (output only), events, secrets, configmaps, namespaces, nodes, services (headless), "
     "serviceaccounts, jobs.batch, roles, rolebindings, clusterroles and clusterrolebindings "
-    "(rbac.authorization.k8s.io), selfsubjectaccessreviews.authorization.k8s.io and "
+    "(rbac.authorization.k8s.io), selfsubjectaccessreviews and selfsubjectrulesreviews "
+    "(authorization.k8s.io) and "
     "customresourcedefinitions.apiextensions.k8s.io (read-only, none defined)"
 )
 

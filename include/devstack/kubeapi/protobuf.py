@@ -33,8 +33,9 @@ PACKAGES = {
     "meta.k8s.io/v1": "k8s.io.apimachinery.pkg.apis.meta.v1",
     "authorization.k8s.io/v1": "k8s.io.api.authorization.v1",
 }
-# `kubectl auth can-i` sends a SelfSubjectAccessReview as protobuf: its messages, as k8s.io/api's
-# authorization/v1/generated.proto numbers their fields (the selector fields, alpha, left out)
+# `kubectl auth can-i` sends a SelfSubjectAccessReview (and with --list a SelfSubjectRulesReview) as protobuf:
+# their messages, as k8s.io/api's authorization/v1/generated.proto numbers their fields (the selector fields,
+# alpha, left out)
 AUTHORIZATION_MESSAGES = {
     "SelfSubjectAccessReview": [
         ("metadata", 1, ".k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta"),
@@ -52,6 +53,26 @@ AUTHORIZATION_MESSAGES = {
         )
     ],
     "NonResourceAttributes": [("path", 1, "string"), ("verb", 2, "string")],
+    # `kubectl auth can-i --list` sends a SelfSubjectRulesReview
+    "SelfSubjectRulesReview": [
+        ("metadata", 1, ".k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta"),
+        ("spec", 2, ".k8s.io.api.authorization.v1.SelfSubjectRulesReviewSpec"),
+        ("status", 3, ".k8s.io.api.authorization.v1.SubjectRulesReviewStatus"),
+    ],
+    "SelfSubjectRulesReviewSpec": [("namespace", 1, "string")],
+    "SubjectRulesReviewStatus": [
+        ("resourceRules", 1, "repeated .k8s.io.api.authorization.v1.ResourceRule"),
+        ("nonResourceRules", 2, "repeated .k8s.io.api.authorization.v1.NonResourceRule"),
+        ("incomplete", 3, "bool"),
+        ("evaluationError", 4, "string"),
+    ],
+    "ResourceRule": [
+        ("verbs", 1, "repeated string"),
+        ("apiGroups", 2, "repeated string"),
+        ("resources", 3, "repeated string"),
+        ("resourceNames", 4, "repeated string"),
+    ],
+    "NonResourceRule": [("verbs", 1, "repeated string"), ("nonResourceURLs", 2, "repeated string")],
     "SubjectAccessReviewStatus": [
         ("allowed", 1, "bool"),
         ("reason", 2, "string"),
@@ -108,8 +129,14 @@ def _pool():
     for message, fields in AUTHORIZATION_MESSAGES.items():
         proto = authorization.message_type.add(name=message)
         for name, number, kind in fields:
+            repeated = kind.startswith("repeated ")
+            kind = kind.removeprefix("repeated ")
             field = proto.field.add(
-                name=name, number=number, label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL
+                name=name,
+                number=number,
+                label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
+                if repeated
+                else descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
             )
             if kind in scalar:
                 field.type = scalar[kind]

@@ -16,6 +16,8 @@
 * The bootstrap roles of every cluster: ``cluster-admin`` for group ``system:masters``,
   ``system:discovery`` and ``system:basic-user`` (SelfSubjectAccessReview) for every authenticated
   user, ``system:public-info-viewer`` (/version, /healthz) for everyone.
+* **Listed**: ``Authorizer.rules_for`` gives the rules a user holds in a namespace, from the same bindings
+  (SelfSubjectRulesReview, ``kubectl auth can-i --list``).
 """
 
 from __future__ import annotations
@@ -238,6 +240,56 @@ class Authorizer:
                     if any(rule_allows(r, attrs) for r in rules):
                         return True
         return False
+
+    def rules_for(self, identity: Identity, namespace: str) -> tuple[list[dict], list[dict], str]:
+        """What the identity may do in ``namespace``, as kube-apiserver's RBAC rule resolver lists it for a
+        SelfSubjectRulesReview: the rules of every ClusterRoleBinding, then of every RoleBinding in the
+        namespace, that names the identity, each rule as a ResourceRule and/or a NonResourceRule (not merged:
+        kubectl compacts them), and the errors of roles that could not be read (the review's
+        ``evaluationError``)."""
+        resource_rules: list[dict] = []
+        non_resource_rules: list[dict] = []
+        errors: list[str] = []
+
+        def visit(binding: dict, binding_ns: str | None) -> None:
+            if not any(subject_matches(s, identity) for s in binding.get("subjects") or []):
+                return
+            ref = binding.get("roleRef") or {}
+            kind, name = ref.get("kind"), ref.get("name", "")
+            if kind == "ClusterRole":
+                role = self.store.get("clusterroles", "", name)
+            elif kind == "Role" and binding_ns:
+                role = self.store.get("roles", binding_ns, name)
+            else:
+                role = None
+            if role is None:
+                errors.append(f'{(kind or "").lower()}.{RBAC_GROUP} "{name}" not found')
+                return
+            for rule in role.get("rules") or []:
+                if rule.get("resources"):
+                    out = {
+                        "verbs": list(rule.get("verbs") or []),
+                        "apiGroups": list(rule.get("apiGroups") or []),
+                        "resources": list(rule["resources"]),
+                    }
+                    if rule.get("resourceNames"):
+                        out["resourceNames"] = list(rule["resourceNames"])
+                    resource_rules.append(out)
+                if rule.get("nonResourceURLs"):
+                    non_resource_rules.append(
+                        {
+                            "verbs": list(rule.get("verbs") or []),
+                            "nonResourceURLs": list(rule["nonResourceURLs"]),
+                        }
+                    )
+
+        for binding in self.store.list("clusterrolebindings", None):
+            visit(binding, None)
+        if namespace:
+            for binding in self.store.list("rolebindings", namespace):
+                visit(binding, namespace)
+        error = errors[0] if len(errors) == 1 else (f"[{', '.join(errors)}]" if errors else "")
+        return resource_rules, non_resource_rules, error
 
 
 def forbidden_message(identity: Identity, attrs: Attributes) -> str:

@@ -277,6 +277,8 @@ class Api:
         dry = "All" in q.getall("dryRun", [])
         if method == "POST" and res.name == "selfsubjectaccessreviews":
             return self.access_review(request, body)
+        if method == "POST" and res.name == "selfsubjectrulesreviews":
+            return self.rules_review(request, body)
         if method == "POST" and sub == "eviction":
             return self.evict(ns, name, body, dry)
         if method == "POST":
@@ -407,6 +409,33 @@ class Api:
             "apiVersion": "authorization.k8s.io/v1",
             "metadata": {"creationTimestamp": None},
             "spec": spec,
+            "status": status,
+        }
+        return _json(out, 201)
+
+    def rules_review(self, request: web.Request, body) -> web.Response:
+        """SelfSubjectRulesReview (``kubectl auth can-i --list``): every rule the asking user's RBAC
+        bindings grant in ``spec.namespace``, from the evaluator that authorizes requests, as kube-apiserver
+        lists them."""
+        if not isinstance(body, dict) or body.get("kind") not in (None, "SelfSubjectRulesReview"):
+            raise bad_request(f"not a SelfSubjectRulesReview: {body!r}")
+        spec = body.get("spec") if isinstance(body.get("spec"), dict) else {}
+        namespace = spec.get("namespace") or ""
+        if not namespace:
+            raise bad_request("no namespace on request")
+        resource_rules, non_resource_rules, error = self.authorizer.rules_for(request["identity"], namespace)
+        status: dict = {
+            "resourceRules": resource_rules,
+            "nonResourceRules": non_resource_rules,
+            "incomplete": False,
+        }
+        if error:
+            status["evaluationError"] = error
+        out = {
+            "kind": "SelfSubjectRulesReview",
+            "apiVersion": "authorization.k8s.io/v1",
+            "metadata": {"creationTimestamp": None},
+            "spec": {},
             "status": status,
         }
         return _json(out, 201)
@@ -635,9 +664,9 @@ class Api:
             return self.create_pod_object(obj, dry=dry), warnings
         if res.name == "jobs":
             obj.pop("status", None)
+            v.default_job(obj)  # defaulting (at decode), then mutating admission, then validation
             if self.kueue is not None:
                 self.kueue.mutate_job(obj)
-            v.default_job(obj)
             v.validate_job(obj)
             if dry:
                 return obj, warnings

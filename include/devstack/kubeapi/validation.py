@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from decimal import Decimal, InvalidOperation
@@ -186,8 +187,41 @@ def validate_pod(pod: dict) -> None:
         req(causes, "spec")
         raise invalid("Pod", meta.get("name", ""), causes)
     validate_pod_spec(causes, spec, "spec")
+    if spec.get("ephemeralContainers"):
+        causes.append(
+            ("spec.ephemeralContainers", "FieldValueForbidden", "Forbidden: cannot be set on create")
+        )
     if causes:
         raise invalid("Pod", meta.get("name", ""), causes)
+
+
+def validate_security_context(causes: Causes, sc: object, path: str) -> None:
+    """kube-apiserver's ValidateSecurityContext: no_new_privs (allowPrivilegeEscalation: false) cannot hold
+    for a privileged container, nor for one given CAP_SYS_ADMIN. Validation, so it applies in every namespace,
+    before (and whatever) Pod Security admission decides."""
+    if not isinstance(sc, dict) or sc.get("allowPrivilegeEscalation") is not False:
+        return
+    shown = json.dumps(sc, separators=(",", ":"), sort_keys=True)
+    if sc.get("privileged") is True:
+        causes.append(
+            (
+                f"{path}.securityContext",
+                "FieldValueInvalid",
+                f"Invalid value: {shown}: cannot set `allowPrivilegeEscalation` to false and "
+                "`privileged` to true",
+            )
+        )
+    caps = sc.get("capabilities")
+    for cap in (caps.get("add") or []) if isinstance(caps, dict) else []:
+        if cap == "CAP_SYS_ADMIN":
+            causes.append(
+                (
+                    f"{path}.securityContext",
+                    "FieldValueInvalid",
+                    f"Invalid value: {shown}: cannot set `allowPrivilegeEscalation` to false and "
+                    "`capabilities.Add` CAP_SYS_ADMIN",
+                )
+            )
 
 
 def validate_pod_spec(causes: Causes, spec: dict, path: str) -> None:
@@ -221,6 +255,11 @@ def validate_pod_spec(causes: Causes, spec: dict, path: str) -> None:
             validate_container(
                 causes, c, f"{path}.{field}[{i}]", volumes, names, init=field == "initContainers"
             )
+    # ephemeral containers are added through pods/ephemeralcontainers (not served here), but their security
+    # context is validated wherever they appear, as kube-apiserver's validateContainerCommon does
+    for i, c in enumerate(spec.get("ephemeralContainers") or []):
+        if isinstance(c, dict):
+            validate_security_context(causes, c.get("securityContext"), f"{path}.ephemeralContainers[{i}]")
     grace = spec.get("terminationGracePeriodSeconds")
     if grace is not None and (not isinstance(grace, int) or grace < 0):
         bad(causes, f"{path}.terminationGracePeriodSeconds", grace, "must be greater than or equal to 0")
@@ -269,6 +308,7 @@ def validate_container(
         names.add(name)
     if not (c.get("image") or "").strip():
         req(causes, f"{path}.image")
+    validate_security_context(causes, c.get("securityContext"), path)
     rp = c.get("restartPolicy")
     if rp is not None and (not init or rp != "Always"):
         if init:
@@ -465,17 +505,31 @@ def check_immutable_meta(old: dict, new: dict, kind: str, group: str = "") -> No
 
 
 def default_job(job: dict) -> None:
+    """batch/v1's SetDefaults_Job: a Job that sets neither completions nor parallelism runs one pod to one
+    completion; an Indexed Job without completions is left without, for validation to refuse."""
     spec = job.setdefault("spec", {})
-    spec.setdefault("parallelism", 1)
-    if spec.get("completions") is None and spec.get("completionMode") == "Indexed":
-        spec["completions"] = spec["parallelism"]
-    spec.setdefault("backoffLimit", 6)
-    spec.setdefault("completionMode", "NonIndexed")
-    spec.setdefault("suspend", False)
-    spec.setdefault("manualSelector", None)
-    if spec["manualSelector"] is None:
-        del spec["manualSelector"]
-    spec.setdefault("podReplacementPolicy", "TerminatedOrFailed")
+    if spec.get("completions") is None and spec.get("parallelism") is None:
+        spec["completions"] = 1
+        spec["parallelism"] = 1
+    if spec.get("parallelism") is None:
+        spec["parallelism"] = 1
+    if spec.get("backoffLimit") is None:
+        spec["backoffLimit"] = 2147483647 if spec.get("backoffLimitPerIndex") is not None else 6
+    template = spec.get("template") if isinstance(spec.get("template"), dict) else {}
+    template_labels = (template.get("metadata") or {}).get("labels")
+    meta = job.setdefault("metadata", {})
+    if template_labels and not meta.get("labels"):
+        meta["labels"] = dict(template_labels)
+    if spec.get("completionMode") is None:
+        spec["completionMode"] = "NonIndexed"
+    if spec.get("suspend") is None:
+        spec["suspend"] = False
+    if spec.get("podReplacementPolicy") is None:
+        spec["podReplacementPolicy"] = (
+            "Failed" if spec.get("podFailurePolicy") is not None else "TerminatingOrFailed"
+        )
+    if spec.get("manualSelector") is None:
+        spec["manualSelector"] = False
     template = spec.setdefault("template", {})
     template.setdefault("metadata", {})
     default_pod_spec(template.setdefault("spec", {}))
@@ -532,6 +586,14 @@ def validate_job(job: dict) -> None:
         if policy not in ("OnFailure", "Never"):
             unsupported(causes, "spec.template.spec.restartPolicy", policy, ("OnFailure", "Never"))
         validate_pod_spec(causes, tspec, "spec.template.spec")
+        if tspec.get("ephemeralContainers"):
+            causes.append(
+                (
+                    "spec.template.spec.ephemeralContainers",
+                    "FieldValueForbidden",
+                    "Forbidden: ephemeral containers not allowed in pod template",
+                )
+            )
     if causes:
         raise invalid("Job", name, causes, "batch")
 
