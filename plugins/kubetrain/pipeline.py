@@ -91,8 +91,58 @@ def schedule(dataset_uri: str, cron_env: str, default_cron: str | None):
     return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=[asset])
 
 
+def form_dataset_prefixes(narrowed: Sequence[str] = ()) -> tuple[str, ...]:
+    """The dataset prefixes the trigger form can know at parse time: the DAG's own, else the environment's.
+
+    The deployment's setting is the Variable ``kubetrain_dataset_prefixes``, else the environment
+    variable ``KUBETRAIN_DATASET_PREFIXES``, else the whole datasets bucket; a DAG file reads no Variable
+    when it is parsed (STYLE.md rule 4), so the form takes the environment's value, and the stage task
+    (:meth:`StageDatasetOperator.check_source`), which reads the Variable too, stays the authority.
+
+    :param narrowed: the DAG's own prefixes (the stage task's ``allowed_prefixes``), each within the
+        deployment's.
+    """
+    import os
+
+    from kubetrain.settings import SETTINGS, parse_list
+
+    if narrowed:
+        return tuple(narrowed)
+    prefixes, bucket = SETTINGS["dataset_prefixes"], SETTINGS["datasets_bucket"]
+    allowed = parse_list(prefixes.name, os.environ.get(prefixes.env, prefixes.default))
+    return allowed or (f"s3://{(os.environ.get(bucket.env) or bucket.default).strip()}/",)
+
+
+def dataset_uri_pattern(prefixes: Sequence[str]) -> str:
+    """A JSON-schema pattern that accepts the dataset URIs under ``prefixes`` as the stage task's check does.
+
+    The check of ``'.'`` and ``'..'`` segments and of the training bucket's own areas stays the stage
+    task's. ``s3://b/p/`` takes ``s3://b/p``, ``s3://b/p/...``; ``s3://b/`` takes the whole bucket. Only the
+    characters that are special in both Python's and JavaScript's regular expressions are escaped, so
+    the trigger form's checker and the API server's read the pattern alike.
+    """
+
+    def escaped(text: str) -> str:
+        return "".join("\\" + c if c in "\\^$.|?*+()[]{}" else c for c in text)
+
+    alternatives = []
+    for prefix in prefixes:
+        bucket, _, key = prefix.strip().removeprefix("s3://").partition("/")
+        path = f"{bucket}/{key.strip('/')}" if key.strip("/") else bucket
+        alternatives.append(escaped(f"s3://{path}"))
+    # A value that is no s3:// URI at all passes here: the format refuses it, in words.
+    return f"^(?!s3://)|^({'|'.join(alternatives)})(/|$)"
+
+
 def common_params(
-    *, dataset_uri: str, model: str, gpus: int = 1, cpu: str = "2", memory: str = "4Gi", **params: Param
+    *,
+    dataset_uri: str,
+    model: str,
+    gpus: int = 1,
+    cpu: str = "2",
+    memory: str = "4Gi",
+    dataset_prefixes: Sequence[str] = (),
+    **params: Param,
 ) -> dict[str, Param]:
     """Params that every training DAG has (dataset, model name, resources, cluster, promotion), and the DAG's own.
 
@@ -107,15 +157,23 @@ def common_params(
     :param gpus: default GPUs per training pod.
     :param cpu: default CPU request and limit.
     :param memory: default memory request and limit.
+    :param dataset_prefixes: the DAG's own dataset prefixes, as given to its stage task's ``allowed_prefixes``
+        (default: the deployment's, from the environment: :func:`form_dataset_prefixes`); the form refuses
+        a dataset outside them.
     :param params: the DAG's own Params, e.g. ``epochs=Param(5, type="integer", section="Training")``.
     """
+    prefixes = form_dataset_prefixes(dataset_prefixes)
     common = {
         "dataset_uri": Param(
             dataset_uri,
             type="string",
             format=S3_URI,
+            pattern=dataset_uri_pattern(prefixes),
             title="Dataset",
-            description="S3 prefix (s3://bucket/prefix/) or single archive (s3://bucket/data.zip) to train on.",
+            description="S3 prefix (s3://bucket/prefix/) or single archive (s3://bucket/data.zip) to train on, "
+            f"under {' or '.join(prefixes)}. The form knows the deployment's prefixes from the environment "
+            "(KUBETRAIN_DATASET_PREFIXES, else the datasets bucket); the stage task checks the dataset again "
+            "against the kubetrain_dataset_prefixes Variable where one is set.",
             section="Data",
         ),
         "model_name": Param(
@@ -294,16 +352,25 @@ def training_pipeline(
         :class:`~kubetrain.operators.distributed.DistributedTrainingOperator` (several workers).
     :param train_kwargs: more arguments of ``train_operator``.
     """
-    # A run that fails in training, report or promotion is recorded too (status failed, the error).
+    # A run that fails at any step is recorded too (status failed, the failed task, its error): by a
+    # failure callback, which has the task's exception in its context, rather than by a record task that
+    # runs when upstream failed (it could not read the error and, the only leaf, would turn the failed DAG
+    # run green by succeeding). The record task stays all_success, so a failed step leaves the run failed.
     record_failure = RecordFailedRun(stage_task_id="stage_dataset", check_task_id="check_new")
     own_callbacks = train_kwargs.pop("on_failure_callback", None) or []
     own_callbacks = list(own_callbacks) if isinstance(own_callbacks, list | tuple) else [own_callbacks]
-    stage = StageDatasetOperator(task_id="stage_dataset", source_uri="{{ params.dataset_uri }}", outlets=[])
+    stage = StageDatasetOperator(
+        task_id="stage_dataset",
+        source_uri="{{ params.dataset_uri }}",
+        outlets=[],
+        on_failure_callback=[record_failure],
+    )
     dag = native_dag(stage, "training_pipeline")
     check = SkipIfTrainedOperator(
         task_id="check_new",
         dataset_version=stage.output["version"],
         image="{{ params.image or '' }}",
+        on_failure_callback=[record_failure],
     )
     train = train_operator(
         task_id="train",

@@ -324,7 +324,7 @@ def test_bad_params_are_refused_before_any_pod_starts(airflow, core, digits):
     assert training_pods(core, "train_image_classifier") == []
 
 
-def test_missing_dataset_fails_in_staging_with_the_uri(airflow, core):
+def test_missing_dataset_fails_in_staging_with_the_uri(airflow, core, s3):
     uri = "s3://datasets/no-such-dataset/"
     run = airflow.dags_test(
         "train_image_classifier", {"dataset_uri": uri, "model_name": "e2e-missing"}, **FAST
@@ -334,6 +334,38 @@ def test_missing_dataset_fails_in_staging_with_the_uri(airflow, core):
     assert states["stage_dataset"] == "failed" and states["train"] in ("upstream_failed", None)
     assert uri in run.output
     assert training_pods(core, "train_image_classifier") == []
+    assert_recorded_as_failed(s3, run, "stage_dataset", f"nothing to stage at {uri}")
+
+
+def test_a_dataset_outside_the_prefixes_fails_in_one_line_and_is_recorded(airflow, core, s3):
+    """The form knows the environment's prefixes; a Variable narrower than them is the stage task's to apply."""
+    uri = "s3://datasets/digits-elsewhere/"
+    run = airflow.dags_test(
+        "train_image_classifier",
+        {"dataset_uri": uri, "model_name": "e2e-refused"},
+        AIRFLOW_VAR_KUBETRAIN_DATASET_PREFIXES="s3://datasets/team-a/",
+        **FAST,
+    )
+    assert run.state() == "failed"
+    states = run.task_states()
+    assert states["stage_dataset"] == "failed" and states["record"] in ("upstream_failed", None)
+    assert run.try_numbers("stage_dataset") == 1  # refused once, never retried
+    assert training_pods(core, "train_image_classifier") == []
+    assert_recorded_as_failed(
+        s3, run, "stage_dataset", f"dataset '{uri}' is outside the deployment's dataset prefixes"
+    )
+
+
+def assert_recorded_as_failed(s3, run, step: str, reason: str) -> None:
+    """The task log has the reason in one line, no traceback; the run record says failed, where and why."""
+    assert reason in run.output and "Traceback" not in run.output
+    from kubetrain.s3_layout import S3Layout
+
+    layout = S3Layout()
+    record = read_json(s3, layout.run_record_key(layout.run(run.dag_id, run.run_id)))
+    assert record["status"] == "failed"
+    assert record["failure"]["task"] == step and reason in record["failure"]["error"]
+    assert record["promotion"]["promoted"] is False and record["metrics"]["value"] is None
 
 
 if __name__ == "__main__":

@@ -118,8 +118,8 @@ def test_a_bad_dataset_uri_is_refused_in_words_where_the_api_server_checks_it():
         Exception, match=r"Invalid input for param dataset_uri: 'datasets/digits' is not a 'S3 URI"
     ) as api:
         served.validate()
-    for error in (sdk.value, api.value):
-        assert "^s3://" not in str(error) and "pattern" not in str(error)
+    for error in (sdk.value, api.value):  # refused by the format, in words, not by the prefixes' pattern
+        assert "Failed validating 'format'" in str(error) and "does not match" not in str(error)
     served.deep_merge({"dataset_uri": "s3://datasets/digits/"}).validate()
 
 
@@ -127,3 +127,65 @@ def _serialized(param: Param):
     from airflow.serialization.definitions.param import SerializedParam
 
     return SerializedParam(param.value, param.description, **param.schema)
+
+
+@pytest.mark.parametrize(
+    ("prefixes", "narrowed", "uri", "ok"),
+    [
+        ("", (), "s3://datasets/digits/", True),
+        ("", (), "s3://datasets/", True),
+        ("", (), "s3://other/digits/", False),
+        ("", (), "s3://datasets-old/digits/", False),
+        ("s3://datasets/team-a/", (), "s3://datasets/team-a/digits.zip", True),
+        ("s3://datasets/team-a/", (), "s3://datasets/team-a", True),
+        ("s3://datasets/team-a/", (), "s3://datasets/team-ab/digits/", False),
+        ("s3://datasets/team-a/", (), "s3://datasets/digits/", False),
+        ("s3://datasets/team-a/, s3://shared/x.y", (), "s3://shared/x.y/z", True),
+        ("s3://datasets/team-a/, s3://shared/x.y", (), "s3://shared/xzy/z", False),
+        ("", ("s3://datasets/digits/",), "s3://datasets/digits/v2/", True),
+        ("", ("s3://datasets/digits/",), "s3://datasets/mnist/", False),
+    ],
+)
+def test_the_form_refuses_a_dataset_outside_the_environments_prefixes(
+    monkeypatch, prefixes, narrowed, uri, ok
+):
+    """The same rule as the stage task's check (kubetrain.s3_layout.check_dataset_source), at the form."""
+    from airflow.sdk.exceptions import ParamValidationError
+
+    from kubetrain.s3_layout import check_dataset_source
+
+    monkeypatch.setenv("KUBETRAIN_DATASET_PREFIXES", prefixes)
+    monkeypatch.delenv("KUBETRAIN_DATASETS_BUCKET", raising=False)
+    params = common_params(dataset_uri="s3://datasets/digits/", model="m", dataset_prefixes=narrowed)
+    allowed = [p.strip() for p in prefixes.split(",") if p.strip()] or ["s3://datasets/"]
+    try:
+        check_dataset_source(uri, allowed=allowed, training_bucket="training", narrowed=narrowed)
+        stage_ok = True
+    except ValueError:
+        stage_ok = False
+    assert stage_ok is ok or narrowed  # narrowed prefixes outside the deployment's are the stage's to refuse
+    served = SerializedParamsDict({k: _serialized(v) for k, v in params.items()}).deep_merge(
+        {"dataset_uri": uri}
+    )
+    if ok:
+        assert params["dataset_uri"].resolve(uri) == uri
+        served.validate()
+    else:
+        with pytest.raises(ParamValidationError):
+            params["dataset_uri"].resolve(uri)
+        with pytest.raises(Exception, match="Invalid input for param dataset_uri"):
+            served.validate()
+
+
+def test_the_dataset_param_says_which_prefixes_the_form_knows_and_who_decides(monkeypatch):
+    monkeypatch.setenv("KUBETRAIN_DATASET_PREFIXES", "s3://datasets/team-a/,s3://shared/")
+    description = common_params(dataset_uri="s3://datasets/team-a/x/", model="m")["dataset_uri"].description
+    assert "under s3://datasets/team-a/ or s3://shared/" in description
+    assert (
+        "KUBETRAIN_DATASET_PREFIXES" in description and "kubetrain_dataset_prefixes Variable" in description
+    )
+    monkeypatch.delenv("KUBETRAIN_DATASET_PREFIXES")
+    monkeypatch.setenv("KUBETRAIN_DATASETS_BUCKET", "corp-data")
+    params = common_params(dataset_uri="s3://corp-data/x/", model="m")
+    assert "under s3://corp-data/" in params["dataset_uri"].description
+    assert params["dataset_uri"].resolve("s3://corp-data/y/") == "s3://corp-data/y/"

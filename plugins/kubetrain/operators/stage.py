@@ -5,15 +5,43 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Asset
+from airflow.sdk import Asset, ExceptionRetryPolicy, RetryAction, RetryRule
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from kubetrain.manifest import build_manifest, dataset_name_from_uri, list_source_objects
+from kubetrain.manifest import (
+    DatasetNotFoundError,
+    build_manifest,
+    dataset_name_from_uri,
+    list_source_objects,
+)
 from kubetrain.operators.base import RunStoreOperator
 from kubetrain.s3_layout import check_dataset_source, check_name, parse_s3_uri
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+
+class StageFailed(SystemExit):
+    """The stage task's end on a bad dataset: one line in the task log, no traceback.
+
+    Airflow 3.3's task runner logs every exception a task raises with its traceback (``Task failed with
+    exception``), AirflowFailException included, and ``raise ... from None`` only drops the chained cause;
+    a ``SystemExit`` it logs as one line, ``Task exited``. So the operator logs the sentence itself and
+    ends with this exception, which carries the sentence to the failure callbacks (the run record's
+    reason). Whether it is retried is the task's ``retry_policy``: a :class:`DatasetRefused` never is.
+    tests/e2e/test_training_dags.py fails when the runner starts logging a traceback for it.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(1)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class DatasetRefused(StageFailed):
+    """A dataset outside the allowed prefixes: it will not change on a retry."""
 
 
 def dataset_asset(source_uri: str) -> Asset:
@@ -65,6 +93,11 @@ class StageDatasetOperator(RunStoreOperator):
         # A literal URI names its Asset at parse time; a templated one needs explicit outlets.
         if "outlets" not in kwargs and "{{" not in source_uri:
             kwargs["outlets"] = [dataset_asset(source_uri)]
+        # A refused dataset fails at once; any other failure keeps the task's retries.
+        kwargs.setdefault(
+            "retry_policy",
+            ExceptionRetryPolicy(rules=[RetryRule(exception=DatasetRefused, action=RetryAction.FAIL)]),
+        )
         super().__init__(multiple_outputs=multiple_outputs, **kwargs)
         self.source_uri = source_uri
         self.dataset = dataset
@@ -90,11 +123,19 @@ class StageDatasetOperator(RunStoreOperator):
             raise AirflowFailException(str(exc)) from None
 
     def execute(self, context: Context) -> dict[str, Any]:
-        self.check_source()
+        try:
+            self.check_source()
+        except AirflowFailException as exc:
+            self.log.error("%s", exc)
+            raise DatasetRefused(str(exc)) from None
         dataset = (
             check_name("dataset", self.dataset) if self.dataset else dataset_name_from_uri(self.source_uri)
         )
-        source, objects = list_source_objects(self.store, self.source_uri)
+        try:
+            source, objects = list_source_objects(self.store, self.source_uri)
+        except DatasetNotFoundError as exc:  # a bad value too: one line (retried: the data may yet land)
+            self.log.error("%s", exc)
+            raise StageFailed(str(exc)) from None
         manifest = build_manifest(dataset, source, objects)
         version = manifest["version"]
         manifest_uri = self.store.layout.manifest_uri(dataset, version)

@@ -9,8 +9,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowSkipException
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
-from kubetrain.manifest import DatasetNotFoundError
-from kubetrain.operators.stage import StageDatasetOperator, dataset_asset
+from kubetrain.operators.stage import DatasetRefused, StageDatasetOperator, StageFailed, dataset_asset
 
 
 @pytest.fixture
@@ -99,9 +98,27 @@ def test_a_changed_dataset_gets_a_new_version_and_keeps_the_old(client, dataset)
 def test_missing_dataset_fails_with_the_uri_and_writes_nothing(client):
     name = f"absent-{uuid.uuid4().hex[:8]}"
     uri = f"s3://datasets/{name}/"
-    with pytest.raises(DatasetNotFoundError, match=f"nothing to stage at {uri}"):
+    with pytest.raises(StageFailed, match=f"nothing to stage at {uri}") as failed:
         stage(uri)
+    assert not isinstance(failed.value, DatasetRefused)  # retried: the data may yet land
     assert manifests(client, name) == {}
+
+
+def test_a_dataset_outside_the_prefixes_ends_the_task_in_one_line_without_a_retry(monkeypatch):
+    from airflow.sdk import RetryAction
+
+    monkeypatch.setenv("KUBETRAIN_DATASET_PREFIXES", "s3://datasets/team-a/")
+    operator = StageDatasetOperator(task_id="stage", source_uri="s3://datasets/team-b/x/")
+    with pytest.raises(DatasetRefused) as refused:
+        operator.execute({"outlet_events": OutletEventAccessors()})
+    message = "dataset 's3://datasets/team-b/x/' is outside the deployment's dataset prefixes"
+    # A SystemExit: Airflow's task runner logs "Task exited", not the exception's traceback.
+    assert isinstance(refused.value, SystemExit) and str(refused.value).startswith(message)
+    assert refused.value.__cause__ is None and refused.value.__suppress_context__
+    decision = operator.retry_policy.evaluate(refused.value, try_number=1, max_tries=3)
+    assert decision.action == RetryAction.FAIL
+    missing = operator.retry_policy.evaluate(StageFailed("nothing to stage"), try_number=1, max_tries=3)
+    assert missing.action == RetryAction.DEFAULT
 
 
 def test_explicit_dataset_name_and_single_archive(client):

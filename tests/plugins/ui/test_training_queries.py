@@ -194,3 +194,55 @@ def test_a_filter_reads_a_bounded_number_of_keys_and_searches_on(store, seeded):
     assert ids(second.runs) == ["3"] and second.searched_all is False
     rest = q.runs(filt, after=second.next_after)
     assert rest.runs == [] and rest.searched_all is True and rest.next_after is None
+
+
+def test_the_runs_list_shows_a_failed_run_with_its_step_and_reason(store):
+    """A run that failed in staging (no run output, no metrics) is listed as failed, with the step and why."""
+    import uuid
+
+    from kubetrain.run_record import RunFacts, build_record
+    from kubetrain.s3_layout import S3Layout
+    from kubetrain.ui.app import Links, templates
+
+    tag = uuid.uuid4().hex[:6]
+    error = "DatasetRefused: dataset 's3://other/x/' is outside the deployment's dataset prefixes (s3://datasets/)"
+    record = build_record(
+        RunFacts(
+            dag_id="train_image_classifier",
+            run_id=f"manual__{tag}",
+            run=S3Layout().run("train_image_classifier", f"manual__{tag}"),
+            run_time=T0,
+            model=f"refused-{tag}",
+            status="failed",
+            params={"dataset_uri": "s3://other/x/"},
+            dataset_uri="s3://other/x/",
+            failure={"task": "stage_dataset", "error": error},
+        )
+    ).to_dict()
+    store.runs.write(record)
+
+    found = TrainingQueries(store, ["train_image_classifier"]).runs(RunFilter(model=f"refused-{tag}"))
+    assert [(r["status"], r["failure"]) for r in found.runs] == [
+        ("failed", {"task": "stage_dataset", "error": error})
+    ]
+    html = (
+        templates()
+        .get_template("runs.html")
+        .render(
+            base="/training",
+            links=Links("/training"),
+            models=[f"refused-{tag}"],
+            section="runs",
+            model=None,
+            title="Training runs",
+            filt=RunFilter(),
+            page=found,
+            dags=["train_image_classifier"],
+            next_url=None,
+        )
+    )
+    row = html[html.index(f'data-ref="{found.runs[0]["ref"]}"') :].split("</tr>")[0]
+    assert '<span class="status failed"' in row
+    assert '<span class="mono">stage_dataset</span>' in row
+    assert "is outside the deployment&#39;s dataset prefixes (s3://datasets/)" in row
+    assert "not promoted: the run failed in stage_dataset" in row
