@@ -8,7 +8,8 @@ becomes a row here before it is fixed.
 Areas:
 
 * archives: the dataset archives stage-in extracts into DATA_DIR (trainer/sync/archive.py;
-  the rules are in trainer/sync/README.md, "Stage-in"). Issue #31 items 3 and 6.
+  the rules are in trainer/sync/README.md, "Stage-in"). Issue #31 items 3 and 6; damaged
+  archives and member floods (issue #53 items 4 and 5) at the end of the file.
 
 Sections for Params (trigger-form values), UI requests and images follow below, each
 with its own header and its own helpers; then issue #53's: registries (realms, redirects, upload
@@ -2171,3 +2172,559 @@ def test_hostile_report_values(tmp_path, rule, mode, settings, trials, expected)
     assert brackets == settings.get("brackets", [0] * len(trials))
     ours = _asha_ours(tmp_path, rule, mode, settings, trials, brackets)
     assert (ours, optuna_stops) == (expected, expected)
+
+
+# ==========================================================================================
+# Archives, continued: damaged archives and floods of members (issue #53 items 4 and 5)
+# ==========================================================================================
+#
+# A damaged tar (a bad header, a cut, a zero block in the middle, data after its end, a PAX
+# size that contradicts its header, a truncated or corrupt gzip stream) is refused, naming the
+# member where the damage starts; tarfile alone would end the archive there, silently, and
+# stage-in would take the members before the damage for the whole dataset. A flood of members
+# is refused early, in the memory of the stage-in container (1 GiB), naming the limit: the
+# member limits, and the target file system's free inodes.
+
+# a, b and c: a's header at byte 0, b's at 1,024 (its 700 bytes of data from 1,536), c's at
+# 2,560, the end-of-archive blocks at 3,584; tarfile pads the archive with zeros to 10,240
+_ARX_ABC = [("a.txt", b"a" * 100), ("b.txt", b"b" * 700), ("c.txt", b"c" * 10)]
+
+
+def _arx_tar_bytes(members: list, fmt: int = tarfile.USTAR_FORMAT) -> bytes:
+    """An uncompressed tar of (name, data) pairs and TarInfos (a TarInfo's data: its size of b"p")."""
+    import io
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
+        for m in members:
+            if isinstance(m, tarfile.TarInfo):
+                tf.addfile(m, io.BytesIO(b"p" * m.size) if m.isreg() else None)
+            else:
+                info = tarfile.TarInfo(m[0])
+                info.size, info.mtime = len(m[1]), 0
+                tf.addfile(info, io.BytesIO(m[1]))
+    return buf.getvalue()
+
+
+def _arx_gzip(data: bytes) -> bytes:
+    import gzip
+
+    return gzip.compress(data, mtime=0)
+
+
+def _arx_damaged(
+    damage: Callable[[bytes], bytes] = lambda t: t,
+    *,
+    members: list | None = None,
+    fmt: int = tarfile.USTAR_FORMAT,
+    gz_damage: Callable[[bytes], bytes] | None = None,
+) -> Callable[[Path], None]:
+    """A builder: the tar of ``members`` (a, b, c), damaged, then gzipped for .gz (and that damaged)."""
+
+    def build(path: Path) -> None:
+        data = damage(_arx_tar_bytes(_ARX_ABC if members is None else members, fmt))
+        if path.name.endswith((".tar.gz", ".tgz")):
+            data = _arx_gzip(data)
+            data = gz_damage(data) if gz_damage else data
+        path.write_bytes(data)
+
+    return build
+
+
+def _arx_bad_checksum(offset: int) -> Callable[[bytes], bytes]:
+    return lambda t: t[: offset + 148] + b"0000000\x00" + t[offset + 156 :]
+
+
+def _arx_pax_size(pax: int, data: int) -> list:
+    """a.txt, then x.bin whose PAX header declares ``pax`` bytes, its tar header and data ``data``."""
+    info = tarfile.TarInfo("x.bin")
+    info.size, info.pax_headers = data, {"size": str(pax)}
+    return [("a.txt", b"a"), info, ("z.txt", b"z" * 20)]
+
+
+def _arx_pax_records(records: bytes) -> Callable[[Path], None]:
+    """a.txt, a PAX header of these records, b.txt."""
+
+    def build(path: Path) -> None:
+        pax = tarfile.TarInfo("PaxHeaders/b.txt")
+        pax.type, pax.size = tarfile.XHDTYPE, len(records)
+        head = _arx_tar_bytes([("a.txt", b"a")])[:1024]
+        padding = bytes(-len(records) % 512)
+        path.write_bytes(
+            head + pax.tobuf(tarfile.USTAR_FORMAT) + records + padding + _arx_tar_bytes([("b.txt", b"b")])
+        )
+
+    return build
+
+
+def _arx_random(n: int) -> bytes:
+    import random
+
+    return random.Random(53).randbytes(n)
+
+
+def _arx_pax_header_of(size: int) -> Callable[[Path], None]:
+    """a.txt, then a PAX header that declares ``size`` bytes of records (zeros: a few KB gzipped)."""
+
+    def build(path: Path) -> None:
+        header = tarfile.TarInfo("././@PaxHeader")
+        header.type, header.size = tarfile.XHDTYPE, size
+        head = _arx_tar_bytes([("a.txt", b"a")])[:1024] + header.tobuf(tarfile.USTAR_FORMAT)
+        import zlib
+
+        z = zlib.compressobj(6, zlib.DEFLATED, 31)
+        parts = [z.compress(head)]
+        chunk = bytes(1024 * 1024)
+        for _ in range(size // len(chunk)):
+            parts.append(z.compress(chunk))
+        parts.append(z.compress(bytes(10240)) + z.flush())
+        path.write_bytes(b"".join(parts))
+
+    return build
+
+
+def _arx_copies_of_one_directory(n: int) -> Callable[[Path], None]:
+    """A tar.gz of ``n`` members, every one the directory d: each a member tarfile reads, no inode."""
+
+    def build(path: Path) -> None:
+        d = tarfile.TarInfo("d")
+        d.type, d.mode = tarfile.DIRTYPE, 0o755
+        path.write_bytes(_arx_gzip(d.tobuf(tarfile.USTAR_FORMAT) * n + bytes(10240)))
+
+    return build
+
+
+def _arx_zip_declaring(entries: int, zip64: bool) -> Callable[[Path], None]:
+    """A zip of 3 entries whose end record (or zip64 end record) declares ``entries``."""
+
+    def build(path: Path) -> None:
+        import io
+        import struct
+
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as zf:
+            for name in ("a.txt", "b.txt", "c.txt"):
+                zf.writestr(name, b"x")
+        data = buf.getvalue()
+        body, end = data[:-22], data[-22:]
+        sig, disk, cd_disk, _, _, cd_size, cd_offset, comment = struct.unpack("<4s4H2LH", end)
+        if not zip64:
+            path.write_bytes(
+                body + struct.pack("<4s4H2LH", sig, 0, 0, entries, entries, cd_size, cd_offset, 0)
+            )
+            return
+        record = struct.pack(
+            "<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, entries, entries, cd_size, cd_offset
+        )
+        locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, len(body), 1)
+        end = struct.pack("<4s4H2LH", sig, 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+        path.write_bytes(body + record + locator + end)
+
+    return build
+
+
+def _arx_files(rels: dict[str, bytes]) -> Callable[[Path], None]:
+    """A check that the directory holds these files (and the archive), and nothing else."""
+
+    def check(target: Path) -> None:
+        found = {
+            str(p.relative_to(target)): p.read_bytes() for p in target.rglob("*") if p.name != "a.tar.gz"
+        }
+        assert found == rels
+
+    return check
+
+
+# id, archive file name, builder, limits (None: the defaults), member named (None: the archive only,
+# or with a check: accepted), the message's fragment (or the check of what an accepted archive wrote)
+ARX_CASES = [
+    # -- a damaged header: tarfile ends the archive there, without an error
+    (
+        "tar-bad-checksum-in-the-second-member",
+        "a.tar",
+        _arx_damaged(_arx_bad_checksum(1024)),
+        None,
+        "b.txt",
+        "damaged tar header at byte 1,024 (bad checksum), after the member 'a.txt'",
+    ),
+    (
+        "tar-gz-bad-checksum-in-the-second-member",
+        "a.tar.gz",
+        _arx_damaged(_arx_bad_checksum(1024)),
+        None,
+        "b.txt",
+        "damaged tar header at byte 1,024 (bad checksum), after the member 'a.txt'",
+    ),
+    (
+        "tar-pax-record-of-length-0",
+        "a.tar",
+        _arx_pax_records(b"0 path=evil\n"),
+        None,
+        "PaxHeaders/b.txt",
+        "damaged tar header at byte 1,024 (tarfile cannot read the member it starts), after the member 'a.txt'",
+    ),
+    # -- truncated: in a member's data, at a header boundary, inside a header
+    (
+        "tar-truncated-in-a-members-data",
+        "a.tar",
+        _arx_damaged(lambda t: t[:1800]),
+        None,
+        "b.txt",
+        "the archive is truncated at byte 1,800, inside this member's 700 bytes of data from byte 1,536",
+    ),
+    (
+        "tar-gz-truncated-in-a-members-data",
+        "a.tar.gz",
+        _arx_damaged(lambda t: t[:1800]),
+        None,
+        "b.txt",
+        "the archive is truncated at byte 1,800, inside this member's 700 bytes of data from byte 1,536",
+    ),
+    (
+        "tar-truncated-at-a-header-boundary",
+        "a.tar",
+        _arx_damaged(lambda t: t[:2560]),
+        None,
+        "b.txt",
+        "the archive is truncated at byte 2,560, after this member: 0 bytes of the 1,024 zero bytes",
+    ),
+    (
+        "tar-gz-truncated-at-a-header-boundary",
+        "a.tgz",
+        _arx_damaged(lambda t: t[:2560]),
+        None,
+        "b.txt",
+        "the archive is truncated at byte 2,560, after this member: 0 bytes of the 1,024 zero bytes",
+    ),
+    (
+        "tar-truncated-inside-a-header",
+        "a.tar",
+        _arx_damaged(lambda t: t[: 2560 + 300]),
+        None,
+        "b.txt",
+        "truncated at byte 2,860, inside the header at byte 2,560 (300 of its 512 bytes)",
+    ),
+    # -- a zero block mid-archive: tarfile takes it for the end, the members after it are lost
+    (
+        "tar-zero-block-mid-archive",
+        "a.tar",
+        _arx_damaged(lambda t: t[:1024] + bytes(512) + t[1024:]),
+        None,
+        "b.txt",
+        "comes after a zero block at byte 1,024 that ends the archive there",
+    ),
+    (
+        "tar-gz-zero-block-mid-archive",
+        "a.tar.gz",
+        _arx_damaged(lambda t: t[:1024] + bytes(512) + t[1024:]),
+        None,
+        "b.txt",
+        "comes after a zero block at byte 1,024 that ends the archive there",
+    ),
+    (
+        "tar-data-after-the-end-of-archive-blocks",
+        "a.tar",
+        _arx_damaged(lambda t: t + b"junk"),
+        None,
+        "c.txt",
+        "data at byte 10,240, after the end-of-archive zero blocks at byte 3,584",
+    ),
+    # -- a PAX size that contradicts the tar header: the members after it would be misread
+    (
+        "tar-pax-size-smaller-than-the-data",
+        "a.tar",
+        _arx_damaged(members=_arx_pax_size(10, 1000), fmt=tarfile.PAX_FORMAT),
+        None,
+        "x.bin",
+        "its PAX header declares 10 bytes of data, its tar header 1,000",
+    ),
+    (
+        "tar-gz-pax-size-larger-than-the-data",
+        "a.tar.gz",
+        _arx_damaged(members=_arx_pax_size(1000, 10), fmt=tarfile.PAX_FORMAT),
+        None,
+        "x.bin",
+        "its PAX header declares 1,000 bytes of data, its tar header 10",
+    ),
+    # a size the tar header's 11 octal digits cannot hold is the PAX header's alone (GNU tar writes
+    # 0 there): read as declared, here found truncated
+    (
+        "tar-pax-size-beyond-the-tar-header-is-the-size",
+        "a.tar",
+        _arx_damaged(members=_arx_pax_size(8**11, 0), fmt=tarfile.PAX_FORMAT),
+        None,
+        "x.bin",
+        "inside this member's 8,589,934,592 bytes of data",
+    ),
+    # -- the gzip stream: read to its end, its CRC checked
+    (
+        "tar-gz-stream-truncated-after-the-tar",
+        "a.tar.gz",
+        _arx_damaged(gz_damage=lambda g: g[:-4]),
+        None,
+        "c.txt",
+        "the gzip stream is truncated or damaged (Compressed file ended before the end-of-stream marker",
+    ),
+    (
+        "tar-gz-stream-truncated-in-a-members-data",
+        "a.tar.gz",
+        _arx_damaged(
+            members=[("a.txt", b"a"), ("r.bin", _arx_random(200_000))], gz_damage=lambda g: g[:100_000]
+        ),
+        None,
+        "r.bin",
+        "the gzip stream is truncated or damaged (Compressed file ended before the end-of-stream marker "
+        "was reached), at byte",
+    ),
+    (
+        "tar-gz-bad-crc",
+        "a.tar.gz",
+        _arx_damaged(gz_damage=lambda g: g[:-8] + bytes([g[-8] ^ 0xFF]) + g[-7:]),
+        None,
+        "c.txt",
+        "the gzip stream is truncated or damaged (CRC check failed",
+    ),
+    # -- memory before the limits: a PAX header tarfile would read whole, members tarfile would keep
+    (
+        "tar-gz-pax-header-of-64-MiB",
+        "a.tar.gz",
+        _arx_pax_header_of(64 * 1024 * 1024),
+        None,
+        "a.txt",
+        "an extended header of more than 16,777,216 bytes (tarfile would read it whole into memory)",
+    ),
+    (
+        "tar-gz-12001-copies-of-one-directory",
+        "a.tar.gz",
+        _arx_copies_of_one_directory(12_001),
+        None,
+        "d",
+        "more than 10,000 members (member-density limit: one member per 8 bytes of its",
+    ),
+    # -- a zip's end record is read, and its central directory walked, before zipfile reads it
+    (
+        "zip-end-record-declares-more-entries-than-it-holds",
+        "a.zip",
+        _arx_zip_declaring(0xFFFE, zip64=False),
+        None,
+        None,
+        "damaged: its end record declares 65,534 entries, its central directory holds 3",
+    ),
+    (
+        "zip64-end-record-declares-2000000-entries",
+        "a.zip",
+        _arx_zip_declaring(2_000_000, zip64=True),
+        None,
+        None,
+        "damaged: its end record declares 2,000,000 entries, its central directory holds 3",
+    ),
+    # -- zeros after the end: padding, as tar's records have (GNU tar -b 512: 256 KiB), up to the
+    # whole-archive ratio limit, as if written (at least 1 MiB)
+    (
+        "tar-gz-end-padded-to-256-KiB",
+        "a.tar.gz",
+        _arx_damaged(lambda t: t + bytes(256 * 1024 - len(t))),
+        None,
+        None,
+        _arx_files(dict(_ARX_ABC)),
+    ),
+    (
+        "tar-gz-end-padded-with-64-MiB-of-zeros",
+        "a.tar.gz",
+        _arx_damaged(lambda t: t + bytes(64 * 1024 * 1024)),
+        None,
+        "c.txt",
+        "bytes of zeros after the end of the archive at byte 3,584 (the whole-archive ratio limit)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "build", "limits", "member", "expect"),
+    [c[1:] for c in ARX_CASES],
+    ids=[c[0] for c in ARX_CASES],
+)
+def test_hostile_damaged_archive(tmp_path, name, build, limits, member, expect):
+    target = tmp_path / "data"
+    target.mkdir()
+    archive = target / name
+    build(archive)
+    if callable(expect):
+        extract(archive, limits or ExtractLimits())
+        expect(target)
+        return
+    with pytest.raises(ArchiveError) as err:
+        extract(archive, limits or ExtractLimits())
+    message = str(err.value)
+    assert message.startswith(f"archive {name}: " + (f"member {member!r}: " if member else ""))
+    assert expect in message and message.endswith("; refused")
+    assert ".kubetrain-extract" not in message
+    assert os.listdir(target) == [name]  # nothing extracted, no temporary directory left
+    assert os.listdir(tmp_path) == ["data"]
+
+
+def test_hostile_zip_member_count_is_refused_before_zipfile_reads_it(tmp_path, monkeypatch):
+    """zipfile keeps every entry of the central directory (about 600 bytes each): counted first."""
+    archive = tmp_path / "many.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for i in range(1_001):
+            zf.writestr(f"f/{i:04d}", b"")
+    opened: list[object] = []
+    monkeypatch.setattr(zipfile, "ZipFile", lambda *args, **kwargs: opened.append(args))
+    with pytest.raises(ArchiveError) as err:
+        extract(archive, ExtractLimits(max_members=1_000))
+    assert str(err.value) == (
+        "archive many.zip: member 'f/1000': more than 1,000 members (limit), the setting "
+        "--max-extract-members; refused"
+    )
+    assert opened == [] and os.listdir(tmp_path) == ["many.zip"]
+
+
+def _arx_empty_members(path: Path, n: int) -> None:
+    """A tar.gz of ``n`` empty files e/0000000-9999999, e/0000001-9999998, ... from raw ustar headers.
+
+    Each name is 7 digits and their complements (9 - digit): the digits add up to 63 in every
+    name, so every header has the same checksum and is the name plus the same 495 bytes. Gzipped
+    at level 1 (10 bytes a member; 1,000,001 in 3.5 s).
+    """
+    import zlib
+
+    block = bytearray(512)
+    block[0:17] = b"e/0000000-9999999"
+    for at, field in ((100, b"0000644\x00"), (108, b"0000000\x00"), (116, b"0000000\x00")):
+        block[at : at + 8] = field
+    block[124:148] = b"00000000000\x00" * 2  # size and mtime
+    block[148:156] = b" " * 8
+    block[156:157], block[257:265] = b"0", b"ustar\x0000"
+    block[148:156] = b"%06o\x00 " % sum(block)
+    rest, complement = bytes(block[17:]), bytes.maketrans(b"0123456789", b"9876543210")
+    z = zlib.compressobj(1, zlib.DEFLATED, 31)
+    with open(path, "wb") as f:
+        for start in range(0, n, 16384):
+            parts: list[bytes] = []
+            for i in range(start, min(start + 16384, n)):
+                digits = b"%07d" % i
+                parts += (b"e/", digits, b"-", digits.translate(complement), rest)
+            f.write(z.compress(b"".join(parts)))
+        f.write(z.compress(bytes(10240)) + z.flush())
+
+
+@pytest.fixture(scope="module")
+def _arx_floods(tmp_path_factory) -> dict[int, Path]:
+    """The issue's archives of 1,000,001 and 200,000 empty files, built once."""
+    root = tmp_path_factory.mktemp("arx-floods")
+    floods = {}
+    for n in (1_000_001, 200_000):
+        floods[n] = root / f"{n}.tar.gz"
+        _arx_empty_members(floods[n], n)
+    return floods
+
+
+_ARX_CHILD = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # the stage-in container's memory limit
+from pathlib import Path
+from trainer.sync.archive import ArchiveError, ExtractLimits, extract
+try:
+    extract(Path(sys.argv[1]), ExtractLimits(min_member_bytes=int(sys.argv[2])))
+    print("extracted")
+except ArchiveError as exc:
+    print(exc)
+# this process's own peak RSS (its memory since exec: the rusage of a child also counts the memory
+# of the process it was forked from, before its exec)
+hwm = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+print("peak-rss-kib", int(hwm.split()[1]))
+"""
+
+
+@pytest.mark.parametrize("members", [1_000_001, 200_000])
+def test_hostile_member_flood_is_refused_early_in_a_pods_memory(tmp_path, _arx_floods, members):
+    """Refused at the member-density limit, in a child process limited to 1 GiB as the pod is.
+
+    With --min-extract-member-bytes 512, a setting for a dataset of images (their tar.gz holds
+    2,500-7,500 bytes a member); before, tarfile's list of members and a set of every path took
+    1.05 GiB for the 1,000,001 and the pod was OOM-killed before the member limit, without a word.
+    """
+    import subprocess
+    import sys
+
+    data = tmp_path / "data"
+    data.mkdir()
+    archive = data / "flood.tar.gz"
+    os.symlink(_arx_floods[members], archive)  # extract() reads the archive where it lies
+    size = archive.stat().st_size
+    child = subprocess.Popen(
+        [sys.executable, "-c", _ARX_CHILD, str(archive), "512"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+    )
+    with child.stdout:
+        out = child.stdout.read().decode()
+    assert child.wait() == 0, out
+    cap = max(10_000, size // 512)  # the refused member is the (cap + 1)-th: e/<cap>-...
+    assert out.strip().startswith(f"archive flood.tar.gz: member 'e/{cap:07d}-"), out
+    assert f"more than {cap:,} members (member-density limit: one member per 512 bytes of its {size:,}" in out
+    assert cap < members // 10  # refused before a tenth of the members was written
+    peak = int(out.rsplit("peak-rss-kib", 1)[1])
+    assert peak < 200 * 1024, f"peak RSS {peak // 1024} MiB"  # KiB; the limit: 1 GiB
+    assert os.listdir(data) == ["flood.tar.gz"]
+
+
+def _arx_small_file_system(root: Path, inodes: int) -> Callable[[object], os.statvfs_result]:
+    """os.statvfs of a file system of ``inodes`` inodes, of which the entries below ``root`` are used.
+
+    A tmpfs mounted with nr_inodes=N would be the real thing, but mounting one needs CAP_SYS_ADMIN
+    (or a user namespace) that a test run cannot count on: this one counts what is really there
+    each time it is asked, so the extractor sees its own files take the inodes.
+    """
+
+    def statvfs(path: object) -> os.statvfs_result:
+        real = os.statvfs(path)
+        used = 1 + sum(len(dirs) + len(files) for _, dirs, files in os.walk(root))
+        free = max(inodes - used, 0)
+        fields = (real.f_bsize, real.f_frsize, real.f_blocks, real.f_bfree, real.f_bavail)
+        return os.statvfs_result((*fields, inodes, free, free, real.f_flag, real.f_namemax))
+
+    return statvfs
+
+
+@pytest.mark.parametrize("name", ["many.tar.gz", "many.zip"])
+def test_hostile_archive_beyond_the_free_inodes_is_refused(tmp_path, name):
+    """A file system of 400 inodes keeps 20 (5%) free: of 500 files, about 370 fit; refused, nothing left."""
+    data = tmp_path / "data"
+    data.mkdir()
+    archive = data / name
+    files = [(f"d/{i:03d}", b"") for i in range(500)]
+    if name.endswith(".zip"):
+        with zipfile.ZipFile(archive, "w") as zf:
+            for rel, body in files:
+                zf.writestr(rel, body)
+    else:
+        archive.write_bytes(_arx_gzip(_arx_tar_bytes(files)))
+    with pytest.raises(ArchiveError) as err:
+        extract(archive, ExtractLimits(), statvfs=_arx_small_file_system(tmp_path, 400))
+    message = str(err.value)
+    assert message.startswith(f"archive {name}: member 'd/")
+    assert "new files, directories and links (inode limit: the target file system has 400 inodes" in message
+    assert "and 20 of them, 5%, are kept free: the kubelet evicts pods below that): inode bomb?" in message
+    assert message.endswith("; refused")
+    refused = int(message.split("member 'd/")[1][:3])
+    # what was used before (tmp_path, data, the archive, the temporary directory), then d and its files
+    assert 360 <= refused <= 380, message
+    assert os.listdir(data) == [name]
+    if name.endswith(".zip"):  # counted in the central directory: refused before anything was written
+        assert "more than 376 new files, directories and links" in message and "396 free now" in message
+
+
+def test_hostile_archive_on_a_file_system_that_counts_no_inodes(tmp_path):
+    """btrfs and some network file systems report 0 inodes: the member limits alone apply."""
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(_arx_tar_bytes([(f"d/{i}", b"") for i in range(50)]))
+
+    def statvfs(path: object) -> os.statvfs_result:
+        real = os.statvfs(path)
+        return os.statvfs_result((*real[:5], 0, 0, 0, real.f_flag, real.f_namemax))
+
+    assert extract(archive, ExtractLimits(), statvfs=statvfs) == 50
+    assert len(os.listdir(tmp_path / "d")) == 50

@@ -179,6 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=1_000_000,
     )
     o.add(
+        "--min-extract-member-bytes",
+        None,  # no variable yet: kubetrain_contract.pod.Env would name it
+        "fewest bytes of an archive per member: an archive may have at most max(10,000, its size / this) "
+        "members (0: no such limit) (default 8)",
+        conv=_non_negative_int,
+        default=8,
+    )
+    o.add(
         "--verify",
         Env.VERIFY,
         "auto: size, ETag, and the content against the store's checksum (CRC64NVME, CRC32C, CRC32, SHA) "
@@ -479,7 +487,10 @@ def main(argv: list[str] | None = None) -> int:
                 cache_dir=args.cache_dir,
                 keep_archives=args.keep_archives,
                 limits=ExtractLimits(
-                    args.max_extract_ratio, args.max_extract_bytes, args.max_extract_members
+                    args.max_extract_ratio,
+                    args.max_extract_bytes,
+                    args.max_extract_members,
+                    args.min_extract_member_bytes,
                 ),
                 workers=args.workers,
                 progress_interval=args.progress_interval,

@@ -8,13 +8,23 @@ is Unicode-normalised, NFKC), NUL bytes, links whose target leaves the extractio
 (resolved through the links already there: the archive's own, in any order, and those of
 the directory it lands in), link targets longer than Linux allows, members written through
 a link, members colliding with a directory or file of the same name, device files, FIFOs
-and sockets, and archive bombs (a compression ratio or a total size above the limits,
-counted on the bytes actually written, not on the sizes the archive declares).
+and sockets, archive bombs (a compression ratio or a total size above the limits, counted
+on the bytes actually written, not on the sizes the archive declares), too many members
+(an absolute limit, one relative to the archive's size, and the target file system's free
+inodes: checked before a zip's central directory is parsed, and as a tar's members come),
+and damaged archives: a tar is read to the real end of its stream (a damaged or truncated
+header, a zero block followed by more members, anything but zeros after the end-of-archive
+blocks, a PAX size that contradicts its tar header, a truncated or corrupt gzip, bzip2 or
+xz stream), a zip's central directory is walked before zipfile reads it. A tar is read as
+a stream, one member at a time, and nothing is kept per member but a link's target, so
+memory does not grow with the number of members.
 """
 
 from __future__ import annotations
 
 import errno
+import io
+import math
 import os
 import re
 import secrets
@@ -23,16 +33,22 @@ import stat
 import tarfile
 import unicodedata
 import zipfile
-import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from trainer.sync.s3 import SyncError
+from trainer.sync.archive_read import (
+    CHUNK,
+    ArchiveError,
+    Damaged,
+    TarReader,
+    walk_central_directory,
+    zip_directory,
+)
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
-CHUNK = 1024 * 1024
 # ratios are only meaningful past a minimum size: a 40-byte file compressed to 2 bytes is fine.
 # The same floor serves a member of a zip and a whole archive (zip or tar), so a zip of many
 # small, very compressible members cannot add up past the ratio: an archive writes at most
@@ -42,10 +58,14 @@ RATIO_FLOOR_BYTES = 1024 * 1024
 LINK_TARGET_MAX = 4095
 # links followed while resolving one target before it counts as a loop, as Linux's own ELOOP
 LINK_HOPS_MAX = 40
-
-
-class ArchiveError(SyncError):
-    """An archive was refused or could not be extracted."""
+# an archive may always have this many members, whatever its size (the member-density limit's floor)
+MEMBER_FLOOR = 10_000
+# the share of a file system's inodes an archive leaves free: the kubelet evicts pods when a node's
+# file system has less (its default hard-eviction threshold nodefs.inodesFree<5%), and emptyDir
+# volumes live there
+INODE_RESERVE = 0.05
+# inodes created between two reads of the file system's free inodes (others create files too)
+INODE_RECHECK = 4096
 
 
 @dataclass(frozen=True)
@@ -59,11 +79,18 @@ class ExtractLimits:
             (1 MiB) a member or an archive is not held to it.
         max_bytes: most bytes one archive may expand to.
         max_members: most members one archive may have.
+        min_member_bytes: fewest bytes of the archive (its size on disk, as for max_ratio) per
+            member: an archive may have at most ``max(MEMBER_FLOOR, size / min_member_bytes)``
+            members (10,000 at least). 0: no such limit. The default, 8, is below the smallest
+            real data measured (one-number label files: 15-22 bytes a member in a tar.gz); empty
+            files take 6-17, so it stops only the densest floods early (trainer/sync/README.md,
+            "Stage-in", has the figures).
     """
 
     max_ratio: float = 250.0
     max_bytes: int = 100 * 1024**3
     max_members: int = 1_000_000
+    min_member_bytes: int = 8
 
     def __post_init__(self) -> None:
         if self.max_ratio < 1:
@@ -72,6 +99,8 @@ class ExtractLimits:
             raise ValueError(f"max_bytes {self.max_bytes} must be positive")
         if self.max_members < 1:
             raise ValueError(f"max_members {self.max_members} must be positive")
+        if self.min_member_bytes < 0:
+            raise ValueError(f"min_member_bytes {self.min_member_bytes} must be 0 (no limit) or more")
 
 
 def is_archive(path: str) -> bool:
@@ -79,12 +108,14 @@ def is_archive(path: str) -> bool:
     return path.lower().endswith(ARCHIVE_SUFFIXES)
 
 
-def extract(archive: Path, limits: ExtractLimits) -> int:
+def extract(archive: Path, limits: ExtractLimits, *, statvfs: Callable[[Any], Any] = os.statvfs) -> int:
     """Extract ``archive`` into the directory that holds it.
 
     Args:
-        archive: a .zip, .tar, .tar.gz or .tgz file.
+        archive: a .zip, .tar, .tar.gz or .tgz file (a .tar may be gzip, bzip2 or xz compressed).
         limits: the archive-bomb limits.
+        statvfs: reads the target file system's free inodes (``os.statvfs``; a test's stand-in
+            for a file system running out of inodes).
 
     Returns:
         The number of files, links and directories extracted.
@@ -99,7 +130,7 @@ def extract(archive: Path, limits: ExtractLimits) -> int:
     except OSError as exc:
         raise ArchiveError(f"cannot extract {archive.name}: cannot create {tmp}: {exc.strerror}") from exc
     try:
-        extractor = _Extractor(archive, tmp, limits)
+        extractor = _Extractor(archive, tmp, limits, statvfs)
         if archive.name.lower().endswith(".zip"):
             extractor.zip()
         else:
@@ -127,12 +158,18 @@ def _move(src: Path, dst: Path, archive: Path) -> None:
 
 
 class _Extractor:
-    def __init__(self, archive: Path, root: Path, limits: ExtractLimits) -> None:
+    def __init__(
+        self, archive: Path, root: Path, limits: ExtractLimits, statvfs: Callable[[Any], Any]
+    ) -> None:
         self.archive, self.root, self.limits = archive, root, limits
         self.members = 0
         self.total = 0
         self.size = archive.stat().st_size
         self.budget = max(RATIO_FLOOR_BYTES, int(self.size * limits.max_ratio))
+        self.dense = (
+            max(MEMBER_FLOOR, self.size // limits.min_member_bytes) if limits.min_member_bytes else None
+        )
+        self.inodes = _Inodes(statvfs, root)
         # the links this archive created: their path in the root -> (member name, target)
         self.links: dict[tuple[str, ...], tuple[str, str]] = {}
 
@@ -276,8 +313,45 @@ class _Extractor:
 
     def count(self, name: str) -> None:
         self.members += 1
-        if self.members > self.limits.max_members:
-            raise self.refuse(name, f"more than {self.limits.max_members:,} members (limit)")
+        self.check_count(name, self.members)
+
+    def check_count(self, name: str, n: int) -> None:
+        """Refuse the ``n``-th member, ``name``, when it is one too many."""
+        if n > self.limits.max_members:
+            raise self.refuse(
+                name,
+                f"more than {self.limits.max_members:,} members (limit), the setting --max-extract-members",
+            )
+        if self.dense is not None and n > self.dense:
+            raise self.refuse(
+                name,
+                f"more than {self.dense:,} members (member-density limit: one member per "
+                f"{self.limits.min_member_bytes:,} bytes of its {self.size:,}, at least {MEMBER_FLOOR:,}; "
+                "the setting --min-extract-member-bytes): inode bomb?",
+            )
+
+    def inode(self, name: str) -> None:
+        """Count an inode about to be created for ``name``; refuse past the file system's free inodes."""
+        if why := self.inodes.take():
+            raise self.refuse(name, why)
+
+    def mkdirs(self, name: str, directory: Path) -> None:
+        """Create ``directory`` and its missing parents, counting their inodes (``mkdir -p``)."""
+        missing: list[Path] = []
+        here = directory
+        while True:
+            try:
+                st = os.lstat(here)
+            except FileNotFoundError:
+                missing.append(here)
+                here = here.parent
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(here))
+            break
+        for here in reversed(missing):
+            self.inode(name)
+            os.mkdir(here)
 
     def check_budget(self, name: str, more: int) -> None:
         """Refuse when ``more`` bytes would take the archive past its whole-archive ratio limit."""
@@ -295,7 +369,8 @@ class _Extractor:
         ``budget`` is the member's own ratio limit (zip); None for a tar, whose whole stream is
         held to the ratio instead (check_budget).
         """
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self.mkdirs(name, path.parent)
+        self.inode(name)
         written = 0
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
@@ -324,14 +399,55 @@ class _Extractor:
 
     def zip(self) -> None:
         try:
+            raw = open(self.archive, "rb")
+        except OSError as exc:
+            raise ArchiveError(f"archive {self.archive.name}: not a readable zip file ({exc})") from exc
+        with raw:
+            entries = self.zip_precheck(raw)
+        try:
             zf = zipfile.ZipFile(self.archive)
         except (zipfile.BadZipFile, OSError) as exc:
             raise ArchiveError(f"archive {self.archive.name}: not a readable zip file ({exc})") from exc
         with zf:
+            if len(zf.infolist()) != entries:  # zipfile found other entries than the walk: never trust either
+                raise ArchiveError(
+                    f"archive {self.archive.name}: damaged: zipfile reads {len(zf.infolist()):,} entries in its "
+                    f"central directory, {entries:,} were counted there; refused"
+                )
             for info in zf.infolist():
                 self.count(info.filename)
                 with self.member(info.filename):
                     self.zip_member(zf, info)
+
+    def zip_precheck(self, raw: io.BufferedReader) -> int:
+        """Count a zip's entries in its central directory before zipfile reads it into memory.
+
+        zipfile keeps every entry (about 600 bytes each): a zip of millions of entries would take
+        the memory before the member limit saw them. The walk keeps nothing, and stops at the first
+        entry one too many (by the member limits or by the target file system's free inodes).
+
+        Returns:
+            The number of entries.
+        """
+        try:
+            start, size, declared, zip64 = zip_directory(raw)
+        except ValueError as exc:
+            raise ArchiveError(f"archive {self.archive.name}: not a readable zip file ({exc})") from exc
+        caps = [c for c in (self.limits.max_members, self.dense, self.inodes.budget) if c is not None]
+        try:
+            n, name = walk_central_directory(raw, start, size, min(caps))
+        except ValueError as exc:
+            raise ArchiveError(f"archive {self.archive.name}: damaged: {exc}; refused") from exc
+        if name is not None:
+            self.check_count(name, n)
+            raise self.refuse(name, self.inodes.shortage())
+        # zip64 counts are exact; a plain end record's 16 bits may have wrapped (old writers)
+        if (n if zip64 else n % 0x10000) != declared:
+            raise ArchiveError(
+                f"archive {self.archive.name}: damaged: its end record declares {declared:,} entries, its "
+                f"central directory holds {n:,}; refused"
+            )
+        return n
 
     def zip_member(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
         path = self.safe_path(info.filename)
@@ -357,10 +473,11 @@ class _Extractor:
                     raise self.refuse(info.filename, f"link target longer than {LINK_TARGET_MAX:,} bytes")
                 target = raw.decode("utf-8", "surrogateescape")
                 self.check_link(info.filename, path, target)
-                path.parent.mkdir(parents=True, exist_ok=True)
+                self.mkdirs(info.filename, path.parent)
+                self.inode(info.filename)
                 os.symlink(target, path)
             elif info.is_dir():
-                path.mkdir(parents=True, exist_ok=True)
+                self.mkdirs(info.filename, path)
             else:
                 with zf.open(info) as source:
                     self.write(info.filename, path, source, mode or 0o644, budget)
@@ -371,53 +488,113 @@ class _Extractor:
 
     def tar(self) -> None:
         try:
-            tf = tarfile.open(self.archive, "r:*")
-        except (tarfile.TarError, OSError) as exc:
+            raw = open(self.archive, "rb")
+        except OSError as exc:
             raise ArchiveError(f"archive {self.archive.name}: not a readable tar file ({exc})") from exc
-        regular: set[Path] = set()
-        try:
-            with tf:
-                for member in tf:
+        with raw:
+            reader = TarReader(raw, self.archive.name)
+            try:
+                for member in reader:
                     self.count(member.name)
                     with self.member(member.name):
-                        self.tar_member(tf, member, regular)
-        except ArchiveError:
-            raise
-        except (tarfile.TarError, EOFError, zlib.error) as exc:
-            raise ArchiveError(f"archive {self.archive.name}: corrupt or truncated ({exc})") from exc
+                        self.tar_member(reader.tf, member)
+                reader.check_end(max(self.budget - self.total, RATIO_FLOOR_BYTES))
+            except (Damaged, tarfile.TarError) as exc:
+                raise reader.explain(exc) from exc
 
-    def tar_member(self, tf: tarfile.TarFile, member: tarfile.TarInfo, regular: set[Path]) -> None:
+    def tar_member(self, tf: tarfile.TarFile, member: tarfile.TarInfo) -> None:
+        # the root is a fresh directory only this archive writes: a file there is one of its files
         path = self.safe_path(member.name)
         if path is None:
             return
         if member.isdir():
-            path.mkdir(parents=True, exist_ok=True)
+            self.mkdirs(member.name, path)
         elif member.isreg():
-            if path in regular:
+            if _is_file(path):
                 path.unlink()  # tar's rule: a later member of the same name replaces the earlier
             source = tf.extractfile(member)
             self.write(member.name, path, source, member.mode, None)
-            regular.add(path)
         elif member.issym():
             self.check_link(member.name, path, member.linkname)
-            path.parent.mkdir(parents=True, exist_ok=True)
+            self.mkdirs(member.name, path.parent)
+            self.inode(member.name)
             os.symlink(member.linkname, path)
         elif member.islnk():
             try:
                 target = self.safe_path(member.linkname)
             except ArchiveError:
                 target = None
-            if target is None or target not in regular:
+            if target is None or not _is_file(target):
                 raise self.refuse(
                     member.name,
                     f"hard link to {member.linkname!r}, which is not a file of this archive",
                 )
-            path.parent.mkdir(parents=True, exist_ok=True)
+            self.mkdirs(member.name, path.parent)
             os.link(target, path)
         elif member.ischr() or member.isblk() or member.isfifo():
             raise self.refuse(member.name, "device file or FIFO")
         else:
             raise self.refuse(member.name, f"unsupported member type {member.type!r}")
+
+
+class _Inodes:
+    """The target file system's free inodes, as an archive takes them.
+
+    An archive may create inodes (files, directories, symbolic links; a hard link takes none)
+    down to INODE_RESERVE of the file system's, looking at the file system again every
+    INODE_RECHECK inodes (other pods create files too) and before refusing. A file system that
+    counts no inodes (``f_files`` 0) sets no limit.
+    """
+
+    def __init__(self, statvfs: Callable[[Any], Any], root: Path) -> None:
+        self.statvfs, self.root = statvfs, root
+        self.used = 0
+        # how many this archive may have used when the file system is next looked at (None: no limit)
+        self.budget: int | None = None
+        self.check_at = 0
+        self.seen = (0, 0, 0)
+        self.look()
+
+    def look(self) -> None:
+        """Read the file system's inodes, free inodes and reserve; set the budget."""
+        try:
+            st = self.statvfs(self.root)
+        except OSError:
+            return
+        if st.f_files <= 0:  # btrfs, some network and FUSE file systems: no fixed number of inodes
+            self.budget = None
+            return
+        reserve = math.ceil(st.f_files * INODE_RESERVE)
+        self.seen = (st.f_files, st.f_favail, reserve)
+        # those used so far (all but the one about to be) are no longer free
+        self.budget = max(self.used - 1, 0) + st.f_favail - reserve
+        self.check_at = self.used + INODE_RECHECK
+
+    def take(self) -> str | None:
+        """Count an inode about to be created; why it is refused, or None."""
+        self.used += 1
+        if self.budget is None or (self.used <= self.budget and self.used < self.check_at):
+            return None
+        self.look()
+        if self.budget is not None and self.used > self.budget:
+            return self.shortage()
+        return None
+
+    def shortage(self) -> str:
+        self.look()
+        files, free, reserve = self.seen
+        return (
+            f"more than {max(self.budget or 0, 0):,} new files, directories and links (inode limit: "
+            f"the target file system has {files:,} inodes, {free:,} free now, and {reserve:,} of them, "
+            f"{INODE_RESERVE:.0%}, are kept free: the kubelet evicts pods below that): inode bomb?"
+        )
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _links_under(directory: Path, skip: Path) -> Iterator[tuple[str, ...]]:

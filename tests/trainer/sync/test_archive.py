@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import stat
+import struct
 import tarfile
+import tracemalloc
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -460,3 +463,135 @@ def test_stage_in_refuses_the_chain_and_the_zip_of_zeros(s3_server, tmp_path):
         assert expected in result.stderr and "Traceback" not in result.stderr
         assert os.listdir(data) == ["kept.txt"]
         assert _links_outside(tmp_path) == []
+
+
+# -- issue #53 items 4 and 5: floods of members, damaged archives ---------------------------------
+# (the hostile cases themselves are in tests/test_hostile_inputs.py, "Archives, continued")
+
+
+def _copies_of_one_directory(path: Path, n: int) -> None:
+    """A tar.gz of ``n`` members, each the directory d: members tarfile reads, no inodes."""
+    d = _special("d", tarfile.DIRTYPE)
+    path.write_bytes(gzip.compress(d.tobuf(tarfile.USTAR_FORMAT) * n + bytes(10240), mtime=0))
+
+
+def test_memory_does_not_grow_with_the_members_of_a_tar(tmp_path):
+    """tarfile keeps every member it reads (TarFile.members): the extractor drops them as they come."""
+    peaks = {}
+    for n in (3_000, 9_000):
+        target = tmp_path / str(n)
+        target.mkdir()
+        _copies_of_one_directory(target / "d.tar.gz", n)
+        tracemalloc.start()
+        try:
+            assert extract(target / "d.tar.gz", ExtractLimits()) == n
+            peaks[n] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peaks[9_000] - peaks[3_000] < 200_000, peaks  # before: 1.5 MB more (about 260 bytes a member)
+
+
+@pytest.mark.parametrize("mode", ["w:xz", "w:bz2"])
+def test_xz_and_bzip2_tars_extract_and_a_truncated_one_is_refused(tmp_path, mode):
+    archive = tmp_path / "a.tar"
+    _tar(archive, [("x/a.txt", b"a" * 5000), ("x/b.txt", os.urandom(50_000))], mode)
+    whole = archive.read_bytes()
+    assert extract(archive, ExtractLimits()) == 2 and (tmp_path / "x/a.txt").read_bytes() == b"a" * 5000
+    target = tmp_path / "cut"
+    target.mkdir()
+    (target / "a.tar").write_bytes(whole[: len(whole) - 20])
+    with pytest.raises(ArchiveError) as err:
+        extract(target / "a.tar", ExtractLimits())
+    kind = "xz" if mode == "w:xz" else "bzip2"
+    assert f"the {kind} stream is truncated or damaged" in str(err.value)
+    assert os.listdir(target) == ["a.tar"]
+
+
+def _zip_bytes(names: list[str]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name in names:
+            zf.writestr(name, name.encode())
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("shape", ["comment", "prefix", "zip64"])
+def test_the_central_directory_walk_finds_what_zipfile_finds(tmp_path, shape):
+    """A comment after the end record, data before the zip (a self-extractor's stub), zip64 end records."""
+    data = _zip_bytes(["a.txt", "d/b.txt"])
+    if shape == "comment":
+        data = data[:-2] + struct.pack("<H", 300) + b"a comment of 300 bytes".ljust(300, b".")
+    elif shape == "prefix":
+        data = b"#!/bin/sh\nexit 0\n" * 100 + data
+    else:
+        body, end = data[:-22], data[-22:]
+        _, _, _, _, _, cd_size, cd_offset, _ = struct.unpack("<4s4H2LH", end)
+        record = struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, 2, 2, cd_size, cd_offset)
+        locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, len(body), 1)
+        end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+        data = body + record + locator + end
+    (tmp_path / "a.zip").write_bytes(data)
+    assert len(zipfile.ZipFile(tmp_path / "a.zip").infolist()) == 2
+    assert extract(tmp_path / "a.zip", ExtractLimits()) == 2
+    assert (tmp_path / "d/b.txt").read_bytes() == b"d/b.txt"
+
+
+def test_a_tar_replaces_a_hard_link_and_links_only_to_its_files(tmp_path):
+    """Without a set of every path: what is a file in the fresh extraction directory is the archive's."""
+    archive = tmp_path / "a.tar"
+    _tar(archive, [("a", b"first"), _special("b", tarfile.LNKTYPE, "a"), ("b", b"second")], "w")
+    assert extract(archive, ExtractLimits()) == 3
+    assert (tmp_path / "a").read_bytes() == b"first" and (tmp_path / "b").read_bytes() == b"second"
+    target = tmp_path / "dir"
+    target.mkdir()
+    _tar(target / "a.tar", [_special("d", tarfile.DIRTYPE), _special("h", tarfile.LNKTYPE, "d")], "w")
+    with pytest.raises(
+        ArchiveError, match=r"member 'h': hard link to 'd', which is not a file of this archive"
+    ):
+        extract(target / "a.tar", ExtractLimits())
+
+
+def test_extract_limits_check_themselves():
+    with pytest.raises(ValueError, match="min_member_bytes -1 must be 0"):
+        ExtractLimits(min_member_bytes=-1)
+    assert ExtractLimits().min_member_bytes == 8
+
+
+def test_stage_in_refuses_a_damaged_tar_and_passes_the_member_density_setting(s3_server, tmp_path):
+    """Through the real tool: a tar.gz cut at a header boundary, and --min-extract-member-bytes."""
+    s3 = s3_client(s3_server)
+    cut = tmp_path / "cut.tar.gz"
+    whole = io.BytesIO()
+    with tarfile.open(fileobj=whole, mode="w") as tf:
+        for name, body in (("a.txt", b"a"), ("b.txt", b"b")):
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            tf.addfile(info, io.BytesIO(body))
+    cut.write_bytes(gzip.compress(whole.getvalue()[:1024], mtime=0))  # a, then nothing: no b, no end
+    flood = tmp_path / "flood.tar.gz"
+    _copies_of_one_directory(flood, 12_001)
+    runs = [
+        (
+            cut,
+            [],
+            1,
+            "archive cut.tar.gz: member 'a.txt': the archive is truncated at byte 1,024, after this member",
+        ),
+        (flood, [], 1, "more than 10,000 members (member-density limit: one member per 8 bytes of its"),
+        (flood, ["--min-extract-member-bytes", "0"], 0, "1 archives extracted (12,001 members)"),
+    ]
+    for i, (archive, flags, code, expected) in enumerate(runs):
+        prefix = f"damaged-{i}-{os.getpid()}/"
+        s3.put_object(Bucket="datasets", Key=f"{prefix}plain.txt", Body=b"plain")
+        s3.put_object(Bucket="datasets", Key=f"{prefix}{archive.name}", Body=archive.read_bytes())
+        uri = put_manifest(s3, dataset_manifest(s3, "datasets", prefix, f"damaged{i}"))
+        data = tmp_path / f"data-{i}"
+        data.mkdir()
+        (data / "kept.txt").write_text("kept")
+        result = run_sync(["stage-in", "--manifest", uri, "--data-dir", str(data), *flags], s3_server.env())
+        assert result.returncode == code, result.stderr
+        assert expected in result.stderr and "Traceback" not in result.stderr
+        if code:
+            assert os.listdir(data) == ["kept.txt"]
+        else:
+            assert sorted(os.listdir(data)) == ["d", "kept.txt", "plain.txt"]
