@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     o.add(
         "--min-extract-member-bytes",
-        None,  # no variable yet: kubetrain_contract.pod.Env would name it
+        Env.MIN_EXTRACT_MEMBER_BYTES,
         "fewest bytes of an archive per member: an archive may have at most max(10,000, its size / this) "
         "members (0: no such limit) (default 8)",
         conv=_non_negative_int,
