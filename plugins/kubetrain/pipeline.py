@@ -102,15 +102,12 @@ def form_dataset_prefixes(narrowed: Sequence[str] = ()) -> tuple[str, ...]:
     :param narrowed: the DAG's own prefixes (the stage task's ``allowed_prefixes``), each within the
         deployment's.
     """
-    import os
-
-    from kubetrain.settings import SETTINGS, parse_list
+    from kubetrain.settings import get_from_environment, parse_list
 
     if narrowed:
         return tuple(narrowed)
-    prefixes, bucket = SETTINGS["dataset_prefixes"], SETTINGS["datasets_bucket"]
-    allowed = parse_list(prefixes.name, os.environ.get(prefixes.env, prefixes.default))
-    return allowed or (f"s3://{(os.environ.get(bucket.env) or bucket.default).strip()}/",)
+    allowed = parse_list("dataset_prefixes", get_from_environment("dataset_prefixes"))
+    return allowed or (f"s3://{get_from_environment('datasets_bucket')}/",)
 
 
 def dataset_uri_pattern(prefixes: Sequence[str]) -> str:

@@ -337,6 +337,16 @@ def get(name: str) -> str:
     return str(value).strip()
 
 
+def get_from_environment(name: str) -> str:
+    """The value of setting ``name`` as the environment gives it (its variable, else its default), without
+    its Airflow Variable: what a DAG file may read when it is parsed (a trigger form's schema).
+
+    :param name: a key of :data:`SETTINGS`.
+    """
+    setting = SETTINGS[name]
+    return str(os.environ.get(setting.env) or setting.default).strip()
+
+
 def _variable(name: str) -> Any:
     try:
         from airflow.sdk import Variable
