@@ -13,15 +13,28 @@ from .support import first_line, simple_pod, start_server, stop_server
 
 NS = "default"
 CONFIG = """
+integrations:
+  frameworks: [batch/job, pod]
+managedJobsNamespaceSelector:
+  matchExpressions:
+    - {key: kubernetes.io/metadata.name, operator: NotIn, values: [kube-system, kueue-system, outside]}
 clusterQueues:
   - name: team
     nominalQuota: {cpu: "4", memory: 8Gi, nvidia.com/gpu: 1, ephemeral-storage: 20Gi}
     preemption: {withinClusterQueue: LowerPriority}
   - name: narrow
     nominalQuota: {cpu: "4", memory: 8Gi}
+  - name: besteffort
+    nominalQuota: {cpu: "1", memory: 8Gi}
+  - name: strict
+    nominalQuota: {cpu: "1", memory: 8Gi}
+    queueingStrategy: StrictFIFO
 localQueues:
   - {namespace: default, name: gpus, clusterQueue: team}
   - {namespace: default, name: narrow, clusterQueue: narrow}
+  - {namespace: default, name: besteffort, clusterQueue: besteffort}
+  - {namespace: default, name: strict, clusterQueue: strict}
+  - {namespace: outside, name: gpus, clusterQueue: team}
 workloadPriorityClasses:
   - {name: low, value: 100}
   - {name: high, value: 1000}
@@ -231,3 +244,161 @@ def test_a_resource_the_cluster_queue_does_not_cover_keeps_the_workload_out(core
         raise AssertionError("the workload was never found waiting")
     assert gated(core.read_namespaced_pod("storage", NS))
     core.delete_namespaced_pod("storage", NS, grace_period_seconds=0)
+
+
+# -- where the stand-in follows Kueue v0.19 (include/devstack/KUBEAPI.md, "Kueue") -------------------
+
+
+def waiting_message(custom: client.CustomObjectsApi, owner: str) -> str:
+    """The QuotaReserved=False message of the Workload that ``owner`` owns, once the controller wrote it."""
+    stream = watch.Watch().stream(
+        custom.list_namespaced_custom_object, "kueue.x-k8s.io", "v1beta1", NS, "workloads", timeout_seconds=60
+    )
+    for event in stream:
+        if event["object"]["metadata"]["ownerReferences"][0]["name"] != owner:
+            continue
+        cond = wl_condition(event["object"], "QuotaReserved")
+        if cond.get("status") == "False":
+            return cond["message"]
+    raise AssertionError(f"the workload of {owner} was never seen waiting")
+
+
+def delete_and_wait(core: client.CoreV1Api, name: str, ns: str = NS, grace: int | None = 0) -> client.V1Pod:
+    """Delete a pod and return its last state, watched from before the deletion (it may go at once)."""
+    since = core.read_namespaced_pod(name, ns).metadata.resource_version
+    core.delete_namespaced_pod(name, ns, grace_period_seconds=grace)
+    for event in watch.Watch().stream(
+        core.list_namespaced_pod,
+        ns,
+        field_selector=f"metadata.name={name}",
+        resource_version=since,
+        timeout_seconds=120,
+    ):
+        if event["type"] == "DELETED":
+            return event["object"]
+    raise AssertionError(f"pod {ns}/{name} was never removed")
+
+
+def cpu_pod(name: str, queue: str, cpu: str, script: str = "echo done", **extra) -> dict:
+    body = queued_pod(name, script, queue=queue, gpus=0, **extra)
+    body["spec"]["containers"][0]["resources"] = {"requests": {"cpu": cpu, "memory": "64Mi"}}
+    return body
+
+
+def test_sidecars_count_toward_quota_and_an_oversized_workload_is_told_it_never_fits(core, custom):
+    # 600m in the main container fits the queue's 1 CPU; the sidecar's 500m runs beside it, so the pod
+    # needs 1100m, as the scheduler and Kueue count it: more than the queue will ever have
+    body = cpu_pod("with-sidecar", "besteffort", "600m")
+    body["spec"]["initContainers"] = [
+        {
+            "name": "sync",
+            "image": "busybox:1.36",
+            "command": ["sh", "-c", "sleep 600"],
+            "restartPolicy": "Always",
+            "resources": {"requests": {"cpu": "500m", "memory": "64Mi"}},
+        }
+    ]
+    core.create_namespaced_pod(NS, body)
+    message = waiting_message(custom, "with-sidecar")
+    assert message == (
+        "couldn't assign flavors to pod set main: insufficient quota for cpu in flavor default-flavor, "
+        "request > maximum capacity (1100m > 1)"
+    )
+    assert gated(core.read_namespaced_pod("with-sidecar", NS))
+    delete_and_wait(core, "with-sidecar")
+
+
+@pytest.mark.parametrize(("queue", "small_admitted"), [("besteffort", True), ("strict", False)])
+def test_a_waiting_workload_blocks_smaller_ones_behind_it_only_under_strict_fifo(
+    core, custom, queue, small_admitted
+):
+    core.create_namespaced_pod(NS, cpu_pod(f"{queue}-holder", queue, "600m", "sleep 600"))
+    until(core, f"{queue}-holder", phase_in("Running"))
+    core.create_namespaced_pod(NS, cpu_pod(f"{queue}-big", queue, "800m"))
+    assert "400m more needed" in waiting_message(custom, f"{queue}-big")
+    core.create_namespaced_pod(NS, cpu_pod(f"{queue}-small", queue, "300m"))
+    if small_admitted:  # BestEffortFIFO, Kueue's default: the small one goes ahead of the big one
+        assert until(core, f"{queue}-small", phase_in("Succeeded", "Failed")).status.phase == "Succeeded"
+        assert gated(core.read_namespaced_pod(f"{queue}-big", NS))
+        delete_and_wait(core, f"{queue}-holder")
+        assert until(core, f"{queue}-big", phase_in("Succeeded", "Failed")).status.phase == "Succeeded"
+    else:  # StrictFIFO: it waits behind the big one although it fits, and starts only after it
+        delete_and_wait(core, f"{queue}-holder")
+        small = until(core, f"{queue}-small", phase_in("Succeeded", "Failed"))
+        big = core.read_namespaced_pod(f"{queue}-big", NS)
+        assert small.status.phase == big.status.phase == "Succeeded"
+        assert small.status.start_time >= big.status.container_statuses[0].state.terminated.finished_at
+    for name in ("big", "small"):
+        delete_and_wait(core, f"{queue}-{name}", grace=None)
+
+
+def test_a_missing_priority_class_creates_no_workload_and_says_so_on_the_pod(core, custom):
+    core.create_namespaced_pod(NS, queued_pod("misspelt", "echo never", priority="hihg"))
+    stream = watch.Watch().stream(
+        core.list_namespaced_event,
+        NS,
+        field_selector="involvedObject.name=misspelt",
+        timeout_seconds=60,
+    )
+    event = next(e["object"] for e in stream if e["object"].reason == "WorkloadPriorityClassNotFound")
+    assert event.type == "Warning" and event.message == 'WorkloadPriorityClass "hihg" not found'
+    items = custom.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta1", NS, "workloads")["items"]
+    assert not [w for w in items if w["metadata"]["ownerReferences"][0]["name"] == "misspelt"]
+    pod = core.read_namespaced_pod("misspelt", NS)
+    assert gated(pod) and pod.status.phase == "Pending"
+    # Kueue's finalizer does not keep a deleted pod that never ran
+    assert "kueue.x-k8s.io/managed" in pod.metadata.finalizers
+    delete_and_wait(core, "misspelt", grace=None)
+
+
+def test_kueue_holds_its_pods_with_a_finalizer_until_they_end(core):
+    core.create_namespaced_pod(NS, queued_pod("held", "sleep 600", gpus=0, queue="narrow"))
+    running = until(core, "held", phase_in("Running"))
+    assert running.metadata.finalizers == ["kueue.x-k8s.io/managed"]
+    gone = delete_and_wait(core, "held", grace=1)
+    assert not gone.metadata.finalizers  # taken off once the processes were gone, then the pod went
+    core.create_namespaced_pod(NS, queued_pod("ends", "echo ok", gpus=0, queue="narrow"))
+    ended = until(core, "ends", lambda _, p: p.status.phase == "Succeeded" and not p.metadata.finalizers)
+    assert ended.metadata.labels["kueue.x-k8s.io/managed"] == "true"
+    core.delete_namespaced_pod("ends", NS)
+
+
+def test_pods_outside_the_managed_namespaces_are_not_queued(core):
+    core.create_namespace({"metadata": {"name": "outside"}})
+    core.create_namespaced_pod("outside", queued_pod("free", "echo free"))
+    pod = core.read_namespaced_pod("free", "outside")
+    assert not gated(pod) and "kueue.x-k8s.io/managed" not in (pod.metadata.labels or {})
+    assert not pod.metadata.finalizers
+    done = until_in(core, "outside", "free")
+    assert done.status.phase == "Succeeded"
+    core.delete_namespaced_pod("free", "outside")
+
+
+def until_in(core: client.CoreV1Api, ns: str, name: str) -> client.V1Pod:
+    for event in watch.Watch().stream(
+        core.list_namespaced_pod, ns, field_selector=f"metadata.name={name}", timeout_seconds=120
+    ):
+        if event["object"].status.phase in ("Succeeded", "Failed"):
+            return event["object"]
+    raise AssertionError(f"pod {ns}/{name} never ended")
+
+
+@pytest.fixture(scope="module")
+def pods_not_integrated(tmp_path_factory, mirror):
+    """A Kueue configured as by default: batch/job only, so plain pods are not its business."""
+    tmp = tmp_path_factory.mktemp("kueue-jobs-only")
+    config = CONFIG.replace("frameworks: [batch/job, pod]", "frameworks: [batch/job]")
+    (tmp / "kueue.yaml").write_text(config)
+    api, proc = start_server(tmp, "--kueue-config", str(tmp / "kueue.yaml"), mirror=mirror)
+    try:
+        yield client.CoreV1Api(api.api_client())
+    finally:
+        stop_server(proc)
+
+
+def test_without_the_pod_integration_a_queued_pod_runs_unqueued(pods_not_integrated):
+    core = pods_not_integrated
+    core.create_namespaced_pod(NS, queued_pod("unqueued", "echo ran"))
+    pod = core.read_namespaced_pod("unqueued", NS)
+    assert not gated(pod) and not pod.metadata.finalizers
+    assert until(core, "unqueued", phase_in("Succeeded", "Failed")).status.phase == "Succeeded"

@@ -75,6 +75,8 @@ class Cluster:
         self._event_index: dict[tuple, str] = {}
         self.jobs = None  # set by jobs.JobController
         self.pod_finished_hooks: list = []
+        # called with (namespace, name) when a deleted pod's processes are gone but finalizers keep its object
+        self.pod_finalizing_hooks: list = []
         self.deleting: dict[str, asyncio.Task] = {}
         self.addresses = podnet.Addresses(port)
         self.preload = podnet.build_preload(state_dir / "lib")
@@ -323,10 +325,22 @@ class Cluster:
         return self.workers.get(pod["metadata"].get("uid", ""))
 
     def pod_updated(self, pod: dict) -> None:
-        """An update was stored: a pod waiting on its scheduling gates looks at them again."""
+        """An update was stored: a pod waiting on its scheduling gates looks at them again, and a deleted
+        pod whose last finalizer went is removed."""
         worker = self.worker_for(pod)
         if worker is not None:
             worker.gates_changed.set()
+        self.release_if_finalized(pod["metadata"].get("namespace") or "default", pod["metadata"]["name"])
+
+    def release_if_finalized(self, namespace: str, name: str) -> None:
+        """Remove a deleted pod once its processes are gone and no finalizer holds it (kube-apiserver
+        removes an object whose deletionTimestamp is set when its finalizers list becomes empty)."""
+        pod = self.store.get("pods", namespace, name)
+        if pod is None or not pod["metadata"].get("deletionTimestamp") or pod["metadata"].get("finalizers"):
+            return
+        if pod["metadata"]["uid"] in self.deleting:
+            return  # the graceful deletion in flight removes it when the processes are gone
+        self.store.remove("pods", namespace, name)
 
     def evict(self, namespace: str, name: str, grace: int | None) -> dict:
         """The Eviction API's effect on a pod no PodDisruptionBudget covers: the DisruptionTarget
@@ -377,7 +391,11 @@ class Cluster:
                 await worker.terminate(float(grace))
             current = self.store.get("pods", namespace, name)
             if current is not None and current["metadata"]["uid"] == uid:
-                self.store.remove("pods", namespace, name)
+                if current["metadata"].get("finalizers"):
+                    for hook in self.pod_finalizing_hooks:  # whoever owns a finalizer removes it
+                        hook(namespace, name)
+                else:
+                    self.store.remove("pods", namespace, name)
         finally:
             if worker is not None:
                 worker.cleanup()

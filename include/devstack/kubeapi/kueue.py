@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from include.devstack.kubeapi.meta import GROUPS, RESOURCES, Resource, rfc3339
+from include.devstack.kubeapi.selectors import match_label_selector_object
 from include.devstack.kubeapi.validation import parse_quantity
 
 if TYPE_CHECKING:
@@ -54,6 +55,13 @@ MANAGED_LABEL = "kueue.x-k8s.io/managed"
 GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"
 GATE = "kueue.x-k8s.io/admission"
+FINALIZER = "kueue.x-k8s.io/managed"
+DEFAULT_FRAMEWORKS = ("batch/job",)
+DEFAULT_NAMESPACE_SELECTOR = {
+    "matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "kueue-system"]}
+    ]
+}
 READ = ("get", "list", "watch")
 
 
@@ -74,6 +82,7 @@ class ClusterQueue:
     name: str
     quota: dict[str, Decimal]
     preempt_lower: bool
+    strict_fifo: bool = False  # queueingStrategy StrictFIFO; Kueue's default is BestEffortFIFO
 
 
 @dataclass
@@ -96,17 +105,50 @@ class Workload:
 
 
 def container_requests(spec: dict) -> dict[str, Decimal]:
-    """A pod's requests as Kueue counts them: the containers' sum, or the largest init container's."""
-    total: dict[str, Decimal] = {}
-    for c in spec.get("containers") or []:
+    """A pod's requests as Kueue counts them, which is how Kubernetes counts them (``resourcehelper``):
+    the larger of the running pod's (its containers and its sidecars, the init containers with
+    ``restartPolicy: Always``) and each init container's with the sidecars started before it. A limit
+    without a request is the request."""
+
+    def of(c: dict) -> dict[str, Decimal]:
         res = c.get("resources") or {}
-        for name, value in {**(res.get("limits") or {}), **(res.get("requests") or {})}.items():
-            total[name] = total.get(name, Decimal(0)) + parse_quantity(value)
+        return {
+            name: parse_quantity(value)
+            for name, value in {**(res.get("limits") or {}), **(res.get("requests") or {})}.items()
+        }
+
+    def add(a: dict[str, Decimal], b: dict[str, Decimal]) -> dict[str, Decimal]:
+        return {k: a.get(k, Decimal(0)) + b.get(k, Decimal(0)) for k in {*a, *b}}
+
+    def peak(a: dict[str, Decimal], b: dict[str, Decimal]) -> dict[str, Decimal]:
+        return {k: max(a.get(k, Decimal(0)), b.get(k, Decimal(0))) for k in {*a, *b}}
+
+    sidecars: dict[str, Decimal] = {}
+    init_peak: dict[str, Decimal] = {}
     for c in spec.get("initContainers") or []:
-        res = c.get("resources") or {}
-        for name, value in {**(res.get("limits") or {}), **(res.get("requests") or {})}.items():
-            total[name] = max(total.get(name, Decimal(0)), parse_quantity(value))
-    return total
+        if c.get("restartPolicy") == "Always":
+            sidecars = add(sidecars, of(c))
+            init_peak = peak(init_peak, sidecars)
+        else:
+            init_peak = peak(init_peak, add(sidecars, of(c)))
+    running = sidecars
+    for c in spec.get("containers") or []:
+        running = add(running, of(c))
+    return peak(init_peak, running)
+
+
+def quantity(resource: str, value: Decimal) -> str:
+    """A quantity as Kueue prints it (resource.Quantity's canonical form): CPU in cores or millicores,
+    other resources in bytes with the largest binary suffix that divides them."""
+    if resource == "cpu":
+        return f"{value.normalize():f}" if value == value.to_integral_value() else f"{int(value * 1000)}m"
+    if value != value.to_integral_value():
+        return f"{value.normalize():f}"
+    number = int(value)
+    for suffix, scale in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if number and number % scale == 0:
+            return f"{number // scale}{suffix}"
+    return str(number)
 
 
 class Kueue:
@@ -119,7 +161,14 @@ class Kueue:
         for cq in config.get("clusterQueues") or []:
             quota = {k: parse_quantity(v) for k, v in (cq.get("nominalQuota") or {}).items()}
             within = ((cq.get("preemption") or {}).get("withinClusterQueue")) or "Never"
-            self.queues[cq["name"]] = ClusterQueue(cq["name"], quota, within == "LowerPriority")
+            strategy = cq.get("queueingStrategy") or "BestEffortFIFO"
+            if strategy not in ("BestEffortFIFO", "StrictFIFO"):
+                raise ValueError(
+                    f"clusterQueue {cq['name']!r}: queueingStrategy {strategy!r} is not BestEffortFIFO or StrictFIFO"
+                )
+            self.queues[cq["name"]] = ClusterQueue(
+                cq["name"], quota, within == "LowerPriority", strategy == "StrictFIFO"
+            )
         self.local: dict[tuple[str, str], str] = {
             (lq["namespace"], lq["name"]): lq["clusterQueue"] for lq in config.get("localQueues") or []
         }
@@ -127,6 +176,18 @@ class Kueue:
             p["name"]: int(p["value"]) for p in config.get("workloadPriorityClasses") or []
         }
         self.excluded: tuple[str, ...] = tuple(config.get("excludeResourcePrefixes") or ())
+        # Kueue's Configuration: the integrations are enabled one by one (its built-in default, when the
+        # configuration names none, is batch/job alone: pkg/config/defaults.go), and the namespaces whose
+        # jobs and pods it manages (managedJobsNamespaceSelector; the default leaves kube-system and
+        # kueue-system out)
+        self.frameworks: frozenset[str] = frozenset(
+            ((config.get("integrations") or {}).get("frameworks")) or DEFAULT_FRAMEWORKS
+        )
+        self.namespace_selector: dict = (
+            config["managedJobsNamespaceSelector"]
+            if config.get("managedJobsNamespaceSelector") is not None
+            else DEFAULT_NAMESPACE_SELECTOR
+        )
         self.workloads: dict[tuple[str, str], Workload] = {}
         self.seq = itertools.count(1)
         self._scheduled = False
@@ -144,6 +205,7 @@ class Kueue:
                         "preemption": {
                             "withinClusterQueue": "LowerPriority" if cq.preempt_lower else "Never"
                         },
+                        "queueingStrategy": "StrictFIFO" if cq.strict_fifo else "BestEffortFIFO",
                         "resourceGroups": [
                             {
                                 "coveredResources": list(cq.quota),
@@ -178,24 +240,45 @@ class Kueue:
                 GROUP,
             )
         cluster.pod_finished_hooks.append(lambda worker: self.soon())
+        cluster.pod_finalizing_hooks.append(lambda namespace, name: self.soon())
 
     # -- webhooks ----------------------------------------------------------------------------
 
+    def managed_namespace(self, namespace: str) -> bool:
+        """Whether ``managedJobsNamespaceSelector`` selects the namespace (``{}`` selects every one)."""
+        if not self.namespace_selector:
+            return True
+        ns = self.store.get("namespaces", "", namespace) or {}
+        labels = (ns.get("metadata") or {}).get("labels") or {"kubernetes.io/metadata.name": namespace}
+        return match_label_selector_object(self.namespace_selector, labels)
+
     def mutate_pod(self, pod: dict) -> None:
-        """Kueue's pod webhook: gate a queued pod that no Job owns."""
+        """Kueue's pod webhook (the ``pod`` integration): gate a queued pod in a managed namespace that no
+        job of an enabled integration owns, and hold it with Kueue's finalizer."""
         meta = pod.setdefault("metadata", {})
         labels = meta.get("labels") or {}
-        owned_by_job = any(o.get("kind") == "Job" for o in meta.get("ownerReferences") or [])
-        if QUEUE_LABEL not in labels or owned_by_job:
+        if "pod" not in self.frameworks or QUEUE_LABEL not in labels:
             return
+        if not self.managed_namespace(meta.get("namespace") or "default"):
+            return
+        owners = meta.get("ownerReferences") or []
+        if "batch/job" in self.frameworks and any(o.get("kind") == "Job" for o in owners):
+            return  # the Job's workload holds its pods
         meta.setdefault("labels", {})[MANAGED_LABEL] = "true"
+        finalizers = meta.setdefault("finalizers", [])
+        if FINALIZER not in finalizers:
+            finalizers.append(FINALIZER)
         gates = pod.setdefault("spec", {}).setdefault("schedulingGates", [])
         if not any(g.get("name") == GATE for g in gates):
             gates.append({"name": GATE})
 
     def mutate_job(self, job: dict) -> None:
-        """Kueue's Job webhook: a queued Job is created suspended."""
-        if QUEUE_LABEL in ((job.get("metadata") or {}).get("labels") or {}):
+        """Kueue's Job webhook (the ``batch/job`` integration): a queued Job in a managed namespace is
+        created suspended."""
+        meta = job.get("metadata") or {}
+        if "batch/job" not in self.frameworks or QUEUE_LABEL not in (meta.get("labels") or {}):
+            return
+        if self.managed_namespace(meta.get("namespace") or "default"):
             job.setdefault("spec", {})["suspend"] = True
 
     # -- workloads ---------------------------------------------------------------------------
@@ -207,26 +290,43 @@ class Kueue:
             return
         group = labels.get(GROUP_LABEL)
         kind, key = ("group", group) if group else ("pod", meta["name"])
-        self.ensure(meta["namespace"], kind, key, labels, meta)
+        self.ensure(meta["namespace"], kind, key, labels, meta, pod)
         self.soon()
 
     def job_created(self, job: dict) -> None:
         meta = job["metadata"]
         labels = meta.get("labels") or {}
-        if QUEUE_LABEL in labels:
-            self.ensure(meta["namespace"], "job", meta["name"], labels, meta)
+        if (
+            QUEUE_LABEL in labels
+            and "batch/job" in self.frameworks
+            and self.managed_namespace(meta["namespace"])
+        ):
+            self.ensure(meta["namespace"], "job", meta["name"], labels, meta, job)
             self.soon()
 
-    def ensure(self, namespace: str, kind: str, key: str, labels: dict, meta: dict) -> Workload:
+    def ensure(
+        self, namespace: str, kind: str, key: str, labels: dict, meta: dict, obj: dict | None = None
+    ) -> Workload | None:
         found = next(
             (w for w in self.workloads.values() if (w.namespace, w.kind, w.key) == (namespace, kind, key)),
             None,
         )
         if found is not None and not found.finished:
             return found
+        priority_name = labels.get(PRIORITY_LABEL, "")
+        if priority_name and priority_name not in self.priorities:
+            # Kueue creates no Workload and says why on the object that carries the label
+            # (jobframework: ReasonWorkloadPriorityClassNotFound); the pod stays gated, the Job suspended
+            self.cluster.record_event(
+                obj or {"apiVersion": "v1", "kind": "Pod", "metadata": meta},
+                "Warning",
+                "WorkloadPriorityClassNotFound",
+                f'WorkloadPriorityClass "{priority_name}" not found',
+                component="kueue-admission",
+            )
+            return None
         suffix = hashlib.sha256(f"{meta.get('uid')}".encode()).hexdigest()[:5]
         name = f"{kind}-{key}-{suffix}" if kind != "group" else key
-        priority_name = labels.get(PRIORITY_LABEL, "")
         workload = Workload(
             namespace,
             name,
@@ -325,8 +425,33 @@ class Kueue:
     def counted(self, requests: dict[str, Decimal]) -> dict[str, Decimal]:
         return {k: v for k, v in requests.items() if v and not k.startswith(self.excluded)}
 
+    def release_finalizers(self) -> None:
+        """Kueue's pod reconciler takes its finalizer off a managed pod whose processes are gone once the
+        pod is being deleted or has ended (its workload has then finished)."""
+        for pod in self.store.list("pods", None):
+            meta = pod["metadata"]
+            if FINALIZER not in (meta.get("finalizers") or []) or not self.ended(pod):
+                continue
+            if not meta.get("deletionTimestamp") and (pod.get("status") or {}).get("phase") not in (
+                "Succeeded",
+                "Failed",
+            ):
+                continue
+
+            def drop(p: dict) -> None:
+                p["metadata"]["finalizers"] = [
+                    f for f in p["metadata"].get("finalizers") or [] if f != FINALIZER
+                ]
+                if not p["metadata"]["finalizers"]:
+                    del p["metadata"]["finalizers"]
+
+            stored = self.store.mutate("pods", meta["namespace"], meta["name"], drop)
+            if stored is not None:
+                self.cluster.release_if_finalized(meta["namespace"], meta["name"])
+
     def schedule(self) -> None:
         self._scheduled = False
+        self.release_finalizers()
         for w in list(self.workloads.values()):
             if not w.finished and self.finished(w):
                 w.finished, w.admitted = True, False
@@ -352,11 +477,16 @@ class Kueue:
         for k, v in self.counted(requests).items():
             if k not in cq.quota:
                 return f"resource {k} unavailable in ClusterQueue"
+            if v > cq.quota[k]:  # no cohort here: the maximum capacity is the nominal quota
+                return (
+                    f"couldn't assign flavors to pod set main: insufficient quota for {k} in flavor "
+                    f"default-flavor, request > maximum capacity ({quantity(k, v)} > {quantity(k, cq.quota[k])})"
+                )
             if used.get(k, Decimal(0)) + v > cq.quota[k]:
                 more = used.get(k, Decimal(0)) + v - cq.quota[k]
                 return (
                     f"couldn't assign flavors to pod set main: insufficient unused quota for {k} in flavor "
-                    f"default-flavor, {more.normalize():f} more needed"
+                    f"default-flavor, {quantity(k, more)} more needed"
                 )
         return None
 
@@ -379,7 +509,8 @@ class Kueue:
             if why is None:
                 self.admit(w, cq)
                 continue
-            if cq.preempt_lower and not why.startswith("resource "):
+            never = why.startswith("resource ") or "maximum capacity" in why
+            if cq.preempt_lower and not never:
                 evicting = tuple(v for v in self.workloads.values() if v.evicting and self.queue_of(v) is cq)
                 if evicting and self.fits(cq, requests, self.used(cq, evicting)) is None:
                     why = "waiting for the preempted workloads to end"
@@ -390,7 +521,9 @@ class Kueue:
                     if victims:
                         why = "waiting for the preempted workloads to end"
             self.condition(w, "QuotaReserved", "False", "Pending", why)
-            return  # strict FIFO within priority: nothing behind a waiting workload is admitted
+            if cq.strict_fifo or why == "waiting for the preempted workloads to end":
+                return  # nothing behind the head is admitted (StrictFIFO), nor into the room it is making
+            # BestEffortFIFO: a workload that cannot be admitted now does not block those behind it
 
     def victims(self, cq: ClusterQueue, w: Workload, evicting: tuple[Workload, ...]) -> list[Workload] | None:
         """The fewest lower-priority admitted workloads whose eviction makes room for ``w``: the lowest
