@@ -165,11 +165,15 @@ VALUES_SCHEMA = {
                     "serviceAccount": {
                         "type": "object",
                         "propertyNames": {"enum": sorted(SERVICE_ACCOUNT_KEYS)},
-                        "properties": {"create": {"type": "boolean"}, "name": {"type": "string"}},
+                        "properties": {
+                            "create": {"type": "boolean"},
+                            "name": {"type": "string"},
+                            "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                        },
                     }
                 },
             }
-            for component in ("workers", "triggerer")
+            for component in ("workers", "triggerer", "apiServer")
         },
         "config": {
             "type": "object",
@@ -287,3 +291,35 @@ def test_dags_come_from_git_sync(values):
     git_sync = values["dags"]["gitSync"]
     assert git_sync["enabled"] is True and git_sync["subPath"] == "dags"
     assert values["config"]["core"]["load_examples"] == "False"
+
+
+def test_every_account_that_reads_s3_carries_the_same_iam_role(values):
+    """Workers (runs, builds, ECR logins), the triggerer (it follows deferred runs and reads their records)
+    and the API server (the Training page and reports read the run store) get S3 without keys (IRSA)."""
+    roles = {
+        component: values[component]["serviceAccount"]
+        .get("annotations", {})
+        .get("eks.amazonaws.com/role-arn")
+        for component in ("workers", "triggerer", "apiServer")
+    }
+    assert len(set(roles.values())) == 1 and all(
+        re.fullmatch(r"arn:aws:iam::\d{12}:role/[\w+=,.@-]+", role or "") for role in roles.values()
+    ), roles
+
+
+def test_task_logs_outlive_the_deleted_worker_pods(values):
+    """The KubernetesExecutor deletes a worker pod when its task ends: without remote logging the task's
+    log goes with it. The logs go to the training bucket through the aws_default connection."""
+    assert values["config"]["kubernetes_executor"]["delete_worker_pods"] == "True"
+    logging = values["config"]["logging"]
+    env = {e["name"]: e["value"] for e in values["env"]}
+    assert logging["remote_logging"] == "True" and logging["remote_log_conn_id"] == "aws_default"
+    assert logging["remote_base_log_folder"].startswith(f"s3://{env['KUBETRAIN_TRAINING_BUCKET']}/")
+
+
+def test_the_image_tag_is_the_released_one(values):
+    env = {e["name"]: e["value"] for e in values["env"]}
+    assert (
+        re.fullmatch(r"[\w][\w.-]{0,127}", env["KUBETRAIN_IMAGE_TAG"])
+        and env["KUBETRAIN_IMAGE_TAG"] != "latest"
+    )
