@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import time
 import urllib.request
@@ -46,7 +47,11 @@ ADMIN_TOKEN = "kubetrain-tests-admin"
 
 
 def start_server(
-    tmp: Path, *extra: str, mirror: str, users: dict[str, str] | None = None
+    tmp: Path,
+    *extra: str,
+    mirror: str,
+    users: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[KubeApi, subprocess.Popen]:
     """A private local Kubernetes API over ``tmp``, pulling public images from the dev stack's ``mirror``; its
     kubeconfig is a cluster admin's (group system:masters). ``users`` adds ``{token: user}`` lines."""
@@ -86,6 +91,7 @@ def start_server(
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={**os.environ, **(env or {})},
         )
     url = f"https://127.0.0.1:{port}"
     wait_http(f"{url}/version", 60, proc, log, ca=cert)

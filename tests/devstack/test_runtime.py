@@ -174,3 +174,61 @@ def test_deleting_a_pod_kills_every_process_of_its_container(core):
     )
     assert time.monotonic() - start < 10
     assert processes_with(marker) == []  # the background child went with the container's PID 1
+
+
+def test_a_pod_deleted_while_runc_creates_its_container_leaves_no_container(tmp_path, mirror):
+    """SIGKILL for a container that runc is still creating: the shim kills it once it exists, so nothing is
+    orphaned and the pod goes. The fault, a `runc run` held between the shim's start and runc's create, is
+    injected with a runc on PATH that waits for a gate file before it runs the real one."""
+    import shutil
+
+    real = shutil.which("runc")
+    assert real, "runc is not installed: run `make setup`"
+    bin_dir, gate, entered = tmp_path / "bin", tmp_path / "gate", tmp_path / "entered"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "runc"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do if [ "$a" = run ] && [ -e ' + str(gate) + " ]; then\n"
+        f"  touch {entered}; while [ -e {gate} ]; do sleep 0.05; done\n"
+        "fi; done\n"
+        f'exec {real} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    (tmp_path / "server").mkdir()
+    api, proc = start_server(
+        tmp_path / "server", mirror=mirror, env={"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    )
+    marker = sleeper()
+    try:
+        core = client.CoreV1Api(api.api_client())
+        gate.touch()
+        core.create_namespaced_pod(NS, simple_pod("racing", f"exec {marker}"))
+        wait_for(entered.exists, 120, what="the shim's runc run to start")
+        since = core.read_namespaced_pod("racing", NS).metadata.resource_version
+        core.delete_namespaced_pod("racing", NS, grace_period_seconds=0)
+        gate.unlink()  # runc goes on to create the container the server has already killed
+        from kubernetes import watch
+
+        removed = False
+        for event in watch.Watch().stream(
+            core.list_namespaced_pod,
+            NS,
+            field_selector="metadata.name=racing",
+            resource_version=since,
+            timeout_seconds=120,
+        ):
+            if event["type"] == "DELETED":
+                removed = True
+                break
+        assert removed, "the pod was never removed"
+        wait_for(lambda: not processes_with(marker), 30, what="no container process")
+        states = subprocess.run(
+            [real, "--root", str(tmp_path / "server" / "state" / "runc"), "list", "-q"],
+            capture_output=True,
+            text=True,
+        )
+        assert not states.stdout.strip(), f"runc still holds containers: {states.stdout}"
+    finally:
+        gate.unlink(missing_ok=True)
+        stop_server(proc)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 SHIM = Path(__file__).with_name("shim.py")
+KILL_REQUEST = signal.SIGRTMIN  # shim.py's: kill the container as soon as runc has created it
 RUNC = "runc"
 
 
@@ -99,10 +100,18 @@ class Proc:
     def send_signal(self, sig: int) -> None:
         if self.finished.is_set():
             return
-        if sig == signal.SIGKILL and self.pid:
-            # the container's PID 1: the kernel then ends every process of its PID namespace
+        if sig == signal.SIGKILL and self.pid is None:
+            # runc may still be creating the container: SIGKILL to the shim would leave the container that
+            # its `runc run --detach` then creates orphaned; the shim kills it as soon as it exists instead
+            with contextlib.suppress(ProcessLookupError, OSError):
+                self.shim.send_signal(KILL_REQUEST)
+            return
+        if sig == signal.SIGKILL:
+            # the container's PID 1: the kernel then ends every process of its PID namespace, and the shim
+            # reaps it and deletes the container's runc state (SIGKILL to the shim would leave that behind)
             with contextlib.suppress(OSError):
                 os.kill(self.pid, signal.SIGKILL)
+            return
         with contextlib.suppress(ProcessLookupError, OSError):
             self.shim.send_signal(sig)
 

@@ -31,6 +31,9 @@ import sys
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+# The server's SIGKILL for a container that runc may still be creating: killing the shim then would leave the
+# container that the in-flight `runc run --detach` goes on to create without a parent (runtime.Proc).
+KILL_REQUEST = signal.SIGRTMIN
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -86,6 +89,18 @@ def main() -> int:
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     container = 0
     pending: list[int] = []
+    kill_requested = False
+
+    def kill(_signum, _frame) -> None:
+        nonlocal kill_requested
+        kill_requested = True
+        if container:
+            try:
+                os.kill(container, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(KILL_REQUEST, kill)
 
     def forward(signum, _frame) -> None:
         if container:
@@ -120,6 +135,8 @@ def main() -> int:
         return 128
     with open(pid_file) as f:
         container = int(f.read().strip())
+    if kill_requested:  # asked while runc was creating it: it goes now, and is reaped and deleted below
+        os.kill(container, signal.SIGKILL)
     report(pid=container)
     report(started=True)
     for sig in pending:
