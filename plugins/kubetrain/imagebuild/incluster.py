@@ -155,9 +155,9 @@ def pod_security_refusal(namespace: str, message: str) -> str:
     return (
         f"the in-cluster builder pod was refused by Pod Security admission in namespace {namespace!r} ({message}): "
         f"its rootless builder needs seccomp and AppArmor Unconfined, which only level {POD_SECURITY_LEVEL!r} admits. "
-        f"Run builds in a namespace of their own (kubectl create namespace kubetrain-build; kubectl label namespace "
-        f"kubetrain-build pod-security.kubernetes.io/enforce={POD_SECURITY_LEVEL}) named by KUBETRAIN_BUILD_NAMESPACE, "
-        "or build on the Airflow worker (builder='buildah')"
+        "Run builds in a namespace of their own, labelled so, with the grants builds need "
+        "(kubectl apply -f deploy/rbac-build.yaml makes kubetrain-build; docs/real-cluster.md) and named by "
+        "KUBETRAIN_BUILD_NAMESPACE, or build on the Airflow worker (builder='buildah')"
     )
 
 

@@ -291,3 +291,4 @@ def test_a_pod_security_refusal_says_which_level_the_builder_needs(registry_conn
     assert "refused by Pod Security admission in namespace 'kubetrain'" in message
     assert 'violates PodSecurity "restricted:latest"' in message
     assert "level 'privileged'" in message and "KUBETRAIN_BUILD_NAMESPACE" in message
+    assert "kubectl apply -f deploy/rbac-build.yaml" in message

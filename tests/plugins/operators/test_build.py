@@ -7,14 +7,16 @@ the method it deferred to: the XCom sidecar's metadata names the pushed digest, 
 moves onto it, and no builder pod is left behind.
 
 The training namespace enforces Pod Security level restricted, which the rootless builder cannot
-pass: builds run in a namespace of their own, labelled privileged, where deploy/rbac.yaml's Roles
-are applied too (docs/real-cluster.md says so), as the workers' service account.
+pass: builds run in a namespace of their own, labelled privileged, made by deploy/rbac-build.yaml as
+docs/real-cluster.md says; the worker's account builds and the triggerer's follows, under that
+manifest's grants alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +27,7 @@ from airflow.sdk.exceptions import TaskDeferred
 from kubernetes import client as kube_client
 from kubernetes import config as kube_config
 
-from include.devstack.stack import NAMESPACE, RBAC_MANIFEST
+from include.devstack.stack import KUBECTL, NAMESPACE, RBAC_MANIFEST
 from kubetrain.imagebuild.oci import RegistryClient
 from kubetrain.operators.build import BuildImageOperator
 from kubetrain.triggers.pod import PodTriggerByReference
@@ -45,32 +47,22 @@ class TaskInstance:
 
 
 BUILD_NAMESPACE = "kubetrain-build"
+BUILD_RBAC = RBAC_MANIFEST.with_name("rbac-build.yaml")
 
 
-def build_namespace_like_the_docs_say(admin) -> str:
-    """A namespace labelled privileged, with deploy/rbac.yaml's Roles and bindings and the S3 Secret in it."""
-    import yaml
-
-    core, rbac_api = kube_client.CoreV1Api(admin), kube_client.RbacAuthorizationV1Api(admin)
+def build_namespace_like_the_docs_say(admin, admin_kubeconfig: str) -> str:
+    """deploy/rbac-build.yaml applied as docs/real-cluster.md says (the namespace, labelled privileged, and
+    its two Roles), and the S3 Secret copied into it: the build then runs under those grants alone."""
+    core = kube_client.CoreV1Api(admin)
     if any(n.metadata.name == BUILD_NAMESPACE for n in core.list_namespace().items):
         return BUILD_NAMESPACE
-    core.create_namespace(
-        {
-            "metadata": {
-                "name": BUILD_NAMESPACE,
-                "labels": {"pod-security.kubernetes.io/enforce": "privileged"},
-            }
-        }
+    applied = subprocess.run(
+        [str(KUBECTL), "--kubeconfig", admin_kubeconfig, "apply", "-f", str(BUILD_RBAC)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    for doc in yaml.safe_load_all(RBAC_MANIFEST.read_text()):
-        if doc and doc["kind"] in ("Role", "RoleBinding"):
-            doc["metadata"]["namespace"] = BUILD_NAMESPACE
-            create = (
-                rbac_api.create_namespaced_role
-                if doc["kind"] == "Role"
-                else rbac_api.create_namespaced_role_binding
-            )
-            create(BUILD_NAMESPACE, doc)
+    assert applied.returncode == 0, applied.stderr
     secret = core.read_namespaced_secret("kubetrain-s3", NAMESPACE)
     core.create_namespaced_secret(
         BUILD_NAMESPACE, {"metadata": {"name": "kubetrain-s3"}, "data": secret.data}
@@ -92,7 +84,7 @@ def test_in_cluster_build_defers_then_resumes_and_tags_the_pushed_image(
     env = devstack.env()
     registry = env["KUBETRAIN_REGISTRY"]
     admin = kube_config.new_client_from_config(env["KUBETRAIN_ADMIN_KUBECONFIG"])
-    build_namespace = build_namespace_like_the_docs_say(admin)
+    build_namespace = build_namespace_like_the_docs_say(admin, env["KUBETRAIN_ADMIN_KUBECONFIG"])
     monkeypatch.setenv("KUBETRAIN_BUILD_NAMESPACE", build_namespace)
     for name in (
         "AIRFLOW_CONN_AWS_DEFAULT",
@@ -106,15 +98,10 @@ def test_in_cluster_build_defers_then_resumes_and_tags_the_pushed_image(
         monkeypatch.delenv(name, raising=False)
     # In-process, the kubeconfig goes by the connection (the client read $KUBECONFIG at import).
     monkeypatch.delenv("KUBECONFIG", raising=False)
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_KUBERNETES_DEFAULT",
-        json.dumps(
-            {
-                "conn_type": "kubernetes",
-                "extra": {"kube_config_path": env["KUBECONFIG"], "namespace": NAMESPACE},
-            }
-        ),
+    worker_conn = json.dumps(
+        {"conn_type": "kubernetes", "extra": {"kube_config_path": env["KUBECONFIG"], "namespace": NAMESPACE}}
     )
+    monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", worker_conn)
     core = kube_client.CoreV1Api(admin)
 
     with RegistryClient(registry, insecure=True) as registry_client:
@@ -153,6 +140,17 @@ def test_in_cluster_build_defers_then_resumes_and_tags_the_pushed_image(
     assert token not in json.dumps(kwargs, default=str)
     assert "config_dict" not in kwargs and "connection_extras" not in kwargs
     assert kwargs["kubernetes_conn_id"] == "kubernetes_default"
+    # the triggerer follows the builder pod under its own account (deploy/rbac-build.yaml's second Role)
+    triggerer_kubeconfig = str(Path(env["KUBECONFIG"]).with_name("kubeconfig-triggerer"))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KUBERNETES_DEFAULT",
+        json.dumps(
+            {
+                "conn_type": "kubernetes",
+                "extra": {"kube_config_path": triggerer_kubeconfig, "namespace": NAMESPACE},
+            }
+        ),
+    )
     trigger = PodTriggerByReference(**kwargs)  # as the triggerer builds it
 
     async def first_event():
@@ -161,6 +159,7 @@ def test_in_cluster_build_defers_then_resumes_and_tags_the_pushed_image(
 
     event = asyncio.run(first_event())
     assert event["status"] == "success", event
+    monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", worker_conn)  # the worker resumes the task
     result = getattr(op, deferred.value.method_name)(context, event)
 
     digest = result["digest"]
