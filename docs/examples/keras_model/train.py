@@ -1,19 +1,21 @@
 """A small Keras image classifier, as a data engineer might have it: no S3, no Airflow.
 
 It follows kubetrain's pod contract (docs/extending.md): it reads images in class folders from
-$DATA_DIR, keeps Keras' backup in $CHECKPOINT_DIR (a retried pod resumes from it), and writes
-the model, metrics.json and history.csv to $OUTPUT_DIR for the report and the promotion.
+$DATA_DIR and writes the model to $OUTPUT_DIR. The kit's Keras callback (kubetrain_contract, a
+standard-library wheel: `make kit`) does the rest: a report every epoch (metrics.jsonl, which a
+sweep's early-stopping rules read), checkpoints in $CHECKPOINT_DIR, a preempted pod that saves at
+the next batch and resumes there, the stop file, and metrics.json and history.csv at the end.
 
     python train.py --epochs 3 --learning-rate 0.001
 """
 
 import argparse
-import csv
-import json
 import os
 from pathlib import Path
 
 import keras
+
+from kubetrain_contract.keras_callback import KubetrainCallback
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=3)
@@ -22,7 +24,7 @@ parser.add_argument("--batch-size", type=int, default=32)
 parser.add_argument("--image-size", type=int, default=16)
 args = parser.parse_args()
 
-data, checkpoints, output = (Path(os.environ[name]) for name in ("DATA_DIR", "CHECKPOINT_DIR", "OUTPUT_DIR"))
+data, output = Path(os.environ["DATA_DIR"]), Path(os.environ["OUTPUT_DIR"])
 while len(entries := list(data.iterdir())) == 1 and entries[0].is_dir():  # an archive's top-level folder
     data = entries[0]
 size = (args.image_size, args.image_size)
@@ -50,32 +52,10 @@ model = keras.Sequential(
 model.compile(
     keras.optimizers.Adam(args.learning_rate), "sparse_categorical_crossentropy", metrics=["accuracy"]
 )
-history = model.fit(
-    train,
-    validation_data=val,
-    epochs=args.epochs,
-    verbose=2,
-    callbacks=[keras.callbacks.BackupAndRestore(str(checkpoints / "backup"))],  # resume after a killed pod
-).history
+details = {"task": "classification", "classes": classes}
+kt = KubetrainCallback(monitor="val_accuracy", trainer="keras_model", details=details)
+model.fit(kt.resumable(train, val), validation_data=val, epochs=args.epochs, verbose=2, callbacks=[kt])
 
 model.save(output / "model.keras")
-rows = [{"epoch": i + 1, **{k: v[i] for k, v in history.items()}} for i in range(len(history["loss"]))]
-with open(output / "history.csv", "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-final = {k: float(v) for k, v in rows[-1].items() if k != "epoch"}
-(output / "metrics.json").write_text(
-    json.dumps(
-        {
-            "trainer": "keras_model",
-            "task": "classification",
-            "monitor": "val_accuracy",
-            "monitor_mode": "max",
-            "final": final,
-            "epochs": args.epochs,
-            "classes": classes,
-        }
-    )
-)
-print(f"trained {args.epochs} epochs: val_accuracy {final['val_accuracy']:.3f}", flush=True)
+print(f"trained {len(kt.history)} epochs: val_accuracy {kt.history[-1]['val_accuracy']:.3f}", flush=True)
+raise SystemExit(kt.exit_code)  # 79 when the stop file ended it early (a sweep's rule)
