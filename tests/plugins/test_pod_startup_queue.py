@@ -8,15 +8,17 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from kubernetes.client import models as k8s
 
+from kubetrain.operators.interruption import interruption
 from kubetrain.pod_startup import (
     KUEUE_GATE,
     PodStartup,
     PodStartupTimeout,
+    QueueRefused,
     QueueTimeout,
     failure_from_event,
     failure_kind,
-    interruption,
     queue_message,
+    queue_refusal,
     queued,
 )
 
@@ -218,3 +220,95 @@ def ended(
 )
 def test_an_interruption_is_told_from_a_failure(remote, expected):
     assert interruption(remote, "base") == expected
+
+
+# -- a queued pod that Kueue will never admit fails at once, naming the fix (pod_startup.queue_refusal) ------
+
+
+def _queued_pod(uid: str = "u1") -> k8s.V1Pod:
+    return k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(
+            name="train-1",
+            namespace="kubetrain",
+            uid=uid,
+            labels={"kueue.x-k8s.io/queue-name": "training", "kueue.x-k8s.io/managed": "true"},
+        ),
+        spec=k8s.V1PodSpec(
+            containers=[], scheduling_gates=[k8s.V1PodSchedulingGate(name="kueue.x-k8s.io/admission")]
+        ),
+    )
+
+
+def _workload(uid: str, message: str | None) -> dict:
+    conditions = [{"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": message}]
+    return {
+        "metadata": {"name": "pod-train-1-abcde", "ownerReferences": [{"kind": "Pod", "uid": uid}]},
+        "status": {"conditions": conditions if message else []},
+    }
+
+
+@pytest.mark.parametrize(
+    ("waited", "workloads", "events", "expected"),
+    [
+        # waiting helps: quota in use, or Kueue not yet at it
+        (
+            30,
+            [
+                _workload(
+                    "u1",
+                    "insufficient unused quota for nvidia.com/gpu in flavor default-flavor, 1 more needed",
+                )
+            ],
+            [],
+            None,
+        ),
+        (30, [], [], None),
+        (30, None, [], None),  # the Workloads cannot be read: the queue_timeout bounds the wait
+        (600, None, [], None),
+        # waiting cannot help
+        (
+            5,
+            [
+                _workload(
+                    "u1",
+                    "couldn't assign flavors to pod set main: insufficient quota for cpu in flavor "
+                    "default-flavor, request > maximum capacity (1100m > 1)",
+                )
+            ],
+            [],
+            "request > maximum capacity (1100m > 1). Ask for less",
+        ),
+        (
+            5,
+            [_workload("u1", "resource ephemeral-storage unavailable in ClusterQueue")],
+            [],
+            "unavailable in ClusterQueue",
+        ),
+        (
+            5,
+            [],
+            [
+                k8s.CoreV1Event(
+                    involved_object=k8s.V1ObjectReference(name="train-1"),
+                    metadata=k8s.V1ObjectMeta(name="e"),
+                    reason="WorkloadPriorityClassNotFound",
+                    message='WorkloadPriorityClass "hihg" not found',
+                )
+            ],
+            'WorkloadPriorityClass "hihg" not found. Create the WorkloadPriorityClass',
+        ),
+        (
+            61,
+            [_workload("other", None)],
+            [],
+            "Kueue made no Workload for pod train-1 (LocalQueue 'training') in 61 s",
+        ),
+    ],
+)
+def test_a_queued_pod_fails_only_when_waiting_cannot_help(waited, workloads, events, expected):
+    refusal = queue_refusal(_queued_pod(), waited, workloads, events)
+    if expected is None:
+        assert refusal is None
+    else:
+        assert isinstance(refusal, QueueRefused) and expected in str(refusal)
+        assert failure_kind(refusal) == "queue_refused"  # it travels in a trigger event, not retried

@@ -14,6 +14,11 @@ password, and these extras:
   fresh password each time it is used (the amazon provider's ``EcrHook``): an ECR password lasts
   12 hours, so one pasted into the connection breaks every later digest lookup and push. An ECR
   host (``<account>.dkr.ecr.<region>.amazonaws.com``) without a password uses ``aws_default``.
+* ``google_auth`` (bool): for Google Artifact Registry (``<region>-docker.pkg.dev``, ``gcr.io``), log in
+  as ``oauth2accesstoken`` with a fresh access token of Google's Application Default Credentials
+  (Workload Identity on GKE, ``GOOGLE_APPLICATION_CREDENTIALS`` elsewhere) each time the hook is used,
+  through google-auth (``pip install 'kubetrain[gcp]'``): a pasted ``gcloud auth print-access-token``
+  lasts about an hour. An Artifact Registry host without a password or token does so by default.
 
 A scheme in the host (``https://registry.example.com``) also says HTTP or HTTPS. Arguments
 given to the hook beat the extras; settings that contradict each other raise ``ValueError``.
@@ -49,6 +54,9 @@ ECR_HOST = re.compile(
     r"^(?P<account>\d{12})\.dkr\.ecr(?:-fips)?\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?(?::\d+)?$"
 )
 _FALSE = {"0", "false", "no", "off", ""}
+# Google Artifact Registry's Docker hosts (<region>-docker.pkg.dev) and the gcr.io domains it serves
+GOOGLE_HOST = re.compile(r"^(?:[a-z0-9-]+-docker\.pkg\.dev|(?:[a-z]+\.)?gcr\.io)(?::\d+)?$")
+GOOGLE_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 
 
 def _as_bool(value: Any, name: str) -> bool | None:
@@ -193,6 +201,22 @@ class RegistryHook(BaseHook):
                     "combined with a password or token: ECR gives the password"
                 )
             username, password = self._ecr_login(aws_conn_id, ecr["account"], ecr["region"])
+        google = GOOGLE_HOST.match(host.partition("/")[0])
+        google_auth = _as_bool(extra.get("google_auth"), "google_auth")
+        if google_auth is None:
+            google_auth = bool(google) and not password and not pick("token")
+        if google_auth:
+            if not google:
+                raise ValueError(
+                    f"connection {self.registry_conn_id!r}: extra google_auth asks Google for a login, but host "
+                    f"{host!r} is not an Artifact Registry host (<region>-docker.pkg.dev, gcr.io)"
+                )
+            if password or pick("token"):
+                raise ValueError(
+                    f"connection {self.registry_conn_id!r}: extra google_auth cannot be combined with a password "
+                    "or token: Google's credentials give the password"
+                )
+            username, password = self._google_login(self.registry_conn_id, host)
         return RegistrySettings(
             registry=host,
             insecure=insecure if insecure is not None else scheme == "http",
@@ -214,6 +238,31 @@ class RegistryHook(BaseHook):
         )
         return credentials[0].username, credentials[0].password
 
+    @staticmethod
+    def _google_login(conn_id: str, host: str) -> tuple[str, str]:
+        """A fresh Artifact Registry login (``oauth2accesstoken`` and an access token of about an hour) from
+        Google's Application Default Credentials, through google-auth."""
+        try:
+            import google.auth
+            import google.auth.exceptions
+            import google.auth.transport.requests
+        except ImportError:
+            raise ValueError(
+                f"connection {conn_id!r}: host {host!r} is Google Artifact Registry, whose logins are renewed "
+                "through google-auth: install kubetrain[gcp] (pip install 'kubetrain[gcp]'), or give a password "
+                "(a `gcloud auth print-access-token` token lasts about an hour)"
+            ) from None
+        try:
+            credentials, _ = google.auth.default(scopes=list(GOOGLE_SCOPES))
+            credentials.refresh(google.auth.transport.requests.Request())
+        except google.auth.exceptions.GoogleAuthError as exc:
+            raise ValueError(
+                f"connection {conn_id!r}: no access token for Artifact Registry host {host!r} from Google's "
+                f"Application Default Credentials ({exc}): on GKE, bind the pod's service account to a Google "
+                "service account (Workload Identity); elsewhere set GOOGLE_APPLICATION_CREDENTIALS"
+            ) from None
+        return "oauth2accesstoken", credentials.token
+
     @property
     def registry(self) -> str:
         """``host[:port][/path]`` of the registry: what the names of its images start with."""
@@ -231,7 +280,7 @@ class RegistryHook(BaseHook):
 
     def test_connection(self) -> tuple[bool, str]:
         """Check that the registry answers ``GET /v2/`` with these credentials."""
-        from kubetrain.imagebuild.oci import RegistryError
+        from kubetrain.imagebuild.registry_errors import RegistryError
 
         try:
             with self.get_conn() as client:

@@ -116,3 +116,48 @@ def test_the_chief_of_a_parameter_server_job_gets_its_own_resources_from_the_dag
     assert dag.params.get_param("chief_cpu").resolve(None) is None
     with pytest.raises(Exception, match="chief_cpu|does not match"):
         dag.params.get_param("chief_cpu").resolve("lots")
+
+
+# -- a queued job that Kueue would not hold is refused before it runs unqueued --------------------------
+# The dev stack serves no TFJob or TrainJob (include/devstack/KUBEAPI.md), so the API's answer to the dry run
+# is stood in for here; the Indexed Job's is the dev stack's own (tests/e2e/test_kueue_training.py).
+
+
+class _DryRunAnswers:
+    """What a cluster's API returns for a dry-run creation: the object after its mutating webhooks."""
+
+    def __init__(self, suspended: bool) -> None:
+        self.suspended = suspended
+        self.calls: list[dict] = []
+
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body, dry_run=None):
+        self.calls.append({"plural": plural, "dry_run": dry_run})
+        spec = dict(body.get("spec") or {})
+        if self.suspended:
+            spec["runPolicy"] = {**(spec.get("runPolicy") or {}), "suspend": True}
+        return {**body, "spec": spec}
+
+
+@pytest.mark.parametrize("suspended", [True, False])
+def test_a_queued_tfjob_is_refused_when_kueue_would_not_suspend_it(monkeypatch, suspended):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from kubetrain.distributed import builders
+
+    api = _DryRunAnswers(suspended)
+    monkeypatch.setattr("kubernetes.client.CustomObjectsApi", lambda client: api)
+    op = DistributedTrainingOperator(task_id="train", image="img", workers=2)
+    monkeypatch.setattr(type(op), "hook", property(lambda self: type("Hook", (), {"api_client": None})()))
+    resource = builders.Resource(
+        api_version="kubeflow.org/v1",
+        kind="TFJob",
+        plural="tfjobs",
+        name="run-1",
+        body={"metadata": {"name": "run-1", "labels": {"kueue.x-k8s.io/queue-name": "training"}}, "spec": {}},
+    )
+    if suspended:
+        op._check_queued("kubetrain", resource)
+    else:
+        with pytest.raises(AirflowFailException, match=r"'kubeflow.org/tfjob' integration is not enabled"):
+            op._check_queued("kubetrain", resource)
+    assert api.calls == [{"plural": "tfjobs", "dry_run": "All"}]

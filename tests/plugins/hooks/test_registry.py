@@ -236,3 +236,106 @@ def test_refused_credentials_fail_the_digest_lookup_with_a_retry(monkeypatch, tm
         assert not isinstance(err.value, AirflowFailException) and "expired" not in str(err.value)
     finally:
         reg.stop()
+
+
+# -- Google Artifact Registry: logins from Application Default Credentials, renewed at each use ---------
+
+AR = "europe-west4-docker.pkg.dev/ml-project/kubetrain"
+
+
+@pytest.fixture
+def google_credentials(monkeypatch, tmp_path):
+    """A service account key whose token endpoint is a local server issuing a new token per request (Google's
+    own endpoint is out of reach here): google-auth signs the JWT grant and exchanges it as it would at Google."""
+    import http.server
+    import itertools
+    import threading
+    import urllib.parse
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    counter = itertools.count(1)
+    grants: list[dict] = []
+
+    class TokenEndpoint(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            body = self.rfile.read(int(self.headers["Content-Length"])).decode()
+            grants.append(dict(urllib.parse.parse_qsl(body)))
+            payload = json.dumps({"access_token": f"ya29.token-{next(counter)}", "expires_in": 3599}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), TokenEndpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    info = {
+        "type": "service_account",
+        "project_id": "ml-project",
+        "private_key_id": "k1",
+        "private_key": pem,
+        "client_email": "kubetrain-builds@ml-project.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": f"http://127.0.0.1:{server.server_address[1]}/token",
+    }
+    path = tmp_path / "adc.json"
+    path.write_text(json.dumps(info))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(path))
+    yield grants
+    server.shutdown()
+
+
+def test_an_artifact_registry_login_is_renewed_each_time(monkeypatch, google_credentials):
+    """A pasted `gcloud auth print-access-token` lasts an hour; the hook asks Google's credentials each time."""
+    first = RegistryHook(set_conn(monkeypatch, "reg_ar", host=AR)).settings
+    assert (first.registry, first.username, first.password) == (AR, "oauth2accesstoken", "ya29.token-1")
+    second = RegistryHook(set_conn(monkeypatch, "reg_ar", host=AR)).settings
+    assert second.password == "ya29.token-2"
+    assert google_credentials[0]["grant_type"] == "urn:ietf:params:oauth:grant-type:jwt-bearer"
+    hook = RegistryHook(set_conn(monkeypatch, "reg_ar", host=AR))
+    auth = base64.b64decode(hook.docker_config()["auths"]["europe-west4-docker.pkg.dev"]["auth"]).decode()
+    assert auth == "oauth2accesstoken:ya29.token-3"
+    # a password in the connection is the user's choice, kept as it is
+    pasted = RegistryHook(set_conn(monkeypatch, "reg_ar2", host=AR, login="oauth2accesstoken", password="p"))
+    assert pasted.settings.password == "p" and len(google_credentials) == 3
+
+
+@pytest.mark.parametrize(
+    ("conn", "message"),
+    [
+        (
+            {"host": "registry.example.com", "extra": {"google_auth": True}},
+            "extra google_auth asks Google for a login, but host 'registry.example.com' is not an Artifact Registry",
+        ),
+        (
+            {"host": AR, "password": "p", "extra": {"google_auth": True}},
+            "google_auth cannot be combined with a password or token",
+        ),
+    ],
+)
+def test_google_settings_that_contradict_fail_naming_them(monkeypatch, conn, message):
+    with pytest.raises(ValueError, match=message):
+        _ = RegistryHook(set_conn(monkeypatch, "reg_ar_bad", **conn)).settings
+
+
+def test_without_google_auth_installed_the_error_names_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "google.auth", None)
+    with pytest.raises(ValueError, match=r"install kubetrain\[gcp\]"):
+        _ = RegistryHook(set_conn(monkeypatch, "reg_ar_none", host=AR)).settings
+
+
+def test_without_credentials_the_error_says_where_they_come_from(monkeypatch, tmp_path):
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="Workload Identity.*GOOGLE_APPLICATION_CREDENTIALS"):
+        _ = RegistryHook(set_conn(monkeypatch, "reg_ar_nocreds", host=AR)).settings
