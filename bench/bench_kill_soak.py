@@ -83,6 +83,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "plugins"))
 
 from include.devstack.workloads import queued_pod  # noqa: E402
+from kubetrain_contract.run_layout import pass_prefix  # noqa: E402
 
 TRAINER_PYTHON = REPO / "trainer" / ".venv" / "bin" / "python"
 RESULTS = REPO / "bench" / "results"
@@ -602,7 +603,7 @@ def read_json(s3, bucket: str, key: str) -> Any:
 def passes(s3, bucket: str, prefix: str) -> list[dict[str, Any]]:
     """The run's sync pass manifests, oldest first, each with the time S3 stored it."""
     found = []
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/sync/pass-"):
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=pass_prefix(prefix)):
         for item in page.get("Contents", []):
             doc = read_json(s3, bucket, item["Key"])
             doc["_stored"] = item["LastModified"].timestamp()
@@ -631,14 +632,15 @@ import json, sys, zipfile, tempfile
 from pathlib import Path
 import keras
 from trainer.image_classifier.config import ClassifierConfig
-from trainer.image_classifier.data import ImagePipeline, scan_image_folder, split_files
+from trainer.image_classifier.data import ImagePipeline, split_files
+from trainer.image_classifier.prepare import prepare_images
 model_path, archive, params = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 with tempfile.TemporaryDirectory() as tmp:
     zipfile.ZipFile(archive).extractall(tmp)
     config = ClassifierConfig(data_dir=tmp, checkpoint_dir=tmp, output_dir=tmp, **params)
-    folder = scan_image_folder(Path(tmp))
+    folder = prepare_images(Path(tmp), config, Path(tmp) / "prepared", environ={})
     train, val = split_files(folder.files, config.validation_split, config.seed)
-    pipeline = ImagePipeline(train, val, config)
+    pipeline = ImagePipeline(folder, train, val, config)
     model = keras.models.load_model(model_path)
     correct = count = 0
     for images, labels in pipeline.val_dataset():

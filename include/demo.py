@@ -69,7 +69,21 @@ DEMOS = {
         dataset="dialogue",
         generator="include.sample_data.dialogue",
         filename="dialogue.tsv",
-        conf={"dataset_uri": "s3://datasets/dialogue/", "epochs": 20, "batch_size": 32},
+        # About 4,000 generated pairs: 57 steps an epoch at batch size 64; a model this size on a
+        # CPU pod learns them within the 8 epochs (val_loss far under the unigram baseline).
+        conf={
+            "dataset_uri": "s3://datasets/dialogue/",
+            "epochs": 8,
+            "batch_size": 64,
+            "num_layers": 2,
+            "num_heads": 4,
+            "hidden_size": 64,
+            "ff_size": 128,
+            "max_input_length": 12,
+            "max_output_length": 12,
+            "sample_every_steps": 100,
+            "log_every_steps": 20,
+        },
     ),
 }
 

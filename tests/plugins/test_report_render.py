@@ -164,3 +164,29 @@ def test_after_the_warm_up_a_report_renders_without_loading_anything_more():
     proc = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["[]", "0"], proc.stdout
+
+
+def test_a_dialogue_report_gives_the_baseline_what_ran_and_the_exported_models_replies():
+    metrics = {
+        "trainer": "dialogue",
+        "monitor": "val_loss",
+        "monitor_mode": "min",
+        "final": {"val_loss": 0.61},
+        "unigram_val_loss": 4.4,
+        "warmup_steps": 23,
+        "precision": "float32",
+        "steps_per_execution": 1,
+        "jit_compile": False,
+        "val_samples": [{"input": "hello", "reply": "hi there", "reference": "hi"}],
+    }
+    html = render_report(ReportInputs(run_uri="s3://training/runs/d", metrics=metrics))[
+        "report.html"
+    ].decode()
+    for row in (
+        "<th>Unigram baseline val_loss</th><td>4.4</td>",
+        "<th>Warm-up steps</th><td>23</td>",
+        "<th>Precision</th><td>float32</td>",
+        "<th>Steps per call</th><td>1</td>",
+    ):
+        assert row in html
+    assert "<td>exported</td><td>hello</td><td>hi there</td><td>hi</td>" in html

@@ -10,7 +10,7 @@ One training step, on every replica at once:
 3. the finite check on that global gradient and on the step's loss. A non-finite value
    on any replica reaches every replica through the sum, so all replicas take the same
    decision; the optimizer update is skipped for the whole step when it fails;
-4. loss-scale unscaling (``--mixed-precision``), the global norm of the unscaled global
+4. loss-scale unscaling (``--precision mixed_float16``), the global norm of the unscaled global
    gradient, and clipping (the optimizer's ``global_clipnorm``, ``clipnorm`` or
    ``clipvalue``, taken over from it: Keras would apply them to each replica's share);
 5. the optimizer update.
@@ -254,7 +254,7 @@ class StepRunner:
             optimizer.apply(clipping(grads, norm), variables)
             return norm
 
-        def one_step(batch: Any) -> None:
+        def one_step(batch: Any) -> tf.Tensor:
             per_replica_sums, per_replica_grads = strategy.run(replica_step, args=(batch,))
             sums = [
                 strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_sums[k], axis=None) for k in SUM_KEYS
@@ -281,7 +281,10 @@ class StepRunner:
             )
             step_sums = tf.cast(tf.stack(sums), tf.float64)
             self.epoch_sums.assign_add(step_sums)
-            self.window.assign_add(tf.concat([step_sums, tf.stack([norm, tf.cast(apply, tf.float64)])], 0))
+            # A value that exists only once the step (update included) has run on every replica.
+            return self.window.assign_add(
+                tf.concat([step_sums, tf.stack([norm, tf.cast(apply, tf.float64)])], 0)
+            )[0]
 
         # Parameter-server mode: one step per scheduled call, its batch sent by the chief.
         self._scheduled_step = tf.function(one_step, reduce_retracing=True)
@@ -290,9 +293,14 @@ class StepRunner:
         def train_chunk(iterator: Any, k: tf.Tensor) -> tf.Tensor:
             done = tf.constant(0, tf.int32)
             more = tf.constant(True)
+            previous = tf.constant(0.0, tf.float64)
             while done < k and more:
                 if time_input:
-                    started = tf.timestamp()
+                    # The wait starts when the previous step has finished on every replica: nothing
+                    # orders a replica's compute before the next request for input otherwise, and with
+                    # several replicas the clock would run while they still compute.
+                    with tf.control_dependencies([previous]):
+                        started = tf.timestamp()
                     with tf.control_dependencies([started]):
                         optional = iterator.get_next_as_optional()
                         more = optional.has_value()
@@ -302,7 +310,7 @@ class StepRunner:
                     optional = iterator.get_next_as_optional()
                     more = optional.has_value()
                 if more:
-                    one_step(optional.get_value())
+                    previous = one_step(optional.get_value())
                     done += 1
             return done
 
@@ -359,7 +367,7 @@ class StepRunner:
             values = self._eval_all(dataset).numpy()
             return dict(zip(SUM_KEYS, map(float, values), strict=True))
         options = tf.data.Options()
-        # Each worker evaluates its share of every batch (see trainer.common.loop.shard_by_data).
+        # Each worker evaluates its share of every batch (see trainer.common.replicas.shard_by_data).
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
         iterator = iter(self.strategy.experimental_distribute_dataset(dataset.with_options(options)))
         values = self._eval_all(iterator).numpy()

@@ -35,6 +35,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kubetrain_contract.flags import DIALOGUE_FORMATS
 from trainer.common.contract import DataError, NoInputError
 
 log = logging.getLogger("kubetrain.trainer")
@@ -46,7 +47,7 @@ CORNELL_ENCODING = "latin-1"
 QUESTION_KEYS = ("question", "input", "prompt")
 RESPONSE_KEYS = ("response", "reply", "answer")
 GROUP_KEYS = ("conversation", "conversation_id", "dialogue_id")
-FORMATS = ("auto", "tsv", "jsonl", "cornell")
+FORMATS = DIALOGUE_FORMATS  # the --data-format choices, as the flag table has them
 _LINE_ID = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 
 

@@ -19,11 +19,12 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from kubetrain_contract.flags import DIALOGUE, TrainerFlags
 from trainer.common import cli
 from trainer.common.cluster import placement, serves_only
-from trainer.common.config import TrainerConfig, option, parse_config, require
+from trainer.common.config import TrainerConfig, parse_config, table_field
 from trainer.common.contract import (
     DataError,
     RunInfo,
@@ -33,7 +34,7 @@ from trainer.common.contract import (
     write_params,
 )
 from trainer.common.signals import StopRequest
-from trainer.dialogue.data import FORMATS, load_pairs, make_split
+from trainer.dialogue.data import load_pairs, make_split
 from trainer.dialogue.tokenizer import SPECIALS, WordTokenizer
 
 log = logging.getLogger("kubetrain.trainer")
@@ -41,6 +42,11 @@ log = logging.getLogger("kubetrain.trainer")
 TRAINER = "dialogue"
 TOKENIZER_FILE = "tokenizer.json"
 KEEP_SAMPLES = 30
+# Warm-up when --warmup-steps is unset: this fraction of the planned optimizer steps. A fixed
+# count (the paper's 4,000) never ends in a short run, whose learning rate then stays tiny.
+WARMUP_FRACTION = 0.05
+# Validation questions answered by the exported model in metrics.json.
+FINAL_SAMPLES = 5
 
 
 # the settings that shape the transformer (build_transformer's arguments besides the vocabulary)
@@ -57,101 +63,32 @@ MODEL_SHAPE = (
 
 @dataclass
 class DialogueConfig(TrainerConfig):
-    """Flags of the dialogue trainer."""
+    """Flags of the dialogue trainer: the common ones and these; bounds and rules are the table's
+    (:data:`kubetrain_contract.flags.DIALOGUE`)."""
 
-    batch_size: int = option(64, "global batch size, split evenly over the devices")
-    validation_split: float = option(0.1, "fraction of the pairs held out for validation (seeded split)")
-    data_format: str = option(
-        "auto", "input format; auto detects it from the files in DATA_DIR", choices=FORMATS
-    )
-    data_file: str | None = option(
-        None, "read only this file (or Cornell folder), relative to DATA_DIR", hyper=False, metavar="PATH"
-    )
-    max_pairs: int | None = option(None, "use at most this many pairs (the first ones read)", metavar="N")
-    vocab_size: int = option(8000, "tokenizer vocabulary size, four special tokens included")
-    min_count: int = option(1, "leave out words seen fewer times than this")
-    lowercase: bool = option(True, "lower-case text before tokenizing")
-    max_input_length: int = option(24, "question tokens kept (longer questions are cut)")
-    max_output_length: int = option(24, "reply tokens, </s> included (longer replies are cut)")
-    num_layers: int = option(2, "encoder and decoder layers (each)")
-    num_heads: int = option(4, "attention heads; must divide --hidden-size")
-    hidden_size: int = option(128, "model width")
-    ff_size: int = option(512, "feed-forward layer width")
-    dropout: float = option(0.1, "dropout rate")
-    warmup_steps: int = option(4000, "steps of linear learning-rate warm-up")
-    learning_rate_scale: float = option(1.0, "multiplier of the warm-up schedule's learning rate")
-    clip_norm: float = option(1.0, "clip gradients to this global norm")
-    sample_every_steps: int = option(
-        200, "log greedy replies to validation questions every N steps", metavar="N"
-    )
-    num_samples: int = option(3, "validation questions answered at each sample")
+    FLAGS: ClassVar[TrainerFlags] = DIALOGUE
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(self.max_pairs is None or self.max_pairs >= 2, "max_pairs", self.max_pairs, "an integer >= 2")
-        require(
-            isinstance(self.vocab_size, int) and 8 <= self.vocab_size <= 1_000_000,
-            "vocab_size",
-            self.vocab_size,
-            "an integer from 8 to 1000000",
-        )
-        require(
-            isinstance(self.min_count, int) and self.min_count >= 1,
-            "min_count",
-            self.min_count,
-            "an integer >= 1",
-        )
-        for name in ("max_input_length", "max_output_length"):
-            value = getattr(self, name)
-            require(isinstance(value, int) and 2 <= value <= 1024, name, value, "an integer from 2 to 1024")
-        require(
-            isinstance(self.num_layers, int) and 1 <= self.num_layers <= 64,
-            "num_layers",
-            self.num_layers,
-            "an integer from 1 to 64",
-        )
-        require(
-            isinstance(self.num_heads, int) and self.num_heads >= 1,
-            "num_heads",
-            self.num_heads,
-            "an integer >= 1",
-        )
-        require(
-            isinstance(self.hidden_size, int) and self.hidden_size >= 2,
-            "hidden_size",
-            self.hidden_size,
-            "an integer >= 2",
-        )
-        require(
-            self.hidden_size % self.num_heads == 0,
-            "hidden_size",
-            self.hidden_size,
-            f"a multiple of --num-heads {self.num_heads}",
-        )
-        require(
-            isinstance(self.ff_size, int) and self.ff_size >= 1, "ff_size", self.ff_size, "an integer >= 1"
-        )
-        require(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "a fraction in [0, 1)")
-        require(
-            isinstance(self.warmup_steps, int) and self.warmup_steps >= 1,
-            "warmup_steps",
-            self.warmup_steps,
-            "an integer >= 1",
-        )
-        require(self.learning_rate_scale > 0, "learning_rate_scale", self.learning_rate_scale, "a number > 0")
-        require(self.clip_norm > 0, "clip_norm", self.clip_norm, "a number > 0")
-        require(
-            isinstance(self.sample_every_steps, int) and self.sample_every_steps >= 1,
-            "sample_every_steps",
-            self.sample_every_steps,
-            "an integer >= 1",
-        )
-        require(
-            isinstance(self.num_samples, int) and 1 <= self.num_samples <= 100,
-            "num_samples",
-            self.num_samples,
-            "an integer from 1 to 100",
-        )
+    batch_size: int = table_field(DIALOGUE, "batch_size")
+    validation_split: float = table_field(DIALOGUE, "validation_split")
+    monitor: str = table_field(DIALOGUE, "monitor")
+    data_format: str = table_field(DIALOGUE, "data_format")
+    data_file: str | None = table_field(DIALOGUE, "data_file")
+    max_pairs: int | None = table_field(DIALOGUE, "max_pairs")
+    vocab_size: int = table_field(DIALOGUE, "vocab_size")
+    min_count: int = table_field(DIALOGUE, "min_count")
+    lowercase: bool = table_field(DIALOGUE, "lowercase")
+    max_input_length: int = table_field(DIALOGUE, "max_input_length")
+    max_output_length: int = table_field(DIALOGUE, "max_output_length")
+    num_layers: int = table_field(DIALOGUE, "num_layers")
+    num_heads: int = table_field(DIALOGUE, "num_heads")
+    hidden_size: int = table_field(DIALOGUE, "hidden_size")
+    ff_size: int = table_field(DIALOGUE, "ff_size")
+    dropout: float = table_field(DIALOGUE, "dropout")
+    warmup_steps: int | None = table_field(DIALOGUE, "warmup_steps")
+    learning_rate_scale: float = table_field(DIALOGUE, "learning_rate_scale")
+    clip_norm: float = table_field(DIALOGUE, "clip_norm")
+    sample_every_steps: int = table_field(DIALOGUE, "sample_every_steps")
+    num_samples: int = table_field(DIALOGUE, "num_samples")
 
 
 @dataclass
@@ -181,6 +118,34 @@ def encode_pairs(
         decoder[i, : len(r) + 1] = [tokenizer.bos_id, *r]
         target[i, : len(r) + 1] = [*r, tokenizer.eos_id]
     return Encoded(encoder, decoder, target, list(pairs))
+
+
+def planned_warmup_steps(config: DialogueConfig, steps_per_epoch: int) -> int:
+    """--warmup-steps, or when unset WARMUP_FRACTION of the planned optimizer steps (at least 1)."""
+    if config.warmup_steps is not None:
+        return config.warmup_steps
+    planned = config.epochs * steps_per_epoch
+    if config.max_steps is not None:
+        planned = min(planned, config.max_steps)
+    return max(1, round(WARMUP_FRACTION * planned))
+
+
+def unigram_cross_entropy(train_targets: Any, val_targets: Any, vocab_size: int) -> float:
+    """Validation loss, in nats, of an add-one unigram model of the training reply tokens.
+
+    Counted and averaged as ``seq2seq_sums`` counts val_loss: the reply tokens and ``</s>``
+    (padding masked out), a mean per reply, then a mean over replies. A model whose val_loss
+    is not well under this figure has learnt no more than how often each word occurs.
+    """
+    import numpy as np
+
+    counts = np.bincount(train_targets[train_targets != 0].ravel(), minlength=vocab_size).astype(np.float64)
+    counts[0] = 0.0  # padding is never a target
+    log_p = np.log(counts + 1.0) - np.log(counts.sum() + vocab_size)
+    mask = val_targets != 0
+    tokens = mask.sum(axis=1)
+    per_reply = (-log_p[val_targets] * mask).sum(axis=1) / np.maximum(tokens, 1)
+    return float(per_reply.mean())
 
 
 class Sampler:
@@ -312,7 +277,8 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
     import tensorflow as tf
 
     from trainer.common.export import export_saved_model, save_keras_model
-    from trainer.common.loop import TrainingLoop, metrics_document
+    from trainer.common.loop import TrainingLoop
+    from trainer.common.metrics_doc import describe_exported, metrics_document
     from trainer.common.runtime import configure
     from trainer.dialogue.model import GreedyDecoder, WarmupSchedule, build_transformer, seq2seq_sums
     from trainer.dialogue.serving import add_generate_endpoint
@@ -322,6 +288,14 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
     val_data = encode_pairs(val_pairs, tokenizer, config.max_input_length, config.max_output_length)
     batch = config.batch_size
     steps_per_epoch = len(train_pairs) // batch
+    warmup_steps = planned_warmup_steps(config, steps_per_epoch)
+    baseline = unigram_cross_entropy(train_data.target, val_data.target, tokenizer.size)
+    log.info(
+        "learning-rate warm-up: %d steps%s; unigram baseline (add-one word frequencies) val_loss %.4f",
+        warmup_steps,
+        "" if config.warmup_steps is not None else f" ({WARMUP_FRACTION:.0%} of the planned steps)",
+        baseline,
+    )
 
     def train_dataset(epoch: int, skip_batches: int) -> tf.data.Dataset:
         # The epoch's order is a pure function of (seed, epoch), so skipping the consumed
@@ -350,7 +324,7 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
     with runtime.strategy.scope():
         shape = {name: getattr(config, name) for name in MODEL_SHAPE}
         model = build_transformer(vocab_size=tokenizer.size, **shape)
-        schedule = WarmupSchedule(config.hidden_size, config.warmup_steps, config.learning_rate_scale)
+        schedule = WarmupSchedule(config.hidden_size, warmup_steps, config.learning_rate_scale)
         # The training loop applies global_clipnorm to the all-replica gradient, after
         # loss-scale unscaling.
         optimizer = keras.optimizers.Adam(
@@ -404,6 +378,12 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
         return
     if sampler.last_step != result.steps:
         sampler(result.steps)
+    # The exported weights (the best epoch's with --restore-best) answer held-out questions.
+    replies = sampler.decoder(val_data.encoder[:FINAL_SAMPLES])
+    val_samples = [
+        {"input": question, "reply": tokenizer.decode(ids), "reference": reference}
+        for (question, reference), ids in zip(val_data.pairs[:FINAL_SAMPLES], replies, strict=True)
+    ]
     save_keras_model(model, output_dir)
     export_saved_model(
         model,
@@ -422,18 +402,23 @@ def train(config: DialogueConfig, stop: StopRequest) -> None:
             result=result,
             runtime=runtime,
             config=config,
+            runtime_facts=runtime.facts(),
             skipped_files=0,
             skipped_records=data.skipped,
             train_examples=len(train_pairs),
             val_examples=len(val_pairs),
             vocabulary_size=tokenizer.size,
             split=report,
+            warmup_steps=warmup_steps,
+            unigram_val_loss=round(baseline, 6),
+            val_samples=val_samples,
         ),
     )
     log.info(
-        "done: %d steps, val_loss %.4f; outputs in %s",
+        "done: %d steps; %s (unigram baseline val_loss %.4f); outputs in %s",
         result.steps,
-        result.history[-1]["val_loss"] if result.history else float("nan"),
+        describe_exported(result),
+        baseline,
         output_dir,
     )
 
@@ -448,10 +433,13 @@ data (DATA_DIR, searched recursively unless --data-file is given):
   movie_lines.txt + movie_conversations.txt   the Cornell Movie-Dialogs corpus (Latin-1)
 
 outputs (OUTPUT_DIR):
-  metrics.json history.csv params.json model.keras saved_model/1/ tokenizer.json samples.json
-  (accuracy is next-token accuracy over non-padding reply tokens)
-  saved_model/1/ has two signatures: serve (token ids -> next-token logits) and
-  generate (text -> reply: tokenizer, greedy decoding and detokenizer in the graph)
+  metrics.json history.csv params.json model.keras saved_model/<version>/ tokenizer.json samples.json
+  (accuracy is next-token accuracy over non-padding reply tokens; metrics.json's unigram_val_loss is
+  the val_loss of add-one word frequencies, and val_samples the exported model's replies to five
+  validation questions)
+  saved_model/<version>/ (a new, higher version at each export) has two signatures: serve (token ids
+  -> next-token logits) and generate (text -> reply: tokenizer, greedy decoding and detokenizer in the
+  graph)
 """
 
 

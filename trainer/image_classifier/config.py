@@ -1,81 +1,40 @@
-"""Flags of the image classifier."""
+"""Flags of the image classifier, described in the flag table (:data:`kubetrain_contract.flags.IMAGE_CLASSIFIER`)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import ClassVar
 
-from trainer.common.config import TrainerConfig, option, require
+from kubetrain_contract.flags import IMAGE_CLASSIFIER, TrainerFlags
+from trainer.common.config import TrainerConfig, require, table_field
 
-MOBILENET_ALPHAS = (0.35, 0.5, 0.75, 1.0, 1.3, 1.4)
+__all__ = ["ClassifierConfig"]
 
 
 @dataclass
 class ClassifierConfig(TrainerConfig):
-    """Flags of the image classifier."""
+    """Flags of the image classifier: the common ones and these; bounds and rules are the table's."""
 
-    batch_size: int = option(32, "global batch size, split evenly over the devices")
-    learning_rate: float = option(1e-3, "Adam learning rate")
-    model: str = option("cnn", "network: a small CNN or MobileNetV2", choices=("cnn", "mobilenet_v2"))
-    image_size: int = option(64, "images are resized to SIZE x SIZE pixels", metavar="SIZE")
-    channels: int = option(3, "colour channels the images are decoded to", choices=(1, 3))
-    filters: int = option(32, "filters of the CNN's first block (doubled in each of the next two)")
-    alpha: float = option(1.0, "MobileNetV2 width multiplier", choices=MOBILENET_ALPHAS)
-    weights: str | None = option(
-        None,
-        "local MobileNetV2 weights file (.weights.h5 or .h5, without the top); never downloaded",
-        metavar="PATH",
-    )
-    freeze_base: bool = option(True, "keep MobileNetV2's loaded weights frozen (only with --weights)")
-    dropout: float = option(0.2, "dropout before the classification layer")
-    augment: bool = option(False, "random shifts, brightness and contrast on training images")
-    flip: bool = option(False, "random left-right flips on training images (not for digits or text)")
-    cache: bool = option(True, "keep decoded images in memory after the first epoch")
-    shuffle_buffer: int = option(
-        0,
-        "images in the shuffle buffer of the cached training split (0: all of them, an exact shuffle; the "
-        "buffer refers to the cached images, it does not copy them). Without --cache every epoch reads the files "
-        "in a new seeded order instead",
-        metavar="N",
-    )
-    verify_workers: int = option(8, "threads that check the image files before training")
+    FLAGS: ClassVar[TrainerFlags] = IMAGE_CLASSIFIER
+
+    model: str = table_field(IMAGE_CLASSIFIER, "model")
+    learning_rate: float = table_field(IMAGE_CLASSIFIER, "learning_rate")
+    image_size: int = table_field(IMAGE_CLASSIFIER, "image_size")
+    channels: int = table_field(IMAGE_CLASSIFIER, "channels")
+    filters: int = table_field(IMAGE_CLASSIFIER, "filters")
+    alpha: float = table_field(IMAGE_CLASSIFIER, "alpha")
+    weights: str | None = table_field(IMAGE_CLASSIFIER, "weights")
+    freeze_base: bool = table_field(IMAGE_CLASSIFIER, "freeze_base")
+    dropout: float = table_field(IMAGE_CLASSIFIER, "dropout")
+    augment: bool = table_field(IMAGE_CLASSIFIER, "augment")
+    flip: bool = table_field(IMAGE_CLASSIFIER, "flip")
+    shuffle_buffer: int = table_field(IMAGE_CLASSIFIER, "shuffle_buffer")
+    verify_workers: int = table_field(IMAGE_CLASSIFIER, "verify_workers")
+    prepared_dir: str | None = table_field(IMAGE_CLASSIFIER, "prepared_dir")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require(self.learning_rate > 0, "learning_rate", self.learning_rate, "a number > 0")
-        require(
-            isinstance(self.image_size, int) and 8 <= self.image_size <= 1024,
-            "image_size",
-            self.image_size,
-            "an integer from 8 to 1024",
-        )
-        require(
-            isinstance(self.filters, int) and 1 <= self.filters <= 1024,
-            "filters",
-            self.filters,
-            "an integer from 1 to 1024",
-        )
-        require(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "a fraction in [0, 1)")
-        require(
-            isinstance(self.shuffle_buffer, int) and self.shuffle_buffer >= 0,
-            "shuffle_buffer",
-            self.shuffle_buffer,
-            "an integer >= 0 (0: the whole training split)",
-        )
-        require(
-            isinstance(self.verify_workers, int) and 1 <= self.verify_workers <= 256,
-            "verify_workers",
-            self.verify_workers,
-            "an integer from 1 to 256",
-        )
-        if self.model == "mobilenet_v2":
-            require(self.channels == 3, "channels", self.channels, "3 with --model mobilenet_v2")
-            require(self.image_size >= 32, "image_size", self.image_size, ">= 32 with --model mobilenet_v2")
+        # The one check the table cannot make: the file is on this pod's disk.
         if self.weights is not None:
-            require(
-                self.model == "mobilenet_v2",
-                "weights",
-                self.weights,
-                "unset unless --model mobilenet_v2 (the CNN has no pretrained weights)",
-            )
             require(os.path.isfile(self.weights), "weights", self.weights, "an existing local weights file")

@@ -1,4 +1,5 @@
-"""DATA_DIR as class folders: the scan that checks every file, the seeded split, and the tf.data pipeline."""
+"""DATA_DIR as class folders: the scan that checks every file's header, the seeded split, training's resize,
+and the tf.data pipeline that streams the prepared copy (trainer.image_classifier.prepare)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from typing import TYPE_CHECKING
 from trainer.common.contract import DataError
 
 if TYPE_CHECKING:
+    import numpy as np
     import tensorflow as tf
 
     from trainer.image_classifier.config import ClassifierConfig
+    from trainer.image_classifier.prepare import PreparedImages
 
 log = logging.getLogger("kubetrain.trainer")
 
@@ -48,7 +51,11 @@ def find_class_root(data_dir: Path) -> Path:
 
 
 def check_image(path: str) -> str | None:
-    """None when ``path`` is an image the pipeline decodes, else why it is skipped."""
+    """None when ``path``'s header is that of an image the pipeline decodes, else why it is skipped.
+
+    Only the header is read: the pixels are decoded once, when the prepared copy is made, and a
+    file TensorFlow cannot decode is named there.
+    """
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -56,10 +63,6 @@ def check_image(path: str) -> str | None:
             fmt = image.format
             if fmt not in DECODABLE_FORMATS:
                 return f"format {fmt} is not decodable (expected one of {', '.join(DECODABLE_FORMATS)})"
-            image.verify()
-        # verify() checks structure only; decoding catches truncated pixel data too.
-        with Image.open(path) as image:
-            image.load()
     except Image.DecompressionBombError as exc:
         # Pillow refuses to decode images above twice Image.MAX_IMAGE_PIXELS: one such file
         # (or a crafted header) would otherwise take the memory of the whole pod.
@@ -72,7 +75,7 @@ def check_image(path: str) -> str | None:
 
 
 def scan_image_folder(data_dir: Path, workers: int = 8) -> ImageFolder:
-    """Find the class folders and check every file in them.
+    """Find the class folders and check every file's header in them.
 
     Raises:
         DataError: when fewer than two classes hold readable images.
@@ -128,6 +131,18 @@ def scan_image_folder(data_dir: Path, workers: int = 8) -> ImageFolder:
     return ImageFolder(root=root, class_names=class_names, files=files, skipped=skipped)
 
 
+def resize_image(image: tf.Tensor, size: int) -> tf.Tensor:
+    """Training's resize: uint8 pixels ``[h, w, c]`` (or a batch ``[n, h, w, c]``) to uint8 ``size x size``.
+
+    The one definition used by the prepared copy, the training pipeline and the serving
+    signature, so that what a model is served cannot drift from what it was trained on.
+    """
+    import tensorflow as tf
+
+    resized = tf.image.resize(image, [size, size], antialias=True)
+    return tf.cast(tf.clip_by_value(tf.round(resized), 0.0, 255.0), tf.uint8)
+
+
 def split_files(
     files: Sequence[tuple[str, int]],
     fraction: float,
@@ -155,96 +170,103 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch * 7_919 + 1) % (2**31 - 1)
 
 
-def file_order(seed: int, epoch: int | None, n: int) -> list[int]:
-    """A seeded permutation of ``n`` files: the cache's order (``epoch`` None) or one epoch's."""
+def file_order(seed: int, epoch: int, n: int) -> list[int]:
+    """A seeded permutation of ``n`` shards: one epoch's reading order."""
     import numpy as np
 
-    key = [seed, 0x5EED] if epoch is None else [seed, 0x5EED, epoch]
-    return np.random.default_rng(key).permutation(n).tolist()
+    return np.random.default_rng([seed, 0x5EED, epoch]).permutation(n).tolist()
 
 
 class ImagePipeline:
-    """tf.data input: parallel decode, in-memory cache, seeded per-epoch shuffle, prefetch.
+    """tf.data input over the prepared copy's shards: memory bounded by the buffers, not the dataset.
 
-    The scan lists files class by class. Shuffling that list only through a buffer smaller
-    than the split fills the first batches of every epoch from the first classes, so the
-    files are put in a seeded random order before anything is decoded or cached. With the
-    cache, each epoch then shuffles the cached images with a buffer of the whole split by
-    default (an exact shuffle, cheap because the buffer refers to the cached tensors);
-    without it, each epoch reads the files in its own seeded order.
+    Each epoch reads the shards in a seeded order (:func:`file_order`), a few at a time,
+    interleaved record by record, keeps the training split's records, and shuffles them
+    through a seeded buffer of bounded size (:meth:`shuffle_buffer`). The prepared copy wrote
+    the images in a seeded random order, so every shard mixes the classes and the first
+    batches of an epoch are balanced. The order is a function of (seed, epoch) alone: a resumed
+    epoch skips the batches already trained on and sees exactly the rest. Validation reads the
+    shards in their stored order and keeps the validation split's records.
 
     Args:
-        train: training (path, label) pairs.
-        val: validation (path, label) pairs.
-        config: image size, channels, batch size, augmentation, cache and shuffle flags.
+        prepared: the verified prepared copy.
+        train: training (path, label) pairs, from ``prepared.files``.
+        val: validation (path, label) pairs, from ``prepared.files``.
+        config: image size, channels, batch size, augmentation and shuffle flags.
     """
 
+    # The default shuffle buffer (--shuffle-buffer 0) holds at most this many bytes of images.
+    SHUFFLE_BYTES = 256 * 1024 * 1024
+    # Shards read at once: more mix the records better, each costs a read buffer.
+    CYCLE = 4
+    READ_BUFFER = 256 * 1024
+    PARSE_CHUNK = 64
+
     def __init__(
-        self, train: Sequence[tuple[str, int]], val: Sequence[tuple[str, int]], config: ClassifierConfig
+        self,
+        prepared: PreparedImages,
+        train: Sequence[tuple[str, int]],
+        val: Sequence[tuple[str, int]],
+        config: ClassifierConfig,
     ) -> None:
+        import numpy as np
         import tensorflow as tf
 
+        if (prepared.manifest.image_size, prepared.manifest.channels) != (config.image_size, config.channels):
+            raise ValueError(
+                f"the prepared copy holds {prepared.manifest.image_size} px, {prepared.manifest.channels} "
+                f"channel(s); --image-size {config.image_size} --channels {config.channels} needs its own"
+            )
         self.tf = tf
         self.config = config
+        self.prepared = prepared
         self.size = config.image_size
-        self.train_count = len(train)
-        self.val_count = len(val)
-        self.train_items = [train[i] for i in file_order(config.seed, None, len(train))]
-        self.train_base = self._decoded(self.train_items)
-        self.val_items = list(val)
-        self.val_base = self._decoded(self.val_items)
+        record_of = prepared.record_of()
+        n = prepared.manifest.records
+        self.train_mask = np.zeros(n, dtype=bool)
+        self.val_mask = np.zeros(n, dtype=bool)
+        for mask, items in ((self.train_mask, train), (self.val_mask, val)):
+            for path, _ in items:
+                record = record_of[path]
+                if record >= 0:
+                    mask[record] = True
+        # Files TensorFlow could not decode are in the split but have no record.
+        self.train_count = int(self.train_mask.sum())
+        self.val_count = int(self.val_mask.sum())
 
     def shuffle_buffer(self) -> int:
-        """Images in the per-epoch shuffle buffer of the cached split."""
+        """Images in the per-epoch shuffle buffer: --shuffle-buffer, or what fits in SHUFFLE_BYTES."""
         n = max(1, self.train_count)
-        return n if self.config.shuffle_buffer == 0 else min(self.config.shuffle_buffer, n)
+        wanted = self.config.shuffle_buffer or max(
+            self.config.batch_size, self.SHUFFLE_BYTES // self.prepared.record_bytes
+        )
+        return min(wanted, n)
 
-    def _decoded(self, items: Sequence[tuple[str, int]]) -> tf.data.Dataset:
+    def _records(self, shards: Sequence[str], mask: np.ndarray, cycle: int) -> tf.data.Dataset:
         tf = self.tf
         size, channels = self.size, self.config.channels
-        paths = tf.constant([p for p, _ in items], dtype=tf.string)
-        labels = tf.constant([label for _, label in items], dtype=tf.int32)
+        width = self.prepared.record_bytes
+        keep = tf.constant(mask)
+        paths = tf.data.Dataset.from_tensor_slices(tf.constant(list(shards), dtype=tf.string))
+        cycle = max(1, min(cycle, len(shards)))
+        parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": True} if cycle > 1 else {}
+        ds = paths.interleave(
+            lambda p: tf.data.FixedLengthRecordDataset(p, width, buffer_size=self.READ_BUFFER),
+            cycle_length=cycle,
+            block_length=1,
+            **parallel,
+        )
 
-        def load(path: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-            image = tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False)
-            image = tf.image.resize(image, [size, size], antialias=True)
-            # uint8 keeps the in-memory cache at a quarter of the float32 size.
-            image = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
-            image.set_shape([size, size, channels])
-            return image, label
+        def parse(records: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            # A chunk of records at a time: a few ops per chunk instead of per image.
+            head = tf.io.decode_raw(tf.strings.substr(records, 0, 8), tf.int32, little_endian=True)
+            wanted = tf.gather(keep, head[:, 0])
+            pixels = tf.io.decode_raw(tf.strings.substr(records, 8, width - 8), tf.uint8)
+            images = tf.reshape(pixels, [-1, size, size, channels])
+            return tf.boolean_mask(images, wanted), tf.boolean_mask(head[:, 1], wanted)
 
-        ds = tf.data.Dataset.from_tensor_slices((paths, labels))
-        ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        # The files were checked before training; this only guards against a file that
-        # changed since or that Pillow reads and TensorFlow does not.
-        ds = ds.ignore_errors(log_warning=True)
-        return ds.cache() if self.config.cache else ds
-
-    def dropped_files(self) -> list[str]:
-        """Files of either split that TensorFlow could not decode, although the scan read them.
-
-        ``ignore_errors`` drops such files from the pipeline without a count. Counting the
-        elements of each split finds out how many: from memory when the cache is complete
-        (the usual case at the end of training), else by decoding once more. Only when the
-        counts fall short is every file decoded one by one to name the culprits.
-        """
-        tf = self.tf
-
-        def count(ds: tf.data.Dataset) -> int:
-            return int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
-
-        missing = (self.train_count - count(self.train_base)) + (self.val_count - count(self.val_base))
-        if missing <= 0:
-            return []
-        bad = []
-        for path, _ in [*self.train_items, *self.val_items]:
-            try:
-                tf.io.decode_image(
-                    tf.io.read_file(path), channels=self.config.channels, expand_animations=False
-                )
-            except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError, tf.errors.UnimplementedError):
-                bad.append(path)
-        return bad
+        ds = ds.batch(self.PARSE_CHUNK).map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return ds.unbatch()
 
     def _augment(self, image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
         tf = self.tf
@@ -265,12 +287,10 @@ class ImagePipeline:
         tf = self.tf
         batch = self.config.batch_size
         seed = epoch_seed(self.config.seed, epoch)
-        if self.config.cache:
-            ds = self.train_base.shuffle(self.shuffle_buffer(), seed=seed, reshuffle_each_iteration=False)
-        else:
-            ds = self._decoded(
-                [self.train_items[i] for i in file_order(self.config.seed, epoch, self.train_count)]
-            )
+        shards = self.prepared.shard_paths()
+        order = [shards[i] for i in file_order(self.config.seed, epoch, len(shards))]
+        ds = self._records(order, self.train_mask, self.CYCLE)
+        ds = ds.shuffle(self.shuffle_buffer(), seed=seed, reshuffle_each_iteration=False)
         if self.config.augment:
             # Numbering the elements before skipping keeps each image's augmentation seed
             # tied to its position in the epoch, so a resumed epoch augments identically.
@@ -291,7 +311,7 @@ class ImagePipeline:
     def val_dataset(self) -> tf.data.Dataset:
         """Validation batches, in a fixed order."""
         tf = self.tf
-        ds = self.val_base.batch(self.config.batch_size)
+        ds = self._records(self.prepared.shard_paths(), self.val_mask, 1).batch(self.config.batch_size)
         return ds.map(lambda x, y: (tf.cast(x, tf.float32), y), num_parallel_calls=tf.data.AUTOTUNE).prefetch(
             tf.data.AUTOTUNE
         )

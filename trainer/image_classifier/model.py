@@ -39,9 +39,14 @@ def build_model(
     """The classifier: pixel values 0-255 in, class probabilities out.
 
     ``steps_per_epoch`` sets the momentum of the batch-norm layers that train from random
-    weights (:func:`batch_norm_momentum`); without it they keep Keras's defaults.
+    weights (:func:`batch_norm_momentum`); without it they keep Keras's defaults. Built under
+    a strategy of several replicas, every batch-norm layer is synchronized: its batch
+    statistics are those of the global batch, as with one device, not of each replica's share.
     """
     import keras
+    import tensorflow as tf
+
+    synchronized = tf.distribute.get_strategy().num_replicas_in_sync > 1
 
     # Only layers that start from random weights (the CNN never loads any): loaded statistics stay.
     momentum = batch_norm_momentum(steps_per_epoch) if steps_per_epoch and not config.weights else None
@@ -52,7 +57,8 @@ def build_model(
         x = keras.layers.Rescaling(1.0 / 255.0)(inputs)
         for block in range(3):
             x = keras.layers.Conv2D(config.filters * 2**block, 3, padding="same", use_bias=False)(x)
-            x = keras.layers.BatchNormalization(momentum=momentum or 0.99)(x)  # 0.99: Keras's default
+            # 0.99: Keras's default
+            x = keras.layers.BatchNormalization(momentum=momentum or 0.99, synchronized=synchronized)(x)
             x = keras.layers.ReLU()(x)
             x = keras.layers.MaxPooling2D()(x) if block < 2 else keras.layers.GlobalAveragePooling2D()(x)
     else:
@@ -78,14 +84,20 @@ def build_model(
             ) from exc
         frozen = bool(config.weights) and config.freeze_base
         base.trainable = not frozen
-        if momentum:  # MobileNetV2's own momentum, 0.999, is for its loaded statistics
-            for layer in base.layers:
-                if isinstance(layer, keras.layers.BatchNormalization):
+        for layer in base.layers:
+            if isinstance(layer, keras.layers.BatchNormalization):
+                layer.synchronized = synchronized  # read at call time: the base is not called yet
+                if momentum:  # MobileNetV2's own momentum, 0.999, is for its loaded statistics
                     layer.momentum = momentum
         # A frozen base runs its batch-norm layers in inference mode, keeping the loaded statistics.
         x = base(x, training=False) if frozen else base(x)
     x = keras.layers.Dropout(config.dropout, seed=config.seed)(x)
     outputs = keras.layers.Dense(num_classes, activation="softmax", dtype="float32", name="probabilities")(x)
+    if synchronized:
+        log.info(
+            "batch norm synchronized over the %d replicas: statistics of the global batch",
+            tf.distribute.get_strategy().num_replicas_in_sync,
+        )
     if momentum:
         log.info(
             "batch norm momentum %.4g: moving statistics over about %.0f%% of an epoch's %d steps",

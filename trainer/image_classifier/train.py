@@ -3,8 +3,9 @@
 Reads a directory of class folders from DATA_DIR (the extracted dataset; one top-level
 folder holding the class folders is detected and entered), skips and counts files that
 are not readable images, splits the rest into seeded, stratified training and validation
-sets, and trains a small CNN or a MobileNetV2 (``--model mobilenet_v2``) with a cached,
-prefetched tf.data pipeline. Writes the pod contract's outputs to OUTPUT_DIR, plus
+sets, and trains a small CNN or a MobileNetV2 (``--model mobilenet_v2``) on a tf.data pipeline
+that streams the images' prepared copy (decoded once per dataset version and preprocessing:
+trainer.image_classifier.prepare). Writes the pod contract's outputs to OUTPUT_DIR, plus
 confusion_matrix.json (rows: true class, columns: predicted class, on the validation set).
 
 Transfer learning uses MobileNetV2 weights only from a local file (``--weights PATH``);
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from trainer.common import cli
@@ -31,8 +33,9 @@ from trainer.common.contract import (
 )
 from trainer.common.signals import StopRequest
 from trainer.image_classifier.config import ClassifierConfig
-from trainer.image_classifier.data import ImagePipeline, scan_image_folder, split_files
+from trainer.image_classifier.data import ImagePipeline, split_files
 from trainer.image_classifier.model import build_model, classification_sums, confusion_matrix
+from trainer.image_classifier.prepare import prepare_images
 
 log = logging.getLogger("kubetrain.trainer")
 
@@ -54,7 +57,12 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
     data_dir = check_data_dir(config.data_dir)
     prepare_dir(config.checkpoint_dir, "CHECKPOINT_DIR")
     output_dir = prepare_dir(config.output_dir, "OUTPUT_DIR")
-    folder = scan_image_folder(data_dir, config.verify_workers)
+    asked = config.hyperparameters()  # params.json records what was asked; configure() resolves the autos
+    from trainer.common.runtime import configure
+
+    # the devices first (virtual CPUs, memory growth): preparing the images starts TensorFlow
+    runtime = configure(config)
+    folder = prepare_images(data_dir, config, Path(config.prepared_dir) if config.prepared_dir else None)
     train_files, val_files = split_files(folder.files, config.validation_split, config.seed)
     if not val_files:
         raise DataError("the validation split is empty: every class has a single image")
@@ -68,17 +76,17 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
     )
     run = RunInfo.from_env()
     if chief:
-        write_params(output_dir, TRAINER, config.hyperparameters(), run, classes=folder.class_names)
+        write_params(output_dir, TRAINER, asked, run, classes=folder.class_names)
 
-    import keras  # noqa: F401  (imported here: TensorFlow loads only once the flags and data are fine)
+    import keras
 
     from trainer.common.export import export_saved_model, save_keras_model
-    from trainer.common.loop import TrainingLoop, metrics_document
-    from trainer.common.runtime import configure
+    from trainer.common.loop import TrainingLoop
+    from trainer.common.metrics_doc import describe_exported, metrics_document
+    from trainer.image_classifier.serving import add_image_endpoints
 
-    runtime = configure(config)
-    pipeline = ImagePipeline(train_files, val_files, config)
-    steps_per_epoch = len(train_files) // config.batch_size
+    pipeline = ImagePipeline(folder, train_files, val_files, config)
+    steps_per_epoch = pipeline.train_count // config.batch_size
     with runtime.strategy.scope():
         model = build_model(config, len(folder.class_names), steps_per_epoch)
         optimizer = keras.optimizers.Adam(config.learning_rate)
@@ -124,8 +132,16 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
         },
     )
     save_keras_model(model, output_dir)
-    export_saved_model(model, output_dir, io_device=runtime.io_device)
-    dropped = pipeline.dropped_files()
+    export_saved_model(
+        model,
+        output_dir,
+        lambda archive: add_image_endpoints(
+            archive, model, folder.class_names, config.image_size, config.channels
+        ),
+        io_device=runtime.io_device,
+        serve_model=False,
+    )
+    dropped = folder.undecodable
     # The examples that trained and validated: the files TensorFlow decoded.
     left_out = set(dropped)
     train_examples = sum(1 for path, _ in train_files if path not in left_out)
@@ -148,6 +164,7 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
             result=result,
             runtime=runtime,
             config=config,
+            runtime_facts=runtime.facts(),
             skipped_files=len(folder.skipped) + len(dropped),
             undecodable_files=len(dropped),
             classes=folder.class_names,
@@ -155,13 +172,7 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
             val_examples=val_examples,
         ),
     )
-    log.info(
-        "done: %d steps; exported epoch %s, val_accuracy %.4f; outputs in %s",
-        result.steps,
-        (result.exported or {}).get("epoch"),
-        (result.exported or {}).get("val_accuracy", float("nan")),
-        output_dir,
-    )
+    log.info("done: %d steps; %s; outputs in %s", result.steps, describe_exported(result), output_dir)
 
 
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
@@ -171,7 +182,7 @@ data layout:
   PNG, JPEG, GIF, BMP and WEBP files are used; anything else is skipped and counted.
 
 outputs (OUTPUT_DIR):
-  metrics.json history.csv params.json model.keras saved_model/1/ confusion_matrix.json
+  metrics.json history.csv params.json model.keras saved_model/<version>/ confusion_matrix.json
 """
 
 

@@ -8,6 +8,13 @@ With a cache directory, verified objects are kept under ``<cache>/<version>/`` (
 dataset version is a hash of the objects' identities, so a version never changes); a
 later stage-in of the same version copies them from there and reads nothing but the
 manifest from S3.
+
+With a prepared-copy prefix (``s3://<training bucket>/prepared/<dataset>/<version>/``), the
+copies a trainer made of this version earlier (decoded, checked, resized records: one folder
+per preprocessing key, ``manifest.json`` uploaded last) are downloaded beside the dataset, to
+``DATA_DIR/.kubetrain-prepared/<key>/``, each shard checked against the sha256 its manifest
+gives. They only save the trainer work: a copy that is missing, incomplete or damaged is
+logged and left out, and the trainer makes it itself.
 """
 
 from __future__ import annotations
@@ -21,11 +28,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from kubetrain_contract.s3uri import S3Uri
 from trainer.sync.archive import ExtractLimits, extract, is_archive
+from trainer.sync.errors import S3RequestError, SyncError
 from trainer.sync.manifest import DatasetManifest, read_dataset_manifest
+from trainer.sync.prepared import PREPARED_DIR_NAME, PREPARED_KEY, PREPARED_MANIFEST, listed_shards
 from trainer.sync.progress import Progress, human_bytes, log
 from trainer.sync.restore import restore
-from trainer.sync.s3 import S3, S3RequestError, S3Uri, SyncError
+from trainer.sync.s3 import S3
 from trainer.sync.transfer import DEFAULT_MD5_MAX_SIZE, VERIFY_MODES, Download, Downloader
 
 CACHE_INDEX = "index.json"
@@ -47,6 +57,8 @@ class StageInConfig:
     verify: str = "auto"
     part_size: int | None = None
     md5_max_size: int = DEFAULT_MD5_MAX_SIZE
+    prepared: S3Uri | None = None
+    prepared_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if self.verify not in VERIFY_MODES:
@@ -135,6 +147,14 @@ def stage_in(s3: S3, cfg: StageInConfig) -> None:
             log(progress.summary(f" from {source}{extracted}"))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    if cfg.prepared is not None:
+        stage_prepared(
+            s3,
+            cfg.prepared,
+            cfg.prepared_dir or cfg.data_dir / PREPARED_DIR_NAME,
+            workers=cfg.workers,
+            progress_interval=cfg.progress_interval,
+        )
     if cfg.run is None:
         log("stage-in: KUBETRAIN_RUN_URI is not set: no checkpoints to restore")
         return
@@ -260,5 +280,77 @@ def _to_cache(cache_dir: Path, manifest: DatasetManifest, objects: Path, items: 
         log(f"stage-in: cached version {manifest.version} in {cache_dir}")
     except OSError as exc:
         log(f"stage-in: WARNING: cannot cache version {manifest.version} in {cache_dir}: {exc}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def stage_prepared(
+    s3: S3, uri: S3Uri, dest: Path, *, workers: int = 16, progress_interval: float = 5.0
+) -> list[str]:
+    """Download every complete prepared copy under ``uri`` into ``dest/<key>/``; return the keys staged.
+
+    A copy is complete when its ``manifest.json`` is listed (the uploader sends it last). Each
+    copy is downloaded into a temporary folder, its shards checked by size and sha256, and
+    renamed into place with its manifest, replacing what was there. Nothing here fails the
+    stage-in: a copy that cannot be staged is logged and left for the trainer to make.
+    """
+    prefix = uri.key.rstrip("/") + "/" if uri.key else ""
+    try:
+        listed = {o["Key"][len(prefix) :]: int(o["Size"]) for o in s3.list_objects(uri.bucket, prefix)}
+    except SyncError as exc:
+        log(f"stage-in: cannot list prepared copies under {uri}: {exc}; the trainer prepares its own")
+        return []
+    keys = sorted({rel.split("/", 1)[0] for rel in listed if rel.endswith("/" + PREPARED_MANIFEST)})
+    if not keys:
+        log(f"stage-in: no prepared copy under {uri} yet")
+        return []
+    staged = []
+    for key in keys:
+        try:
+            _stage_prepared_copy(s3, uri.bucket, prefix, key, listed, dest, workers, progress_interval)
+            staged.append(key)
+        except (SyncError, OSError, ValueError) as exc:
+            log(
+                f"stage-in: WARNING: prepared copy {key} under {uri} not staged ({exc}); the trainer prepares it"
+            )
+    return staged
+
+
+def _stage_prepared_copy(
+    s3: S3,
+    bucket: str,
+    prefix: str,
+    key: str,
+    listed: dict[str, int],
+    dest: Path,
+    workers: int,
+    progress_interval: float,
+) -> None:
+    if not PREPARED_KEY.match(key):
+        raise ValueError(f"folder name {key!r} is not a preprocessing key")
+    body = s3.get_bytes(bucket, f"{prefix}{key}/{PREPARED_MANIFEST}")
+    shards = listed_shards(json.loads(body))
+    items = []
+    dest.mkdir(parents=True, exist_ok=True)
+    tmp = dest / f".tmp-{key}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        for shard in shards:
+            name, size = shard.name, shard.bytes
+            if listed.get(f"{key}/{name}") != size:
+                raise ValueError(
+                    f"{name} is listed with {listed.get(f'{key}/{name}')} bytes, the manifest says {size}"
+                )
+            items.append(Download(bucket, f"{prefix}{key}/{name}", size, tmp / name, sha256=shard.sha256))
+        total = sum(i.size for i in items)
+        _check_space(dest, total)
+        with Progress(f"stage-in: prepared {key}", len(items), total, progress_interval) as progress:
+            Downloader(s3, workers, progress, verify="size").run(items)
+            (tmp / PREPARED_MANIFEST).write_bytes(body)
+            final = dest / key
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            log(progress.summary(f" into {final}"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

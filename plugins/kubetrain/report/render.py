@@ -244,6 +244,11 @@ def summary_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
         ("devices", "Devices"),
         ("workers", "Workers"),
         ("strategy", "Distribution"),
+        ("precision", "Precision"),
+        ("steps_per_execution", "Steps per call"),
+        ("jit_compile", "XLA"),
+        ("unigram_val_loss", "Unigram baseline val_loss"),
+        ("warmup_steps", "Warm-up steps"),
         ("skipped_files", "Skipped input files"),
     ):
         if key in facts:
@@ -301,6 +306,12 @@ def page_values(inputs: ReportInputs, plots: Plots) -> dict[str, Any]:
         "samples": [
             [sample.get(key) for key in ("step", "input", "reply", "reference")]
             for sample in (inputs.samples or [])[-MAX_SAMPLES:]
+        ]
+        # the exported model's replies to held-out questions (metrics.json's val_samples)
+        + [
+            ["exported", *(sample.get(key) for key in ("input", "reply", "reference"))]
+            for sample in (inputs.metrics.get("val_samples") or [])[:MAX_SAMPLES]
+            if isinstance(sample, dict)
         ],
         "notes": inputs.notes,
     }

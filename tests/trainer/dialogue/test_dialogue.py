@@ -16,6 +16,7 @@ import pytest
 
 from include.sample_data import dialogue as dialogue_data
 from trainer.common.contract import EXIT_DATAERR, EXIT_USAGE, UsageError
+from trainer.common.export import latest_saved_model
 from trainer.dialogue import train as dialogue_train
 from trainer.dialogue.data import load_pairs, read_cornell, read_jsonl, read_tsv
 from trainer.dialogue.tokenizer import WordTokenizer
@@ -112,7 +113,7 @@ def test_tokenizer_is_deterministic_and_round_trips_through_json(tmp_path):
 
 
 @pytest.mark.slow
-def test_trains_on_chatterbot_pairs_and_writes_the_contract_files(tmp_path):
+def test_trains_on_the_generated_pairs_and_writes_the_contract_files(tmp_path):
     data = tmp_path / "data"
     dialogue_data.main(["--out", str(data / "pairs.tsv")])
     out = tmp_path / "out"
@@ -129,7 +130,9 @@ def test_trains_on_chatterbot_pairs_and_writes_the_contract_files(tmp_path):
         "--batch-size",
         "32",
         "--vocab-size",
-        "1500",
+        "200",
+        "--max-pairs",
+        "1100",
         "--max-steps",
         "70",
         "--sample-every-steps",
@@ -154,21 +157,21 @@ def test_trains_on_chatterbot_pairs_and_writes_the_contract_files(tmp_path):
 
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["trainer"] == "dialogue" and metrics["task"] == "seq2seq"
-    assert metrics["steps"] == 70 and metrics["vocabulary_size"] == 1500
-    # Uniform guessing over the vocabulary costs ln(1500) = 7.3 nats per token.
-    assert metrics["final"]["val_loss"] < 0.7 * math.log(1500), metrics["final"]
+    assert metrics["steps"] == 70 and metrics["vocabulary_size"] == 200
+    # Uniform guessing over the vocabulary costs ln(200) = 5.3 nats per token.
+    assert metrics["final"]["val_loss"] < 0.7 * math.log(200), metrics["final"]
     assert 0.0 < metrics["final"]["val_accuracy"] <= 1.0
 
     with open(out / "history.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert rows[0]["step"] == str(
         metrics["train_examples"] // 32
-    )  # 31 steps: two full epochs, then a partial one
+    )  # 30 steps: two full epochs, then a partial one
     assert [r["epoch"] for r in rows] == ["1", "2", "3"] and rows[-1]["step"] == "70"
-    # The sample data names each pair's conversation: nearly half the pairs repeat an earlier
-    # one, and neither a pair nor a conversation is on both sides of the split.
+    # The sample data names each pair's conversation: neither a pair nor a conversation is on
+    # both sides of the split.
     split = metrics["split"]
-    assert split["duplicates_removed"] > 0.4 * split["pairs_read"]
+    assert split["pairs_read"] == 1100 and split["duplicates_removed"] < 0.05 * split["pairs_read"]
     assert split["train_pairs"] == metrics["train_examples"] and split["val_pairs"] == metrics["val_examples"]
     assert split["val_pairs_in_train"] == 0 and split["groups_in_both"] == 0
     assert 0 < float(rows[0]["learning_rate"]) < 1
@@ -181,7 +184,7 @@ def test_trains_on_chatterbot_pairs_and_writes_the_contract_files(tmp_path):
 
     tokenizer = WordTokenizer.load(out / "tokenizer.json")
     assert (
-        tokenizer.size == 1500
+        tokenizer.size == 200
         and (tmp_path / "ckpt" / "tokenizer.json").read_bytes() == (out / "tokenizer.json").read_bytes()
     )
     params = json.loads((out / "params.json").read_text())
@@ -199,13 +202,13 @@ def test_trains_on_chatterbot_pairs_and_writes_the_contract_files(tmp_path):
     decoder = np.zeros((2, 12), np.int32)
     decoder[:, 0] = tokenizer.bos_id
     logits = np.asarray(model({"encoder_tokens": encoder, "decoder_tokens": decoder}))
-    assert logits.shape == (2, 12, 1500) and np.isfinite(logits).all()
+    assert logits.shape == (2, 12, 200) and np.isfinite(logits).all()
 
     # The SavedModel answers questions by itself: a process with TensorFlow and no line of
     # this project's code gives the replies that the Python tokenizer and decoder give.
-    questions = ["What is AI?", "What language are you written in?", "tell me a joke", "Héllo, WORLD!!", ""]
+    questions = ["What is AI?", "Where does Maya live?", "Repeat after me: red tree", "Héllo, WORLD!!", ""]
     served = subprocess.run(
-        [sys.executable, "-c", SERVE, str(out / "saved_model" / "1"), json.dumps(questions)],
+        [sys.executable, "-c", SERVE, str(latest_saved_model(out / "saved_model")), json.dumps(questions)],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -152,7 +152,7 @@ def run_dialogue(args: list[str]) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize("keep_tokenizer_file", [True, False], ids=["tokenizer-file", "fingerprint-only"])
 def test_resume_refuses_a_checkpoint_of_another_vocabulary(tmp_path, keep_tokenizer_file):
     data = tmp_path / "data"
-    dialogue_data.main(["--out", str(data / "pairs.tsv"), "--categories", "greetings,humor"])
+    dialogue_data.main(["--out", str(data / "pairs.tsv"), "--categories", "greetings"])
     args = [
         "--data-dir",
         str(data),

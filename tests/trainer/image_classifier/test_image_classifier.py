@@ -19,9 +19,11 @@ import pytest
 
 from include.sample_data import digits as digits_data
 from trainer.common.contract import EXIT_DATAERR, EXIT_NOINPUT, EXIT_PREEMPTED, EXIT_USAGE
+from trainer.common.export import latest_saved_model
 from trainer.image_classifier import data as image_data
 from trainer.image_classifier import model as image_model
 from trainer.image_classifier import train as image_classifier
+from trainer.image_classifier.prepare import prepare_images
 
 REPO = Path(__file__).resolve().parents[3]
 STEP_LINE = re.compile(r"INFO step (\d+) epoch \d+/\d+ batch \d+/\d+ loss ([0-9.]+)")
@@ -178,14 +180,16 @@ def test_trains_on_digits_and_writes_the_contract_files(tmp_path, digits_zip):
         image_size=32,
         batch_size=32,
     )
-    folder = image_data.scan_image_folder(data)
+    folder = prepare_images(data, config)
     train_files, val_files = image_data.split_files(folder.files, config.validation_split, config.seed)
-    val = image_data.ImagePipeline(train_files, val_files, config).val_dataset()
+    val = image_data.ImagePipeline(folder, train_files, val_files, config).val_dataset()
     model = keras.saving.load_model(out / "model.keras")
-    loaded = tf.saved_model.load(str(out / "saved_model" / "1"))  # keep a reference: it owns the variables
+    # keep a reference: it owns the variables
+    loaded = tf.saved_model.load(str(latest_saved_model(out / "saved_model")))
     hits = {"keras": 0, "saved_model": 0}
     for x, y in val:
-        probs, served = np.asarray(model(x)), np.asarray(loaded.serve(x))
+        probs = np.asarray(model(x))
+        served = np.asarray(loaded.serve_pixels(tf.cast(x, tf.uint8))["probabilities"])
         assert np.allclose(probs.sum(axis=1), 1.0, atol=1e-3) and np.abs(probs - served).max() < 1e-4
         hits["keras"] += int((probs.argmax(1) == y.numpy()).sum())
         hits["saved_model"] += int((served.argmax(1) == y.numpy()).sum())
@@ -327,7 +331,7 @@ def test_flat_layout_mirrored_over_two_devices_with_mixed_precision(tmp_path, sm
             "3",
             "--virtual-cpus",
             "2",
-            "--mixed-precision",
+            "--precision=mixed_float16",
             "--augment",
             "--flip",
             "--log-every-steps",
@@ -392,7 +396,14 @@ def test_files_tensorflow_cannot_decode_are_skipped_and_counted(tmp_path, caplog
     for n in range(13):
         bmp = seven / f"7_{n * 10:04d}_one_bit.bmp"
         Image.open(next(seven.glob("*.png"))).convert("1").save(bmp)
-        train_files, val_files = image_data.split_files(image_data.scan_image_folder(data).files, 0.2, 42)
+        config = image_classifier.ClassifierConfig(
+            data_dir=str(data),
+            checkpoint_dir=str(tmp_path / "c"),
+            output_dir=str(tmp_path / "o"),
+            image_size=16,
+        )
+        folder = prepare_images(data, config, tmp_path / f"split-{n}", environ={})
+        train_files, val_files = image_data.split_files(folder.files, 0.2, 42)
         if str(bmp) in {path for path, _ in val_files}:
             break
         bmp.unlink()

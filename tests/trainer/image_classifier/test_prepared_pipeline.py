@@ -1,0 +1,163 @@
+"""The pipeline over a prepared copy: exact resume, bounded buffers and no cache, balanced first batches,
+a fixed validation split, and a second training run that decodes nothing."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from trainer.image_classifier import prepare
+from trainer.image_classifier.config import ClassifierConfig
+from trainer.image_classifier.data import ImagePipeline, split_files
+from trainer.image_classifier.prepare import decodes, prepare_images
+
+PER_CLASS = 150
+SIZE = 8
+SHARD_BYTES = 20 * prepare.record_bytes(SIZE, 3)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """Two classes of small PNGs; the scan lists them class by class."""
+    root = tmp_path_factory.mktemp("pipeline") / "data"
+    rng = np.random.default_rng(3)
+    for label, name in enumerate(("cat", "dog")):
+        (root / name).mkdir(parents=True)
+        for i in range(PER_CLASS):
+            pixels = rng.integers(0, 128, (12, 12, 3), dtype=np.uint8) + np.uint8(127 * label)
+            Image.fromarray(pixels).save(root / name / f"{i:04d}.png")
+    return root
+
+
+def config_for(data: Path, **overrides) -> ClassifierConfig:
+    values = {"image_size": SIZE, "batch_size": 16, "verify_workers": 2, "cache": False}
+    values.update(overrides)
+    return ClassifierConfig(data_dir=str(data), checkpoint_dir=str(data), output_dir=str(data), **values)
+
+
+@pytest.fixture(scope="module")
+def copy(folder, tmp_path_factory):
+    location = tmp_path_factory.mktemp("prepared")
+    return prepare_images(folder, config_for(folder), location, shard_bytes=SHARD_BYTES, environ={})
+
+
+def pipeline_for(copy, folder, **overrides) -> ImagePipeline:
+    config = config_for(folder, **overrides)
+    train, val = split_files(copy.files, config.validation_split, config.seed)
+    return ImagePipeline(copy, train, val, config)
+
+
+def batches(dataset) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(x.numpy(), y.numpy()) for x, y in dataset]
+
+
+@pytest.mark.parametrize("augment", [False, True], ids=["plain", "augmented"])
+def test_a_resumed_epoch_yields_the_batches_of_an_uninterrupted_one(copy, folder, augment):
+    pipeline = pipeline_for(copy, folder, augment=augment, flip=augment, shuffle_buffer=32)
+    whole = batches(pipeline.train_dataset(2))
+    assert len(whole) == pipeline.train_count // 16 > 10
+    resumed = batches(
+        pipeline_for(copy, folder, augment=augment, flip=augment, shuffle_buffer=32).train_dataset(2, 7)
+    )
+    assert len(resumed) == len(whole) - 7
+    for (x, y), (rx, ry) in zip(whole[7:], resumed, strict=True):
+        np.testing.assert_array_equal(x, rx)
+        np.testing.assert_array_equal(y, ry)
+    other_epoch = batches(pipeline.train_dataset(3))
+    assert not np.array_equal(
+        np.concatenate([y for _, y in whole]), np.concatenate([y for _, y in other_epoch])
+    )
+
+
+def graph_nodes(dataset) -> list:
+    from tensorflow.core.framework import graph_pb2
+
+    graph = graph_pb2.GraphDef()
+    graph.ParseFromString(dataset._as_serialized_graph().numpy())
+    return list(graph.node)
+
+
+def test_training_holds_no_cache_and_a_bounded_shuffle_buffer(copy, folder, monkeypatch):
+    import tensorflow as tf
+
+    # At 8 px a record is 200 bytes: a budget of 40 records stands in for a large dataset at 224 px.
+    monkeypatch.setattr(ImagePipeline, "SHUFFLE_BYTES", 40 * copy.record_bytes)
+    pipeline = pipeline_for(copy, folder, shuffle_buffer=0)
+    assert pipeline.shuffle_buffer() == 40 < pipeline.train_count
+    for dataset in (pipeline.train_dataset(0), pipeline.train_dataset(1, 3), pipeline.val_dataset()):
+        nodes = graph_nodes(dataset)
+        assert not [n.op for n in nodes if "Cache" in n.op]
+        consts = {n.name: n for n in nodes if n.op == "Const"}
+        buffers = [
+            int(tf.make_ndarray(consts[n.input[1].split(":")[0]].attr["value"].tensor))
+            for n in nodes
+            if n.op.startswith("ShuffleDataset")
+        ]
+        assert all(b <= 40 for b in buffers), buffers
+    assert pipeline_for(copy, folder, shuffle_buffer=10_000).shuffle_buffer() == pipeline.train_count
+
+
+def test_the_first_batches_and_each_half_epoch_mix_the_classes(copy, folder):
+    # The scan lists the files class by class; the prepared copy stores them in a seeded random order.
+    assert [label for _, label in copy.files[:PER_CLASS]] == [0] * PER_CLASS
+    pipeline = pipeline_for(copy, folder, shuffle_buffer=16)
+    labels = np.concatenate([y for _, y in batches(pipeline.train_dataset(0))])
+    assert 0.3 <= np.mean(labels[: 5 * 16] == 0) <= 0.7, labels[: 5 * 16]
+    half = len(labels) // 2
+    assert 0.35 <= np.mean(labels[:half] == 0) <= 0.65
+    assert 0.35 <= np.mean(labels[half:] == 0) <= 0.65
+
+
+def test_validation_is_the_same_split_in_the_same_order_on_every_run(copy, folder, tmp_path):
+    config = config_for(folder)
+    train, val = split_files(copy.files, config.validation_split, config.seed)
+    assert not {p for p, _ in train} & {p for p, _ in val} and len(train) + len(val) == 2 * PER_CLASS
+    first = batches(pipeline_for(copy, folder).val_dataset())
+    # Another process, another prepared copy of the same files: the same examples, labels and order.
+    again = prepare_images(folder, config, tmp_path, shard_bytes=SHARD_BYTES * 3, environ={})
+    second = batches(pipeline_for(again, folder).val_dataset())
+    assert sum(len(y) for _, y in first) == len(val)
+    for (x, y), (x2, y2) in zip(first, second, strict=True):
+        np.testing.assert_array_equal(y, y2)
+        np.testing.assert_array_equal(x, x2)
+    by_path = dict(copy.files)
+    assert sorted(np.concatenate([y for _, y in first]).tolist()) == sorted(by_path[p] for p, _ in val)
+
+
+def test_a_pipeline_for_another_preprocessing_is_refused(copy, folder):
+    with pytest.raises(ValueError, match="holds 8 px, 3 channel"):
+        pipeline_for(copy, folder, image_size=16)
+
+
+def test_a_second_training_run_reuses_the_copy_and_decodes_nothing(tmp_path, folder, caplog, monkeypatch):
+    from trainer.image_classifier import train as image_classifier
+
+    monkeypatch.setenv("KUBETRAIN_PREPARED_DIR", str(tmp_path / "prepared"))
+    monkeypatch.delenv("KUBETRAIN_DATASET_VERSION", raising=False)
+    caplog.set_level(logging.INFO)
+
+    def run(name: str) -> dict:
+        args = ["--data-dir", str(folder), "--checkpoint-dir", str(tmp_path / name / "c")]
+        args += ["--output-dir", str(tmp_path / name / "o"), "--image-size", str(SIZE), "--batch-size", "16"]
+        assert image_classifier.main([*args, "--max-steps", "2", "--log-every-steps", "100"]) == 0, (
+            caplog.text
+        )
+        return json.loads((tmp_path / name / "o" / "metrics.json").read_text())
+
+    before = decodes()
+    first = run("first")
+    assert decodes() - before == 2 * PER_CLASS
+    before = decodes()
+    second = run("second")
+    assert decodes() == before, "the second run decoded images"
+    assert "using the prepared copy" in caplog.text
+    assert (first["train_examples"], first["val_examples"]) == (
+        second["train_examples"],
+        second["val_examples"],
+    )
+    assert first["train_examples"] + first["val_examples"] == 2 * PER_CLASS
