@@ -40,7 +40,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: help setup test test-airflow test-trainer lint demo demo-dialogue demo-distributed airflow stack-up stack-images stack-down bench lock clean demo-sweep \
-	images images-base mirror mlflow-env build-leftovers preflight
+	images images-base mirror mlflow-env build-leftovers preflight kit
 
 help:
 	@echo "make demo        set up, start the dev stack and train a model end to end"
@@ -52,9 +52,21 @@ help:
 	@echo "make airflow     the Airflow UI against the dev stack"
 	@echo "make preflight   check a cluster, S3 and registry before the first run (docs/real-cluster.md); ARGS=... passes options"
 	@echo "make images      build the trainer (GPU, CPU) and sync images, check them, push them to KUBETRAIN_REGISTRY"
-	@echo "make lint        ruff, with the Airflow 3 rules"
+	@echo "make kit         the wheel of kubetrain-contract (the kit for your own training script) in dist/"
+	@echo "make lint        ruff, with the Airflow 3 rules, and mypy (pyproject.toml says over what)"
 	@echo "make bench       benchmarks (ratios; results in bench/README.md)"
 	@echo "make lock        re-resolve requirements.lock and trainer/requirements.lock"
+
+# -- the kit for users' own training scripts (docs/extending.md, "The kit") ------------------
+
+KIT_WHEEL := dist/kubetrain_contract-0.1.0-py3-none-any.whl
+kit: $(KIT_WHEEL)
+$(KIT_WHEEL): $(wildcard trainer/kubetrain_contract/*.py trainer/kubetrain_contract/schemas/*.json) include/kit/pyproject.toml | $(VENV)/.synced
+	@rm -rf .tools/kit && mkdir -p .tools/kit dist
+	@cp include/kit/pyproject.toml .tools/kit/ && cp -r trainer/kubetrain_contract .tools/kit/
+	@find .tools/kit -name __pycache__ -prune -exec rm -rf {} +
+	$(UV) build --quiet --wheel --no-build-isolation --python $(VENV)/bin/python --out-dir dist .tools/kit
+	@echo "$@: pip install it in your training image (docs/extending.md)"
 
 # -- set-up --------------------------------------------------------------------------------
 
@@ -235,6 +247,7 @@ test-trainer: setup
 lint: $(VENV)/.synced
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	@# the dev stack's S3 serves presigned URLs AWS refuses (include/devstack/S3.md): the project signs none
 	@! git grep -n generate_presigned -- plugins dags trainer include ':!*.md' || \
 		{ echo "presigned URLs are made above: serve the files through the API server instead"; exit 1; }

@@ -341,7 +341,7 @@ def sidecar_final_pass(run_uri: str, directory: str) -> int:
     the run's passes, uploads every file and writes the pass manifest, as on SIGTERM.
     """
     from trainer.sync.__main__ import build_parser, sidecar_s3
-    from trainer.sync.s3 import parse_s3_uri
+    from trainer.sync.errors import parse_s3_uri
     from trainer.sync.sidecar import Sidecar, SyncConfig
 
     args = build_parser().parse_args(

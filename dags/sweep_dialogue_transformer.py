@@ -70,4 +70,10 @@ with DAG(
     ),
     render_template_as_native_obj=True,
 ) as dag:
-    sweep_pipeline(SWEEP, title=f"{TRAINER.title} sweep", cmds=TRAINER.cmds, arguments=TRAINER.arguments)
+    sweep_pipeline(
+        SWEEP,
+        title=f"{TRAINER.title} sweep",
+        cmds=TRAINER.cmds,
+        arguments=TRAINER.arguments,
+        check_params=TRAINER.check_run,
+    )

@@ -43,4 +43,6 @@ with DAG(
     ),
     render_template_as_native_obj=True,
 ) as dag:
-    training_pipeline(title=TRAINER.title, cmds=TRAINER.cmds, arguments=TRAINER.arguments)
+    training_pipeline(
+        title=TRAINER.title, cmds=TRAINER.cmds, arguments=TRAINER.arguments, check_params=TRAINER.check_run
+    )

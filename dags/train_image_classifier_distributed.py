@@ -38,7 +38,9 @@ from kubetrain.pipeline import (
 )
 from kubetrain.trainers import IMAGE_CLASSIFIER
 
-DATASET = IMAGE_CLASSIFIER.dataset_uri
+# Max steps bound a run of many workers; the checkpoint interval is what a dead worker costs.
+TRAINER = IMAGE_CLASSIFIER.extended("max_steps", "checkpoint_every_steps")
+DATASET = TRAINER.dataset_uri
 
 with DAG(
     dag_id=Path(__file__).stem,
@@ -50,7 +52,7 @@ with DAG(
     tags=["kubetrain", "training", "image-classification", "distributed"],
     params=with_dialect(
         {
-            **common_params(dataset_uri=DATASET, model=IMAGE_CLASSIFIER.model, gpus=1),
+            **common_params(dataset_uri=DATASET, model=TRAINER.model, gpus=1),
             "backend": Param(
                 "auto",
                 type="string",
@@ -121,25 +123,8 @@ with DAG(
                 description="With parameter servers, the chief's memory (empty: the workers' memory).",
                 section="Distributed",
             ),
-            # the image classifier's training Params (its spec), and two that several workers need
-            **IMAGE_CLASSIFIER.params(),
-            "max_steps": Param(
-                None,
-                type=["null", "integer"],
-                minimum=1,
-                title="Max steps",
-                description="Stop after this many steps in total (empty: the epochs decide).",
-                section="Training",
-            ),
-            "checkpoint_every_steps": Param(
-                100,
-                type="integer",
-                minimum=0,
-                maximum=100000,
-                title="Checkpoint every N steps",
-                description="The chief's checkpoint interval: at most this many steps are lost when a worker dies.",
-                section="Training",
-            ),
+            # the image classifier's training Params, and two that several workers need (its flag table's)
+            **TRAINER.params(),
         }
     ),
     render_template_as_native_obj=True,
@@ -155,11 +140,7 @@ with DAG(
         ps_memory="{{ params.ps_memory }}",
         chief_cpu="{{ params.chief_cpu or '' }}",
         chief_memory="{{ params.chief_memory or '' }}",
-        cmds=list(IMAGE_CLASSIFIER.cmds),
-        arguments=[
-            "--strategy=auto",
-            *IMAGE_CLASSIFIER.arguments,
-            "{{ '--max-steps=%d' % params.max_steps if params.max_steps else '--epochs=%d' % params.epochs }}",
-            "--checkpoint-every-steps={{ params.checkpoint_every_steps }}",
-        ],
+        cmds=list(TRAINER.cmds),
+        arguments=["--strategy=auto", *TRAINER.arguments],
+        check_params=TRAINER.check_run,
     )

@@ -980,7 +980,7 @@ def test_hostile_image_reference(image, message):
 def test_an_error_never_echoes_a_body_that_is_not_an_error_document(content_type, body, shown):
     import requests
 
-    from kubetrain.imagebuild.oci import error_detail
+    from kubetrain.imagebuild.registry_errors import error_detail
 
     response = requests.Response()
     response.status_code, response._content = 502, body
@@ -1396,7 +1396,7 @@ def test_hostile_registry_host_in_an_image(image, message):
 #
 # Node selectors, tolerations and resource quantities are checked with the API server's own
 # rules before any pod is built (kubetrain.settings: qualified names and label values;
-# kubetrain.pod_spec._quantity: quantities that fit an int64 as Kubernetes counts them, bytes
+# kubetrain.pod_sizing.quantity: quantities that fit an int64 as Kubernetes counts them, bytes
 # or millicores), and the trigger form's JSON Schema refuses the same values. A refusal names
 # the field and the value and says what was expected.
 #
@@ -2038,7 +2038,8 @@ class _AshaS3:
             yield {"Key": key, "ETag": f'"{hashlib.md5(self.objects[key]).hexdigest()}"'}
 
     def get_bytes(self, bucket: str, key: str) -> bytes:
-        from trainer.sync.s3 import S3RequestError, S3Uri
+        from kubetrain_contract.s3uri import S3Uri
+        from trainer.sync.errors import S3RequestError
 
         if key not in self.objects:
             raise S3RequestError(S3Uri(bucket, key), 404, "NoSuchKey")
@@ -2112,8 +2113,8 @@ def _asha_ours(
     import json
 
     from trainer.sync.asha import RungRule, RungStopper
+    from trainer.sync.errors import parse_s3_uri
     from trainer.sync.median import MedianRule, MedianStopper
-    from trainer.sync.s3 import parse_s3_uri
 
     s3 = _AshaS3()
     records = parse_s3_uri("s3://training/sweep/sweep/trials/")

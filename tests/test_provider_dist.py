@@ -167,7 +167,7 @@ def test_the_wheel_holds_the_airflow_side_and_its_entry_points(wheel):
     )
     assert "[airflow.plugins]\nkubetrain = kubetrain_plugin:KubetrainPlugin" in entry_points
     # the preflight as docs/real-cluster.md names it where the wheel is installed
-    assert "[console_scripts]\nkubetrain-preflight = kubetrain.preflight:main" in entry_points
+    assert "[console_scripts]\nkubetrain-preflight = kubetrain.preflight.cli:main" in entry_points
     assert metadata["Name"] == "kubetrain" and metadata["Version"] == "0.1.0"
     requires = metadata.get_all("Requires-Dist")
     assert any(

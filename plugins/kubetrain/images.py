@@ -47,14 +47,14 @@ def pin_image(image: str, *, registry_conn_id: str | None = None) -> str:
         may have expired and be renewed).
     """
     from kubetrain.hooks.registry import RegistryHook
-    from kubetrain.imagebuild.oci import (
+    from kubetrain.imagebuild.oci import RegistryClient
+    from kubetrain.imagebuild.reference import parse_reference
+    from kubetrain.imagebuild.registry_errors import (
         ManifestNotFound,
         RegistryAuthError,
-        RegistryClient,
         RegistryError,
         TargetRefused,
     )
-    from kubetrain.imagebuild.reference import parse_reference
 
     if has_digest(image):
         parse_reference(image)  # refuse a malformed reference before it reaches a pod

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from kubetrain.s3_layout import check_name, parse_s3_uri, s3_uri, utc_stamp
+from kubetrain.s3_layout import check_name, s3_uri, utc_stamp
 from kubetrain_contract.manifests import (
     DatasetManifest,
     DatasetObject,
     dataset_version,
     is_safe_relative_path,
 )
+from kubetrain_contract.s3uri import parse_s3_uri
 
 if TYPE_CHECKING:
     from kubetrain.run_store import RunStore

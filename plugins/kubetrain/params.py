@@ -36,7 +36,7 @@ from typing import Any
 
 from jsonschema import FormatChecker
 
-from kubetrain.s3_layout import parse_s3_uri
+from kubetrain_contract.s3uri import parse_s3_uri
 
 __all__ = [
     "FOLDED_SECTIONS",

@@ -20,7 +20,7 @@ native rendering would read a rendered ``1.10`` as the number 1.1.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -39,7 +39,7 @@ from kubetrain.settings import DNS_SUBDOMAIN, LABEL_VALUE_PATTERN, QUALIFIED_NAM
 __all__ = ["DEFAULT_ARGS", "TrainingTasks", "common_params", "form_order", "schedule", "training_pipeline"]
 
 # The trigger form's quantities, each small enough that Kubernetes can count it as an int64 (bytes, or
-# millicores for CPU: kubetrain.pod_spec._quantity holds the exact rule). A pattern cannot compare
+# millicores for CPU: kubetrain.pod_sizing.quantity holds the exact rule). A pattern cannot compare
 # numbers, so each suffix gets as many digits as surely fit: up to 18 digits of bytes (10**18 < 2**63),
 # 15 of k/Ki, 12 of M/Mi, 9 of G/Gi, 6 of T/Ti, 3 of P/Pi; CPU up to 15 digits of cores or 18 of
 # millicores, with at most nano precision (9 decimals of a core).
@@ -334,6 +334,7 @@ def training_pipeline(
     require_metrics: bool | str = True,
     execution_timeout: timedelta = timedelta(hours=24),
     train_operator: type[TrainingPodOperator] = TrainingPodOperator,
+    check_params: Callable[[Any], None] | None = None,
     **train_kwargs: Any,
 ) -> TrainingTasks:
     """Create the shared task chain in the current DAG context.
@@ -347,6 +348,9 @@ def training_pipeline(
     :param execution_timeout: limit of the training task.
     :param train_operator: the training task's class: :class:`TrainingPodOperator`, or a subclass such as
         :class:`~kubetrain.operators.distributed.DistributedTrainingOperator` (several workers).
+    :param check_params: a ``pre_execute`` hook of the staging task that fails the run, before anything is
+        staged or scheduled, when its Params break a rule across flags that the form's schema cannot state
+        (:meth:`kubetrain.trainers.TrainerSpec.check_run`: ``mobilenet_v2`` needs ``image_size >= 32``).
     :param train_kwargs: more arguments of ``train_operator``.
     """
     # A run that fails at any step is recorded too (status failed, the failed task, its error): by a
@@ -361,6 +365,7 @@ def training_pipeline(
         source_uri="{{ params.dataset_uri }}",
         outlets=[],
         on_failure_callback=[record_failure],
+        **({"pre_execute": check_params} if check_params else {}),
     )
     dag = native_dag(stage, "training_pipeline")
     check = SkipIfTrainedOperator(

@@ -16,25 +16,35 @@ identity through a service account); the base container gets none, so a third-pa
 training script never sees them. Every container runs as a non-root numeric user without
 privilege escalation or capabilities, and has requests and limits.
 
-Local storage is sized from the dataset (:func:`scratch_sizes`): the emptyDirs get ``sizeLimit``s
-and the containers that write to them an ``ephemeral-storage`` request (and, when the dataset's
-size is known, an equal limit) that add up to what the node must hold, so that the scheduler
-places the pod where its dataset fits and the kubelet does not evict it under disk pressure.
+Local storage is sized from the dataset (:func:`kubetrain.pod_sizing.scratch_sizes`): the emptyDirs
+get ``sizeLimit``s and the containers that write to them ``ephemeral-storage``. A single pod
+(:func:`training_pod`) and the replicas of a multi-worker job (:func:`pod_template`) are built by the
+same function.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 
 from kubernetes.client import models as k8s
 
 from kubetrain import settings
-from kubetrain.s3_layout import DEFAULT_S3_SECRET
+from kubetrain.pod_sizing import (
+    BYTES,
+    COUNT,
+    MILLICORES,
+    check_sizes,
+    checked_int,
+    dataset_bytes_of,
+    quantity,
+    scratch_sizes,
+    sync_grace,
+)
+from kubetrain.s3_layout import DEFAULT_S3_SECRET, prepared_uri_of
+from kubetrain.sweep.stopping import EarlyStopping, MedianStopping, RungStopping
 from kubetrain_contract.pod import CHECKPOINT_DIR, DATA_DIR, OUTPUT_DIR, STOP_FILE, Env
 
 CACHE_DIR = "/cache"
@@ -42,7 +52,6 @@ BASE_CONTAINER = "base"
 STAGE_IN_CONTAINER = "stage-in"
 SYNC_CONTAINER = "checkpoint-sync"
 GPU_RESOURCE = settings.SETTINGS["gpu_resource"].default
-LABEL_PREFIX = "kubetrain.io/"
 
 # STOP_FILE: where the checkpoint-sync sidecar tells the trainer to stop (the median rule of a sweep):
 # trainer/sync/README.md, "Median stopping". The sidecar skips ".kubetrain-*" names when it syncs.
@@ -70,66 +79,6 @@ def label_value(value: str) -> str:
     digest = hashlib.sha256(value.encode()).hexdigest()[:8]
     cleaned = re.sub(r"[^A-Za-z0-9_.-]", "-", value)[:54].strip("-_.")
     return f"{cleaned}-{digest}" if cleaned else digest
-
-
-# How the API server counts a quantity (k8s.io/apimachinery/pkg/api/resource): memory and storage in
-# bytes and CPU in millicores (MilliValue), each as an int64; ParseQuantity silently caps a larger value
-# at the int64 maximum and MilliValue overflows, so a value past it is refused here instead.
-INT64_MAX = 2**63 - 1
-BYTES, MILLICORES, COUNT = "bytes", "millicores", "count"
-_UNIT_SCALE = {BYTES: 1, MILLICORES: 1000, COUNT: 1}
-# The API server's quantity syntax: a signed decimal number and at most one suffix (binary Ki..Ei,
-# decimal n, u, m, k, M..E, or an exponent e<n>); nothing else (no spaces, '_', NaN or Infinity,
-# which Python's Decimal would read).
-_QUANTITY = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?")
-
-
-def _quantity(
-    name: str,
-    value: str | int | float | None,
-    expected: str = "e.g. '500m', '2', '4Gi'",
-    *,
-    unit: str = BYTES,
-) -> Decimal | None:
-    """The value of a resource quantity (``None`` when unset), checked as the API server would.
-
-    The API server's rules (ValidateResourceQuantityValue in pkg/apis/core/validation, and
-    resource.Quantity): its syntax (:data:`_QUANTITY`); greater than zero here (a training pod asks
-    for something); at most :data:`INT64_MAX` as Kubernetes counts the resource: ``unit`` ``bytes``
-    (memory, ephemeral storage, volume sizes: ``8Ei`` is one too many), ``millicores`` (CPU: at most
-    ``9223372036854775807m``, i.e. ``9223372036854775.807`` cores), or ``count`` (extended resources such
-    as GPUs: a whole number).
-    """
-    from kubernetes.utils.quantity import parse_quantity
-
-    if value in (None, ""):
-        return None
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not (number or (isinstance(value, str) and _QUANTITY.fullmatch(value))):
-        raise ValueError(f"{name}={value!r} is not a Kubernetes quantity: expected {expected}")
-    try:
-        parsed = parse_quantity(value)
-        if not parsed.is_finite():
-            raise ValueError("not finite")
-    except (ValueError, TypeError, ArithmeticError) as exc:  # ArithmeticError: decimal.Overflow
-        raise ValueError(f"{name}={value!r} is not a Kubernetes quantity: expected {expected}") from exc
-    if parsed <= 0:
-        raise ValueError(f"{name}={value!r} must be greater than zero")
-    scale = _UNIT_SCALE[unit]
-    # Compared as a Decimal before any rounding: 1e999999 would not fit in memory as an int.
-    if parsed > Decimal(INT64_MAX) / scale:
-        most = {
-            BYTES: f"{INT64_MAX} bytes (just under 8Ei)",
-            MILLICORES: f"{INT64_MAX}m ({Decimal(INT64_MAX) / scale} cores)",
-            COUNT: str(INT64_MAX),
-        }[unit]
-        counted = "in units" if unit == COUNT else f"in {unit}"
-        raise ValueError(
-            f"{name}={value!r} is too large: Kubernetes counts it {counted} as a 64-bit integer, at most {most}"
-        )
-    if unit == COUNT and parsed != parsed.to_integral_value():
-        raise ValueError(f"{name}={value!r} is not a whole number: extended resources are counted in units")
-    return parsed
 
 
 def _dns_name(what: str, value: str, *, subdomain: bool = False) -> str:
@@ -181,132 +130,6 @@ def code_version_of(image: str) -> str:
 
 
 @dataclass(frozen=True)
-class MedianStopping:
-    """Median early stopping of one trial of a sweep, done by its checkpoint-sync sidecar.
-
-    :param objective: the metric the trainer reports per epoch (a history.csv column, or a key of
-        OUTPUT_DIR/metrics.jsonl), e.g. ``val_accuracy``.
-    :param mode: ``max`` or ``min``: whether larger is better.
-    :param trials_uri: ``s3://`` prefix of the sweep's finished trial records.
-    :param min_trials: finished trials needed before any trial is stopped.
-    :param start_step: reports a trial makes before it may be stopped.
-    """
-
-    objective: str
-    mode: str
-    trials_uri: str
-    min_trials: int = 3
-    start_step: int = 4
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.objective, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]*$", self.objective):
-            raise ValueError(
-                f"objective={self.objective!r} is not a metric name: expected e.g. 'val_accuracy'"
-            )
-        if self.mode not in ("max", "min"):
-            raise ValueError(f"mode={self.mode!r} is not valid: expected 'max' or 'min'")
-        if (
-            not isinstance(self.trials_uri, str)
-            or not self.trials_uri.startswith("s3://")
-            or not self.trials_uri.endswith("/")
-        ):
-            raise ValueError(
-                f"trials_uri={self.trials_uri!r} is not valid: expected an s3:// prefix ending in '/'"
-            )
-        object.__setattr__(self, "min_trials", _count("min_trials", self.min_trials, minimum=1))
-        object.__setattr__(self, "start_step", _count("start_step", self.start_step, minimum=1))
-
-    def env(self) -> dict[str, str]:
-        """The checkpoint-sync sidecar's variables for the rule."""
-        return {
-            Env.EARLY_STOPPING: "median",
-            Env.OBJECTIVE: self.objective,
-            Env.OBJECTIVE_MODE: self.mode,
-            Env.MEDIAN_MIN_TRIALS: str(self.min_trials),
-            Env.MEDIAN_START_STEP: str(self.start_step),
-            Env.SWEEP_TRIALS_URI: self.trials_uri,
-        }
-
-
-@dataclass(frozen=True)
-class RungStopping:
-    """asha or hyperband early stopping of one trial of a sweep, done by its checkpoint-sync sidecar
-    (trainer/sync/asha.py).
-
-    :param rule: ``asha`` or ``hyperband``.
-    :param objective: the metric the trainer reports per epoch or step.
-    :param mode: ``max`` or ``min``: whether larger is better.
-    :param trials_uri: ``s3://`` prefix of the sweep's trial records.
-    :param rungs_uri: ``s3://`` prefix where the trials' sidecars publish their rung reports.
-    :param trial: the trial's number in the sweep.
-    :param min_resource: reports at the first rung.
-    :param reduction_factor: eta: the top ``1/eta`` of a rung go on.
-    :param grace: reports a trial makes before it may be stopped.
-    :param max_resource: a trial's reports at full training (no rung at or above it), or ``None``.
-    :param brackets: the sweep's Hyperband brackets (1 for asha).
-    :param bracket: the trial's bracket (from its number: ``hyperband_bracket``).
-    """
-
-    rule: str
-    objective: str
-    mode: str
-    trials_uri: str
-    rungs_uri: str
-    trial: int
-    min_resource: int = 1
-    reduction_factor: int = 3
-    grace: int = 1
-    max_resource: int | None = None
-    brackets: int = 1
-    bracket: int = 0
-
-    def __post_init__(self) -> None:
-        if self.rule not in ("asha", "hyperband"):
-            raise ValueError(f"rule={self.rule!r} is not valid: expected 'asha' or 'hyperband'")
-        if not isinstance(self.objective, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]*$", self.objective):
-            raise ValueError(
-                f"objective={self.objective!r} is not a metric name: expected e.g. 'val_accuracy'"
-            )
-        if self.mode not in ("max", "min"):
-            raise ValueError(f"mode={self.mode!r} is not valid: expected 'max' or 'min'")
-        for name in ("trials_uri", "rungs_uri"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value.startswith("s3://") or not value.endswith("/"):
-                raise ValueError(f"{name}={value!r} is not valid: expected an s3:// prefix ending in '/'")
-        object.__setattr__(self, "trial", _count("trial", self.trial, minimum=0))
-        object.__setattr__(self, "min_resource", _count("min_resource", self.min_resource, minimum=1))
-        object.__setattr__(
-            self, "reduction_factor", _count("reduction_factor", self.reduction_factor, minimum=2)
-        )
-        object.__setattr__(self, "grace", _count("grace", self.grace, minimum=1))
-        if self.max_resource is not None:
-            object.__setattr__(self, "max_resource", _count("max_resource", self.max_resource, minimum=1))
-        object.__setattr__(self, "brackets", _count("brackets", self.brackets, minimum=1))
-        object.__setattr__(self, "bracket", _count("bracket", self.bracket, minimum=0))
-        if self.bracket >= self.brackets:
-            raise ValueError(
-                f"bracket={self.bracket!r} is not valid: expected 0 to {self.brackets - 1} ({self.brackets} brackets)"
-            )
-
-    def env(self) -> dict[str, str]:
-        """The checkpoint-sync sidecar's variables for the rule."""
-        return {
-            Env.EARLY_STOPPING: self.rule,
-            Env.OBJECTIVE: self.objective,
-            Env.OBJECTIVE_MODE: self.mode,
-            Env.SWEEP_TRIALS_URI: self.trials_uri,
-            Env.SWEEP_RUNGS_URI: self.rungs_uri,
-            Env.SWEEP_TRIAL: str(self.trial),
-            Env.ASHA_MIN_RESOURCE: str(self.min_resource),
-            Env.ASHA_REDUCTION_FACTOR: str(self.reduction_factor),
-            Env.ASHA_GRACE: str(self.grace),
-            **({Env.ASHA_MAX_RESOURCE: str(self.max_resource)} if self.max_resource is not None else {}),
-            Env.ASHA_BRACKETS: str(self.brackets),
-            Env.ASHA_BRACKET: str(self.bracket),
-        }
-
-
-@dataclass(frozen=True)
 class TrainingPodConfig:
     """Everything that varies between training pods; checks itself on creation.
 
@@ -335,7 +158,9 @@ class TrainingPodConfig:
     :param termination_grace_period: seconds the sidecar gets for its final pass on shutdown.
     :param cache_claim: PersistentVolumeClaim for the stage-in cache (keyed by dataset version).
     :param dataset_bytes: the staged manifest's ``total_bytes`` (the stage task's XCom), from which
-        the /data volume is sized (:func:`scratch_sizes`); ``None``: unknown.
+        the /data volume is sized (:func:`kubetrain.pod_sizing.scratch_sizes`); ``None``: unknown.
+    :param prepared_bytes: bytes of the prepared copy the trainer keeps in /data/.kubetrain-prepared
+        (:func:`kubetrain.pod_sizing.prepared_bytes_of`), added to the derived /data size; ``None``: none.
     :param data_size: ``sizeLimit`` of the /data volume, e.g. ``"50Gi"``, instead of the size derived
         from ``dataset_bytes`` (archives that expand more than :data:`DATA_SIZE_FACTOR` need it).
     :param checkpoint_size: ``sizeLimit`` of the /checkpoints volume when the data size is known.
@@ -371,6 +196,7 @@ class TrainingPodConfig:
     termination_grace_period: int = 300
     cache_claim: str | None = None
     dataset_bytes: int | None = None
+    prepared_bytes: int | None = None
     data_size: str | None = None
     checkpoint_size: str = "4Gi"
     output_size: str = "2Gi"
@@ -378,7 +204,7 @@ class TrainingPodConfig:
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     namespace: str | None = None
-    early_stopping: MedianStopping | RungStopping | None = None
+    early_stopping: EarlyStopping | None = None
 
     def __post_init__(self) -> None:
         for name in ("image", "sync_image"):
@@ -401,9 +227,9 @@ class TrainingPodConfig:
             raise ValueError(
                 f"dataset_manifest={self.dataset_manifest!r} is not valid: expected an s3:// URI of a manifest"
             )
-        object.__setattr__(self, "gpus", _count("gpus", self.gpus, minimum=0))
+        object.__setattr__(self, "gpus", checked_int("gpus", self.gpus, minimum=0))
         if self.gpus:
-            _quantity("gpus", self.gpus, unit=COUNT)
+            quantity("gpus", self.gpus, unit=COUNT)
         if not isinstance(self.gpu_resource, str) or not _EXTENDED_RESOURCE.match(self.gpu_resource):
             raise ValueError(
                 f"gpu_resource={self.gpu_resource!r} is not an extended resource name: expected e.g. "
@@ -412,41 +238,34 @@ class TrainingPodConfig:
         object.__setattr__(self, "tolerations", tuple(_toleration(t) for t in self.tolerations))
         if self.namespace is not None:
             _dns_name("namespace", self.namespace)
-        object.__setattr__(self, "run_as_user", _count("run_as_user", self.run_as_user, minimum=1))
-        object.__setattr__(self, "sync_interval", _count("sync_interval", self.sync_interval, minimum=1))
-        object.__setattr__(self, "sync_quiet", _count("sync_quiet", self.sync_quiet, minimum=0))
+        object.__setattr__(self, "run_as_user", checked_int("run_as_user", self.run_as_user, minimum=1))
+        object.__setattr__(self, "sync_interval", checked_int("sync_interval", self.sync_interval, minimum=1))
+        object.__setattr__(self, "sync_quiet", checked_int("sync_quiet", self.sync_quiet, minimum=0))
         object.__setattr__(
             self,
             "termination_grace_period",
-            _count("termination_grace_period", self.termination_grace_period, minimum=1),
+            checked_int("termination_grace_period", self.termination_grace_period, minimum=1),
         )
         for name, limit_name, unit in (("cpu", "cpu_limit", MILLICORES), ("memory", "memory_limit", BYTES)):
-            request = _quantity(name, getattr(self, name), unit=unit)
+            request = quantity(name, getattr(self, name), unit=unit)
             if request is None:
                 raise ValueError(
                     f"{name} must be set: every container of a training pod has requests and limits"
                 )
-            limit = _quantity(limit_name, getattr(self, limit_name), unit=unit)
+            limit = quantity(limit_name, getattr(self, limit_name), unit=unit)
             if limit is not None and limit < request:
                 raise ValueError(
                     f"{limit_name}={getattr(self, limit_name)!r} is below {name}={getattr(self, name)!r}: a limit must be >= its request"
                 )
-        object.__setattr__(self, "dataset_bytes", _dataset_bytes(self.dataset_bytes))
+        object.__setattr__(self, "dataset_bytes", dataset_bytes_of(self.dataset_bytes))
+        if self.prepared_bytes is not None:
+            object.__setattr__(
+                self, "prepared_bytes", checked_int("prepared_bytes", self.prepared_bytes, minimum=0)
+            )
         # a rendered template of an empty Param: "" or "None"
         data_size = None if self.data_size in (None, "", "None", "null") else str(self.data_size).strip()
         object.__setattr__(self, "data_size", data_size)
-        for name in ("checkpoint_size", "output_size"):
-            if getattr(self, name) in (None, ""):
-                raise ValueError(f"{name} must be set: expected a size such as '10Gi'")
-            _size(name, getattr(self, name))
-        data = _size("data_size", self.data_size)
-        if data is not None and self.dataset_bytes is not None and data < self.dataset_bytes:
-            raise ValueError(
-                f"data_size={self.data_size!r} is smaller than the dataset ({self.dataset_bytes} bytes, the manifest's "
-                f"total_bytes): expected at least {_size_text(self.dataset_bytes)}, or empty to derive it "
-                f"({_size_text(derived_data_size(self.dataset_bytes))})"
-            )
-        _check_storage_total(self)
+        check_sizes(self)
         if self.s3_secret is None and not self.service_account_name:
             raise ValueError(
                 "s3_secret=None (workload identity) needs service_account_name: the pod has no other way to reach S3"
@@ -462,157 +281,23 @@ class TrainingPodConfig:
         for name in self.env:
             if not _ENV_NAME.match(name):
                 raise ValueError(f"environment variable name {name!r} is not valid")
+        if self.early_stopping is not None and not isinstance(
+            self.early_stopping, MedianStopping | RungStopping
+        ):
+            raise ValueError(
+                f"early_stopping={self.early_stopping!r} is not valid: expected a MedianStopping, a RungStopping "
+                "or None"
+            )
 
     @property
     def resolved_code_version(self) -> str:
         return self.code_version or code_version_of(self.image)
 
 
-def _dataset_bytes(value: object) -> int | None:
-    # A Jinja template renders a missing value as "None"; an XComArg arrives as the int itself.
-    if value in (None, "", "None", "null"):
-        return None
-    try:
-        number = int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else None
-    except ValueError:
-        number = None
-    if number is None or number < 0:
-        raise ValueError(
-            f"dataset_bytes={value!r} is not valid: expected the staged manifest's total_bytes, an integer >= 0"
-        )
-    return number
-
-
-def _size(name: str, value: str | int | None) -> int | None:
-    """Bytes of a volume size such as ``"50Gi"``; at least 1Mi, so that ``"50"`` (bytes) is caught."""
-    parsed = _quantity(name, value, "a size such as '50Gi' or '500Mi'")
-    if parsed is None:
-        return None
-    if parsed < MI:
-        raise ValueError(f"{name}={value!r} is too small for a volume: expected at least 1Mi, e.g. '50Gi'")
-    return math.ceil(parsed)
-
-
-def _check_storage_total(config: TrainingPodConfig) -> None:
-    """The largest ephemeral-storage request (the base container's, :func:`scratch_sizes`) fits an int64 of bytes.
-
-    Each size fits on its own (:func:`_quantity`); their sum, rounded up to a MiB, must too.
-    """
-    sizes = [_size(n, getattr(config, n)) or 0 for n in ("checkpoint_size", "output_size")]
-    data = _size("data_size", config.data_size)
-    if data is None and config.dataset_bytes is not None:
-        data = derived_data_size(config.dataset_bytes)
-    total = -(-((data or 0) + sum(sizes) + BASE_STORAGE) // MI) * MI
-    if total > INT64_MAX:
-        raise ValueError(
-            f"data_size={config.data_size!r} (dataset_bytes={config.dataset_bytes!r}), "
-            f"checkpoint_size={config.checkpoint_size!r} and output_size={config.output_size!r} add up to "
-            f"{total} bytes of ephemeral-storage: Kubernetes counts it in bytes as a 64-bit integer, at most "
-            f"{INT64_MAX}"
-        )
-
-
-def _count(name: str, value: object, *, minimum: int) -> int:
-    # Templated operator arguments arrive as strings ("2"); anything else non-integral is refused.
-    try:
-        number = int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else None
-    except ValueError:
-        number = None
-    if number is None or number < minimum:
-        raise ValueError(f"{name}={value!r} is not valid: expected an integer >= {minimum}")
-    return number
-
-
 # -- named building blocks -----------------------------------------------------------------------
 
 
 SHM_VOLUME = "dshm"
-
-MI = 1024**2
-GI = 1024**3
-# The /data volume of a dataset of N bytes (the manifest's total_bytes): DATA_SIZE_FACTOR * N + DATA_SIZE_FLOOR.
-# Stage-in (trainer/sync/stagein.py) downloads every object into DATA_DIR first, then extracts the
-# archives one by one beside themselves and deletes each only once it is extracted (a copy from the
-# cache claim takes the same room), so the peak is the snapshot plus the members extracted so far
-# (less the archives already deleted). Twice the snapshot covers archives that expand to at
-# most their own size (zips of JPEG/PNG, TFRecords: already compressed, as image datasets are).
-# The floor covers what total_bytes does not count: the kubelet measures disk blocks, and a
-# dataset of many small files takes a block (4 KiB) per file and directory. ExtractLimits allows
-# up to 250x per archive (and 100 GiB), so nothing in the manifest bounds an archive of text or
-# CSV (3-10x): such datasets need data_size.
-DATA_SIZE_FACTOR = 2
-DATA_SIZE_FLOOR = 1 * GI
-# Each container's own writes outside the volumes (its writable layer: /tmp, __pycache__; its log):
-# the training container's (TensorFlow's temporary files, logs) and each sync container's.
-BASE_STORAGE = 1 * GI
-SYNC_STORAGE = 256 * MI
-
-
-def derived_data_size(dataset_bytes: int) -> int:
-    """Bytes of the /data volume for a dataset of ``dataset_bytes``, rounded up to a MiB."""
-    need = DATA_SIZE_FACTOR * dataset_bytes + DATA_SIZE_FLOOR
-    return -(-need // MI) * MI
-
-
-def _size_text(nbytes: int) -> str:
-    """A Kubernetes quantity for ``nbytes``: whole GiB as ``Gi``, else MiB rounded up."""
-    if nbytes % GI == 0:
-        return f"{nbytes // GI}Gi"
-    return f"{-(-nbytes // MI)}Mi"
-
-
-@dataclass(frozen=True)
-class ScratchSizes:
-    """The pod's local storage: each emptyDir's ``sizeLimit`` and each container's ``ephemeral-storage``.
-
-    ``data`` is ``None`` when the dataset's size is unknown (no ``dataset_bytes``, no ``data_size``):
-    the volumes then have no ``sizeLimit`` and the containers a request but no limit.
-    """
-
-    data: str | None
-    checkpoints: str | None
-    output: str | None
-    base: str
-    stage_in: str
-    sync: str
-    limited: bool
-
-
-def scratch_sizes(config: TrainingPodConfig) -> ScratchSizes:
-    """The sizes of ``config``'s volumes and the ``ephemeral-storage`` of its containers.
-
-    /data is ``data_size`` if set, else derived from ``dataset_bytes`` (:func:`derived_data_size`);
-    /checkpoints and /output are ``checkpoint_size`` and ``output_size``. The kubelet counts
-    disk-backed emptyDirs against the pod's ephemeral storage, whose request (and limit) is the sum
-    of its containers' (for init containers, the larger of theirs and the running pod's), so:
-
-    - base: /data + /checkpoints + /output + BASE_STORAGE (its own writes);
-    - stage-in (init container, alone while it runs): /data + /checkpoints + SYNC_STORAGE;
-    - checkpoint-sync (sidecar; it only reads the volumes, and its stop file is in /checkpoints): SYNC_STORAGE.
-
-    The pod then requests base + checkpoint-sync: all the node must hold. Limits equal requests, so
-    one runaway volume is evicted with its own message instead of filling the node.
-
-    Without a known data size the volumes keep no ``sizeLimit`` and the containers no limit, as
-    before; the requests are still set (the same sums with /data counted as 0), so that the node
-    holds at least the checkpoints and output and GKE Autopilot does not apply its small default.
-    """
-    checkpoints = _size("checkpoint_size", config.checkpoint_size)
-    output = _size("output_size", config.output_size)
-    data = _size("data_size", config.data_size)
-    if data is None and config.dataset_bytes is not None:
-        data = derived_data_size(config.dataset_bytes)
-    known = data is not None
-    data_bytes = data or 0
-    return ScratchSizes(
-        data=(config.data_size or _size_text(data_bytes)) if known else None,
-        checkpoints=config.checkpoint_size if known else None,
-        output=config.output_size if known else None,
-        base=_size_text(data_bytes + checkpoints + output + BASE_STORAGE),
-        stage_in=_size_text(data_bytes + checkpoints + SYNC_STORAGE),
-        sync=_size_text(SYNC_STORAGE),
-        limited=known,
-    )
 
 
 def _with_storage(
@@ -773,6 +458,18 @@ def contract_env(config: TrainingPodConfig) -> list[k8s.V1EnvVar]:
     return [k8s.V1EnvVar(name=k, value=v) for k, v in values.items()]
 
 
+def prepared_env(config: TrainingPodConfig) -> list[k8s.V1EnvVar]:
+    """``KUBETRAIN_PREPARED_URI`` when the dataset version is known: the stage-in downloads the prepared copies
+    made of that version earlier, the sidecar uploads one the trainer makes (trainer/sync/prepared.py)."""
+    if not (config.dataset_manifest and config.dataset_version):
+        return []
+    try:
+        uri = prepared_uri_of(config.dataset_manifest)
+    except ValueError:
+        return []  # a manifest outside the layout (made by hand): no shared copies, the trainer prepares its own
+    return [k8s.V1EnvVar(name=Env.PREPARED_URI, value=uri)]
+
+
 def s3_env_from(config: TrainingPodConfig) -> list[k8s.V1EnvFromSource]:
     """AWS_* variables from the S3 Secret, by reference; empty for workload identity."""
     if config.s3_secret is None:
@@ -794,6 +491,7 @@ def stage_in_container(config: TrainingPodConfig) -> k8s.V1Container:
     if config.cache_claim:
         env.append(k8s.V1EnvVar(name=Env.CACHE_DIR, value=CACHE_DIR))
         mounts.append(_mount("dataset-cache", CACHE_DIR))
+    env.extend(prepared_env(config))
     return k8s.V1Container(
         name=STAGE_IN_CONTAINER,
         image=config.sync_image,
@@ -806,37 +504,6 @@ def stage_in_container(config: TrainingPodConfig) -> k8s.V1Container:
     )
 
 
-# One termination grace period covers the trainer's SIGTERM checkpoint and, after it, the
-# sidecar's final pass (native sidecars get SIGTERM only once the main container has exited):
-# the trainer may take a quarter of it (at most 60 s), the sidecar the rest less a margin
-# for its pass manifest before the kubelet's SIGKILL (trainer/sync/README.md).
-TRAINER_SHARE_MAX = 60
-SYNC_MARGIN = 10
-# what the final pass needs besides the upload: start-up listing, settle, the manifest
-FINAL_PASS_FIXED = 5
-
-
-def sync_grace(termination_grace_period: int) -> int:
-    """Seconds the sidecar's final pass may take, counted from its own SIGTERM."""
-    trainer_share = min(TRAINER_SHARE_MAX, termination_grace_period // 4)
-    return max(1, termination_grace_period - trainer_share - SYNC_MARGIN)
-
-
-def grace_period_for(checkpoint_bytes: int, sync_bytes_per_second: float = 20e6) -> int:
-    """The smallest pod grace period (at least 30 s) whose final pass uploads a checkpoint of
-    ``checkpoint_bytes`` at ``sync_bytes_per_second`` (a conservative rate of one sidecar to S3)."""
-    if checkpoint_bytes < 0 or not sync_bytes_per_second > 0:
-        raise ValueError(
-            f"checkpoint_bytes={checkpoint_bytes!r} and sync_bytes_per_second={sync_bytes_per_second!r}: "
-            "expected a size >= 0 and a rate > 0"
-        )
-    need = -(-checkpoint_bytes // int(sync_bytes_per_second)) + FINAL_PASS_FIXED
-    grace = 30
-    while sync_grace(grace) < need:
-        grace += 1
-    return grace
-
-
 def stop_env(config: TrainingPodConfig, *, rule: bool = True) -> list[k8s.V1EnvVar]:
     """``KUBETRAIN_STOP_FILE`` (and, for the sidecar, the rule's settings) when the trial may be stopped early."""
     if config.early_stopping is None:
@@ -845,10 +512,21 @@ def stop_env(config: TrainingPodConfig, *, rule: bool = True) -> list[k8s.V1EnvV
     return [k8s.V1EnvVar(name=k, value=v) for k, v in values.items()]
 
 
-def checkpoint_sync_container(config: TrainingPodConfig) -> k8s.V1Container:
-    """Native sidecar (``restartPolicy: Always`` init container): upload checkpoints and output."""
-    env = [
+def _plain_env(values: Mapping[str, object] | None) -> list[k8s.V1EnvVar]:
+    return [k8s.V1EnvVar(name=k, value=str(v)) for k, v in (values or {}).items()]
+
+
+def checkpoint_sync_container(
+    config: TrainingPodConfig, *, env: Mapping[str, str] | None = None
+) -> k8s.V1Container:
+    """Native sidecar (``restartPolicy: Always`` init container): upload checkpoints and output.
+
+    :param env: plain variables added after the contract's (a multi-worker job's replica count).
+    """
+    prepared = prepared_env(config)
+    variables = [
         *contract_env(config),
+        *prepared,
         k8s.V1EnvVar(name=Env.SYNC_INTERVAL, value=str(config.sync_interval)),
         k8s.V1EnvVar(name=Env.SYNC_QUIET, value=str(config.sync_quiet)),
         k8s.V1EnvVar(name=Env.SYNC_GRACE, value=str(sync_grace(config.termination_grace_period))),
@@ -863,38 +541,48 @@ def checkpoint_sync_container(config: TrainingPodConfig) -> k8s.V1Container:
             name=Env.HOSTNAME,
             value_from=k8s.V1EnvVarSource(field_ref=k8s.V1ObjectFieldSelector(field_path="metadata.name")),
         ),
+        *_plain_env(env),
     ]
     return k8s.V1Container(
         name=SYNC_CONTAINER,
         image=config.sync_image,
         command=list(SYNC_COMMAND),
         restart_policy="Always",
-        env=env,
+        env=variables,
         env_from=s3_env_from(config),
         # The sidecar only reads what the trainer writes; with early stopping it may also
         # write the stop file into CHECKPOINT_DIR.
         volume_mounts=[
             _mount("checkpoints", CHECKPOINT_DIR, read_only=config.early_stopping is None),
             _mount("output", OUTPUT_DIR, read_only=True),
+            # the prepared copies the trainer makes in DATA_DIR/.kubetrain-prepared, to upload
+            *([_mount("data", DATA_DIR, read_only=True)] if prepared else []),
         ],
         resources=sync_resources(config),
         security_context=container_security_context(config),
     )
 
 
-def base_container(config: TrainingPodConfig) -> k8s.V1Container:
-    """The training container: the image and command, the contract's directories and environment."""
-    env = (
-        contract_env(config)
-        + stop_env(config, rule=False)
-        + [k8s.V1EnvVar(name=k, value=str(v)) for k, v in config.env.items()]
-    )
+def base_container(
+    config: TrainingPodConfig,
+    *,
+    name: str = BASE_CONTAINER,
+    env: Mapping[str, str] | None = None,
+    ports: Sequence[k8s.V1ContainerPort] = (),
+) -> k8s.V1Container:
+    """The training container: the image and command, the contract's directories and environment.
+
+    :param name: the container's name (a TFJob's must be ``tensorflow``).
+    :param env: plain variables added after ``config.env`` (a replica's cluster variables).
+    :param ports: the container's ports (a replica's TensorFlow server).
+    """
     return k8s.V1Container(
-        name=BASE_CONTAINER,
+        name=name,
         image=config.image,
         command=list(config.command) if config.command else None,
         args=[str(a) for a in config.args] if config.args else None,
-        env=env,
+        env=[*contract_env(config), *stop_env(config, rule=False), *_plain_env(config.env), *_plain_env(env)],
+        ports=list(ports) or None,
         volume_mounts=[
             _mount("data", DATA_DIR),
             _mount("checkpoints", CHECKPOINT_DIR),
@@ -913,31 +601,51 @@ def pod_labels(config: TrainingPodConfig) -> dict[str, str]:
     return labels
 
 
-def training_pod(
-    config: TrainingPodConfig, *, name: str | None = None, namespace: str | None = None
-) -> k8s.V1Pod:
-    """The whole training pod of ``config``.
+def pod_template(
+    config: TrainingPodConfig,
+    *,
+    sync: bool = True,
+    env: Mapping[str, str] | None = None,
+    sidecar_env: Mapping[str, str] | None = None,
+    ports: Sequence[k8s.V1ContainerPort] = (),
+    labels: Mapping[str, str] | None = None,
+    subdomain: str | None = None,
+    restart_policy: str = "Never",
+    container_name: str = BASE_CONTAINER,
+) -> k8s.V1PodTemplateSpec:
+    """The training pod contract as a pod template: the one builder of every training pod.
 
-    :param config: the pod's settings.
-    :param name: pod name (the KubernetesPodOperator sets its own when ``None``).
-    :param namespace: namespace (default: ``config.namespace``; the connection's when both are ``None``).
+    With the defaults it is the single training pod (:func:`training_pod` gives it a name and a
+    namespace). The replicas of a multi-worker job (:mod:`kubetrain.distributed`) each get the
+    stage-in init container (the dataset, and the run's checkpoints, which are the chief's: only the
+    chief syncs), the base container with the cluster variables and the TensorFlow server's port, and,
+    on the chief only (``sync``), the checkpoint-sync sidecar.
+
+    :param config: the pod's settings (a replica's: its role's resources).
+    :param sync: whether the pod has the checkpoint-sync sidecar.
+    :param env: plain variables added to the base container.
+    :param sidecar_env: plain variables added to the checkpoint-sync sidecar.
+    :param ports: container ports of the base container.
+    :param labels: labels added to the pod's (values are made label-safe).
+    :param subdomain: the headless Service the pod's hostname lives under.
+    :param restart_policy: the pod's restart policy.
+    :param container_name: the base container's name (a TFJob's must be ``tensorflow``).
     """
     annotations = {"kubetrain.io/run-uri": config.run_uri, **config.annotations}
     if config.dataset_manifest:
         annotations["kubetrain.io/dataset-manifest"] = config.dataset_manifest
-    return k8s.V1Pod(
-        api_version="v1",
-        kind="Pod",
+    init = [stage_in_container(config)]
+    if sync:
+        init.append(checkpoint_sync_container(config, env=sidecar_env))
+    return k8s.V1PodTemplateSpec(
         metadata=k8s.V1ObjectMeta(
-            name=name,
-            namespace=namespace or config.namespace,
-            labels=pod_labels(config),
+            labels={**pod_labels(config), **{k: label_value(v) for k, v in (labels or {}).items()}},
             annotations=annotations,
         ),
         spec=k8s.V1PodSpec(
-            restart_policy="Never",
-            init_containers=[stage_in_container(config), checkpoint_sync_container(config)],
-            containers=[base_container(config)],
+            restart_policy=restart_policy,
+            init_containers=init,
+            containers=[base_container(config, name=container_name, env=env, ports=ports)],
             volumes=scratch_volumes(config),
             security_context=pod_security_context(config),
             service_account_name=config.service_account_name,
@@ -948,65 +656,21 @@ def training_pod(
             node_selector=dict(config.node_selector) if config.node_selector else None,
             tolerations=pod_tolerations(config),
             termination_grace_period_seconds=config.termination_grace_period,
-        ),
-    )
-
-
-# -- replicas of a multi-worker job (kubetrain.distributed) ---------------------------------------
-
-
-def replica_pod_template(
-    config: TrainingPodConfig,
-    *,
-    sync: bool,
-    env: Mapping[str, str] | None = None,
-    ports: Sequence[k8s.V1ContainerPort] = (),
-    labels: Mapping[str, str] | None = None,
-    subdomain: str | None = None,
-    restart_policy: str = "Never",
-    container_name: str = BASE_CONTAINER,
-) -> k8s.V1PodTemplateSpec:
-    """The pod template of one replica of a multi-worker job: the training pod contract per replica.
-
-    Every replica gets the stage-in init container (the dataset, and the run's checkpoints, which
-    are the chief's: only the chief syncs), the base container with ``env`` added (the cluster
-    variables) and ``ports``; only the chief (``sync``) gets the checkpoint-sync sidecar.
-
-    :param config: the replica's settings (its role's resources).
-    :param sync: whether this replica's pod has the checkpoint-sync sidecar (the chief).
-    :param env: plain variables added to the base container.
-    :param ports: container ports of the base container (the TensorFlow server's).
-    :param labels: labels added to the pod's.
-    :param subdomain: the headless Service the pod's hostname lives under.
-    :param restart_policy: the pod's restart policy.
-    :param container_name: the base container's name (a TFJob's must be ``tensorflow``).
-    """
-    base = base_container(config)
-    base.name = container_name
-    base.env = [*(base.env or []), *(k8s.V1EnvVar(name=k, value=str(v)) for k, v in (env or {}).items())]
-    base.ports = list(ports) or None
-    init = [stage_in_container(config)] + ([checkpoint_sync_container(config)] if sync else [])
-    annotations = {"kubetrain.io/run-uri": config.run_uri, **config.annotations}
-    if config.dataset_manifest:
-        annotations["kubetrain.io/dataset-manifest"] = config.dataset_manifest
-    return k8s.V1PodTemplateSpec(
-        metadata=k8s.V1ObjectMeta(
-            labels={**pod_labels(config), **{k: label_value(v) for k, v in (labels or {}).items()}},
-            annotations=annotations,
-        ),
-        spec=k8s.V1PodSpec(
-            restart_policy=restart_policy,
-            init_containers=init,
-            containers=[base],
-            volumes=scratch_volumes(config),
-            security_context=pod_security_context(config),
-            service_account_name=config.service_account_name,
-            automount_service_account_token=bool(config.service_account_name and config.s3_secret is None),
-            image_pull_secrets=[k8s.V1LocalObjectReference(name=s) for s in config.image_pull_secrets]
-            or None,
-            node_selector=dict(config.node_selector) if config.node_selector else None,
-            tolerations=pod_tolerations(config),
-            termination_grace_period_seconds=config.termination_grace_period,
             subdomain=subdomain,
         ),
     )
+
+
+def training_pod(
+    config: TrainingPodConfig, *, name: str | None = None, namespace: str | None = None
+) -> k8s.V1Pod:
+    """The whole training pod of ``config``: :func:`pod_template`'s pod, named.
+
+    :param config: the pod's settings.
+    :param name: pod name (the KubernetesPodOperator sets its own when ``None``).
+    :param namespace: namespace (default: ``config.namespace``; the connection's when both are ``None``).
+    """
+    template = pod_template(config)
+    template.metadata.name = name
+    template.metadata.namespace = namespace or config.namespace
+    return k8s.V1Pod(api_version="v1", kind="Pod", metadata=template.metadata, spec=template.spec)

@@ -34,6 +34,8 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from kubetrain.operators.interruption import exit_code, terminated_state
+
 # Events of autoscalers that have asked for a node for the pod (cluster-autoscaler, Karpenter).
 SCALE_UP_REASONS = ("TriggeredScaleUp", "Nominated")
 # Waiting reasons that no amount of waiting fixes.
@@ -65,13 +67,24 @@ class QueueTimeout(AirflowFailException):
     """Kueue did not admit the pod within ``queue_timeout``; not retried (a retry queues again, last)."""
 
 
+class QueueRefused(QueueTimeout):
+    """Kueue will not admit the pod as it is (more than the queue's quota, a priority class that does not
+    exist, no Workload at all): waiting would not help; not retried."""
+
+
 FAILURES: dict[str, type[AirflowException]] = {
     "unschedulable": PodUnschedulableError,
     "image": ImagePullError,
     "stage_in": StageInError,
     "timeout": PodStartupTimeout,
     "queue": QueueTimeout,
+    "queue_refused": QueueRefused,
 }
+# How long a queued pod may be without a Kueue Workload before the run fails: Kueue makes one within seconds of
+# the pod's creation when it manages the pod (the pod integration, the namespace selector).
+NO_WORKLOAD_AFTER_S = 60.0
+# How often a queued pod's Workload is looked at for a reason that waiting cannot cure.
+QUEUE_CHECK_S = 10.0
 STARTUP_FAILURES = tuple(FAILURES.values())
 
 
@@ -167,6 +180,58 @@ def queue_message(pod: Any, waited_s: float, workloads: Iterable[Any] = (), loca
     return text
 
 
+def pod_workload(pod: Any, workloads: Iterable[Any]) -> Any:
+    """The ``Workload`` that Kueue made for ``pod`` (its owner is the pod), else None."""
+    uid = pod.metadata.uid
+    for workload in workloads:
+        meta = _field(workload, "metadata") or {}
+        owners = _field(meta, "ownerReferences") or _field(meta, "owner_references") or []
+        if any(_field(owner, "uid") == uid for owner in owners):
+            return workload
+    return None
+
+
+def queue_refusal(
+    pod: Any, waited_s: float, workloads: Iterable[Any] | None, events: Iterable[Any] = ()
+) -> QueueRefused | None:
+    """Why Kueue will never admit ``pod`` as it is, as the failure to raise; None while waiting can help.
+
+    :param pod: the queued pod.
+    :param waited_s: seconds it has been queued.
+    :param workloads: the namespace's ``Workload`` objects, or None when they could not be read.
+    :param events: the pod's events (Kueue reports a missing priority class there, and makes no Workload).
+    """
+    name, queue = pod.metadata.name, queue_name(pod)
+    for event in events:
+        if _field(event, "reason") == "WorkloadPriorityClassNotFound":
+            return QueueRefused(
+                f"Kueue will not queue pod {name}: {_field(event, 'message')}. Create the WorkloadPriorityClass "
+                "(kubectl get workloadpriorityclasses lists those that exist) or fix the run's priority_class"
+            )
+    if workloads is None:
+        return None  # not readable (the Role's Kueue rule): the queue_timeout still bounds the wait
+    workload = pod_workload(pod, workloads)
+    if workload is None:
+        if waited_s < NO_WORKLOAD_AFTER_S:
+            return None
+        return QueueRefused(
+            f"Kueue made no Workload for pod {name} (LocalQueue {queue!r}) in {waited_s:.0f} s, so nothing will "
+            "admit it: check that Kueue runs with its pod integration enabled (integrations.frameworks lists "
+            '"pod") and that its managedJobsNamespaceSelector selects namespace '
+            f"{pod.metadata.namespace!r}"
+        )
+    for condition in _field(_field(workload, "status") or {}, "conditions") or []:
+        if _field(condition, "type") != "QuotaReserved" or _field(condition, "status") != "False":
+            continue
+        message = str(_field(condition, "message") or "")
+        if "maximum capacity" in message or "unavailable in ClusterQueue" in message:
+            return QueueRefused(
+                f"Kueue cannot admit pod {name} in LocalQueue {queue!r}, however long it waits: {message}. Ask "
+                "for less (gpus, cpu, memory, data_size) or give the ClusterQueue more nominalQuota"
+            )
+    return None
+
+
 def _container_status(pod: Any, name: str) -> Any:
     for status in getattr(pod.status, "init_container_statuses", None) or []:
         if status.name == name:
@@ -243,11 +308,12 @@ class PodStartup:
         name = pod.metadata.name
         phase = pod.status.phase
         stage_in = _container_status(pod, self.stage_in_container)
-        terminated = getattr(stage_in.state, "terminated", None) if stage_in and stage_in.state else None
-        if terminated is not None and terminated.exit_code not in (0, None):
+        terminated = terminated_state(stage_in)
+        code = exit_code(pod, self.stage_in_container)
+        if code not in (0, None):
             detail = (terminated.message or terminated.reason or "").strip()
             raise StageInError(
-                f"the {self.stage_in_container} container of pod {name} exited with {terminated.exit_code}"
+                f"the {self.stage_in_container} container of pod {name} exited with {code}"
                 + (f": {detail}" if detail else "")
             )
         if (
@@ -358,49 +424,9 @@ class PodStartup:
 
 # -- after start-up --------------------------------------------------------------------------
 
-# The conditions a control plane puts on a pod it ends on purpose: Kubernetes' (reasons
-# PreemptionByScheduler, EvictionByEvictionAPI, DeletionByTaintManager, TerminationByKubelet) and
-# Kueue's for the plain pods it preempts (WorkloadEvictedDueToPreempted).
-INTERRUPTION_CONDITIONS = ("DisruptionTarget", "TerminationTarget")
-# Why the trigger saw the pod end from outside, when it did (the pod may be gone when the task resumes).
+# Why the trigger saw the pod end from outside, when it did (the pod may be gone when the task resumes);
+# kubetrain.operators.interruption says what an ended pod means.
 INTERRUPTED_KEY = "kubetrain_interrupted"
-
-
-def interruption(remote_pod: Any, base_container: str) -> str | None:
-    """Why the pod was ended from outside, or None when it ended by itself (or finished its training).
-
-    :param remote_pod: the pod as last read; None when it is gone.
-    :param base_container: the training container, whose exit code 0 means the training finished.
-    """
-    if remote_pod is None:
-        return "deleted"
-    status = remote_pod.status
-    for state in (status.container_statuses if status else None) or []:
-        terminated = state.state.terminated if state.state else None
-        if state.name == base_container and terminated is not None and terminated.exit_code == 0:
-            return None
-    for condition in (status.conditions if status else None) or []:
-        if condition.type in INTERRUPTION_CONDITIONS and condition.status == "True":
-            return f"{condition.type}: {condition.reason or '?'}" + (
-                f": {condition.message}" if condition.message else ""
-            )
-    if status is not None and status.reason == "Evicted":
-        return f"Evicted: {status.message or ''}".rstrip(": ")
-    if remote_pod.metadata.deletion_timestamp is not None:
-        return "deleted"
-    return None
-
-
-def exit_code(remote_pod: Any, container: str) -> int | None:
-    """The exit code of ``container`` once it has terminated, else None (still running, or the pod is gone)."""
-    status = remote_pod.status if remote_pod is not None else None
-    for state in (status.container_statuses if status else None) or []:
-        terminated = state.state.terminated if state.state else None
-        if state.name == container and terminated is not None:
-            return terminated.exit_code
-    return None
-
-
 # An interrupted pod's training container exit code, as the trigger last saw it.
 INTERRUPTED_EXIT_KEY = "kubetrain_interrupted_exit"
 # Seconds the pod waited for Kueue's admission (the trigger's start-up watch), in the event.

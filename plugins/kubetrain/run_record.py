@@ -18,7 +18,6 @@ promotions (``promotions/<model>/``) are :class:`kubetrain_contract.run.Promotio
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,6 +25,7 @@ from typing import Any
 
 from kubetrain.s3_layout import RunLocation, check_name, utc_stamp
 from kubetrain_contract.exit_codes import EXIT_PREEMPTED
+from kubetrain_contract.json_values import json_safe
 from kubetrain_contract.reports import finite_number
 from kubetrain_contract.run import (
     DatasetRef,
@@ -112,19 +112,6 @@ def _numbers(section: Any) -> dict[str, float | int | None]:
         str(k): v if isinstance(v, int) and not isinstance(v, bool) else finite_number(v)
         for k, v in section.items()
     }
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` with what JSON cannot hold made plain: NaN and infinities become null, objects text."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    if value is None or isinstance(value, str | int | bool):
-        return value
-    return str(value)
 
 
 @dataclass(frozen=True)

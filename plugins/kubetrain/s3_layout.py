@@ -4,6 +4,7 @@
 
     s3://<datasets bucket>/<dataset>/...                      user data
     s3://<training bucket>/manifests/<dataset>/<version>.json  staged snapshot
+    s3://<training bucket>/prepared/<dataset>/<version>/<key>/  prepared copies of a snapshot
     s3://<training bucket>/runs/<dag_id>/<run>/checkpoints/    per run
     s3://<training bucket>/runs/<dag_id>/<run>/output/         metrics, model
     s3://<training bucket>/runs/<dag_id>/<run>/sync/           sync pass manifests
@@ -35,29 +36,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from kubetrain import settings
+from kubetrain_contract.run_layout import RUN_RECORD_JSON, SYNC_AREA, pass_key, pass_number
+from kubetrain_contract.s3uri import check_bucket, parse_s3_uri
 
 DEFAULT_DATASETS_BUCKET = settings.SETTINGS["datasets_bucket"].default
 DEFAULT_TRAINING_BUCKET = settings.SETTINGS["training_bucket"].default
 # the Secret whose AWS_* keys give pods their S3 access (include/devstack creates it)
 DEFAULT_S3_SECRET = settings.SETTINGS["s3_secret"].default
-AREAS = ("checkpoints", "output", "sync", "report")
+AREAS = ("checkpoints", "output", SYNC_AREA, "report")
 # the run index of every model; model names start with a letter or digit, so this is none of them
 ALL_MODELS = "_all"
 
 _SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,98}[a-z0-9])?$")
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _VERSION = re.compile(r"^[0-9a-f]{16}$")
-_PASS_KEY = re.compile(r"(?:^|/)pass-(\d{8})\.json$")
-
-
-def check_bucket(bucket: str) -> str:
-    """Return ``bucket`` when it is a valid S3 bucket name, else raise ``ValueError``."""
-    if not isinstance(bucket, str) or not _BUCKET.match(bucket) or ".." in bucket:
-        raise ValueError(
-            f"bucket name {bucket!r} is not valid: expected 3-63 characters of a-z, 0-9, '.' and '-'"
-        )
-    return bucket
 
 
 def check_name(kind: str, value: str) -> str:
@@ -99,21 +91,10 @@ def safe_segment(value: str) -> str:
     return cleaned
 
 
-def parse_s3_uri(uri: str) -> tuple[str, str]:
-    """Split ``s3://bucket/key`` into ``(bucket, key)``; the key may be empty.
-
-    :param uri: an ``s3://`` URI.
-    """
-    if not isinstance(uri, str) or not uri.startswith("s3://"):
-        raise ValueError(f"{uri!r} is not an S3 URI: expected s3://<bucket>/<key or prefix>")
-    bucket, _, key = uri[len("s3://") :].partition("/")
-    check_bucket(bucket)
-    return bucket, key
-
-
 # kubetrain's own areas of the training bucket: never a dataset (they hold other DAGs' runs and models)
 TRAINING_AREAS = (
     "manifests/",
+    "prepared/",
     "runs/",
     "models/",
     "trained/",
@@ -229,17 +210,12 @@ class RunLocation:
 
     def pass_key(self, number: int) -> str:
         """Key of the sync pass manifest number ``number``."""
-        if not isinstance(number, int) or number < 0 or number > 99_999_999:
-            raise ValueError(
-                f"sync pass number {number!r} is not valid: expected an integer from 0 to 99999999"
-            )
-        return f"{self.area_prefix('sync')}pass-{number:08d}.json"
+        return pass_key(self.prefix, number)
 
     @staticmethod
     def pass_number(key: str) -> int | None:
         """The pass number of a sync manifest key, or ``None`` when ``key`` is not one."""
-        match = _PASS_KEY.search(key)
-        return int(match.group(1)) if match else None
+        return pass_number(key)
 
 
 @dataclass(frozen=True)
@@ -276,6 +252,19 @@ class S3Layout:
     def manifest_uri(self, dataset: str, version: str) -> str:
         return s3_uri(self.training_bucket, self.manifest_key(dataset, version))
 
+    def prepared_prefix(self, dataset: str, version: str) -> str:
+        """Key prefix (with '/') of the prepared copies of a staged snapshot, one folder per preprocessing key.
+
+        A trainer derives them from the snapshot (decoded, checked, resized records); the
+        checkpoint-sync sidecar uploads a fresh one here and every later stage-in of the same
+        version downloads it (``KUBETRAIN_PREPARED_URI``).
+        """
+        return f"prepared/{check_name('dataset', dataset)}/{check_version(version)}/"
+
+    def prepared_uri(self, dataset: str, version: str) -> str:
+        """``s3://<training bucket>/prepared/<dataset>/<version>/``, as the pod gets it in ``KUBETRAIN_PREPARED_URI``."""
+        return s3_uri(self.training_bucket, self.prepared_prefix(dataset, version))
+
     # -- runs ----------------------------------------------------------------------------------
 
     def run(self, dag_id: str, run_id: str, trial: str | None = None) -> RunLocation:
@@ -293,7 +282,7 @@ class S3Layout:
 
     def run_record_key(self, run: RunLocation) -> str:
         """Key of a run's record (written by the pipeline's record step)."""
-        return f"{run.prefix}/run-record.json"
+        return f"{run.prefix}/{RUN_RECORD_JSON}"
 
     def run_index_prefix(self, model: str | None = None) -> str:
         """Key prefix (with '/') of the run index of ``model``, or of every model (``None``)."""
@@ -317,6 +306,23 @@ class S3Layout:
     def model_latest_key(self, model: str) -> str:
         """Key of the small JSON pointer to the promoted version of ``model``."""
         return f"models/{check_name('model', model)}/latest"
+
+
+def prepared_uri_of(manifest_uri: str) -> str:
+    """The prepared copies' prefix beside a staged snapshot: ``s3://<bucket>/manifests/<dataset>/<version>.json``
+    gives ``s3://<bucket>/prepared/<dataset>/<version>/`` (:meth:`S3Layout.prepared_uri`).
+
+    :param manifest_uri: the staged manifest's URI, as the stage task returns it (``manifest_uri``).
+    :raises ValueError: ``manifest_uri`` is not a staged manifest's URI, naming what was expected.
+    """
+    bucket, key = parse_s3_uri(str(manifest_uri).strip())
+    parts = key.split("/")
+    if len(parts) != 3 or parts[0] != "manifests" or not parts[2].endswith(".json"):
+        raise ValueError(
+            f"dataset manifest {manifest_uri!r} is not a staged snapshot's: expected "
+            "s3://<training bucket>/manifests/<dataset>/<version>.json"
+        )
+    return S3Layout(training_bucket=bucket).prepared_uri(parts[1], parts[2].removesuffix(".json"))
 
 
 def model_version(run: RunLocation, when: datetime) -> str:

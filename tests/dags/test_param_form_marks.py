@@ -74,14 +74,14 @@ def test_no_dag_marks_a_switch_or_an_optional_param_required(dagbag):
                 assert not marked_required(schema), (
                     f"{dag.dag_id}: optional {name!r} is marked required: {schema}"
                 )
-    assert seen_switches >= 5  # force, augment, mixed_precision, metrics_required, the image build's force
+    assert seen_switches >= 5  # force, augment, metrics_required, the image build's force
 
 
 def test_the_training_form_marks_the_params_that_need_a_value(dagbag):
     params = _form_params(dagbag.dags["train_image_classifier"])
     required = {name for name, (_, schema) in params.items() if marked_required(schema)}
     assert {"dataset_uri", "model_name", "epochs", "batch_size", "gpus", "cpu", "memory"} <= required
-    assert not required & {"force", "augment", "mixed_precision", "image", "node_selector", "experiment"}
+    assert not required & {"force", "augment", "image", "node_selector", "experiment"}
 
 
 def test_a_switch_still_takes_only_true_or_false():

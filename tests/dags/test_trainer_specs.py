@@ -7,7 +7,8 @@ from pathlib import Path
 import airflow  # noqa: F401  (importing Airflow puts its plugins folder on sys.path)
 import pytest
 
-from kubetrain.operators.training import TrainingPodOperator, string_list
+from kubetrain.operators.training import TrainingPodOperator
+from kubetrain.operators.training_args import string_list
 from kubetrain.params import form_order, with_dialect
 from kubetrain.trainers import DIALOGUE_TRANSFORMER, IMAGE_CLASSIFIER, TRAINERS, TrainerSpec
 
@@ -66,20 +67,66 @@ def render(dag, trainer: TrainerSpec, **params) -> list[str] | None:
 def test_the_specs_arguments_render_to_the_trainers_flags(dagbag):
     classifier = dagbag.dags["train_image_classifier"]
     assert render(classifier, IMAGE_CLASSIFIER) == [
+        "--epochs=10",
+        "--batch-size=32",
+        "--validation-split=0.2",
+        "--precision=auto",
+        "--steps-per-execution=none",
+        "--jit-compile=auto",
         "--model=cnn",
-        "--epochs=5",
-        "--batch-size=64",
         "--learning-rate=0.001",
         "--image-size=64",
-        "--validation-split=0.2",
         "--no-augment",
-        "--no-mixed-precision",
     ]
     assert "--augment" in render(classifier, IMAGE_CLASSIFIER, augment=True)
+    assert "--jit-compile=false" in render(classifier, IMAGE_CLASSIFIER, jit_compile="false")
     dialogue = dagbag.dags["train_dialogue_transformer"]
-    assert render(dialogue, DIALOGUE_TRANSFORMER)[:3] == ["--epochs=20", "--epochs=20", "--batch-size=64"]
+    arguments = render(dialogue, DIALOGUE_TRANSFORMER)
+    assert arguments[:3] == ["--epochs=10", "--max-steps=none", "--batch-size=64"]
+    assert "--warmup-steps=none" in arguments and "--dropout=0.1" in arguments
     assert render(dialogue, DIALOGUE_TRANSFORMER, max_steps=300)[1] == "--max-steps=300"
-    assert "--dropout=0.1" in render(dialogue, DIALOGUE_TRANSFORMER)
+
+
+@pytest.mark.parametrize("dag_id", [*SINGLE_RUN, *SWEEPS, "train_image_classifier_distributed"])
+def test_each_flag_is_passed_once(dagbag, dag_id):
+    dag = dagbag.dags[dag_id]
+    if "train" in dag.task_dict:
+        templates = dag.get_task("train").arguments
+    else:
+        templates = next(t.argument_templates for t in dag.tasks if t.task_id.endswith(".suggest"))
+    context = {"params": dag.params.validate(), "dag": dag}
+    rendered = string_list("arguments", dag.tasks[0].render_template(list(templates), context))
+    names = [argument.split("=")[0].replace("--no-", "--") for argument in rendered]
+    assert len(names) == len(set(names)), rendered
+
+
+def test_the_distributed_dag_offers_the_table_s_max_steps_and_checkpoint_interval(dagbag):
+    dag = dagbag.dags["train_image_classifier_distributed"]
+    spec = IMAGE_CLASSIFIER.extended("max_steps", "checkpoint_every_steps")
+    for name in ("max_steps", "checkpoint_every_steps"):
+        assert name in spec.tunable and name not in IMAGE_CLASSIFIER.tunable
+        assert dag.params.get_param(name).schema == with_dialect(spec.params())[name].schema
+    assert dag.get_task("train").arguments == ["--strategy=auto", *spec.arguments]
+    arguments = render(dag, spec, max_steps=40)
+    assert "--max-steps=40" in arguments and "--checkpoint-every-steps=100" in arguments
+    assert "--epochs=10" in arguments and "--max-steps=none" in render(dag, spec)
+
+
+def test_a_rule_between_params_is_refused_before_staging_naming_the_params():
+    from airflow.sdk.exceptions import AirflowFailException
+
+    IMAGE_CLASSIFIER.check_params({"architecture": "mobilenet_v2", "image_size": 32})
+    IMAGE_CLASSIFIER.check_params({"architecture": "cnn", "image_size": 16})
+    with pytest.raises(ValueError, match="image_size must be >= 32 with architecture mobilenet_v2, got 16"):
+        IMAGE_CLASSIFIER.check_params({"architecture": "mobilenet_v2", "image_size": 16})
+    with pytest.raises(AirflowFailException, match="hidden_size must be a multiple of num_heads 4, got 30"):
+        DIALOGUE_TRANSFORMER.check_run({"params": {"hidden_size": 30, "num_heads": 4}})
+
+
+def test_the_dialogue_monitors_val_loss_and_warms_up_a_fraction_of_its_steps_by_default():
+    assert DIALOGUE_TRANSFORMER.objective == ("val_loss", "min")
+    warmup = DIALOGUE_TRANSFORMER.params()["warmup_steps"]
+    assert warmup.value is None and warmup.schema["minimum"] == 1
 
 
 def test_every_dag_that_trains_renders_native_objects(dagbag):

@@ -156,7 +156,7 @@ def test_roles_live_in_the_default_namespace(documents):
 
 def test_the_manifest_grants_exactly_what_the_preflight_reviews(documents, authorizer):
     """The preflight's access lists (what kubetrain does) and the Roles agree both ways: nothing missing, nothing more."""
-    from kubetrain.preflight import TRIGGERER_ACCESS, WORKER_ACCESS, access_attributes
+    from kubetrain.preflight.cluster import TRIGGERER_ACCESS, WORKER_ACCESS, access_attributes
 
     for who, access in ((WORKER, WORKER_ACCESS), (TRIGGERER, TRIGGERER_ACCESS)):
         for attrs in access_attributes(access, NS, "kubetrain-s3"):

@@ -9,7 +9,8 @@ import threading
 
 from kubernetes.client.rest import ApiException
 
-from kubetrain.operators.training import TrainingPodManager, TrainingPodOperator
+from kubetrain.operators.training import TrainingPodOperator
+from kubetrain.operators.training_pods import TrainingPodManager
 
 from .support import simple_pod, wait_for
 

@@ -126,19 +126,18 @@ def test_params_reach_the_training_task_as_values_and_names_stay_text():
     train = t.train
     assert (train.gpus, train.sync_interval, train.dataset_bytes) == (2, 30, 1024)
     assert train.arguments == ["--epochs=5", 5]  # the operator's pod takes them as text
-    assert train.pod_node_selector == {"gpu-type": "a100"}
-    assert train.pod_tolerations == [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]
-    assert train.pod_image_pull_secrets == ["run-cred"]
-    # the provider's own attributes keep their Kubernetes types until the pod sets them
-    assert (train.node_selector, train.tolerations, train.image_pull_secrets) == ({}, [], [])
+    # the provider's own argument names, with the values as given
+    assert train.node_selector == {"gpu-type": "a100"}
+    assert train.tolerations == [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]
+    assert train.image_pull_secrets == ["run-cred"]
     config = train.pod_config(context, pin=False)
     assert config.args == ["--epochs=5", "5"]
     assert config.labels["kubetrain.io/experiment"] == "2.50"
     assert config.node_selector == {"gpu-type": "a100"} and config.image_pull_secrets == ("run-cred",)
-    train.build_pod_request_obj(context, dry_run=True)
-    assert train.node_selector == {"gpu-type": "a100"}
-    assert [type(s) for s in train.image_pull_secrets] == [k8s.V1LocalObjectReference]
-    assert {type(s) for s in train.tolerations} == {k8s.V1Toleration}
+    pod = train.build_pod_request_obj(context, dry_run=True)
+    assert pod.spec.node_selector == {"gpu-type": "a100"}
+    assert pod.spec.image_pull_secrets == [k8s.V1LocalObjectReference(name="run-cred")]
+    assert [t.key for t in pod.spec.tolerations if t.key == "spot"] == ["spot"]
     # the model name is the Param itself, not a rendered text read as a literal (1.10 is not the number 1.1)
     assert (t.report.model, t.promote.model, t.promote.promote) == ("1.10", "1.10", "if_better")
     assert (t.stage.source_uri, t.check.image, t.report.require_metrics) == ("s3://datasets/x/", "", True)

@@ -14,6 +14,7 @@ from pathlib import Path
 import airflow  # noqa: F401  (importing Airflow puts its plugins folder on sys.path)
 
 from kubetrain import pod_spec
+from kubetrain.sweep.stopping import MedianStopping, RungStopping
 from kubetrain_contract.cluster import HOSTS_ENV, REPLICAS_ENV, ROLE_ENV
 from kubetrain_contract.pod import Env
 
@@ -31,7 +32,7 @@ def written_by_pod_spec(early_stopping: object = None) -> dict[str, list[str]]:
         cache_claim="dataset-cache",
         gpus=1,
         early_stopping=early_stopping
-        or pod_spec.MedianStopping(
+        or MedianStopping(
             objective="val_accuracy",
             mode="max",
             trials_uri="s3://training/runs/sweep_x/manual__1/sweep/trials/",
@@ -47,7 +48,7 @@ def written_by_pod_spec(early_stopping: object = None) -> dict[str, list[str]]:
 
 def test_pod_spec_writes_exactly_the_contract():
     # a median trial's pod, and a hyperband trial's with a known budget: together every variable
-    rungs = pod_spec.RungStopping(
+    rungs = RungStopping(
         rule="hyperband",
         objective="val_accuracy",
         mode="max",

@@ -410,3 +410,73 @@ def test_several_gpus_get_a_memory_backed_dev_shm(gpus, shm):
         from include.devstack.kubeapi import podsecurity
 
         assert podsecurity.violations("restricted", pod) == []  # emptyDir stays within the restricted level
+
+
+def test_the_single_pod_is_the_default_pod_template():
+    """One builder: the pod and the pod template of a job hold the same spec."""
+    settings = config(
+        gpus=2, dataset_bytes=GI, tolerations=(k8s.V1Toleration(key="team", operator="Exists"),)
+    )
+    pod = as_dict(training_pod(settings, name="train-abc", namespace="ml"))
+    template = as_dict(pod_spec.pod_template(settings))
+    assert pod["spec"] == template["spec"]
+    assert pod["metadata"] == {**template["metadata"], "name": "train-abc", "namespace": "ml"}
+    assert (pod["apiVersion"], pod["kind"]) == ("v1", "Pod")
+    # the config's namespace unless one is given
+    assert as_dict(training_pod(config(namespace="team-a")))["metadata"]["namespace"] == "team-a"
+
+
+def test_a_replica_template_differs_only_where_a_replica_does():
+    settings = config(dataset_bytes=GI)
+    port = k8s.V1ContainerPort(name="tf", container_port=2222, protocol="TCP")
+    chief = as_dict(
+        pod_spec.pod_template(
+            settings,
+            sync=True,
+            env={"KUBETRAIN_TF_ROLE": "chief"},
+            sidecar_env={"KUBETRAIN_TF_REPLICAS": '{"chief": 1}'},
+            ports=[port],
+            labels={"kubetrain.io/role": "chief / 0"},
+            subdomain="job-1",
+            restart_policy="OnFailure",
+            container_name="tensorflow",
+        )
+    )
+    single = as_dict(training_pod(settings))
+    spec, plain = chief["spec"], single["spec"]
+    assert (spec["restartPolicy"], spec["subdomain"]) == ("OnFailure", "job-1")
+    (base,) = spec["containers"]
+    (plain_base,) = plain["containers"]
+    assert base["name"] == "tensorflow" and base["ports"] == [
+        {"name": "tf", "containerPort": 2222, "protocol": "TCP"}
+    ]
+    assert base["env"] == [*plain_base["env"], {"name": "KUBETRAIN_TF_ROLE", "value": "chief"}]
+    sidecar = spec["initContainers"][1]
+    assert sidecar["env"] == [
+        *plain["initContainers"][1]["env"],
+        {"name": "KUBETRAIN_TF_REPLICAS", "value": '{"chief": 1}'},
+    ]
+    assert re.fullmatch(r"chief---0-[0-9a-f]{8}", chief["metadata"]["labels"]["kubetrain.io/role"])
+    # everything else is the single pod's
+    unchanged = {
+        k: v
+        for k, v in spec.items()
+        if k not in ("restartPolicy", "subdomain", "containers", "initContainers")
+    }
+    assert unchanged == {
+        k: v for k, v in plain.items() if k not in ("restartPolicy", "containers", "initContainers")
+    }
+    assert {k: v for k, v in base.items() if k not in ("name", "ports", "env")} == {
+        k: v for k, v in plain_base.items() if k not in ("name", "env")
+    }
+    assert spec["initContainers"][0] == plain["initContainers"][0]
+    # a worker has no sidecar: only the chief syncs
+    worker = as_dict(pod_spec.pod_template(settings, sync=False))
+    assert [c["name"] for c in worker["spec"]["initContainers"]] == ["stage-in"]
+
+
+def test_early_stopping_must_be_a_rule():
+    with pytest.raises(
+        ValueError, match=re.escape("early_stopping={'rule': 'median'} is not valid: expected a")
+    ):
+        config(early_stopping={"rule": "median"})

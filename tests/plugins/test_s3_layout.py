@@ -12,10 +12,10 @@ from kubetrain.s3_layout import (
     RunLocation,
     S3Layout,
     model_version,
-    parse_s3_uri,
     run_from_context,
     safe_segment,
 )
+from kubetrain_contract.s3uri import parse_s3_uri
 
 
 @pytest.mark.parametrize(

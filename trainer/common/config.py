@@ -1,10 +1,13 @@
 """Typed trainer configuration: dataclasses that check themselves, parsed from CLI flags.
 
-Every field of a config dataclass is a flag (``batch_size`` -> ``--batch-size``); its
-``metadata`` carries the help text, the allowed choices and whether it is a
-hyperparameter (recorded in params.json) or a location (the contract directories).
-``__post_init__`` refuses a bad value with a ``ValueError`` that names the flag, the
-value and what was expected, so the same checks guard the CLI and programmatic use.
+Every field of a config dataclass is a flag (``batch_size`` -> ``--batch-size``), described once in
+the flag table of the pod contract (:mod:`kubetrain_contract.flags`): its type, default, bounds,
+choices, help text, whether it is a hyperparameter (recorded in params.json), and the rules between
+flags. A field declared with :func:`table_field` takes all of that from the table; the parser
+(:func:`build_parser`) and the checks of ``__post_init__`` (:meth:`TrainerConfig.__post_init__`)
+read it from there, so the trainer accepts exactly what the DAGs' trigger forms accept. A bad value
+is refused with a ``ValueError`` that names the flag, the value and what was expected, so the same
+checks guard the CLI and programmatic use.
 """
 
 from __future__ import annotations
@@ -16,16 +19,49 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
+from kubetrain_contract import flags
+from kubetrain_contract.flags import MONITORS, STRATEGIES, Flag, TrainerFlags
+from kubetrain_contract.flags import cli_name as flag_name
 from trainer.common.contract import CONTRACT_DIRS, EXIT_CODES_EPILOG
 
 C = TypeVar("C", bound="TrainerConfig")
 
-# Validation metrics a run can monitor, and whether larger is better.
-MONITORS = {"val_accuracy": "max", "val_loss": "min"}
-# Distribution strategies (trainer/README.md, "Several workers").
-STRATEGIES = ("auto", "mirrored", "multi_worker", "parameter_server")
+__all__ = [
+    "MONITORS",
+    "STRATEGIES",
+    "TrainerConfig",
+    "build_parser",
+    "flag_name",
+    "option",
+    "parse_config",
+    "require",
+    "table_field",
+]
+
+# The flags every trainer shares, checked by TrainerConfig itself.
+COMMON = TrainerFlags("common", flags.COMMON)
+
+
+def table_field(table: TrainerFlags, name: str) -> Any:
+    """A config field that is the flag ``name`` of ``table``: its default, help, choices and checks.
+
+    Args:
+        table: a trainer's flags (:data:`kubetrain_contract.flags.IMAGE_CLASSIFIER`, ...).
+        name: the flag's field name.
+    """
+    flag = table[name]
+    return field(
+        default=flag.default,
+        metadata={
+            "flag": flag,
+            "help": flag.help,
+            "choices": flag.choices or None,
+            "hyper": flag.hyper,
+            "metavar": flag.metavar,
+        },
+    )
 
 
 def option(
@@ -36,7 +72,10 @@ def option(
     hyper: bool = True,
     metavar: str | None = None,
 ) -> Any:
-    """Declare a config field that is also a CLI flag.
+    """Declare a config field that is also a CLI flag, for a trainer whose flags the table does not describe.
+
+    The built-in trainers declare theirs with :func:`table_field`; a field declared here is parsed
+    but checked only by its class's own ``__post_init__``.
 
     Args:
         default: the default value.
@@ -50,11 +89,6 @@ def option(
     )
 
 
-def flag_name(name: str) -> str:
-    """``batch_size`` -> ``--batch-size``."""
-    return "--" + name.replace("_", "-")
-
-
 def require(ok: bool, name: str, value: Any, expected: str) -> None:
     """Raise ``ValueError`` naming the flag, the bad value and what was expected."""
     if not ok:
@@ -63,70 +97,35 @@ def require(ok: bool, name: str, value: Any, expected: str) -> None:
 
 @dataclass
 class TrainerConfig:
-    """Flags shared by every trainer: the contract directories and the training loop."""
+    """Flags shared by every trainer: the contract directories, the training loop and the GPU settings.
 
-    data_dir: str | None = option(None, "dataset directory (default: $DATA_DIR)", hyper=False, metavar="DIR")
-    checkpoint_dir: str | None = option(
-        None,
-        "checkpoints are written and resumed here (default: $CHECKPOINT_DIR)",
-        hyper=False,
-        metavar="DIR",
-    )
-    output_dir: str | None = option(
-        None,
-        "metrics, history, params and the model go here (default: $OUTPUT_DIR)",
-        hyper=False,
-        metavar="DIR",
-    )
-    epochs: int = option(10, "passes over the training split")
-    max_steps: int | None = option(
-        None, "stop after this many optimizer steps in total, counting steps before a resume", metavar="N"
-    )
-    batch_size: int = option(32, "global batch size, split evenly over the devices")
-    validation_split: float = option(0.2, "fraction of the data held out for validation (seeded split)")
-    seed: int = option(42, "seed of the split, the shuffles, augmentation and initialisation")
-    checkpoint_every_steps: int = option(
-        100, "write a checkpoint every N steps (0: only at epoch ends and on SIGTERM)", metavar="N"
-    )
-    keep_checkpoints: int = option(3, "how many recent checkpoints to keep", metavar="K")
-    log_every_steps: int = option(10, "log the training loss every N steps", metavar="N")
-    mixed_precision: bool = option(False, "mixed_float16 compute with dynamic loss scaling")
-    virtual_cpus: int = option(
-        0,
-        "split the CPU into N logical devices and mirror training over them "
-        "(exercises multi-device training without GPUs; 0: off)",
-        metavar="N",
-    )
-    steps_per_execution: int = option(
-        1,
-        "training steps per call into the compiled step function; the host reads results only when it logs, "
-        "checkpoints, samples or ends an epoch (8-32 keeps a GPU busy with small steps)",
-        metavar="K",
-    )
-    jit_compile: bool = option(False, "compile the forward and backward pass with XLA")
-    monitor: str = option(
-        "val_accuracy", "validation metric that picks the best epoch and drives --patience", choices=MONITORS
-    )
-    patience: int = option(
-        0, "stop after N epochs without improvement of --monitor (0: never stop early)", metavar="N"
-    )
-    restore_best: bool = option(
-        True, "export the weights of the best epoch by --monitor, not those of the last epoch"
-    )
-    deterministic: bool = option(
-        False,
-        "deterministic TensorFlow ops (tf.config.experimental.enable_op_determinism): reruns repeat "
-        "bit for bit, at a cost in speed on GPUs (see trainer/README.md)",
-    )
-    tensorboard: bool = option(True, "write TensorBoard event files to OUTPUT_DIR/tensorboard", hyper=False)
-    strategy: str = option(
-        "auto",
-        "distribution over devices and pods: auto (MirroredStrategy over this pod's devices, "
-        "multi_worker when TF_CONFIG names several workers, parameter_server when it names parameter servers), "
-        "mirrored, multi_worker or parameter_server",
-        choices=STRATEGIES,
-        hyper=False,
-    )
+    ``FLAGS`` is the trainer's flag table: ``__post_init__`` checks every field against it, and its
+    rules, so a subclass declares its table and its fields (:func:`table_field`) and nothing else.
+    """
+
+    FLAGS: ClassVar[TrainerFlags] = COMMON
+
+    data_dir: str | None = table_field(COMMON, "data_dir")
+    checkpoint_dir: str | None = table_field(COMMON, "checkpoint_dir")
+    output_dir: str | None = table_field(COMMON, "output_dir")
+    epochs: int = table_field(COMMON, "epochs")
+    max_steps: int | None = table_field(COMMON, "max_steps")
+    batch_size: int = table_field(COMMON, "batch_size")
+    validation_split: float = table_field(COMMON, "validation_split")
+    seed: int = table_field(COMMON, "seed")
+    checkpoint_every_steps: int = table_field(COMMON, "checkpoint_every_steps")
+    keep_checkpoints: int = table_field(COMMON, "keep_checkpoints")
+    log_every_steps: int = table_field(COMMON, "log_every_steps")
+    precision: str = table_field(COMMON, "precision")
+    virtual_cpus: int = table_field(COMMON, "virtual_cpus")
+    steps_per_execution: int = table_field(COMMON, "steps_per_execution")
+    jit_compile: bool | None = table_field(COMMON, "jit_compile")
+    monitor: str = table_field(COMMON, "monitor")
+    patience: int = table_field(COMMON, "patience")
+    restore_best: bool = table_field(COMMON, "restore_best")
+    deterministic: bool = table_field(COMMON, "deterministic")
+    tensorboard: bool = table_field(COMMON, "tensorboard")
+    strategy: str = table_field(COMMON, "strategy")
 
     def __post_init__(self) -> None:
         for name, env in CONTRACT_DIRS.items():
@@ -134,63 +133,9 @@ class TrainerConfig:
             if not value:
                 raise ValueError(f"no {name.replace('_', ' ')}: pass {flag_name(name)} or set {env}")
             setattr(self, name, os.fspath(value))
-        require(isinstance(self.epochs, int) and self.epochs >= 1, "epochs", self.epochs, "an integer >= 1")
-        require(
-            self.max_steps is None or (isinstance(self.max_steps, int) and self.max_steps >= 1),
-            "max_steps",
-            self.max_steps,
-            "an integer >= 1 (or unset)",
-        )
-        require(
-            isinstance(self.batch_size, int) and self.batch_size >= 1,
-            "batch_size",
-            self.batch_size,
-            "an integer >= 1",
-        )
-        require(
-            0.0 < self.validation_split < 1.0,
-            "validation_split",
-            self.validation_split,
-            "a fraction strictly between 0 and 1",
-        )
-        require(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
-        require(
-            isinstance(self.checkpoint_every_steps, int) and self.checkpoint_every_steps >= 0,
-            "checkpoint_every_steps",
-            self.checkpoint_every_steps,
-            "an integer >= 0",
-        )
-        require(
-            isinstance(self.keep_checkpoints, int) and self.keep_checkpoints >= 1,
-            "keep_checkpoints",
-            self.keep_checkpoints,
-            "an integer >= 1",
-        )
-        require(
-            isinstance(self.log_every_steps, int) and self.log_every_steps >= 1,
-            "log_every_steps",
-            self.log_every_steps,
-            "an integer >= 1",
-        )
-        require(
-            isinstance(self.virtual_cpus, int) and 0 <= self.virtual_cpus <= 64,
-            "virtual_cpus",
-            self.virtual_cpus,
-            "an integer from 0 to 64",
-        )
-        require(
-            isinstance(self.steps_per_execution, int) and 1 <= self.steps_per_execution <= 10_000,
-            "steps_per_execution",
-            self.steps_per_execution,
-            "an integer from 1 to 10000",
-        )
-        require(self.monitor in MONITORS, "monitor", self.monitor, f"one of {', '.join(MONITORS)}")
-        require(self.strategy in STRATEGIES, "strategy", self.strategy, f"one of {', '.join(STRATEGIES)}")
-        require(
-            isinstance(self.patience, int) and self.patience >= 0,
-            "patience",
-            self.patience,
-            "an integer >= 0",
+        table = type(self).FLAGS
+        flags.check(
+            table, {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in table}
         )
 
     @property
@@ -212,10 +157,68 @@ def _value_type(annotation: Any) -> type:
     return annotation
 
 
+class _TableType:
+    """argparse's ``type`` for a flag of the table: the text read as the flag's kind (``none``: unset)."""
+
+    def __init__(self, flag: Flag) -> None:
+        self.flag = flag
+        # argparse names the type in its error: "invalid int value: 'x'"
+        self.__name__ = flag.value_type.__name__
+
+    def __call__(self, text: str) -> Any:
+        return flags.parse_text(self.flag, text)
+
+
+def _help(text: str) -> str:
+    """``text`` as argparse's help: it formats help with ``%``, so a literal percent sign is doubled."""
+    return text.replace("%", "%%")
+
+
+def _add_table_flag(parser: argparse.ArgumentParser, flag: Flag, default: Any) -> None:
+    name = flag_name(flag.name)
+    help_text = _help(flag.help)
+    if flag.kind == "bool" and not flag.nullable:
+        parser.add_argument(
+            name,
+            dest=flag.name,
+            action=argparse.BooleanOptionalAction,
+            default=default,
+            help=help_text + f" (default: {'on' if default else 'off'})",
+        )
+        return
+    if default is not None and "default:" not in help_text:
+        help_text += f" (default: {default})"
+    if flag.kind == "bool":
+        # --jit-compile, --jit-compile=auto (unset) or --no-jit-compile
+        parser.add_argument(
+            name,
+            dest=flag.name,
+            nargs="?",
+            const=True,
+            type=_TableType(flag),
+            default=default,
+            metavar="true|false|auto",
+            help=help_text,
+        )
+        parser.add_argument(
+            "--no-" + name[2:], dest=flag.name, action="store_const", const=False, help=argparse.SUPPRESS
+        )
+        return
+    parser.add_argument(
+        name,
+        dest=flag.name,
+        type=_TableType(flag),
+        default=default,
+        choices=flag.choices or None,
+        metavar=flag.metavar,
+        help=help_text,
+    )
+
+
 def build_parser(
     cls: type[TrainerConfig], *, prog: str, description: str, epilog: str = ""
 ) -> argparse.ArgumentParser:
-    """An argparse parser with one flag per field of ``cls``."""
+    """An argparse parser with one flag per field of ``cls``; a table field's flag comes from the table."""
     parser = argparse.ArgumentParser(
         prog=prog,
         description=description,
@@ -225,10 +228,14 @@ def build_parser(
     )
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        kind = _value_type(hints[f.name])
         meta = f.metadata
+        flag = (cls.FLAGS.by_name.get(f.name) or meta["flag"]) if "flag" in meta else None
+        if flag is not None:
+            _add_table_flag(parser, flag, f.default)
+            continue
+        kind = _value_type(hints[f.name])
         default = f.default
-        help_text = meta.get("help", "")
+        help_text = _help(meta.get("help", ""))
         if default is not None and kind is not bool and "default:" not in help_text:
             help_text += f" (default: {default})"
         if kind is bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import os
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,6 +29,7 @@ from kubetrain_contract.exit_codes import (
     EXIT_STOPPED,
     EXIT_USAGE,
 )
+from kubetrain_contract.json_values import json_safe
 from kubetrain_contract.pod import Env
 
 EXIT_CODES_EPILOG = f"""\
@@ -145,17 +145,6 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return target
-
-
-def json_safe(obj: Any) -> Any:
-    """``obj`` with NaN and infinities replaced by None: strict JSON has no such numbers."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, Mapping):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [json_safe(v) for v in obj]
-    return obj
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:

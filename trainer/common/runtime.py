@@ -1,4 +1,11 @@
-"""Device set-up: the distribution strategy, mixed precision and the start-up device line.
+"""Device set-up: the distribution strategy, the precision policy, the GPU settings and the start-up device line.
+
+GPU settings (``--precision``, ``--steps-per-execution``, ``--jit-compile``; their defaults are in
+:mod:`kubetrain_contract.flags`) are resolved here for the devices the pod got
+(:func:`resolve_gpu_settings`): ``auto`` precision is mixed_bfloat16 where every GPU has compute
+capability 8.0 or more (Ampere and later: bfloat16 needs no loss scaling), mixed_float16 with dynamic
+loss scaling on older GPUs, float32 on CPUs; an unset ``--jit-compile`` compiles with XLA on GPUs
+only. :meth:`Runtime.facts` says what was resolved, for metrics.json.
 
 Strategies (``--strategy``, trainer/README.md "Several workers"): MirroredStrategy over the
 pod's GPUs (or ``--virtual-cpus``); MultiWorkerMirroredStrategy over the pods that TF_CONFIG
@@ -28,6 +35,11 @@ from trainer.common.signals import StopRequest
 log = logging.getLogger("kubetrain.trainer")
 # TensorFlow's class names differ from the public ones (MultiWorkerMirroredStrategy is a CollectiveAllReduceStrategy).
 CHIEF_IO_DEVICE = "/job:chief/replica:0/task:0/device:CPU:0"
+# GPUs from this compute capability on (Ampere) compute in bfloat16 at full speed.
+BFLOAT16_CAPABILITY = (8, 0)
+# Steps per call into the compiled step function on a GPU when --steps-per-execution is unset:
+# the host's per-call overhead is then small next to the step (bench/notes/gpu_step.md).
+GPU_STEPS_PER_EXECUTION = 16
 STRATEGY_NAMES = {
     "multi_worker": "MultiWorkerMirroredStrategy",
     "parameter_server": "ParameterServerStrategy",
@@ -43,11 +55,16 @@ class Runtime:
         devices: the physical devices doing the work, e.g. ``/physical_device:GPU:0``.
         replicas: how many model replicas train in lock step.
         mixed_precision: whether the mixed_float16 policy is active; the training loop then
-            scales the loss dynamically (float16 gradients underflow).
+            scales the loss dynamically (float16 gradients underflow; bfloat16 ones do not).
         deterministic: whether TensorFlow's ops run deterministically.
         cluster: this process's place in a multi-worker job (a single process by default).
         mode: ``mirrored``, ``multi_worker`` or ``parameter_server``.
         coordinator: the ClusterCoordinator in parameter-server mode.
+        precision: the dtype policy in use (``--precision`` resolved); default: from
+            ``mixed_precision``.
+        steps_per_execution: training steps per call into the compiled step function.
+        jit_compile: whether the forward and backward pass are compiled with XLA
+            (``--jit-compile`` resolved).
     """
 
     strategy: tf.distribute.Strategy
@@ -58,6 +75,21 @@ class Runtime:
     cluster: ClusterInfo = field(default_factory=lambda: ClusterInfo(None))
     mode: str = "mirrored"
     coordinator: Any = None
+    precision: str | None = None
+    steps_per_execution: int = 1
+    jit_compile: bool = False
+
+    def __post_init__(self) -> None:
+        if self.precision is None:
+            self.precision = "mixed_float16" if self.mixed_precision else "float32"
+
+    def facts(self) -> dict[str, Any]:
+        """The GPU settings as resolved for this pod's devices (metrics.json's ``runtime_facts``)."""
+        return {
+            "precision": self.precision,
+            "steps_per_execution": self.steps_per_execution,
+            "jit_compile": self.jit_compile,
+        }
 
     @property
     def is_chief(self) -> bool:
@@ -111,8 +143,49 @@ def serve(cluster: ClusterInfo, stop: StopRequest) -> None:
     log.info("stopping: the job is over")
 
 
+def gpu_capabilities(gpus: list[Any]) -> list[tuple[int, int] | None]:
+    """Each GPU's compute capability, ``(8, 0)`` for an A100; None where TensorFlow does not say."""
+    found: list[tuple[int, int] | None] = []
+    for gpu in gpus:
+        try:
+            capability = tf.config.experimental.get_device_details(gpu).get("compute_capability")
+        except (ValueError, RuntimeError):
+            capability = None
+        found.append(tuple(capability) if capability else None)
+    return found
+
+
+def resolve_gpu_settings(config: TrainerConfig, capabilities: list[tuple[int, int] | None]) -> dict[str, Any]:
+    """``--precision``, ``--steps-per-execution`` and ``--jit-compile`` for devices with these GPUs.
+
+    Args:
+        config: the trainer's flags.
+        capabilities: each GPU's compute capability (None: unknown); empty on a CPU-only pod.
+
+    Returns:
+        ``precision`` (a Keras dtype policy name), ``steps_per_execution`` and ``jit_compile``.
+    """
+    precision = config.precision
+    if precision == "auto":
+        if not capabilities:
+            precision = "float32"
+        elif all(c is not None and c >= BFLOAT16_CAPABILITY for c in capabilities):
+            precision = "mixed_bfloat16"
+        else:
+            precision = "mixed_float16"
+    steps = config.steps_per_execution
+    if steps is None:
+        steps = GPU_STEPS_PER_EXECUTION if capabilities else 1
+    jit = bool(capabilities) if config.jit_compile is None else config.jit_compile
+    return {"precision": precision, "steps_per_execution": steps, "jit_compile": jit}
+
+
 def configure(config: TrainerConfig) -> Runtime:
-    """Pick devices and strategy, seed every generator and set the precision policy.
+    """Pick devices and strategy, seed every generator, set the precision policy and resolve the GPU settings.
+
+    ``config``'s ``precision``, ``steps_per_execution`` and ``jit_compile`` are set to what they
+    resolve to on this pod's devices (:func:`resolve_gpu_settings`), so that everything after
+    start-up reads what runs; params.json, written before, keeps what was asked.
 
     Must run before any other TensorFlow work: logical devices cannot change afterwards.
     """
@@ -167,33 +240,39 @@ def configure(config: TrainerConfig) -> Runtime:
         raise UsageError(
             f"--batch-size must be a multiple of the {replicas} replicas in sync, got {config.batch_size}"
         )
-    if config.mixed_precision:
-        keras.mixed_precision.set_dtype_policy("mixed_float16")
-        if not gpus:
-            log.warning("mixed precision on CPU is supported but slow: float16 pays off on GPUs")
+    settings = resolve_gpu_settings(config, gpu_capabilities(gpus))
+    # From here on the config says what runs: the loop, the checkpoint state and metrics.json read it.
+    for name, value in settings.items():
+        setattr(config, name, value)
+    keras.mixed_precision.set_dtype_policy(settings["precision"])
+    if settings["precision"] != "float32" and not gpus:
+        log.warning("%s on CPU is supported but slow: it pays off on GPUs", settings["precision"])
     where = (
         f" on {', '.join(strategy.extended.worker_devices)}" if replicas > 1 and mode == "mirrored" else ""
     )
     if mode != "mirrored":
         where = f" across {cluster.workers} worker(s); this process is {cluster.describe()}"
     log.info(
-        "devices: %s; strategy %s with %d replica(s)%s; precision %s%s",
+        "devices: %s; strategy %s with %d replica(s)%s; precision %s; %d step(s) per execution; XLA %s%s",
         ", ".join(devices),
         STRATEGY_NAMES.get(mode, type(strategy).__name__) if mode != "mirrored" else type(strategy).__name__,
         replicas,
         where,
         keras.mixed_precision.dtype_policy().name,
+        settings["steps_per_execution"],
+        "on" if settings["jit_compile"] else "off",
         "; deterministic ops" if config.deterministic else "",
     )
     runtime = Runtime(
         strategy=strategy,
         devices=devices,
         replicas=replicas,
-        mixed_precision=config.mixed_precision,
+        mixed_precision=settings["precision"] == "mixed_float16",
         deterministic=config.deterministic,
         cluster=cluster,
         mode=mode,
         coordinator=coordinator,
+        **settings,
     )
     if runtime.multi_worker:
         check_collectives(runtime)

@@ -13,7 +13,16 @@ it through the ``kubetrain_contract`` link at the repository root.
   ``from_json``) and the JSON schemas generated from them, in ``kubetrain_contract/schemas/``;
 * :mod:`kubetrain_contract.early_stop`: the early-stop record, the rung report and Hyperband's brackets;
 * :mod:`kubetrain_contract.trial`: a sweep's trial, round and sweep records;
-* :mod:`kubetrain_contract.manifests`: the dataset manifest and the sync-pass manifest.
+* :mod:`kubetrain_contract.manifests`: the dataset manifest and the sync-pass manifest;
+* :mod:`kubetrain_contract.run_layout`: the names of a run's files and of its sync passes;
+* :mod:`kubetrain_contract.reports`: what a trainer reports as it trains (metrics.jsonl, history.csv);
+* :mod:`kubetrain_contract.s3uri`: ``s3://bucket/key`` URIs, checked as S3 names buckets;
+* :mod:`kubetrain_contract.json_values`: values made JSON-safe (NaN and infinities as null);
+* :mod:`kubetrain_contract.flags`: every flag of the built-in trainers, described once (the trainers' argparse
+  and checks and the DAG forms' Params come from it), with the rules across flags;
+* :mod:`kubetrain_contract.kit`: the kit for users' own training scripts (reports, atomic outputs, the stop
+  file, SIGTERM as a flag), and :mod:`kubetrain_contract.keras_callback`, its Keras callback (``make kit``
+  builds the ``kubetrain-contract`` wheel).
 """
 
 from __future__ import annotations

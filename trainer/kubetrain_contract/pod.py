@@ -28,6 +28,10 @@ class Env:
     DATASET_MANIFEST = "KUBETRAIN_DATASET_MANIFEST"
     DATASET_VERSION = "KUBETRAIN_DATASET_VERSION"
     CACHE_DIR = "KUBETRAIN_CACHE_DIR"
+    # the prepared copies of the dataset version (decoded, checked, resized records): where the trainer
+    # reads and writes them, and the S3 prefix the stage-in downloads them from and the sidecar uploads to
+    PREPARED_DIR = "KUBETRAIN_PREPARED_DIR"
+    PREPARED_URI = "KUBETRAIN_PREPARED_URI"
     STOP_FILE = "KUBETRAIN_STOP_FILE"
     # the checkpoint-sync sidecar's settings, and the pod's name (a fieldRef) for its pass manifests
     SYNC_INTERVAL = "KUBETRAIN_SYNC_INTERVAL"

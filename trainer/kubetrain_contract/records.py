@@ -52,8 +52,13 @@ def spec(
     **schema: Any,
 ) -> Any:
     """A record field with its schema: ``description``, ``json_name`` (the document's key where it
-    is not a Python name, as ``pass``) and further JSON Schema keywords (``minimum``, ``format``...)."""
-    metadata = {"schema": dict(schema, **({"description": description} if description else {}))}
+    is not a Python name, as ``pass``) and further JSON Schema keywords (``minimum``, ``format``...).
+
+    Without ``default`` the field has none, but type checkers take any call on a field's right-hand
+    side for a default: a field without one that follows it carries ``# type: ignore[misc]``."""
+    metadata: dict[str, Any] = {
+        "schema": dict(schema, **({"description": description} if description else {}))
+    }
     if json_name:
         metadata["json_name"] = json_name
     if default_factory is not _MISSING:
@@ -95,7 +100,7 @@ def _expected(tp: Any) -> str:
         return f"a list of {_expected(get_args(tp)[0])}"
     if origin is dict:
         return f"an object of {_expected(get_args(tp)[1])}"
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return f"an object ({tp.__name__})"
     return tp.__name__
 
@@ -164,7 +169,7 @@ def _converter(tp: Any) -> _Converter:
             return {k: item(v, where, f"{path}.{k}") for k, v in value.items()}
 
         return dict_conv
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
 
         def object_conv(value: Any, where: str, path: str) -> Any:
             if not isinstance(value, dict):
@@ -282,7 +287,7 @@ def _type_schema(tp: Any) -> dict[str, Any]:
         return {"type": "array", "items": _type_schema(get_args(tp)[0])}
     if origin is dict:
         return {"type": "object", "additionalProperties": _type_schema(get_args(tp)[1])}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _object_schema(tp)
     raise TypeError(f"no JSON Schema for {tp!r}")
 
@@ -293,9 +298,9 @@ def _object_schema(cls: type, head: Mapping[str, Any] | None = None) -> dict[str
     required = list(head or {})
     for field in dataclasses.fields(cls):
         name = _json_name(field)
-        schema = _type_schema(hints[field.name])
-        schema.update(field.metadata.get("schema", {}))
-        properties[name] = schema
+        prop = _type_schema(hints[field.name])
+        prop.update(field.metadata.get("schema", {}))
+        properties[name] = prop
         if field.default is _MISSING and field.default_factory is _MISSING:
             required.append(name)
     schema: dict[str, Any] = {"type": "object"}

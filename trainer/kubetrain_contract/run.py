@@ -119,7 +119,7 @@ class RunDisruptions(Checked):
     steps_lost: int | None = spec(
         minimum=0, description="The sum of the interruptions' steps_lost; null when any is not known."
     )
-    interruptions: list[RunInterruption]
+    interruptions: list[RunInterruption]  # type: ignore[misc]  # after a spec() field: see spec()
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ class DatasetRef(Checked):
 
     uri: str | None
     version: str | None = spec(pattern=r"^[0-9a-f]{16}$")
-    manifest_uri: str | None
+    manifest_uri: str | None  # type: ignore[misc]  # after a spec() field: see spec()
 
 
 @dataclass(frozen=True)
@@ -148,8 +148,8 @@ class RunMetrics:
     """The objective and the final and best metrics of metrics.json."""
 
     monitor: str | None = spec(description="The objective metric (metrics.json's monitor).")
-    monitor_mode: Literal["max", "min", None]
-    compare_on: Literal["final", "best"]
+    monitor_mode: Literal["max", "min", None]  # type: ignore[misc]  # after a spec() field: see spec()
+    compare_on: Literal["final", "best"]  # type: ignore[misc]  # after a spec() field: see spec()
     value: float | None = spec(
         description="The objective's value in the compare_on section: what the leaderboard ranks."
     )
@@ -184,7 +184,7 @@ class RunPromotion(Checked):
     version: str | None
     model_uri: str | None
     reason: str = spec(minLength=1)
-    compared_with: VersionValue | None
+    compared_with: VersionValue | None  # type: ignore[misc]  # after a spec() field: see spec()
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ class MlflowRun:
     model_version: str | None = spec(None, description="The registered model version a promotion made.")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunRecord(Record):
     """Written by the training pipeline's record step (Airflow side, kubetrain.run_record) at
     <run>/run-record.json for every finished training run, and copied into index/<model>/,
@@ -264,7 +264,7 @@ class RunRecord(Record):
             )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PromotionEvent(Record):
     """Written by the promote step (PromoteModelOperator) at promotions/<model>/<inverted time>~<version>.json
     each time a run's model becomes the promoted version of <model>; listing the prefix gives the

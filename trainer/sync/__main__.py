@@ -23,8 +23,9 @@ if len(sys.argv) > 1 and sys.argv[1] == "checkpoint-sync":
 
 from kubetrain_contract.cluster import ClusterError  # noqa: E402
 from kubetrain_contract.pod import Env  # noqa: E402
+from trainer.sync.errors import SyncError, parse_s3_uri  # noqa: E402
 from trainer.sync.progress import log  # noqa: E402
-from trainer.sync.s3 import S3, SyncError, parse_s3_uri  # noqa: E402
+from trainer.sync.s3 import S3  # noqa: E402
 from trainer.sync.transfer import DEFAULT_MD5_MAX_SIZE, VERIFY_MODES  # noqa: E402
 
 
@@ -151,6 +152,17 @@ def build_parser() -> argparse.ArgumentParser:
     o.add("--run-uri", Env.RUN_URI, "s3:// URI of this run (unset: restore nothing)")
     o.add("--cache-dir", Env.CACHE_DIR, "stage-in cache keyed by dataset version", conv=Path)
     o.add(
+        "--prepared-uri",
+        Env.PREPARED_URI,
+        "s3:// prefix of this dataset version's prepared copies, downloaded when complete (unset: none)",
+    )
+    o.add(
+        "--prepared-dir",
+        Env.PREPARED_DIR,
+        "where the prepared copies go (default DATA_DIR/.kubetrain-prepared)",
+        conv=Path,
+    )
+    o.add(
         "--keep-archives",
         Env.KEEP_ARCHIVES,
         "keep archives after extracting them",
@@ -227,6 +239,25 @@ def build_parser() -> argparse.ArgumentParser:
         default=Path("/checkpoints"),
     )
     o.add("--output-dir", Env.OUTPUT_DIR, "outputs to upload", conv=Path, default=Path("/output"))
+    o.add(
+        "--data-dir",
+        Env.DATA_DIR,
+        "the dataset, whose .kubetrain-prepared folder holds the prepared copies",
+        conv=Path,
+        default=Path("/data"),
+    )
+    o.add(
+        "--prepared-uri",
+        Env.PREPARED_URI,
+        "s3:// prefix of this dataset version's prepared copies: upload each copy the trainer makes that "
+        "is not there yet (unset: none)",
+    )
+    o.add(
+        "--prepared-dir",
+        Env.PREPARED_DIR,
+        "where the trainer keeps its prepared copies (default DATA_DIR/.kubetrain-prepared)",
+        conv=Path,
+    )
     o.add("--interval", Env.SYNC_INTERVAL, "seconds between passes", conv=_seconds, default=30.0)
     o.add(
         "--quiet",
@@ -497,6 +528,8 @@ def main(argv: list[str] | None = None) -> int:
                 verify=args.verify,
                 part_size=args.part_size,
                 md5_max_size=args.md5_max_size,
+                prepared=parse_s3_uri(args.prepared_uri, Env.PREPARED_URI) if args.prepared_uri else None,
+                prepared_dir=args.prepared_dir,
             )
             stage_in(S3(pool=max(10, args.workers), small_calls_on_crt=True), cfg)
             return 0
@@ -529,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{label}: idle until the pod ends: {idle}")
             EARLY_SIGTERM.wait()
             return 0
+        from trainer.sync.prepared import PREPARED_DIR_NAME
         from trainer.sync.sidecar import Sidecar, SyncConfig
 
         s3 = sidecar_s3(args.workers)
@@ -542,6 +576,8 @@ def main(argv: list[str] | None = None) -> int:
                 settle=args.settle,
                 grace=args.grace,
                 workers=args.workers,
+                prepared=parse_s3_uri(args.prepared_uri, Env.PREPARED_URI) if args.prepared_uri else None,
+                prepared_dir=args.prepared_dir or args.data_dir / PREPARED_DIR_NAME,
             ),
             stopper=_median_stopper(s3, args),
         )

@@ -21,7 +21,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from trainer.sync.s3 import SyncError
+from trainer.sync.errors import SyncError
 
 CHUNK = 1024 * 1024  # what one read asks of a member's data, or of the stream after the archive
 TAR_BLOCK = 512

@@ -59,9 +59,11 @@ from typing import Any
 from kubetrain_contract.early_stop import EarlyStopRecord, RungReportRecord, hyperband_bracket, rung_rank
 from kubetrain_contract.records import RecordError
 from kubetrain_contract.reports import best_report
+from kubetrain_contract.s3uri import S3Uri
+from trainer.sync.errors import S3RequestError
 from trainer.sync.median import MODES, ReportStopper, record_values, report_values
 from trainer.sync.progress import log
-from trainer.sync.s3 import S3, S3RequestError, S3Uri
+from trainer.sync.s3 import S3
 
 __all__ = ["RULES", "RungDecision", "RungRule", "RungStopper"]
 

@@ -3,15 +3,14 @@
 Their format (fields, ``kind``, ``format_version``, reading and writing) is the contract's:
 :class:`kubetrain_contract.manifests.DatasetManifest` and
 :class:`kubetrain_contract.manifests.SyncPassRecord`, whose JSON Schemas are generated into
-``kubetrain_contract/schemas/``. This module adds what the tool needs around them: where a
-pass manifest lives, and reading either kind with a :class:`SyncError` that names the
-document, as the rest of the tool reports its errors. A reader refuses a ``kind`` or
-``format_version`` it does not know, naming it, instead of guessing at a newer layout.
+``kubetrain_contract/schemas/``; where a pass manifest lives is
+:func:`kubetrain_contract.run_layout.pass_key`. This module reads either kind with a
+:class:`SyncError` that names the document, as the rest of the tool reports its errors. A reader
+refuses a ``kind`` or ``format_version`` it does not know, naming it, instead of guessing at a
+newer layout.
 """
 
 from __future__ import annotations
-
-import re
 
 from kubetrain_contract.manifests import (
     AREAS,
@@ -23,32 +22,23 @@ from kubetrain_contract.manifests import (
     dataset_version,
 )
 from kubetrain_contract.records import RecordError
-from trainer.sync.s3 import SyncError
+from trainer.sync.errors import SyncError
 
 #: the names the tool's modules use for the pass records
 PassManifest = SyncPassRecord
 PassFile = SyncPassFile
 
-PASS_NAME = re.compile(r"pass-(\d{8})\.json$")
-
 __all__ = [
     "AREAS",
-    "PASS_NAME",
     "DatasetManifest",
     "DatasetObject",
     "PassFile",
     "PassManifest",
     "SyncPassError",
     "dataset_version",
-    "pass_key",
     "read_dataset_manifest",
     "read_pass",
 ]
-
-
-def pass_key(run_key: str, number: int) -> str:
-    """Key of pass manifest ``number`` below a run prefix."""
-    return f"{run_key.rstrip('/')}/sync/pass-{number:08d}.json"
 
 
 def read_dataset_manifest(data: bytes, where: str) -> DatasetManifest:

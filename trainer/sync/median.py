@@ -52,8 +52,9 @@ from kubetrain_contract.reports import (
     objective_reports,
     parse_jsonl,
 )
+from kubetrain_contract.s3uri import S3Uri
 from trainer.sync.progress import log
-from trainer.sync.s3 import S3, S3Uri
+from trainer.sync.s3 import S3
 
 __all__ = [
     "EARLY_STOP_KIND",

@@ -1,6 +1,6 @@
 """``python -m trainer.sync probe``: what the preflight asks of S3 from inside a pod.
 
-The preflight (plugins/kubetrain/preflight.py) runs it in a pod of the sync image with the
+The preflight (plugins/kubetrain/preflight/s3.py) runs it in a pod of the sync image with the
 training pods' credentials, so every answer comes from the clients, the environment and the
 network path that stage-in and the checkpoint sidecar use:
 
@@ -23,8 +23,9 @@ import json
 import os
 from collections.abc import Callable
 
+from kubetrain_contract.s3uri import S3Uri
 from trainer.sync.progress import log
-from trainer.sync.s3 import S3, S3Uri
+from trainer.sync.s3 import S3
 
 REPORT_PREFIX = "KUBETRAIN_PROBE "
 PAYLOAD_SIZE = 64 * 1024

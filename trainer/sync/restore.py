@@ -18,9 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.sync.manifest import PASS_NAME, PassFile, PassManifest, pass_key, read_pass
+from kubetrain_contract.run_layout import PASS_NAME, pass_key, pass_prefix
+from kubetrain_contract.s3uri import S3Uri
+from trainer.sync.errors import NotAsListed, SyncError
+from trainer.sync.manifest import PassFile, PassManifest, read_pass
 from trainer.sync.progress import Progress, human_bytes, log
-from trainer.sync.s3 import S3, NotAsListed, S3Uri, SyncError
+from trainer.sync.s3 import S3
 from trainer.sync.transfer import Download, Downloader
 
 SHA256_METADATA = "sha256"
@@ -37,7 +40,7 @@ class RestoreResult:
 
 def list_passes(s3: S3, run: S3Uri) -> list[int]:
     """Pass numbers that have a manifest below ``run``, oldest first."""
-    prefix = f"{run.key.rstrip('/')}/sync/pass-"
+    prefix = pass_prefix(run.key)
     numbers = []
     try:
         for item in s3.list_objects(run.bucket, prefix):

@@ -41,9 +41,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kubetrain_contract.s3uri import S3Uri
+from trainer.sync.errors import NotAsListed, Refused, S3RequestError, SyncError
 from trainer.sync.md5many import md5_many
 from trainer.sync.progress import Progress, log
-from trainer.sync.s3 import PART_SIZE, S3, NotAsListed, Refused, S3RequestError, S3Uri, SyncError
+from trainer.sync.s3 import PART_SIZE, S3
 
 MiB = 1024 * 1024
 RANGE_SIZE = PART_SIZE  # an object up to this size is one GET (with its store checksum, if any)
@@ -689,7 +691,7 @@ class _EmptyObject:
             for seg in d._segments:
                 seg.hash.update(b"")
         except Exception as exc:  # noqa: BLE001 - raised by wait()
-            from trainer.sync.s3 import client_error
+            from trainer.sync.errors import client_error
 
             self.error = exc if isinstance(exc, SyncError) else client_error(d.uri, exc)
         done.put(index)

@@ -20,7 +20,7 @@
   ``kubeflow-trainer-api`` models. The Trainer has no TensorFlow runtime: the replicas compute
   TF_CONFIG from ``KUBETRAIN_TF_*``, with ``KUBETRAIN_TF_ROLE`` per replicated job.
 
-Every replica follows the training pod contract (:func:`kubetrain.pod_spec.replica_pod_template`):
+Every replica follows the training pod contract (:func:`kubetrain.pod_spec.pod_template`):
 stage-in on every replica, the checkpoint-sync sidecar on the chief only (in the one Job of a queued
 run every replica has the sidecar and all but the chief's idle, as the template is shared).
 
@@ -149,7 +149,7 @@ def replica_template(
     restart_policy: str = "Never",
 ) -> k8s.V1PodTemplateSpec:
     """The pod template of ``role``'s replicas."""
-    return pod_spec.replica_pod_template(
+    return pod_spec.pod_template(
         role_config(config, spec, role),
         sync=role == "chief",
         env=env,
@@ -278,21 +278,16 @@ def gang_job(
     count = sum(replicas.values())
     job_name = f"{name}-{GANG_ROLE}"
     hosts = f"{job_name}-{{replica}}.{name}:{spec.port}"
-    template = pod_spec.replica_pod_template(
+    template = pod_spec.pod_template(
         role_config(config, spec, "worker"),
         sync=True,
         env=replica_env(replicas, hosts, None),
+        sidecar_env={REPLICAS_ENV: replicas_json(replicas)},
         ports=[k8s.V1ContainerPort(name=TF_PORT_NAME, container_port=spec.port, protocol="TCP")],
         labels={JOB_LABEL: name, ROLE_LABEL: GANG_ROLE},
         subdomain=name,
         container_name=pod_spec.BASE_CONTAINER,
     )
-    for container in template.spec.init_containers or []:
-        if container.name == pod_spec.SYNC_CONTAINER:
-            container.env = [
-                *(container.env or []),
-                k8s.V1EnvVar(name=REPLICAS_ENV, value=replicas_json(replicas)),
-            ]
     return k8s.V1Job(
         api_version="batch/v1",
         kind="Job",

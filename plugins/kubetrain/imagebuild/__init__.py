@@ -1,7 +1,10 @@
 """Image build internals behind the build operators.
 
 * ``reference``: image reference and tag parsing;
-* ``oci``: a small client for the OCI distribution API (blobs, manifests, auth);
+* ``oci``: a small client for the OCI distribution API (blobs, manifests);
+* ``oci_targets``: where its requests may go (known token services, redirects, upload locations);
+* ``oci_auth``: its credentials (Basic, Bearer challenges and tokens);
+* ``registry_errors``: the errors a registry's answers become;
 * ``layer``: deterministic layer tarballs and content hashes of a source tree;
 * ``append``: add one code layer to a base image already in the registry;
 * ``builders``: the build request and the interface both builders share;

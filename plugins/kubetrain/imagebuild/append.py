@@ -25,13 +25,13 @@ from kubetrain.imagebuild.oci import (
     OCI_LAYER_GZIP,
     Blob,
     RegistryClient,
-    RegistryError,
     canonical_json,
     parse_platform,
     select_platform,
     sha256_digest,
 )
 from kubetrain.imagebuild.reference import ImageReference, check_repository, check_tag
+from kubetrain.imagebuild.registry_errors import RegistryError
 
 DEFAULT_PLATFORM = "linux/amd64"
 EPOCH = "1970-01-01T00:00:00Z"

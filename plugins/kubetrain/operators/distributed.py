@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from kubernetes.client.exceptions import ApiException
 
 from kubetrain import pod_spec
@@ -17,9 +17,17 @@ from kubetrain.distributed import builders
 from kubetrain.distributed.backends import choose_backend, served_backends
 from kubetrain.distributed.cleanup import delete_sync
 from kubetrain.distributed.spec import DistributedSpec
-from kubetrain.operators.training import DISRUPTIONS_XCOM_KEY, NOTES_XCOM_KEY, TrainingPodOperator
-from kubetrain.pod_startup import QUEUED_KEY, failure_from_event
+from kubetrain.operators.resumable import DISRUPTIONS_XCOM_KEY, NOTES_XCOM_KEY
+from kubetrain.operators.training import TrainingPodOperator
+from kubetrain.pod_startup import QUEUE_LABEL, QUEUED_KEY, failure_from_event
 from kubetrain.triggers.distributed import DistributedJobTrigger
+
+# The job kinds kubetrain hands to Kueue, by the name of the Kueue integration that queues them.
+KUEUE_FRAMEWORKS = {
+    "Job": "batch/job",
+    "TFJob": "kubeflow.org/tfjob",
+    "TrainJob": "trainer.kubeflow.org/trainjob",
+}
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -221,6 +229,10 @@ class DistributedTrainingOperator(TrainingPodOperator):
         )
 
     def _create(self, namespace: str, resource: builders.Resource) -> None:
+        if resource.kind in KUEUE_FRAMEWORKS and QUEUE_LABEL in (
+            resource.body["metadata"].get("labels") or {}
+        ):
+            self._check_queued(namespace, resource)
         if resource.api_version == "v1" and resource.kind == "Service":
             self.hook.core_v1_client.create_namespaced_service(namespace, resource.body)
         elif resource.api_version == "batch/v1" and resource.kind == "Job":
@@ -234,6 +246,30 @@ class DistributedTrainingOperator(TrainingPodOperator):
                 namespace=namespace,
             )
         self.log.info("Created %s %s/%s", resource.kind, namespace, resource.name)
+
+    def _check_queued(self, namespace: str, resource: builders.Resource) -> None:
+        """Refuse a queued job that Kueue would not hold: its webhook makes a job of an integration it has
+        enabled suspended on creation, so a dry run of the creation shows whether it would run unqueued."""
+        if resource.kind == "Job":
+            created = self.hook.batch_v1_client.create_namespaced_job(namespace, resource.body, dry_run="All")
+            suspended = bool(created.spec.suspend)
+        else:
+            from kubernetes.client import CustomObjectsApi
+
+            api = CustomObjectsApi(self.hook.api_client)
+            created = api.create_namespaced_custom_object(
+                resource.group, resource.version, namespace, resource.plural, resource.body, dry_run="All"
+            )
+            spec = created.get("spec") or {}
+            suspended = bool((spec.get("runPolicy") or {}).get("suspend") or spec.get("suspend"))
+        if not suspended:
+            framework = KUEUE_FRAMEWORKS[resource.kind]
+            raise AirflowFailException(
+                f"Kueue would not queue {resource.kind} {resource.name}: its {framework!r} integration is not "
+                "enabled (Kueue's webhook leaves the job unsuspended), so it would start at once, ignoring the "
+                f"queue's quota. Add {framework!r} to integrations.frameworks of Kueue's configuration, or run "
+                "without a queue"
+            )
 
     def execute_complete(
         self,

@@ -25,7 +25,7 @@ class TriggererAccessOperator(BaseOperator):
 
     def execute(self, context: Context) -> None:
         from kubetrain import settings
-        from kubetrain.preflight import TRIGGERER_ACCESS, access_attributes
+        from kubetrain.preflight.cluster import TRIGGERER_ACCESS, access_attributes
         from kubetrain.triggers.access import AccessReviewTrigger
 
         deployment = settings.Deployment.from_environment()
@@ -43,7 +43,7 @@ class TriggererAccessOperator(BaseOperator):
         from airflow.sdk.exceptions import AirflowFailException
 
         from kubetrain import settings
-        from kubetrain.preflight import triggerer_check
+        from kubetrain.preflight.cluster import triggerer_check
 
         check = triggerer_check(event, settings.get("namespace"))
         print(check.line(), flush=True)

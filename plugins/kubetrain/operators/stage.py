@@ -15,7 +15,8 @@ from kubetrain.manifest import (
     list_source_objects,
 )
 from kubetrain.operators.base import RunStoreOperator
-from kubetrain.s3_layout import check_dataset_source, check_name, parse_s3_uri
+from kubetrain.s3_layout import check_dataset_source, check_name
+from kubetrain_contract.s3uri import parse_s3_uri
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubetrain.imagebuild.reference import parse_reference
-from kubetrain_contract.reports import finite_number
+from kubetrain_contract.reports import HISTORY_CSV, finite_number
+from kubetrain_contract.run_layout import CONFUSION_MATRIX_JSON, METRICS_JSON, PARAMS_JSON, SAMPLES_JSON
 
 MONITOR_MODES = ("max", "min")
 
@@ -25,7 +26,7 @@ def parse_json(name: str, data: bytes) -> Any:
 
 def parse_metrics(data: bytes) -> dict[str, Any]:
     """Parse metrics.json and check the fields the report and the comparison rely on."""
-    metrics = parse_json("metrics.json", data)
+    metrics = parse_json(METRICS_JSON, data)
     if not isinstance(metrics, dict):
         raise ValueError(f"metrics.json must hold a JSON object, got {type(metrics).__name__}")
     monitor = metrics.get("monitor")
@@ -90,7 +91,7 @@ def parse_history(data: bytes) -> History:
 
 def parse_confusion(data: bytes) -> dict[str, Any]:
     """Parse confusion_matrix.json: ``{"classes": [...], "matrix": [[...]]}`` with a square matrix."""
-    doc = parse_json("confusion_matrix.json", data)
+    doc = parse_json(CONFUSION_MATRIX_JSON, data)
     classes = doc.get("classes") if isinstance(doc, dict) else None
     matrix = doc.get("matrix") if isinstance(doc, dict) else None
     if not isinstance(classes, list) or not isinstance(matrix, list):
@@ -109,7 +110,7 @@ def parse_confusion(data: bytes) -> dict[str, Any]:
 
 def parse_samples(data: bytes) -> list[dict[str, Any]]:
     """Parse samples.json: a list of ``{"step", "input", "reply", "reference"}``."""
-    doc = parse_json("samples.json", data)
+    doc = parse_json(SAMPLES_JSON, data)
     if not isinstance(doc, list) or not all(isinstance(s, dict) for s in doc):
         raise ValueError("samples.json must hold a list of objects with step, input, reply and reference")
     return doc
@@ -250,7 +251,7 @@ def image_repository(image: str | None) -> str | None:
 
 
 #: the output files :func:`load_run_inputs` reads
-REPORT_FILES = ("metrics.json", "history.csv", "params.json", "confusion_matrix.json", "samples.json")
+REPORT_FILES = (METRICS_JSON, HISTORY_CSV, PARAMS_JSON, CONFUSION_MATRIX_JSON, SAMPLES_JSON)
 
 
 def load_run_inputs(
@@ -262,19 +263,19 @@ def load_run_inputs(
     :param run_uri: the run, for the report.
     :param title: report title.
     """
-    raw_metrics = read("metrics.json")
+    raw_metrics = read(METRICS_JSON)
     if raw_metrics is None:
         return None
     inputs = ReportInputs(run_uri=run_uri, metrics=parse_metrics(raw_metrics), title=title)
-    if (raw := read("history.csv")) is not None:
+    if (raw := read(HISTORY_CSV)) is not None:
         inputs.history = parse_history(raw)
     else:
         inputs.notes.append("history.csv is missing: no curves")
-    if (raw := read("params.json")) is not None:
-        params = parse_json("params.json", raw)
+    if (raw := read(PARAMS_JSON)) is not None:
+        params = parse_json(PARAMS_JSON, raw)
         inputs.params = params if isinstance(params, dict) else None
-    if (raw := read("confusion_matrix.json")) is not None:
+    if (raw := read(CONFUSION_MATRIX_JSON)) is not None:
         inputs.confusion = parse_confusion(raw)
-    if (raw := read("samples.json")) is not None:
+    if (raw := read(SAMPLES_JSON)) is not None:
         inputs.samples = parse_samples(raw)
     return inputs

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubetrain.s3_layout import RunLocation, check_name, s3_uri, utc_stamp
 from kubetrain.store.passes import SyncPass, SyncVerificationError
+from kubetrain_contract.run_layout import METRICS_JSON
 
 if TYPE_CHECKING:
     from kubetrain.run_store import RunStore
@@ -85,5 +86,5 @@ class ModelRepository:
         version = pointer.get("version") if isinstance(pointer, dict) else None
         if not isinstance(version, str) or not version:
             raise ValueError(f"{s3_uri(bucket, pointer_key)} names no version: {str(pointer)[:200]}")
-        metrics = self.store.read_json(bucket, self.layout.model_prefix(model, version) + "metrics.json")
+        metrics = self.store.read_json(bucket, self.layout.model_prefix(model, version) + METRICS_JSON)
         return version, metrics if isinstance(metrics, dict) else {}

@@ -18,6 +18,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from kubetrain.s3_layout import RunLocation, s3_uri, utc_stamp
 from kubetrain_contract.manifests import SyncPassRecord
 from kubetrain_contract.records import RecordError
+from kubetrain_contract.run_layout import SYNC_AREA
 
 if TYPE_CHECKING:
     from kubetrain.run_store import RunStore
@@ -79,7 +80,7 @@ class PassRepository:
     def numbers(self, run: RunLocation) -> list[tuple[int, str]]:
         """``(pass number, key)`` of each of the run's pass manifests, in pass order."""
         found = []
-        for item in self.store.list(run.bucket, run.area_prefix("sync")):
+        for item in self.store.list(run.bucket, run.area_prefix(SYNC_AREA)):
             number = RunLocation.pass_number(item["Key"])
             if number is not None:
                 found.append((number, item["Key"]))

@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kubetrain.store.index import SEPARATOR, IndexEntry
+from kubetrain_contract.run_layout import RUN_RECORD_JSON
 
 if TYPE_CHECKING:
     from kubetrain.run_store import RunStore
@@ -460,7 +461,9 @@ def rebuild(store: RunStore, *, workers: int = 16) -> RunsDb:
             continue
     for start in range(0, len(entries), 1000):
         chunk = entries[start : start + 1000]
-        records = store.read_many(bucket, [f"runs/{_ref(e)}/run-record.json" for e in chunk], workers=workers)
+        records = store.read_many(
+            bucket, [f"runs/{_ref(e)}/{RUN_RECORD_JSON}" for e in chunk], workers=workers
+        )
         for entry, record in zip(chunk, records, strict=True):
             if isinstance(record, dict):
                 db.upsert(entry.key, record, started)

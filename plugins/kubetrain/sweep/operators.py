@@ -18,14 +18,12 @@ from kubetrain.sweep.leaderboard import RecordSweepOperator, SweepReportOperator
 from kubetrain.sweep.plan import TRIAL_EXCLUDE, PlanSweepOperator, SuggestTrialsOperator
 from kubetrain.sweep.store import SweepStoreOperator, all_trials, load_rounds, load_trial_records
 from kubetrain.sweep.trial import (
-    FINAL_EXIT_CODES,
     FINAL_PASS_CHECK_SECONDS,
     TrialPodCallbacks,
     TrialPodOperator,
 )
 
 __all__ = [
-    "FINAL_EXIT_CODES",
     "FINAL_PASS_CHECK_SECONDS",
     "TRIAL_EXCLUDE",
     "PlanSweepOperator",

@@ -26,7 +26,7 @@ that have a result.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -68,6 +68,7 @@ def sweep_pipeline(
     keep_checkpoints: int = 3,
     execution_timeout: timedelta = timedelta(hours=24),
     deferrable: bool = False,
+    check_params: Callable[[Any], None] | None = None,
     **train_kwargs: Any,
 ) -> SweepTasks:
     """Create a sweep's task chain in the current DAG context.
@@ -92,7 +93,13 @@ def sweep_pipeline(
         per sweep. On for sweeps of long trials where the worker slots matter more.
     :param train_kwargs: more TrialPodOperator arguments.
     """
-    stage = StageDatasetOperator(task_id="stage_dataset", source_uri="{{ params.dataset_uri }}", outlets=[])
+    stage = StageDatasetOperator(
+        task_id="stage_dataset",
+        source_uri="{{ params.dataset_uri }}",
+        outlets=[],
+        # the fixed Params' rules across flags, before anything is staged (each trial's in its pod)
+        **({"pre_execute": check_params} if check_params else {}),
+    )
     dag = native_dag(stage, "sweep_pipeline")
     plan = PlanSweepOperator(
         task_id="plan",

@@ -22,7 +22,7 @@ from kubetrain.hooks.registry import RegistryHook
 from kubetrain.images import pin_image
 from kubetrain.operators.base import RunStoreOperator
 from kubetrain.operators.dedupe import NOT_TRAINING_PARAMS, fingerprint
-from kubetrain.operators.training import string_list
+from kubetrain.operators.training_args import string_list
 from kubetrain.s3_layout import utc_stamp
 from kubetrain.sweep.config import SWEEP_PARAMS, SweepSettings
 from kubetrain.sweep.records import (

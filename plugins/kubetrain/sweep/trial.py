@@ -19,7 +19,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from kubetrain import pod_spec
 from kubetrain.links import REPORT_URL_XCOM_KEY, ReportLink, report_url
-from kubetrain.operators.training import NO_RETRY_EXIT_CODES, TrainingPodOperator
+from kubetrain.operators.interruption import exit_code, final_failure, terminated_state
+from kubetrain.operators.training import TrainingPodOperator
 from kubetrain.run_store import FinalPassPending, RunStore
 from kubetrain.s3_layout import RunLocation, S3Layout, run_from_context, s3_uri, utc_stamp
 from kubetrain.sweep.records import (
@@ -34,6 +35,7 @@ from kubetrain.sweep.records import (
     trial_marker_key,
     trial_outcome,
 )
+from kubetrain.sweep.stopping import MedianStopping, RungStopping
 from kubetrain.sweep.store import early_stop_key, parse_early_stop, read_early_stop, read_trial, write_trial
 from kubetrain_contract.early_stop import hyperband_bracket
 from kubetrain_contract.trial import TrialRecord
@@ -43,9 +45,6 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
     from kubernetes.client import models as k8s
 
-# Exit codes of kubetrain's trainers that a retry cannot change (the single runs' table: a trial and a
-# run fail alike on the same exit code): the trial fails at once, and its record says why.
-FINAL_EXIT_CODES = NO_RETRY_EXIT_CODES
 # Seconds a finishing trial looks for the sidecar's final pass in its worker slot before it defers.
 FINAL_PASS_CHECK_SECONDS = 20.0
 
@@ -73,12 +72,12 @@ def pod_state(pod: k8s.V1Pod | None) -> dict[str, Any]:
         *(getattr(status, "init_container_statuses", None) or []),
         *(getattr(status, "container_statuses", None) or []),
     ]:
-        terminated = getattr(getattr(container, "state", None), "terminated", None)
+        terminated = terminated_state(container)
         running = getattr(getattr(container, "state", None), "running", None)
         out[container.name] = {
             "started": _iso(getattr(terminated, "started_at", None) or getattr(running, "started_at", None)),
             "finished": _iso(getattr(terminated, "finished_at", None)),
-            "exit_code": getattr(terminated, "exit_code", None),
+            "exit_code": exit_code(pod, container.name),
         }
     return out
 
@@ -207,7 +206,7 @@ class TrialPodOperator(TrainingPodOperator):
             sweep = self.sweep_location()
             return dataclasses.replace(
                 config,
-                early_stopping=pod_spec.RungStopping(
+                early_stopping=RungStopping(
                     rule=early["rule"],
                     objective=objective["metric"],
                     mode=objective["mode"],
@@ -226,7 +225,7 @@ class TrialPodOperator(TrainingPodOperator):
             return config
         return dataclasses.replace(
             config,
-            early_stopping=pod_spec.MedianStopping(
+            early_stopping=MedianStopping(
                 objective=objective["metric"],
                 mode=objective["mode"],
                 trials_uri=self.settings()["trials_uri"],
@@ -281,16 +280,18 @@ class TrialPodOperator(TrainingPodOperator):
         # which downstream tasks and the leaderboard count, not a skipped task; and the provider
         # has no hook for a failed pod other than the exception its cleanup raises.
         state = dict(self.pod_state)
-        exit_code = self._exit_code(state)
-        if exit_code == EXIT_STOPPED and read_early_stop(self.store, self.trial_run(context)) is not None:
+        code = self._exit_code(state)
+        if code == EXIT_STOPPED and read_early_stop(self.store, self.trial_run(context)) is not None:
             self.log.info(
                 "Trial %s was stopped early by the sweep's early-stopping rule (exit code %d): a success",
                 self.trial,
-                exit_code,
+                code,
             )
             return self.finish(context, state=state)
-        if exit_code in FINAL_EXIT_CODES:
-            reason = f"the trainer exited with {exit_code} ({FINAL_EXIT_CODES[exit_code]}); a retry would end the same"
+        # the single runs' rule (kubetrain.operators.interruption): a trial and a run fail alike on the same code
+        final = final_failure(code)
+        if final is not None:
+            reason = f"the trainer exited with {code} ({final}); a retry would end the same"
             self.write_failed(context, reason, state)
             raise AirflowFailException(f"trial {self.trial} failed: {reason}\n{exc}") from exc
         raise exc

@@ -373,7 +373,7 @@ class MlflowTracker:
         for name in REPORT_FILES:
             source_key = run.key("report", name)
             if root.startswith("s3://"):
-                from kubetrain.s3_layout import parse_s3_uri
+                from kubetrain_contract.s3uri import parse_s3_uri
 
                 bucket, prefix = parse_s3_uri(root.rstrip("/") + "/report/" + name)
                 if self.store.head(run.bucket, source_key) is None:

@@ -12,6 +12,7 @@ from typing import Any
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from kubetrain.operators.interruption import exit_code, terminated
 from kubetrain.pod_startup import QUEUED_KEY, STARTUP_FAILURES, PodStartup, QueueTimeout, failure_kind
 
 ROLE_LABEL = "kubetrain.io/replica-role"
@@ -225,10 +226,10 @@ class DistributedJobTrigger(BaseTrigger):
         """The first replica that failed: pod, role, exit code and reason, its last log lines and events."""
         failed = []
         for pod in pods:
-            for status in pod.status.container_statuses or []:
-                term = status.state.terminated if status.state else None
-                if status.name == self.container and term is not None and term.exit_code not in (0, None):
-                    failed.append((term.finished_at or datetime.max.replace(tzinfo=UTC), pod, term))
+            code = exit_code(pod, self.container)
+            if code not in (0, None):
+                term = terminated(pod, self.container)
+                failed.append((term.finished_at or datetime.max.replace(tzinfo=UTC), pod, term))
         if not failed:
             return {}
         _, pod, term = min(failed, key=lambda item: item[0])

@@ -25,6 +25,7 @@ from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.providers.cncf.kubernetes.utils.pod_manager import AsyncPodManager, parse_log_line
 from airflow.triggers.base import TriggerEvent
 
+from kubetrain.operators.interruption import exit_code, interruption
 from kubetrain.pod_startup import (
     EVENT_KEY,
     INTERRUPTED_EXIT_KEY,
@@ -32,15 +33,15 @@ from kubetrain.pod_startup import (
     KUEUE_GROUP,
     KUEUE_VERSION,
     NOTES_KEY,
+    QUEUE_CHECK_S,
     QUEUED_KEY,
     STARTUP_FAILURES,
     PodStartup,
-    exit_code,
     failure_kind,
     gpu_served_on_cpu,
-    interruption,
     queue_message,
     queue_name,
+    queue_refusal,
     queued,
     requested_gpus,
     started_containers,
@@ -308,7 +309,7 @@ class TrainingPodTrigger(PodTriggerByReference):
         startup = self.startup()
         pod = None
         logs_due = time.monotonic() + self.logging_interval if self.logging_interval else None
-        queue_due = 0.0
+        queue_due = check_due = 0.0
         try:
             while True:
                 pod = await self.hook.get_pod(name=self.pod_name, namespace=self.pod_namespace)
@@ -318,9 +319,21 @@ class TrainingPodTrigger(PodTriggerByReference):
                     events = list(listing.items or [])
                 started = startup.observe(pod, events, datetime.now(UTC))
                 self.queued_s = startup.queued_s
-                if queued(pod) and time.monotonic() >= queue_due:
-                    self.log.info("%s", await self._queue_message(pod, startup.queued_s or 0.0))
-                    queue_due = time.monotonic() + self.queue_log_interval
+                if queued(pod) and time.monotonic() >= check_due:
+                    waited = startup.queued_s or 0.0
+                    workloads, local_queue = await self._kueue_objects(pod)
+                    if not events:
+                        listing = await self.hook.get_pod_events(
+                            name=self.pod_name, namespace=self.pod_namespace
+                        )
+                        events = list(listing.items or [])
+                    refusal = queue_refusal(pod, waited, workloads, events)
+                    if refusal is not None:
+                        raise refusal
+                    if time.monotonic() >= queue_due:
+                        self.log.info("%s", queue_message(pod, waited, workloads or [], local_queue))
+                        queue_due = time.monotonic() + self.queue_log_interval
+                    check_due = time.monotonic() + min(QUEUE_CHECK_S, self.queue_log_interval)
                 if self.get_logs and logs_due is not None and time.monotonic() >= logs_due:
                     await self.pod_manager.follow(pod, self.log_containers, since_time=self.last_log_time)
                     logs_due = time.monotonic() + self.logging_interval
@@ -357,11 +370,11 @@ class TrainingPodTrigger(PodTriggerByReference):
         async for event in super().run():
             yield TriggerEvent(await self._finish(dict(event.payload)))
 
-    async def _queue_message(self, pod: Any, waited_s: float) -> str:
-        """What the task log says about a queued pod, with its Workload's reason where it can be read."""
+    async def _kueue_objects(self, pod: Any) -> tuple[list[Any] | None, Any]:
+        """The namespace's Kueue Workloads (None when they cannot be read) and the pod's LocalQueue."""
         from kubernetes_asyncio.client import CustomObjectsApi
 
-        workloads: list[Any] = []
+        workloads: list[Any] | None = None
         local_queue = None
         try:
             async with self.hook.get_conn() as connection:
@@ -377,7 +390,7 @@ class TrainingPodTrigger(PodTriggerByReference):
                     )
         except Exception as exc:  # Kueue's objects need a Role rule (deploy/rbac.yaml grants it)
             self.log.debug("Could not read the Kueue workload of pod %s: %s", self.pod_name, exc)
-        return queue_message(pod, waited_s, workloads, local_queue)
+        return workloads, local_queue
 
     async def _check_gpus(self, pod: Any) -> None:
         """Log, once, that the pod's GPU request was served on CPU (only a development cluster does that)."""

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubetrain.s3_layout import check_name, check_version, safe_segment
 from kubetrain.store.index import IndexEntry, LeaderboardEntry, inverted_time, run_time_of
+from kubetrain_contract.run_layout import RUN_RECORD_JSON
 
 if TYPE_CHECKING:
     from kubetrain.report.inputs import History
@@ -352,7 +353,7 @@ class TrainingQueries:
         dag, run, trial = parse_ref(ref)
         if dag not in self.readable:
             raise NotVisible(ref)
-        key = f"runs/{ref}/run-record.json"
+        key = f"runs/{ref}/{RUN_RECORD_JSON}"
         record = self.store.read_json(self.bucket, key)
         if not isinstance(record, dict) or safe_segment(str(record.get("dag_id"))) not in self.readable:
             raise NotVisible(ref)
@@ -369,7 +370,7 @@ class TrainingQueries:
             parse_ref(ref)
         if any(parse_ref(ref)[0] not in self.readable for ref in unique):
             raise NotVisible(", ".join(unique))
-        records = self.store.read_many(self.bucket, [f"runs/{ref}/run-record.json" for ref in unique])
+        records = self.store.read_many(self.bucket, [f"runs/{ref}/{RUN_RECORD_JSON}" for ref in unique])
         missing = [ref for ref, rec in zip(unique, records, strict=True) if not isinstance(rec, dict)]
         if missing:
             raise NotVisible(", ".join(missing))

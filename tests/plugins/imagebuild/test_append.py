@@ -10,13 +10,8 @@ import shutil
 import pytest
 
 from kubetrain.imagebuild.layer import write_layer
-from kubetrain.imagebuild.oci import (
-    DOCKER_CONFIG,
-    DOCKER_LAYER_GZIP,
-    DOCKER_MANIFEST,
-    RegistryError,
-    canonical_json,
-)
+from kubetrain.imagebuild.oci import DOCKER_CONFIG, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, canonical_json
+from kubetrain.imagebuild.registry_errors import RegistryError
 from kubetrain.operators.build import AppendLayerOperator
 from tests.plugins.imagebuild.support import (
     push_busybox_base,

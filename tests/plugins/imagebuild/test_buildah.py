@@ -6,7 +6,7 @@ import pytest
 
 from include.devstack.stack import free_port
 from kubetrain.imagebuild.builders import BuildError
-from kubetrain.imagebuild.oci import RegistryAuthError, RegistryUnreachable
+from kubetrain.imagebuild.registry_errors import RegistryAuthError, RegistryUnreachable
 from kubetrain.operators.build import BuildImageOperator
 from tests.plugins.imagebuild.support import push_busybox_base, skopeo_pull, start_registry, tags
 

@@ -7,17 +7,10 @@ import json
 import pytest
 
 from include.devstack.stack import free_port
-from kubetrain.imagebuild.oci import (
-    OCI_INDEX,
-    RegistryAuthError,
-    RegistryClient,
-    RegistryError,
-    RegistryUnreachable,
-    canonical_json,
-    parse_challenge,
-    select_platform,
-)
+from kubetrain.imagebuild.oci import OCI_INDEX, RegistryClient, canonical_json, select_platform
+from kubetrain.imagebuild.oci_auth import parse_challenge
 from kubetrain.imagebuild.reference import parse_reference
+from kubetrain.imagebuild.registry_errors import RegistryAuthError, RegistryError, RegistryUnreachable
 from tests.plugins.imagebuild.support import (
     push_busybox_base,
     skopeo_pull,
@@ -249,7 +242,7 @@ def test_bearer_token_auth(tmp_path, monkeypatch):
 )
 def test_known_services_are_trusted_per_registry(registry, realm, allowed):
     """KNOWN_SERVICES, the one table of token services and blob storage hosts, without any request."""
-    from kubetrain.imagebuild.oci import RealmRefused
+    from kubetrain.imagebuild.registry_errors import RealmRefused
 
     client = RegistryClient(registry, token_services=[])
     if allowed:
@@ -271,7 +264,7 @@ def test_known_services_are_trusted_per_registry(registry, realm, allowed):
     ],
 )
 def test_token_services_entries(entry, realm, allowed):
-    from kubetrain.imagebuild.oci import RealmRefused
+    from kubetrain.imagebuild.registry_errors import RealmRefused
 
     client = RegistryClient("registry.example.com", token_services=[entry])
     if allowed:

@@ -14,8 +14,9 @@ from kubernetes import client, config
 
 from kubetrain import settings
 from kubetrain.imagebuild import release
-from kubetrain.imagebuild.oci import RegistryClient, RegistryError
+from kubetrain.imagebuild.oci import RegistryClient
 from kubetrain.imagebuild.reference import parse_reference, split_registry
+from kubetrain.imagebuild.registry_errors import RegistryError
 from kubetrain.images import pin_image
 from kubetrain.pod_spec import resolve_image
 from kubetrain.preflight import Preflight
@@ -162,7 +163,7 @@ def test_images_go_under_the_path_and_run_from_there(under_a_path, private, caps
     assert checks["image:trainer"].status == "PASS", checks["image:trainer"]
     assert f"{under_a_path}/kubetrain/trainer:v7-cpu" in checks["image:trainer"].detail
     assert checks["image:sync"].status == "PASS" and checks["s3-from-pod"].status == "PASS", checks
-    assert preflight.check_registry().status == "PASS"
+    assert preflight.registry_checks.check_registry().status == "PASS"
 
 
 def test_a_code_layer_is_appended_under_the_path(under_a_path, private, tmp_path):

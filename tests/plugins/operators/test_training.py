@@ -335,14 +335,15 @@ def test_run_arguments_from_params_beat_the_settings(airflow_env):
     assert pod["spec"]["imagePullSecrets"] == [{"name": "deployment-cred"}]
 
 
-def test_the_providers_attributes_keep_their_kubernetes_types(airflow_env):
-    """The run's choices live under names of their own; the provider's attributes get Kubernetes objects."""
+def test_the_run_s_choices_keep_the_providers_names_and_reach_the_pod_as_kubernetes_objects(airflow_env):
+    """node_selector, tolerations and image_pull_secrets keep the provider's names and the values as given
+    (a Param renders into them); the pod gets them as Kubernetes objects, and the next pod of the try the
+    same values again."""
     op = operator(
         node_selector="{{ params.node_selector }}",
         tolerations="{{ params.tolerations }}",
         image_pull_secrets="{{ params.image_pull_secrets }}",
     )
-    assert (op.node_selector, op.tolerations, op.image_pull_secrets) == ({}, [], [])
     context = context_for(
         op,
         node_selector={"gpu-type": "a100"},
@@ -350,13 +351,14 @@ def test_the_providers_attributes_keep_their_kubernetes_types(airflow_env):
         image_pull_secrets=["run-cred"],
     )
     op.render_template_fields(context)
-    assert (op.pod_node_selector, op.pod_image_pull_secrets) == ({"gpu-type": "a100"}, ["run-cred"])
-    assert (op.node_selector, op.tolerations, op.image_pull_secrets) == ({}, [], [])
-    op.build_pod_request_obj(context)
-    assert op.node_selector == {"gpu-type": "a100"}
-    assert op.image_pull_secrets == [k8s.V1LocalObjectReference(name="run-cred")]
-    assert all(isinstance(t, k8s.V1Toleration) for t in op.tolerations)
-    assert [t.key for t in op.tolerations] == ["spot"]
+    given = ({"gpu-type": "a100"}, [{"key": "spot", "operator": "Exists"}], ["run-cred"])
+    assert (op.node_selector, op.tolerations, op.image_pull_secrets) == given
+    for _ in range(2):  # a replaced pod (an interruption) is built from the same arguments
+        pod = op.build_pod_request_obj(context)
+        assert pod.spec.node_selector == {"gpu-type": "a100"}
+        assert pod.spec.image_pull_secrets == [k8s.V1LocalObjectReference(name="run-cred")]
+        assert [t.key for t in pod.spec.tolerations] == ["spot"]
+        assert (op.node_selector, op.tolerations, op.image_pull_secrets) == given
 
 
 @pytest.mark.parametrize(
@@ -519,11 +521,6 @@ def test_bad_sizes_fail_before_any_pod_is_created(airflow_env, kwargs, message):
     op = operator(**kwargs)
     with pytest.raises(ValueError, match=re.escape(message)):
         build(op, context_for(op, data_size="50 gigs"))
-
-
-def test_the_old_scratch_size_argument_is_refused_naming_its_replacement():
-    with pytest.raises(TypeError, match=r"scratch_size_limit= was replaced: data_size= sizes the /data"):
-        operator(scratch_size_limit="20Gi")
 
 
 class XComTaskInstance(TaskInstance):
@@ -808,7 +805,7 @@ def test_a_pod_deleted_after_its_training_container_ended_is_judged_by_that_end(
 ):
     """A pod gone when the task reads it again (deleted by Kueue's preemption after its training
     container ended) was interrupted only if the training container had not exited 0."""
-    from kubetrain.operators.training import PodInterrupted
+    from kubetrain.operators.resumable import PodInterrupted
 
     op = operator()
     manager = _GonePodManager()
@@ -1038,8 +1035,7 @@ def test_dry_run_needs_no_registry_or_cluster(airflow_env, capsys):
 def test_exit_codes_that_fail_without_retries_are_the_contracts():
     """One table (kubetrain_contract.exit_codes), which the trainers exit with and the operators read: bad
     parameters, divergence, unusable data and a missing DATA_DIR fail without retries; not 75, which resumes."""
-    from kubetrain.operators.training import NO_RETRY_EXIT_CODES
-    from kubetrain.sweep.operators import FINAL_EXIT_CODES
+    from kubetrain.operators.interruption import NO_RETRY_EXIT_CODES
     from kubetrain_contract import exit_codes
 
     assert (
@@ -1052,9 +1048,6 @@ def test_exit_codes_that_fail_without_retries_are_the_contracts():
         and exit_codes.EXIT_FAILURE not in NO_RETRY_EXIT_CODES
     )
     assert NO_RETRY_EXIT_CODES[65] == "unusable data (empty, a single class, no parsable pairs, ...)"
-    assert TrainingPodOperator.no_retry_exit_codes is NO_RETRY_EXIT_CODES
-    # one rule: a sweep's trial fails on the same codes as a single run (66 was retried by one and not the other)
-    assert FINAL_EXIT_CODES is NO_RETRY_EXIT_CODES
 
 
 def test_a_queued_run_carries_kueues_labels(airflow_env):

@@ -94,7 +94,7 @@ def test_stage_train_report_promote_on_the_dev_stack(devstack, stack_images, mon
             s3_secret=env["KUBETRAIN_S3_SECRET"],
             sync_interval=2,
             sync_quiet=0,
-            sync_grace_period_seconds=30,  # a sidecar that ignores SIGTERM fails the test in seconds
+            termination_grace_period=30,  # a sidecar that ignores SIGTERM fails the test in seconds
             cpu="500m",
             memory="1Gi",
             startup_check_interval_seconds=1,

@@ -23,8 +23,9 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskD
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from include.devstack.stack import NAMESPACE, s3_client
+from kubetrain.operators.resumable import NOTES_XCOM_KEY
 from kubetrain.operators.stage import StageDatasetOperator
-from kubetrain.operators.training import NOTES_XCOM_KEY, TrainingPodOperator
+from kubetrain.operators.training import TrainingPodOperator
 from kubetrain.pod_startup import NOTES_KEY
 from kubetrain.triggers.pod import LOGS_FLUSHED_KEY, TrainingPodTrigger
 
@@ -141,7 +142,7 @@ def ticking_pod(
             gpus=gpus,
             sync_interval=1,
             sync_quiet=0,
-            sync_grace_period_seconds=20,
+            termination_grace_period=20,
             cpu="250m",
             memory="512Mi",
             startup_check_interval_seconds=1,

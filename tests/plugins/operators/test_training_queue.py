@@ -20,7 +20,8 @@ from test_training_logs import TICKING, Records, TaskInstance, run_trigger, stac
 
 from include.devstack.stack import NAMESPACE
 from include.devstack.workloads import queued_pod
-from kubetrain.operators.training import NOTES_XCOM_KEY, TrainingPodOperator
+from kubetrain.operators.resumable import NOTES_XCOM_KEY
+from kubetrain.operators.training import TrainingPodOperator
 
 QUEUED = "is queued in Kueue LocalQueue 'training'"
 
@@ -61,7 +62,7 @@ def queued_training(env: dict, dataset: dict, **kwargs) -> tuple[TrainingPodOper
             queue_log_interval_seconds=1,
             sync_interval=1,
             sync_quiet=0,
-            sync_grace_period_seconds=20,
+            termination_grace_period=20,
             cpu="250m",
             memory="512Mi",
             startup_check_interval_seconds=1,

@@ -3,11 +3,14 @@ trial's pod tells its checkpoint-sync sidecar (the variables trainer/sync/asha.p
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kubetrain import pod_spec
 from kubetrain.sweep.config import SweepSettings
 from kubetrain.sweep.space import SpaceError
+from kubetrain.sweep.stopping import MedianStopping, RungStopping
 from kubetrain.sweep.trial import TrialPodOperator
 from kubetrain_contract.early_stop import hyperband_bracket
 from kubetrain_contract.pod import Env
@@ -192,7 +195,7 @@ def test_a_median_trials_pod_is_as_it_was(sweep):
 
 def test_rung_settings_in_the_pod_are_checked():
     with pytest.raises(ValueError, match="reduction_factor=1 is not valid: expected an integer >= 2"):
-        pod_spec.RungStopping(
+        RungStopping(
             rule="asha",
             objective="val_accuracy",
             mode="max",
@@ -202,7 +205,7 @@ def test_rung_settings_in_the_pod_are_checked():
             reduction_factor=1,
         )
     with pytest.raises(ValueError, match="rungs_uri='s3://training/rungs' is not valid"):
-        pod_spec.RungStopping(
+        RungStopping(
             rule="asha",
             objective="val_accuracy",
             mode="max",
@@ -210,6 +213,37 @@ def test_rung_settings_in_the_pod_are_checked():
             rungs_uri="s3://training/rungs",
             trial=0,
         )
+
+
+MEDIAN = {"objective": "val_accuracy", "mode": "max", "trials_uri": "s3://training/s/sweep/trials/"}
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"objective": "val accuracy"}, "objective='val accuracy' is not a metric name"),
+        ({"objective": "val_accuracy\n"}, "objective='val_accuracy\\n' is not a metric name"),
+        ({"mode": "best"}, "mode='best' is not valid: expected 'max' or 'min'"),
+        ({"trials_uri": "s3://training/trials"}, "trials_uri='s3://training/trials' is not valid"),
+        ({"min_trials": 0}, "min_trials=0 is not valid: expected an integer >= 1"),
+        ({"start_step": "two"}, "start_step='two' is not valid: expected an integer >= 1"),
+    ],
+)
+def test_median_settings_in_the_pod_are_checked(changes, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        MedianStopping(**{**MEDIAN, **changes})
+
+
+def test_median_settings_are_what_the_sidecar_reads():
+    rule = MedianStopping(**MEDIAN, min_trials="2", start_step=5)
+    assert rule.env() == {
+        Env.EARLY_STOPPING: "median",
+        Env.OBJECTIVE: "val_accuracy",
+        Env.OBJECTIVE_MODE: "max",
+        Env.MEDIAN_MIN_TRIALS: "2",
+        Env.MEDIAN_START_STEP: "5",
+        Env.SWEEP_TRIALS_URI: "s3://training/s/sweep/trials/",
+    }
 
 
 RUNG_ENV = (

@@ -16,8 +16,9 @@ from PIL import Image
 
 from include.sample_data import dialogue as dialogue_data
 from include.sample_data import digits as digits_data
+from kubetrain_contract.json_values import json_safe
 from trainer.common.config import parse_config
-from trainer.common.contract import EXIT_PREEMPTED, json_safe, write_csv_atomic, write_json_atomic
+from trainer.common.contract import EXIT_PREEMPTED, write_csv_atomic, write_json_atomic
 from trainer.dialogue.train import DialogueConfig
 from trainer.image_classifier.config import ClassifierConfig
 
@@ -35,7 +36,7 @@ DIRS = {"data_dir": "/data", "checkpoint_dir": "/checkpoints", "output_dir": "/o
             {"validation_split": 1.5},
             "--validation-split must be a fraction strictly between",
         ),
-        (ClassifierConfig, {"learning_rate": 0.0}, "--learning-rate must be a number > 0, got 0.0"),
+        (ClassifierConfig, {"learning_rate": 0.0}, "--learning-rate must be a number > 0 and <= 1, got 0.0"),
         (ClassifierConfig, {"max_steps": 0}, "--max-steps must be an integer >= 1 (or unset), got 0"),
         (
             ClassifierConfig,
@@ -72,17 +73,17 @@ DIRS = {"data_dir": "/data", "checkpoint_dir": "/checkpoints", "output_dir": "/o
             "--max-output-length must be an integer from 2 to 1024, got 1",
         ),
         (DialogueConfig, {"clip_norm": -1.0}, "--clip-norm must be a number > 0, got -1.0"),
-        (DialogueConfig, {"warmup_steps": 0}, "--warmup-steps must be an integer >= 1, got 0"),
+        (DialogueConfig, {"warmup_steps": 0}, "--warmup-steps must be an integer >= 1 (or unset), got 0"),
         (
             ClassifierConfig,
             {"steps_per_execution": 0},
-            "--steps-per-execution must be an integer from 1 to 10000, got 0",
+            "--steps-per-execution must be an integer from 1 to 10000 (or unset), got 0",
         ),
         (ClassifierConfig, {"patience": -1}, "--patience must be an integer >= 0, got -1"),
         (
             ClassifierConfig,
             {"shuffle_buffer": -1},
-            "--shuffle-buffer must be an integer >= 0 (0: the whole training",
+            "--shuffle-buffer must be an integer >= 0 (0: as many as fit in 256 MiB)",
         ),
         (DialogueConfig, {"monitor": "loss"}, "--monitor must be one of val_accuracy, val_loss, got 'loss'"),
     ],
@@ -113,7 +114,7 @@ def test_flags_win_over_environment_and_environment_fills_the_rest():
     env = {"DATA_DIR": "/env/data", "CHECKPOINT_DIR": "/env/ckpt", "OUTPUT_DIR": "/env/out"}
     config = parse_config(
         ClassifierConfig,
-        ["--data-dir", "/flag/data", "--no-cache", "--epochs", "3"],
+        ["--data-dir", "/flag/data", "--no-augment", "--epochs", "3"],
         prog="t",
         description="",
         environ=env,
@@ -123,7 +124,7 @@ def test_flags_win_over_environment_and_environment_fills_the_rest():
         "/env/ckpt",
         "/env/out",
     )
-    assert config.cache is False and config.epochs == 3
+    assert config.augment is False and config.epochs == 3
     hyper = config.hyperparameters()
     assert hyper["epochs"] == 3 and "data_dir" not in hyper and "output_dir" not in hyper
 
@@ -195,7 +196,7 @@ def test_digits_generator_is_deterministic_and_injects_unreadable_files(tmp_path
 
 def test_dialogue_generator_is_deterministic_in_both_formats(tmp_path):
     for name in ("a.tsv", "b.tsv", "c.jsonl"):
-        assert dialogue_data.main(["--out", str(tmp_path / name), "--categories", "greetings,humor"]) == 0
+        assert dialogue_data.main(["--out", str(tmp_path / name), "--categories", "greetings,numbers"]) == 0
     assert (tmp_path / "a.tsv").read_bytes() == (tmp_path / "b.tsv").read_bytes()
     header, *rows = [line.split("\t") for line in (tmp_path / "a.tsv").read_text().splitlines()]
     records = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
@@ -205,7 +206,7 @@ def test_dialogue_generator_is_deterministic_in_both_formats(tmp_path):
     assert [[r["question"], r["response"], r["conversation"]] for r in records] == rows
     # Every pair names its conversation (<category>-<number>); the trainer groups by it.
     conversations = {r[2] for r in rows}
-    assert {c.rsplit("-", 1)[0] for c in conversations} == {"greetings", "humor"}
+    assert {c.rsplit("-", 1)[0] for c in conversations} == {"greetings", "numbers"}
     from trainer.dialogue.data import load_pairs
 
     for name in ("a.tsv", "c.jsonl"):

@@ -105,7 +105,14 @@ def make_loop(
     """A TrainingLoop on the tiny problem, checkpointing to root/ckpt and writing to root/out."""
     runtime = runtime or default_runtime()
     x, y, x_val, y_val = data if data is not None else examples()
-    settings = {"epochs": 2, "batch_size": batch, "checkpoint_every_steps": 0, "log_every_steps": 1, **config}
+    settings = {
+        "epochs": 2,
+        "steps_per_execution": 1,
+        "batch_size": batch,
+        "checkpoint_every_steps": 0,
+        "log_every_steps": 1,
+        **config,
+    }
     cfg = TrainerConfig(
         data_dir=str(root), checkpoint_dir=str(root / "ckpt"), output_dir=str(root / "out"), **settings
     )

@@ -49,12 +49,13 @@ class RecordingEnviron(dict):
 @pytest.fixture(scope="module")
 def read_by_pod_side(tmp_path_factory) -> set[str]:
     """The contract names the pod side's readers ask the environment for."""
+    from kubetrain_contract.s3uri import S3Uri
     from trainer.common.cluster import tf_config
     from trainer.common.config import TrainerConfig, parse_config
     from trainer.common.contract import RunInfo
     from trainer.common.signals import StopRequest
     from trainer.sync.__main__ import build_parser
-    from trainer.sync.s3 import S3Uri, target_gbps
+    from trainer.sync.s3 import target_gbps
     from trainer.sync.sidecar import SyncConfig
 
     root = tmp_path_factory.mktemp("pod")

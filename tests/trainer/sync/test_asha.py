@@ -26,7 +26,8 @@ from kubetrain_contract.early_stop import (
     hyperband_brackets,
 )
 from trainer.sync.asha import RungRule, RungStopper
-from trainer.sync.s3 import S3, parse_s3_uri
+from trainer.sync.errors import parse_s3_uri
+from trainer.sync.s3 import S3
 
 ASHA = RungRule("acc", "max")  # min_resource 1, eta 3: rungs at 1, 3, 9, 27 ... reports
 LOSS = RungRule("loss", "min")

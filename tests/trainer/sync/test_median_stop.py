@@ -23,8 +23,9 @@ from sync_support import REPO, s3_client
 from sync_support.faultproxy import FaultProxy
 from test_checkpoint import _Lines, _sidecar
 
+from trainer.sync.errors import parse_s3_uri
 from trainer.sync.median import MedianRule, MedianStopper, parse_reports, record_values, report_values
-from trainer.sync.s3 import S3, parse_s3_uri
+from trainer.sync.s3 import S3
 
 
 @pytest.fixture(scope="module")

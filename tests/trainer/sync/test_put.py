@@ -12,7 +12,8 @@ import pytest
 from sync_support import s3_client
 from sync_support.faultproxy import FaultProxy
 
-from trainer.sync.s3 import S3, S3RequestError, SyncError
+from trainer.sync.errors import S3RequestError, SyncError
+from trainer.sync.s3 import S3
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ from sync_support import dataset_manifest, put_manifest, run_sync, s3_client, tr
 from sync_support.faultproxy import FaultProxy
 from test_checkpoint import _Lines, _sidecar
 
-from trainer.sync.s3 import S3, S3RequestError
+from trainer.sync.errors import S3RequestError
+from trainer.sync.s3 import S3
 
 MiB = 1024 * 1024
 

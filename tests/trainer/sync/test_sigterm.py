@@ -189,7 +189,8 @@ def test_an_index_rewritten_after_the_scan_goes_with_the_checkpoint_it_names(
     """The trainer saves ckpt-2 between a pass's scan and its read of the ``checkpoint``
     index: the pass that lists the new index also lists ckpt-2's files, so a restore from it
     resumes from ckpt-2 and not from an index naming files it does not have."""
-    from trainer.sync.s3 import S3, parse_s3_uri
+    from trainer.sync.errors import parse_s3_uri
+    from trainer.sync.s3 import S3
     from trainer.sync.sidecar import Sidecar, SyncConfig
 
     for name, value in s3_server.env().items():

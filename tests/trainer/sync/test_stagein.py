@@ -341,9 +341,11 @@ def test_a_download_the_engine_did_not_check_is_refused():
 
     No server makes the engine skip its check on demand: its completion is called as it would be.
     """
-    from trainer.sync.s3 import S3Uri, SyncError, _Download
+    from kubetrain_contract.s3uri import S3Uri
+    from trainer.sync.errors import SyncError
+    from trainer.sync.s3_crt import CrtHandle
 
-    handle = _Download(S3Uri("datasets", "blob.bin"), None, None, expected_checksum=("crc32", "LC6FYw=="))
+    handle = CrtHandle(S3Uri("datasets", "blob.bin"), None, None, expected_checksum=("crc32", "LC6FYw=="))
     handle.done(error=None, status_code=200, did_validate_checksum=False)
     with pytest.raises(
         SyncError,
@@ -351,7 +353,7 @@ def test_a_download_the_engine_did_not_check_is_refused():
         r"checksum LC6FYw==",
     ):
         handle.wait()
-    checked = _Download(S3Uri("datasets", "blob.bin"), None, None, expected_checksum=("crc32", "LC6FYw=="))
+    checked = CrtHandle(S3Uri("datasets", "blob.bin"), None, None, expected_checksum=("crc32", "LC6FYw=="))
     checked.done(error=None, status_code=200, did_validate_checksum=True)
     checked.wait()
 

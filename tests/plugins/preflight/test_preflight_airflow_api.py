@@ -24,7 +24,7 @@ from kubetrain.settings import Deployment
 
 pytestmark = [pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SEED_DB = Path(os.environ.get("AIRFLOW_HOME", REPO / ".airflow")) / "airflow.db"
 POOL = "kubetrain-preflight-gpu"
 
@@ -62,7 +62,7 @@ def connection(monkeypatch, **fields) -> None:
 
 
 def pool_line(pool: str = POOL, **kwargs):
-    return Preflight(Deployment(), pool=pool, **kwargs).check_pool()
+    return Preflight(Deployment(), pool=pool, **kwargs).airflow_checks.check_pool()
 
 
 def test_the_pool_is_read_with_a_users_password(api, monkeypatch):
@@ -133,7 +133,7 @@ def test_an_api_that_does_not_answer_warns_naming_the_url(monkeypatch):
 
 def test_without_an_api_the_line_says_how_to_check_by_hand(monkeypatch):
     monkeypatch.delenv("AIRFLOW_CONN_AIRFLOW_API", raising=False)
-    check = Preflight(Deployment()).check_pool()
+    check = Preflight(Deployment()).airflow_checks.check_pool()
     assert check.status == "INFO"
     assert check.detail.startswith("pool 'gpu' not checked: no Airflow API configured")
     assert check.detail.endswith("check with `airflow pools get gpu`")

@@ -18,7 +18,7 @@ from include.devstack.stack import free_port
 from kubetrain.preflight import Check, Preflight
 from kubetrain.settings import Deployment
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NAMESPACE = "kubetrain"
 
 
@@ -99,7 +99,7 @@ def test_all_pass_against_the_dev_stack_as_a_dag(stack_env, stack_images, core, 
         "s3-region": "PASS",
         "s3-write": "PASS",
         "gpu-nodes": "INFO",  # the dev stack's node serves GPU requests on CPU, and says so
-        "gpu-pool": "INFO",  # no airflow_api connection (tests/plugins/test_preflight_airflow_api.py reads it)
+        "gpu-pool": "INFO",  # no airflow_api connection (test_preflight_airflow_api.py reads it)
         "registry": "PASS",
         "training-apis": "INFO",
         "queue": "INFO",
@@ -133,11 +133,11 @@ def test_the_gpu_nodes_line_says_the_dev_stack_serves_gpu_requests_on_cpu(stack_
     if "nvidia.com/gpu" in (node.status.allocatable or {}):
         pytest.skip("this machine has GPUs: the dev stack's node offers nvidia.com/gpu")
     assert node.metadata.annotations == {"kubetrain.io/gpu-requests-served-on-cpu": "nvidia.com/gpu"}
-    check = Preflight(deployment()).check_gpu_nodes()
+    check = Preflight(deployment()).cluster_checks.check_gpu_nodes()
     assert check.status == "INFO", check
     assert "node(s) kubetrain-dev serve GPU requests on CPU (the dev stack" in check.detail
     assert "train on CPU, where a cluster without GPU nodes would keep them Pending" in check.detail
-    other = Preflight(deployment(gpu_resource="amd.com/gpu")).check_gpu_nodes()
+    other = Preflight(deployment(gpu_resource="amd.com/gpu")).cluster_checks.check_gpu_nodes()
     assert other.status == "WARN"
     assert other.detail.startswith(
         "none of 1 node(s) offers amd.com/gpu: training pods that ask for GPUs stay"
@@ -145,9 +145,9 @@ def test_the_gpu_nodes_line_says_the_dev_stack_serves_gpu_requests_on_cpu(stack_
 
 
 def test_the_queue_line_checks_the_configured_local_queue(stack_env):
-    found = Preflight(Deployment(queue="training")).check_queue()
+    found = Preflight(Deployment(queue="training")).cluster_checks.check_queue()
     assert (found.status, found.detail) == ("PASS", "LocalQueue 'training' feeds ClusterQueue 'kubetrain'")
-    missing = Preflight(Deployment(queue="nobody")).check_queue()
+    missing = Preflight(Deployment(queue="nobody")).cluster_checks.check_queue()
     assert missing.status == "FAIL"
     assert missing.detail == f"LocalQueue 'nobody' does not exist in namespace {NAMESPACE}"
     assert "kind: LocalQueue" in missing.fix and "KUBETRAIN_QUEUE" in missing.fix
@@ -280,7 +280,7 @@ def test_broken_configuration_names_each_fix(stack_env, core, devstack):
 
 
 def test_a_secret_the_role_does_not_name_fails_naming_the_fix(stack_env):
-    check = Preflight(deployment(s3_secret="team-s3")).check_s3_secret()
+    check = Preflight(deployment(s3_secret="team-s3")).s3_checks.check_s3_secret()
     assert check.status == "FAIL" and check.detail.startswith(
         "the workers may not read Secret 'team-s3': secrets"
     )
@@ -461,7 +461,9 @@ def test_unreachable_api_names_the_connection(stack_env, monkeypatch, tmp_path):
 
 
 def test_workload_identity_without_its_service_account_fails(stack_env):
-    check = Preflight(deployment(s3_secret=None, service_account="kubetrain-irsa")).check_s3_secret()
+    check = Preflight(
+        deployment(s3_secret=None, service_account="kubetrain-irsa")
+    ).s3_checks.check_s3_secret()
     assert (
         check.status == "FAIL"
         and "service account 'kubetrain-irsa' does not exist in 'kubetrain'" in check.detail
@@ -486,7 +488,7 @@ def test_a_cluster_older_than_the_minimum_fails_with_the_reason(stack_env, devst
                 }
             ),
         )
-        check = Preflight(Deployment(namespace="default")).check_api()
+        check = Preflight(Deployment(namespace="default")).cluster_checks.check_api()
     finally:
         stop_server(proc)
     assert check.status == "FAIL" and check.detail.startswith("API v1.28.9-kubetrain at")
@@ -509,7 +511,7 @@ def test_an_account_without_the_roles_fails_the_access_review_naming_what_it_lac
         ),
     )
     preflight = Preflight(deployment())
-    check = preflight.check_access()
+    check = preflight.cluster_checks.check_access()
     assert check.status == "FAIL" and check.detail.startswith(
         "the workers' account may not create pods, patch pods"
     )
@@ -530,7 +532,12 @@ def test_the_triggerer_reviews_its_own_access_from_the_triggerer(stack_env, devs
     only the workers may do fails naming it."""
     import asyncio
 
-    from kubetrain.preflight import TRIGGERER_ACCESS, WORKER_ACCESS, access_attributes, triggerer_check
+    from kubetrain.preflight.cluster import (
+        TRIGGERER_ACCESS,
+        WORKER_ACCESS,
+        access_attributes,
+        triggerer_check,
+    )
     from kubetrain.triggers.access import AccessReviewTrigger
 
     triggerer = devstack.load_state()["kubeconfig_triggerer"]
@@ -562,7 +569,7 @@ def test_preflight_pods_pass_restricted_and_tolerate_the_gpu_taint(stack_env):
     from include.devstack.kubeapi import podsecurity
 
     body = ApiClient().sanitize_for_serialization(
-        Preflight(deployment()).pod("sync", "img", ["true"], with_s3=True)
+        Preflight(deployment()).pods.pod("sync", "img", ["true"], with_s3=True)
     )
     assert podsecurity.violations("restricted", body) == []
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in body["spec"][
@@ -580,8 +587,12 @@ def test_gke_workload_identity_alone_fails_and_irsa_passes(stack_env, core):
     for name, notes in annotations.items():
         core.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": name, "annotations": notes}})
     try:
-        gke = Preflight(deployment(s3_secret=None, service_account="kubetrain-gke")).check_s3_secret()
-        irsa = Preflight(deployment(s3_secret=None, service_account="kubetrain-irsa-ok")).check_s3_secret()
+        gke = Preflight(
+            deployment(s3_secret=None, service_account="kubetrain-gke")
+        ).s3_checks.check_s3_secret()
+        irsa = Preflight(
+            deployment(s3_secret=None, service_account="kubetrain-irsa-ok")
+        ).s3_checks.check_s3_secret()
     finally:
         for name in annotations:
             core.delete_namespaced_service_account(name, NAMESPACE)
