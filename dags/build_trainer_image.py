@@ -37,10 +37,7 @@ from pathlib import Path
 
 from airflow.sdk import Asset, Param, dag, task
 
-from kubetrain.defaults import DEFAULT_ARGS
-from kubetrain.operators.build import AppendLayerOperator, BuildImageOperator
-from kubetrain.params import with_dialect
-from kubetrain.settings import environ
+from kubetrain import DEFAULT_ARGS, AppendLayerOperator, BuildImageOperator, environ, with_dialect
 
 TRAINER_DIR = environ("KUBETRAIN_TRAINER_DIR") or str(Path(__file__).resolve().parents[1] / "trainer")
 REGISTRY_CONN_ID = environ("KUBETRAIN_REGISTRY_CONN_ID", "kubetrain_registry_default")

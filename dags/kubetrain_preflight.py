@@ -26,8 +26,7 @@ from pathlib import Path
 
 from airflow.sdk import dag, task
 
-from kubetrain.defaults import DEFAULT_ARGS
-from kubetrain.operators.preflight import TriggererAccessOperator
+from kubetrain import DEFAULT_ARGS, TriggererAccessOperator
 
 
 @dag(

@@ -21,8 +21,7 @@ from pathlib import Path
 
 from airflow.sdk import dag, task
 
-from kubetrain.defaults import DEFAULT_ARGS
-from kubetrain.settings import environ
+from kubetrain import DEFAULT_ARGS, environ
 
 
 @dag(

@@ -46,10 +46,16 @@ from pathlib import Path
 import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401
 from airflow.sdk import DAG
 
-from kubetrain.params import form_order, with_dialect
-from kubetrain.pipeline import DEFAULT_ARGS, SweepSettings, common_params, sweep_pipeline
-from kubetrain.sweep.space import tunable_schemas
-from kubetrain.trainers import IMAGE_CLASSIFIER as TRAINER
+from kubetrain import (
+    DEFAULT_ARGS,
+    SweepSettings,
+    common_params,
+    form_order,
+    sweep_pipeline,
+    tunable_schemas,
+    with_dialect,
+)
+from kubetrain import IMAGE_CLASSIFIER as TRAINER
 
 DATASET = TRAINER.dataset_uri
 TRAINING = TRAINER.params()

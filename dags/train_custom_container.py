@@ -25,8 +25,7 @@ from pathlib import Path
 import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401
 from airflow.sdk import DAG, Param
 
-from kubetrain.params import with_dialect
-from kubetrain.pipeline import DEFAULT_ARGS, common_params, form_order, training_pipeline
+from kubetrain import DEFAULT_ARGS, common_params, form_order, training_pipeline, with_dialect
 
 with DAG(
     dag_id=Path(__file__).stem,

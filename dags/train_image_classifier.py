@@ -27,9 +27,8 @@ from pathlib import Path
 import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401
 from airflow.sdk import DAG
 
-from kubetrain.params import with_dialect
-from kubetrain.pipeline import DEFAULT_ARGS, common_params, form_order, schedule, training_pipeline
-from kubetrain.trainers import IMAGE_CLASSIFIER as TRAINER
+from kubetrain import DEFAULT_ARGS, common_params, form_order, schedule, training_pipeline, with_dialect
+from kubetrain import IMAGE_CLASSIFIER as TRAINER
 
 DATASET = TRAINER.dataset_uri
 

@@ -26,17 +26,17 @@ from pathlib import Path
 import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401
 from airflow.sdk import DAG, Param
 
-from kubetrain.operators.distributed import DistributedTrainingOperator
-from kubetrain.params import with_dialect
-from kubetrain.pipeline import (
+from kubetrain import (
     CPU_PATTERN,
     DEFAULT_ARGS,
+    IMAGE_CLASSIFIER,
     MEMORY_PATTERN,
+    DistributedTrainingOperator,
     common_params,
     schedule,
     training_pipeline,
+    with_dialect,
 )
-from kubetrain.trainers import IMAGE_CLASSIFIER
 
 # Max steps bound a run of many workers; the checkpoint interval is what a dead worker costs.
 TRAINER = IMAGE_CLASSIFIER.extended("max_steps", "checkpoint_every_steps")

@@ -17,10 +17,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG
 
-from kubetrain.defaults import DEFAULT_ARGS
-from kubetrain.manifest import dataset_name_from_uri
-from kubetrain.operators.stage import StageDatasetOperator, dataset_asset
-from kubetrain.settings import environ
+from kubetrain import DEFAULT_ARGS, StageDatasetOperator, dataset_asset, dataset_name_from_uri, environ
 
 WATCHED = [
     u.strip()

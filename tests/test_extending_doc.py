@@ -60,3 +60,20 @@ def test_the_guides_commands_name_the_interpreters_make_setup_makes():
         assert (REPO / interpreter).exists(), f"{interpreter} is missing: `make setup` makes it"
     assert (REPO / "tests" / "e2e" / "test_extending_guide.py").exists()
     assert "test_extending_guide.py" in GUIDE
+
+
+def test_the_shipped_dags_import_only_the_public_api():
+    """A DAG of the repository is an example users copy: it imports kubetrain's public names, from ``kubetrain``."""
+    import ast
+
+    for path in sorted((REPO / "dags").glob("*.py")):
+        # the module's own imports (task bodies of build_trainer_image still reach kubetrain.imagebuild: to do)
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kubetrain"):
+                assert node.module == "kubetrain", f"{path.name} imports from {node.module}"
+                names = {alias.name for alias in node.names}
+                assert names <= set(kubetrain.__all__), (
+                    f"{path.name}: {sorted(names - set(kubetrain.__all__))}"
+                )
+            elif isinstance(node, ast.Import):
+                assert not any(a.name.startswith("kubetrain") for a in node.names), path.name

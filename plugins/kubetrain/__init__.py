@@ -28,7 +28,22 @@ _PUBLIC = {
     "common_params": "kubetrain.pipeline",
     "schedule": "kubetrain.pipeline",
     "TrainingTasks": "kubetrain.pipeline",
+    "CPU_PATTERN": "kubetrain.pipeline",
+    "MEMORY_PATTERN": "kubetrain.pipeline",
     "DEFAULT_ARGS": "kubetrain.defaults",
+    "environ": "kubetrain.settings",
+    # the built-in trainers, each described once (its flags are kubetrain_contract.flags')
+    "TrainerSpec": "kubetrain.trainers",
+    "IMAGE_CLASSIFIER": "kubetrain.trainers",
+    "DIALOGUE_TRANSFORMER": "kubetrain.trainers",
+    # hyperparameter sweeps
+    "sweep_pipeline": "kubetrain.sweep.pipeline",
+    "SweepTasks": "kubetrain.sweep.pipeline",
+    "SweepSettings": "kubetrain.sweep.config",
+    "tunable_schemas": "kubetrain.sweep.space",
+    # datasets
+    "dataset_asset": "kubetrain.operators.stage",
+    "dataset_name_from_uri": "kubetrain.manifest",
     "form_order": "kubetrain.params",
     "with_dialect": "kubetrain.params",
     "S3_URI": "kubetrain.params",
@@ -41,6 +56,8 @@ _PUBLIC = {
     "PromoteModelOperator": "kubetrain.operators.promote",
     "BuildImageOperator": "kubetrain.operators.build",
     "AppendLayerOperator": "kubetrain.operators.build",
+    "DistributedTrainingOperator": "kubetrain.operators.distributed",
+    "TriggererAccessOperator": "kubetrain.operators.preflight",
     # hooks and links
     "RegistryHook": "kubetrain.hooks.registry",
     "ReportLink": "kubetrain.links",

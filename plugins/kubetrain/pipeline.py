@@ -434,11 +434,3 @@ def training_pipeline(
     )
     stage >> check >> train >> report >> promote >> record
     return TrainingTasks(stage, check, train, report, promote, record)
-
-
-# Sweeps (hyperparameter search over mapped training pods) share the stage and promotion steps;
-# their chain lives in kubetrain.sweep and is offered here beside training_pipeline.
-from kubetrain.sweep.config import SweepSettings  # noqa: E402
-from kubetrain.sweep.pipeline import SweepTasks, sweep_pipeline  # noqa: E402
-
-__all__ += ["SweepSettings", "SweepTasks", "sweep_pipeline"]

@@ -515,6 +515,13 @@ def _write(
     (tmp / MANIFEST).write_text(manifest.to_json())
     final = location / key
     _publish(tmp, final)
+    if skipped:
+        log.warning(
+            "skipped %d file(s) that are not readable images: %s%s",
+            len(skipped),
+            "; ".join(f"{path}: {why}" for path, why in skipped[:10]),
+            " ..." if len(skipped) > 10 else "",
+        )
     log.info(
         "prepared %d images (%d px, %d channel(s)) into %d shard(s) at %s; %d left out",
         manifest.records,

@@ -13,8 +13,7 @@ from pathlib import Path
 import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401
 from airflow.sdk import DAG, Param
 
-from kubetrain.params import with_dialect
-from kubetrain.pipeline import DEFAULT_ARGS, SweepSettings, common_params, sweep_pipeline
+from kubetrain import DEFAULT_ARGS, SweepSettings, common_params, sweep_pipeline, with_dialect
 
 SWEEP = SweepSettings(
     tunable=None, objective=("score", "max"), max_parallel_trials=2, rounds=2, hyperparameter_args=True

@@ -8,7 +8,7 @@ from airflow.sdk import DAG
 from airflow.sdk.definitions.param import ParamsDict
 from airflow.sdk.exceptions import ParamValidationError
 
-from kubetrain.pipeline import SweepSettings, common_params, sweep_pipeline
+from kubetrain import SweepSettings, common_params, sweep_pipeline
 from kubetrain.sweep.space import SpaceError, tunable_schemas
 from kubetrain.trainers import IMAGE_CLASSIFIER
 

