@@ -61,7 +61,7 @@ from kubetrain_contract.records import RecordError
 from kubetrain_contract.reports import best_report
 from kubetrain_contract.s3uri import S3Uri
 from trainer.sync.errors import S3RequestError
-from trainer.sync.median import MODES, ReportStopper, record_values, report_values
+from trainer.sync.median import ReportStopper, check_objective, record_values, report_values
 from trainer.sync.progress import log
 from trainer.sync.s3 import S3
 
@@ -113,12 +113,7 @@ class RungRule:
     name: str = "asha"
 
     def __post_init__(self) -> None:
-        if not self.objective:
-            raise ValueError(
-                "the objective metric is empty: expected a history.csv column or metrics.jsonl key"
-            )
-        if self.mode not in MODES:
-            raise ValueError(f"objective mode {self.mode!r} is not valid: expected 'max' or 'min'")
+        check_objective(self.objective, self.mode)
         if self.name not in RULES:
             raise ValueError(f"rule {self.name!r} is not a rung rule: expected one of {', '.join(RULES)}")
         for field, value, least in (

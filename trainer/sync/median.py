@@ -62,6 +62,7 @@ __all__ = [
     "HISTORY_CSV",
     "METRICS_JSONL",
     "MODES",
+    "check_objective",
     "Decision",
     "MedianRule",
     "MedianStopper",
@@ -72,6 +73,14 @@ __all__ = [
 ]
 
 MODES = ("max", "min")
+
+
+def check_objective(objective: str, mode: str) -> None:
+    """Refuse an empty objective metric or a mode other than ``max`` and ``min`` (every stopping rule's)."""
+    if not objective:
+        raise ValueError("the objective metric is empty: expected a history.csv column or metrics.jsonl key")
+    if mode not in MODES:
+        raise ValueError(f"objective mode {mode!r} is not valid: expected 'max' or 'min'")
 
 
 @dataclass(frozen=True)
@@ -98,12 +107,7 @@ class MedianRule:
     start_step: int = 4
 
     def __post_init__(self) -> None:
-        if not self.objective:
-            raise ValueError(
-                "the objective metric is empty: expected a history.csv column or metrics.jsonl key"
-            )
-        if self.mode not in MODES:
-            raise ValueError(f"objective mode {self.mode!r} is not valid: expected 'max' or 'min'")
+        check_objective(self.objective, self.mode)
         if self.min_trials < 1 or self.start_step < 1:
             raise ValueError(
                 f"min_trials {self.min_trials} and start_step {self.start_step} must be at least 1"
