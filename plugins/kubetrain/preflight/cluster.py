@@ -367,4 +367,13 @@ class ClusterChecks:
                 "or set KUBETRAIN_QUEUE to one that exists",
             )
         cluster_queue = (found.get("spec") or {}).get("clusterQueue", "?")
-        return Check("queue", "PASS", f"LocalQueue {queue!r} feeds ClusterQueue {cluster_queue!r}")
+        # a run's priority_class must name one of these: Kueue makes no Workload for a class that does not exist
+        try:
+            listing = client.CustomObjectsApi(self.cluster.hook.api_client).list_cluster_custom_object(
+                KUEUE_GROUP, "v1beta1", "workloadpriorityclasses", _request_timeout=10
+            )
+            names = sorted(item["metadata"]["name"] for item in listing.get("items") or [])
+            classes = f"WorkloadPriorityClasses: {', '.join(names) or 'none'}"
+        except ApiException as exc:
+            classes = f"WorkloadPriorityClasses not readable ({exc.status} {exc.reason})"
+        return Check("queue", "PASS", f"LocalQueue {queue!r} feeds ClusterQueue {cluster_queue!r}; {classes}")

@@ -146,7 +146,10 @@ def test_the_gpu_nodes_line_says_the_dev_stack_serves_gpu_requests_on_cpu(stack_
 
 def test_the_queue_line_checks_the_configured_local_queue(stack_env):
     found = Preflight(Deployment(queue="training")).cluster_checks.check_queue()
-    assert (found.status, found.detail) == ("PASS", "LocalQueue 'training' feeds ClusterQueue 'kubetrain'")
+    assert (found.status, found.detail) == (
+        "PASS",
+        "LocalQueue 'training' feeds ClusterQueue 'kubetrain'; WorkloadPriorityClasses: high, low",
+    )
     missing = Preflight(Deployment(queue="nobody")).cluster_checks.check_queue()
     assert missing.status == "FAIL"
     assert missing.detail == f"LocalQueue 'nobody' does not exist in namespace {NAMESPACE}"
