@@ -326,7 +326,16 @@ def _short(line: str) -> str:
         elif text.startswith("[DAG TEST] end task "):
             task = re.search(r"task_id=(\S+)", text)
             text = f"task {task.group(1) if task else text} finished"
-    return text[:160]
+    if len(text) > SHORT and not _KEEP_WHOLE.search(text):
+        text = text[: SHORT - 1] + "…"
+    return text
+
+
+# A line is cut at SHORT characters, unless it holds a location or a result: those are shown whole.
+SHORT = 160
+_KEEP_WHOLE = re.compile(
+    r"s3://|https?://|/output|/kubetrain/|\bdone:|[Pp]romot|[Rr]eport|leaderboard|cluster"
+)
 
 
 def _download(uri: str, path: Path, stack: dict[str, str]) -> None:

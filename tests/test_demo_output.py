@@ -54,14 +54,23 @@ TASK_LOG = [
         "with force=true to train again [airflow.task.operators.kubetrain.operators.dedupe.SkipIfTrainedOperator] "
         "loc=dedupe.py:133",
         "Skipping: already trained on dataset version 04d598435446b7e2 with these parameters and image "
-        "r/kubetrain/trainer@sha256:9efd in run manual__1 (finished x); trigger with force=true to train again"[
-            :160
-        ],
+        "r/kubetrain/trainer@sha256:9efd in run manual__1 (finished x); trigger with force=true to train again",
     ),
     (
         "2026-11-26T19:39:21.793991Z [info     ] Report written to s3://training/runs/d/r/report/report.html (5 "
         "files) [airflow.task.operators.kubetrain.operators.report.ReportOperator] loc=report.py:160",
         "Report written to s3://training/runs/d/r/report/report.html (5 files)",
+    ),
+    (  # a location is never cut, however long the line
+        "2026-11-26T19:39:40.000000Z [info     ] Promoted s3://training/runs/image_classifier/manual__2026-11-29T04:"
+        "14:28+00:00/output/model as s3://training/models/image-classifier/20261129T041428Z-6 (val_accuracy 0.9415 "
+        "against 0.9301) [airflow.task.operators.kubetrain.operators.promote.PromoteModelOperator] loc=promote.py:9",
+        "Promoted s3://training/runs/image_classifier/manual__2026-11-29T04:14:28+00:00/output/model as "
+        "s3://training/models/image-classifier/20261129T041428Z-6 (val_accuracy 0.9415 against 0.9301)",
+    ),
+    (  # other long lines are cut, and say so
+        "2026-11-26T19:39:41.000000Z [error    ] The pod failed: " + "x" * 200 + " [task] loc=pod.py:1",
+        ("error: The pod failed: " + "x" * 200)[:159] + "…",
     ),
     (
         "2026-11-26T19:39:30.000000Z [error    ] Task failed with exception [task] loc=task_runner.py:1000",
