@@ -35,7 +35,7 @@ def folder(tmp_path_factory) -> Path:
 
 
 def config_for(data: Path, **overrides) -> ClassifierConfig:
-    values = {"image_size": SIZE, "batch_size": 16, "verify_workers": 2, "cache": False}
+    values = {"image_size": SIZE, "batch_size": 16, "verify_workers": 2}
     values.update(overrides)
     return ClassifierConfig(data_dir=str(data), checkpoint_dir=str(data), output_dir=str(data), **values)
 
