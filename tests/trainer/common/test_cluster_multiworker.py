@@ -72,15 +72,25 @@ def start(tmp: Path, data: Path, index: int, hosts: str, *extra: str) -> tuple[s
     return proc, log
 
 
-def wait_for_text(log: Path, pattern: str, proc: subprocess.Popen, timeout: float = 600) -> None:
+def wait_for_text(
+    log: Path, pattern: str, proc: subprocess.Popen, other: Path, timeout: float = 600
+) -> None:
+    """Wait for ``pattern`` in ``log``; a failure shows both workers' logs (the other one's crash is
+    what the first one reports only as "unhealthy")."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if re.search(pattern, log.read_text()):
             return
         if proc.poll() is not None:
-            raise AssertionError(f"exited {proc.returncode} before {pattern!r}: {log.read_text()[-3000:]}")
+            raise AssertionError(
+                f"exited {proc.returncode} before {pattern!r}: {log.read_text()[-3000:]}\n"
+                f"--- the other worker's log:\n{other.read_text()[-3000:]}"
+            )
         time.sleep(0.2)
-    raise AssertionError(f"no {pattern!r} within {timeout} s: {log.read_text()[-3000:]}")
+    raise AssertionError(
+        f"no {pattern!r} within {timeout} s: {log.read_text()[-3000:]}\n"
+        f"--- the other worker's log:\n{other.read_text()[-3000:]}"
+    )
 
 
 def test_sigterm_on_a_worker_stops_both_and_both_resume_from_the_chiefs_checkpoint(tmp_path, data):
@@ -89,7 +99,7 @@ def test_sigterm_on_a_worker_stops_both_and_both_resume_from_the_chiefs_checkpoi
     chief, chief_log = start(tmp_path, data, 0, hosts, "--epochs", "40")
     worker, worker_log = start(tmp_path, data, 1, hosts, "--epochs", "40")
     try:
-        wait_for_text(chief_log, r"checkpoint ckpt-\d+ written \(every", chief)
+        wait_for_text(chief_log, r"checkpoint ckpt-\d+ written \(every", chief, worker_log)
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(300) == EXIT_PREEMPTED, worker_log.read_text()[-3000:]
         assert chief.wait(300) == EXIT_PREEMPTED, chief_log.read_text()[-3000:]
