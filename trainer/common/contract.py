@@ -96,12 +96,14 @@ class RunInfo:
         )
 
 
-def check_data_dir(path: str | os.PathLike[str]) -> Path:
+def check_data_dir(path: str | os.PathLike[str] | None) -> Path:
     """Return DATA_DIR as a Path after checking it is a readable directory.
 
     Raises:
-        NoInputError: naming the path and what is wrong with it.
+        NoInputError: naming the path and what is wrong with it, or that none was given.
     """
+    if path is None or str(path) == "":
+        raise NoInputError("DATA_DIR is not set: expected --data-dir or the DATA_DIR variable")
     data = Path(path)
     if not data.exists():
         raise NoInputError(f"DATA_DIR {str(data)!r} does not exist; expected a directory holding the dataset")
@@ -116,8 +118,12 @@ def check_data_dir(path: str | os.PathLike[str]) -> Path:
     return data
 
 
-def prepare_dir(path: str | os.PathLike[str], what: str) -> Path:
+def prepare_dir(path: str | os.PathLike[str] | None, what: str) -> Path:
     """Create a writable output directory (CHECKPOINT_DIR or OUTPUT_DIR) if needed."""
+    if path is None or str(path) == "":
+        raise UsageError(
+            f"{what} is not set: expected --{what.lower().replace('_', '-')} or the {what} variable"
+        )
     out = Path(path)
     try:
         out.mkdir(parents=True, exist_ok=True)

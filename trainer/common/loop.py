@@ -128,6 +128,7 @@ class TrainingLoop:
         self.on_step = on_step
         self.on_step_every = (on_step_every or 1) if on_step is not None else None
         self.dataset_version = dataset_version
+        assert config.checkpoint_dir and config.output_dir  # the trainers' prepare_dir checked both
         self.checkpoint_dir = Path(config.checkpoint_dir)
         self.is_chief = runtime.is_chief
         self.summaries = Summaries(config.output_dir, enabled=config.tensorboard and self.is_chief)
@@ -150,7 +151,7 @@ class TrainingLoop:
             compute_fn=compute_fn,
             global_batch_size=global_batch_size,
             mixed_precision=runtime.mixed_precision,
-            jit_compile=config.jit_compile,
+            jit_compile=bool(config.jit_compile),  # resolved by the runtime (auto: the device decides)
             time_input=not runtime.deterministic,
             coordinator=runtime.coordinator,
         )
@@ -385,7 +386,7 @@ class TrainingLoop:
             every = config.checkpoint_every_steps
             if every and self.step % every == 0:
                 self.save(f"every {every} steps")
-            if self.on_step is not None and self.step % self.on_step_every == 0:
+            if self.on_step is not None and self.on_step_every and self.step % self.on_step_every == 0:
                 self.on_step(self.step)
             planned = self.step
 
@@ -432,7 +433,7 @@ class TrainingLoop:
                 else "--max-steps reached"
             )
             self.save(reason)
-            if self.on_step is not None and self.step % self.on_step_every == 0:
+            if self.on_step is not None and self.on_step_every and self.step % self.on_step_every == 0:
                 self.on_step(self.step)  # a hook step that ends an epoch runs after the close
         if history_path is not None:
             self.write_history(history_path)

@@ -229,9 +229,9 @@ def find_sources(
             if name.startswith("."):
                 continue
             suffix = Path(name).suffix.lower()
-            fmt = {".tsv": "tsv", ".jsonl": "jsonl"}.get(suffix)
-            if fmt and data_format in ("auto", fmt):
-                found.append((Path(dirpath) / name, fmt))
+            kind = {".tsv": "tsv", ".jsonl": "jsonl"}.get(suffix)
+            if kind and data_format in ("auto", kind):
+                found.append((Path(dirpath) / name, kind))
     if data_format in ("auto", "cornell") and cornell is not None:
         return [(cornell, "cornell")]
     if not found:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainer.common.contract import DataError
 
@@ -149,7 +149,8 @@ def split_files(
     by_label: dict[int, list[tuple[str, int]]] = {}
     for item in files:
         by_label.setdefault(item[1], []).append(item)
-    train, val = [], []
+    train: list[tuple[str, int]] = []
+    val: list[tuple[str, int]] = []
     for label in sorted(by_label):
         items = by_label[label]
         order = rng.permutation(len(items))
@@ -251,7 +252,7 @@ class ImagePipeline:
             **parallel,
         )
 
-        def parse(records: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        def parse(records: Any) -> tuple[Any, Any]:  # string tensors in, (pixels, labels) out
             # A chunk of records at a time: a few ops per chunk instead of per image.
             head = tf.io.decode_raw(tf.strings.substr(records, 0, 8), tf.int32, little_endian=True)
             wanted = tf.gather(keep, head[:, 0])

@@ -37,7 +37,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
@@ -372,7 +372,7 @@ class _ShardWriter:
         self.directory = directory
         self.per_shard = per_shard
         self.shards: list[Shard] = []
-        self._file = None
+        self._file: BinaryIO | None = None
         self._digest = hashlib.sha256()
         self._records = 0
         self._bytes = 0

@@ -19,7 +19,7 @@ import struct
 import tarfile
 import zlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from trainer.sync.errors import SyncError
 
@@ -64,7 +64,8 @@ class TarReader:
         self.archive = archive
         self.stream = TarStream(raw)
         try:
-            self.tf = tarfile.TarFile(fileobj=self.stream, mode="r")
+            # a forward-only file object: tarfile reads and tells, never writes (typeshed's protocol asks for more)
+            self.tf = tarfile.TarFile(fileobj=cast(Any, self.stream), mode="r")
         except (tarfile.TarError, Damaged, EOFError, zlib.error) as exc:
             raise ArchiveError(f"archive {archive}: not a readable tar file ({exc})") from exc
         self.reading: tarfile.TarInfo | None = None  # the member being extracted
@@ -72,7 +73,8 @@ class TarReader:
 
     def __iter__(self) -> Iterator[tarfile.TarInfo]:
         while (member := self.tf.next()) is not None:
-            self.tf.members.clear()  # tarfile's list of every member read: memory grows with it
+            # tarfile's list of every member read (typeshed leaves the attribute out): memory grows with it
+            cast(Any, self.tf).members.clear()
             self.check_pax_size(member)
             self.reading = member
             yield member

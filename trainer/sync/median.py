@@ -153,9 +153,10 @@ def parse_reports(jsonl: str | None, history: str | None) -> list[dict[str, Any]
 def record_values(record: Mapping[str, Any], objective: str) -> list[float | None]:
     """The objective per report of a trial record (``None`` where not a finite number): its history,
     else its objective's values (the usable ones only, as the Airflow side records them)."""
-    rows = record.get("history") if isinstance(record.get("history"), list) else []
+    history, objective_record = record.get("history"), record.get("objective")
+    rows = history if isinstance(history, list) else []
     values = report_values([r for r in rows if isinstance(r, dict)], objective)
-    recorded = record.get("objective") if isinstance(record.get("objective"), dict) else {}
+    recorded = objective_record if isinstance(objective_record, dict) else {}
     if not values and recorded.get("name") == objective and isinstance(recorded.get("values"), list):
         values = [finite_number(v) for v in recorded["values"]]
     return values
@@ -187,7 +188,7 @@ class ReportStopper:
     def _local_reports(self) -> tuple[tuple, list[dict[str, Any]] | None]:
         """(what the report files look like, their rows); no rows when nothing changed since the last look."""
         names = (METRICS_JSONL, HISTORY_CSV)
-        state = []
+        state: list[tuple[int, int] | None] = []
         for name in names:
             try:
                 st = os.stat(self.output_dir / name)

@@ -12,6 +12,7 @@ import base64
 import hashlib
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from kubetrain_contract.s3uri import S3Uri
@@ -27,6 +28,29 @@ class CrtTransfers:
     region)``, ``_payload_signing(region, sha256)``, ``bucket_region(bucket)`` and
     ``_crt_call(...)`` (the bounded, retried plain request built on ``_crt_request``).
     """
+
+    if TYPE_CHECKING:  # the client half's methods this half calls (trainer.sync.s3.S3)
+
+        def _crt_client(self, region: str | None = None) -> Any: ...
+
+        def _address(self, bucket: str, key: str, region: str) -> tuple[str, str]: ...
+
+        def _payload_signing(self, region: str, sha256_hex: str) -> Any: ...
+
+        def bucket_region(self, bucket: str) -> str: ...
+
+        def _crt_call(
+            self,
+            method: str,
+            bucket: str,
+            key: str,
+            extra: list[tuple[str, str]],
+            query: str = "",
+            *,
+            body: bytes = b"",
+            operation: str = "",
+            payload_sha256: str | None = None,
+        ) -> tuple[int, dict[str, str], bytes]: ...
 
     def _crt_request(
         self,

@@ -51,7 +51,7 @@ from trainer.sync.prepared import PREPARED_DIR_NAME, PreparedUploads
 from trainer.sync.progress import human_bytes, log
 from trainer.sync.restore import list_passes, load_pass
 from trainer.sync.s3 import S3
-from trainer.sync.sidecar_files import Entry, FileSync, Stat, sha256_file
+from trainer.sync.sidecar_files import Entry, Stat, sha256_file
 from trainer.sync.sidecar_pass import MANIFEST_RESERVE, PassPlan, PassSteps, Stopped, Uploads, now_iso
 
 # Extra final passes for files caught mid-write (a trainer checkpointing on its own SIGTERM);
@@ -85,7 +85,7 @@ class SyncConfig:
             raise ValueError(f"workers {self.workers} and attempts {self.attempts} must be at least 1")
 
 
-class Sidecar(PassSteps, FileSync):
+class Sidecar(PassSteps):
     """Runs sync passes until SIGTERM, then a final pass.
 
     Args:

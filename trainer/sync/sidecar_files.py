@@ -18,11 +18,16 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
-from kubetrain_contract.manifests import SyncPassFile
+from kubetrain_contract.manifests import Area, SyncPassFile
 from trainer.sync.errors import S3RequestError, SyncError
 from trainer.sync.progress import log
 from trainer.sync.restore import SHA256_METADATA
+
+if TYPE_CHECKING:
+    from trainer.sync.s3 import S3
+    from trainer.sync.sidecar import SyncConfig
 
 MiB = 1024 * 1024
 SINGLE_PUT_LIMIT = 16 * MiB
@@ -74,6 +79,16 @@ class FileSync:
     (the current set), ``unsettled``, ``uploaded_files``, ``uploaded_bytes`` and
     ``_part_checksums``.
     """
+
+    # the sidecar's attributes this mixin uses (set in Sidecar.__init__)
+    s3: S3
+    config: SyncConfig
+    stop: threading.Event
+    entries: dict[tuple[str, str], Entry]
+    unsettled: bool
+    uploaded_files: int
+    uploaded_bytes: int
+    _part_checksums: bool
 
     def retry(self, call, what: str):
         """``call()``, tried ``config.attempts`` times (a file that changed is not tried again).
@@ -181,7 +196,7 @@ class FileSync:
             self.unsettled = True
             log(f"checkpoint-sync: {area}/{rel} changed during its upload; not listed in this pass")
             return True
-        self.entries[ident] = Entry(before, SyncPassFile(area, rel, key, before.size, sha))
+        self.entries[ident] = Entry(before, SyncPassFile(cast(Area, area), rel, key, before.size, sha))
         self.uploaded_files += 1
         self.uploaded_bytes += before.size
         return False

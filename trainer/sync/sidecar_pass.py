@@ -16,11 +16,11 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
-from kubetrain_contract.manifests import SyncPassError
+from kubetrain_contract.manifests import Area, SyncPassError
 from trainer.sync.progress import human_bytes, log
-from trainer.sync.sidecar_files import Stat, is_temporary, size_of
+from trainer.sync.sidecar_files import FileSync, Stat, is_temporary, size_of
 
 # seconds of the grace period kept for the final manifest after the uploads
 MANIFEST_RESERVE = 2.0
@@ -65,13 +65,18 @@ class Uploads:
     timed_out: bool  # uploads were still running when the final pass's grace period ended
 
 
-class PassSteps:
+class PassSteps(FileSync):
     """The scan and the upload rounds of a pass of :class:`trainer.sync.sidecar.Sidecar`.
 
     A mixin: it reads and updates the sidecar's ``config``, ``stop``, ``entries``, ``deferred``,
     ``next_pass``, ``unsettled`` and ``abandoned``, and uploads through ``_sync_file``
     (:class:`trainer.sync.sidecar_files.FileSync`).
     """
+
+    # the sidecar's attributes this mixin uses beside FileSync's (set in Sidecar.__init__)
+    deferred: set[tuple[str, str]]
+    next_pass: int
+    abandoned: bool
 
     def scan(self) -> dict[tuple[str, str], Path]:
         """Regular, non-temporary files of every area, by (area, relative path)."""
@@ -218,11 +223,11 @@ class PassSteps:
             area, rel = futures[fut]
             exc = fut.exception()
             if exc is not None:
-                errors.append(SyncPassError(area, rel, str(exc)))
+                errors.append(SyncPassError(cast(Area, area), rel, str(exc)))
                 log(f"checkpoint-sync: ERROR: {area}/{rel} could not be uploaded: {exc}")
         for fut in pending:
             area, rel = futures[fut]
-            errors.append(SyncPassError(area, rel, "not uploaded before the grace period ended"))
+            errors.append(SyncPassError(cast(Area, area), rel, "not uploaded before the grace period ended"))
             log(f"checkpoint-sync: ERROR: {area}/{rel} not uploaded before the grace period ended")
         pool.shutdown(wait=not pending, cancel_futures=True)
         self.abandoned = self.abandoned or bool(pending)

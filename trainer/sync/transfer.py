@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import errno
+import functools
 import gc
 import hashlib
 import os
@@ -40,6 +41,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from kubetrain_contract.s3uri import S3Uri
 from trainer.sync.errors import NotAsListed, Refused, S3RequestError, SyncError
@@ -78,10 +80,28 @@ def default_workers() -> int:
     return min(32, 8 * (os.cpu_count() or 1))
 
 
+class Hasher(Protocol):
+    """What a segment's hash offers: hashlib's objects, :class:`_Crc` and :class:`_Digest`."""
+
+    def update(self, data: Any, /) -> None: ...
+
+    def digest(self) -> bytes: ...
+
+    def hexdigest(self) -> str: ...
+
+
+class _Handle(Protocol):
+    """A transfer in flight: a CRT request's handle or :class:`_EmptyObject`."""
+
+    def cancel(self) -> None: ...
+
+    def wait(self) -> Any: ...
+
+
 class _Crc:
     """A CRC with the update/digest interface of a hashlib object."""
 
-    def __init__(self, fn: Callable[[object, int], int], width: int) -> None:
+    def __init__(self, fn: Callable[[Any, int], int], width: int) -> None:
         self.fn, self.width, self.value = fn, width, 0
 
     def update(self, data: memoryview | bytes) -> None:
@@ -90,8 +110,11 @@ class _Crc:
     def digest(self) -> bytes:
         return self.value.to_bytes(self.width, "big")
 
+    def hexdigest(self) -> str:
+        return self.digest().hex()
 
-def checksum_factory(algorithm: str) -> Callable[[], object] | None:
+
+def checksum_factory(algorithm: str) -> Callable[[], Hasher] | None:
     """A constructor of the hash for a store checksum algorithm; ``None`` if not available here.
 
     CRC32C and CRC64NVME come from awscrt (hardware-accelerated); CRC32 from zlib.
@@ -181,7 +204,7 @@ class Download:
     _next: int = 0
     _to_file: bool = False  # nothing to hash in Python as it arrives: the engine writes the file itself
     _engine_checks: bool = False  # a whole object the engine writes, hashed from its file afterwards
-    _file_hash: Callable[[], object] | None = None  # its hash, planned (a store checksum found later wins)
+    _file_hash: Callable[[], Hasher] | None = None  # its hash, planned (a store checksum found later wins)
     _expected: tuple[str, str] | None = None  # a large object's store checksum, checked by the engine
     _etag_is_md5: bool = True
     _md5_allowed: bool = True
@@ -194,7 +217,7 @@ class Download:
 class _Segment:
     """A hash over ``[start, start + length)`` of an object; the body arrives in offset order."""
 
-    def __init__(self, start: int, length: int, new_hash: Callable[[], object]) -> None:
+    def __init__(self, start: int, length: int, new_hash: Callable[[], Hasher]) -> None:
         self.start, self.length = start, length
         self.hash = new_hash()
 
@@ -204,6 +227,9 @@ class _Digest:
 
     def __init__(self, digest: bytes) -> None:
         self._digest = digest
+
+    def update(self, data: Any, /) -> None:
+        raise TypeError("a digest computed elsewhere takes no data")
 
     def digest(self) -> bytes:
         return self._digest
@@ -251,7 +277,7 @@ class Downloader:
             SyncError: naming the object or file that failed.
         """
         done: queue.SimpleQueue = queue.SimpleQueue()
-        running: dict[int, tuple[Download, object]] = {}
+        running: dict[int, tuple[Download, _Handle]] = {}
         # A small object's check reads its file back and hashes it: done by one more thread (the
         # read and the hash let go of the GIL), so this one goes on starting downloads meanwhile.
         checker = _Checker(self._finish, self._finish_md5, done) if self.verify == "auto" else None
@@ -326,7 +352,9 @@ class Downloader:
         """Ask S3 for part 1's length; fall back to inferring it from size and part count."""
         if self.part_size:
             return self.part_size, True
-        parts = int(_MULTI.fullmatch(strip_etag(d.etag or "")).group(2))
+        multi = _MULTI.fullmatch(strip_etag(d.etag or ""))
+        assert multi is not None  # only multipart ETags are planned here
+        parts = int(multi.group(2))
         try:
             head = self.s3.head(d.bucket, d.key, part_number=1)
             count = int(head.get("x-amz-mp-parts-count", "0"))
@@ -351,7 +379,7 @@ class Downloader:
             )
         return store_checksum(head)
 
-    def _hash_for(self, d: Download) -> Callable[[], object] | None:
+    def _hash_for(self, d: Download) -> Callable[[], Hasher] | None:
         etag = strip_etag(d.etag) if d.etag else ""
         if d.sha256:
             d.verified_by = "size+sha256"
@@ -444,7 +472,9 @@ class Downloader:
                 if checksum:  # the store keeps a checksum: it replaces the MD5
                     d.checksum = checksum
                     if not d._to_file:  # else hashed from the file the engine writes
-                        d._segments = [_Segment(0, d.size, checksum_factory(checksum[0]))]
+                        factory = checksum_factory(checksum[0])
+                        assert factory is not None  # store_checksum names only algorithms it has
+                        d._segments = [_Segment(0, d.size, factory)]
                     d.verified_by = f"size+etag+{checksum[0]}(store)"
 
         def on_body(chunk: memoryview, offset: int) -> None:
@@ -524,11 +554,11 @@ class Downloader:
         for (d, _), content, digest in zip(batch, contents, md5_many(contents), strict=True):
             d._next = len(content)
             self.progress.add(nbytes=d._next)
-            d._segments = [_Segment(0, d.size, lambda digest=digest: _Digest(digest))]
+            d._segments = [_Segment(0, d.size, functools.partial(_Digest, digest))]
             self._check(d)
 
     @staticmethod
-    def _hash_file(d: Download, new_hash: Callable[[], object]) -> int:
+    def _hash_file(d: Download, new_hash: Callable[[], Hasher]) -> int:
         """Hash the file the engine wrote (just written: in the page cache) as one segment; its length."""
         seg = _Segment(0, d.size, new_hash)
         fd = os.open(d.dest, os.O_RDONLY | os.O_CLOEXEC)
