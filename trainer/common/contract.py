@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Exit codes, documented in each trainer's --help and in trainer/README.md: the contract's one table, which the
-# Airflow side's operators follow too.
-from kubetrain_contract.exit_codes import (
+# Exit codes, documented in each trainer's --help (made from the table) and in trainer/README.md: the contract's
+# one table, which the Airflow side's operators follow too. Re-exported for the trainers.
+from kubetrain_contract.exit_codes import (  # noqa: F401
     EXIT_DATAERR,
     EXIT_DIVERGED,
     EXIT_FAILURE,
@@ -28,31 +28,21 @@ from kubetrain_contract.exit_codes import (
     EXIT_PREEMPTED,
     EXIT_STOPPED,
     EXIT_USAGE,
+    exit_codes_help,
 )
 from kubetrain_contract.json_values import json_safe
 from kubetrain_contract.pod import Env
 
-EXIT_CODES_EPILOG = f"""\
-exit codes:
-  {EXIT_OK:<3} training finished; OUTPUT_DIR holds the contract files
-  {EXIT_FAILURE:<3} unexpected error
-  {EXIT_USAGE:<3} bad flag value or combination (the message names it), or a checkpoint in
-      CHECKPOINT_DIR that does not fit them (other model, batch size or dataset version)
-  {EXIT_DIVERGED:<3} training diverged: a NaN or infinite loss, gradient or weight; nothing after
-      the last finite checkpoint was saved (lower the learning rate, clip, check the data)
-  {EXIT_DATAERR:<3} unusable data (empty, a single class, no parsable pairs, ...)
-  {EXIT_NOINPUT:<3} DATA_DIR missing or unreadable
-  {EXIT_PREEMPTED:<3} SIGTERM received: a checkpoint was written; run again with the same
-      CHECKPOINT_DIR to resume from it (EX_TEMPFAIL, distinct from 143, death by SIGTERM)
-  {EXIT_STOPPED:<3} stopped on request: the file KUBETRAIN_STOP_FILE appeared (a sweep's median
-      stopping); a checkpoint and the contract files (the best epoch's model) were written
-
+EXIT_CODES_EPILOG = (
+    exit_codes_help()
+    + f"""
 environment (flags win over the environment):
   DATA_DIR, CHECKPOINT_DIR, OUTPUT_DIR   the pod contract directories
   KUBETRAIN_DATASET_VERSION              recorded in params.json
   KUBETRAIN_IMAGE, KUBETRAIN_CODE_VERSION  recorded in params.json
-  KUBETRAIN_STOP_FILE                    checked between steps; when it appears, stop (exit 79)
+  KUBETRAIN_STOP_FILE                    checked between steps; when it appears, stop (exit {EXIT_STOPPED})
 """
+)
 
 CONTRACT_DIRS = {"data_dir": Env.DATA_DIR, "checkpoint_dir": Env.CHECKPOINT_DIR, "output_dir": Env.OUTPUT_DIR}
 

@@ -11,12 +11,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ExitCode:
-    """One exit code: its number, its constant's name, what it means and whether a retry could help."""
+    """One exit code: its number, its constant's name, what it means, whether a retry could help, and what a
+    user can do about it (``advice``, shown in the trainers' ``--help``)."""
 
     code: int
     name: str
     meaning: str
     retry: bool
+    advice: str = ""
 
 
 EXIT_OK = 0
@@ -42,6 +44,7 @@ EXIT_CODES: tuple[ExitCode, ...] = (
         "EXIT_DIVERGED",
         "training diverged: the loss or the weights stopped being finite (the last finite checkpoint is kept)",
         retry=False,
+        advice="lower the learning rate, clip the gradients, check the data",
     ),
     ExitCode(
         EXIT_DATAERR,
@@ -57,6 +60,7 @@ EXIT_CODES: tuple[ExitCode, ...] = (
         "EXIT_PREEMPTED",
         "SIGTERM received after a checkpoint was written: a rerun resumes",
         retry=True,
+        advice="run again with the same CHECKPOINT_DIR to resume (EX_TEMPFAIL: not 143, death by SIGTERM)",
     ),
     # a sweep's trial stopped by its early-stopping rule ends as a success (the sweep's operator decides); a run
     # stopped by hand is retried as any other interruption
@@ -65,8 +69,26 @@ EXIT_CODES: tuple[ExitCode, ...] = (
         "EXIT_STOPPED",
         "stopped on request (the stop file appeared): outputs written",
         retry=True,
+        advice="a sweep's early stopping writes KUBETRAIN_STOP_FILE; the best epoch's model is the output",
     ),
 )
+
+
+def exit_codes_help(width: int = 100) -> str:
+    """The ``exit codes:`` section of a trainer's ``--help``, made from :data:`EXIT_CODES`."""
+    import textwrap
+
+    lines = ["exit codes:"]
+    for entry in EXIT_CODES:
+        text = entry.meaning + (f"; {entry.advice}" if entry.advice else "")
+        lines += textwrap.wrap(
+            text,
+            width,
+            initial_indent=f"  {entry.code:<3} ",
+            subsequent_indent="      ",
+            break_on_hyphens=False,
+        )
+    return "\n".join(lines) + "\n"
 
 
 def final_exit_codes() -> dict[int, str]:

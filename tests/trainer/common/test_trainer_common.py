@@ -16,6 +16,7 @@ from PIL import Image
 
 from include.sample_data import dialogue as dialogue_data
 from include.sample_data import digits as digits_data
+from kubetrain_contract.exit_codes import EXIT_CODES
 from kubetrain_contract.json_values import json_safe
 from trainer.common.config import parse_config
 from trainer.common.contract import EXIT_PREEMPTED, write_csv_atomic, write_json_atomic
@@ -136,6 +137,14 @@ def test_help_documents_exit_codes_and_every_flag():
         ).stdout
         assert f"{EXIT_PREEMPTED}" in out and "SIGTERM" in out and "--checkpoint-every-steps" in out
         assert "DATA_DIR" in out and "KUBETRAIN_DATASET_VERSION" in out
+        # the exit codes as the contract's table says them, each once, in its order
+        section = " ".join(out.split("exit codes:")[1].split("environment")[0].split())
+        for entry in EXIT_CODES:
+            assert f"{entry.code} {entry.meaning}" in section, (entry, section)
+            assert not entry.advice or entry.advice in section
+        assert [int(w) for w in section.split() if w.isdigit()][: len(EXIT_CODES)] == [
+            e.code for e in EXIT_CODES
+        ]
     dialogue_help = subprocess.run(
         [sys.executable, "-m", "trainer.dialogue", "--help"],
         cwd=REPO,
