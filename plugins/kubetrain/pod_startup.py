@@ -27,6 +27,7 @@ missing node or image), :class:`PodStartupTimeout` and :class:`StageInError` may
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -127,7 +128,67 @@ def _condition(pod: Any, kind: str) -> Any:
     return None
 
 
-KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
+KUEUE_GROUP = "kueue.x-k8s.io"
+# The versions of Kueue's API that kubetrain reads, the preferred first: Kueue v0.19 stores v1beta2 and
+# still serves v1beta1; the fields read here (a Workload's owners and conditions, a LocalQueue's
+# spec.clusterQueue and status.pendingWorkloads, a WorkloadPriorityClass's name) are the same in both.
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")
+# discovered versions, per API client (or per hook, for clients made per request)
+_kueue_versions: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def choose_kueue_version(groups: Iterable[Any]) -> str:
+    """The version of ``kueue.x-k8s.io`` to use, from the discovery API's groups (``GET /apis``): the
+    first of :data:`KUEUE_VERSIONS` the cluster serves, else the group's preferred version.
+
+    :raises LookupError: the cluster does not serve Kueue's API.
+    """
+    for group in groups:
+        if _field(group, "name") != KUEUE_GROUP:
+            continue
+        served = [_field(v, "version") for v in _field(group, "versions") or []]
+        for version in KUEUE_VERSIONS:
+            if version in served:
+                return version
+        preferred = _field(_field(group, "preferredVersion") or _field(group, "preferred_version"), "version")
+        if preferred:
+            return preferred
+        raise LookupError(
+            f"the cluster serves {KUEUE_GROUP} in no version (expected one of {KUEUE_VERSIONS})"
+        )
+    raise LookupError(f"the cluster does not serve {KUEUE_GROUP}: Kueue is not installed")
+
+
+def kueue_version(api_client: Any, owner: Any = None) -> str:
+    """The Kueue API version to use through ``api_client`` (a ``kubernetes`` client), discovered once per
+    ``owner`` (default: the client).
+
+    :raises LookupError: the cluster does not serve Kueue's API.
+    """
+    key = api_client if owner is None else owner
+    version = _kueue_versions.get(key)
+    if version is None:
+        from kubernetes.client import ApisApi
+
+        version = choose_kueue_version(ApisApi(api_client).get_api_versions(_request_timeout=10).groups or [])
+        _kueue_versions[key] = version
+    return version
+
+
+async def kueue_version_async(api_client: Any, owner: Any = None) -> str:
+    """:func:`kueue_version` for a ``kubernetes_asyncio`` client; pass the hook as ``owner`` where a client
+    is made per request."""
+    key = api_client if owner is None else owner
+    version = _kueue_versions.get(key)
+    if version is None:
+        from kubernetes_asyncio.client import ApisApi
+
+        listing = await ApisApi(api_client).get_api_versions(_request_timeout=10)
+        version = choose_kueue_version(listing.groups or [])
+        _kueue_versions[key] = version
+    return version
+
+
 KUEUE_GATE = "kueue.x-k8s.io/admission"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 #: Kueue's webhook labels each pod it manages (and gates it at creation)

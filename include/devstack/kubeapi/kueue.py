@@ -9,8 +9,11 @@ queueing and preemption handling is exercised against the same objects and signa
   pods labelled ``kueue.x-k8s.io/pod-group-name`` with the annotation
   ``kueue.x-k8s.io/pod-group-total-count`` form one workload, admitted all or nothing;
 * the Job webhook: a Job labelled with a queue is created suspended;
-* one ``Workload`` (``kueue.x-k8s.io/v1beta1``) per pod, pod group or Job, with the conditions
-  QuotaReserved, Admitted, Evicted and Finished;
+* one ``Workload`` per pod, pod group or Job, with the conditions QuotaReserved, Admitted, Evicted
+  and Finished;
+* ``kueue.x-k8s.io`` served as Kueue v0.19 serves it: ``v1beta2`` (the storage and preferred version)
+  beside ``v1beta1``, one object read through either, converted where the schemas differ in what the
+  stand-in fills (see :func:`present`); ``servedVersions`` narrows it to one, as an older Kueue serves;
 * admission in priority (``kueue.x-k8s.io/priority-class`` naming a WorkloadPriorityClass), then
   creation order, within each ClusterQueue's nominal quota; a workload that asks for a resource its
   ClusterQueue does not cover (``ephemeral-storage`` unless excluded, as Kueue) is inadmissible;
@@ -21,7 +24,7 @@ queueing and preemption handling is exercised against the same objects and signa
 
 Configuration: a YAML file (``--kueue-config``) with ``clusterQueues`` (name, ``nominalQuota``,
 ``preemption``), ``localQueues`` (namespace, name, clusterQueue), ``workloadPriorityClasses`` (name,
-value) and ``excludeResourcePrefixes``.
+value), ``excludeResourcePrefixes`` and ``servedVersions`` (default ``[v1beta2, v1beta1]``).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from include.devstack.kubeapi.meta import GROUPS, RESOURCES, Resource, rfc3339
+from include.devstack.kubeapi.meta import ALSO_SERVED, GROUPS, RESOURCES, Resource, rfc3339
 from include.devstack.kubeapi.selectors import match_label_selector_object
 from include.devstack.kubeapi.validation import parse_quantity
 
@@ -48,7 +51,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kubeapi.kueue")
 
-GROUP, VERSION = "kueue.x-k8s.io", "v1beta1"
+GROUP = "kueue.x-k8s.io"
+# Kueue v0.19's CRDs serve both and store v1beta2 (config/components/crd/bases); the API server prefers the
+# highest version (kube-aware version order), which is the order here
+VERSIONS = ("v1beta2", "v1beta1")
+STORAGE_VERSION = "v1beta2"
+WORKLOAD_PRIORITY_CLASS_SOURCE = "kueue.x-k8s.io/workloadpriorityclass"  # v1beta1's priorityClassSource
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 MANAGED_LABEL = "kueue.x-k8s.io/managed"
@@ -65,16 +73,45 @@ DEFAULT_NAMESPACE_SELECTOR = {
 READ = ("get", "list", "watch")
 
 
-def register_resources() -> None:
-    """Serve Kueue's resources (read-only: the configuration file defines the queues)."""
-    GROUPS[GROUP] = VERSION
+def register_resources(versions: tuple[str, ...] = VERSIONS) -> None:
+    """Serve Kueue's resources in ``versions`` (read-only: the configuration file defines the queues)."""
+    served = tuple(v for v in VERSIONS if v in versions)
+    GROUPS[GROUP] = served[0]
+    ALSO_SERVED[GROUP] = served[1:]
     for name, kind, namespaced in (
         ("workloads", "Workload", True),
         ("localqueues", "LocalQueue", True),
         ("clusterqueues", "ClusterQueue", False),
         ("workloadpriorityclasses", "WorkloadPriorityClass", False),
     ):
-        RESOURCES[(GROUP, name)] = Resource(name, kind, GROUP, VERSION, namespaced, READ, (), ())
+        RESOURCES[(GROUP, name)] = Resource(name, kind, GROUP, served[0], namespaced, READ, (), ())
+
+
+def present(obj: dict, version: str) -> dict:
+    """A stored object (kept in the storage version, v1beta2) as ``version`` shows it: Kueue's conversion
+    (apis/kueue/v1beta1/*_conversion.go) for the fields the stand-in fills. A Workload's v1beta2
+    ``spec.priorityClassRef`` ({group, kind, name}) is v1beta1's ``priorityClassSource`` and
+    ``priorityClassName``; a ClusterQueue's ``cohortName`` is v1beta1's ``cohort``; a LocalQueue's
+    ``status.flavorsUsage`` is v1beta1's ``flavorUsage``."""
+    out = copy.deepcopy(obj)
+    out["apiVersion"] = f"{GROUP}/{version}"
+    if version != "v1beta1":
+        return out
+    spec = out.get("spec")
+    if out.get("kind") == "Workload" and isinstance(spec, dict):
+        ref = spec.pop("priorityClassRef", None)
+        if ref and ref.get("group") == GROUP and ref.get("kind") == "WorkloadPriorityClass":
+            spec["priorityClassSource"] = WORKLOAD_PRIORITY_CLASS_SOURCE
+            spec["priorityClassName"] = ref.get("name", "")
+        elif ref and ref.get("group") == "scheduling.k8s.io":
+            spec["priorityClassSource"] = "scheduling.k8s.io/priorityclass"
+            spec["priorityClassName"] = ref.get("name", "")
+    if out.get("kind") == "ClusterQueue" and isinstance(spec, dict) and "cohortName" in spec:
+        spec["cohort"] = spec.pop("cohortName")
+    status = out.get("status")
+    if out.get("kind") == "LocalQueue" and isinstance(status, dict) and "flavorsUsage" in status:
+        status["flavorUsage"] = status.pop("flavorsUsage")
+    return out
 
 
 @dataclass
@@ -191,13 +228,16 @@ class Kueue:
         self.workloads: dict[tuple[str, str], Workload] = {}
         self.seq = itertools.count(1)
         self._scheduled = False
-        register_resources()
+        served = config.get("servedVersions", list(VERSIONS))
+        if not isinstance(served, list) or not served or not set(served) <= set(VERSIONS):
+            raise ValueError(f"servedVersions {served!r}: expected a list of {', '.join(VERSIONS)}")
+        register_resources(tuple(served))
         for cq in self.queues.values():
             quota = [{"name": k, "nominalQuota": str(v)} for k, v in cq.quota.items()]
             self.store.create(
                 "clusterqueues",
                 {
-                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "apiVersion": f"{GROUP}/{STORAGE_VERSION}",
                     "kind": "ClusterQueue",
                     "metadata": {"name": cq.name},
                     "spec": {
@@ -220,7 +260,7 @@ class Kueue:
             self.store.create(
                 "localqueues",
                 {
-                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "apiVersion": f"{GROUP}/{STORAGE_VERSION}",
                     "kind": "LocalQueue",
                     "metadata": {"name": name, "namespace": ns},
                     "spec": {"clusterQueue": cq_name},
@@ -232,7 +272,7 @@ class Kueue:
             self.store.create(
                 "workloadpriorityclasses",
                 {
-                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "apiVersion": f"{GROUP}/{STORAGE_VERSION}",
                     "kind": "WorkloadPriorityClass",
                     "metadata": {"name": name},
                     "value": value,
@@ -343,7 +383,7 @@ class Kueue:
             "kind": "Job" if kind == "job" else "Pod",
         }
         body = {
-            "apiVersion": f"{GROUP}/{VERSION}",
+            "apiVersion": f"{GROUP}/{STORAGE_VERSION}",
             "kind": "Workload",
             "metadata": {
                 "name": name,
@@ -356,7 +396,17 @@ class Kueue:
             "spec": {
                 "queueName": workload.queue,
                 "priority": workload.priority,
-                "priorityClassName": priority_name,
+                **(
+                    {
+                        "priorityClassRef": {
+                            "group": GROUP,
+                            "kind": "WorkloadPriorityClass",
+                            "name": priority_name,
+                        }
+                    }
+                    if priority_name
+                    else {}
+                ),
             },
             "status": {},
         }

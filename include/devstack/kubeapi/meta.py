@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 # The oldest Kubernetes minor kubetrain supports (native sidecars, restartPolicy: Always on init containers,
@@ -360,6 +360,9 @@ GROUPS = {
     "rbac.authorization.k8s.io": "v1",
     "authorization.k8s.io": "v1",
 }
+# the versions a group serves beside its preferred one in GROUPS (a CRD with several served versions, whose
+# objects are converted on the way out), newest first
+ALSO_SERVED: dict[str, tuple[str, ...]] = {}
 SERVED_SUMMARY = (
     "pods, pods/log, pods/exec, pods/attach (output only), events, secrets, configmaps, namespaces, nodes, services (headless), "
     "serviceaccounts, jobs.batch, roles, rolebindings, clusterroles and clusterrolebindings "
@@ -369,10 +372,18 @@ SERVED_SUMMARY = (
 )
 
 
+def served_versions(group: str) -> tuple[str, ...]:
+    """The versions ``group`` serves, the preferred first (none when it is not served)."""
+    if group == "":
+        return ("v1",)
+    return (GROUPS[group], *ALSO_SERVED.get(group, ())) if group in GROUPS else ()
+
+
 def resource_for(group: str, version: str, name: str) -> Resource:
     res = RESOURCES.get((group, name))
-    expected = "v1" if group == "" else GROUPS.get(group)
-    if res is None or version != expected:
+    if res is not None and version != res.version and version in served_versions(group):
+        return replace(res, version=version)
+    if res is None or version not in served_versions(group):
         gv = f"{group}/{version}" if group else version
         raise ApiError(
             404,

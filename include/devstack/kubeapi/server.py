@@ -23,7 +23,9 @@ from include.devstack.kubeapi import validation as v
 from include.devstack.kubeapi.cluster import Cluster
 from include.devstack.kubeapi.images import DEFAULT_STORE
 from include.devstack.kubeapi.jobs import JobController
+from include.devstack.kubeapi.kueue import GROUP as KUEUE_GROUP
 from include.devstack.kubeapi.kueue import Kueue
+from include.devstack.kubeapi.kueue import present as kueue_present
 from include.devstack.kubeapi.logs import LogOptions, stream_log
 from include.devstack.kubeapi.meta import (
     GROUPS,
@@ -40,6 +42,7 @@ from include.devstack.kubeapi.meta import (
     resource_for,
     rfc3339,
     rfc3339_micro,
+    served_versions,
     set_version,
     unsupported_group,
 )
@@ -191,7 +194,7 @@ class Api:
             group, version, rest = parts[1], parts[2], parts[3:]
         else:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        if (group == "" and version != "v1") or (group and GROUPS.get(group) != version):
+        if version not in served_versions(group):
             raise unsupported_group(group or "core", version)
         if not rest:
             return _json(resource_list(group, version))
@@ -454,6 +457,8 @@ class Api:
     def present(self, res: Resource, obj: dict) -> dict:
         if res.group == "events.k8s.io":
             return to_events_v1(obj)
+        if res.group == KUEUE_GROUP:
+            return kueue_present(obj, res.version)
         return obj
 
     def selectors(self, res: Resource, q) -> tuple:
@@ -1377,9 +1382,14 @@ def resource_list(group: str, version: str) -> dict:
 
 
 def api_group(group: str) -> dict:
-    version = GROUPS[group]
-    gv = {"groupVersion": f"{group}/{version}", "version": version}
-    return {"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": [gv], "preferredVersion": gv}
+    versions = [{"groupVersion": f"{group}/{v}", "version": v} for v in served_versions(group)]
+    return {
+        "kind": "APIGroup",
+        "apiVersion": "v1",
+        "name": group,
+        "versions": versions,
+        "preferredVersion": versions[0],
+    }
 
 
 def group_list() -> dict:

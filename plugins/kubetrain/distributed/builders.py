@@ -18,7 +18,12 @@
 * ``trainjob``: a Kubeflow Trainer ``TrainingRuntime`` (a JobSet with one replicated job per role)
   and the ``TrainJob`` that runs it (trainer.kubeflow.org/v1alpha1, Trainer v2.3), built from the
   ``kubeflow-trainer-api`` models. The Trainer has no TensorFlow runtime: the replicas compute
-  TF_CONFIG from ``KUBETRAIN_TF_*``, with ``KUBETRAIN_TF_ROLE`` per replicated job.
+  TF_CONFIG from ``KUBETRAIN_TF_*``, with ``KUBETRAIN_TF_ROLE`` per replicated job. The Trainer sizes
+  one replicated job, the one labelled as its trainer ancestor (the workers, or the chief of a
+  one-replica run): it sets that job's parallelism and completions to the TrainJob's
+  ``spec.trainer.numNodes`` (pkg/runtime/framework/plugins/plainml), so the TrainJob carries that
+  job's count there (and the runtime's ``mlPolicy.numNodes`` the same), and the job's container is
+  named ``node``, as the TrainingRuntime webhook requires of it; the other roles keep their counts.
 
 Every replica follows the training pod contract (:func:`kubetrain.pod_spec.pod_template`):
 stage-in on every replica, the checkpoint-sync sidecar on the chief only (in the one Job of a queued
@@ -56,6 +61,11 @@ TFJOB_REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS"}
 GANG_ROLE = "all"
 # The label Kubernetes gives each pod of an Indexed Job: its completion index.
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+# Kubeflow Trainer's label of the replicated job it sizes with numNodes (pkg/constants: LabelTrainJobAncestor,
+# AncestorTrainer), and the container name its webhook requires in that job (constants.Node).
+TRAINJOB_ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+TRAINJOB_ANCESTOR_TRAINER = "trainer"
+TRAINJOB_CONTAINER = "node"
 
 
 def to_dict(obj: Any) -> Any:
@@ -445,6 +455,9 @@ def trainjob(
     replicas = spec.replicas()
     hosts = host_pattern("trainjob", job=name, namespace=namespace, port=spec.port)
     meta = to_dict(_meta(name, namespace, labels))
+    # the replicated job whose size is the Trainer's numNodes
+    trainer_role = "worker" if "worker" in replicas else "chief"
+    num_nodes = replicas[trainer_role]
     replicated = []
     for role, count in replicas.items():
         template = replica_template(
@@ -454,11 +467,14 @@ def trainjob(
             name=name,
             env=replica_env(replicas, hosts, role),
             subdomain=None,
-            container=pod_spec.BASE_CONTAINER,
+            container=TRAINJOB_CONTAINER,
             port_name=TF_PORT_NAME,
         )
+        job_labels = {ROLE_LABEL: role}
+        if role == trainer_role:
+            job_labels[TRAINJOB_ANCESTOR_LABEL] = TRAINJOB_ANCESTOR_TRAINER
         job_template = k8s.V1JobTemplateSpec(
-            metadata=k8s.V1ObjectMeta(labels={ROLE_LABEL: role}),
+            metadata=k8s.V1ObjectMeta(labels=job_labels),
             spec=k8s.V1JobSpec(
                 completion_mode="Indexed",
                 completions=count,
@@ -479,7 +495,7 @@ def trainjob(
         kind="TrainingRuntime",
         metadata=kf.IoK8sApimachineryPkgApisMetaV1ObjectMeta.from_dict(meta),
         spec=kf.TrainerV1alpha1TrainingRuntimeSpec(
-            ml_policy=kf.TrainerV1alpha1MLPolicy(num_nodes=spec.total),
+            ml_policy=kf.TrainerV1alpha1MLPolicy(num_nodes=num_nodes),
             template=kf.TrainerV1alpha1JobSetTemplateSpec(
                 spec=kf.JobsetV1alpha2JobSetSpec(
                     replicated_jobs=replicated,
@@ -505,6 +521,7 @@ def trainjob(
             runtime_ref=kf.TrainerV1alpha1RuntimeRef(
                 name=name, kind="TrainingRuntime", api_group="trainer.kubeflow.org"
             ),
+            trainer=kf.TrainerV1alpha1Trainer(num_nodes=num_nodes),
         ),
     )
     return Submission(
@@ -513,7 +530,7 @@ def trainjob(
         namespace,
         replicas,
         hosts,
-        pod_spec.BASE_CONTAINER,
+        TRAINJOB_CONTAINER,
         [
             Resource(
                 "trainer.kubeflow.org/v1alpha1",

@@ -217,6 +217,11 @@ class RegistryHook(BaseHook):
                     "or token: Google's credentials give the password"
                 )
             username, password = self._google_login(self.registry_conn_id, host)
+        self._credential_origin = (
+            "ecr" if ecr else "artifact-registry" if google else "other",
+            bool(aws_conn_id or google_auth),
+            aws_conn_id,
+        )
         return RegistrySettings(
             registry=host,
             insecure=insecure if insecure is not None else scheme == "http",
@@ -276,7 +281,13 @@ class RegistryHook(BaseHook):
         options = {
             name: getattr(s, name) for name in ("insecure", "username", "password", "token", "timeout")
         }
-        return RegistryClient(s.registry, verify=s.verify, **options)
+        from kubetrain.imagebuild.oci_auth import CredentialOrigin
+
+        client = RegistryClient(s.registry, verify=s.verify, **options)
+        kind, renewed, aws_conn_id = getattr(self, "_credential_origin", ("other", False, None))
+        # what the error about refused or expired credentials names (the connection, never the secret)
+        client.credential_origin = CredentialOrigin(self.registry_conn_id, kind, renewed, aws_conn_id)
+        return client
 
     def test_connection(self) -> tuple[bool, str]:
         """Check that the registry answers ``GET /v2/`` with these credentials."""

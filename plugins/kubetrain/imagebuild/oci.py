@@ -240,6 +240,7 @@ class RegistryClient(RegistryAuth, RequestTargets):
                 break
         assert response is not None
         if response.status_code in set(ok):
+            self._note_accepted()
             return response
         if response.status_code == 401:
             if not (self.username or self._token):
@@ -247,10 +248,7 @@ class RegistryClient(RegistryAuth, RequestTargets):
                     f"registry {self.registry} requires credentials for {target}: set login and password (or a "
                     f"token) on the registry connection ({error_detail(response)})"
                 )
-            raise RegistryAuthError(
-                f"registry {self.registry} refused the credentials of {self._who()} for {target} "
-                f"({error_detail(response)})"
-            )
+            raise self.refused_credentials(f"registry {self.registry}", target, response)
         if response.status_code == 403:
             raise RegistryAuthError(
                 f"registry {self.registry} denied {self._who()} {target} ({error_detail(response)})"

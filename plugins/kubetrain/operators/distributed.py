@@ -17,6 +17,7 @@ from kubetrain.distributed import builders
 from kubetrain.distributed.backends import choose_backend, served_backends
 from kubetrain.distributed.cleanup import delete_sync
 from kubetrain.distributed.spec import DistributedSpec
+from kubetrain.distributed.submit import create_retrying
 from kubetrain.operators.resumable import DISRUPTIONS_XCOM_KEY, NOTES_XCOM_KEY
 from kubetrain.operators.training import TrainingPodOperator
 from kubetrain.pod_startup import QUEUE_LABEL, QUEUED_KEY, failure_from_event
@@ -191,7 +192,8 @@ class DistributedTrainingOperator(TrainingPodOperator):
         delete_sync(self.hook, submission.namespace, resources, self.log)  # leftovers of an earlier attempt
         try:
             for resource in submission.resources:
-                self._create(submission.namespace, resource)
+                # a TrainJob right after its TrainingRuntime can meet the Trainer's not-yet-seen refusal
+                create_retrying(self._create, submission.namespace, resource, logger=self.log)
         except Exception:
             delete_sync(self.hook, submission.namespace, resources, self.log)
             raise

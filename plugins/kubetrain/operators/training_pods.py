@@ -24,10 +24,10 @@ from kubernetes.client.rest import ApiException
 
 from kubetrain.pod_startup import (
     KUEUE_GROUP,
-    KUEUE_VERSION,
     QUEUE_CHECK_S,
     PodStartup,
     gpu_served_on_cpu,
+    kueue_version,
     queue_message,
     queue_name,
     queue_refusal,
@@ -158,12 +158,13 @@ class TrainingPodManager(PodManager):
         try:
             api = CustomObjectsApi(self._client.api_client)
             namespace = remote.metadata.namespace
-            listing = api.list_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads")
+            version = kueue_version(self._client.api_client)
+            listing = api.list_namespaced_custom_object(KUEUE_GROUP, version, namespace, "workloads")
             workloads = list(listing.get("items") or [])
             name = queue_name(remote)
             if name:
                 local_queue = api.get_namespaced_custom_object(
-                    KUEUE_GROUP, KUEUE_VERSION, namespace, "localqueues", name
+                    KUEUE_GROUP, version, namespace, "localqueues", name
                 )
         except Exception as exc:  # Kueue's objects need a Role rule (deploy/rbac.yaml grants it)
             self.log.debug("Could not read the Kueue workload of pod %s: %s", remote.metadata.name, exc)

@@ -340,20 +340,24 @@ class ClusterChecks:
             return Check(
                 "queue", "INFO", "no Kueue queue configured (KUBETRAIN_QUEUE): pods go to the scheduler"
             )
-        groups = {
-            g.name
-            for g in client.ApisApi(self.cluster.hook.api_client).get_api_versions(_request_timeout=10).groups
-        }
-        if KUEUE_GROUP not in groups:
+        from kubetrain.pod_startup import choose_kueue_version
+
+        groups = (
+            client.ApisApi(self.cluster.hook.api_client).get_api_versions(_request_timeout=10).groups or []
+        )
+        if KUEUE_GROUP not in {g.name for g in groups}:
             return Check(
                 "queue",
                 "FAIL",
                 f"KUBETRAIN_QUEUE is {queue!r} but the cluster does not serve Kueue ({KUEUE_GROUP})",
                 "install Kueue with its plain-pod integration enabled, or empty KUBETRAIN_QUEUE",
             )
+        version = choose_kueue_version(
+            groups
+        )  # the cluster's: Kueue v0.19 prefers v1beta2, older only v1beta1
         try:
             found = client.CustomObjectsApi(self.cluster.hook.api_client).get_namespaced_custom_object(
-                KUEUE_GROUP, "v1beta1", self.cluster.namespace, "localqueues", queue, _request_timeout=10
+                KUEUE_GROUP, version, self.cluster.namespace, "localqueues", queue, _request_timeout=10
             )
         except ApiException as exc:
             if exc.status != 404:
@@ -370,7 +374,7 @@ class ClusterChecks:
         # a run's priority_class must name one of these: Kueue makes no Workload for a class that does not exist
         try:
             listing = client.CustomObjectsApi(self.cluster.hook.api_client).list_cluster_custom_object(
-                KUEUE_GROUP, "v1beta1", "workloadpriorityclasses", _request_timeout=10
+                KUEUE_GROUP, version, "workloadpriorityclasses", _request_timeout=10
             )
             names = sorted(item["metadata"]["name"] for item in listing.get("items") or [])
             classes = f"WorkloadPriorityClasses: {', '.join(names) or 'none'}"

@@ -1,10 +1,17 @@
 """The S3 lines: ``s3-secret`` (the Secret the pods read, or their workload identity), and ``s3-from-pod``,
 ``s3-region`` and ``s3-write``, which a pod of the sync image reports by running
-``python -m trainer.sync probe`` (trainer/sync/probe.py) with the pods' credentials."""
+``python -m trainer.sync probe`` (trainer/sync/probe.py) with the pods' credentials.
+
+EKS Pod Identity leaves no annotation on the service account (the association lives in EKS): the agent
+puts ``AWS_CONTAINER_CREDENTIALS_FULL_URI`` and ``AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE`` in the pods'
+environment. Where the preflight's own pod has them, the ``s3-secret`` line resolves credentials through
+botocore's chain and passes when they come from that endpoint (botocore's ``container-role`` method) and
+list the datasets bucket."""
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +27,9 @@ IDENTITY_ANNOTATIONS = (
     "iam.gke.io/gcp-service-account",
     "azure.workload.identity/client-id",
 )
+# What EKS Pod Identity's agent puts in a pod's environment (botocore's container credential provider reads them)
+POD_IDENTITY_ENV = ("AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE")
+CONTAINER_ROLE = "container-role"  # botocore's name for credentials from the container endpoint
 # The sync image's own probe (trainer/sync/probe.py): the clients, environment and network path of stage-in and the
 # sidecar, with the pods' credentials (AWS_* from the Secret, or workload identity). Its last line is this and JSON.
 PROBE_PREFIX = "KUBETRAIN_PROBE "
@@ -66,6 +76,8 @@ class S3Checks:
                 )
             annotations = (account.metadata.annotations or {}) if account.metadata else {}
             found = [a for a in IDENTITY_ANNOTATIONS if a in annotations]
+            if not found and os.environ.get(POD_IDENTITY_ENV[0]):
+                return self.check_pod_identity()
             if not found:
                 return Check(
                     "s3-secret",
@@ -128,6 +140,55 @@ class S3Checks:
         note = f"; no {', '.join(absent)} (pods use AWS defaults)" if absent else ""
         return Check(
             "s3-secret", "PASS", f"Secret {d.s3_secret!r} has {', '.join(REQUIRED_SECRET_KEYS)}{note}"
+        )
+
+    def check_pod_identity(self) -> Check:
+        """EKS Pod Identity in this pod's environment: PASS when botocore's chain resolves credentials from the
+        container endpoint (``container-role``) and they list the datasets bucket."""
+        import botocore.session
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        d = self.cluster.deployment
+        uri = os.environ.get(POD_IDENTITY_ENV[0], "")
+        session = botocore.session.get_session()
+        try:
+            credentials = session.get_credentials()
+        except BotoCoreError as exc:
+            return Check(
+                "s3-secret",
+                "FAIL",
+                f"EKS Pod Identity ({POD_IDENTITY_ENV[0]}={uri}): no credentials from the endpoint: {exc}",
+                f"check the Pod Identity association of service account {d.service_account!r} (aws eks "
+                "list-pod-identity-associations) and that the eks-pod-identity-agent add-on runs on the node",
+            )
+        method = getattr(credentials, "method", None)
+        if credentials is None or method != CONTAINER_ROLE:
+            return Check(
+                "s3-secret",
+                "WARN",
+                f"EKS Pod Identity's {POD_IDENTITY_ENV[0]} is set, but botocore resolves credentials from "
+                f"{method or 'nowhere'}, which comes before the container endpoint in its chain",
+                "remove the AWS_* keys (or profile) that take precedence from the pods' environment",
+            )
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        try:
+            client = session.create_client("s3", region_name=region)
+            client.list_objects_v2(Bucket=d.datasets_bucket, MaxKeys=1)
+        except (BotoCoreError, ClientError) as exc:
+            return Check(
+                "s3-secret",
+                "FAIL",
+                f"EKS Pod Identity: credentials from the container endpoint ({CONTAINER_ROLE}) could not list "
+                f"bucket {d.datasets_bucket!r}: {exc}",
+                f"give the IAM role of service account {d.service_account!r}'s Pod Identity association "
+                f"s3:ListBucket and s3:GetObject on {d.datasets_bucket!r}",
+            )
+        return Check(
+            "s3-secret",
+            "PASS",
+            f"EKS Pod Identity: credentials from the container endpoint ({CONTAINER_ROLE}) list bucket "
+            f"{d.datasets_bucket!r}; the training pods get theirs if service account {d.service_account!r} has "
+            "a Pod Identity association (s3-from-pod tests it from such a pod)",
         )
 
     def probe_command(self) -> list[str]:

@@ -31,7 +31,6 @@ from kubetrain.pod_startup import (
     INTERRUPTED_EXIT_KEY,
     INTERRUPTED_KEY,
     KUEUE_GROUP,
-    KUEUE_VERSION,
     NOTES_KEY,
     QUEUE_CHECK_S,
     QUEUED_KEY,
@@ -39,6 +38,7 @@ from kubetrain.pod_startup import (
     PodStartup,
     failure_kind,
     gpu_served_on_cpu,
+    kueue_version_async,
     queue_message,
     queue_name,
     queue_refusal,
@@ -379,14 +379,15 @@ class TrainingPodTrigger(PodTriggerByReference):
         try:
             async with self.hook.get_conn() as connection:
                 api = CustomObjectsApi(connection)
+                version = await kueue_version_async(connection, owner=self.hook)
                 listing = await api.list_namespaced_custom_object(
-                    KUEUE_GROUP, KUEUE_VERSION, self.pod_namespace, "workloads"
+                    KUEUE_GROUP, version, self.pod_namespace, "workloads"
                 )
                 workloads = list(listing.get("items") or [])
                 name = queue_name(pod)
                 if name:
                     local_queue = await api.get_namespaced_custom_object(
-                        KUEUE_GROUP, KUEUE_VERSION, self.pod_namespace, "localqueues", name
+                        KUEUE_GROUP, version, self.pod_namespace, "localqueues", name
                     )
         except Exception as exc:  # Kueue's objects need a Role rule (deploy/rbac.yaml grants it)
             self.log.debug("Could not read the Kueue workload of pod %s: %s", self.pod_name, exc)

@@ -66,7 +66,11 @@ def test_every_replica_follows_the_pod_contract_and_the_chief_alone_syncs(backen
         inits = [c["name"] for c in pod["initContainers"]]
         assert inits == (["stage-in", "checkpoint-sync"] if role == "chief" else ["stage-in"]), (role, inits)
         base = pod["containers"][0]
-        assert base["name"] == (builders.TFJOB_CONTAINER if backend == "tfjob" else "base")
+        assert (
+            base["name"]
+            == sub.container
+            == {"tfjob": builders.TFJOB_CONTAINER, "trainjob": "node"}.get(backend, "base")
+        )
         res = spec.resources(role)
         want = {
             "cpu": res.cpu,
@@ -108,7 +112,7 @@ def test_every_replica_gets_the_volumes_and_storage_of_the_dataset(backend):
         limits = {v["name"]: v["emptyDir"].get("sizeLimit") for v in pod["volumes"] if "emptyDir" in v}
         assert limits == {"data": "9Gi", "checkpoints": "4Gi", "output": "2Gi"}, role
         containers = {c["name"]: c["resources"] for c in pod["initContainers"] + pod["containers"]}
-        base = containers[builders.TFJOB_CONTAINER if backend == "tfjob" else "base"]
+        base = containers[sub.container]
         assert base["requests"]["ephemeral-storage"] == base["limits"]["ephemeral-storage"] == "16Gi", role
         stage_in = containers["stage-in"]
         assert stage_in["requests"]["ephemeral-storage"] == stage_in["limits"]["ephemeral-storage"], role

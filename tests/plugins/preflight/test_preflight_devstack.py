@@ -114,7 +114,7 @@ def test_all_pass_against_the_dev_stack_as_a_dag(stack_env, stack_images, core, 
         in text
     )
     assert "served: Indexed Job (batch/v1); not served: Kubeflow TFJob" in text
-    assert "; Kueue served (kueue.x-k8s.io v1beta1)" in text  # the dev stack's stand-in
+    assert "; Kueue served (kueue.x-k8s.io v1beta2, v1beta1)" in text  # the stand-in, as Kueue v0.19
     assert "queue: no Kueue queue configured (KUBETRAIN_QUEUE)" in text
     assert (
         "gpu-nodes: none of 1 node(s) offers nvidia.com/gpu; node(s) kubetrain-dev serve GPU requests on CPU "
