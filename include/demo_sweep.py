@@ -4,7 +4,7 @@
 
 Runs sweep_image_classifier through `airflow dags test` (random search, 6 trials, 2 at a time,
 asha early stopping), then prints the leaderboard's S3 location with the compute the stopping
-saved, and copies the leaderboard into .demo/.
+saved, and copies the leaderboard, with the trials' reports it links, into .demo/sweep-leaderboard/.
 Runs in the Airflow environment (.venv) against a running dev stack with kubetrain's images
 (`make stack-images`; `make demo-sweep` does both).
 """
@@ -12,22 +12,22 @@ Runs in the Airflow environment (.venv) against a running dev stack with kubetra
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
+from html import escape
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from include.demo import (  # noqa: E402
-    AIRFLOW,
     DEMO_DIR,
     DEMOS,
-    _short,
+    DemoOutput,
     _worth_showing,
     airflow_env,
-    dag_runs,
+    dags_test,
+    print_still_running,
     require_images,
     stack_env,
     upload_dataset,
@@ -57,6 +57,57 @@ def _sweep_line(line: str) -> bool:
     return _worth_showing(line) or any(k in line for k in ("Leaderboard of", "early stop", "reused"))
 
 
+def promotion_sentence(record: dict) -> str:
+    """The sweep record's promotion in a sentence: which trial's model was promoted as what, or why none was,
+    with the comparison's figures."""
+    promotion = record.get("promotion") or {}
+    best = (record.get("best") or {}).get("best_trial")
+    reason = (record.get("comparison") or {}).get("reason")
+    whose = f"trial {best}'s model" if best is not None else "no model"
+    if promotion.get("promoted"):
+        version = f" (version {promotion['model_version']})" if promotion.get("model_version") else ""
+        return f"promoted {whose} as {promotion.get('model_uri')}{version}" + (
+            f": {reason}" if reason else ""
+        )
+    why = promotion.get("reason") or reason or "the sweep record gives no reason"
+    return f"{whose} not promoted: {why}" if best is not None else f"nothing promoted: {why}"
+
+
+def copy_leaderboard(s3, record: dict, bucket: str, prefix: str, local: Path) -> list[str]:
+    """Copy the leaderboard (``<prefix>/report/``) to ``local``, and each trial's report to
+    ``local/trials/<n>/``, its link in the leaderboard rewritten to that copy: the leaderboard links a
+    trial's report through the Airflow API server, a page that a file opened in a browser cannot reach.
+
+    Returns the trials whose reports were copied.
+    """
+    local.mkdir(parents=True, exist_ok=True)
+    _download_prefix(s3, bucket, f"{prefix}/report/", local)
+    page = local / "report.html"
+    html = page.read_text()
+    copied = []
+    for trial in record.get("trials") or []:
+        uri, url = trial.get("report_uri"), trial.get("report_url")
+        if not uri or not url:
+            continue
+        trial_bucket, _, key = uri[len("s3://") :].partition("/")
+        folder = local / "trials" / str(trial.get("number"))
+        _download_prefix(s3, trial_bucket, key.rsplit("/", 1)[0] + "/", folder)
+        relative = f"trials/{trial.get('number')}/{key.rsplit('/', 1)[1]}"
+        for form in {url, escape(url)}:  # as written in an attribute
+            html = html.replace(f'href="{form}"', f'href="{relative}"')
+        copied.append(str(trial.get("number")))
+    page.write_text(html)
+    return copied
+
+
+def _download_prefix(s3, bucket: str, prefix: str, folder: Path) -> None:
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    for key in (o["Key"] for page in pages for o in page.get("Contents", [])):
+        path = folder / key[len(prefix) :]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        s3.download_file(bucket, key, str(path))
+
+
 def main() -> int:
     stack = stack_env()
     env = airflow_env(stack)
@@ -64,32 +115,16 @@ def main() -> int:
     upload_dataset(DEMOS["image_classifier"], stack)
     DEMO_DIR.mkdir(exist_ok=True)
     log = DEMO_DIR / f"{DAG_ID}.log"
-    print(f"running {DAG_ID} with `airflow dags test` (log: {log.relative_to(REPO)}) ...", flush=True)
     print("  conf: " + json.dumps(CONF), flush=True)
-    before = {r["run_id"] for r in dag_runs(DAG_ID, env)}
     start = time.monotonic()
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [str(AIRFLOW), "dags", "test", DAG_ID, "-c", json.dumps(CONF)],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for line in proc.stdout:
-            out.write(line)
-            if _sweep_line(line):
-                print("  " + _short(line), flush=True)
-        rc = proc.wait()
-    runs = [r for r in dag_runs(DAG_ID, env) if r["run_id"] not in before]
-    if not runs:
+    rc, run_id, state = dags_test(DAG_ID, CONF, env, log, DemoOutput(sweep=True, show=_sweep_line))
+    if run_id is None:
         print(f"error: `airflow dags test` recorded no run of {DAG_ID}; see {log}", file=sys.stderr)
         return 1
-    run_id, state = runs[-1]["run_id"], runs[-1]["state"]
     print(f"{DAG_ID} run {run_id}: {state} in {time.monotonic() - start:.0f} s", flush=True)
     if rc or state != "success":
         print(f"error: the sweep did not succeed; see {log}", file=sys.stderr)
+        print_still_running(stack)
         return 1
 
     sys.path.insert(0, str(REPO / "plugins"))
@@ -101,12 +136,7 @@ def main() -> int:
         s3.get_object(Bucket=sweep.bucket, Key=f"{sweep.prefix}/sweep/sweep.json")["Body"].read()
     )
     local = DEMO_DIR / "sweep-leaderboard"
-    local.mkdir(exist_ok=True)
-    pages = s3.get_paginator("list_objects_v2").paginate(
-        Bucket=sweep.bucket, Prefix=f"{sweep.prefix}/report/"
-    )
-    for key in (o["Key"] for page in pages for o in page.get("Contents", [])):
-        s3.download_file(sweep.bucket, key, str(local / key.rsplit("/", 1)[1]))
+    copied = copy_leaderboard(s3, record, sweep.bucket, sweep.prefix, local)
 
     print("\ntrials (best first):")
     objective = record.get("objective") or {}
@@ -121,12 +151,18 @@ def main() -> int:
             f"  trial {trial['number']}: {json.dumps(trial['params'])}  "
             f"{trial['objective'].get('name', '')} {trial['objective']['value']:.4f}{flag}"
         )
-    print(f"\nbest:        trial {record['best']['best_trial']} ({record['best']['best_run_uri']})")
-    print(f"promotion:   {json.dumps(record.get('promotion'), default=str)}")
-    print(f"leaderboard: {record['report_uri']}")
-    print(f"compute:     {(record.get('compute') or {}).get('line') or 'not recorded'}")
-    print(f"             copied to {local / 'report.html'} (open it in a browser: the plots are inlined)")
+    print(f"\nbest:         trial {record['best']['best_trial']} ({record['best']['best_run_uri']})")
+    print(f"promotion:    {promotion_sentence(record)}")
+    print(f"leaderboard:  {record['report_uri']}")
+    print(f"compute:      {(record.get('compute') or {}).get('line') or 'not recorded'}")
+    print(f"              copied to {local / 'report.html'} (open it in a browser: the plots are inlined)")
+    if copied:
+        print(
+            f"              with the reports of trials {', '.join(copied)} in {local / 'trials'}, linked from it"
+        )
     print(f"sweep record: s3://{sweep.bucket}/{sweep.prefix}/sweep/sweep.json")
+    print(f"run:          {DAG_ID} run {run_id} in `make airflow` (its tasks and their logs)")
+    print_still_running(stack)
     return 0
 
 
