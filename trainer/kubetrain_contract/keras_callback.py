@@ -96,6 +96,7 @@ class KubetrainCallback(keras.callbacks.Callback):
         self.exit_code = kit.EXIT_OK
         self.history: list[dict[str, Any]] = []
         self.resumed_at: tuple[int, int] | None = None  # (epoch, step within it) of the restored checkpoint
+        self.resumed_from_step = 0  # the optimizer step of the restored checkpoint; 0: it started fresh
         self._epoch = 0
         self._in_epoch = 0  # batches of the current epoch done, those before a resume too
         self._train: Any = None
@@ -167,6 +168,7 @@ class KubetrainCallback(keras.callbacks.Callback):
             self._epoch, self._in_epoch = int(state["epoch"]), int(state["in_epoch"])
             self.history = list(state.get("history") or [])
             self.resumed_at = (self._epoch, self._in_epoch)
+            self.resumed_from_step = int(state["step"])
             log.info(
                 "resumed from %s: epoch %d, batch %d, step %d",
                 path,
@@ -273,5 +275,7 @@ class KubetrainCallback(keras.callbacks.Callback):
             trainer=self.trainer,
             epochs=len(self.history),
             stopped_early=self.exit_code == kit.EXIT_STOPPED,
+            # the run record's "resumed from step": the sync passes cannot tell it from this layout's names
+            resumed_from_step=self.resumed_from_step,
             **self.details,
         )
