@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 
+from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
 from kubetrain.operators.training import TrainingPodOperator
@@ -129,12 +130,22 @@ def test_a_task_that_does_not_defer_sees_its_pod_start_on_a_watch(core):
 def test_a_watch_without_a_change_reads_the_pod_again(core):
     core.create_namespaced_pod(NS, training_shaped("quiet-watch", "true"))
     try:
-        # an ended pod changes no more: the watch from its resourceVersion sees nothing
-        ended = wait_for(
-            lambda: (p := core.read_namespaced_pod("quiet-watch", NS)).status.phase == "Succeeded" and p,
-            timeout=120,
-            what="the pod to end",
-        )
+        # an ended pod changes no more once its last status write is in (on a loaded machine that write can
+        # follow the phase's): the watch from its resourceVersion then sees nothing
+        def settled():
+            pod = core.read_namespaced_pod("quiet-watch", NS)
+            if pod.status.phase != "Succeeded":
+                return None
+            changes = watch.Watch().stream(
+                core.list_namespaced_pod,
+                NS,
+                field_selector="metadata.name=quiet-watch",
+                resource_version=pod.metadata.resource_version,
+                timeout_seconds=1,
+            )
+            return None if any(True for _ in changes) else pod
+
+        ended = wait_for(settled, timeout=120, what="the pod to end and its status to settle")
         manager = CountingManager(kube_client=core)
         again = manager.await_pod_change(ended, timeout_seconds=1)
         assert manager.reads == 1, "the watch's end did not read the pod again"

@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import WSMsgType, web
@@ -133,220 +134,131 @@ class Api:
             return _json(ApiError(500, "InternalError", f"an error on the server: {exc}").status(), 500)
 
     async def _route(self, request: web.Request) -> web.StreamResponse:
+        """Route a request by the tables below: a discovery path (ROOTS, then the group and version
+        documents), else a resource path (parse_resource_path), whose streaming subresources go to
+        STREAMS and whose method goes to METHODS."""
         parts = [p for p in request.path.split("/") if p]
-        method = request.method
-        discovery = (
-            not parts
-            or parts[0] in ("version", "healthz", "livez", "readyz", "openapi")
-            or (parts[0] == "api" and len(parts) <= 2)
-            or (parts[0] == "apis" and len(parts) <= 3)
-        )
-        if discovery:
+        if is_discovery(parts):
             self.authorize_path(request)
-        if not parts:
-            return _json(
-                {
-                    "paths": [
-                        "/api",
-                        "/api/v1",
-                        "/apis",
-                        "/apis/batch",
-                        "/apis/batch/v1",
-                        "/apis/events.k8s.io",
-                        "/apis/events.k8s.io/v1",
-                        "/apis/apiextensions.k8s.io",
-                        "/apis/apiextensions.k8s.io/v1",
-                        "/healthz",
-                        "/livez",
-                        "/openapi/v2",
-                        "/openapi/v3",
-                        "/readyz",
-                        "/version",
-                    ]
-                }
-            )
-        head = parts[0]
-        if head == "version":
-            return _json(SERVER_VERSION)
-        if head in ("healthz", "livez", "readyz"):
-            return web.Response(text="ok")
-        if head == "openapi":
-            return openapi.handle(request, parts[1:])
-        if head == "api":
-            if len(parts) == 1:
-                return _json(
-                    {
-                        "kind": "APIVersions",
-                        "versions": ["v1"],
-                        "serverAddressByClientCIDRs": [
-                            {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}
-                        ],
-                    }
-                )
-            group, version, rest = "", parts[1], parts[2:]
-        elif head == "apis":
-            if len(parts) == 1:
-                return _json(group_list())
-            if len(parts) == 2:
-                if parts[1] not in GROUPS:
-                    raise unsupported_group(parts[1])
-                return _json(api_group(parts[1]))
-            group, version, rest = parts[1], parts[2], parts[3:]
-        else:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        if version not in served_versions(group):
-            raise unsupported_group(group or "core", version)
+        head = parts[0] if parts else ""
+        root = ROOTS.get(head)
+        if root is not None:
+            return root(request, parts)
+        document = DISCOVERY_DOCUMENTS.get(head)
+        if document is None:
+            raise no_such_path()
+        found = document(request, parts)
+        if found is not None:
+            return found
+        group, version, rest = group_version(parts)
         if not rest:
             return _json(resource_list(group, version))
-        watch_path = False
-        if rest[0] == "watch":
-            watch_path, rest = True, rest[1:]
-            if not rest:
-                raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        ns = name = sub = None
-        if rest[0] == "namespaces" and len(rest) >= 3 and rest[2] not in ("status", "finalize"):
-            ns, res_name = rest[1], rest[2]
-            name = rest[3] if len(rest) > 3 else None
-            sub = rest[4] if len(rest) > 4 else None
-            if len(rest) > 5:
-                raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        else:
-            res_name = rest[0]
-            name = rest[1] if len(rest) > 1 else None
-            sub = rest[2] if len(rest) > 2 else None
-            if len(rest) > 3:
-                raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        res = resource_for(group, version, res_name)
-        if not res.namespaced and ns is not None:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        if res.namespaced and ns is None and name is not None:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        if sub is not None and sub not in res.subresources:
-            what = {
-                "portforward": "port-forward",
-                "attach": "attach",
-                "proxy": "proxy",
-                "eviction": "eviction",
-                "ephemeralcontainers": "ephemeral containers",
-                "scale": "scale",
-            }.get(sub, sub)
-            raise ApiError(
-                404,
-                "NotFound",
-                f"the server could not find the requested resource ({res.name}/{sub}): "
-                f"{what} is not supported by the local Kubernetes API",
-            )
+        path = parse_resource_path(group, version, rest)
+        res = resource_for(group, version, path.resource)
+        check_scope(res, path)
         q = request.query
-        self.authorize_resource(request, res, ns, name, sub, watch_path or q.get("watch") in TRUE)
-        verb_ok = res.subresources.get(sub, ()) if sub else res.verbs
-        if sub == "log":
-            return await self.pod_log(request, ns, name)
-        if sub == "exec":
-            return await self.pod_exec(request, ns, name)
-        if sub == "attach":
-            return await self.pod_attach(request, ns, name)
-        if method == "GET":
-            if name is None:
-                if watch_path or q.get("watch") in TRUE:
-                    return await self.watch(request, res, ns, None)
-                return self.list(request, res, ns)
-            if watch_path or q.get("watch") in TRUE:
-                return await self.watch(request, res, ns, name)
-            obj = self.present(res, self.get(res, ns, name))
-            if wants_table(request):
-                return _json(
-                    tables.table(
-                        res.name,
-                        [obj],
-                        q.get("includeObject", "Metadata"),
-                        obj["metadata"]["resourceVersion"],
-                    )
-                )
-            return _json(obj)
-        body = await read_body(request) if method in ("POST", "PUT", "PATCH", "DELETE") else None
-        needed = {
-            "POST": "create",
-            "PUT": "update",
-            "PATCH": "patch",
-            "DELETE": "delete" if name else "deletecollection",
-        }
-        if needed.get(method) not in verb_ok:
-            raise ApiError(
-                405,
-                "MethodNotAllowed",
-                f"the server does not allow this method on the requested resource "
-                f"({method} {res.name}{'/' + sub if sub else ''})",
-            )
-        dry = "All" in q.getall("dryRun", [])
-        if method == "POST" and res.name == "selfsubjectaccessreviews":
-            return self.access_review(request, body)
-        if method == "POST" and res.name == "selfsubjectrulesreviews":
-            return self.rules_review(request, body)
-        if method == "POST" and sub == "eviction":
-            return self.evict(ns, name, body, dry)
-        if method == "POST":
-            if name is not None:
-                raise ApiError(
-                    405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
-                )
-            obj, warnings = self.create(res, ns, body, q, dry)
-            return _json(self.present(res, obj), 201, warning_headers(warnings))
-        if name is None and method != "DELETE":
-            raise ApiError(
-                405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
-            )
-        if method == "PUT":
-            obj = self.update(res, ns, name, body, sub, dry)
-            return _json(self.present(res, obj))
-        if method == "PATCH":
-            if (
-                request.content_type == APPLY_PATCH
-                and sub is None
-                and self.store.get(self.key(res), ns or "", name) is None
-            ):
-                # server-side apply of a new object creates it; of an existing one it is refused (415)
-                if "create" not in res.verbs:
-                    raise ApiError(
-                        405,
-                        "MethodNotAllowed",
-                        f"the server does not allow this method on the requested resource (create {res.name})",
-                    )
-                if not isinstance(body, dict):
-                    raise bad_request("the server-side apply body must be an object")
-                if (body.get("metadata") or {}).get("name") not in (None, name):
-                    raise bad_request("the name of the object does not match the name on the URL")
-                body.setdefault("metadata", {})["name"] = name
-                obj, warnings = self.create(res, ns, body, q, dry)
-                return _json(self.present(res, obj), 201, warning_headers(warnings))
-            patch_body = body
-            obj = self.update(res, ns, name, None, sub, dry, patch=(request.content_type, patch_body))
-            return _json(self.present(res, obj))
-        if method == "DELETE":
-            if name is None:
-                return _json(self.delete_collection(res, ns, q, body, dry))
-            deleted = self.delete(res, ns, name, q, body or {}, dry)
-            still_there = self.store.get(self.key(res), ns or "", name)
-            if (
-                res.name == "pods"
-                or dry
-                or (still_there and still_there["metadata"]["uid"] == deleted["metadata"]["uid"])
-            ):
-                return _json(self.present(res, deleted))
-            details = {"name": name, "kind": res.name, "uid": deleted["metadata"]["uid"]}
-            if res.group:
-                details["group"] = res.group
+        self.authorize_resource(request, res, path.namespace, path.name, path.sub, path.watching(q))
+        stream = STREAMS.get(path.sub or "")
+        if stream is not None:
+            return await stream(self, request, path.namespace, path.name)
+        handler = METHODS.get(request.method)
+        if handler is None:
+            raise not_allowed()
+        return await handler(self, request, res, path)
+
+    async def _get(self, request: web.Request, res: Resource, path: ResourcePath) -> web.StreamResponse:
+        q = request.query
+        if path.watching(q):
+            return await self.watch(request, res, path.namespace, path.name)
+        if path.name is None:
+            return self.list(request, res, path.namespace)
+        obj = self.present(res, self.get(res, path.namespace, path.name))
+        if wants_table(request):
             return _json(
-                {
-                    "kind": "Status",
-                    "apiVersion": "v1",
-                    "metadata": {},
-                    "status": "Success",
-                    "details": details,
-                }
+                tables.table(
+                    res.name,
+                    [obj],
+                    q.get("includeObject", "Metadata"),
+                    obj["metadata"]["resourceVersion"],
+                )
             )
-        raise ApiError(
-            405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+        return _json(obj)
+
+    async def _post(self, request: web.Request, res: Resource, path: ResourcePath) -> web.StreamResponse:
+        body, dry = await self._writing(request, res, path, "create")
+        review = REVIEWS.get(res.name)
+        if review is not None:
+            return review(self, request, body)
+        if path.sub == "eviction":
+            return self.evict(path.namespace, path.name, body, dry)
+        if path.name is not None:
+            raise not_allowed()
+        obj, warnings = self.create(res, path.namespace, body, request.query, dry)
+        return _json(self.present(res, obj), 201, warning_headers(warnings))
+
+    async def _put(self, request: web.Request, res: Resource, path: ResourcePath) -> web.StreamResponse:
+        body, dry = await self._writing(request, res, path, "update")
+        if path.name is None:
+            raise not_allowed()
+        return _json(self.present(res, self.update(res, path.namespace, path.name, body, path.sub, dry)))
+
+    async def _patch(self, request: web.Request, res: Resource, path: ResourcePath) -> web.StreamResponse:
+        body, dry = await self._writing(request, res, path, "patch")
+        ns, name, sub = path.namespace, path.name, path.sub
+        if name is None:
+            raise not_allowed()
+        if (
+            request.content_type == APPLY_PATCH
+            and sub is None
+            and self.store.get(self.key(res), ns or "", name) is None
+        ):
+            # server-side apply of a new object creates it; of an existing one it is refused (415)
+            if "create" not in res.verbs:
+                raise not_allowed(f"create {res.name}")
+            if not isinstance(body, dict):
+                raise bad_request("the server-side apply body must be an object")
+            if (body.get("metadata") or {}).get("name") not in (None, name):
+                raise bad_request("the name of the object does not match the name on the URL")
+            body.setdefault("metadata", {})["name"] = name
+            obj, warnings = self.create(res, ns, body, request.query, dry)
+            return _json(self.present(res, obj), 201, warning_headers(warnings))
+        obj = self.update(res, ns, name, None, sub, dry, patch=(request.content_type, body))
+        return _json(self.present(res, obj))
+
+    async def _delete(self, request: web.Request, res: Resource, path: ResourcePath) -> web.StreamResponse:
+        ns, name = path.namespace, path.name
+        body, dry = await self._writing(request, res, path, "delete" if name else "deletecollection")
+        if name is None:
+            return _json(self.delete_collection(res, ns, request.query, body, dry))
+        deleted = self.delete(res, ns, name, request.query, body or {}, dry)
+        still_there = self.store.get(self.key(res), ns or "", name)
+        if (
+            res.name == "pods"
+            or dry
+            or (still_there and still_there["metadata"]["uid"] == deleted["metadata"]["uid"])
+        ):
+            return _json(self.present(res, deleted))
+        details = {"name": name, "kind": res.name, "uid": deleted["metadata"]["uid"]}
+        if res.group:
+            details["group"] = res.group
+        return _json(
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "details": details,
+            }
         )
+
+    async def _writing(self, request: web.Request, res: Resource, path: ResourcePath, verb: str) -> tuple:
+        """The body of a write and whether it is a dry run, once the resource (or subresource) is known to
+        allow ``verb``."""
+        allowed = res.subresources.get(path.sub, ()) if path.sub else res.verbs
+        body = await read_body(request)
+        if verb not in allowed:
+            raise not_allowed(f"{request.method} {res.name}{'/' + path.sub if path.sub else ''}")
+        return body, "All" in request.query.getall("dryRun", [])
 
     def authorize_resource(
         self,
@@ -1292,6 +1204,172 @@ def warning_headers(warnings: list[str]) -> dict | None:
     if not warnings:
         return None
     return {"Warning": ", ".join(f'299 - "{w}"' for w in warnings)}
+
+
+# -- the router's tables ------------------------------------------------------------------------
+
+# what the root path lists, as kube-apiserver's does (the groups' own paths come from discovery)
+ROOT_PATHS = [
+    "/api",
+    "/api/v1",
+    "/apis",
+    "/apis/batch",
+    "/apis/batch/v1",
+    "/apis/events.k8s.io",
+    "/apis/events.k8s.io/v1",
+    "/apis/apiextensions.k8s.io",
+    "/apis/apiextensions.k8s.io/v1",
+    "/healthz",
+    "/livez",
+    "/openapi/v2",
+    "/openapi/v3",
+    "/readyz",
+    "/version",
+]
+
+
+def _core_versions(request: web.Request, parts: list[str]) -> web.StreamResponse | None:
+    if len(parts) > 1:
+        return None  # /api/<version>...: a resource path
+    return _json(
+        {
+            "kind": "APIVersions",
+            "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}],
+        }
+    )
+
+
+def _groups(request: web.Request, parts: list[str]) -> web.StreamResponse | None:
+    if len(parts) == 1:
+        return _json(group_list())
+    if len(parts) == 2:
+        if parts[1] not in GROUPS:
+            raise unsupported_group(parts[1])
+        return _json(api_group(parts[1]))
+    return None  # /apis/<group>/<version>...: a resource path
+
+
+# The paths answered by the first segment alone, or by the discovery documents of /api and /apis (a handler
+# that returns None leaves the path to the resource routing).
+ROOTS = {
+    "": lambda request, parts: _json({"paths": ROOT_PATHS}),
+    "version": lambda request, parts: _json(SERVER_VERSION),
+    "healthz": lambda request, parts: web.Response(text="ok"),
+    "livez": lambda request, parts: web.Response(text="ok"),
+    "readyz": lambda request, parts: web.Response(text="ok"),
+    "openapi": lambda request, parts: openapi.handle(request, parts[1:]),
+}
+DISCOVERY_DOCUMENTS = {"api": _core_versions, "apis": _groups}
+
+
+def is_discovery(parts: list[str]) -> bool:
+    """Paths authorized as non-resource URLs (RBAC's nonResourceURLs): the root, health, OpenAPI and discovery."""
+    return (
+        not parts
+        or parts[0] in ("version", "healthz", "livez", "readyz", "openapi")
+        or (parts[0] == "api" and len(parts) <= 2)
+        or (parts[0] == "apis" and len(parts) <= 3)
+    )
+
+
+def no_such_path() -> ApiError:
+    return ApiError(404, "NotFound", "the server could not find the requested resource")
+
+
+def not_allowed(detail: str = "") -> ApiError:
+    return ApiError(
+        405,
+        "MethodNotAllowed",
+        "the server does not allow this method on the requested resource"
+        + (f" ({detail})" if detail else ""),
+    )
+
+
+def group_version(parts: list[str]) -> tuple[str, str, list[str]]:
+    """``(group, version, the rest)`` of a path under /api/v1 or /apis/<group>/<version>, the version served."""
+    if parts[0] == "api":
+        group, version, rest = "", parts[1], parts[2:]
+    elif parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        raise no_such_path()
+    if version not in served_versions(group):
+        raise unsupported_group(group or "core", version)
+    return group, version, rest
+
+
+@dataclass(frozen=True)
+class ResourcePath:
+    """What a resource path names: ``[watch/][namespaces/<ns>/]<resource>[/<name>[/<subresource>]]``."""
+
+    resource: str
+    namespace: str | None = None
+    name: str | None = None
+    sub: str | None = None
+    watch_path: bool = False  # the legacy /watch/ prefix
+
+    def watching(self, query) -> bool:
+        return self.watch_path or query.get("watch") in TRUE
+
+
+def parse_resource_path(group: str, version: str, rest: list[str]) -> ResourcePath:
+    watch_path = rest[0] == "watch"
+    if watch_path:
+        rest = rest[1:]
+        if not rest:
+            raise no_such_path()
+    # namespaces/<ns>/status and namespaces/<ns>/finalize are the namespace's own subresources
+    if rest[0] == "namespaces" and len(rest) >= 3 and rest[2] not in ("status", "finalize"):
+        if len(rest) > 5:
+            raise no_such_path()
+        ns, rest = rest[1], rest[2:]
+    else:
+        if len(rest) > 3:
+            raise no_such_path()
+        ns = None
+    return ResourcePath(
+        resource=rest[0],
+        namespace=ns,
+        name=rest[1] if len(rest) > 1 else None,
+        sub=rest[2] if len(rest) > 2 else None,
+        watch_path=watch_path,
+    )
+
+
+# what a request for a subresource this local API does not serve is told it lacks
+UNSERVED_SUBRESOURCES = {
+    "portforward": "port-forward",
+    "attach": "attach",
+    "proxy": "proxy",
+    "eviction": "eviction",
+    "ephemeralcontainers": "ephemeral containers",
+    "scale": "scale",
+}
+
+
+def check_scope(res: Resource, path: ResourcePath) -> None:
+    """404 for a namespace on a cluster resource, a named namespaced object without its namespace, or a
+    subresource the resource does not have."""
+    if not res.namespaced and path.namespace is not None:
+        raise no_such_path()
+    if res.namespaced and path.namespace is None and path.name is not None:
+        raise no_such_path()
+    if path.sub is not None and path.sub not in res.subresources:
+        what = UNSERVED_SUBRESOURCES.get(path.sub, path.sub)
+        raise ApiError(
+            404,
+            "NotFound",
+            f"the server could not find the requested resource ({res.name}/{path.sub}): "
+            f"{what} is not supported by the local Kubernetes API",
+        )
+
+
+# the subresources that stream (whatever the method), the POSTs that review rather than create, and the
+# handler of each method
+STREAMS = {"log": Api.pod_log, "exec": Api.pod_exec, "attach": Api.pod_attach}
+REVIEWS = {"selfsubjectaccessreviews": Api.access_review, "selfsubjectrulesreviews": Api.rules_review}
+METHODS = {"GET": Api._get, "POST": Api._post, "PUT": Api._put, "PATCH": Api._patch, "DELETE": Api._delete}
 
 
 async def read_body(request: web.Request):
