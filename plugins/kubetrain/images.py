@@ -14,6 +14,8 @@ falls back to a tag silently.
 
 from __future__ import annotations
 
+from typing import Any
+
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowNotFoundException
 
 from kubetrain import settings
@@ -35,6 +37,82 @@ def has_digest(image: str) -> bool:
     return "@sha256:" in image
 
 
+def registry_client(image: str, *, registry_conn_id: str | None = None) -> tuple[Any, str, str]:
+    """``(client, repository, where)``: a registry client that may ask for ``image``, the image's
+    repository as that client names it, and the registry in words for messages.
+
+    Images in the configured registry are asked with the registry connection's credentials, others
+    anonymously (see the module's docstring); the caller closes the client (``with client:``).
+
+    :param image: an image reference, by tag or by digest.
+    :param registry_conn_id: the registry connection (default ``kubetrain_registry_default``).
+    """
+    from kubetrain.hooks.registry import RegistryHook
+    from kubetrain.imagebuild.oci import RegistryClient
+    from kubetrain.imagebuild.reference import parse_reference
+
+    ref = parse_reference(image, default_registry=DOCKER_HUB)
+    repository = ref.repository
+    host = ref.registry
+    if host == DOCKER_HUB:
+        host = DOCKER_HUB_API
+        if "/" not in repository:
+            repository = f"library/{repository}"
+    hook = RegistryHook(registry_conn_id or RegistryHook.default_conn_name)
+    try:
+        connection_registry = hook.registry
+    except AirflowNotFoundException:  # no registry connection: every registry is asked anonymously
+        connection_registry = None
+    # A configured registry may keep its repositories under a path (Artifact Registry's
+    # <region>-docker.pkg.dev/<project>/<repository>): the image is in it when its name starts with it.
+    full_name = f"{ref.registry}/{ref.repository}"
+    configured = [r for r in (connection_registry, settings.get("registry")) if r]
+    within = next((r for r in configured if full_name.startswith(r.rstrip("/") + "/")), None)
+    if within is not None and within == connection_registry:
+        where = f"registry {connection_registry} (connection {hook.registry_conn_id!r})"
+        return hook.get_conn(), full_name[len(within.rstrip("/")) + 1 :], where
+    # the host without its port: "[::1]:5000" -> "[::1]", "localhost:5000" -> "localhost"
+    name = host[: host.index("]") + 1] if host.startswith("[") else host.split(":")[0]
+    return RegistryClient(host, insecure=name in _LOOPBACK, timeout=30), repository, f"registry {host}"
+
+
+def image_labels(image: str, *, registry_conn_id: str | None = None) -> dict[str, str]:
+    """The labels of an image pinned by digest (its config's ``Labels``; of a multi-platform index,
+    the linux/amd64 image's, else the first platform's), e.g. ``org.opencontainers.image.revision``.
+
+    :param image: ``<repository>@sha256:...``.
+    :param registry_conn_id: the registry connection (default ``kubetrain_registry_default``).
+    :raises ValueError: the reference carries no digest.
+    :raises kubetrain.imagebuild.registry_errors.RegistryError: the registry could not say.
+    """
+    import json
+
+    from kubetrain.imagebuild.oci import select_platform
+    from kubetrain.imagebuild.registry_errors import RegistryError
+
+    if not has_digest(image):
+        raise ValueError(f"image {image!r} carries no digest: expected <repository>@sha256:<digest>")
+    digest = image.rsplit("@", 1)[1]
+    client, repository, _ = registry_client(image, registry_conn_id=registry_conn_id)
+    with client:
+        manifest = client.get_manifest(repository, digest)
+        if manifest.is_index:
+            platforms = [
+                "/".join(p for p in ((e.get("platform") or {}).get(k) for k in ("os", "architecture")) if p)
+                for e in manifest.data.get("manifests", [])
+            ]
+            wanted = "linux/amd64" if "linux/amd64" in platforms else next((p for p in platforms if p), "")
+            if not wanted:
+                raise RegistryError(f"{image} is an index that names no platform")
+            manifest = select_platform(client, repository, manifest, wanted)
+        config_digest = (manifest.data.get("config") or {}).get("digest")
+        if not isinstance(config_digest, str):
+            raise RegistryError(f"the manifest of {image} names no config blob")
+        config = json.loads(client.get_blob(repository, config_digest))
+    labels = (config.get("config") or {}).get("Labels") if isinstance(config, dict) else None
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+
+
 def pin_image(image: str, *, registry_conn_id: str | None = None) -> str:
     """``image`` as ``<registry>/<repository>@sha256:<digest>``, the digest its tag names now.
 
@@ -46,8 +124,6 @@ def pin_image(image: str, *, registry_conn_id: str | None = None) -> str:
     :raises ImageResolutionError: the registry cannot be reached or refuses the credentials (retried: a token
         may have expired and be renewed).
     """
-    from kubetrain.hooks.registry import RegistryHook
-    from kubetrain.imagebuild.oci import RegistryClient
     from kubetrain.imagebuild.reference import parse_reference
     from kubetrain.imagebuild.registry_errors import (
         ManifestNotFound,
@@ -60,33 +136,9 @@ def pin_image(image: str, *, registry_conn_id: str | None = None) -> str:
         parse_reference(image)  # refuse a malformed reference before it reaches a pod
         return image
     ref = parse_reference(image, default_registry=DOCKER_HUB)
-    repository = ref.repository
-    host = ref.registry
-    if host == DOCKER_HUB:
-        host = DOCKER_HUB_API
-        if "/" not in repository:
-            repository = f"library/{repository}"
     tag = ref.tag or "latest"
-    hook = RegistryHook(registry_conn_id or RegistryHook.default_conn_name)
     try:
-        connection_registry = hook.registry
-    except AirflowNotFoundException:  # no registry connection: every registry is asked anonymously
-        connection_registry = None
-    # A configured registry may keep its repositories under a path (Artifact Registry's
-    # <region>-docker.pkg.dev/<project>/<repository>): the image is in it when its name starts with it.
-    full_name = f"{ref.registry}/{ref.repository}"
-    configured = [r for r in (connection_registry, settings.get("registry")) if r]
-    within = next((r for r in configured if full_name.startswith(r.rstrip("/") + "/")), None)
-    try:
-        if within is not None and within == connection_registry:
-            where = f"registry {connection_registry} (connection {hook.registry_conn_id!r})"
-            client = hook.get_conn()
-            repository = full_name[len(within.rstrip("/")) + 1 :]
-        else:
-            where = f"registry {host}"
-            # the host without its port: "[::1]:5000" -> "[::1]", "localhost:5000" -> "localhost"
-            name = host[: host.index("]") + 1] if host.startswith("[") else host.split(":")[0]
-            client = RegistryClient(host, insecure=name in _LOOPBACK, timeout=30)
+        client, repository, where = registry_client(image, registry_conn_id=registry_conn_id)
         with client:
             digest = client.manifest_digest(repository, tag)
     except (ManifestNotFound, TargetRefused) as exc:  # TargetRefused covers RealmRefused

@@ -45,8 +45,25 @@ def report_url(dag_id: str, bucket: str, key: str, *, base_url: str | None = Non
     return f"{base}{URL_PREFIX}{REPORTS_PATH}/{quote(dag_id, safe='')}/{quote(bucket, safe='')}/{quote(key)}"
 
 
+def airflow_run_url(dag_id: str, run_id: str, *, base_url: str | None = None) -> str:
+    """The browser URL of a DAG run in the Airflow 3 UI, ``<base>/dags/<dag_id>/runs/<run_id>``.
+
+    :param dag_id: the DAG.
+    :param run_id: the run.
+    :param base_url: the API server's public URL (default ``[api] base_url``; empty: a path on the UI's
+        own origin).
+    """
+    base = api_base_url() if base_url is None else base_url.rstrip("/")
+    return f"{base}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
+
+
 class ReportLink(BaseOperatorLink):
-    """Link from a task instance to the report its ReportOperator wrote (XCom ``report_url``)."""
+    """Link from a task instance to the report its ReportOperator wrote (XCom ``report_url``).
+
+    A link carries no target: the Airflow 3 UI opens an extra link that leads to its own origin in
+    its own tab, and one elsewhere in a new tab (apache/airflow#64404). The report's own pages link
+    back to the DAG run, and the Training page opens reports in a new tab.
+    """
 
     name = "Training report"
 

@@ -410,6 +410,10 @@ def training_pipeline(
         image=check.output["image"],
         dataset_version=stage.output["version"],
         command=cmds if isinstance(cmds, str) else list(cmds),
+        dataset_uri="{{ params.dataset_uri }}",
+        dataset_bytes=stage.output["total_bytes"],
+        dataset_objects=stage.output["objects"],
+        promote="{{ params.promote }}",
         on_failure_callback=[record_failure],
     )
     promote = PromoteModelOperator(

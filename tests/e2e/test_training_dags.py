@@ -162,6 +162,12 @@ def test_image_classifier_survives_a_killed_pod_and_promotes(airflow, core, s3, 
     assert report["better_than_promoted"] is True
 
     latest = read_json(s3, "models/e2e-digits/latest")
+    # the report, written before the promote task, tells what it then decided, and the dataset as staged
+    promotion = run.xcom("promote")
+    decision = f"Promoted as {latest['uri']} (model e2e-digits, version {latest['version']}; "
+    assert decision in html, html[:3000]
+    assert promotion["promoted"] is True and "not decided yet" not in html
+    assert f"<tr><th>Dataset</th><td>{digits}: 1 object, " in html
     model_keys = keys(s3, f"models/e2e-digits/{latest['version']}/")
     assert any(k.endswith("/model.keras") for k in model_keys), model_keys
     assert any("/saved_model/" in k for k in model_keys), model_keys

@@ -111,6 +111,7 @@ def test_params_reach_the_training_task_as_values_and_names_stay_text():
         ("stage_dataset", "version"): "3f2a9c0d1e4b5a69",
         ("stage_dataset", "manifest_uri"): "s3://training/manifests/x/3f2a9c0d1e4b5a69.json",
         ("stage_dataset", "total_bytes"): 1024,
+        ("stage_dataset", "objects"): 1,
         ("check_new", "image"): TRAINER,
         ("train", "run_uri"): "s3://training/runs/train_x/r",
         ("train", "notes"): [],
@@ -141,6 +142,10 @@ def test_params_reach_the_training_task_as_values_and_names_stay_text():
     # the model name is the Param itself, not a rendered text read as a literal (1.10 is not the number 1.1)
     assert (t.report.model, t.promote.model, t.promote.promote) == ("1.10", "1.10", "if_better")
     assert (t.stage.source_uri, t.check.image, t.report.require_metrics) == ("s3://datasets/x/", "", True)
+    # the report tells the dataset as staged and that the promote task decides after it
+    report = t.report
+    assert (report.dataset_uri, report.dataset_bytes, report.dataset_objects) == ("s3://datasets/x/", 1024, 1)
+    assert report.promote == "if_better"
 
 
 @pytest.mark.parametrize(

@@ -46,8 +46,11 @@ def report(promoted: dict | None) -> dict[str, bytes]:
 def test_a_first_model_is_not_called_better_than_a_promoted_one_that_does_not_exist():
     files = report(None)
     html, markdown = files["report.html"].decode(), files["report.md"].decode()
-    assert '<p class="better">No model is promoted yet: none to compare this model with.</p>' in html
-    assert "**No model is promoted yet: none to compare this model with.**" in markdown
+    assert (
+        '<p class="neutral">No model was promoted before: there is none to compare this model with.</p>'
+        in html
+    )
+    assert "**No model was promoted before: there is none to compare this model with.**" in markdown
     assert "the promoted model: no model is promoted yet" not in html + markdown
     # with a promoted model, the verdict names it as before
     compared = report({**METRICS, "final": {"val_accuracy": 0.9}})["report.html"].decode()

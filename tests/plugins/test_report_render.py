@@ -94,7 +94,9 @@ def test_the_run_report_escapes_hostile_names():
     assert [base64.b64decode(data) for data, _ in images] == [files[name] for name in names]
 
     markdown = files["report.md"].decode()
-    assert markdown.startswith(f"# Training report: {HOSTILE}\n\n> **GPU request on {HOSTILE}**\n\n**This")
+    assert markdown.startswith(
+        f"# Training report: {HOSTILE}\n\n> **GPU request on {HOSTILE}**\n\n<!-- kubetrain:promotion -->\n**This"
+    )
     assert f"| {HOSTILE} | `{HOSTILE} \\| x` |" in markdown  # a pipe would split the row
     assert f"![{HOSTILE} per epoch](_script_alert_1___script_.png)" in markdown
     assert markdown.endswith(f"\n\n## Notes\n\n- {HOSTILE}\n")

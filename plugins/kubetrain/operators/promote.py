@@ -32,6 +32,12 @@ class PromoteModelOperator(RunOperator):
     Each promotion is appended to the model's history (``promotions/<model>/``: when, which
     run, by which rule and why), which the Training page shows.
 
+    The run's report, written before this task (its comparison decides ``if_better``), then gets
+    the decision: promoted as which model URI and version, or why not, with this run's metric and
+    the promoted model's. The report's promotion block is rendered anew and each file (report.html,
+    report.md) is put whole, so a reader sees the page before or after, never half of it; a report
+    without the block (none written, or one from an older release) is left as it is.
+
     Returns (XCom) ``{"run_uri", "sync_pass", "files", "bytes", "promoted", "model_uri",
     "model_version", "pruned"}``, and after a promotion ``"reason"`` and ``"previous_version"``;
     each key is also its own XCom.
@@ -165,10 +171,18 @@ class PromoteModelOperator(RunOperator):
             self.log.info("Promoted %s as %s (latest)", run.uri, pointer["uri"])
             result.update(promoted=True, model_uri=pointer["uri"], model_version=version)
             result.update(self.record_promotion(context, run, pointer, previous_version, previous_metrics))
+            if previous_version == version:  # a retry: the version promoted before this one is not known
+                previous_version = previous_metrics = None
         else:
             self.log.info(
                 "Not promoting %s (promote=%s, is_better=%s)", run.uri, self.promote, self.is_better
             )
+            try:  # for the report's figures only: a broken pointer must not fail a run that promotes nothing
+                previous_version, previous_metrics = self.store.models.promoted_metrics(self.model)
+            except ValueError as exc:
+                self.log.warning("The promoted %s cannot be read for the report: %s", self.model, exc)
+                previous_version = previous_metrics = None
+        self.update_report(run, result, previous_version, previous_metrics)
 
         if keep is not None:
             deleted, remaining = self.store.passes.prune(run, files, keep)
@@ -180,6 +194,57 @@ class PromoteModelOperator(RunOperator):
                 )
                 result["sync_pass"] = recorded.number
         return result
+
+    def update_report(
+        self,
+        run: RunLocation,
+        result: dict[str, Any],
+        previous_version: str | None,
+        previous_metrics: dict[str, Any] | None,
+    ) -> None:
+        """Write the decision into the run's report (report.html and report.md), when it has a promotion block.
+
+        :param result: this task's result so far (``promoted``, ``model_uri``, ``model_version``).
+        :param previous_version: the version promoted before this decision, and ``previous_metrics`` its
+            metrics.json (``None``: none was).
+        """
+        from kubetrain.report.render import promotion_outcome, with_promotion
+
+        metrics = self.store.read_json(run.bucket, run.key("output", "metrics.json"))
+        metrics = metrics if isinstance(metrics, dict) else {}
+        monitor, mode = metrics.get("monitor"), metrics.get("monitor_mode")
+
+        def value_in(doc: dict[str, Any] | None) -> float | None:
+            final = (doc or {}).get("final")
+            value = final.get(monitor) if isinstance(final, dict) and isinstance(monitor, str) else None
+            return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+        outcome = promotion_outcome(
+            promoted=bool(result["promoted"]),
+            rule=str(self.promote),
+            model=self.model,
+            monitor=monitor if isinstance(monitor, str) else None,
+            mode=mode if isinstance(mode, str) else None,
+            value=value_in(metrics),
+            other_version=previous_version,
+            other_value=value_in(previous_metrics),
+            model_uri=result.get("model_uri"),
+            version=result.get("model_version"),
+        )
+        files = {}
+        for name, kind in (("report.md", "md"), ("report.html", "html")):
+            body = self.store.read(run.bucket, run.key("report", name))
+            if body is None:
+                self.log.info("No %s in %s/report/: nothing to tell of the promotion", name, run.uri)
+                return
+            try:
+                files[name] = with_promotion(body.decode("utf-8"), kind, outcome).encode("utf-8")
+            except (UnicodeDecodeError, ValueError) as exc:
+                self.log.warning("The report of %s is left as it is: %s", run.uri, exc)
+                return
+        # report.md first, report.html last: the page the links open changes once both are written
+        uri = self.store.reports.write(run, files)
+        self.log.info("Report %s now says: %s", uri, outcome["text"])
 
     def record_promotion(
         self,

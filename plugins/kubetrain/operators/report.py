@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kubetrain.links import REPORT_URL_XCOM_KEY, ReportLink, report_url
+from kubetrain.links import REPORT_URL_XCOM_KEY, ReportLink, airflow_run_url, report_url
 from kubetrain.operators.base import RunOperator
-from kubetrain.report.inputs import ReportInputs, compare, load_run_inputs
+from kubetrain.report.inputs import ReportInputs, compare, load_run_inputs, user_set_params
 from kubetrain.run_store import parse_bool
 from kubetrain.s3_layout import RunLocation, check_name, s3_uri
 
@@ -58,6 +58,49 @@ def command_words(command: Any) -> list[str] | None:
     raise ValueError(f"command {command!r} is not a list of words: expected e.g. ['python', 'train.py']")
 
 
+def run_date(context: Context) -> str | None:
+    """When the DAG run ran, in UTC to the minute: its ``run_after``, else its logical or start date."""
+    from datetime import UTC
+
+    dag_run = context.get("dag_run")
+    for name in ("run_after", "logical_date", "start_date"):
+        value = getattr(dag_run, name, None)
+        if value is not None and hasattr(value, "astimezone"):
+            return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return None
+
+
+def image_revision(
+    image: str | None, *, registry_conn_id: str | None = None
+) -> tuple[str | None, str | None]:
+    """``(revision, None)``: the git revision an image pinned by digest carries (its
+    ``org.opencontainers.image.revision`` label), else ``(None, why not)``; ``(None, None)`` with no image.
+
+    The revision is a fact the report shows, never a reason to fail it: a registry that cannot be asked
+    leaves the report with the digest and a sentence that says so.
+
+    :param image: ``<repository>@sha256:...``, e.g. ``check.output["image"]``.
+    :param registry_conn_id: the registry connection.
+    """
+    from kubetrain.images import has_digest, image_labels
+    from kubetrain.report.render import REVISION_LABEL
+
+    if not image:
+        return None, None
+    if not has_digest(image):
+        return None, f"the image {image} is not pinned by digest, so its labels were not read"
+    try:
+        labels = image_labels(image, registry_conn_id=registry_conn_id)
+    except Exception as exc:  # any failure to ask (network, credentials, a registry's odd answer)
+        return None, f"the registry could not be asked for the image's labels ({exc})"
+    revision = labels.get(REVISION_LABEL, "").strip()
+    if revision == "unknown":  # what `make images` labels outside a git checkout
+        return None, f"the image's {REVISION_LABEL} label says 'unknown' (built outside a git checkout)"
+    if not revision:
+        return None, f"the image carries no {REVISION_LABEL} label"
+    return revision, None
+
+
 class ReportOperator(RunOperator):
     """Render a training run's report into ``<run>/report/`` and compare it with the promoted model.
 
@@ -90,6 +133,16 @@ class ReportOperator(RunOperator):
     :param dataset_version: the staged dataset version (``stage.output["version"]``), likewise. (templated)
     :param command: the training container's command (the training task's ``cmds``), for the Trainer row
         of a container whose metrics.json names no ``trainer``. (templated)
+    :param dataset_uri: the dataset the run trained on (``{{ params.dataset_uri }}``). (templated)
+    :param dataset_bytes: its size as staged (``stage.output["total_bytes"]``). (templated)
+    :param dataset_objects: its number of objects (``stage.output["objects"]``). (templated)
+    :param promote: the promote task's rule when one follows this report (``{{ params.promote }}``): the
+        report says the decision is pending, and the promote task writes it into the report. (templated)
+    :param registry_conn_id: registry connection to read the image's labels with (the Code version row
+        shows its ``org.opencontainers.image.revision``).
+
+    The report also gives the run's date and a link to the run in the Airflow UI, and marks the
+    hyperparameters this run set (its conf against the DAG's Param defaults) apart from the defaults.
     :param training_bucket: training bucket (default: the deployment's). (templated)
     :param aws_conn_id: Airflow connection for S3.
     """
@@ -104,6 +157,10 @@ class ReportOperator(RunOperator):
         "image",
         "dataset_version",
         "command",
+        "dataset_uri",
+        "dataset_bytes",
+        "dataset_objects",
+        "promote",
     )
     operator_extra_links = (ReportLink(),)
     ui_color = "#fdf5e6"
@@ -120,10 +177,20 @@ class ReportOperator(RunOperator):
         image: str | None = None,
         dataset_version: str | None = None,
         command: Sequence[str] | str | None = None,
+        dataset_uri: str | None = None,
+        dataset_bytes: int | str | None = None,
+        dataset_objects: int | str | None = None,
+        promote: str | None = None,
+        registry_conn_id: str | None = None,
         multiple_outputs: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(multiple_outputs=multiple_outputs, **kwargs)
+        self.dataset_uri = dataset_uri
+        self.dataset_bytes = dataset_bytes
+        self.dataset_objects = dataset_objects
+        self.promote = promote
+        self.registry_conn_id = registry_conn_id
         self.notes = notes
         self.disruptions = disruptions
         self.image = image
@@ -148,6 +215,33 @@ class ReportOperator(RunOperator):
             except ValueError as exc:  # a broken pass manifest: the steps lost stay unknown
                 self.log.warning("Could not read the sync passes of the interrupted pods: %s", exc)
         return disruptions_of(self.disruptions, checkpoints)
+
+    def user_set(self, context: Context) -> dict[str, tuple[Any, Any]] | None:
+        """The Params this DAG run set to another value than the DAG's defaults (``None``: no DAG known)."""
+        if not self.has_dag():
+            return None
+        params = self.dag.params
+        defaults = {}
+        for name in params:
+            param = params.get_param(name)
+            defaults[name] = param.value if param.has_value else None
+        dag_run = context.get("dag_run")
+        return user_set_params(getattr(dag_run, "conf", None), defaults)
+
+    def describe_run(self, context: Context, inputs: ReportInputs) -> None:
+        """What Airflow and the stage task know of the run: date, link, dataset, revision, settings."""
+        inputs.run_date = run_date(context)
+        inputs.airflow_url = airflow_run_url(context["ti"].dag_id, context["run_id"])
+        inputs.dataset_uri = self.dataset_uri or None
+        inputs.dataset_bytes = _count("dataset_bytes", self.dataset_bytes)
+        inputs.dataset_objects = _count("dataset_objects", self.dataset_objects)
+        inputs.promote_rule = self.promote or None
+        inputs.user_set = self.user_set(context)
+        inputs.revision, inputs.revision_note = image_revision(
+            inputs.image, registry_conn_id=self.registry_conn_id
+        )
+        if inputs.revision_note:
+            self.log.info("Code version: no revision (%s)", inputs.revision_note)
 
     def load_inputs(self, run: RunLocation) -> ReportInputs:
         """Read and check the run's output files."""
@@ -181,6 +275,7 @@ class ReportOperator(RunOperator):
         inputs.image = self.image or None
         inputs.dataset_version = self.dataset_version or None
         inputs.command = command_words(self.command)
+        self.describe_run(context, inputs)
         metrics = inputs.metrics
 
         if self.model:
@@ -215,3 +310,16 @@ class ReportOperator(RunOperator):
             "promoted_metric": comparison.promoted_value if comparison else None,
             "promoted_version": comparison.promoted_version if comparison else None,
         }
+
+
+def _count(name: str, value: Any) -> int | None:
+    """A non-negative integer from an XCom or a template (``None`` or empty: unknown)."""
+    if value in (None, "", "None"):
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = -1
+    if number < 0:
+        raise ValueError(f"{name}={value!r} is not valid: expected a number of bytes or objects >= 0")
+    return number

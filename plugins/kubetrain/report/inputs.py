@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,6 +208,22 @@ class ReportInputs:
     image: str | None = None
     dataset_version: str | None = None
     command: list[str] | None = None
+    # The run as Airflow knows it: when it ran (text, UTC) and its page in the Airflow UI.
+    run_date: str | None = None
+    airflow_url: str | None = None
+    # The dataset as the stage task found it: its URI, bytes and objects.
+    dataset_uri: str | None = None
+    dataset_bytes: int | None = None
+    dataset_objects: int | None = None
+    # The source revision the image carries (label org.opencontainers.image.revision), or, when there is
+    # none, why not (the Code version row then shows the digest and says so).
+    revision: str | None = None
+    revision_note: str | None = None
+    # The Params this run set to other values than the DAG's defaults, each as (value, default);
+    # ``None``: not known (no hyperparameter is marked).
+    user_set: dict[str, tuple[Any, Any]] | None = None
+    # The promote task's rule when one decides after this report (the page says the decision is pending).
+    promote_rule: str | None = None
 
     @property
     def epochs(self) -> int | None:
@@ -218,6 +234,34 @@ class ReportInputs:
     def trainer(self) -> str | None:
         """metrics.json's ``trainer``, else the image's repository (a container of the user's own)."""
         return self.metrics.get("trainer") or image_repository(self.image)
+
+
+def user_set_params(conf: Any, defaults: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The Params a DAG run set to another value than their default, as ``{name: (value, default)}``.
+
+    The trigger form sends every Param in the run's conf, the defaults included, so a Param counts as
+    set by the user only where its value differs from the default. A conf key that is no Param is
+    left out (it is not a setting of the run).
+
+    :param conf: the DAG run's conf (``dag_run.conf``); anything else than a mapping counts as empty.
+    :param defaults: each Param's default value by name.
+    """
+    if not isinstance(conf, Mapping):
+        return {}
+    return {
+        str(name): (value, defaults[name])
+        for name, value in conf.items()
+        if name in defaults and not same_value(value, defaults[name])
+    }
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether a conf value equals a default as the form means it: ``1`` is ``1.0``, ``None`` is ``""``."""
+    if a in (None, "") and b in (None, ""):
+        return True
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    return a == b
 
 
 def epochs_of(metrics: dict[str, Any], history: History | None) -> int | None:

@@ -140,14 +140,90 @@ def comparison_line(comparison: Comparison | None, subject: str, *, version: boo
         return None
     if comparison.nothing_promoted:
         return {
-            "css": "better",
-            "text": f"No model is promoted yet: none to compare {subject[:1].lower()}{subject[1:]} with",
+            "css": "neutral",
+            "text": f"No model was promoted before: there is none to compare {subject[:1].lower()}{subject[1:]} with",
         }
     verdict = "better than" if comparison.better else "not better than"
     text = f"{subject} is {verdict} the promoted model: {comparison.reason}"
     if version and comparison.promoted_version:
         text += f" (promoted version {comparison.promoted_version})"
     return {"css": "better" if comparison.better else "worse", "text": text}
+
+
+#: the comments around a run report's promotion block, which the promote task replaces with its outcome
+PROMOTION_START = "<!-- kubetrain:promotion -->"
+PROMOTION_END = "<!-- /kubetrain:promotion -->"
+
+
+def promotion_outcome(
+    *,
+    promoted: bool,
+    rule: str,
+    model: str,
+    monitor: str | None,
+    mode: str | None,
+    value: float | None,
+    other_version: str | None,
+    other_value: float | None,
+    model_uri: str | None = None,
+    version: str | None = None,
+) -> dict[str, str]:
+    """What the promote task decided, as a sentence with both figures and its CSS class.
+
+    :param promoted: whether this run's model was promoted.
+    :param rule: the ``promote`` setting (``if_better``, ``always``, ``never``).
+    :param model: the model's name.
+    :param monitor: the compared metric; ``mode``: ``max`` or ``min``; ``value``: this run's.
+    :param other_version: the version promoted before this decision (``None``: there was none);
+        ``other_value``: its ``monitor``.
+    :param model_uri: where the promoted model now is; ``version``: its version (when promoted).
+    """
+    better = {"max": "higher", "min": "lower"}.get(mode or "", "")
+    this = (
+        f"this run's {monitor} {format_value(value)}"
+        if monitor and value is not None
+        else f"this run has no {monitor or 'monitored metric'}"
+    )
+    if other_version is None:
+        figures = f"{this}; no version of {model} was promoted before"
+    elif other_value is None:
+        figures = f"{this}; the version promoted before, {other_version}, has no {monitor}"
+    else:
+        figures = (
+            f"{this} against {format_value(other_value)} of version {other_version}, promoted before"
+            + (f" ({better} is better)" if better else "")
+        )
+    if promoted:
+        text = f"Promoted as {model_uri} (model {model}, version {version}; promote={rule}): {figures}"
+        return {"css": "better", "text": text}
+    why = {
+        "never": "promote=never",
+        "if_better": "promote=if_better, and it is not better than the promoted model",
+    }.get(rule, f"promote={rule}")
+    return {"css": "worse", "text": f"Not promoted ({why}): {figures}"}
+
+
+def promotion_block(kind: str, values: Mapping[str, Any]) -> str:
+    """The promotion block of a run report, markers included: ``kind`` ``"html"`` or ``"md"``.
+
+    :param values: ``comparison`` (the report's verdict), ``promote_rule`` (a decision is pending) and
+        ``promotion`` (the decision: :func:`promotion_outcome`), each possibly ``None``.
+    """
+    return environment().get_template(f"report/promotion.{kind}").render(values)
+
+
+def with_promotion(document: str, kind: str, outcome: Mapping[str, str]) -> str:
+    """A rendered run report with its promotion block replaced by ``outcome``.
+
+    :param document: ``report.html`` (``kind="html"``) or ``report.md`` (``kind="md"``) as rendered.
+    :param outcome: from :func:`promotion_outcome`.
+    :raises ValueError: the document has no promotion block (a report from before there was one).
+    """
+    start, end = document.find(PROMOTION_START), document.find(PROMOTION_END)
+    if start < 0 or end < start:
+        raise ValueError(f"the report.{kind} has no promotion block ({PROMOTION_START} ... {PROMOTION_END})")
+    block = promotion_block(kind, {"comparison": None, "promote_rule": None, "promotion": outcome})
+    return document[:start] + block.rstrip("\n") + document[end + len(PROMOTION_END) :]
 
 
 def render_page(template: str, values: Mapping[str, Any]) -> str:
@@ -214,8 +290,10 @@ def disruption_rows(disruptions: Any) -> list[tuple[str, str]]:
 def summary_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
     """The headline facts of a run as (label, value) pairs, shared by HTML and Markdown."""
     m = inputs.metrics
-    rows = [
-        ("Run", inputs.run_uri),
+    rows = [("Run", inputs.run_uri)]
+    if inputs.run_date:
+        rows.append(("Run date", inputs.run_date))
+    rows += [
         ("Trainer", trainer_cell(inputs)),
         ("Task", format_value(m.get("task")) or 'not stated (metrics.json has no "task")'),
     ]
@@ -259,15 +337,86 @@ def summary_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
     rows.extend(disruption_rows(inputs.disruptions))
     # params.json (kubetrain's trainers) first, else what the platform knows (a container of the user's own)
     params = inputs.params or {}
+    if inputs.dataset_uri:
+        rows.append(("Dataset", dataset_cell(inputs)))
     known = {"dataset_version": inputs.dataset_version, "image": inputs.image}
-    for key, label in (
-        ("dataset_version", "Dataset version"),
-        ("image", "Image"),
-        ("code_version", "Code version"),
-    ):
+    for key, label in (("dataset_version", "Dataset version"), ("image", "Image")):
         if value := params.get(key) or known.get(key):
             rows.append((label, format_value(value)))
+    if code := code_version_cell(inputs):
+        rows.append(("Code version", code))
+    others = sorted(set(inputs.user_set or {}) - set(hyperparameters_of(inputs)))
+    if others:
+        rows.append(
+            (
+                "Set for this run",
+                ", ".join(f"{name}={format_value(inputs.user_set[name][0])}" for name in others),
+            )
+        )
     return rows
+
+
+#: the OCI label that holds the source revision an image was built from
+REVISION_LABEL = "org.opencontainers.image.revision"
+
+
+def code_version_cell(inputs: ReportInputs) -> str:
+    """The Code version row: the git revision the image carries, else the digest (or params.json's
+    code_version), saying why there is no revision; empty when nothing is known."""
+    if inputs.revision:
+        return f"{inputs.revision} (git revision, the image's {REVISION_LABEL} label)"
+    digest = (inputs.params or {}).get("code_version")
+    if not digest and inputs.image and "@" in inputs.image:
+        digest = inputs.image.rsplit("@", 1)[1]
+    if not digest:
+        return ""
+    if inputs.revision_note:
+        return f"{format_value(digest)} (the image's digest: {inputs.revision_note})"
+    return format_value(digest)
+
+
+def size_text(size: float) -> str:
+    """``1.80 MB (1,803,432 bytes)``: decimal units, as S3 consoles count."""
+    number = float(size)
+    for unit in ("bytes", "kB", "MB", "GB", "TB"):
+        if abs(number) < 1000 or unit == "TB":
+            break
+        number /= 1000
+    exact = f"{int(size):,} bytes"
+    return exact if unit == "bytes" else f"{number:.3g} {unit} ({exact})"
+
+
+def dataset_cell(inputs: ReportInputs) -> str:
+    """The Dataset row: its URI, its size and its number of objects, as staged."""
+    facts = []
+    if inputs.dataset_objects is not None:
+        facts.append(f"{inputs.dataset_objects} object{'' if inputs.dataset_objects == 1 else 's'}")
+    if inputs.dataset_bytes is not None:
+        facts.append(size_text(inputs.dataset_bytes))
+    return f"{inputs.dataset_uri}: {', '.join(facts)}" if facts else str(inputs.dataset_uri)
+
+
+def hyperparameters_of(inputs: ReportInputs) -> dict[str, Any]:
+    """params.json's ``hyperparameters`` (the values the trainer ran with), or ``{}``."""
+    hyper = (inputs.params or {}).get("hyperparameters")
+    return hyper if isinstance(hyper, dict) else {}
+
+
+def hyperparameter_tables(inputs: ReportInputs) -> dict[str, Any]:
+    """The hyperparameters as the templates show them: ``set`` (name, value, default) for those this run
+    set to another value than the DAG's default, ``defaults`` (name, value) for the rest, and ``marked``,
+    whether the run's settings were known (when not, every one is in ``defaults``, unmarked)."""
+    hyper = hyperparameters_of(inputs)
+    user_set = inputs.user_set
+    if user_set is None:
+        return {"marked": False, "set": [], "defaults": sorted(hyper.items())}
+    return {
+        "marked": True,
+        "set": [
+            (name, value, user_set[name][1]) for name, value in sorted(hyper.items()) if name in user_set
+        ],
+        "defaults": [(name, value) for name, value in sorted(hyper.items()) if name not in user_set],
+    }
 
 
 def trainer_cell(inputs: ReportInputs) -> str:
@@ -286,14 +435,16 @@ def page_values(inputs: ReportInputs, plots: Plots) -> dict[str, Any]:
     :param inputs: the run's report inputs.
     :param plots: the plots by file name, each as (caption, PNG bytes).
     """
-    hyper = (inputs.params or {}).get("hyperparameters")
     history = inputs.history
     return {
         "title": inputs.title or f"Training report: {inputs.metrics.get('trainer') or 'run'}",
         "warnings": inputs.warnings,
         "comparison": comparison_line(inputs.comparison, "This model", version=True),
+        "promote_rule": inputs.promote_rule,
+        "promotion": None,
+        "airflow_url": inputs.airflow_url,
         "summary": summary_rows(inputs),
-        "hyperparameters": sorted(hyper.items()) if isinstance(hyper, dict) else [],
+        "hyperparameters": hyperparameter_tables(inputs),
         "plots": figures(plots),
         "history": (
             {
