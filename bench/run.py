@@ -128,6 +128,10 @@ def write_readme() -> None:
         if notes.exists():
             parts.append("\n" + notes.read_text().strip() + "\n")
         parts.append("\n" + result.read_text().strip() + "\n" if result.exists() else "\nNot run yet.\n")
+    # measured by hand, not by a script: a fresh clone's first `make demo`, phase by phase
+    first_demo = REPO / "bench" / "notes" / "first_demo.md"
+    if first_demo.exists():
+        parts.append("\n" + first_demo.read_text().strip() + "\n")
     (REPO / "bench" / "README.md").write_text("".join(parts))
 
 

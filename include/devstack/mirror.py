@@ -176,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         print("error: buildah is not installed: run `make setup`", file=sys.stderr)
         return 1
     os.environ.setdefault("TMPDIR", str(REPO / ".tools" / "buildah" / "tmp"))
-    for name, digest in build(log=lambda line: None).items():
+    # the build's lines (buildah's steps) go to stdout: `make mirror` keeps them in its log and shows
+    # the last one as its progress
+    for name, digest in build(log=lambda line: print(line, flush=True)).items():
         print(f"{name}  {digest}")
     return 0
 
