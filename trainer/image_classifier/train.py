@@ -35,7 +35,7 @@ from trainer.common.signals import StopRequest
 from trainer.image_classifier.config import ClassifierConfig
 from trainer.image_classifier.data import ImagePipeline, split_files
 from trainer.image_classifier.model import build_model, classification_sums, confusion_matrix
-from trainer.image_classifier.prepare import prepare_images
+from trainer.image_classifier.prepare import decodes, prepare_images
 
 log = logging.getLogger("kubetrain.trainer")
 
@@ -62,7 +62,11 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
 
     # the devices first (virtual CPUs, memory growth): preparing the images starts TensorFlow
     runtime = configure(config)
+    decoded_before = decodes()
     folder = prepare_images(data_dir, config, Path(config.prepared_dir) if config.prepared_dir else None)
+    # What this run's preparation cost: 0 when it found the copy (a retry, a trial, the next run).
+    prepared = {"made": folder.made, "decoded": decodes() - decoded_before}
+    log.info("images decoded by this run: %d", prepared["decoded"])
     train_files, val_files = split_files(folder.files, config.validation_split, config.seed)
     if not val_files:
         raise DataError("the validation split is empty: every class has a single image")
@@ -170,6 +174,7 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
             classes=folder.class_names,
             train_examples=train_examples,
             val_examples=val_examples,
+            prepared=prepared,
         ),
     )
     log.info("done: %d steps; %s; outputs in %s", result.steps, describe_exported(result), output_dir)

@@ -156,6 +156,10 @@ def test_a_second_training_run_reuses_the_copy_and_decodes_nothing(tmp_path, fol
     second = run("second")
     assert decodes() == before, "the second run decoded images"
     assert "using the prepared copy" in caplog.text
+    # metrics.json counts what each run's preparation decoded, as the pod's own record of it
+    assert first["prepared"] == {"made": True, "decoded": 2 * PER_CLASS}
+    assert second["prepared"] == {"made": False, "decoded": 0}
+    assert "images decoded by this run: 0" in caplog.text
     assert (first["train_examples"], first["val_examples"]) == (
         second["train_examples"],
         second["val_examples"],
