@@ -22,12 +22,23 @@ TRAINING_VIEW = {
 }
 
 
+REPORTS_APP = ReportsApp()
+
+
 class KubetrainPlugin(AirflowPlugin):
     """Makes the "Training report" link of ReportOperator tasks known, serves the reports it opens, adds the Training page."""
 
     name = "kubetrain"
     operator_extra_links = [ReportLink()]
     fastapi_apps = [
-        {"app": ReportsApp(), "url_prefix": URL_PREFIX, "name": "kubetrain training reports and runs"}
+        {"app": REPORTS_APP, "url_prefix": URL_PREFIX, "name": "kubetrain training reports and runs"}
+    ]
+    # changes no request: it starts building the routes above and warming the Training page as the API
+    # server starts (ReportsApp.warm_up_on_start), so that the first visit does not wait for them
+    fastapi_root_middlewares = [
+        {
+            "middleware": REPORTS_APP.warm_up_on_start,
+            "name": "kubetrain: the Training page warmed up on start",
+        }
     ]
     external_views = [TRAINING_VIEW]

@@ -19,12 +19,15 @@ whose only content is what the report renderer wrote (inline styles and data: im
 
 from __future__ import annotations
 
+import logging
 import posixpath
 import re
+import threading
 from typing import Any
 
 from kubetrain.run_store import CONTENT_TYPES
 
+log = logging.getLogger(__name__)
 REPORT_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; sandbox"
 _REPORT_KEY = re.compile(r"^runs/(?P<dag>[^/]+)/(?:[^/]+/)+report/[^/]+$")
 
@@ -115,7 +118,7 @@ def _wants_html(request: Any) -> bool:
 
 
 class ReportsApp:
-    """An ASGI app that builds :func:`create_app` on its first request.
+    """An ASGI app that builds :func:`create_app` when the API server starts, or on its first request.
 
     The plugin is loaded by every Airflow component; only the API server ever calls this, so
     only it imports FastAPI and the API server's security module.
@@ -123,8 +126,34 @@ class ReportsApp:
 
     def __init__(self) -> None:
         self._app: Any = None
+        self._lock = threading.Lock()
+
+    def app(self) -> Any:
+        with self._lock:
+            if self._app is None:
+                self._app = create_app()
+            return self._app
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if self._app is None:
-            self._app = create_app()
-        await self._app(scope, receive, send)
+        await (self._app or self.app())(scope, receive, send)
+
+    def warm_up_on_start(self, app: Any) -> Any:
+        """A root middleware of the API server's app that leaves it as it is (it returns ``app``) and
+        starts a thread that builds this app and warms the Training page (:func:`kubetrain.ui.app.warm_up`).
+
+        Starlette makes its middleware when the server starts (the lifespan's first event), so the
+        first click on "Training" finds the page ready instead of waiting seconds for imports, the
+        S3 client and the run index. Mounted apps get no lifespan events of their own.
+        """
+
+        def warm() -> None:
+            try:
+                self.app()
+                from kubetrain.ui.app import warm_up
+
+                warm_up()
+            except Exception:  # the first request builds what is missing, and reports what fails
+                log.warning("kubetrain's routes were not warmed up on start", exc_info=True)
+
+        threading.Thread(target=warm, name="kubetrain-warm-up", daemon=True).start()
+        return app

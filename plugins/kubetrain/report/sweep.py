@@ -198,11 +198,30 @@ def _axis(spec: Mapping[str, Any]) -> tuple[Callable[[Any], float | None], list[
         return (v - lo) / width
 
     ticks = [(0.0, format_value(spec["low"])), (1.0, format_value(spec["high"]))]
+    if log:
+        # the powers of ten between the ends, at their log positions: what tells a log axis from a linear one
+        decades = range(math.floor(lo) + 1, math.ceil(hi))
+        ticks[1:1] = [((d - lo) / width, format_value(10.0**d)) for d in decades]
     return position, ticks
+
+
+def log_scaled(spec: Mapping[str, Any]) -> bool:
+    """Whether a hyperparameter was searched on a log scale (a range with ``log``, ``low`` > 0)."""
+    try:
+        return bool(spec.get("log")) and "choices" not in spec and float(spec["low"]) > 0
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def parallel_coordinates_plot(inputs: SweepReportInputs) -> bytes | None:
     """One axis per hyperparameter plus the objective; one line per trial, coloured by its objective."""
+    figure = parallel_coordinates_figure(inputs)
+    return _png(figure) if figure is not None else None
+
+
+def parallel_coordinates_figure(inputs: SweepReportInputs) -> Any:
+    """The parallel-coordinates plot as a matplotlib figure (``None`` without trials that have values);
+    a log-searched hyperparameter's axis is logarithmic, ticked at its powers of ten."""
     names = _names(inputs)
     trials = [t for t in inputs.trials if _value(t) is not None and isinstance(t.get("params"), Mapping)]
     if not names or not trials:
@@ -244,12 +263,15 @@ def parallel_coordinates_plot(inputs: SweepReportInputs) -> bytes | None:
         axes.annotate(
             label, (len(names), y), textcoords="offset points", xytext=(3, 0), fontsize=7, va="center"
         )
-    axes.set_xticks(xs, labels=[*names, objective.get("metric", "objective")])
+    labels = [f"{n}\n(log scale)" if log_scaled(space.get(n) or {}) else n for n in names]
+    axes.set_xticks(xs, labels=[*labels, objective.get("metric", "objective")])
     axes.set_yticks([])
     axes.set_ylim(-0.05, 1.05)
-    axes.set_title("Hyperparameters against the objective (dashed: stopped early)")
+    # two short lines: the axes are narrower than the figure (the colour bar takes its share), and
+    # constrained layout makes room for a title's lines, not for a line matplotlib wraps when drawing
+    axes.set_title("Hyperparameters against the objective\n(dashed: stopped early)")
     figure.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes, label=objective.get("metric", "objective"))
-    return _png(figure)
+    return figure
 
 
 def page_values(inputs: SweepReportInputs, plots: Plots) -> dict[str, Any]:
@@ -293,6 +315,8 @@ def page_values(inputs: SweepReportInputs, plots: Plots) -> dict[str, Any]:
             "report",
         ],
         "trials": trials,
+        # the outcome's column (0-based), after rank, trial, the hyperparameters, the objective, reports, steps
+        "outcome_column": len(names) + 5,
         "plots": figures(plots),
     }
 

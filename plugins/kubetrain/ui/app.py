@@ -35,6 +35,7 @@ from kubetrain.ui.queries import (
     QueryError,
     RunFilter,
     TrainingQueries,
+    fold_sweeps,
     parse_ref,
     sweep_time,
 )
@@ -63,6 +64,7 @@ def templates() -> Any:
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    env.filters["fold_sweeps"] = fold_sweeps
     return register_filters(env)
 
 
@@ -105,37 +107,77 @@ def varied_params(runs: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def create_router() -> Any:
-    """The routes of the Training page, as a FastAPI router for kubetrain's app."""
-    from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.core_api.security import get_user
+_local = threading.local()
+PAGE_TEMPLATES = ("runs.html", "model.html", "sweep.html", "compare.html", "files.html", "error.html")
+
+
+def run_store() -> Any:
+    """This worker thread's run store on the API server's S3 connection (``aws_default``)."""
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
     from kubetrain.run_store import RunStore
     from kubetrain.s3_layout import S3Layout
+
+    # One store per worker thread, kept across requests: its boto3 client keeps its connections
+    # (a page reads 50 records in parallel), and boto3 resources are not shared between threads.
+    layout = S3Layout.from_environment()
+    store = getattr(_local, "store", None)
+    if store is None or store.layout != layout:
+        store = _local.store = RunStore(
+            S3Hook(aws_conn_id="aws_default", config={"max_pool_connections": 16}), layout
+        )
+    return store
+
+
+def run_index(store: Any) -> Any:
+    """The run index database of the store's bucket, cached in this process (kubetrain.store.runs_db)."""
     from kubetrain.store.runs_db import cached_index
 
+    return cached_index(store, str(store.hook.conn.meta.endpoint_url))
+
+
+def warm_up() -> None:
+    """Do, before the first visit, what the first page would otherwise make its viewer wait for.
+
+    The API server calls this in a thread of its own as it starts (kubetrain.api.ReportsApp): the
+    templates compiled, the S3 connection and its client made, the run index database loaded from
+    its snapshot, and matplotlib imported for the comparison chart (what the first click waited for:
+    bench/notes/runs_page.md). A failure here (S3 down) only leaves the work to the first page,
+    which reports it.
+    """
+    import logging
+    import time
+
+    log = logging.getLogger(__name__)
+    started = time.monotonic()
+    env = templates()
+    for name in PAGE_TEMPLATES:
+        env.get_template(name)
+    from kubetrain.store.runs_db import IndexUnavailable
+
+    try:
+        run_index(run_store()).refresh()
+    except IndexUnavailable:
+        pass  # no snapshot yet: the pages walk the index keys, as they will on the first visit
+    except Exception as exc:  # the first page tries again and says what is wrong
+        log.warning("The Training page's run index was not loaded ahead of its first visit: %s", exc)
+    from matplotlib.backends import backend_svg  # noqa: F401  (the comparison chart's, ~1 s to import)
+    from matplotlib.figure import Figure  # noqa: F401
+
+    log.info("The Training page is warmed up for its first visit (%.1f s)", time.monotonic() - started)
+
+
+def create_router() -> Any:
+    """The routes of the Training page, as a FastAPI router for kubetrain's app."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.core_api.security import get_user
+
     router = APIRouter(prefix=PREFIX)
-
-    local = threading.local()
-
-    def run_store() -> RunStore:
-        # One store per worker thread, kept across requests: its boto3 client keeps its connections
-        # (a page reads 50 records in parallel), and boto3 resources are not shared between threads.
-        layout = S3Layout.from_environment()
-        store = getattr(local, "store", None)
-        if store is None or store.layout != layout:
-            store = local.store = RunStore(
-                S3Hook(aws_conn_id="aws_default", config={"max_pool_connections": 16}), layout
-            )
-        return store
 
     def queries(user: Any = Depends(get_user)) -> TrainingQueries:  # noqa: B008
         readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
         store = run_store()
-        # the run index database, cached in this process (kubetrain.store.runs_db)
-        index = cached_index(store, str(store.hook.conn.meta.endpoint_url))
-        return TrainingQueries(store, readable, index)
+        return TrainingQueries(store, readable, run_index(store))
 
     def base_of(request: Request) -> str:
         return request.scope.get("root_path", "").rstrip("/") + PREFIX
@@ -159,6 +201,15 @@ def create_router() -> Any:
             return q.models()
         except Exception:  # the navigation must not hide the page's own answer
             return []
+
+    def _training_dags(q: TrainingQueries, filt: RunFilter) -> list[str]:
+        try:
+            dags = q.training_dags()
+        except Exception:  # the filter's choices must not hide the runs
+            dags = list(q.dag_ids)
+        if filt.dag_id and filt.dag_id not in dags:
+            dags = sorted([*dags, filt.dag_id])  # the chosen filter stays shown, whatever it matches
+        return dags
 
     def error_page(request: Request, q: TrainingQueries, exc: Exception) -> HTMLResponse:
         if isinstance(exc, NotVisible):
@@ -226,7 +277,7 @@ def create_router() -> Any:
             section="runs",
             filt=filt,
             page=found,
-            dags=q.dag_ids,
+            dags=_training_dags(q, filt),
             next_url=next_url,
         )
 

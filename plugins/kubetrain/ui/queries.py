@@ -256,6 +256,21 @@ class TrainingQueries:
         # index/_all/ and index/_db/ (the database) are no model's: model names start with a letter or digit
         return sorted(n for n in names if n and not n.startswith("_") and self.model_readable(n))
 
+    def training_dags(self) -> list[str]:
+        """The readable DAGs that train: those with a run record in the index (build, preflight and
+        maintenance DAGs write none), for the runs list's DAG filter.
+
+        The run index database answers with one probe per DAG; without it, the DAG folders of the
+        training bucket's ``runs/`` (one LIST) stand in, as every training run writes below them.
+        """
+        db = self.db()
+        if db is not None:
+            with self.index.lock:  # type: ignore[union-attr]
+                found = _dags_of(db, self.readable)
+        else:
+            found = {p[len("runs/") :].rstrip("/") for p in self.store.list_prefixes(self.bucket, "runs/")}
+        return [d for d in self.dag_ids if safe_segment(d) in found]
+
     def model_readable(self, model: str) -> bool:
         """Whether ``model`` has a run of a readable DAG in its index (the first ``MAX_SCAN`` entries decide)."""
         db = self.db()
@@ -432,6 +447,53 @@ def rank_trials(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for rank, record in enumerate(ranked, start=1):
         record["rank"] = rank
     return ranked
+
+
+def _dags_of(db: RunsDb, readable: Iterable[str]) -> set[str]:
+    """The DAG segments among ``readable`` with a row in the run index database (one probe of its dag index each)."""
+    return {
+        dag
+        for dag in readable
+        if db.conn.execute("SELECT 1 FROM runs WHERE dag = ? LIMIT 1", (dag,)).fetchone() is not None
+    }
+
+
+def fold_sweeps(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs list's rows: a run as it is, and the trials of one sweep (one DAG run) folded into one row.
+
+    A folded row is ``{"folded_sweep": True, "best": <best trial>, "trials": [...], "counts": {...},
+    "promoted": <the promoted trial or None>}`` at the place of the sweep's newest trial; its link
+    opens the sweep's page, which lists every trial. The
+    trials of one DAG run sit side by side in the index (they share its time), so a page shows each
+    sweep once; one that a page boundary cuts is folded on both pages, each with the trials it holds.
+    """
+    rows: list[dict[str, Any]] = []
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for run in runs:
+        if run.get("trial") in (None, ""):
+            rows.append(run)
+            continue
+        key = (str(run.get("dag_id")), str(run.get("run_id")))
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = {"folded_sweep": True, "trials": []}
+            rows.append(group)
+        group["trials"].append(run)
+    for group in groups.values():
+        ranked = rank_trials([dict(t) for t in group["trials"]])
+        group["best"] = ranked[0]
+        statuses = [t.get("status") for t in ranked]
+        group["counts"] = {
+            "success": statuses.count("success"),
+            "failed": statuses.count("failed"),
+            "stopped_early": sum(
+                1
+                for t in ranked
+                if t.get("status") == "success" and (t.get("sweep") or {}).get("stopped_early")
+            ),
+        }
+        group["promoted"] = next((t for t in ranked if (t.get("promotion") or {}).get("promoted")), None)
+    return rows
 
 
 def sweep_time(record: dict[str, Any]) -> str:
