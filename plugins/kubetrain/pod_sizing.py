@@ -233,6 +233,12 @@ def scratch_sizes(config: TrainingPodConfig) -> ScratchSizes:
     """
     checkpoints = size_bytes("checkpoint_size", config.checkpoint_size)
     output = size_bytes("output_size", config.output_size)
+    if checkpoints is None:
+        raise ValueError(
+            f"checkpoint_size={config.checkpoint_size!r} is not valid: expected a size such as '4Gi'"
+        )
+    if output is None:
+        raise ValueError(f"output_size={config.output_size!r} is not valid: expected a size such as '2Gi'")
     data = size_bytes("data_size", config.data_size)
     if data is None and config.dataset_bytes is not None:
         data = derived_data_size(config.dataset_bytes, config.prepared_bytes or 0)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 from kubetrain.s3_layout import RunLocation, check_name, utc_stamp
 from kubetrain_contract.exit_codes import EXIT_PREEMPTED
@@ -42,8 +42,22 @@ from kubetrain_contract.run import (
 )
 
 STATUSES = ("success", "failed")
-PROMOTE_RULES = ("if_better", "always", "never")
+PROMOTE_RULES: tuple[Literal["if_better", "always", "never"], ...] = ("if_better", "always", "never")
+#: the rules under which the promote task promotes (``never`` does not)
+PROMOTING_RULES: tuple[Literal["if_better", "always"], ...] = ("if_better", "always")
+RESUME_SOURCES: tuple[Literal["metrics.json", "sync-passes"], ...] = ("metrics.json", "sync-passes")
 _MAX_ERROR_CHARS = 2000
+
+
+_Choice = TypeVar("_Choice", bound=str)
+
+
+def _member(name: str, value: object, choices: tuple[_Choice, ...]) -> _Choice:
+    """``value`` as the one of ``choices`` it equals (the record's field type); refused naming ``name``."""
+    for choice in choices:
+        if value == choice:
+            return choice
+    raise ValueError(f"{name}={value!r} is not valid: expected one of {', '.join(choices)}")
 
 
 # -- why a run was or was not promoted -------------------------------------------------------------
@@ -228,7 +242,9 @@ def _promotion(facts: RunFacts, objective: RunMetrics, report: Mapping[str, Any]
             other_value=other_value,
         )
     return RunPromotion(
-        rule=facts.promote_rule,  # one of PROMOTE_RULES: RunFacts checks it
+        rule=_member("promote", facts.promote_rule, PROMOTE_RULES)
+        if facts.promote_rule is not None
+        else None,
         promoted=promoted,
         version=promotion.get("model_version") if promoted else None,
         model_uri=promotion.get("model_uri") if promoted else None,
@@ -339,7 +355,11 @@ def build_record(facts: RunFacts) -> RunRecord:
         wall_time_s=finite_number(metrics.get("wall_time_s")),
         examples_per_s=finite_number(metrics.get("examples_per_s")),
         resumed_from_step=resumed,
-        resumed_from_source=source if resumed is not None else None,
+        resumed_from_source=(
+            _member("resumed_from_source", source, RESUME_SOURCES)
+            if resumed is not None and source is not None
+            else None
+        ),
         promotion=_promotion(facts, objective, report),
         report_uri=report.get("report_uri") or None,
         report_url=report.get("report_url") or None,
@@ -368,7 +388,7 @@ def promotion_event(
     promoted_at: str | None = None,
 ) -> PromotionEvent:
     """One entry of a model's promotion history (``store.promotions.record`` writes it)."""
-    if rule not in ("if_better", "always"):
+    if rule not in PROMOTING_RULES:
         raise ValueError(f"promote={rule!r} does not promote: expected 'if_better' or 'always'")
     return PromotionEvent(
         model=check_name("model", model),
@@ -379,7 +399,7 @@ def promotion_event(
         run_id=run_id,
         trial=str(trial) if trial not in (None, "") else None,
         run_uri=run_uri,
-        rule=rule,
+        rule=_member("promote", rule, PROMOTING_RULES),
         reason=reason,
         metric=MetricValue(monitor, finite_number(value)),
         previous=VersionValue(previous_version, finite_number(previous_value)) if previous_version else None,

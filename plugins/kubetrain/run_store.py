@@ -20,6 +20,7 @@ Failures have classes: :class:`FinalPassPending` (the sidecar is not done yet: w
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import io
 import json
@@ -180,7 +181,7 @@ class RunStore:
         :param workers: at most this many reads at once.
         """
         bodies = self.read_files(bucket, keys, workers=workers)
-        return [None if bodies[key] is None else _json(bucket, key, bodies[key]) for key in keys]
+        return [None if (body := bodies[key]) is None else _json(bucket, key, body) for key in keys]
 
     def write(self, bucket: str, key: str, body: bytes | str, *, content_type: str | None = None) -> str:
         """Write (or replace) an object; return its URI.
@@ -239,13 +240,13 @@ class RunStore:
 
     def list_keys(
         self, bucket: str, prefix: str, *, start_after: str | None = None, max_keys: int | None = None
-    ) -> list[str]:
+    ) -> builtins.list[str]:  # `list` is the method above here
         """Keys under ``prefix`` in key order, after ``start_after``, at most ``max_keys`` (one request per 1000)."""
         return self.hook.list_keys(
             bucket_name=bucket, prefix=prefix, start_after_key=start_after, max_items=max_keys, page_size=1000
         )
 
-    def list_prefixes(self, bucket: str, prefix: str) -> list[str]:
+    def list_prefixes(self, bucket: str, prefix: str) -> builtins.list[str]:
         """The "folders" right below ``prefix`` (with their trailing '/')."""
         return self.hook.list_prefixes(bucket_name=bucket, prefix=prefix, delimiter="/") or []
 

@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from kubetrain import settings
 from kubetrain_contract.run_layout import RUN_RECORD_JSON, SYNC_AREA, pass_key, pass_number
@@ -336,7 +337,11 @@ def model_version(run: RunLocation, when: datetime) -> str:
 
 
 def run_from_context(
-    context: dict, *, run_uri: str | None = None, trial: str | None = None, training_bucket: str | None = None
+    context: Mapping[str, Any],
+    *,
+    run_uri: str | None = None,
+    trial: str | None = None,
+    training_bucket: str | None = None,
 ) -> RunLocation:
     """The run location of the task instance in ``context`` (or ``run_uri`` when given).
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 MAX_WORKERS = 64
 MAX_PS = 16
@@ -111,5 +112,6 @@ class DistributedSpec:
             )
         return f"multi-worker mirrored: {self.workers} worker(s) (the chief first), {self.gpus_per_worker} GPU(s) each"
 
-    def replace(self, **changes: object) -> DistributedSpec:
+    def replace(self, **changes: Any) -> DistributedSpec:
+        """A copy with ``changes`` (fields by name), checked as a new spec is."""
         return dataclasses.replace(self, **changes)

@@ -18,7 +18,7 @@ import tarfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO
+from typing import IO, Protocol, cast
 
 from kubetrain.imagebuild.oci import OCI_LAYER_GZIP, Blob
 
@@ -117,10 +117,18 @@ def _mode(st_mode: int) -> int:
     return 0o644
 
 
+class _Sink(Protocol):
+    """What :class:`_HashingWriter` passes bytes on to: a binary file, or a ``GzipFile`` writing into one."""
+
+    def write(self, data: bytes, /) -> object: ...
+
+    def flush(self) -> object: ...
+
+
 class _HashingWriter:
     """A write-only file that hashes and counts what passes through to ``target``."""
 
-    def __init__(self, target: IO[bytes] | None) -> None:
+    def __init__(self, target: _Sink | None) -> None:
         self.target = target
         self.sha = hashlib.sha256()
         self.size = 0
@@ -209,7 +217,9 @@ def write_layer(
             filename="", mode="wb", fileobj=compressed, mtime=0, compresslevel=GZIP_LEVEL
         ) as gz:
             uncompressed = _HashingWriter(gz)
-            with tarfile.open(fileobj=uncompressed, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            # the stubs' fileobj protocol wants read/seek/tell/close too, which a "w|" stream never calls
+            stream = cast("IO[bytes]", uncompressed)
+            with tarfile.open(fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT) as tar:
                 for _, name, kind, source, mode in entries:
                     _add(tar, name, kind, source, mode)
     return LayerFile(

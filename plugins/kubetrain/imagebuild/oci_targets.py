@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from fnmatch import fnmatchcase
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -25,6 +26,9 @@ from urllib3.exceptions import LocationParseError
 from urllib3.util import parse_url
 
 from kubetrain.imagebuild.registry_errors import RealmRefused, RegistryUnreachable, TargetRefused
+
+if TYPE_CHECKING:  # oci imports this module
+    from kubetrain.imagebuild.oci import TransferStats
 
 # The one table of hosts a registry is known to send its clients to besides its own: its token service (the
 # Bearer realm) and the storage its blob downloads redirect to. Keyed by the registry's host; a '*' stands
@@ -112,6 +116,19 @@ class RequestTargets:
     ``_own`` (the registry's endpoint), ``_token_services`` and ``_auth_header(scopes, refresh)``.
     """
 
+    # the host's attributes this mixin uses (RegistryClient.__init__ sets them)
+    registry: str
+    base_url: str
+    timeout: float
+    stats: TransferStats
+    _session: requests.Session
+    _own: tuple[str, str, int]
+    _token_services: Sequence[str] | None
+
+    if TYPE_CHECKING:  # the host's method (RegistryAuth has it)
+
+        def _auth_header(self, scopes: tuple[str, ...], refresh: bool = False) -> dict[str, str]: ...
+
     def _trusted(self) -> list[str]:
         """The ``token_services`` entries: the argument, else the setting."""
         if self._token_services is not None:
@@ -195,6 +212,7 @@ class RequestTargets:
     def _send(self, prepared: requests.PreparedRequest) -> requests.Response:
         """Send exactly ``prepared``, never following a redirect; proxies and CA bundles from the environment
         apply as in ``Session.request``."""
+        assert prepared.url is not None  # prepare_request always sets it (or raises)
         settings = self._session.merge_environment_settings(prepared.url, {}, None, None, None)
         return self._session.send(prepared, allow_redirects=False, timeout=self.timeout, **settings)
 

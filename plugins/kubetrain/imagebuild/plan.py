@@ -19,7 +19,7 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from kubetrain.imagebuild.layer import DEFAULT_EXCLUDES, files_hash, tree_hash
 
@@ -116,6 +116,16 @@ class ImagePlan:
         return asdict(self)
 
 
+class _PlanIdentity(TypedDict):
+    """The :class:`ImagePlan` fields that every action shares."""
+
+    code_hash: str
+    deps_hash: str
+    base_tag: str
+    revision: str | None
+    variant: str
+
+
 def plan_image(
     trainer_dir: Path,
     *,
@@ -144,7 +154,7 @@ def plan_image(
     check_variant(variant)
     code_hash = tree_hash(trainer_dir, DEFAULT_EXCLUDES)
     tag = base_tag(trainer_dir, variant, build_args)
-    common = {
+    common: _PlanIdentity = {
         "code_hash": code_hash,
         "deps_hash": deps_hash(trainer_dir, build_args),
         "base_tag": tag,
@@ -152,7 +162,7 @@ def plan_image(
         "variant": variant,
     }
     unchanged = (
-        bool(previous)
+        previous is not None  # an empty record ({}) has no code_hash: not unchanged either
         and previous.get("code_hash") == code_hash
         and previous.get("variant", "gpu") == variant
         and previous.get("deps_hash") == common["deps_hash"]

@@ -175,14 +175,21 @@ def publish_images(
     with RegistryHook(registry_conn_id).get_conn() as client:
         refs = {name: parse_reference(ref) for name, ref in (("trainer", trainer_ref), ("sync", sync_ref))}
         repositories = {name: client.relative(ref) for name, ref in refs.items()}
+        digests: dict[str, str] = {}
         for name, ref in refs.items():
+            if ref.digest is None:
+                raise RuntimeError(
+                    f"the {name} image {ref} is not pinned to a digest: expected a reference ending in "
+                    "@sha256:<digest>, as the build tasks return"
+                )
+            digests[name] = ref.digest
             if client.manifest_digest(repositories[name], ref.digest) is None:
                 raise RuntimeError(
                     f"the {name} image {ref} is not in the registry: nothing is published, the "
                     "Variables keep the images of the last complete run"
                 )
-        client.tag(repositories["trainer"], refs["trainer"].digest, list(product.tags(release)))
-        client.tag(repositories["sync"], refs["sync"].digest, list(SYNC.tags(release)))
+        client.tag(repositories["trainer"], digests["trainer"], list(product.tags(release)))
+        client.tag(repositories["sync"], digests["sync"], list(SYNC.tags(release)))
     Variable.set(IMAGE_VARIABLE, trainer_ref)
     Variable.set(SYNC_IMAGE_VARIABLE, sync_ref)
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -259,7 +259,7 @@ class BuildImageOperator(BaseOperator):
             image_pull_secrets=deployment.image_pull_secrets,
             node_selector=deployment.node_selector,
             tolerations=deployment.tolerations,
-            **({"builder_image": self.builder_image} if self.builder_image else {}),
+            builder_image=self.builder_image or InClusterSettings.builder_image,  # unset: the default
         )
 
     @property

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
@@ -36,6 +36,7 @@ from kubetrain.triggers.pod import LOGS_FLUSHED_KEY, TrainingPodTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+    from airflow.triggers.base import BaseTrigger
     from kubernetes.client import models as k8s
 
 __all__ = ["DISRUPTIONS_XCOM_KEY", "NOTES_XCOM_KEY", "PodInterrupted", "ResumablePodOperator"]
@@ -225,8 +226,13 @@ class ResumablePodOperator(KubernetesPodOperator):
         self._startup_failure = None
 
     def defer(
-        self, *, trigger: Any, method_name: str, kwargs: dict[str, Any] | None = None, timeout: Any = None
-    ) -> None:
+        self,
+        *,
+        trigger: BaseTrigger,
+        method_name: str,
+        kwargs: dict[str, Any] | None = None,
+        timeout: timedelta | float | None = None,
+    ) -> NoReturn:
         """Defer as the base class does, with its pod trigger extended by kubetrain's start-up phases and logs."""
         if type(trigger) is KubernetesPodTrigger:
             # without the kubeconfig the provider read (its token) and the connection's extras

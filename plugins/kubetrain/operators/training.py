@@ -14,6 +14,7 @@ from kubetrain.hooks.registry import RegistryHook
 from kubetrain.images import pin_image
 from kubetrain.operators import training_args as args
 from kubetrain.operators.resumable import NOTES_XCOM_KEY, ResumablePodOperator
+from kubetrain.pod_sizing import checked_int, dataset_bytes_of
 from kubetrain.pod_startup import (
     ImagePullError,
     PodStartupTimeout,
@@ -185,6 +186,13 @@ class TrainingPodOperator(ResumablePodOperator):
     )
     template_fields_renderers = {**KubernetesPodOperator.template_fields_renderers, "extra_env": "py"}
 
+    # Kept as given, not as the provider's Kubernetes objects: a template renders into them (text, or the
+    # native object); pod_config turns them into what the pod gets, and build_pod_request_obj lends the
+    # provider their Kubernetes form while it builds the pod.
+    image_pull_secrets: list[str] | str | None  # type: ignore[assignment]  # as given (above)
+    node_selector: dict[str, str] | str | None  # type: ignore[assignment]  # as given (above)
+    tolerations: list[k8s.V1Toleration] | list[dict[str, Any]] | str | None  # type: ignore[assignment]  # as given
+
     def __init__(
         self,
         *,
@@ -207,7 +215,7 @@ class TrainingPodOperator(ResumablePodOperator):
         service_account_name: str | None = None,
         image_pull_secrets: list[str] | str | None = None,
         node_selector: dict[str, str] | str | None = None,
-        tolerations: list[k8s.V1Toleration] | list[dict[str, Any]] | None = None,
+        tolerations: list[k8s.V1Toleration] | list[dict[str, Any]] | str | None = None,
         container_user: int = 10001,
         sync_interval: int | str = 30,
         sync_quiet: int = 2,
@@ -307,7 +315,8 @@ class TrainingPodOperator(ResumablePodOperator):
             dataset_manifest=self.dataset_manifest or None,
             dataset_version=self.dataset_version or None,
             code_version=self.code_version or None,
-            gpus=self.gpus,
+            # templated: a rendered template is text ("2"); checked as TrainingPodConfig checks them
+            gpus=checked_int("gpus", self.gpus, minimum=0),
             gpu_resource=self.gpu_resource or settings.get("gpu_resource"),
             cpu=self.cpu,
             memory=self.memory,
@@ -328,11 +337,13 @@ class TrainingPodOperator(ResumablePodOperator):
             else tuple(settings.parse_tolerations(settings.get("tolerations"))),
             namespace=self.namespace or settings.get("namespace"),
             run_as_user=self.container_user,
-            sync_interval=self.sync_interval,
+            sync_interval=checked_int("sync_interval", self.sync_interval, minimum=1),
             sync_quiet=self.sync_quiet,
-            termination_grace_period=self.termination_grace_period,
+            termination_grace_period=checked_int(
+                "termination_grace_period", self.termination_grace_period, minimum=1
+            ),
             cache_claim=self.cache_claim,
-            dataset_bytes=self.dataset_bytes,
+            dataset_bytes=dataset_bytes_of(self.dataset_bytes),
             data_size=self.data_size or None,
             checkpoint_size=self.checkpoint_size,
             output_size=self.output_size,

@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 # An argument left empty: the deployment's setting applies.
-EMPTY = (None, "", [], {}, ())
+EMPTY: tuple[object, ...] = (None, "", [], {}, ())
 # A Kueue LocalQueue or WorkloadPriorityClass name (a DNS subdomain).
 _KUEUE_NAME = re.compile(settings.DNS_SUBDOMAIN)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import TaskGroup
 
@@ -45,7 +45,19 @@ from kubetrain.sweep.operators import (
     TrialPodOperator,
 )
 
+if TYPE_CHECKING:
+    from airflow.sdk import BaseOperator
+
 __all__ = ["SweepTasks", "sweep_pipeline"]
+
+
+def _output(task: BaseOperator) -> Any:
+    """A reference to what ``task`` returns (``_output(task)["key"]`` to one of its keys), for a templated
+    argument of another task. Typed ``Any``: Airflow resolves it to the value before that task executes,
+    so it stands for whatever type the argument takes (as a TaskFlow ``@task``'s result does); the
+    ``XComArg`` that ``BaseOperator.output`` is annotated with is not indexable, though it builds one that is.
+    """
+    return task.output
 
 
 @dataclass
@@ -93,34 +105,37 @@ def sweep_pipeline(
         per sweep. On for sweeps of long trials where the worker slots matter more.
     :param train_kwargs: more TrialPodOperator arguments.
     """
+    # the fixed Params' rules across flags, before anything is staged (each trial's in its pod)
+    stage_hooks: dict[str, Any] = {"pre_execute": check_params} if check_params else {}
     stage = StageDatasetOperator(
         task_id="stage_dataset",
         source_uri="{{ params.dataset_uri }}",
         outlets=[],
-        # the fixed Params' rules across flags, before anything is staged (each trial's in its pod)
-        **({"pre_execute": check_params} if check_params else {}),
+        **stage_hooks,
     )
     dag = native_dag(stage, "sweep_pipeline")
+    staged = _output(stage)
     plan = PlanSweepOperator(
         task_id="plan",
         settings=settings,
-        dataset_version=stage.output["version"],
-        dataset_manifest=stage.output["manifest_uri"],
+        dataset_version=staged["version"],
+        dataset_manifest=staged["manifest_uri"],
         image="{{ params.image or '' }}",
         # pinned once for every trial (train_kwargs may name another than the deployment's)
         sync_image=train_kwargs.pop("sync_image", None),
         title=title,
     )
+    planned = _output(plan)
     trial_kwargs: dict[str, Any] = dict(
         pool="gpu",
-        image=plan.output["image"],
-        sync_image=plan.output["sync_image"],
+        image=planned["image"],
+        sync_image=planned["sync_image"],
         cmds=cmds if isinstance(cmds, str) else list(cmds),
-        dataset_manifest=stage.output["manifest_uri"],
-        dataset_version=stage.output["version"],
-        dataset_bytes=stage.output["total_bytes"],
+        dataset_manifest=staged["manifest_uri"],
+        dataset_version=staged["version"],
+        dataset_bytes=staged["total_bytes"],
         data_size="{{ params.data_size or '' }}",
-        sweep=plan.output["trial_settings"],
+        sweep=planned["trial_settings"],
         experiment=dag.param("experiment"),
         gpus="{{ params.gpus }}",
         gpu_resource="{{ params.gpu_resource or '' }}",
@@ -148,8 +163,8 @@ def sweep_pipeline(
                 round=number,
                 argument_templates=arguments if isinstance(arguments, str) else list(arguments),
                 hyperparameter_args=settings.hyperparameter_args,
-                dataset_version=stage.output["version"],
-                image=plan.output["image"],
+                dataset_version=staged["version"],
+                image=planned["image"],
                 # a failed trial does not stop the sweep: the next round runs once the last one is done
                 trigger_rule="all_success" if number == 0 else "all_done",
             )
@@ -186,15 +201,16 @@ def sweep_pipeline(
         trigger_rule="all_done",
     )
     previous >> leaderboard
+    ranked = _output(leaderboard)
     promote = PromoteModelOperator(
         task_id="promote",
-        run_uri=leaderboard.output["best_run_uri"],
+        run_uri=ranked["best_run_uri"],
         model=dag.param("model_name"),
         promote="{{ params.promote }}",
-        is_better=leaderboard.output["better_than_promoted"],
+        is_better=ranked["better_than_promoted"],
         keep_checkpoints=keep_checkpoints,
     )
-    record = RecordSweepOperator(task_id="record", leaderboard=leaderboard.output, promotion=promote.output)
+    record = RecordSweepOperator(task_id="record", leaderboard=ranked, promotion=_output(promote))
     stage >> plan
     leaderboard >> promote >> record
     return SweepTasks(stage, plan, suggests, rounds, leaderboard, promote, record)

@@ -12,7 +12,7 @@ pod, its trial record is copied into the sweep.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk.bases.skipmixin import SkipMixin
 from airflow.sdk.exceptions import AirflowFailException
@@ -263,10 +263,11 @@ class SuggestTrialsOperator(SweepStoreOperator):
 
     def render_arguments(self, context: Context, point: Mapping[str, Any], number: int) -> list[str]:
         """The trial's container arguments: the templates with ``params`` overridden by the point."""
-        trial_context = dict(context)
+        trial_context: dict[str, Any] = dict(context)
         trial_context["params"] = {**dict(context["params"]), **point}
         trial_context["trial"] = {"number": number, "params": dict(point)}
-        rendered = self.render_template(self.argument_templates, trial_context)
+        # the task's Context plus one key, trial, which the Context TypedDict cannot name
+        rendered = self.render_template(self.argument_templates, cast("Context", trial_context))
         arguments = string_list("arguments", rendered) or []
         if self.hyperparameter_args:
             arguments += [f"--{name}={_argument(value)}" for name, value in point.items()]

@@ -29,7 +29,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from kubetrain.s3_layout import RunLocation, S3Layout, s3_uri, safe_segment
 from kubetrain_contract.early_stop import EarlyStopRecord
@@ -336,6 +336,7 @@ def compute_fields(seconds: float | None, *, gpus: Any, cpu: Any) -> dict[str, A
         gpu_count = int(str(gpus).strip()) if gpus not in (None, "") else 0
     except ValueError:
         gpu_count = 0
+    count: float | None  # None: a CPU request that is no quantity
     if gpu_count > 0:
         accelerator, count = "gpu", float(gpu_count)
     else:
@@ -408,7 +409,9 @@ def sweep_compute(
             hours = seconds * record.accelerators / 3600.0 if seconds is not None else None
         if hours is not None and record.accelerator is not None:
             timed.append((record, float(hours)))
-    accelerator = "gpu" if any(t.accelerator == "gpu" for t, _ in timed) else ("cpu" if timed else None)
+    accelerator: Literal["gpu", "cpu"] | None = (
+        "gpu" if any(t.accelerator == "gpu" for t, _ in timed) else ("cpu" if timed else None)
+    )
     finished_reports = max((t.reports for t in trained if t.finished and t.reports), default=None)
     rates = [
         hours / record.accelerators / record.reports

@@ -351,8 +351,9 @@ def parse_space(raw: Any, *, tunable: Mapping[str, Mapping[str, Any] | None] | N
     return Space(tuple(hyperparameters))
 
 
-def check_settings(space: Space, *, algorithm: str, max_trials: int, parallel_trials: int) -> None:
-    """Refuse an algorithm that cannot search ``space`` within ``max_trials``."""
+def check_settings(space: Space, *, algorithm: object, max_trials: object, parallel_trials: object) -> None:
+    """Refuse an algorithm that cannot search ``space`` within ``max_trials``; the settings come as a run's
+    Params give them, unchecked."""
     if algorithm not in ALGORITHMS:
         raise SpaceError(
             "algorithm", f"{algorithm!r} is not an algorithm: expected one of {', '.join(ALGORITHMS)}"

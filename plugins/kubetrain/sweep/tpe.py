@@ -24,6 +24,7 @@ def distribution(h: Hyperparameter):
 
     if h.kind == "values":
         return CategoricalDistribution(list(h.values))
+    assert h.low is not None and h.high is not None  # a range has both bounds (as Space parses it)
     if h.type == "int":
         return IntDistribution(int(h.low), int(h.high), log=h.log, step=int(h.step or 1))
     return FloatDistribution(float(h.low), float(h.high), log=h.log, step=h.step)
@@ -104,11 +105,11 @@ def tpe_points(
     for _ in range(count * 20):
         if len(points) == count:
             break
-        trial = study.ask(distributions)
-        point = {name: trial.params[name] for name in distributions}
+        asked = study.ask(distributions)
+        point = {name: asked.params[name] for name in distributions}
         key = point_key(point)
         if key in seen:
-            study.tell(trial, state=TrialState.FAIL)
+            study.tell(asked, state=TrialState.FAIL)
             continue
         seen.add(key)
         points.append(point)

@@ -59,7 +59,7 @@ def _iso(value: Any) -> str | None:
 
 def _now() -> str:
     """Now, as the trial record's timing stamps it (ISO 8601 UTC, sub-second)."""
-    return _iso(datetime.now(UTC))
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
 def pod_state(pod: k8s.V1Pod | None) -> dict[str, Any]:

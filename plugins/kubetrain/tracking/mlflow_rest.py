@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -136,9 +137,14 @@ class MlflowRestClient:
         return runs[0] if runs else None
 
     def log_batch(
-        self, run_id: str, *, params: list[dict] = (), tags: list[dict] = (), metrics: list[dict] = ()
+        self,
+        run_id: str,
+        *,
+        params: Sequence[dict[str, Any]] = (),
+        tags: Sequence[dict[str, Any]] = (),
+        metrics: Sequence[dict[str, Any]] = (),
     ) -> None:
-        params, tags, metrics = list(params), list(tags), list(metrics)
+        params, tags, metrics = list(params), list(tags), list(metrics)  # sliced below, a batch at a time
         while params or tags or metrics:
             body = {
                 "run_id": run_id,

@@ -70,11 +70,11 @@ class AccessReviewTrigger(BaseTrigger):
             async with self.api_client() as conn:
                 api = aclient.AuthorizationV1Api(conn)
                 for attrs in self.attributes:
+                    # V1ResourceAttributes' text fields by name (namespace, verb, group, resource, ...)
+                    given: dict[str, Any] = {k: v for k, v in attrs.items() if v}
                     body = aclient.V1SelfSubjectAccessReview(
                         spec=aclient.V1SelfSubjectAccessReviewSpec(
-                            resource_attributes=aclient.V1ResourceAttributes(
-                                **{k: v for k, v in attrs.items() if v}
-                            )
+                            resource_attributes=aclient.V1ResourceAttributes(**given)
                         )
                     )
                     review = await api.create_self_subject_access_review(body)

@@ -261,10 +261,11 @@ class DistributedJobTrigger(BaseTrigger):
         queued_before = 0.0  # seconds of earlier waits (a preempted job is suspended again)
         queue_logged = 0.0
         queue_timeout = float(self.startup.get("queue_timeout") or 86400.0)
-        budgets = {k: v for k, v in self.startup.items() if k != "queue_timeout"}
+        # PodStartup's budgets in seconds, by name (its __post_init__ refuses a value it does not take)
+        budgets: dict[str, Any] = {k: v for k, v in self.startup.items() if k != "queue_timeout"}
         # The objects to delete travel in the event too: `airflow dags test` resumes the task with the event
         # alone, without the kwargs given to defer().
-        base = {
+        base: dict[str, Any] = {  # the event's JSON fields
             "name": self.name,
             "namespace": self.namespace,
             "backend": self.backend,
@@ -280,7 +281,7 @@ class DistributedJobTrigger(BaseTrigger):
                     judge = judges.setdefault(
                         pod.metadata.name, PodStartup(**budgets, queue_timeout=queue_timeout)
                     )
-                    events = []
+                    events: list[Any] = []
                     if judge.needs_events(pod):
                         events = (
                             await self.hook.get_pod_events(name=pod.metadata.name, namespace=self.namespace)
