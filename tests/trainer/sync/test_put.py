@@ -182,3 +182,30 @@ def test_without_part_checksums_every_part_is_signed_with_its_sha256(s3_server, 
     ]
     assert all("x-amz-content-sha256" in r.headers["authorization"] for r in sent)
     assert s3.get_object(Bucket="training", Key=key)["Body"].read() == b"".join(parts)
+
+
+def test_a_sent_part_is_freed_when_its_call_returns_not_when_the_collector_runs(s3_server, monkeypatch):
+    """Each request's body is let go as its call returns: the sidecar's memory is bounded by its workers' parts
+    in flight, not by the size of what it uploads (a request kept alive by a reference cycle until the
+    collector ran held every part sent: 985 MB of RSS for 900 MB of checkpoints)."""
+    import gc
+
+    from trainer.sync.s3_crt import CrtHandle
+
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    client = S3()
+    key = f"runs/unit_put/{secrets.token_hex(5)}/big.data-00000-of-00001"
+    gc.collect()
+    gc.disable()  # what a burst of uploads between two collections looks like
+    try:
+        upload_id = client.create_multipart_upload("training", key, {})
+        etags = [
+            client.upload_part("training", key, upload_id, number, secrets.token_bytes(5 * 1024 * 1024))
+            for number in (1, 2, 3)
+        ]
+        client.complete_multipart_upload("training", key, upload_id, etags)
+        alive = [o for o in gc.get_objects() if isinstance(o, CrtHandle)]
+        assert alive == [], f"{len(alive)} request(s) still alive after their calls returned"
+    finally:
+        gc.enable()
