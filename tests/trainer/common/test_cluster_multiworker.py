@@ -72,9 +72,7 @@ def start(tmp: Path, data: Path, index: int, hosts: str, *extra: str) -> tuple[s
     return proc, log
 
 
-def wait_for_text(
-    log: Path, pattern: str, proc: subprocess.Popen, other: Path, timeout: float = 600
-) -> None:
+def wait_for_text(log: Path, pattern: str, proc: subprocess.Popen, other: Path, timeout: float = 600) -> None:
     """Wait for ``pattern`` in ``log``; a failure shows both workers' logs (the other one's crash is
     what the first one reports only as "unhealthy")."""
     deadline = time.monotonic() + timeout
