@@ -78,7 +78,9 @@ class Links:
         self.airflow = api_base_url()
 
     def airflow_run(self, run: dict[str, Any]) -> str:
-        return f"{self.airflow}/dags/{quote(str(run['dag_id']), safe='')}/runs/{quote(str(run['run_id']), safe='')}"
+        from kubetrain.links import airflow_run_url
+
+        return airflow_run_url(str(run["dag_id"]), str(run["run_id"]), base_url=self.airflow)
 
     def files(self, run: dict[str, Any]) -> str:
         return f"{self.base}/files/{run['ref']}"
