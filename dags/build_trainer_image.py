@@ -90,18 +90,12 @@ CODE_DIR = "{{ var.value.get('kubetrain_trainer_code_dir', '/app/trainer') }}"
 def build_trainer_image():
     @task.short_circuit
     def plan(params: dict | None = None, ti=None) -> dict | bool:
-        from airflow.sdk import Variable
-
-        from kubetrain import settings
-        from kubetrain.imagebuild.products import SYNC_REPOSITORY, TRAINER_REPOSITORY
-        from kubetrain.imagebuild.trainer_image import plan_images
+        from kubetrain import plan_images
 
         planned = plan_images(
             TRAINER_DIR,
-            trainer_repository=Variable.get("kubetrain_trainer_repository", default=TRAINER_REPOSITORY),
-            sync_repository=Variable.get("kubetrain_sync_repository", default=SYNC_REPOSITORY),
             registry_conn_id=REGISTRY_CONN_ID,
-            variant=params["variant"] or settings.get("trainer_variant") or "gpu",
+            variant=params["variant"],  # empty: the trainer_variant setting
             mode=params["mode"],
             force=bool(params["force"]),  # null (allowed, see the Param) is false
         )
@@ -114,9 +108,9 @@ def build_trainer_image():
 
     @task.branch
     def choose(planned: dict) -> list[str]:
-        from kubetrain.imagebuild.trainer_image import build_tasks
+        from kubetrain import image_build_tasks
 
-        return build_tasks(planned)
+        return image_build_tasks(planned)
 
     build_full = BuildImageOperator(
         task_id="build_full",
@@ -155,7 +149,7 @@ def build_trainer_image():
 
     @task(trigger_rule="none_failed_min_one_success", outlets=[TRAINER_IMAGE, SYNC_IMAGE])
     def publish(planned: dict, ti=None, outlet_events=None) -> dict:
-        from kubetrain.imagebuild.trainer_image import publish_images
+        from kubetrain import publish_images
 
         built_trainer = ti.xcom_pull(task_ids="build_full") or ti.xcom_pull(task_ids="append_code")
         record = publish_images(

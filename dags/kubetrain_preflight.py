@@ -42,7 +42,7 @@ from kubetrain import DEFAULT_ARGS, TriggererAccessOperator
 def kubetrain_preflight():
     @task
     def preflight() -> list[str]:
-        from kubetrain.preflight import fail_on_failures, run_preflight
+        from kubetrain import fail_on_failures, run_preflight
 
         return fail_on_failures(run_preflight(lambda check: print(check.line(), flush=True)))
 

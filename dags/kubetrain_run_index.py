@@ -40,17 +40,9 @@ def kubetrain_run_index():
         """Compact the run index database, check it against index/_all/, rebuild it when needed."""
         import dataclasses
 
-        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+        from kubetrain import maintain_run_index
 
-        from kubetrain.run_store import RunStore
-        from kubetrain.s3_layout import S3Layout
-        from kubetrain.store import runs_db
-
-        store = RunStore(
-            S3Hook(aws_conn_id="aws_default", config={"max_pool_connections": 16}),
-            S3Layout.from_environment(),
-        )
-        done = runs_db.maintain(store)
+        done = maintain_run_index()
         print(done.line(), flush=True)
         return dataclasses.asdict(done)
 

@@ -4,8 +4,8 @@ The names in ``__all__`` are kubetrain's public API: a DAG may import them from 
 (``from kubetrain import TrainingPodOperator``) or from the module that defines them, and they
 keep their names and arguments within a major version (a renamed one stays importable, with a
 deprecation warning, for one release). Everything else in the package (pod_spec, pod_startup,
-run_store, s3_layout, images, imagebuild, triggers, api, links, report, settings' internals)
-is internal and may change in any release. docs/extending.md shows the public API at work.
+run_store, s3_layout, images, imagebuild, preflight, store, triggers, api, links, report, settings'
+internals) is internal and may change in any release: the shipped DAGs import only the names below. docs/extending.md shows the public API at work.
 
 Importing this package is cheap (no boto3, TensorFlow or network, and no provider): the names
 below are imported on first use. It registers the trigger form's dataset URI format with
@@ -66,6 +66,14 @@ _PUBLIC = {
     "ImagePullError": "kubetrain.pod_startup",
     "PodStartupTimeout": "kubetrain.pod_startup",
     "StageInError": "kubetrain.pod_startup",
+    # the task bodies of the shipped maintenance DAGs (build_trainer_image, kubetrain_preflight,
+    # kubetrain_run_index), for a deployment that schedules them its own way
+    "plan_images": "kubetrain.imagebuild.trainer_image",
+    "image_build_tasks": "kubetrain.imagebuild.trainer_image",
+    "publish_images": "kubetrain.imagebuild.trainer_image",
+    "run_preflight": "kubetrain.preflight",
+    "fail_on_failures": "kubetrain.preflight",
+    "maintain_run_index": "kubetrain.store.rebuild_index",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -41,7 +41,7 @@ def allowed_report_key(dag_id: str, bucket: str, key: str) -> bool:
     if posixpath.normpath(key) != key or any(part in ("", ".", "..") for part in key.split("/")):
         return False
     match = _REPORT_KEY.match(key)
-    return bool(match) and match.group("dag") == safe_segment(dag_id)
+    return match is not None and match.group("dag") == safe_segment(dag_id)
 
 
 def create_app() -> Any:

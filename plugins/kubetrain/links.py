@@ -17,8 +17,8 @@ from urllib.parse import quote
 from airflow.sdk import BaseOperatorLink
 
 if TYPE_CHECKING:
-    from airflow.models.taskinstancekey import TaskInstanceKey
     from airflow.sdk import BaseOperator
+    from airflow.sdk.types import TaskInstanceKey
 
 REPORT_URL_XCOM_KEY = "report_url"
 URL_PREFIX = "/kubetrain"

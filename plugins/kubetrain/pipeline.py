@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Param
+from airflow.sdk import Param, XComArg
 
 from kubetrain.defaults import DEFAULT_ARGS
 from kubetrain.operators.dedupe import RecordFailedRun, RecordTrainingOperator, SkipIfTrainedOperator
@@ -35,6 +35,9 @@ from kubetrain.operators.stage import StageDatasetOperator, dataset_asset
 from kubetrain.operators.training import TrainingPodOperator
 from kubetrain.params import S3_URI, SWITCH, form_order, native_dag, with_dialect
 from kubetrain.settings import DNS_SUBDOMAIN, LABEL_VALUE_PATTERN, QUALIFIED_NAME_PATTERN, environ
+
+if TYPE_CHECKING:
+    from airflow.sdk import Asset, AssetOrTimeSchedule, BaseOperator
 
 __all__ = ["DEFAULT_ARGS", "TrainingTasks", "common_params", "form_order", "schedule", "training_pipeline"]
 
@@ -71,7 +74,7 @@ TOLERATION_SCHEMA = {
 }
 
 
-def schedule(dataset_uri: str, cron_env: str, default_cron: str | None):
+def schedule(dataset_uri: str, cron_env: str, default_cron: str | None) -> list[Asset] | AssetOrTimeSchedule:
     """Run on a cron schedule OR when the dataset's Asset gets a new version.
 
     The cron expression comes from the environment variable ``cron_env`` (empty: no cron,
@@ -81,8 +84,7 @@ def schedule(dataset_uri: str, cron_env: str, default_cron: str | None):
     :param cron_env: name of the environment variable that holds the cron expression.
     :param default_cron: the cron expression when the variable is unset.
     """
-    from airflow.timetables.assets import AssetOrTimeSchedule
-    from airflow.timetables.trigger import CronTriggerTimetable
+    from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable
 
     asset = dataset_asset(dataset_uri)
     cron = environ(cron_env, default_cron or "") or ""
@@ -325,6 +327,12 @@ class TrainingTasks:
     record: RecordTrainingOperator
 
 
+def pushed(task: BaseOperator, key: str = "return_value") -> Any:
+    """What ``task`` pushes to XCom under ``key`` (``task.output[key]``): a reference the task it is given to
+    resolves when it runs, typed ``Any`` because an argument of any type may take one."""
+    return XComArg(task, key=key)
+
+
 def training_pipeline(
     *,
     cmds: Sequence[str] | str,
@@ -365,24 +373,24 @@ def training_pipeline(
         source_uri="{{ params.dataset_uri }}",
         outlets=[],
         on_failure_callback=[record_failure],
-        **({"pre_execute": check_params} if check_params else {}),
+        pre_execute=check_params,
     )
     dag = native_dag(stage, "training_pipeline")
     check = SkipIfTrainedOperator(
         task_id="check_new",
-        dataset_version=stage.output["version"],
+        dataset_version=pushed(stage, "version"),
         image="{{ params.image or '' }}",
         on_failure_callback=[record_failure],
     )
     train = train_operator(
         task_id="train",
         pool="gpu",
-        image=check.output["image"],
+        image=pushed(check, "image"),
         cmds=cmds if isinstance(cmds, str) else list(cmds),
         arguments=arguments if isinstance(arguments, str) else list(arguments),
-        dataset_manifest=stage.output["manifest_uri"],
-        dataset_version=stage.output["version"],
-        dataset_bytes=stage.output["total_bytes"],
+        dataset_manifest=pushed(stage, "manifest_uri"),
+        dataset_version=pushed(stage, "version"),
+        dataset_bytes=pushed(stage, "total_bytes"),
         data_size="{{ params.data_size or '' }}",
         experiment=dag.param("experiment"),
         gpus="{{ params.gpus }}",
@@ -401,40 +409,40 @@ def training_pipeline(
     )
     report = ReportOperator(
         task_id="report",
-        run_uri=train.output["run_uri"],
+        run_uri=pushed(train, "run_uri"),
         model=dag.param("model_name"),
         title=title,
         require_metrics=require_metrics,
-        notes=train.output["notes"],
-        disruptions=train.output["disruptions"],
-        image=check.output["image"],
-        dataset_version=stage.output["version"],
+        notes=pushed(train, "notes"),
+        disruptions=pushed(train, "disruptions"),
+        image=pushed(check, "image"),
+        dataset_version=pushed(stage, "version"),
         command=cmds if isinstance(cmds, str) else list(cmds),
         dataset_uri="{{ params.dataset_uri }}",
-        dataset_bytes=stage.output["total_bytes"],
-        dataset_objects=stage.output["objects"],
+        dataset_bytes=pushed(stage, "total_bytes"),
+        dataset_objects=pushed(stage, "objects"),
         promote="{{ params.promote }}",
         on_failure_callback=[record_failure],
     )
     promote = PromoteModelOperator(
         task_id="promote",
-        run_uri=train.output["run_uri"],
+        run_uri=pushed(train, "run_uri"),
         model=dag.param("model_name"),
         promote="{{ params.promote }}",
-        is_better=report.output["better_than_promoted"],
+        is_better=pushed(report, "better_than_promoted"),
         keep_checkpoints=keep_checkpoints,
         on_failure_callback=[record_failure],
     )
     record = RecordTrainingOperator(
         task_id="record",
-        fingerprint=check.output["fingerprint"],
-        dataset_version=stage.output["version"],
-        image=check.output["image"],
-        promotion=promote.output,
-        report=report.output,
-        run_uri=train.output["run_uri"],
-        dataset_manifest=stage.output["manifest_uri"],
-        disruptions=train.output["disruptions"],
+        fingerprint=pushed(check, "fingerprint"),
+        dataset_version=pushed(stage, "version"),
+        image=pushed(check, "image"),
+        promotion=pushed(promote),
+        report=pushed(report),
+        run_uri=pushed(train, "run_uri"),
+        dataset_manifest=pushed(stage, "manifest_uri"),
+        disruptions=pushed(train, "disruptions"),
     )
     stage >> check >> train >> report >> promote >> record
     return TrainingTasks(stage, check, train, report, promote, record)

@@ -16,6 +16,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from kubetrain_contract.kit import check_monitor_mode
 from trainer.common.checkpoints import CHECKPOINT_NAME
 
 log = logging.getLogger("kubetrain.trainer")
@@ -49,10 +50,8 @@ class BestEpoch:
         checkpoint_dir: Path,
         io: tf.train.CheckpointOptions | None = None,
     ) -> None:
-        if mode not in ("max", "min"):
-            raise ValueError(f"monitor mode {mode!r} is not understood; expected 'max' or 'min'")
         self.monitor = monitor
-        self.mode = mode
+        self.mode = check_monitor_mode(mode)
         self.restore_best = restore_best
         self.write_dir = write_dir
         self.checkpoint_dir = checkpoint_dir

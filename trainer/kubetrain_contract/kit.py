@@ -160,6 +160,14 @@ def write_json(name: str, obj: Any) -> Path:
     return _write_atomic(output_dir() / name, text.encode())
 
 
+def check_monitor_mode(mode: str) -> str:
+    """``mode`` when it says which way the monitored metric is better: ``max`` (larger, accuracy) or ``min``
+    (smaller, loss); else a ValueError naming it."""
+    if mode not in ("max", "min"):
+        raise ValueError(f"mode {mode!r} is not valid: expected 'max' (accuracy) or 'min' (loss)")
+    return mode
+
+
 def write_metrics(
     *,
     monitor: str,
@@ -172,14 +180,12 @@ def write_metrics(
     """Write OUTPUT_DIR/metrics.json, what the report and the promotion read: the monitored metric, whether
     larger is better (``max``) or smaller (``min``), the final epoch's metrics and, when the model kept is
     another epoch's, that epoch's (``best``, with its ``epoch``)."""
-    if mode not in ("max", "min"):
-        raise ValueError(f"mode {mode!r} is not valid: expected 'max' (accuracy) or 'min' (loss)")
     if monitor not in final and not (best and monitor in best):
         raise ValueError(f"monitor {monitor!r} is in neither final nor best: the report compares runs by it")
     document = {
         "trainer": trainer,
         "monitor": monitor,
-        "monitor_mode": mode,
+        "monitor_mode": check_monitor_mode(mode),
         "final": _finite(final),
         **extra,
     }

@@ -509,14 +509,14 @@ def push_image(
     config_blob = Blob.from_bytes(canonical_json(config), OCI_CONFIG if oci else DOCKER_CONFIG)
     for blob in [*layers, config_blob]:
         client.ensure_blob(repository, blob)
+    media_type = OCI_MANIFEST if oci else DOCKER_MANIFEST
     manifest = {
         "schemaVersion": 2,
-        "mediaType": OCI_MANIFEST if oci else DOCKER_MANIFEST,
+        "mediaType": media_type,
         "config": config_blob.descriptor(),
         "layers": [b.descriptor() for b in layers],
     }
     raw = canonical_json(manifest)
-    media_type = manifest["mediaType"]
     digest = client.put_manifest(repository, sha256_digest(raw), raw, media_type)
     if tag:
         client.put_manifest(repository, tag, raw, media_type)

@@ -15,9 +15,10 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import requests
 
@@ -28,6 +29,9 @@ from kubetrain.imagebuild.registry_errors import (
     TargetRefused,
     error_detail,
 )
+
+if TYPE_CHECKING:  # oci imports this module
+    from kubetrain.imagebuild.oci import TransferStats
 
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 
@@ -124,6 +128,29 @@ class RegistryAuth:
     A mixin: it uses the client's ``registry``, ``username``, ``_password``, ``_token``, ``_challenge``,
     ``_bearer``, ``stats``, ``check_realm``, ``_send`` and ``_redirect_url``.
     """
+
+    # the host's attributes this mixin uses (RegistryClient.__init__ sets them)
+    registry: str
+    username: str | None
+    _password: str | None
+    _token: str | None
+    _challenge: tuple[str, dict[str, str]] | None
+    _bearer: dict[tuple[str, ...], str]
+    stats: TransferStats
+
+    if TYPE_CHECKING:  # the host's methods (RequestTargets has them)
+
+        def check_realm(
+            self,
+            realm: str,
+            *,
+            params: Sequence[tuple[str, str]] | None = None,
+            auth: tuple[str, str] | None = None,
+        ) -> requests.PreparedRequest: ...
+
+        def _send(self, prepared: requests.PreparedRequest) -> requests.Response: ...
+
+        def _redirect_url(self, response: requests.Response) -> str: ...
 
     #: where the credentials come from (the hook sets it), for the error that says how to renew them
     credential_origin: CredentialOrigin | None = None

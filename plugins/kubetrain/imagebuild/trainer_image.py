@@ -20,13 +20,22 @@ from typing import Any
 
 from kubetrain import settings
 from kubetrain.hooks.registry import RegistryHook
-from kubetrain.imagebuild.products import SYNC, TRAINER_CPU, TRAINER_GPU, ImageProduct
+from kubetrain.imagebuild.products import (
+    SYNC,
+    SYNC_REPOSITORY,
+    TRAINER_CPU,
+    TRAINER_GPU,
+    TRAINER_REPOSITORY,
+    ImageProduct,
+)
 
 IMAGE_VARIABLE = "kubetrain_trainer_image"
 SYNC_IMAGE_VARIABLE = "kubetrain_sync_image"
 SOURCE_VARIABLE = "kubetrain_trainer_image_source"
 SYNC_SOURCE_VARIABLE = "kubetrain_sync_image_source"
 BUILD_ARGS_VARIABLE = "kubetrain_image_build_args"
+TRAINER_REPOSITORY_VARIABLE = "kubetrain_trainer_repository"
+SYNC_REPOSITORY_VARIABLE = "kubetrain_sync_repository"
 TRAINERS: dict[str, ImageProduct] = {"gpu": TRAINER_GPU, "cpu": TRAINER_CPU}
 
 log = logging.getLogger(__name__)
@@ -70,25 +79,35 @@ def build_args(product: ImageProduct, overrides: Mapping[str, Any] | None) -> di
 def plan_images(
     trainer_dir: str,
     *,
-    trainer_repository: str,
-    sync_repository: str,
     registry_conn_id: str,
-    variant: str = "gpu",
+    trainer_repository: str | None = None,
+    sync_repository: str | None = None,
+    variant: str | None = None,
     mode: str = "auto",
     force: bool = False,
 ) -> dict[str, Any] | bool:
     """Plan both image updates; False (short-circuit) when neither image needs anything.
 
     :param trainer_dir: the trainer package on the worker (the build context of both images).
-    :param trainer_repository: the trainer's repository in the registry.
-    :param sync_repository: the sync image's repository.
     :param registry_conn_id: connection of the registry.
-    :param variant: ``gpu`` or ``cpu``: the trainer variant to build and publish.
+    :param trainer_repository: the trainer's repository in the registry (default: the Variable
+        ``kubetrain_trainer_repository``, else ``kubetrain/trainer``).
+    :param sync_repository: the sync image's repository (default: the Variable ``kubetrain_sync_repository``,
+        else ``kubetrain/sync``).
+    :param variant: ``gpu`` or ``cpu``: the trainer variant to build and publish (default: the
+        ``trainer_variant`` setting).
     :param mode: 'auto', 'full' or 'append' for the trainer.
     :param force: build even when nothing changed.
     """
+    from airflow.sdk import Variable
+
     from kubetrain.imagebuild.plan import base_tag, check_variant, plan_image, plan_sync_image, sync_tag
 
+    trainer_repository = trainer_repository or Variable.get(
+        TRAINER_REPOSITORY_VARIABLE, default=TRAINER_REPOSITORY
+    )
+    sync_repository = sync_repository or Variable.get(SYNC_REPOSITORY_VARIABLE, default=SYNC_REPOSITORY)
+    variant = variant or settings.get("trainer_variant") or "gpu"
     trainer_dir_path = Path(trainer_dir)
     if not trainer_dir_path.is_dir():
         raise ValueError(f"trainer directory {trainer_dir!r} does not exist")
@@ -138,8 +157,8 @@ def plan_images(
     }
 
 
-def build_tasks(plan: dict[str, Any]) -> list[str]:
-    """The DAG's tasks that ``plan`` needs, publish always last."""
+def image_build_tasks(plan: dict[str, Any]) -> list[str]:
+    """The DAG's tasks that ``plan`` (of :func:`plan_images`) needs, publish always last."""
     tasks = {"full": ["build_full"], "append": ["append_code"]}.get(plan["trainer"]["action"], [])
     if plan["sync"]["action"] == "build":
         tasks.append("build_sync")

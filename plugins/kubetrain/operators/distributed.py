@@ -7,7 +7,7 @@ import re
 import time
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from kubernetes.client.exceptions import ApiException
@@ -31,6 +31,7 @@ KUEUE_FRAMEWORKS = {
 }
 
 if TYPE_CHECKING:
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
     from airflow.sdk import Context
 
 __all__ = ["DistributedTrainingOperator", "DistributedTrainingError"]
@@ -137,14 +138,25 @@ class DistributedTrainingOperator(TrainingPodOperator):
         self.poll_interval = poll_interval
         self._submission: builders.Submission | None = None
 
+    @property
+    def kube_hook(self) -> KubernetesHook:
+        """The provider's hook, a :class:`KubernetesHook`: the provider types it as the protocol of its pod
+        calls, and a job needs the batch and custom-object clients too."""
+        return cast("KubernetesHook", self.hook)
+
     def distributed_spec(self) -> DistributedSpec:
         """The replicas and their resources, checked (a bad count fails before anything is created)."""
         gpus = self.gpus if _unset_is_none(self.gpus_per_worker) is None else self.gpus_per_worker
+        # templated counts arrive as strings ("2"): the spec checks each and keeps it as an int, and its
+        # error shows the value as given
+        counts: dict[str, Any] = {
+            "workers": self.workers,
+            "ps_replicas": self.ps_replicas,
+            "gpus_per_worker": gpus,
+            "gpus_per_ps": self.gpus_per_ps,
+        }
         return DistributedSpec(
-            workers=self.workers,
-            ps_replicas=self.ps_replicas,
-            gpus_per_worker=gpus,
-            gpus_per_ps=self.gpus_per_ps,
+            **counts,
             worker_cpu=str(self.worker_cpu or self.cpu),
             worker_memory=str(self.worker_memory or self.memory),
             ps_cpu=str(self.ps_cpu),
@@ -177,7 +189,7 @@ class DistributedTrainingOperator(TrainingPodOperator):
 
     def execute(self, context: Context) -> Any:
         spec = self.distributed_spec()
-        backend = choose_backend(self.backend, served_backends(self.hook.api_client))
+        backend = choose_backend(self.backend, served_backends(self.kube_hook.api_client))
         submission = self.submission(context, spec, backend=backend)
         self._submission = submission
         self.log.info(
@@ -238,9 +250,9 @@ class DistributedTrainingOperator(TrainingPodOperator):
         if resource.api_version == "v1" and resource.kind == "Service":
             self.hook.core_v1_client.create_namespaced_service(namespace, resource.body)
         elif resource.api_version == "batch/v1" and resource.kind == "Job":
-            self.hook.batch_v1_client.create_namespaced_job(namespace, resource.body)
+            self.kube_hook.batch_v1_client.create_namespaced_job(namespace, resource.body)
         else:
-            self.hook.create_custom_object(
+            self.kube_hook.create_custom_object(
                 group=resource.group,
                 version=resource.version,
                 plural=resource.plural,
@@ -253,12 +265,14 @@ class DistributedTrainingOperator(TrainingPodOperator):
         """Refuse a queued job that Kueue would not hold: its webhook makes a job of an integration it has
         enabled suspended on creation, so a dry run of the creation shows whether it would run unqueued."""
         if resource.kind == "Job":
-            created = self.hook.batch_v1_client.create_namespaced_job(namespace, resource.body, dry_run="All")
+            created = self.kube_hook.batch_v1_client.create_namespaced_job(
+                namespace, resource.body, dry_run="All"
+            )
             suspended = bool(created.spec.suspend)
         else:
             from kubernetes.client import CustomObjectsApi
 
-            api = CustomObjectsApi(self.hook.api_client)
+            api = CustomObjectsApi(self.kube_hook.api_client)
             created = api.create_namespaced_custom_object(
                 resource.group, resource.version, namespace, resource.plural, resource.body, dry_run="All"
             )

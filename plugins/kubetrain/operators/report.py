@@ -291,7 +291,9 @@ class ReportOperator(RunOperator):
 
         comparison = inputs.comparison
         monitor = metrics["monitor"]
-        section = metrics.get(self.compare_on) if isinstance(metrics.get(self.compare_on), dict) else {}
+        section = metrics.get(self.compare_on)
+        if not isinstance(section, dict):
+            section = {}
         return {
             "run_uri": run.uri,
             "report_uri": report_uri,

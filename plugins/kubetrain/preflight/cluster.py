@@ -301,7 +301,8 @@ class ClusterChecks:
             for g in client.ApisApi(self.cluster.hook.api_client).get_api_versions(_request_timeout=10).groups
         }
         api = client.CustomObjectsApi(self.cluster.hook.api_client)
-        served, missing = [], []
+        served: list[str] = []
+        missing: list[str] = []
         for group_version, resource, what in TRAINING_APIS:
             group, version = group_version.split("/")
             if group != "batch" and version not in groups.get(group, []):

@@ -150,7 +150,9 @@ def compare(
     monitor, mode = metrics["monitor"], metrics["monitor_mode"]
 
     def value_of(doc: dict[str, Any]) -> float | None:
-        section = doc.get(on) if isinstance(doc.get(on), dict) else {}
+        section = doc.get(on)
+        if not isinstance(section, dict):
+            section = {}
         return finite_number(section.get(monitor))
 
     value = value_of(metrics)

@@ -345,12 +345,13 @@ def summary_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
             rows.append((label, format_value(value)))
     if code := code_version_cell(inputs):
         rows.append(("Code version", code))
-    others = sorted(set(inputs.user_set or {}) - set(hyperparameters_of(inputs)))
+    user_set = inputs.user_set or {}
+    others = sorted(set(user_set) - set(hyperparameters_of(inputs)))
     if others:
         rows.append(
             (
                 "Set for this run",
-                ", ".join(f"{name}={format_value(inputs.user_set[name][0])}" for name in others),
+                ", ".join(f"{name}={format_value(user_set[name][0])}" for name in others),
             )
         )
     return rows

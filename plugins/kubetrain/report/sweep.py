@@ -182,16 +182,16 @@ def _axis(spec: Mapping[str, Any]) -> tuple[Callable[[Any], float | None], list[
         labels = [str(c) for c in choices]
         span = max(1, len(choices) - 1)
 
-        def position(value: Any) -> float | None:
+        def choice_position(value: Any) -> float | None:
             return choices.index(value) / span if value in choices else None
 
-        return position, [(i / span, label) for i, label in enumerate(labels)]
+        return choice_position, [(i / span, label) for i, label in enumerate(labels)]
     low, high = float(spec["low"]), float(spec["high"])
     log = bool(spec.get("log")) and low > 0
     lo, hi = (math.log10(low), math.log10(high)) if log else (low, high)
     width = (hi - lo) or 1.0
 
-    def position(value: Any) -> float | None:
+    def range_position(value: Any) -> float | None:
         if not isinstance(value, int | float) or isinstance(value, bool):
             return None
         v = math.log10(value) if log and value > 0 else float(value)
@@ -202,7 +202,7 @@ def _axis(spec: Mapping[str, Any]) -> tuple[Callable[[Any], float | None], list[
         # the powers of ten between the ends, at their log positions: what tells a log axis from a linear one
         decades = range(math.floor(lo) + 1, math.ceil(hi))
         ticks[1:1] = [((d - lo) / width, format_value(10.0**d)) for d in decades]
-    return position, ticks
+    return range_position, ticks
 
 
 def log_scaled(spec: Mapping[str, Any]) -> bool:
@@ -223,8 +223,12 @@ def parallel_coordinates_figure(inputs: SweepReportInputs) -> Any:
     """The parallel-coordinates plot as a matplotlib figure (``None`` without trials that have values);
     a log-searched hyperparameter's axis is logarithmic, ticked at its powers of ten."""
     names = _names(inputs)
-    trials = [t for t in inputs.trials if _value(t) is not None and isinstance(t.get("params"), Mapping)]
-    if not names or not trials:
+    scored = [
+        (t, value)
+        for t in inputs.trials
+        if (value := _value(t)) is not None and isinstance(t.get("params"), Mapping)
+    ]
+    if not names or not scored:
         return None
     from matplotlib import colormaps
     from matplotlib.cm import ScalarMappable
@@ -232,7 +236,7 @@ def parallel_coordinates_figure(inputs: SweepReportInputs) -> Any:
 
     space = inputs.plan.get("space") or {}
     objective = inputs.plan.get("objective") or {}
-    values = [_value(t) for t in trials]
+    values = [value for _, value in scored]
     vmin, vmax = min(values), max(values)
     norm = Normalize(vmin=vmin, vmax=vmax if vmax > vmin else vmin + 1e-9)
     axes_maps = [_axis(space.get(n) or {}) for n in names]
@@ -240,7 +244,7 @@ def parallel_coordinates_figure(inputs: SweepReportInputs) -> Any:
     axes = figure.subplots()
     cmap = colormaps["viridis" if objective.get("mode") != "min" else "viridis_r"]
     xs = list(range(len(names) + 1))
-    for trial, value in sorted(zip(trials, values, strict=True), key=lambda p: p[1]):
+    for trial, value in sorted(scored, key=lambda p: p[1]):
         ys = [position(trial["params"].get(n)) for n, (position, _) in zip(names, axes_maps, strict=True)]
         ys.append(norm(value))
         style = "--" if trial.get("stopped_early") else "-"

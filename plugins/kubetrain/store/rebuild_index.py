@@ -6,7 +6,7 @@ database and the records disagree, or for an index that has runs from before the
 ``--compact``: fold the deltas into the snapshot and delete the folded ones.
 
 S3 is reached through Airflow's ``aws_default`` connection, the bucket is the deployment's
-(:meth:`S3Layout.from_environment`).
+(:meth:`S3Layout.from_environment`). :func:`maintain_run_index` is the ``kubetrain_run_index`` DAG's task.
 """
 
 from __future__ import annotations
@@ -14,6 +14,33 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kubetrain.run_store import RunStore
+    from kubetrain.store.runs_db import Maintenance
+
+
+def deployment_store(training_bucket: str | None = None) -> RunStore:
+    """The deployment's run store: its training bucket (or ``training_bucket``) through ``aws_default``."""
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    from kubetrain.run_store import RunStore
+    from kubetrain.s3_layout import S3Layout
+
+    return RunStore(
+        S3Hook(aws_conn_id="aws_default", config={"max_pool_connections": 16}),
+        S3Layout.from_environment(training_bucket=training_bucket),
+    )
+
+
+def maintain_run_index() -> Maintenance:
+    """The run index database's upkeep in the deployment's training bucket (:func:`runs_db.maintain
+    <kubetrain.store.runs_db.maintain>`): compacted, checked against ``index/_all/``, rebuilt when they
+    disagree."""
+    from kubetrain.store import runs_db
+
+    return runs_db.maintain(deployment_store())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,16 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bucket", help="the training bucket (default: the deployment's)")
     args = parser.parse_args(argv)
 
-    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
-    from kubetrain.run_store import RunStore
-    from kubetrain.s3_layout import S3Layout
     from kubetrain.store import runs_db
 
-    store = RunStore(
-        S3Hook(aws_conn_id="aws_default", config={"max_pool_connections": 16}),
-        S3Layout.from_environment(training_bucket=args.bucket),
-    )
+    store = deployment_store(args.bucket)
     started = time.monotonic()
     if args.check:
         found = runs_db.check(store)

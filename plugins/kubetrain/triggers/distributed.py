@@ -77,7 +77,7 @@ class DistributedJobTrigger(BaseTrigger):
         pod_selector: str,
         deadline: float | None,
         poll_interval: float = 5.0,
-        startup: dict[str, float] | None = None,
+        startup: dict[str, float | str] | None = None,
         kubernetes_conn_id: str | None = None,
         config_file: str | None = None,
         cluster_context: str | None = None,

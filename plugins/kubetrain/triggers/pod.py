@@ -74,7 +74,9 @@ class PodLogFollower(AsyncPodManager):
         self.containers = tuple(containers)
         self.last_line: dict[str, tuple[datetime, int]] = {}
 
-    async def fetch_container_logs_before_current_sec(
+    # the provider annotates pendulum's DateTime, but its trigger only hands the value back to this method and
+    # serializes it: any aware datetime serves
+    async def fetch_container_logs_before_current_sec(  # type: ignore[override]
         self, pod: Any, container_name: str, since_time: datetime | None = None
     ) -> datetime:
         now = datetime.now(UTC)
@@ -232,6 +234,10 @@ class PodTriggerByReference(KubernetesPodTrigger):
         )
 
 
+# The start-up budgets TrainingPodTrigger adds to the provider's (schedule_timeout, startup_timeout)
+STARTUP_BUDGETS = ("stage_in_timeout", "unschedulable_grace", "stage_in_container", "queue_timeout")
+
+
 class TrainingPodTrigger(PodTriggerByReference):
     """A :class:`PodTriggerByReference` that judges the pod's start-up with :class:`~kubetrain.pod_startup.PodStartup`.
 
@@ -278,15 +284,17 @@ class TrainingPodTrigger(PodTriggerByReference):
         self.notes: list[str] = []
         self.queued_s: float | None = None
 
+    def _startup_budgets(self) -> dict[str, Any]:
+        """What this trigger adds to the provider's start-up budgets, by name: its arguments, and
+        :class:`PodStartup`'s."""
+        return {name: getattr(self, name) for name in STARTUP_BUDGETS}
+
     def serialize(self) -> tuple[str, dict[str, Any]]:
         _, kwargs = super().serialize()
         kwargs.update(
-            stage_in_timeout=self.stage_in_timeout,
-            unschedulable_grace=self.unschedulable_grace,
-            stage_in_container=self.stage_in_container,
+            self._startup_budgets(),
             log_containers=list(self.log_containers),
             gpu_resource=self.gpu_resource,
-            queue_timeout=self.queue_timeout,
             queue_log_interval=self.queue_log_interval,
         )
         return f"{type(self).__module__}.{type(self).__qualname__}", kwargs
@@ -296,19 +304,18 @@ class TrainingPodTrigger(PodTriggerByReference):
         return PodLogFollower(self.hook, containers=self.log_containers)
 
     def startup(self) -> PodStartup:
+        """A judge of this pod's start-up: the provider's budgets (scheduling, each image pull) and ours."""
         return PodStartup(
             schedule_timeout=self.schedule_timeout,
-            unschedulable_grace=self.unschedulable_grace,
             startup_timeout=self.startup_timeout,
-            stage_in_timeout=self.stage_in_timeout,
-            stage_in_container=self.stage_in_container,
-            queue_timeout=self.queue_timeout,
+            **self._startup_budgets(),
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         startup = self.startup()
         pod = None
-        logs_due = time.monotonic() + self.logging_interval if self.logging_interval else None
+        logging_interval = self.logging_interval or 0
+        logs_due = time.monotonic() + logging_interval if logging_interval else None
         queue_due = check_due = 0.0
         try:
             while True:
@@ -336,7 +343,7 @@ class TrainingPodTrigger(PodTriggerByReference):
                     check_due = time.monotonic() + min(QUEUE_CHECK_S, self.queue_log_interval)
                 if self.get_logs and logs_due is not None and time.monotonic() >= logs_due:
                     await self.pod_manager.follow(pod, self.log_containers, since_time=self.last_log_time)
-                    logs_due = time.monotonic() + self.logging_interval
+                    logs_due = time.monotonic() + logging_interval
                 if started:
                     break
                 await asyncio.sleep(self.startup_check_interval)

@@ -389,7 +389,7 @@ class TrainingQueries:
         missing = [ref for ref, rec in zip(unique, records, strict=True) if not isinstance(rec, dict)]
         if missing:
             raise NotVisible(", ".join(missing))
-        runs = [self._row(r) for r in records]
+        runs = [self._row(r) for r in records if isinstance(r, dict)]  # all are, as checked
         histories: list[History | None] = []
         raws = self._read_raw([f"runs/{ref}/output/history.csv" for ref in unique])
         for raw in raws:
@@ -435,7 +435,9 @@ def rank_trials(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     def objective(record: dict[str, Any]) -> tuple[int, float]:
         sweep = record.get("sweep") or {}
-        goal = sweep.get("objective") if isinstance(sweep.get("objective"), dict) else {}
+        goal = sweep.get("objective")
+        if not isinstance(goal, dict):
+            goal = {}
         metrics = record.get("metrics") or {}
         value = goal.get("value", metrics.get("value"))
         mode = goal.get("mode") or metrics.get("monitor_mode") or "max"

@@ -125,7 +125,9 @@ def test_unreadable_best_weights_leave_the_last_ones(tmp_path, caplog):
 
 
 def test_a_monitor_mode_other_than_max_or_min_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="monitor mode 'up' is not understood; expected 'max' or 'min'"):
+    with pytest.raises(
+        ValueError, match=r"mode 'up' is not valid: expected 'max' \(accuracy\) or 'min' \(loss\)"
+    ):
         BestEpoch(
             model=model(),
             monitor="val_loss",
