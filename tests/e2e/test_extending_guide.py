@@ -2,12 +2,14 @@
 
 The guide marks its dev-stack path as fenced `bash` blocks (docs/extending.md, "How to read the
 commands"): try the script with the trainer environment, build and push the image to the dev
-stack's registry, upload the data, run the DAG with `airflow dags test`. This test extracts those
-blocks and runs them, in page order, in one bash process with a user's fresh environment (a
-system PATH, nothing of Airflow, AWS or kubetrain set), from a checkout whose `.stack/env` is
-this session's dev stack, as `make stack-up` would have written it, and whose `.airflow` holds
-the metadata database `make setup` migrated. The checkout is the repository itself, seen through
-links, with its own `.stack`, `.airflow` and `.demo`: the developer's are left alone.
+stack's registry, upload the data, run the DAG as the demos run theirs (`python -m include.demo
+run`: `airflow dags test` into the metadata database `make airflow` serves, on the dev stack's
+Postgres). This test extracts those blocks and runs them, in page order, in one bash process
+with a user's fresh environment (a system PATH, nothing of Airflow, AWS or kubetrain set), from
+a checkout whose `.stack` is this session's dev stack, as `make stack-up` would have left it.
+The checkout is the repository itself, seen through links, with its own `.stack`, `.airflow`
+and `.demo`: the developer's are left alone. Its `include` is a copy, not a link: the demo
+runner finds the checkout (its `.airflow`, `.demo`, `dags`) from its own file's place.
 
 The guide's indented blocks target a cluster and a registry of the reader's own
 (`registry.example.com`, `aws s3 cp` with real credentials): they are not run, each for the
@@ -23,13 +25,14 @@ import json
 import os
 import re
 import shutil
-import sqlite3
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy
 
+from include.airflow_ui import AirflowUI
 from include.devstack.stack import s3_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -63,30 +66,30 @@ def why_not_run(block: str) -> str:
     if "registry.example.com" in block:
         return "builds and pushes to the reader's own registry (the dev-stack block: include.devstack.build)"
     if "aws s3 cp" in block or "airflow dags test" in block:
-        return "a cluster's S3 credentials and Airflow (the dev-stack block: .stack/env, boto3, .venv/bin/airflow)"
+        return "a cluster's S3 credentials and Airflow (the dev-stack block: .stack/env, boto3, include.demo run)"
     raise AssertionError(
         f"an indented block of docs/extending.md that is neither run nor explained:\n{block}"
     )
 
 
-def user_checkout(root: Path, stack_env_file: Path) -> Path:
+def user_checkout(root: Path, stack_dir: Path) -> Path:
     """The repository as a user's checkout after `make setup` and `make stack-up`, with its own
-    ``.stack/env`` (this session's dev stack), ``.airflow`` (a copy of the migrated metadata DB) and ``.demo``.
+    ``.stack`` (this session's dev stack), ``.airflow`` (empty: the demo runner makes its database on
+    the dev stack's Postgres) and no ``.demo`` yet.
 
     :param root: an empty folder to make it in.
-    :param stack_env_file: the session's dev stack's env file.
+    :param stack_dir: the session's dev stack's state folder (env file, state, kubeconfigs).
     """
     root.mkdir()
     for entry in REPO.iterdir():
-        if entry.name not in OWN:
+        if entry.name in OWN:
+            continue
+        if entry.name == "include":  # a copy: include/demo.py takes the checkout from its own path
+            shutil.copytree(entry, root / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
             (root / entry.name).symlink_to(entry)
-    (root / ".stack").mkdir()
-    shutil.copy(stack_env_file, root / ".stack" / "env")
-    migrated = Path(os.environ.get("AIRFLOW_HOME", REPO / ".airflow")) / "airflow.db"
-    if not migrated.exists():
-        pytest.fail(f"{migrated} is missing: run `make setup` (it migrates the Airflow metadata DB)")
+    (root / ".stack").symlink_to(stack_dir)
     (root / ".airflow").mkdir()
-    shutil.copy(migrated, root / ".airflow" / "airflow.db")
     return root
 
 
@@ -109,7 +112,7 @@ def markdown_summary(report_md: str) -> dict[str, str]:
     return {label: value for label, value in rows}
 
 
-def test_the_guide_runs_word_for_word_on_the_dev_stack(devstack, tmp_path):
+def test_the_guide_runs_word_for_word_on_the_dev_stack(devstack, tmp_path, monkeypatch):
     run_blocks, shown_blocks = guide_blocks(GUIDE.read_text())
     assert run_blocks, "docs/extending.md has no `bash` blocks: nothing of the dev-stack path to run"
     for block in shown_blocks:
@@ -119,12 +122,12 @@ def test_the_guide_runs_word_for_word_on_the_dev_stack(devstack, tmp_path):
     for step in (
         "include.devstack.build docs/examples/keras_model",
         "keras-digits/digits.zip",
-        "dags test " + DAG_ID,
+        "include.demo run " + DAG_ID,
     ):
         assert step in script, f"no `bash` block of docs/extending.md does {step!r}"
 
     env = devstack.env()
-    checkout = user_checkout(tmp_path / "checkout", devstack.state_dir / "env")
+    checkout = user_checkout(tmp_path / "checkout", devstack.state_dir)
     (tmp_path / "guide.sh").write_text(script)
     log = tmp_path / "guide.log"
     start = time.monotonic()
@@ -145,26 +148,46 @@ def test_the_guide_runs_word_for_word_on_the_dev_stack(devstack, tmp_path):
 
     # the script tried without a cluster: Keras' epochs and the metrics.json the guide shows
     assert '"monitor": "val_accuracy"' in output and "trained 2 epochs" in output
+    # the demo runner's last line names the run, which it ran into make airflow's database
+    found = re.search(rf"^{DAG_ID} run (\S+): success in \d+ s \(in `make airflow`\)$", output, re.M)
+    assert found, output[-4000:]
+    run_id = found[1]
     # the DAG ran the unmodified script in the training pod from the image the guide pushed
-    assert "[base] Epoch 2/2" in output and "[base] trained 2 epochs: val_accuracy" in output
+    dags_test_log = (checkout / ".demo" / f"{DAG_ID}.log").read_text(errors="replace")
+    assert "[base] Epoch 2/2" in dags_test_log and "[base] trained 2 epochs: val_accuracy" in dags_test_log
 
-    db = checkout / ".airflow" / "airflow.db"
-    with sqlite3.connect(db) as conn:
-        run_id, state = conn.execute(
-            "SELECT run_id, state FROM dag_run WHERE dag_id = ? ORDER BY id DESC", (DAG_ID,)
-        ).fetchone()
-        states = dict(
-            conn.execute(
-                "SELECT task_id, state FROM task_instance WHERE dag_id = ? AND run_id = ?", (DAG_ID, run_id)
-            ).fetchall()
-        )
-        xcoms = {
-            task: json.loads(value) if isinstance(value, str | bytes) else value
-            for task, value in conn.execute(
-                "SELECT task_id, value FROM xcom WHERE dag_id = ? AND run_id = ? AND key = 'return_value'",
-                (DAG_ID, run_id),
-            ).fetchall()
-        }
+    # the run is in the database that make airflow serves for the checkout's .airflow
+    ui_db = AirflowUI(checkout / ".airflow", env)
+    assert ui_db.database is not None, "the demo runner made no metadata database on the dev stack's Postgres"
+    for name, value in ui_db.postgres.env().items():  # where libpq finds the password
+        monkeypatch.setenv(name, value)
+    engine = sqlalchemy.create_engine(ui_db.sql_alchemy_conn())
+    try:
+        with engine.connect() as conn:
+            query = {"dag": DAG_ID, "run": run_id}
+            state = conn.execute(
+                sqlalchemy.text("SELECT state FROM dag_run WHERE dag_id = :dag AND run_id = :run"), query
+            ).scalar_one()
+            states = dict(
+                conn.execute(
+                    sqlalchemy.text(
+                        "SELECT task_id, state FROM task_instance WHERE dag_id = :dag AND run_id = :run"
+                    ),
+                    query,
+                ).all()
+            )
+            xcoms = {
+                task: json.loads(value) if isinstance(value, str | bytes) else value
+                for task, value in conn.execute(
+                    sqlalchemy.text(
+                        "SELECT task_id, value FROM xcom WHERE dag_id = :dag AND run_id = :run "
+                        "AND key = 'return_value'"
+                    ),
+                    query,
+                ).all()
+            }
+    finally:
+        engine.dispose()
     assert state == "success" and states == dict.fromkeys(TASKS, "success"), (state, states)
     image, version = xcoms["check_new"]["image"], xcoms["stage_dataset"]["version"]
     assert re.fullmatch(
@@ -182,7 +205,7 @@ def test_the_guide_runs_word_for_word_on_the_dev_stack(devstack, tmp_path):
     summary = markdown_summary(read(report_uri.removesuffix(".html") + ".md").decode())
     assert summary["Image"] == image and summary["Dataset version"] == version, summary
     assert (summary["Trainer"], summary["Task"], summary["Epochs"]) == ("keras_model", "classification", "2")
-    assert f"Report written to {report_uri}" in output
+    assert f"Report written to {report_uri}" in dags_test_log
 
     # the run record (the Training page and the leaderboard read it): digest, dataset version, epochs
     record = json.loads(read(xcoms["record"]["run_record"]))

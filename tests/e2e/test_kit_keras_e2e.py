@@ -22,20 +22,15 @@ import math
 import re
 import shutil
 import subprocess
-import threading
-import uuid
 import zipfile
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from kubernetes import client
+from kueue_preemption import preempting
 
 # the module's fixtures: S3 and the admin's CoreV1Api (module-scoped: this module gets its own)
 from test_training_dags import FAST, assert_no_pods_left, core, read_json, s3  # noqa: F401
 
-from include.devstack.stack import NAMESPACE
-from include.devstack.workloads import queued_pod
 from kubetrain.s3_layout import S3Layout
 
 # the image's build and the sweep's two runs one after the other outlast the suite's 900 s a test
@@ -195,60 +190,6 @@ def test_asha_stops_the_example_at_its_first_rung(kit_airflow, keras_image, kera
     assert_no_pods_left(core, SWEEP_DAG_ID)
 
 
-def preempt_in_second_epoch(core, stop: threading.Event, seen: dict) -> None:  # noqa: F811
-    """Once the run's pod has begun its second epoch (Keras' ``Epoch 2/N`` line), let a high-priority
-    GPU workload in; keep the preempted pod's log while it ends; once it is gone and the task's
-    replacement waits behind the workload, end the workload so the run is admitted again."""
-    holder = f"high-{uuid.uuid4().hex[:6]}"
-    selector = f"kubetrain.io/dag-id={DAG_ID}"
-    try:
-        while not stop.is_set() and "preempted" not in seen:
-            for pod in core.list_namespaced_pod(NAMESPACE, label_selector=selector).items:
-                if pod.metadata.deletion_timestamp or pod.status.phase != "Running":
-                    continue
-                try:
-                    log = core.read_namespaced_pod_log(pod.metadata.name, NAMESPACE, container="base")
-                except client.ApiException:
-                    continue
-                if f"Epoch 2/{EPOCHS}" in log:
-                    seen["preempted"] = pod.metadata.name
-                    core.create_namespaced_pod(
-                        NAMESPACE, queued_pod(holder, {"nvidia.com/gpu": "1"}, priority="high")
-                    )
-                    break
-            stop.wait(0.2)
-        while not stop.is_set():
-            pods = core.list_namespaced_pod(NAMESPACE, label_selector=selector).items
-            names = {p.metadata.name for p in pods}
-            if seen.get("preempted") in names:
-                try:  # its last lines: the checkpoint written on SIGTERM
-                    seen["preempted_log"] = core.read_namespaced_pod_log(
-                        seen["preempted"], NAMESPACE, container="base"
-                    )
-                except client.ApiException:
-                    pass
-            else:
-                gated = [
-                    p.metadata.name
-                    for p in pods
-                    if any(g.name == "kueue.x-k8s.io/admission" for g in p.spec.scheduling_gates or [])
-                ]
-                if gated:
-                    seen["requeued"] = gated
-                    # the workload runs a while: it ends once the replacement has waited two seconds
-                    # behind it (the pod's timestamps have whole seconds)
-                    created = min(p.metadata.creation_timestamp for p in pods if p.metadata.name in gated)
-                    while not stop.is_set() and datetime.now(UTC) - created < timedelta(seconds=2):
-                        stop.wait(0.2)
-                    break
-            stop.wait(0.2)
-    finally:
-        try:
-            core.delete_namespaced_pod(holder, NAMESPACE, grace_period_seconds=0)
-        except client.ApiException:
-            pass
-
-
 @pytest.fixture(scope="module")
 def preempted_run(kit_airflow, keras_image, keras_digits, core):  # noqa: F811
     """A low-priority run of the guide's DAG, preempted in its second epoch: ``(run, seen)``."""
@@ -263,14 +204,9 @@ def preempted_run(kit_airflow, keras_image, keras_digits, core):  # noqa: F811
         "queue": "training",
         "priority": "low",
     }
-    stop, seen = threading.Event(), {}
-    watcher = threading.Thread(target=preempt_in_second_epoch, args=(core, stop, seen), daemon=True)
-    watcher.start()
-    try:
+    # preempted once the pod has begun its second epoch (Keras' "Epoch 2/N" line)
+    with preempting(core, DAG_ID, ready=lambda log: f"Epoch 2/{EPOCHS}" in log, poll_s=0.2) as seen:
         run = kit_airflow.dags_test(DAG_ID, conf, **FAST)
-    finally:
-        stop.set()
-        watcher.join(10)
     assert "preempted" in seen, "the run was never preempted: the test did not exercise Kueue"
     assert run.returncode == 0 and run.state() == "success", run.output[-6000:]
     return run, seen
@@ -317,6 +253,11 @@ def test_preempted_mid_epoch_it_resumes_at_its_step_in_the_same_try(preempted_ru
     assert disruptions["preemptions"] == 1, disruptions
     (interrupted,) = disruptions["interruptions"]
     assert interrupted["pod"] == seen["preempted"] and interrupted["exit_code"] in (75, None), interrupted
+    # the step the sync passes give the preempted pod's last checkpoint (the callback's keras/step-<n>/
+    # folder), in the record and the report, as a number
+    assert interrupted["resume_step"] == step, interrupted
+    md = s3.get_object(Bucket="training", Key=f"{prefix}/report/report.md")["Body"].read().decode()
+    assert f"| Preemptions | 1 (no retry used; resumed at step {step}; " in md, md[:3000]
     assert_no_pods_left(core, DAG_ID)
 
 

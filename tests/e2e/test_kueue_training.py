@@ -6,69 +6,18 @@ digits data."""
 
 from __future__ import annotations
 
-import threading
-import time
-import uuid
-from datetime import UTC, datetime, timedelta
-
 import pytest
-from kubernetes import client
+from kueue_preemption import preempting
 
 # the module's fixtures: S3, the admin's CoreV1Api, the digits dataset in S3
 from test_training_dags import FAST, assert_no_pods_left, core, digits, read_json, s3  # noqa: F401
 
-from include.devstack.stack import NAMESPACE
-from include.devstack.workloads import queued_pod
-
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def preempt_once_checkpointed(core, dag_id: str, stop: threading.Event, seen: dict) -> None:  # noqa: F811
-    """After the run's first epoch checkpoint, let a high-priority GPU workload in; once Kueue has
-    preempted the run's pod (it is gone), end that workload so the run is admitted again."""
-    holder = f"high-{uuid.uuid4().hex[:6]}"
-    selector = f"kubetrain.io/dag-id={dag_id}"
-    try:
-        while not stop.is_set() and "preempted" not in seen:
-            for pod in core.list_namespaced_pod(NAMESPACE, label_selector=selector).items:
-                if pod.metadata.deletion_timestamp or pod.status.phase != "Running":
-                    continue
-                try:
-                    log = core.read_namespaced_pod_log(pod.metadata.name, NAMESPACE, container="base")
-                except client.ApiException:
-                    continue
-                if "checkpoint ckpt-" in log and "end of epoch" in log:
-                    seen["preempted"] = pod.metadata.name
-                    core.create_namespaced_pod(
-                        NAMESPACE, queued_pod(holder, {"nvidia.com/gpu": "1"}, priority="high")
-                    )
-                    break
-            stop.wait(0.5)
-        while not stop.is_set():
-            pods = core.list_namespaced_pod(NAMESPACE, label_selector=selector).items
-            if seen.get("preempted") not in {p.metadata.name for p in pods}:
-                # the replacement pod the task submits queues behind the high-priority workload
-                gated = [
-                    p.metadata.name
-                    for p in pods
-                    if any(g.name == "kueue.x-k8s.io/admission" for g in p.spec.scheduling_gates or [])
-                ]
-                if gated:
-                    seen["requeued"] = gated
-                    # a high-priority workload runs a while: it ends once the replacement has waited
-                    # two seconds behind it (the pod's timestamps have whole seconds; a shorter wait
-                    # could read as none)
-                    created = min(p.metadata.creation_timestamp for p in pods if p.metadata.name in gated)
-                    while not stop.is_set() and datetime.now(UTC) - created < timedelta(seconds=2):
-                        stop.wait(0.2)
-                    break
-            stop.wait(0.5)
-    finally:
-        try:
-            core.delete_namespaced_pod(holder, NAMESPACE, grace_period_seconds=0)
-            seen["holder_deleted"] = time.monotonic()
-        except client.ApiException:
-            pass
+def checkpointed_an_epoch(log: str) -> bool:
+    """The trainer has ended an epoch and written its checkpoint: preempt it now."""
+    return "checkpoint ckpt-" in log and "end of epoch" in log
 
 
 def test_a_preempted_low_priority_run_resumes_at_its_checkpoint_without_a_retry(airflow, core, s3, digits):  # noqa: F811
@@ -84,14 +33,8 @@ def test_a_preempted_low_priority_run_resumes_at_its_checkpoint_without_a_retry(
         "queue": "training",
         "priority": "low",
     }
-    stop, seen = threading.Event(), {}
-    watcher = threading.Thread(target=preempt_once_checkpointed, args=(core, dag_id, stop, seen), daemon=True)
-    watcher.start()
-    try:
+    with preempting(core, dag_id, ready=checkpointed_an_epoch) as seen:
         run = airflow.dags_test(dag_id, conf, **FAST)
-    finally:
-        stop.set()
-        watcher.join(10)
     assert "preempted" in seen, "the run was never preempted: the test did not exercise Kueue"
     assert run.returncode == 0 and run.state() == "success", run.output[-4000:]
     assert run.task_states()["train"] == "success" and run.task_states()["record"] == "success"

@@ -275,7 +275,7 @@ class KubetrainCallback(keras.callbacks.Callback):
             trainer=self.trainer,
             epochs=len(self.history),
             stopped_early=self.exit_code == kit.EXIT_STOPPED,
-            # the run record's "resumed from step": the sync passes cannot tell it from this layout's names
+            # the run record's "resumed from step", said outright (the sync passes read it from the folder names)
             resumed_from_step=self.resumed_from_step,
             **self.details,
         )

@@ -27,6 +27,10 @@ MAX_LISTED_PROBLEMS = 20
 # A TensorFlow checkpoint prefix ("ckpt-12" of ckpt-12.index, ckpt-12.data-00000-of-00001) or a
 # numbered Keras file ("epoch-0003" of epoch-0003.weights.h5): family name, step, rest.
 _CHECKPOINT = re.compile(r"^(?P<dir>(?:.*/)?)(?P<family>[^/]*?)[-_](?P<step>\d+)(?P<rest>(?:\.[^/]*)?)$")
+# A checkpoint that is a folder of files named after its step: the kit's Keras callback writes
+# keras/step-0000000012/{model.weights.h5,state.json}. The innermost such folder is the checkpoint;
+# hidden folders (a callback's .tmp-step-12-<pid> being written, a .damaged-step-12 set aside) are not.
+_CHECKPOINT_FOLDER = re.compile(r"^(?P<family>[^/.][^/]*?)[-_](?P<step>\d+)$")
 
 
 class FinalPassPending(AirflowException):
@@ -38,11 +42,23 @@ class SyncVerificationError(AirflowFailException):
 
 
 def checkpoint_group(path: str) -> tuple[tuple[str, str], int] | None:
-    """``((directory, family), step)`` of a checkpoint file path, or ``None`` for other files."""
+    """``((directory, family), step)`` of a checkpoint file path, or ``None`` for other files.
+
+    A numbered file is its own checkpoint (``ckpt-12.index``: ``(("", "ckpt"), 12)``); a file inside a
+    numbered folder belongs to that folder's (``keras/step-0000000012/state.json``:
+    ``(("keras/", "step"), 12)``), so pruning keeps or deletes the folder's files together and the run
+    record reads the step. The cases are the table of tests/plugins/test_pass_checkpoint_layouts.py.
+    """
     match = _CHECKPOINT.match(path)
-    if not match:
-        return None
-    return (match.group("dir"), match.group("family")), int(match.group("step"))
+    if match:
+        return (match.group("dir"), match.group("family")), int(match.group("step"))
+    parts = path.split("/")
+    for depth in range(len(parts) - 2, -1, -1):  # the innermost numbered folder
+        if folder := _CHECKPOINT_FOLDER.match(parts[depth]):
+            return ("".join(part + "/" for part in parts[:depth]), folder.group("family")), int(
+                folder.group("step")
+            )
+    return None
 
 
 @dataclass(frozen=True)

@@ -139,30 +139,67 @@ def test_the_directories_default_to_the_pod_contract(monkeypatch):
     )
 
 
-def test_sigterm_becomes_a_flag_the_script_checks():
-    with kit.PreemptionGuard() as guard:
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert guard.requested and guard.signal == signal.SIGTERM  # still running: the script decides
-    assert signal.getsignal(signal.SIGTERM) is not guard._handle
+@pytest.mark.parametrize(
+    ("guarded", "sent"),
+    [
+        ((signal.SIGTERM,), signal.SIGTERM),  # the default: the kubelet's notice
+        ((signal.SIGTERM, signal.SIGINT), signal.SIGINT),  # Ctrl-C too, when a script asks for it
+    ],
+    ids=["SIGTERM", "SIGINT"],
+)
+def test_a_guarded_signal_becomes_a_flag_the_script_checks(guarded, sent):
+    before = signal.getsignal(sent)
+    with kit.PreemptionGuard(guarded) as guard:
+        os.kill(os.getpid(), sent)
+        assert guard.requested and guard.signal == sent  # still running: the script decides
+    assert signal.getsignal(sent) == before  # the previous handler is back
 
 
 SCRIPT = """
-import sys, time
+import os, sys, time
 from kubetrain_contract import kit
-guard = kit.PreemptionGuard()
+guard = kit.PreemptionGuard() if os.environ["GUARD"] == "1" else None
 print("ready", flush=True)
 for step in range(1, 10**6):
     time.sleep(0.01)
-    if guard.requested:
+    if guard is not None and guard.requested:
         (kit.checkpoint_dir() / "ckpt").write_text(str(step))
         sys.exit(kit.EXIT_PREEMPTED)
+    if kit.should_stop():
+        kit.write_metrics(monitor="loss", mode="min", final={"loss": 1.0, "step": step})
+        sys.exit(kit.EXIT_STOPPED)
 """
 
 
-def test_a_script_with_the_guard_saves_and_exits_75_instead_of_dying_with_143(pod):
-    env = {**os.environ, "PYTHONPATH": str(REPO / "trainer")}
+def _send_sigterm(proc, pod):
+    proc.send_signal(signal.SIGTERM)
+
+
+def _write_stop_file(proc, pod):
+    (pod / "checkpoint_dir" / ".kubetrain-stop").touch()
+
+
+# (what reaches the script, with the guard?, its exit code, the file it leaves)
+SIGNALS = [
+    ("SIGTERM, guarded", _send_sigterm, True, kit.EXIT_PREEMPTED, "checkpoint_dir/ckpt"),
+    ("SIGTERM, unguarded", _send_sigterm, False, -signal.SIGTERM, None),  # killed unsaved: exit 143 in a pod
+    ("the stop file", _write_stop_file, True, kit.EXIT_STOPPED, "output_dir/metrics.json"),
+]
+
+
+@pytest.mark.parametrize(
+    ("send", "guard", "code", "left"), [row[1:] for row in SIGNALS], ids=[row[0] for row in SIGNALS]
+)
+def test_each_signal_ends_a_script_with_its_code_and_its_file(pod, send, guard, code, left):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "trainer"), "GUARD": "1" if guard else "0"}
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == kit.EXIT_PREEMPTED == 75
-    assert int((pod / "checkpoint_dir" / "ckpt").read_text()) >= 1
+    send(proc, pod)
+    assert proc.wait(timeout=60) == code
+    assert (kit.EXIT_PREEMPTED, kit.EXIT_STOPPED) == (75, 79)
+    written = [
+        p.relative_to(pod).as_posix() for p in pod.rglob("*") if p.is_file() and p.name != ".kubetrain-stop"
+    ]
+    assert written == ([left] if left else []), written
+    if left == "checkpoint_dir/ckpt":
+        assert int((pod / left).read_text()) >= 1
