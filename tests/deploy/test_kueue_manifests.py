@@ -1,11 +1,12 @@
 """deploy/kueue/: the Kueue chart's values and the queues that docs/real-cluster.md installs.
 
-queues.yaml is checked against Kueue v0.19.2's own CRD schemas (kueue-v0.19.2-crd-schemas.json, the served
+queues.yaml is checked against Kueue v0.19.2's own CRD schemas (include/devstack/kubeapi/
+kueue-v0.19.2-crd-schemas.json, which the dev stack's stand-in checks its queue objects against; the served
 versions' openAPIV3Schema from Kueue's release source), strictly: a field Kueue does not know is an error, as
-`kubectl apply` (strict field validation) makes it. Its names are the dev stack's (include/devstack/kueue.yaml),
-so what the tests queue against is what a cluster gets. values.yaml restates the chart's default and enables
-the integration of every job kind kubetrain queues. Kueue's CEL rules (x-kubernetes-validations) are not
-evaluated here.
+`kubectl apply` (strict field validation) makes it. The dev stack's Kueue stand-in starts with these
+objects (include/devstack/kueue.yaml applies this file), so what the tests queue against is what a cluster
+gets. values.yaml restates the chart's default and enables the integration of every job kind kubetrain
+queues. Kueue's CEL rules (x-kubernetes-validations) are not evaluated here.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from kubetrain.operators.distributed import KUEUE_FRAMEWORKS
 from kubetrain.settings import SETTINGS
 
 REPO = Path(__file__).resolve().parents[2]
-SCHEMAS = json.loads((Path(__file__).parent / "kueue-v0.19.2-crd-schemas.json").read_text())["kinds"]
+SCHEMAS = json.loads(
+    (REPO / "include" / "devstack" / "kubeapi" / "kueue-v0.19.2-crd-schemas.json").read_text()
+)["kinds"]
 # the top-level keys of the v0.19.2 chart's default manager configuration, which the values replace wholesale
 CHART_DEFAULT_KEYS = {
     "apiVersion",
@@ -128,24 +131,21 @@ def test_the_queues_hold_together_and_cover_what_training_pods_ask_for(queues):
         assert {r["name"] for r in f["resources"]} == set(group["coveredResources"])
 
 
-def test_the_dev_stack_queues_by_the_same_names(queues):
-    stand_in = yaml.safe_load((REPO / "include" / "devstack" / "kueue.yaml").read_text())
-    (cluster_queue,) = by_kind(queues, "ClusterQueue")
-    (local_queue,) = by_kind(queues, "LocalQueue")
-    assert [q["name"] for q in stand_in["clusterQueues"]] == [cluster_queue["metadata"]["name"]]
-    assert stand_in["localQueues"] == [
-        {
-            "namespace": local_queue["metadata"]["namespace"],
-            "name": local_queue["metadata"]["name"],
-            "clusterQueue": local_queue["spec"]["clusterQueue"],
-        }
-    ]
-    (group,) = cluster_queue["spec"]["resourceGroups"]
-    assert set(stand_in["clusterQueues"][0]["nominalQuota"]) == set(group["coveredResources"])
-    assert stand_in["clusterQueues"][0]["preemption"] == cluster_queue["spec"]["preemption"]
-    assert {(p["name"], p["value"]) for p in stand_in["workloadPriorityClasses"]} == {
-        (p["metadata"]["name"], p["value"]) for p in by_kind(queues, "WorkloadPriorityClass")
-    }
+def test_the_dev_stack_starts_with_these_queues_sized_to_its_one_gpu():
+    from include.devstack.kubeapi.kueue import manifest_objects
+    from include.devstack.stack import KUEUE_CONFIG
+
+    config = yaml.safe_load(KUEUE_CONFIG.read_text())
+    assert "clusterQueues" not in config and "localQueues" not in config, "one source of queues"
+    (applied,) = config["apply"]["files"]
+    assert (KUEUE_CONFIG.parent / applied).resolve() == REPO / "deploy" / "kueue" / "queues.yaml"
+    # what the stand-in creates is this file, but for the GPU quota (the dev stack has one GPU)
+    assert config["apply"]["nominalQuota"] == {"nvidia.com/gpu": "1"}
+    (cluster_queue,) = by_kind(manifest_objects(config, KUEUE_CONFIG.parent), "ClusterQueue")
+    for resource in cluster_queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"]:
+        if resource["name"] == "nvidia.com/gpu":
+            assert resource["nominalQuota"] == "1"
+    validate(cluster_queue)
 
 
 def test_the_chart_values_restate_the_default_and_enable_what_kubetrain_queues():

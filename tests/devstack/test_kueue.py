@@ -214,7 +214,8 @@ def test_a_queued_job_is_created_suspended_and_resumed_on_admission(kueue_api, c
         },
     }
     job["spec"]["template"] = {"spec": job["spec"]["template"]}
-    batch.create_namespaced_job(NS, job)
+    created = batch.create_namespaced_job(NS, job)
+    assert created.spec.suspend is True  # by the webhook, before any pod exists
     stream = watch.Watch().stream(
         batch.list_namespaced_job, NS, field_selector="metadata.name=queued-job", timeout_seconds=120
     )

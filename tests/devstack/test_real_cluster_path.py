@@ -90,9 +90,10 @@ def test_every_command_of_the_path_runs_or_is_checked(api, tmp_path):
         if words[:4] == ["kubectl", "-n", "airflow", "exec"]:
             check_in_scheduler(words[words.index("--") + 1 :])
         elif command == "kubectl apply --server-side -f deploy/kueue/queues.yaml":
-            # The stand-in takes its queues from include/devstack/kueue.yaml, not from the API:
-            # tests/deploy/test_kueue_manifests.py checks this file against Kueue's own CRD schemas and
-            # the stand-in's file against it.
+            # The stand-in starts with this file's objects (include/devstack/kueue.yaml applies it), and
+            # this server refuses server-side apply of existing objects: tests/deploy/test_kueue_manifests.py
+            # checks the file against Kueue's own CRD schemas, tests/devstack/test_kueue_queue_objects.py
+            # what the stand-in makes of it.
             assert (REPO / "deploy" / "kueue" / "queues.yaml").is_file()
         elif words[0] == "kubectl":
             proc = subprocess.run(

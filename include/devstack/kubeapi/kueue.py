@@ -22,9 +22,18 @@ queueing and preemption handling is exercised against the same objects and signa
   the newest first; an evicted pod gets the ``TerminationTarget`` condition (reason
   ``WorkloadEvictedDueToPreempted``) and is deleted, an evicted Job is suspended and re-queued.
 
-Configuration: a YAML file (``--kueue-config``) with ``clusterQueues`` (name, ``nominalQuota``,
-``preemption``), ``localQueues`` (namespace, name, clusterQueue), ``workloadPriorityClasses`` (name,
-value), ``excludeResourcePrefixes`` and ``servedVersions`` (default ``[v1beta2, v1beta1]``).
+* ``LocalQueue``, ``ClusterQueue``, ``WorkloadPriorityClass`` and ``ResourceFlavor`` served as API
+  objects (create, get, list, watch, update, patch, delete); admission reads the ones that exist at each
+  pass, so a queue created, changed or deleted counts at once. A workload whose LocalQueue or
+  ClusterQueue does not exist waits with Kueue's ``LocalQueue x doesn't exist``; a ClusterQueue's
+  ``namespaceSelector`` (null selects no namespace) keeps other namespaces' workloads out.
+
+Configuration: a YAML file (``--kueue-config``): ``apply`` (``files``: queue manifests, relative to the
+file, created at start as ``kubectl apply`` creates them; ``nominalQuota``: resources whose quota is
+resized in every ClusterQueue), and in short ``clusterQueues`` (name, ``nominalQuota``, ``preemption``,
+``queueingStrategy``), ``localQueues`` (namespace, name, clusterQueue), ``workloadPriorityClasses``
+(name, value); ``excludeResourcePrefixes``, ``integrations.frameworks``,
+``managedJobsNamespaceSelector`` and ``servedVersions`` (default ``[v1beta2, v1beta1]``).
 """
 
 from __future__ import annotations
@@ -34,18 +43,22 @@ import copy
 import hashlib
 import itertools
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import yaml
 
-from include.devstack.kubeapi.meta import ALSO_SERVED, GROUPS, RESOURCES, Resource, rfc3339
+from include.devstack.kubeapi.meta import ALSO_SERVED, CRUD, GROUPS, RESOURCES, ApiError, Resource, rfc3339
+from include.devstack.kubeapi.openapi import schema_check
 from include.devstack.kubeapi.selectors import match_label_selector_object
+from include.devstack.kubeapi.store import Change, Watcher
 from include.devstack.kubeapi.validation import parse_quantity
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from include.devstack.kubeapi.cluster import Cluster
     from include.devstack.kubeapi.jobs import JobController
 
@@ -74,17 +87,19 @@ READ = ("get", "list", "watch")
 
 
 def register_resources(versions: tuple[str, ...] = VERSIONS) -> None:
-    """Serve Kueue's resources in ``versions`` (read-only: the configuration file defines the queues)."""
+    """Serve Kueue's resources in ``versions``: Workloads read-only (the stand-in writes them), the queue
+    objects as a platform engineer applies them (create, get, list, watch, update, patch, delete)."""
     served = tuple(v for v in VERSIONS if v in versions)
     GROUPS[GROUP] = served[0]
     ALSO_SERVED[GROUP] = served[1:]
-    for name, kind, namespaced in (
-        ("workloads", "Workload", True),
-        ("localqueues", "LocalQueue", True),
-        ("clusterqueues", "ClusterQueue", False),
-        ("workloadpriorityclasses", "WorkloadPriorityClass", False),
+    for name, kind, namespaced, verbs in (
+        ("workloads", "Workload", True, READ),
+        ("localqueues", "LocalQueue", True, CRUD),
+        ("clusterqueues", "ClusterQueue", False, CRUD),
+        ("workloadpriorityclasses", "WorkloadPriorityClass", False, CRUD),
+        ("resourceflavors", "ResourceFlavor", False, CRUD),
     ):
-        RESOURCES[(GROUP, name)] = Resource(name, kind, GROUP, served[0], namespaced, READ, (), ())
+        RESOURCES[(GROUP, name)] = Resource(name, kind, GROUP, served[0], namespaced, verbs, (), ())
 
 
 def present(obj: dict, version: str) -> dict:
@@ -117,9 +132,150 @@ def present(obj: dict, version: str) -> dict:
 @dataclass
 class ClusterQueue:
     name: str
-    quota: dict[str, Decimal]
+    quota: dict[str, Decimal]  # each covered resource's nominal quota in its first flavor
     preempt_lower: bool
     strict_fifo: bool = False  # queueingStrategy StrictFIFO; Kueue's default is BestEffortFIFO
+    namespace_selector: dict | None = None  # None selects no namespace, {} every one (as Kueue's)
+    flavors: dict[str, str] = field(default_factory=dict)  # resource -> the flavor that gives its quota
+
+
+class _Wake:
+    """A store watcher's queue that, instead of keeping a change, schedules an admission pass: a queue
+    object created, changed or deleted counts at once, as in Kueue's queue manager."""
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self.wake = wake
+
+    def put_nowait(self, change: Change) -> None:
+        old = change.old or {}
+        if change.type != "MODIFIED" or any(change.obj.get(k) != old.get(k) for k in ("spec", "value")):
+            self.wake()  # not for a status the stand-in itself writes
+
+
+def cluster_queue(obj: dict) -> ClusterQueue:
+    """A stored ClusterQueue (v1beta2) as admission reads it. Each resource group's first flavor gives
+    its resources' quota: the stand-in tries no second flavor (KUBEAPI.md, "Kueue")."""
+    spec = obj.get("spec") or {}
+    quota: dict[str, Decimal] = {}
+    flavors: dict[str, str] = {}
+    for group in spec.get("resourceGroups") or []:
+        first = (group.get("flavors") or [{}])[0]
+        given = {
+            r["name"]: parse_quantity(str(r.get("nominalQuota", "0"))) for r in first.get("resources") or []
+        }
+        for resource in group.get("coveredResources") or []:
+            quota[resource] = given.get(resource, Decimal(0))
+            flavors[resource] = first.get("name", "")
+    preemption = spec.get("preemption") or {}
+    return ClusterQueue(
+        obj["metadata"]["name"],
+        quota,
+        preemption.get("withinClusterQueue") in ("LowerPriority", "LowerOrNewerEqualPriority"),
+        spec.get("queueingStrategy") == "StrictFIFO",
+        spec.get("namespaceSelector"),
+        flavors,
+    )
+
+
+RESOURCE_OF_KIND = {
+    "ClusterQueue": "clusterqueues",
+    "LocalQueue": "localqueues",
+    "WorkloadPriorityClass": "workloadpriorityclasses",
+    "ResourceFlavor": "resourceflavors",
+}
+QUEUE_RESOURCES = tuple(RESOURCE_OF_KIND.values())
+
+
+def storage_form(obj: dict) -> dict:
+    """``obj`` as stored (v1beta2): Kueue's conversion of the fields that differ, the reverse of
+    :func:`present`."""
+    out = copy.deepcopy(obj)
+    if out.get("apiVersion") == f"{GROUP}/v1beta1":
+        spec = out.get("spec")
+        if out.get("kind") == "ClusterQueue" and isinstance(spec, dict) and "cohort" in spec:
+            spec["cohortName"] = spec.pop("cohort")
+    out["apiVersion"] = f"{GROUP}/{STORAGE_VERSION}"
+    if out.get("kind") == "ClusterQueue":
+        spec = out.setdefault("spec", {})
+        spec.setdefault("queueingStrategy", "BestEffortFIFO")  # the CRD's defaults
+        spec.setdefault("preemption", {}).setdefault("withinClusterQueue", "Never")
+    if out.get("kind") == "LocalQueue":
+        out.setdefault("status", {"pendingWorkloads": 0, "admittedWorkloads": 0})
+    return out
+
+
+def shorthand_objects(config: dict) -> list[dict]:
+    """The queue objects a configuration names in short (``clusterQueues``, ``localQueues``,
+    ``workloadPriorityClasses``): one flavor, ``default-flavor``, and every namespace selected."""
+    objects: list[dict] = []
+    for cq in config.get("clusterQueues") or []:
+        strategy = cq.get("queueingStrategy") or "BestEffortFIFO"
+        if strategy not in ("BestEffortFIFO", "StrictFIFO"):
+            raise ValueError(
+                f"clusterQueue {cq['name']!r}: queueingStrategy {strategy!r} is not BestEffortFIFO or StrictFIFO"
+            )
+        quota = [{"name": k, "nominalQuota": str(v)} for k, v in (cq.get("nominalQuota") or {}).items()]
+        within = ((cq.get("preemption") or {}).get("withinClusterQueue")) or "Never"
+        spec = {
+            "namespaceSelector": {},
+            "preemption": {"withinClusterQueue": within},
+            "queueingStrategy": strategy,
+            "resourceGroups": [
+                {
+                    "coveredResources": [q["name"] for q in quota],
+                    "flavors": [{"name": "default-flavor", "resources": quota}],
+                }
+            ],
+        }
+        objects.append({"kind": "ClusterQueue", "metadata": {"name": cq["name"]}, "spec": spec})
+    for lq in config.get("localQueues") or []:
+        objects.append(
+            {
+                "kind": "LocalQueue",
+                "metadata": {"name": lq["name"], "namespace": lq["namespace"]},
+                "spec": {"clusterQueue": lq["clusterQueue"]},
+            }
+        )
+    for p in config.get("workloadPriorityClasses") or []:
+        objects.append(
+            {"kind": "WorkloadPriorityClass", "metadata": {"name": p["name"]}, "value": int(p["value"])}
+        )
+    return objects
+
+
+def manifest_objects(config: dict, base: Path) -> list[dict]:
+    """The objects of the manifests a configuration applies (``apply``: paths relative to the
+    configuration's file), as `kubectl apply -f` would create them; ``nominalQuota`` replaces the
+    nominal quota of the named resources in every ClusterQueue (the dev stack's one GPU)."""
+    spec = config.get("apply") or {}
+    if not isinstance(spec, dict) or not isinstance(spec.get("files", []), list):
+        raise ValueError(
+            f"apply {spec!r}: expected {{files: [path, ...], nominalQuota: {{resource: quantity}}}}"
+        )
+    resize = {k: str(v) for k, v in (spec.get("nominalQuota") or {}).items()}
+    objects: list[dict] = []
+    for name in spec.get("files") or []:
+        path = (base / name).resolve()
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc:
+                continue
+            if (
+                doc.get("apiVersion") not in (f"{GROUP}/{v}" for v in VERSIONS)
+                or doc.get("kind") not in RESOURCE_OF_KIND
+            ):
+                raise ValueError(
+                    f"{path}: {doc.get('apiVersion')} {doc.get('kind')} is not a Kueue queue object "
+                    f"({', '.join(RESOURCE_OF_KIND)} in {GROUP}/{', '.join(VERSIONS)})"
+                )
+            for group in (
+                (doc.get("spec") or {}).get("resourceGroups") or [] if doc["kind"] == "ClusterQueue" else []
+            ):
+                for flavor in group.get("flavors") or []:
+                    for resource in flavor.get("resources") or []:
+                        if resource.get("name") in resize:
+                            resource["nominalQuota"] = resize[resource["name"]]
+            objects.append(doc)
+    return objects
 
 
 @dataclass
@@ -194,24 +350,9 @@ class Kueue:
         self.store = cluster.store
         self.jobs = jobs
         config = yaml.safe_load(config_path.read_text()) or {}
-        self.queues: dict[str, ClusterQueue] = {}
-        for cq in config.get("clusterQueues") or []:
-            quota = {k: parse_quantity(v) for k, v in (cq.get("nominalQuota") or {}).items()}
-            within = ((cq.get("preemption") or {}).get("withinClusterQueue")) or "Never"
-            strategy = cq.get("queueingStrategy") or "BestEffortFIFO"
-            if strategy not in ("BestEffortFIFO", "StrictFIFO"):
-                raise ValueError(
-                    f"clusterQueue {cq['name']!r}: queueingStrategy {strategy!r} is not BestEffortFIFO or StrictFIFO"
-                )
-            self.queues[cq["name"]] = ClusterQueue(
-                cq["name"], quota, within == "LowerPriority", strategy == "StrictFIFO"
-            )
-        self.local: dict[tuple[str, str], str] = {
-            (lq["namespace"], lq["name"]): lq["clusterQueue"] for lq in config.get("localQueues") or []
-        }
-        self.priorities: dict[str, int] = {
-            p["name"]: int(p["value"]) for p in config.get("workloadPriorityClasses") or []
-        }
+        served = config.get("servedVersions", list(VERSIONS))
+        if not isinstance(served, list) or not served or not set(served) <= set(VERSIONS):
+            raise ValueError(f"servedVersions {served!r}: expected a list of {', '.join(VERSIONS)}")
         self.excluded: tuple[str, ...] = tuple(config.get("excludeResourcePrefixes") or ())
         # Kueue's Configuration: the integrations are enabled one by one (its built-in default, when the
         # configuration names none, is batch/job alone: pkg/config/defaults.go), and the namespaces whose
@@ -225,62 +366,48 @@ class Kueue:
             if config.get("managedJobsNamespaceSelector") is not None
             else DEFAULT_NAMESPACE_SELECTOR
         )
+        objects = [*shorthand_objects(config), *manifest_objects(config, config_path.parent)]
+        self.queues: dict[str, ClusterQueue] = {}
         self.workloads: dict[tuple[str, str], Workload] = {}
         self.seq = itertools.count(1)
         self._scheduled = False
-        served = config.get("servedVersions", list(VERSIONS))
-        if not isinstance(served, list) or not served or not set(served) <= set(VERSIONS):
-            raise ValueError(f"servedVersions {served!r}: expected a list of {', '.join(VERSIONS)}")
+        self._queues_changed = False
         register_resources(tuple(served))
-        for cq in self.queues.values():
-            quota = [{"name": k, "nominalQuota": str(v)} for k, v in cq.quota.items()]
-            self.store.create(
-                "clusterqueues",
-                {
-                    "apiVersion": f"{GROUP}/{STORAGE_VERSION}",
-                    "kind": "ClusterQueue",
-                    "metadata": {"name": cq.name},
-                    "spec": {
-                        "namespaceSelector": {},
-                        "preemption": {
-                            "withinClusterQueue": "LowerPriority" if cq.preempt_lower else "Never"
-                        },
-                        "queueingStrategy": "StrictFIFO" if cq.strict_fifo else "BestEffortFIFO",
-                        "resourceGroups": [
-                            {
-                                "coveredResources": list(cq.quota),
-                                "flavors": [{"name": "default-flavor", "resources": quota}],
-                            }
-                        ],
-                    },
-                },
-                GROUP,
-            )
-        for (ns, name), cq_name in self.local.items():
-            self.store.create(
-                "localqueues",
-                {
-                    "apiVersion": f"{GROUP}/{STORAGE_VERSION}",
-                    "kind": "LocalQueue",
-                    "metadata": {"name": name, "namespace": ns},
-                    "spec": {"clusterQueue": cq_name},
-                    "status": {"pendingWorkloads": 0, "admittedWorkloads": 0},
-                },
-                GROUP,
-            )
-        for name, value in self.priorities.items():
-            self.store.create(
-                "workloadpriorityclasses",
-                {
-                    "apiVersion": f"{GROUP}/{STORAGE_VERSION}",
-                    "kind": "WorkloadPriorityClass",
-                    "metadata": {"name": name},
-                    "value": value,
-                },
-                GROUP,
-            )
+        # the queues exist as API objects, as `kubectl apply` leaves them on a cluster; admission reads
+        # the ones that exist at each pass, so a queue created, changed or deleted later counts from then
+        for obj in objects:
+            stored = storage_form(obj)
+            resource = RESOURCES[(GROUP, RESOURCE_OF_KIND[obj["kind"]])]
+            try:
+                schema_check(replace(resource, version=STORAGE_VERSION), stored, "Strict")
+            except ApiError as exc:
+                raise ValueError(
+                    f"{config_path}: {obj['kind']} {obj['metadata'].get('name')!r}: {exc.message}"
+                ) from None
+            self.store.create(resource.name, stored, GROUP)
+        for resource in QUEUE_RESOURCES:
+            self.store.watchers.add(Watcher(resource, None, _Wake(self.queues_changed)))  # type: ignore[arg-type]
         cluster.pod_finished_hooks.append(lambda worker: self.soon())
         cluster.pod_finalizing_hooks.append(lambda namespace, name: self.soon())
+
+    # -- the queue objects -------------------------------------------------------------------
+
+    def read_queues(self) -> dict[str, ClusterQueue]:
+        """The ClusterQueues that exist now, as admission reads them."""
+        return {
+            obj["metadata"]["name"]: cluster_queue(obj)
+            for obj in self.store.list("clusterqueues", None)
+            if not obj["metadata"].get("deletionTimestamp")
+        }
+
+    def priority_value(self, name: str) -> int | None:
+        obj = self.store.get("workloadpriorityclasses", "", name)
+        return None if obj is None else int(obj.get("value") or 0)
+
+    def local_queue(self, namespace: str, name: str) -> str | None:
+        """The ClusterQueue a LocalQueue points at (None when no such LocalQueue exists)."""
+        obj = self.store.get("localqueues", namespace, name)
+        return None if obj is None else ((obj.get("spec") or {}).get("clusterQueue") or "")
 
     # -- webhooks ----------------------------------------------------------------------------
 
@@ -354,7 +481,8 @@ class Kueue:
         if found is not None and not found.finished:
             return found
         priority_name = labels.get(PRIORITY_LABEL, "")
-        if priority_name and priority_name not in self.priorities:
+        priority = self.priority_value(priority_name) if priority_name else 0
+        if priority is None:
             # Kueue creates no Workload and says why on the object that carries the label
             # (jobframework: ReasonWorkloadPriorityClassNotFound); the pod stays gated, the Job suspended
             self.cluster.record_event(
@@ -373,7 +501,7 @@ class Kueue:
             kind,
             key,
             labels.get(QUEUE_LABEL, ""),
-            self.priorities.get(priority_name, 0),
+            priority,
             next(self.seq),
         )
         workload.uid = meta.get("uid", "") if kind == "pod" else ""
@@ -466,6 +594,37 @@ class Kueue:
 
     # -- admission ---------------------------------------------------------------------------
 
+    def queues_changed(self) -> None:
+        self._queues_changed = True
+        self.soon()
+
+    def retry_unqueued(self) -> None:
+        """Kueue's job reconcilers retry an object they could not make a Workload for (its priority
+        class did not exist): once the queue objects change, a gated pod or suspended Job of a queue
+        that has no Workload is tried again."""
+        for pod in self.store.list("pods", None):
+            meta = pod["metadata"]
+            labels = meta.get("labels") or {}
+            if labels.get(MANAGED_LABEL) == "true" and not meta.get("deletionTimestamp"):
+                group = labels.get(GROUP_LABEL)
+                kind, key = ("group", group) if group else ("pod", meta["name"])
+                if not any(
+                    (w.namespace, w.kind, w.key) == (meta["namespace"], kind, key)
+                    for w in self.workloads.values()
+                ):
+                    self.ensure(meta["namespace"], kind, key, labels, meta, pod)
+        if "batch/job" not in self.frameworks:
+            return
+        for job in self.store.list("jobs", None):
+            meta = job["metadata"]
+            labels = meta.get("labels") or {}
+            if QUEUE_LABEL in labels and self.managed_namespace(meta["namespace"]):
+                if not any(
+                    (w.namespace, w.kind, w.key) == (meta["namespace"], "job", meta["name"])
+                    for w in self.workloads.values()
+                ):
+                    self.ensure(meta["namespace"], "job", meta["name"], labels, meta, job)
+
     def soon(self) -> None:
         """Schedule once the current request and the other controllers have run."""
         if not self._scheduled:
@@ -501,19 +660,39 @@ class Kueue:
 
     def schedule(self) -> None:
         self._scheduled = False
+        if self._queues_changed:
+            self._queues_changed = False
+            self.retry_unqueued()
+        self.queues = self.read_queues()
         self.release_finalizers()
         for w in list(self.workloads.values()):
             if not w.finished and self.finished(w):
                 w.finished, w.admitted = True, False
                 if not w.evicting:
                     self.condition(w, "Finished", "True", "Succeeded", "the workload finished")
+        for w in self.workloads.values():
+            if not w.admitted and not w.finished and self.queue_of(w) is None:
+                # Kueue's workload reconciler (getQueueBlocker; its legacy reason, the default in v0.19)
+                cq_name = self.local_queue(w.namespace, w.queue)
+                missing = f"LocalQueue {w.queue}" if cq_name is None else f"ClusterQueue {cq_name}"
+                self.condition(w, "QuotaReserved", "False", "Inadmissible", f"{missing} doesn't exist")
         for cq in self.queues.values():
             self.schedule_queue(cq)
         self.publish_queues()
 
     def queue_of(self, w: Workload) -> ClusterQueue | None:
-        name = self.local.get((w.namespace, w.queue))
+        name = self.local_queue(w.namespace, w.queue)
         return self.queues.get(name) if name else None
+
+    def selects(self, cq: ClusterQueue, namespace: str) -> bool:
+        """Whether the ClusterQueue's ``namespaceSelector`` lets the namespace's workloads in."""
+        if cq.namespace_selector is None:
+            return False
+        if not cq.namespace_selector:
+            return True  # {} selects every namespace
+        ns = self.store.get("namespaces", "", namespace) or {}
+        labels = (ns.get("metadata") or {}).get("labels") or {"kubernetes.io/metadata.name": namespace}
+        return match_label_selector_object(cq.namespace_selector, labels)
 
     def used(self, cq: ClusterQueue, without: tuple[Workload, ...] = ()) -> dict[str, Decimal]:
         used: dict[str, Decimal] = {}
@@ -527,16 +706,17 @@ class Kueue:
         for k, v in self.counted(requests).items():
             if k not in cq.quota:
                 return f"resource {k} unavailable in ClusterQueue"
+            flavor = cq.flavors.get(k, "default-flavor")
             if v > cq.quota[k]:  # no cohort here: the maximum capacity is the nominal quota
                 return (
                     f"couldn't assign flavors to pod set main: insufficient quota for {k} in flavor "
-                    f"default-flavor, request > maximum capacity ({quantity(k, v)} > {quantity(k, cq.quota[k])})"
+                    f"{flavor}, request > maximum capacity ({quantity(k, v)} > {quantity(k, cq.quota[k])})"
                 )
             if used.get(k, Decimal(0)) + v > cq.quota[k]:
                 more = used.get(k, Decimal(0)) + v - cq.quota[k]
                 return (
                     f"couldn't assign flavors to pod set main: insufficient unused quota for {k} in flavor "
-                    f"default-flavor, {quantity(k, more)} more needed"
+                    f"{flavor}, {quantity(k, more)} more needed"
                 )
         return None
 
@@ -555,6 +735,16 @@ class Kueue:
                 self.condition(w, "QuotaReserved", "False", "Pending", waiting)
                 continue
             w.requests = requests
+            if not self.selects(cq, w.namespace):
+                # pkg/workload/resources.go (ErrNamespaceMismatch): inadmissible, it blocks nothing
+                self.condition(
+                    w,
+                    "QuotaReserved",
+                    "False",
+                    "Pending",
+                    "workload namespace doesn't match ClusterQueue selector",
+                )
+                continue
             why = self.fits(cq, requests, self.used(cq))
             if why is None:
                 self.admit(w, cq)
@@ -662,7 +852,8 @@ class Kueue:
         self.store.mutate("workloads", w.namespace, w.name, apply)
 
     def publish_queues(self) -> None:
-        for ns, name in self.local:
+        for lq in self.store.list("localqueues", None):
+            ns, name = lq["metadata"]["namespace"], lq["metadata"]["name"]
             mine = [
                 w for w in self.workloads.values() if (w.namespace, w.queue) == (ns, name) and not w.finished
             ]

@@ -9,10 +9,18 @@ import hashlib
 import json
 import logging
 from functools import cache
+from pathlib import Path
 
 from aiohttp import web
 
-from include.devstack.kubeapi.meta import MINIMUM_MINOR, RESOURCES, ApiError, Resource
+from include.devstack.kubeapi.meta import (
+    MINIMUM_MINOR,
+    RESOURCES,
+    ApiError,
+    Resource,
+    invalid,
+    served_versions,
+)
 
 log = logging.getLogger("kubeapi.openapi")
 SCHEMA_VERSION = f"1.{MINIMUM_MINOR}.0"
@@ -32,6 +40,8 @@ def schema_check(res: Resource, obj: dict, mode: str) -> list[str]:
         raise ApiError(
             400, "BadRequest", f'fieldValidation must be one of "Ignore", "Warn" or "Strict", got "{mode}"'
         )
+    if res.group == KUEUE_GROUP:
+        return _crd_check(res, obj, mode)
     try:
         import kubernetes_validate
     except ImportError:  # the check is an extra: without the package, bodies are taken as they are
@@ -48,23 +58,100 @@ def schema_check(res: Resource, obj: dict, mode: str) -> list[str]:
     except Exception as exc:  # noqa: BLE001 - a schema the package lacks is not the request's fault
         log.debug("no schema check for %s: %s", res.kind, exc)
         return []
-    unknown, pruned = _unknown_fields(obj)
+    unknown = _unknown_fields(obj)
     if unknown and mode == "Strict":
         joined = ", ".join(f'unknown field "{u}"' for u in unknown)
         raise ApiError(400, "BadRequest", f"strict decoding error: {joined}")
-    if unknown:
-        obj.clear()
-        obj.update(pruned)
     return [] if mode == "Ignore" else [f'unknown field "{u}"' for u in unknown]
 
 
-def _unknown_fields(obj: dict) -> tuple[list[str], dict]:
+# Kueue v0.19.2's CRDs (config/components/crd/bases): each kind's served versions' openAPIV3Schema
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_CRD_SCHEMAS = Path(__file__).with_name("kueue-v0.19.2-crd-schemas.json")
+
+
+@cache
+def _crd_schemas() -> dict:
+    return json.loads(KUEUE_CRD_SCHEMAS.read_text())["kinds"]
+
+
+def _closed(node):
+    """A CRD schema with unknown fields refused wherever it lists an object's fields (what the API server
+    prunes, or refuses under ``fieldValidation=Strict``)."""
+    if isinstance(node, list):
+        return [_closed(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _closed(v) for k, v in node.items()}
+    if (
+        out.get("type") == "object"
+        and "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+def _crd_check(res: Resource, obj: dict, mode: str) -> list[str]:
+    """A Kueue object checked as kube-apiserver checks a custom resource against its CRD's schema: a value
+    the schema refuses is 422 Invalid; an unknown field is pruned (with a warning under ``Warn``) or refused
+    under ``Strict``. The CRD's CEL rules (x-kubernetes-validations) are not evaluated."""
+    import jsonschema
+
+    schema = (_crd_schemas().get(res.kind) or {}).get(res.version)
+    if schema is None:
+        return []
+    name = (obj.get("metadata") or {}).get("name", "")
+    unknown: list[str] = []
+    for error in jsonschema.Draft7Validator(_closed(schema)).iter_errors(obj):
+        if error.validator != "additionalProperties" or not isinstance(error.instance, dict):
+            continue
+        for key in [k for k in error.instance if k not in (error.schema.get("properties") or {})]:
+            base = _path(error)
+            unknown.append(f"{base}.{key}" if base else key)
+            node = obj
+            for part in error.absolute_path:
+                node = node[part]
+            node.pop(key, None)
+    if unknown and mode == "Strict":
+        raise ApiError(
+            400, "BadRequest", "strict decoding error: " + ", ".join(f'unknown field "{u}"' for u in unknown)
+        )
+    causes = []
+    for error in sorted(
+        jsonschema.Draft7Validator(schema).iter_errors(obj), key=lambda e: list(e.absolute_path)
+    ):
+        where = _path(error)
+        if error.validator == "enum":
+            supported = ", ".join(json.dumps(v) for v in error.validator_value)
+            causes.append(
+                (
+                    where,
+                    "FieldValueNotSupported",
+                    f"Unsupported value: {json.dumps(error.instance)}: supported values: {supported}",
+                )
+            )
+        elif error.validator == "required":
+            causes.append((where, "FieldValueRequired", f"Required value: {error.message}"))
+        else:
+            causes.append(
+                (where, "FieldValueInvalid", f"Invalid value: {json.dumps(error.instance)}: {error.message}")
+            )
+    if causes:
+        raise invalid(res.kind, name, causes, res.group)
+    return [] if mode == "Ignore" else [f'unknown field "{u}"' for u in unknown]
+
+
+def _unknown_fields(obj: dict) -> list[str]:
+    """The unknown fields of ``obj``, dropped from it in place (its nested objects stay the same objects:
+    the caller may hold them)."""
     import jsonschema
     import kubernetes_validate
 
     out = []
     seen = 0
-    current = json.loads(json.dumps(obj))
+    current = obj
     # kubernetes-validate stops at the first error: drop each unknown field and look again
     while seen < 20:
         try:
@@ -84,26 +171,33 @@ def _unknown_fields(obj: dict) -> tuple[list[str], dict]:
                 out.append(f"{base}.{key}" if base else key)
                 node.pop(key, None)
             seen += 1
-    return out, current
+    return out
 
 
 # -- OpenAPI documents -----------------------------------------------------------------------
 
 
-@cache
+def _group_versions() -> list[tuple[str, str]]:
+    """Every (group, version) served, as kube-apiserver publishes one document for each: a group with
+    several served versions (Kueue's v1beta2 and v1beta1) has one per version."""
+    out = [("", "v1")]
+    for group in sorted({r.group for r in RESOURCES.values() if r.group}):
+        out += [(group, version) for version in served_versions(group)]
+    return out
+
+
 def _v3_index() -> dict:
     # the hash in each URL lets kubectl keep the document in its disk cache, as with a real server
-    paths = {"api/v1": {"serverRelativeURL": f"/openapi/v3/api/v1?hash={_v3_document('')[1]}"}}
-    for group in sorted({r.group for r in RESOURCES.values() if r.group}):
-        paths[f"apis/{group}/v1"] = {
-            "serverRelativeURL": f"/openapi/v3/apis/{group}/v1?hash={_v3_document(group)[1]}"
-        }
+    paths = {}
+    for group, version in _group_versions():
+        key = f"apis/{group}/{version}" if group else f"api/{version}"
+        paths[key] = {"serverRelativeURL": f"/openapi/v3/{key}?hash={_v3_document(group, version)[1]}"}
     return {"paths": paths}
 
 
 @cache
-def _v3_document(group: str) -> tuple[bytes, str]:
-    body = json.dumps(_v3_group(group), separators=(",", ":")).encode()
+def _v3_document(group: str, version: str = "v1") -> tuple[bytes, str]:
+    body = json.dumps(_v3_group(group, version), separators=(",", ":")).encode()
     return body, hashlib.sha512(body).hexdigest().upper()
 
 
@@ -117,15 +211,15 @@ def _field_validation_param() -> dict:
 
 
 @cache
-def _v3_group(group: str) -> dict:
+def _v3_group(group: str, version: str = "v1") -> dict:
     paths: dict = {}
-    prefix = f"/apis/{group}/v1" if group else "/api/v1"
+    prefix = f"/apis/{group}/{version}" if group else f"/api/{version}"
     for res in RESOURCES.values():
         if res.group != group:
             continue
         ns = "/namespaces/{namespace}" if res.namespaced else ""
         ops = {
-            "x-kubernetes-group-version-kind": {"group": group, "version": res.version, "kind": res.kind},
+            "x-kubernetes-group-version-kind": {"group": group, "version": version, "kind": res.kind},
         }
         item_ops = {}
         for verb, method in (("patch", "patch"), ("update", "put"), ("get", "get"), ("delete", "delete")):
@@ -149,9 +243,7 @@ def _v3_group(group: str) -> dict:
         paths[f"{prefix}{ns}/{res.name}"] = coll_ops
         paths[f"{prefix}{ns}/{res.name}/{{name}}"] = item_ops
     roots = [
-        f"{_definition_prefix(group, res.version)}.{res.kind}"
-        for res in RESOURCES.values()
-        if res.group == group
+        f"{_definition_prefix(group, version)}.{res.kind}" for res in RESOURCES.values() if res.group == group
     ]
     roots += [f"{name}List" for name in roots] + [f"{META}.Status", f"{META}.DeleteOptions"]
     return {
@@ -241,9 +333,9 @@ def handle(request: web.Request, parts: list[str]) -> web.Response:
         return web.json_response(_v3_index())
     if parts[:1] == ["v3"]:
         rest = "/".join(parts[1:])
-        for group in {"", *(r.group for r in RESOURCES.values() if r.group)}:
-            if rest == (f"apis/{group}/v1" if group else "api/v1"):
-                body, digest = _v3_document(group)
+        for group, version in _group_versions():
+            if rest == (f"apis/{group}/{version}" if group else f"api/{version}"):
+                body, digest = _v3_document(group, version)
                 headers = {"Etag": f'"{digest}"'}
                 if request.query.get("hash") == digest:
                     headers["Cache-Control"] = "public, immutable"

@@ -744,6 +744,8 @@ class Api:
             elif res.name == "services":
                 v.default_service(new)
                 v.validate_service_update(current, new)
+            elif res.group == KUEUE_GROUP:
+                openapi.schema_check(res, new, "Warn")  # its CRD's schema, as on create
             elif res.name in ("secrets", "configmaps"):
                 kind = "Secret" if res.name == "secrets" else "ConfigMap"
                 if current.get("immutable") and any(
