@@ -3,7 +3,9 @@
 Lifecycle: Pending -> scheduled (GPU check) -> volumes -> init containers one at a time (native
 sidecars, i.e. init containers with restartPolicy Always, start in order and keep running) ->
 main containers in parallel, restarted per restartPolicy with exponential back-off -> sidecars
-get SIGTERM once every main container has exited -> Succeeded/Failed.
+get SIGTERM once every main container has exited -> Succeeded/Failed. While the pod runs, its local
+storage is measured as the eviction manager does (localstorage.py): an emptyDir past its sizeLimit or
+more disk than the ephemeral-storage limits allow evicts it (Failed, reason Evicted).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from include.devstack.kubeapi import oci, podnet, runtime
+from include.devstack.kubeapi import localstorage, oci, podnet, runtime
 from include.devstack.kubeapi.images import DEFAULT_PATH, Image, PullError, pull_secret_auths
 from include.devstack.kubeapi.logs import LogFile, read_entries
 from include.devstack.kubeapi.meta import NODE_IP, NODE_NAME, rfc3339
@@ -60,6 +62,7 @@ class Container:
         self.proc: runtime.Proc | None = None
         self.log: LogFile | None = None
         self.runtime_id = ""  # the runc container of the current instance
+        self.upperdir: Path | None = None  # the writable layer of the current instance's root file system
         self.done = False
         self.ever_ran = False
         self.last_exit: int | None = None
@@ -176,7 +179,8 @@ class PodWorker:
     # -- status ------------------------------------------------------------------------------
 
     def phase(self) -> str:
-        if self.final:
+        if self.final and (self.finished.is_set() or not self.containers_left()):
+            # a terminal phase only once every container has stopped, as the kubelet reports it
             return self.final[0]
         if self.init_failed:
             return "Failed"
@@ -189,6 +193,13 @@ class PodWorker:
         if not all(c.done for c in self.mains) or self.sidecars_running:
             return "Running"
         return "Succeeded" if all(c.last_exit == 0 for c in self.mains) else "Failed"
+
+    def containers_left(self) -> bool:
+        """Whether a container still runs (its process, or a status that has not yet recorded its end)."""
+        return any(
+            "running" in c.state or (c.proc is not None and not c.proc.finished.is_set())
+            for c in self.containers
+        )
 
     def _condition(self, type_: str, status: bool, reason: str = "", message: str = "") -> None:
         value = "True" if status else "False"
@@ -260,7 +271,7 @@ class PodWorker:
             if self.inits:
                 status["initContainerStatuses"] = [c.status() for c in self.inits]
             status["containerStatuses"] = [c.status() for c in self.mains]
-        if self.final and self.final[1]:
+        if self.final and self.final[1] and phase == self.final[0]:
             status["reason"], status["message"] = self.final[1], self.final[2]
 
         def apply(pod: dict) -> None:
@@ -288,8 +299,10 @@ class PodWorker:
     # -- the pod's life ----------------------------------------------------------------------
 
     async def run(self) -> None:
+        watch: asyncio.Future | None = None
         try:
             if await self.schedule() and await self.prepare_volumes():
+                watch = asyncio.ensure_future(self.watch_local_storage())
                 if await self.run_init_containers():
                     await self.run_main_containers()
         except asyncio.CancelledError:
@@ -301,6 +314,8 @@ class PodWorker:
             await self.kill_all()
             self.sidecars_running = False
             self.finished.set()
+            if watch is not None:
+                watch.cancel()
             with contextlib.suppress(Exception):
                 self.publish()
             self.cluster.on_pod_finished(self)
@@ -626,6 +641,52 @@ class PodWorker:
                 if c.proc and not c.proc.finished.is_set():
                     c.proc.send_signal(signal.SIGKILL)
 
+    async def watch_local_storage(self) -> None:
+        """The eviction manager's local-storage check (localstorage.py), every MONITORING_PERIOD seconds
+        from the volumes' set-up to the pod's end, for a pod that limits its local storage at all."""
+        if not localstorage.wants_measuring(self.spec):
+            return
+        while await self.sleep(localstorage.MONITORING_PERIOD):
+            if self.finished.is_set():
+                return
+            usage = await self.measure_local_storage()
+            if self.stopping or self.finished.is_set():
+                return
+            message = localstorage.eviction_message(self.spec, usage)
+            if message:
+                await self.evict_for_local_storage(message)
+                return
+
+    async def measure_local_storage(self) -> localstorage.Usage:
+        """This pod's local storage now: its disk-backed volumes, its containers' writable layers and logs."""
+        volumes = {
+            v["name"]: self.volume_paths[v["name"]]
+            for v in self.spec.get("volumes") or []
+            if v["name"] in self.volume_paths and (localstorage.disk_backed_empty_dir(v) or "configMap" in v)
+        }
+        layers = {c.name: c.upperdir for c in self.containers if c.upperdir is not None}
+        logs = {
+            c.name: self.dir / "containers" / c.name
+            for c in self.containers
+            if c.ever_ran or c.name in layers
+        }
+        hosts = self.dir / "etc" / "hosts"
+        sizes = await localstorage.disk_usage([*volumes.values(), *layers.values(), *logs.values(), hosts])
+        return localstorage.Usage(
+            volumes={name: sizes.get(path, 0) for name, path in volumes.items()},
+            rootfs={name: sizes.get(path, 0) for name, path in layers.items()},
+            logs={name: sizes.get(path, 0) for name, path in logs.items()},
+            other=sizes.get(hosts, 0),
+        )
+
+    async def evict_for_local_storage(self, message: str) -> None:
+        """Evict as the eviction manager does: a Warning event Evicted, then the containers killed with a
+        grace period of EVICTION_GRACE seconds, phase Failed with reason Evicted and ``message``."""
+        log.info("evicting pod %s/%s: %s", self.namespace, self.name, message)
+        self.event("Warning", "Evicted", message)
+        self.final = ("Failed", "Evicted", message)
+        await self.terminate(localstorage.EVICTION_GRACE)
+
     # -- one container run -------------------------------------------------------------------
 
     def pull_auths(self) -> dict:
@@ -706,10 +767,12 @@ class PodWorker:
                     raise ConfigError(refusal)
                 env, argv, cwd, mounts = self.container_config(c, image)
                 rootfs = await self.cluster.images.create_rootfs(instance, image)
+                c.upperdir = writable_layer(rootfs)
                 pod_sc = self.spec.get("securityContext") or {}
                 user = oci.resolve_user(rootfs, image.user, pod_sc, c.spec.get("securityContext") or {})
             except (ConfigError, oci.UserError, PullError) as exc:
                 if rootfs is not None:
+                    c.upperdir = None
                     await self.cluster.images.remove_rootfs(instance)
                 reason = (
                     "CreateContainerConfigError" if isinstance(exc, ConfigError) else "CreateContainerError"
@@ -722,6 +785,7 @@ class PodWorker:
                 continue
             break
         if self.stopping or (c.kind == "sidecar" and self.sidecar_stop):
+            c.upperdir = None
             await self.cluster.images.remove_rootfs(instance)  # deleted while its image was being pulled
             return None
         oci.home_env(env, user)
@@ -763,6 +827,7 @@ class PodWorker:
         now = rfc3339()
         if error:
             await c.proc.wait()
+            c.upperdir = None
             await self.cluster.images.remove_rootfs(instance)
             shutil.rmtree(bundle, ignore_errors=True)
             c.log.close()
@@ -793,6 +858,7 @@ class PodWorker:
         self.publish()
         code = await c.proc.wait()
         c.log.close()
+        c.upperdir = None
         await self.cluster.images.remove_rootfs(instance)
         shutil.rmtree(bundle, ignore_errors=True)
         reason = "OOMKilled" if c.proc.oom else ("Completed" if code == 0 else "Error")
@@ -905,6 +971,15 @@ class PodWorker:
 
 
 # -- pod-level functions ---------------------------------------------------------------------
+
+
+def writable_layer(rootfs: Path) -> Path | None:
+    """The writable layer of a container's root file system: its overlay's upperdir (containers/storage
+    mounts ``<layer>/merged`` over ``<layer>/diff``)."""
+    upper = localstorage.overlay_upperdir(rootfs)
+    if upper is None and rootfs.name == "merged" and (rootfs.parent / "diff").is_dir():
+        upper = rootfs.parent / "diff"
+    return upper
 
 
 def container_gpus(spec: dict) -> int:
