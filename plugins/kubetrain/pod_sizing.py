@@ -114,8 +114,9 @@ BASE_STORAGE = 1 * GI
 SYNC_STORAGE = 256 * MI
 
 
-def dataset_bytes_of(value: object) -> int | None:
-    """The staged manifest's ``total_bytes`` as given to the pod's settings; ``None``: unknown."""
+def byte_count_of(name: str, value: object, expected: str) -> int | None:
+    """A count of bytes as given to the pod's settings (an int, or a rendered template's text); ``None``:
+    unknown. ``expected`` says what the value is, for the error naming a bad one."""
     # A Jinja template renders a missing value as "None"; an XComArg arrives as the int itself.
     if value in (None, "", "None", "null"):
         return None
@@ -124,10 +125,20 @@ def dataset_bytes_of(value: object) -> int | None:
     except ValueError:
         number = None
     if number is None or number < 0:
-        raise ValueError(
-            f"dataset_bytes={value!r} is not valid: expected the staged manifest's total_bytes, an integer >= 0"
-        )
+        raise ValueError(f"{name}={value!r} is not valid: expected {expected}, an integer >= 0")
     return number
+
+
+def dataset_bytes_of(value: object) -> int | None:
+    """The staged manifest's ``total_bytes`` as given to the pod's settings; ``None``: unknown."""
+    return byte_count_of("dataset_bytes", value, "the staged manifest's total_bytes")
+
+
+def prepared_bytes_given(value: object) -> int | None:
+    """The prepared copy's size as given to the pod's settings (:func:`prepared_bytes_of`); ``None``: none."""
+    return byte_count_of(
+        "prepared_bytes", value, "the prepared copy's bytes (kubetrain.pod_sizing.prepared_bytes_of)"
+    )
 
 
 def size_bytes(name: str, value: str | int | None) -> int | None:

@@ -1,7 +1,7 @@
 """Sweeps end to end through `airflow dags test` against the dev stack: real pods, real TensorFlow.
 
 One grid sweep of the digits classifier carries most scenarios (4 batch sizes, a killed trial
-that resumes, the best trial promoted, the re-run that starts no pod, then median stopping of
+that resumes, the dataset's prepared copy reused by every later pod, the best trial promoted, the re-run that starts no pod, then median stopping of
 a learning rate of 1e-6 next to the trials already trained); a sweep
 of a third-party container (a plain Python script) covers tpe's two rounds and the
 ``--name=value`` hyperparameters; invalid spaces are refused before any pod.
@@ -23,7 +23,7 @@ from kubernetes import client, config
 
 from include.devstack import mirror
 from include.devstack.stack import NAMESPACE, s3_client
-from kubetrain.s3_layout import S3Layout
+from kubetrain.s3_layout import S3Layout, prepared_uri_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -32,6 +32,7 @@ TRAINER_PYTHON = REPO / "trainer" / ".venv" / "bin" / "python"
 FAST = {"KUBETRAIN_RETRY_DELAY_SECONDS": "1"}
 DAG_ID = "sweep_image_classifier"
 CUSTOM_DAG_ID = "sweep_custom_script"
+DIGITS = 1797  # the generator's images (scikit-learn's digits)
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,11 @@ def keys(s3, prefix: str, bucket: str = "training") -> list[str]:
 
 def read_json(s3, key: str, bucket: str = "training"):
     return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+
+
+def metrics_of(s3, run_uri: str) -> dict:
+    """A trial's metrics.json, from its run URI (``s3://training/runs/...``)."""
+    return read_json(s3, f"{run_uri.removeprefix('s3://training/').rstrip('/')}/output/metrics.json")
 
 
 def pods(core, dag_id: str) -> list:
@@ -228,6 +234,18 @@ def test_grid_sweep_a_killed_trial_promotion_and_reuse(sweeps_airflow, devstack,
     stamps = [datetime.fromisoformat(timing[key]) for key in ("pod_done", "final_pass", "report", "recorded")]
     assert stamps == sorted(stamps), timing
     assert datetime.fromisoformat(timing["base"]["finished"]) <= stamps[0], timing
+
+    # the prepared copy (#54), counted by each trial's trainer in its metrics.json: trials run 2 at a
+    # time, so the first two may both decode (neither finds a copy in S3: the sidecar uploads one only
+    # once it is made); every pod that starts after a trial's pod ended finds the copy its sidecar
+    # uploaded and decodes nothing: trials 2 and 3, and the killed trial's replacement pod
+    prepared = {n: metrics_of(s3, trials[n]["run_uri"])["prepared"] for n in range(4)}
+    reused = {"made": False, "decoded": 0}
+    assert [prepared[n] for n in (0, 2, 3)] == [reused] * 3, prepared
+    assert prepared[1] in (reused, {"made": True, "decoded": DIGITS}), prepared
+    copies_prefix = prepared_uri_of(plan["dataset"]["manifest"]).removeprefix("s3://training/")
+    copies = [k for k in keys(s3, copies_prefix) if k.endswith("/manifest.json")]
+    assert len(copies) == 1, copies  # one preprocessing (16 px, 3 channels): one copy, however many made it
 
     # the best trial is promoted, with the leaderboard linking every trial's report
     best = max((t for t in trials.values()), key=lambda t: t["objective"]["value"])

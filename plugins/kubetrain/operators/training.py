@@ -14,7 +14,7 @@ from kubetrain.hooks.registry import RegistryHook
 from kubetrain.images import pin_image
 from kubetrain.operators import training_args as args
 from kubetrain.operators.resumable import NOTES_XCOM_KEY, ResumablePodOperator
-from kubetrain.pod_sizing import checked_int, dataset_bytes_of
+from kubetrain.pod_sizing import checked_int, dataset_bytes_of, prepared_bytes_given
 from kubetrain.pod_startup import (
     ImagePullError,
     PodStartupTimeout,
@@ -121,6 +121,10 @@ class TrainingPodOperator(ResumablePodOperator):
     :param dataset_bytes: the staged manifest's ``total_bytes``, e.g. ``stage.output["total_bytes"]``:
         sizes the /data volume and the pod's ephemeral-storage request
         (:func:`kubetrain.pod_sizing.scratch_sizes`). (templated)
+    :param prepared_bytes: bytes of the prepared copy the trainer keeps beside the dataset in /data (the
+        image classifier's decoded, resized records: :func:`kubetrain.pod_sizing.prepared_bytes_of` of the
+        dataset's image count and the run's image size and channels), added to the /data size derived from
+        ``dataset_bytes``; empty: none counted. (templated)
     :param data_size: sizeLimit of the /data volume, e.g. ``50Gi``, instead of the size derived from
         ``dataset_bytes`` (archives that expand more than twice their size); empty: derived. (templated)
     :param checkpoint_size: sizeLimit of the /checkpoints volume (when the data size is known). (templated)
@@ -178,6 +182,7 @@ class TrainingPodOperator(ResumablePodOperator):
         "extra_env",
         "sync_interval",
         "dataset_bytes",
+        "prepared_bytes",
         "data_size",
         "checkpoint_size",
         "output_size",
@@ -222,6 +227,7 @@ class TrainingPodOperator(ResumablePodOperator):
         termination_grace_period: int = 300,
         cache_claim: str | None = None,
         dataset_bytes: int | str | None = None,
+        prepared_bytes: int | str | None = None,
         data_size: str | None = None,
         checkpoint_size: str = "4Gi",
         output_size: str = "2Gi",
@@ -266,6 +272,7 @@ class TrainingPodOperator(ResumablePodOperator):
         self.sync_quiet = sync_quiet
         self.cache_claim = cache_claim
         self.dataset_bytes = dataset_bytes
+        self.prepared_bytes = prepared_bytes
         self.data_size = data_size
         self.checkpoint_size = checkpoint_size
         self.output_size = output_size
@@ -344,6 +351,7 @@ class TrainingPodOperator(ResumablePodOperator):
             ),
             cache_claim=self.cache_claim,
             dataset_bytes=dataset_bytes_of(self.dataset_bytes),
+            prepared_bytes=prepared_bytes_given(self.prepared_bytes),
             data_size=self.data_size or None,
             checkpoint_size=self.checkpoint_size,
             output_size=self.output_size,
