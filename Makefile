@@ -160,7 +160,8 @@ mlflow-env: $(MLFLOW_VENV)/.synced
 
 $(AIRFLOW_HOME)/.migrated: $(VENV)/.synced
 	@mkdir -p $(AIRFLOW_HOME)
-	$(VENV)/bin/airflow db migrate >$(AIRFLOW_HOME)/migrate.log 2>&1 || { tail -20 $(AIRFLOW_HOME)/migrate.log; exit 1; }
+	@$(PROGRESS) --phase "Airflow metadata database" --what "airflow db migrate" --log $(AIRFLOW_HOME)/migrate.log -- \
+	  $(VENV)/bin/airflow db migrate
 	$(VENV)/bin/airflow pools set --include-deferred gpu 2 "GPU training pods" >>$(AIRFLOW_HOME)/migrate.log 2>&1
 	@touch $@
 
@@ -209,6 +210,22 @@ $(MIRROR): include/devstack/mirror.py include/devstack/mirror_images/buildah.Doc
 		$(VENV)/.synced $(STAMPS)/apt
 	@$(PROGRESS) --phase "registry mirror" --what "building its images (busybox, alpine, python, tensorflow, buildah)" \
 	  --log $(LOGS)/mirror.log --count 'build steps=STEP [0-9]+/[0-9]+: ' -- $(VENV)/bin/python -m include.devstack.mirror build
+
+# The demos' mirror: only the cheap stand-ins (busybox, alpine, python), none of which the demos' pods run;
+# the stack starts only with a mirror. A full mirror (`make mirror`, made by `make test`) serves them already.
+MIRROR_DEMO := .tools/mirror/demo.json
+$(MIRROR_DEMO): include/devstack/mirror.py $(IMAGE_ROOTFS) $(VENV)/.synced $(STAMPS)/apt
+	@if [ -f $(MIRROR) ] && [ $(MIRROR) -nt include/devstack/mirror.py ]; then cp $(MIRROR) $@; else \
+	$(PROGRESS) --phase "registry mirror" --what "building the demo's stand-ins (busybox, alpine, python)" \
+	  --log $(LOGS)/mirror-demo.log -- $(VENV)/bin/python -m include.devstack.mirror build --only busybox,alpine,python; fi
+
+# TensorFlow's CPU wheel on the image base, in the image store: the CPU trainer image is built on it (the
+# longest build step), so the demos build it beside the rest of the set-up and the stack's start.
+TENSORFLOW_BASE := $(STAMPS)/tensorflow-base
+$(TENSORFLOW_BASE): $(IMAGE_ROOTFS) trainer/Dockerfile.tensorflow trainer/requirements.txt | $(VENV)/.synced $(STAMPS)/apt
+	@$(PROGRESS) --phase "TensorFlow base" --what "TensorFlow's CPU wheel on the image base (the CPU trainer image's base)" \
+	  --log $(LOGS)/tensorflow-base.log --count 'build steps=STEP [0-9]+/[0-9]+: ' -- $(VENV)/bin/python -m include.devstack.mirror base
+	@touch $@
 
 # Debian bookworm (minbase) with Python 3.11 and pip, as a root file system tarball: made once per
 # checkout (under .tools/). Like python:3.11-slim, pip may install into the system Python; the
@@ -275,7 +292,9 @@ lint: $(VENV)/.synced
 # -- dev stack, demo, UI -------------------------------------------------------------------
 
 MLFLOW ?=
-stack-up: setup $(MIRROR) $(if $(filter 1 true yes,$(MLFLOW)),$(MLFLOW_VENV)/.synced)
+# the mirror the stack serves: all the stand-ins, or the demos' (STACK_MIRROR=$(MIRROR_DEMO))
+STACK_MIRROR ?= $(MIRROR)
+stack-up: setup $(STACK_MIRROR) $(if $(filter 1 true yes,$(MLFLOW)),$(MLFLOW_VENV)/.synced)
 	$(VENV)/bin/python -m include.devstack up $(if $(filter 1 true yes,$(MLFLOW)),--mlflow)
 
 stack-down:
@@ -287,7 +306,7 @@ stack-down:
 # (include/stack_images.py): `make airflow` after `make demo` pushes nothing.
 STACK_IMAGES_ARGS = --images trainer-cpu,sync --tag $(IMAGE_TAG) --base debian --rootfs $(IMAGE_ROOTFS) \
   --revision "$$(git rev-parse HEAD 2>/dev/null || echo unknown)"
-stack-images: stack-up $(IMAGE_ROOTFS)
+stack-images: stack-up $(IMAGE_ROOTFS) $(TENSORFLOW_BASE)
 	@set -a; . .stack/env; set +a; \
 	$(VENV)/bin/python -m include.stack_images current $(STACK_IMAGES_ARGS) && exit 0; \
 	$(PROGRESS) --phase "training images" --what "building the CPU trainer and sync images" \
@@ -295,20 +314,31 @@ stack-images: stack-up $(IMAGE_ROOTFS)
 	  $(MAKE) --no-print-directory images IMAGE_BASE=debian && \
 	$(VENV)/bin/python -m include.stack_images record $(STACK_IMAGES_ARGS)
 
-demo: setup stack-images
+# The demos' set-up, its phases side by side (-j3): the environments beside the image base, the
+# TensorFlow base beside the stack's start; with the demos' mirror, not the test suite's (MIRROR_DEMO).
+DEMO_READY = $(MAKE) --no-print-directory -j3 STACK_MIRROR=$(MIRROR_DEMO) setup $(TENSORFLOW_BASE) stack-images
+
+demo:
+	@$(DEMO_READY)
 	$(VENV)/bin/python -m include.demo image_classifier
 
-demo-dialogue: setup stack-images
+demo-dialogue:
+	@$(DEMO_READY)
 	$(VENV)/bin/python -m include.demo dialogue
 
 # The digits classifier on 2 workers (Indexed Jobs + headless Service on the dev stack); prints the report's location.
-demo-distributed: setup stack-images
+demo-distributed:
+	@$(DEMO_READY)
 	$(VENV)/bin/python -m include.demo distributed
 
-demo-sweep: setup stack-images
+demo-sweep:
+	@$(DEMO_READY)
 	$(VENV)/bin/python -m include.demo_sweep
 
-airflow: setup stack-images
+# With the demos' set-up and mirror: `make airflow` after `make demo` builds nothing (the stand-ins
+# that only the tests, docs/extending.md and in-cluster builds pull come with `make stack-up` or `make mirror`).
+airflow:
+	@$(DEMO_READY)
 	$(VENV)/bin/python -m include.demo ui
 
 # The preflight (docs/real-cluster.md) from any shell: the cluster, S3 and registry of the Airflow

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from include.demo_follow import LOG_LINE, Heartbeat, PodPhase, RunFollower, follow, lines_with_timeout
 from include.devstack.stack import s3_client
 
 REPO = Path(__file__).resolve().parents[1]
@@ -163,7 +164,8 @@ def metadata_db_env(stack: dict[str, str]) -> dict[str, str]:
             "making the Airflow metadata database on the dev stack's Postgres (once per home) ...", flush=True
         )
     try:
-        ui.prepare_database()
+        with Heartbeat("making the Airflow metadata database (`airflow db migrate` the first time)"):
+            ui.prepare_database()
         return {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": ui.sql_alchemy_conn(), **ui.postgres.env()}
     except AirflowUIError as exc:
         raise SystemExit(f"error: {exc}") from None
@@ -278,7 +280,8 @@ def dags_test(
     """
     shown_log = log.relative_to(REPO) if log.is_relative_to(REPO) else log
     print(f"running {dag_id} with `airflow dags test` (log: {shown_log}) ...", flush=True)
-    before = {r["run_id"] for r in dag_runs(dag_id, env)}
+    with Heartbeat(f"reading {dag_id}'s runs (`airflow dags list-runs`)"):
+        before = {r["run_id"] for r in dag_runs(dag_id, env)}
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [str(AIRFLOW), "dags", "test", dag_id, "-c", json.dumps(conf)],
@@ -288,12 +291,19 @@ def dags_test(
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for line in proc.stdout:
+        assert proc.stdout is not None
+
+        def show(line: str) -> str | None:
             out.write(line)
-            if (text := output.feed(line)) is not None:
-                print("  " + text, flush=True)
+            return output.feed(line)
+
+        # a line at least every 30 s, also while the run's output says nothing worth showing
+        kubeconfig = env.get("KUBECONFIG")
+        follower = RunFollower(pod_phase=PodPhase(kubeconfig) if kubeconfig else None)
+        follow(lines_with_timeout(proc.stdout), show, follower, lambda text: print("  " + text, flush=True))
         rc = proc.wait()
-    runs = [r for r in dag_runs(dag_id, env) if r["run_id"] not in before]
+    with Heartbeat("reading the run `airflow dags test` recorded (`airflow dags list-runs`)"):
+        runs = [r for r in dag_runs(dag_id, env) if r["run_id"] not in before]
     if not runs:
         return rc, None, None
     run_id, state = runs[-1]["run_id"], runs[-1]["state"]
@@ -459,13 +469,8 @@ def _trained_before(log: Path) -> str | None:
     return found.group(1) if found else None
 
 
-# A line of the task log as Airflow's console logger writes it: time, [level], the event, [logger] and
-# key=value fields, e.g. "2026-11-26T19:39:18.142055Z [info     ] [base] ... [kubetrain.triggers.pod.PodLogFollower]
-# loc=pod.py:124". The event is everything up to the last " [logger]" that only fields follow.
-_LOG_LINE = re.compile(
-    r"^(?P<time>\d{4}-\d\d-\d\dT[\d:.]+Z?) \[(?P<level>\w+)\s*\] (?P<event>.*?)"
-    r"(?: \[(?P<logger>[A-Za-z_][\w.]*)\](?: [\w.]+=.*)?)?$"
-)
+# A line of the task log as Airflow's console logger writes it (time, [level], event, [logger], fields)
+_LOG_LINE = LOG_LINE
 # A trainer's own line ("%(asctime)s %(levelname)s %(message)s", trainer/common/cli.py) as the task log quotes it,
 # under its container: "[base] ..." from a training pod, "[chief <pod>] ..." from a distributed run's chief.
 _TRAINER_LINE = re.compile(

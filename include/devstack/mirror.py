@@ -20,7 +20,16 @@ public name                        stand-in
 =================================  ==========================================================
 
     python -m include.devstack.mirror build    # `make mirror`: build the stand-ins, fill .tools/mirror
+    python -m include.devstack.mirror build --only busybox,alpine,python   # what the demos' stack needs
+    python -m include.devstack.mirror base     # only TensorFlow on the image base, in the builder's store
     python -m include.devstack.mirror list     # the public names it serves
+
+The demos run none of the public images, but the stack starts only with a mirror, and busybox is
+what README's first pod runs: `make demo` and `make airflow` build the cheap stand-ins (``DEMO``);
+the test suite and `make stack-up` (docs/extending.md builds FROM tensorflow) all of them (the
+buildah stand-in alone is minutes of apt inside a build). ``base`` builds the TensorFlow
+stand-in's image without pushing it: the CPU trainer image is built on it, so the demos build it
+beside the rest of their set-up.
 """
 
 from __future__ import annotations
@@ -54,6 +63,9 @@ IMAGES = {
     "docker.io/tensorflow/tensorflow:2.21.0": "tensorflow",
     "quay.io/buildah/stable:v1.41": "buildah",
 }
+STANDINS = ("busybox", "alpine", "python", "tensorflow", "buildah")
+# what `make demo` builds: a stack can start, README's first pod (busybox) runs
+DEMO = ("busybox", "alpine", "python")
 
 
 def busybox_tree(out: Path) -> Path:
@@ -89,8 +101,14 @@ def busybox_tree(out: Path) -> Path:
     return out
 
 
-def build(log=print) -> dict[str, str]:
-    """Build every stand-in in the image builder's store and push it to the mirror's storage; {name: digest}."""
+def build(log=print, only: tuple[str, ...] = STANDINS) -> dict[str, str]:
+    """Build the stand-ins ``only`` (default: all) in the image builder's store and push them to the
+    mirror's storage; {public name: digest} of what was pushed."""
+    unknown = sorted(set(only) - set(STANDINS))
+    if unknown or not only:
+        raise ValueError(
+            f"stand-ins {', '.join(unknown) or '(none)'}: expected some of {', '.join(STANDINS)}"
+        )
     sys.path.insert(0, str(REPO / "plugins"))
     from include.devstack import registry
     from include.devstack.stack import free_port, wait_http
@@ -104,23 +122,28 @@ def build(log=print) -> dict[str, str]:
     with tempfile.TemporaryDirectory(prefix="mirror-") as tmp:
         tree = busybox_tree(Path(tmp) / "busybox.tar")
         for name, cmd in (("busybox", ["sh"]), ("alpine", ["/bin/sh"])):
+            if name not in only:
+                continue
             ref = f"localhost/kubetrain/standin-{name}:latest"
             builder.import_rootfs(
                 tree, ref, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, cmd=cmd, labels=TITLE
             )
             local[name] = ref
-    local["python"] = publisher.local_base(ROOTFS)
-    local["tensorflow"] = publisher.local_tensorflow(ROOTFS)
-    local["buildah"] = builder.build(
-        BuildRequest(
-            context=Path(__file__).with_name("mirror_images"),
-            repository="kubetrain/standin-buildah",
-            tags=("latest",),
-            dockerfile="buildah.Dockerfile",
-            build_args={"BASE_IMAGE": local["python"]},
-        ),
-        local_tag="latest",
-    )
+    if {"python", "buildah"} & set(only):
+        local["python"] = publisher.local_base(ROOTFS)
+    if "tensorflow" in only:
+        local["tensorflow"] = publisher.local_tensorflow(ROOTFS)
+    if "buildah" in only:
+        local["buildah"] = builder.build(
+            BuildRequest(
+                context=Path(__file__).with_name("mirror_images"),
+                repository="kubetrain/standin-buildah",
+                tags=("latest",),
+                dockerfile="buildah.Dockerfile",
+                build_args={"BASE_IMAGE": local["python"]},
+            ),
+            local_tag="latest",
+        )
 
     data = MIRROR_DIR / "data"
     port = free_port()
@@ -131,6 +154,8 @@ def build(log=print) -> dict[str, str]:
     try:
         wait_http(f"http://127.0.0.1:{port}/v2/", 30, proc, MIRROR_DIR / "build.log")
         for public, which in IMAGES.items():
+            if which not in only:
+                continue
             path, _, tag = public.split("/", 1)[1].rpartition(
                 ":"
             )  # served as a mirror serves it: no registry host
@@ -139,8 +164,21 @@ def build(log=print) -> dict[str, str]:
     finally:
         proc.terminate()
         proc.wait(10)
-    (MIRROR_DIR / "images.json").write_text(json.dumps(digests, indent=2) + "\n")
+    # images.json (`make mirror`'s target) lists a mirror of every stand-in; demo.json one of DEMO's
+    listing = "images.json" if set(only) == set(STANDINS) else "demo.json"
+    (MIRROR_DIR / listing).write_text(json.dumps(digests, indent=2) + "\n")
     return digests
+
+
+def tensorflow_base(log=print) -> str:
+    """The TensorFlow stand-in's image in the builder's store, unpushed: the CPU trainer image's base."""
+    sys.path.insert(0, str(REPO / "plugins"))
+    from kubetrain.imagebuild.buildah import BuildahBuilder
+    from kubetrain.imagebuild.products import ImagePublisher
+
+    builder = BuildahBuilder(REPO / ".tools" / "buildah", storage_driver="auto", log=log)
+    publisher = ImagePublisher(builder, REPO / "trainer", REPO / ".tools" / "images" / "oci", log=log)
+    return publisher.local_tensorflow(ROOTFS)
 
 
 def digests() -> dict[str, str]:
@@ -163,8 +201,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m include.devstack.mirror", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("command", choices=["build", "list"])
+    parser.add_argument("command", choices=["build", "base", "list"])
+    parser.add_argument(
+        "--only",
+        default=",".join(STANDINS),
+        help="build: the stand-ins to build, comma-separated (default: all, %(default)s)",
+    )
     args = parser.parse_args(argv)
+    only = tuple(name.strip() for name in args.only.split(",") if name.strip())
+    unknown = sorted(set(only) - set(STANDINS))
+    if unknown or not only:
+        parser.error(f"--only {args.only!r}: expected stand-ins among {', '.join(STANDINS)}")
     if args.command == "list":
         for name in IMAGES:
             print(name)
@@ -178,7 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TMPDIR", str(REPO / ".tools" / "buildah" / "tmp"))
     # the build's lines (buildah's steps) go to stdout: `make mirror` keeps them in its log and shows
     # the last one as its progress
-    for name, digest in build(log=lambda line: print(line, flush=True)).items():
+    if args.command == "base":
+        print(tensorflow_base(log=lambda line: print(line, flush=True)))
+        return 0
+    for name, digest in build(log=lambda line: print(line, flush=True), only=only).items():
         print(f"{name}  {digest}")
     return 0
 
