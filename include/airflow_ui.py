@@ -460,7 +460,9 @@ class AirflowUI:
             headers["Authorization"] = f"Bearer {self.token()}"
         req = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
         try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
+            # A loaded machine's API server can take tens of seconds to answer (its first seconds
+            # also import the Training page's warm-up): the callers' deadlines decide, not this one.
+            with urllib.request.urlopen(req, timeout=120) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:1000]
