@@ -364,11 +364,12 @@ GROUPS = {
 # objects are converted on the way out), newest first
 ALSO_SERVED: dict[str, tuple[str, ...]] = {}
 SERVED_SUMMARY = (
-    "pods, pods/log, pods/exec, pods/attach (output only), events, secrets, configmaps, namespaces, nodes, services (headless), "
+    "pods, pods/log, pods/exec, pods/attach (output only), pods/eviction, events, secrets, configmaps, namespaces, nodes, services (headless), "
     "serviceaccounts, jobs.batch, roles, rolebindings, clusterroles and clusterrolebindings "
     "(rbac.authorization.k8s.io), selfsubjectaccessreviews and selfsubjectrulesreviews "
-    "(authorization.k8s.io) and "
-    "customresourcedefinitions.apiextensions.k8s.io (read-only, none defined)"
+    "(authorization.k8s.io), customresourcedefinitions.apiextensions.k8s.io (read-only, none defined) and, "
+    "with the Kueue stand-in, localqueues, clusterqueues, workloadpriorityclasses, resourceflavors and "
+    "workloads (read-only) in kueue.x-k8s.io v1beta2 and v1beta1"
 )
 
 
