@@ -391,6 +391,7 @@ def training_pipeline(
         dataset_manifest=pushed(stage, "manifest_uri"),
         dataset_version=pushed(stage, "version"),
         dataset_bytes=pushed(stage, "total_bytes"),
+        prepared_bytes=pushed(stage, "prepared_bytes"),
         data_size="{{ params.data_size or '' }}",
         experiment=dag.param("experiment"),
         gpus="{{ params.gpus }}",

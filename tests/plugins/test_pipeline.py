@@ -37,6 +37,7 @@ def test_tasks_hand_each_other_typed_xcoms():
     assert source(t.train.dataset_manifest) == ("stage_dataset", "manifest_uri")
     assert source(t.train.dataset_version) == ("stage_dataset", "version")
     assert source(t.train.dataset_bytes) == ("stage_dataset", "total_bytes")
+    assert source(t.train.prepared_bytes) == ("stage_dataset", "prepared_bytes")
     assert t.train.data_size == "{{ params.data_size or '' }}"
     assert source(t.report.run_uri) == ("train", "run_uri")
     assert source(t.promote.run_uri) == ("train", "run_uri")
@@ -111,6 +112,7 @@ def test_params_reach_the_training_task_as_values_and_names_stay_text():
         ("stage_dataset", "version"): "3f2a9c0d1e4b5a69",
         ("stage_dataset", "manifest_uri"): "s3://training/manifests/x/3f2a9c0d1e4b5a69.json",
         ("stage_dataset", "total_bytes"): 1024,
+        ("stage_dataset", "prepared_bytes"): 4096,
         ("stage_dataset", "objects"): 1,
         ("check_new", "image"): TRAINER,
         ("train", "run_uri"): "s3://training/runs/train_x/r",
@@ -125,7 +127,7 @@ def test_params_reach_the_training_task_as_values_and_names_stay_text():
             context, dag.get_template_env()
         )  # the DAG's environment, as a worker does
     train = t.train
-    assert (train.gpus, train.sync_interval, train.dataset_bytes) == (2, 30, 1024)
+    assert (train.gpus, train.sync_interval, train.dataset_bytes, train.prepared_bytes) == (2, 30, 1024, 4096)
     assert train.arguments == ["--epochs=5", 5]  # the operator's pod takes them as text
     # the provider's own argument names, with the values as given
     assert train.node_selector == {"gpu-type": "a100"}

@@ -158,12 +158,23 @@ class StageDatasetOperator(RunStoreOperator):
             if self.skip_if_unchanged:
                 raise AirflowSkipException(f"{source} is unchanged since version {version} was staged")
 
+        # The prepared copies an earlier pod made of this version (the image classifier's decoded records):
+        # the stage-in downloads them into /data beside the dataset, so the pod's /data is sized for them.
+        # A version's first run has none yet; its trainer makes the copy within the derived size's margin.
+        layout = self.store.layout
+        prepared = sum(
+            int(item["Size"])
+            for item in self.store.list(layout.training_bucket, layout.prepared_prefix(dataset, version))
+        )
+        if prepared:
+            self.log.info("Prepared copies of version %s: %d bytes, sized into /data", version, prepared)
         result = {
             "dataset": dataset,
             "version": version,
             "manifest_uri": manifest_uri,
             "objects": len(objects),
             "total_bytes": manifest["total_bytes"],
+            "prepared_bytes": prepared,
             "new": existing is None,
         }
         self._emit_asset_event(context, source, result)

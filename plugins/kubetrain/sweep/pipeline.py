@@ -134,6 +134,7 @@ def sweep_pipeline(
         dataset_manifest=staged["manifest_uri"],
         dataset_version=staged["version"],
         dataset_bytes=staged["total_bytes"],
+        prepared_bytes=staged["prepared_bytes"],
         data_size="{{ params.data_size or '' }}",
         sweep=planned["trial_settings"],
         experiment=dag.param("experiment"),

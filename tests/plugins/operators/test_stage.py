@@ -71,6 +71,24 @@ def test_restaging_an_unchanged_dataset_writes_nothing(client, dataset):
     assert events[dataset_asset(uri)].extra["version"] == first["version"]
 
 
+def test_the_prepared_copies_of_the_version_are_counted_for_the_pods_data_volume(client, dataset):
+    uri = f"s3://datasets/{dataset}/"
+    _, first, _ = stage(uri)
+    assert first["prepared_bytes"] == 0  # a version's first run: no copy yet
+
+    prefix = f"prepared/{dataset}/{first['version']}/"
+    client.put_object(Bucket="training", Key=prefix + "224px-3ch-abc/shard-00000.bin", Body=b"x" * 3000)
+    client.put_object(Bucket="training", Key=prefix + "224px-3ch-abc/manifest.json", Body=b"{}")
+    client.put_object(Bucket="training", Key=prefix + "64px-3ch-def/shard-00000.bin", Body=b"y" * 500)
+    # another version's copy is not this one's
+    client.put_object(Bucket="training", Key=f"prepared/{dataset}/other/shard-00000.bin", Body=b"z" * 9000)
+
+    _, again, _ = stage(uri)
+
+    assert again["version"] == first["version"]
+    assert again["prepared_bytes"] == 3000 + 2 + 500
+
+
 def test_watching_skips_an_unchanged_dataset_without_an_event(client, dataset):
     uri = f"s3://datasets/{dataset}/"
     _, first, _ = stage(uri, skip_if_unchanged=True)

@@ -33,6 +33,8 @@ def test_round_zero_has_one_training_task_per_offered_parallelism(dagbag):
         # each trial's pod is sized from the staged dataset, as a single run's
         assert task.partial_kwargs["dataset_bytes"].operator.task_id == "stage_dataset"
         assert task.partial_kwargs["dataset_bytes"].key == "total_bytes"
+        assert task.partial_kwargs["prepared_bytes"].operator.task_id == "stage_dataset"
+        assert task.partial_kwargs["prepared_bytes"].key == "prepared_bytes"
         assert task.partial_kwargs["data_size"] == "{{ params.data_size or '' }}"
     later = dag.get_task("round_1.train")
     assert later.max_active_tis_per_dagrun == 4 and later.pool == "gpu"
