@@ -142,21 +142,28 @@ def split_files(
     fraction: float,
     seed: int,
 ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
-    """Seeded split, stratified by class: every class with two or more images is in both sets."""
+    """Seeded split, stratified by class: every class with two or more images is in both sets.
+
+    Class by class in label order, a seeded permutation of the class's files (in their listed
+    order) puts the first ``round(count * fraction)`` of them (at least one, never all) in the
+    validation set. Grouped with numpy: the cost per file is a few list operations.
+    """
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    by_label: dict[int, list[tuple[str, int]]] = {}
-    for item in files:
-        by_label.setdefault(item[1], []).append(item)
-    train: list[tuple[str, int]] = []
-    val: list[tuple[str, int]] = []
-    for label in sorted(by_label):
-        items = by_label[label]
-        order = rng.permutation(len(items))
-        n_val = min(len(items) - 1, max(1, round(len(items) * fraction))) if len(items) > 1 else 0
-        val.extend(items[i] for i in order[:n_val])
-        train.extend(items[i] for i in order[n_val:])
+    labels = np.fromiter((label for _, label in files), dtype=np.int64, count=len(files))
+    by_label = np.argsort(labels, kind="stable")  # each class's files in their listed order
+    _, starts, counts = np.unique(labels[by_label], return_index=True, return_counts=True)
+    train_parts, val_parts = [], []
+    for start, count in zip(starts.tolist(), counts.tolist(), strict=True):
+        items = by_label[start : start + count]
+        order = rng.permutation(count)
+        n_val = min(count - 1, max(1, round(count * fraction))) if count > 1 else 0
+        val_parts.append(items[order[:n_val]])
+        train_parts.append(items[order[n_val:]])
+    empty = np.zeros(0, dtype=np.int64)
+    train = [files[i] for i in np.concatenate([empty, *train_parts]).tolist()]
+    val = [files[i] for i in np.concatenate([empty, *val_parts]).tolist()]
     return train, val
 
 
@@ -216,15 +223,12 @@ class ImagePipeline:
         self.config = config
         self.prepared = prepared
         self.size = config.image_size
-        record_of = prepared.record_of()
         n = prepared.manifest.records
         self.train_mask = np.zeros(n, dtype=bool)
         self.val_mask = np.zeros(n, dtype=bool)
         for mask, items in ((self.train_mask, train), (self.val_mask, val)):
-            for path, _ in items:
-                record = record_of[path]
-                if record >= 0:
-                    mask[record] = True
+            records = prepared.records_of(path for path, _ in items)
+            mask[records[records >= 0]] = True
         # Files TensorFlow could not decode are in the split but have no record.
         self.train_count = int(self.train_mask.sum())
         self.val_count = int(self.val_mask.sum())
@@ -263,19 +267,52 @@ class ImagePipeline:
         ds = ds.batch(self.PARSE_CHUNK).map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return ds.unbatch()
 
-    def _augment(self, image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    def augmentation_draws(self, count: Any, seed: tf.Tensor) -> tuple[Any, Any, Any, Any]:
+        """What :meth:`augment` does to each of ``count`` images, drawn at once from ``seed``.
+
+        Returns:
+            The window's (row, column) offsets in the image reflect-padded by ``size // 8`` (int32
+            ``[count, 2]``, uniform in 0 ... 2 * pad), whether the image is flipped left to right
+            (bool ``[count]``, always False without --flip), the brightness delta (float32
+            ``[count]``, uniform within +-10% of 255) and the contrast factor (float32 ``[count]``,
+            uniform in [0.8, 1.2]).
+        """
         tf = self.tf
-        size, channels = self.size, self.config.channels
-        seeds = tf.random.experimental.stateless_split(seed, 4)
-        x = tf.cast(image, tf.float32)
-        if self.config.flip:
-            x = tf.image.stateless_random_flip_left_right(x, seeds[0])
+        pad = max(1, self.size // 8)
+        draw = tf.random.stateless_uniform([count, 5], seed)
+        offsets = tf.minimum(tf.cast(draw[:, :2] * (2 * pad + 1), tf.int32), 2 * pad)
+        flip = draw[:, 2] < 0.5 if self.config.flip else tf.zeros([count], tf.bool)
+        delta = (draw[:, 3] * 2.0 - 1.0) * (0.1 * 255.0)
+        factor = 0.8 + 0.4 * draw[:, 4]
+        return offsets, flip, delta, factor
+
+    def augment(self, images: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+        """The trainer's augmentation of one uint8 batch ``[b, size, size, channels]``, as float32 pixels.
+
+        Per image (:meth:`augmentation_draws`): a random horizontal flip, a random ``size``-px window
+        of the image reflect-padded by ``size // 8`` on each side, a brightness delta and a contrast
+        factor (about each channel's mean, as ``tf.image.adjust_contrast``), clipped to [0, 255].
+        The batch is a function of its pixels and ``seed`` alone. The padding is never built: the
+        window's reflected row and column indices pick the pixels of the uint8 batch.
+        """
+        tf = self.tf
+        size = self.size
         pad = max(1, size // 8)
-        x = tf.pad(x, [[pad, pad], [pad, pad], [0, 0]], mode="REFLECT")
-        x = tf.image.stateless_random_crop(x, [size, size, channels], seeds[1])
-        x = tf.image.stateless_random_brightness(x, 0.1 * 255.0, seeds[2])
-        x = tf.image.stateless_random_contrast(x, 0.8, 1.2, seeds[3])
-        return tf.clip_by_value(x, 0.0, 255.0)
+        offsets, flip, delta, factor = self.augmentation_draws(tf.shape(images)[0], seed)
+        # Index k of the padded image reads pixel reflect(k - pad) of the image (np.pad mode="reflect").
+        taken = tf.abs(offsets[:, :, None] + tf.range(size, dtype=tf.int32)[None, None, :] - pad)
+        taken = (size - 1) - tf.abs((size - 1) - taken)
+        rows, cols = taken[:, 0], taken[:, 1]
+        # The flip comes before the padding: the window then reads the mirrored columns.
+        cols = tf.where(flip[:, None], (size - 1) - cols, cols)
+        x = tf.gather(images, rows, axis=1, batch_dims=1)
+        x = tf.cast(tf.gather(x, cols, axis=2, batch_dims=1), tf.float32)
+        # Brightness then contrast, (x + delta - mean(x + delta)) * factor + mean(x + delta), folded into
+        # one multiply-add: x * factor + (mean(x) * (1 - factor) + delta).
+        factor = tf.reshape(factor, [-1, 1, 1, 1])
+        delta = tf.reshape(delta, [-1, 1, 1, 1])
+        shift = tf.reduce_mean(x, axis=[1, 2], keepdims=True) * (1.0 - factor) + delta
+        return tf.clip_by_value(x * factor + shift, 0.0, 255.0)
 
     def train_dataset(self, epoch: int, skip_batches: int = 0) -> tf.data.Dataset:
         """Training batches of ``epoch`` without the first ``skip_batches`` (already trained on)."""
@@ -286,19 +323,18 @@ class ImagePipeline:
         order = [shards[i] for i in file_order(self.config.seed, epoch, len(shards))]
         ds = self._records(order, self.train_mask, self.CYCLE)
         ds = ds.shuffle(self.shuffle_buffer(), seed=seed, reshuffle_each_iteration=False)
+        # Skipped before batching: the batches already trained on are read but never assembled.
+        ds = ds.skip(skip_batches * batch).batch(batch, drop_remainder=True)
         if self.config.augment:
-            # Numbering the elements before skipping keeps each image's augmentation seed
-            # tied to its position in the epoch, so a resumed epoch augments identically.
+            # Each batch's augmentation seed is (epoch seed, batch number in the epoch): a resumed
+            # epoch numbers its batches from skip_batches and augments them as the unbroken one did.
             base = tf.constant(seed, tf.int64)
-            ds = ds.enumerate().skip(skip_batches * batch)
-            ds = ds.map(
-                lambda i, xy: (self._augment(xy[0], tf.stack([base, i])), xy[1]),
+            ds = ds.enumerate(start=skip_batches).map(
+                lambda i, xy: (self.augment(xy[0], tf.stack([base, i])), xy[1]),
                 num_parallel_calls=tf.data.AUTOTUNE,
                 deterministic=True,
             )
-            ds = ds.batch(batch, drop_remainder=True)
         else:
-            ds = ds.skip(skip_batches * batch).batch(batch, drop_remainder=True)
             # One cast per batch instead of one per image.
             ds = ds.map(lambda x, y: (tf.cast(x, tf.float32), y), num_parallel_calls=tf.data.AUTOTUNE)
         return ds.prefetch(tf.data.AUTOTUNE)

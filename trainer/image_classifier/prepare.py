@@ -12,8 +12,10 @@ fixed-length record to a shard:
 Fixed-length records stream with ``tf.data.FixedLengthRecordDataset``: no parsing, no per-record
 framing or CRC to check (the manifest's per-shard sha256 covers the bytes), and a shard's
 record count follows from its size. ``manifest.json`` names the format version, the dataset
-fingerprint, the preprocessing key, the class names, each shard's records, bytes and sha256,
-and the files left out with the reason.
+fingerprint, the preprocessing key, the class names, the files as columns (paths, labels,
+record numbers: what a restarted pod reads before its first batch, so parsed and checked as
+arrays, not file by file), each shard's records, bytes and sha256, and the files left out with
+the reason.
 
 The copy is written in a temporary directory and renamed into place, manifest last; a copy
 whose manifest, key, fingerprint, sizes or checksums do not match is refused (the reason is
@@ -33,9 +35,10 @@ import secrets
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -50,7 +53,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kubetrain.trainer")
 
-FORMAT_VERSION = 1
+# 2: the file list as columns (files, labels, file_records) instead of [path, label, record] rows.
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 # Written by the process that hashed every shard: a later start on the same files trusts the
 # hashes while each shard's size, mtime and inode are unchanged (a download or a rewrite changes them).
@@ -129,10 +133,11 @@ class Shard:
 class PreparedManifest:
     """``manifest.json`` of a prepared copy (format :data:`FORMAT_VERSION`).
 
-    ``files`` lists the scan's images, ``[relative path, label, record]``, in the scan's order
-    (class by class, names sorted): the split is made over this list. ``record`` is -1 for a file
-    that Pillow reads and TensorFlow does not decode (``undecodable``); ``skipped`` lists the files
-    that are not readable images at all. Both give ``[relative path, reason]``.
+    ``files`` lists the scan's images by relative path, in the scan's order (class by class, names
+    sorted): the split is made over this list. ``labels`` and ``file_records`` are its columns:
+    each file's label and record number, -1 for a file that Pillow reads and TensorFlow does not
+    decode (``undecodable``); ``skipped`` lists the files that are not readable images at all.
+    Both give ``[relative path, reason]``.
     """
 
     dataset: str
@@ -140,7 +145,9 @@ class PreparedManifest:
     image_size: int
     channels: int
     class_names: list[str]
-    files: list[list[Any]]
+    files: list[str]
+    labels: list[int]
+    file_records: list[int]
     shards: list[Shard]
     skipped: list[list[str]] = field(default_factory=list)
     undecodable: list[list[str]] = field(default_factory=list)
@@ -166,9 +173,17 @@ class PreparedManifest:
             raise ValueError(f"format_version {doc.get('format_version')!r}, expected {FORMAT_VERSION}")
         try:
             shards = [Shard(**s) for s in doc.pop("shards")]
-            return cls(shards=shards, **doc)
+            manifest = cls(shards=shards, **doc)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a prepared-copy manifest: {exc}") from exc
+        n = len(manifest.files)
+        for name in ("labels", "file_records"):
+            column = getattr(manifest, name)
+            if not isinstance(column, list) or len(column) != n:
+                raise ValueError(f"{name}: expected a list of {n} whole numbers, one per file")
+            if n and _int_column(column) is None:
+                raise ValueError(f"{name}: expected whole numbers, found {column[:3]!r}...")
+        return manifest
 
     @property
     def records(self) -> int:
@@ -176,9 +191,19 @@ class PreparedManifest:
         return sum(s.records for s in self.shards)
 
 
+def _int_column(values: list[Any]) -> np.ndarray | None:
+    """``values`` as an int64 array, or None when they are not all whole numbers (bools are not)."""
+    array = np.asarray(values)
+    return array.astype(np.int64) if array.ndim == 1 and array.dtype.kind == "i" else None
+
+
 @dataclass
 class PreparedImages:
-    """A verified prepared copy, as the pipeline reads it."""
+    """A verified prepared copy, as the pipeline reads it.
+
+    The per-file views are built once, with numpy and string joins rather than a Python call per file:
+    a restarted pod's time to its first batch does not grow with the dataset.
+    """
 
     path: Path
     manifest: PreparedManifest
@@ -189,14 +214,29 @@ class PreparedImages:
     def class_names(self) -> list[str]:
         return self.manifest.class_names
 
-    @property
+    @cached_property
+    def paths(self) -> list[str]:
+        """The scan's files as paths under DATA_DIR's class root, in the scan's order."""
+        prefix = os.path.join(self.root, "")
+        return [prefix + rel for rel in self.manifest.files]
+
+    @cached_property
     def files(self) -> list[tuple[str, int]]:
         """The scan's files as (path under DATA_DIR's class root, label), in the scan's order."""
-        return [(os.path.join(self.root, rel), int(label)) for rel, label, _ in self.manifest.files]
+        return list(zip(self.paths, self.manifest.labels, strict=True))
+
+    @cached_property
+    def _record_by_path(self) -> dict[str, int]:
+        return dict(zip(self.paths, self.manifest.file_records, strict=True))
 
     def record_of(self) -> dict[str, int]:
         """Each file's record number (-1: TensorFlow could not decode it)."""
-        return {os.path.join(self.root, rel): int(record) for rel, _, record in self.manifest.files}
+        return self._record_by_path
+
+    def records_of(self, paths: Iterable[str]) -> np.ndarray:
+        """The record numbers of ``paths`` (files of :attr:`files`), -1 for those without a record."""
+        index = self._record_by_path
+        return np.fromiter((index[p] for p in paths), dtype=np.int64)
 
     @property
     def undecodable(self) -> list[str]:
@@ -262,7 +302,8 @@ def open_prepared(path: Path, key: str, fingerprint: str, data_dir: Path) -> Pre
         ValueError: naming the first mismatch (manifest, key, dataset, size, count or checksum).
     """
     try:
-        manifest = PreparedManifest.from_json((path / MANIFEST).read_bytes())
+        text = (path / MANIFEST).read_bytes()
+        manifest = PreparedManifest.from_json(text)
     except OSError as exc:
         raise ValueError(f"no readable {MANIFEST}: {exc.strerror or exc}") from exc
     except ValueError as exc:
@@ -289,16 +330,19 @@ def open_prepared(path: Path, key: str, fingerprint: str, data_dir: Path) -> Pre
         if st.st_size != shard.bytes:
             raise ValueError(f"{shard.name} holds {st.st_size} bytes, the manifest says {shard.bytes}")
         stats[shard.name] = [st.st_size, st.st_mtime_ns, st.st_ino]
-    try:
-        records = [int(r) for _, _, r in manifest.files if int(r) >= 0]
-        labels = {int(label) for _, label, _ in manifest.files}
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"files: expected [path, label, record] entries ({exc})") from exc
-    if not labels <= set(range(len(manifest.class_names))):
-        raise ValueError(f"files: labels {sorted(labels)} for {len(manifest.class_names)} classes")
-    if sorted(records) != list(range(manifest.records)):
-        raise ValueError(f"the file list names {len(records)} records, the shards hold {manifest.records}")
-    manifest_sha = hashlib.sha256((path / MANIFEST).read_bytes()).hexdigest()
+    if not all(isinstance(rel, str) for rel in manifest.files):
+        raise ValueError("files: expected relative paths")
+    labels = np.asarray(manifest.labels, dtype=np.int64)
+    records = np.asarray(manifest.file_records, dtype=np.int64)
+    classes = len(manifest.class_names)
+    if labels.size and (labels.min() < 0 or labels.max() >= classes):
+        raise ValueError(f"labels: {sorted(set(labels.tolist()))} for {classes} classes")
+    records = records[records >= 0]
+    if records.size != manifest.records:
+        raise ValueError(f"the file list names {records.size} records, the shards hold {manifest.records}")
+    if not np.array_equal(np.sort(records), np.arange(manifest.records)):
+        raise ValueError(f"file_records: expected the record numbers 0 ... {manifest.records - 1}, each once")
+    manifest_sha = hashlib.sha256(text).hexdigest()
     stamp = {"manifest": manifest_sha, "shards": stats}
     if _read_stamp(path) != stamp:
         _check_hashes(path, manifest.shards)
@@ -487,12 +531,10 @@ def _write(
                 writer.write(header + pixels.tobytes())
     writer.close()
     root = os.path.relpath(folder.root, data_dir)
-    files = [
-        [os.path.relpath(path, folder.root), label, records[i]]
-        for i, (path, label) in enumerate(folder.files)
-        if i not in bad
-    ]
-    labels = {label for _, label, _ in files}
+    kept = [i for i in range(len(folder.files)) if i not in bad]
+    files = [os.path.relpath(folder.files[i][0], folder.root) for i in kept]
+    file_labels = [folder.files[i][1] for i in kept]
+    labels = set(file_labels)
     class_names = folder.class_names
     if len(labels) < len(class_names):
         # Files Pillow could not fully read emptied a class: the scan's rules apply again.
@@ -507,6 +549,8 @@ def _write(
         channels=channels,
         class_names=class_names,
         files=files,
+        labels=file_labels,
+        file_records=[records[i] for i in kept],
         shards=writer.shards,
         skipped=skipped,
         undecodable=undecodable,

@@ -130,6 +130,19 @@ def manifest_of_another_format(path: Path) -> None:
     (path / MANIFEST).write_text(json.dumps(doc))
 
 
+def a_label_column_of_another_length(path: Path) -> None:
+    doc = json.loads((path / MANIFEST).read_text())
+    doc["labels"] = doc["labels"][:-1]
+    (path / MANIFEST).write_text(json.dumps(doc))
+
+
+def a_record_column_that_names_a_record_twice(path: Path) -> None:
+    doc = json.loads((path / MANIFEST).read_text())
+    records = doc["file_records"]
+    records[records.index(1)] = 0
+    (path / MANIFEST).write_text(json.dumps(doc))
+
+
 def a_record_count_that_lies(path: Path) -> None:
     doc = json.loads((path / MANIFEST).read_text())
     doc["shards"][0]["records"] += 1
@@ -143,7 +156,15 @@ def a_record_count_that_lies(path: Path) -> None:
         (truncate_a_shard, "bytes, the manifest says"),
         (manifest_of_another_preprocessing, "made for preprocessing '16px-3ch-"),
         (manifest_of_another_dataset, "made from dataset 'version:0123456789abcdef'"),
-        (manifest_of_another_format, "format_version 2, expected 1"),
+        (
+            manifest_of_another_format,
+            f"format_version {prepare.FORMAT_VERSION + 1}, expected {prepare.FORMAT_VERSION}",
+        ),
+        (a_label_column_of_another_length, "labels: expected a list of 120 whole numbers, one per file"),
+        (
+            a_record_column_that_names_a_record_twice,
+            "file_records: expected the record numbers 0 ... 119, each once",
+        ),
         (a_record_count_that_lies, "bytes listed for 17 records"),
     ],
 )
@@ -206,7 +227,7 @@ def test_the_location_comes_from_the_environment(tmp_path, folder):
 def test_the_manifest_round_trips(tmp_path, folder):
     copy = prepared(folder, tmp_path, tmp_path / "prepared")
     assert PreparedManifest.from_json(copy.manifest.to_json()) == copy.manifest
-    with pytest.raises(ValueError, match="format_version None, expected 1"):
+    with pytest.raises(ValueError, match=f"format_version None, expected {prepare.FORMAT_VERSION}"):
         PreparedManifest.from_json("{}")
 
 

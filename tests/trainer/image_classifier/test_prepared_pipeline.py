@@ -74,6 +74,51 @@ def test_a_resumed_epoch_yields_the_batches_of_an_uninterrupted_one(copy, folder
     )
 
 
+def test_the_batch_augmentation_takes_windows_of_the_reflect_padded_images(copy, folder):
+    import tensorflow as tf
+
+    pipeline = pipeline_for(copy, folder, augment=True, flip=True)
+    images = np.random.default_rng(5).integers(0, 256, (64, SIZE, SIZE, 3), dtype=np.uint8)
+    seed = tf.constant([11, 3], tf.int64)
+    out = pipeline.augment(tf.constant(images), seed).numpy()
+    offsets, flip, delta, factor = (t.numpy() for t in pipeline.augmentation_draws(64, seed))
+    pad = max(1, SIZE // 8)
+    for b in range(len(images)):
+        image = images[b, :, ::-1] if flip[b] else images[b]
+        padded = np.pad(image.astype(np.float64), [(pad, pad), (pad, pad), (0, 0)], mode="reflect")
+        window = padded[offsets[b, 0] : offsets[b, 0] + SIZE, offsets[b, 1] : offsets[b, 1] + SIZE]
+        brighter = window + delta[b]
+        mean = brighter.mean(axis=(0, 1))  # per channel, as tf.image.adjust_contrast
+        expected = np.clip((brighter - mean) * factor[b] + mean, 0.0, 255.0)
+        np.testing.assert_allclose(out[b], expected, atol=1e-3, err_msg=f"image {b}")
+    # Each image draws its own window, flip, brightness and contrast, within the ranges.
+    assert set(offsets.ravel().tolist()) == set(range(2 * pad + 1))
+    assert 10 < flip.sum() < 54
+    assert np.all(np.abs(delta) <= 0.1 * 255) and np.ptp(delta) > 25
+    assert np.all((factor >= 0.8) & (factor <= 1.2)) and np.ptp(factor) > 0.2
+    np.testing.assert_array_equal(pipeline.augment(tf.constant(images), seed).numpy(), out)
+    assert not np.array_equal(pipeline.augment(tf.constant(images), tf.constant([11, 4], tf.int64)), out)
+    unflipped = pipeline_for(copy, folder, augment=True, flip=False)
+    assert not unflipped.augmentation_draws(64, seed)[1].numpy().any()
+
+
+def test_a_resumed_augmented_epoch_augments_each_batch_as_the_unbroken_one(copy, folder):
+    # Batch k of an epoch is augmented with seed (epoch seed, k) whether the epoch started at 0 or resumed.
+    pipeline = pipeline_for(copy, folder, augment=True, flip=True, shuffle_buffer=32)
+    plain = pipeline_for(copy, folder, augment=False, shuffle_buffer=32)
+    whole = batches(pipeline.train_dataset(4))
+    for skip in (1, len(whole) - 1):
+        resumed = batches(pipeline.train_dataset(4, skip))
+        assert len(resumed) == len(whole) - skip
+        for (x, y), (rx, ry) in zip(whole[skip:], resumed, strict=True):
+            np.testing.assert_array_equal(x, rx)
+            np.testing.assert_array_equal(y, ry)
+    # The same images as without augmentation, changed: not the identity, nor one draw for the batch.
+    raw = batches(plain.train_dataset(4))
+    assert [y.tolist() for _, y in raw] == [y.tolist() for _, y in whole]
+    assert not np.allclose(raw[0][0], whole[0][0])
+
+
 def graph_nodes(dataset) -> list:
     from tensorflow.core.framework import graph_pb2
 
