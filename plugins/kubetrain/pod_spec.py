@@ -41,6 +41,7 @@ from kubetrain.pod_sizing import (
     dataset_bytes_of,
     quantity,
     scratch_sizes,
+    size_bytes,
     sync_grace,
 )
 from kubetrain.s3_layout import DEFAULT_S3_SECRET, prepared_uri_of
@@ -455,6 +456,9 @@ def contract_env(config: TrainingPodConfig) -> list[k8s.V1EnvVar]:
         values[Env.DATASET_MANIFEST] = config.dataset_manifest
     if config.dataset_version:
         values[Env.DATASET_VERSION] = config.dataset_version
+    data = scratch_sizes(config).data
+    if data is not None:
+        values[Env.DATA_SIZE_BYTES] = str(size_bytes("data_size", data))
     return [k8s.V1EnvVar(name=k, value=v) for k, v in values.items()]
 
 

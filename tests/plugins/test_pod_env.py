@@ -29,6 +29,7 @@ def written_by_pod_spec(early_stopping: object = None) -> dict[str, list[str]]:
         run_uri="s3://training/runs/train_x/manual__1",
         dataset_manifest="s3://training/manifests/d/0123456789abcdef.json",
         dataset_version="0123456789abcdef",
+        dataset_bytes=1 << 30,
         cache_claim="dataset-cache",
         gpus=1,
         early_stopping=early_stopping

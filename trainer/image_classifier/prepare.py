@@ -35,7 +35,7 @@ import secrets
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
@@ -291,7 +291,9 @@ def prepare_images(
         except ValueError as exc:
             log.warning("refusing the prepared copy %s (%s); preparing it again", path, exc)
             _remove(path)
-    return make_prepared(data_dir, config, location, fingerprint, shard_bytes=shard_bytes)
+    return make_prepared(
+        data_dir, config, location, fingerprint, shard_bytes=shard_bytes, data_limit=data_size_limit(environ)
+    )
 
 
 def open_prepared(path: Path, key: str, fingerprint: str, data_dir: Path) -> PreparedImages:
@@ -449,6 +451,64 @@ def _chunks(items: Sequence[int], n: int) -> Iterator[Sequence[int]]:
         yield items[start : start + n]
 
 
+def data_size_limit(environ: Mapping[str, str] | None = None) -> int | None:
+    """Bytes DATA_DIR may hold (``KUBETRAIN_DATA_SIZE_BYTES``, its emptyDir's sizeLimit); ``None``: no limit."""
+    env = os.environ if environ is None else environ
+    text = env.get(Env.DATA_SIZE_BYTES)
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        log.warning(
+            "%s=%r is not a byte count: the prepared copy's room is not checked", Env.DATA_SIZE_BYTES, text
+        )
+        return None
+
+
+def _allocated_bytes(root: Path) -> int:
+    """Bytes the files under ``root`` take on disk (allocated blocks, as the kubelet's du counts them)."""
+    total, folders = 0, [str(root)]
+    while folders:
+        try:
+            entries = list(os.scandir(folders.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                folders.append(entry.path)
+            else:
+                total += entry.stat(follow_symlinks=False).st_blocks * 512
+    return total
+
+
+def check_room(
+    data_dir: Path, location: Path, images: int, size: int, channels: int, limit: int | None
+) -> None:
+    """Refuse, before decoding anything, a prepared copy that cannot fit in DATA_DIR's ``limit``.
+
+    The kubelet evicts a pod whose /data outgrows its sizeLimit, minutes into the preparation; this
+    says at once how much /data needs. A copy kept outside DATA_DIR (``KUBETRAIN_PREPARED_DIR``) is
+    not checked.
+
+    Raises:
+        DataError: naming the copy's size, what /data holds and the ``data_size`` to set.
+    """
+    if limit is None or not location.resolve().is_relative_to(data_dir.resolve()):
+        return
+    needed = images * record_bytes(size, channels)
+    used = _allocated_bytes(data_dir)
+    if used + needed <= limit:
+        return
+    gib = 1 << 30
+    raise DataError(
+        f"the prepared copy of {images:,} images at {size} px needs {needed / gib:.1f} GiB in {data_dir}, "
+        f"which already holds {used / gib:.1f} GiB of the {limit / gib:.1f} GiB it may: set the DAG's "
+        f"data_size to at least {-(-(used + needed) // gib) + 1}Gi (made once per dataset version, the copy "
+        "is then in S3 and later runs size /data for it)"
+    )
+
+
 def make_prepared(
     data_dir: Path,
     config: ClassifierConfig,
@@ -456,17 +516,20 @@ def make_prepared(
     fingerprint: str,
     *,
     shard_bytes: int = SHARD_BYTES,
+    data_limit: int | None = None,
 ) -> PreparedImages:
     """Scan DATA_DIR, decode each image once, and publish the copy at ``location/<key>`` atomically.
 
     Memory holds one chunk of decoded images (a few per worker thread), whatever the dataset's size.
 
     Raises:
-        DataError: as the scan does (no classes, a single class, no readable image).
+        DataError: as the scan does (no classes, a single class, no readable image), or when the copy
+            cannot fit in ``data_limit`` bytes of DATA_DIR (:func:`check_room`).
     """
     size, channels = config.image_size, config.channels
     key = preprocessing_key(size, channels)
     folder: ImageFolder = scan_image_folder(data_dir, config.verify_workers)
+    check_room(data_dir, location, len(folder.files), size, channels, data_limit)
     try:
         location.mkdir(parents=True, exist_ok=True)
         tmp = location / f".tmp-{key}-{secrets.token_hex(4)}"

@@ -32,6 +32,8 @@ class Env:
     # reads and writes them, and the S3 prefix the stage-in downloads them from and the sidecar uploads to
     PREPARED_DIR = "KUBETRAIN_PREPARED_DIR"
     PREPARED_URI = "KUBETRAIN_PREPARED_URI"
+    # bytes /data may hold (its emptyDir's sizeLimit): the trainer refuses a prepared copy that cannot fit
+    DATA_SIZE_BYTES = "KUBETRAIN_DATA_SIZE_BYTES"
     STOP_FILE = "KUBETRAIN_STOP_FILE"
     # the checkpoint-sync sidecar's settings, and the pod's name (a fieldRef) for its pass manifests
     SYNC_INTERVAL = "KUBETRAIN_SYNC_INTERVAL"

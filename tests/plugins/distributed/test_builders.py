@@ -224,6 +224,10 @@ def test_replica_pods_write_the_contract_plus_the_cluster_variables():
         if "base" in s["containers"] and not s["description"].startswith("Sweep trials")
     }
     expected |= set(contract["written_for_replicas"])
-    for role, template in templates(build("indexed_job", SPECS["ps"])).items():
+    sized = dataclasses.replace(CONFIG, dataset_bytes=1024**3)  # /data sized: KUBETRAIN_DATA_SIZE_BYTES too
+    submission = builders.build(
+        "indexed_job", sized, SPECS["ps"], name="kt-x-1234-1", namespace="kubetrain", labels=LABELS
+    )
+    for role, template in templates(submission).items():
         names = {e["name"] for e in template["spec"]["containers"][0]["env"]}
         assert names == expected, role

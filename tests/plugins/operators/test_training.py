@@ -535,9 +535,10 @@ class XComTaskInstance(TaskInstance):
 
 
 @pytest.mark.parametrize("dag_file", ["train_image_classifier.py", "train_dialogue_transformer.py"])
-@pytest.mark.parametrize(("data_size", "data", "base"), [(None, "41Gi", "48Gi"), ("100Gi", "100Gi", "107Gi")])
+@pytest.mark.parametrize(("data_size", "data", "base"), [(None, "44Gi", "51Gi"), ("100Gi", "100Gi", "107Gi")])
 def test_the_training_dags_size_the_pod_from_the_staged_dataset(airflow_env, dag_file, data_size, data, base):
-    """The DAG's train task gets the stage task's total_bytes and the data_size Param."""
+    """The DAG's train task gets the stage task's total_bytes and prepared_bytes (2 x 20Gi + 3Gi + the
+    1Gi margin) and the data_size Param, which wins."""
     from airflow.dag_processing.dagbag import DagBag
 
     bag = DagBag(dag_folder=str(REPO / "dags" / dag_file))
@@ -546,6 +547,7 @@ def test_the_training_dags_size_the_pod_from_the_staged_dataset(airflow_env, dag
     train = dag.get_task("train")
     xcoms = {
         ("stage_dataset", "total_bytes"): 20 * GI,
+        ("stage_dataset", "prepared_bytes"): 3 * GI,
         ("stage_dataset", "manifest_uri"): "s3://training/manifests/digits/3f2a9c0d1e4b5a69.json",
         ("stage_dataset", "version"): "3f2a9c0d1e4b5a69",
         ("check_new", "image"): TRAINER,

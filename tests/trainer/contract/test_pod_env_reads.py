@@ -54,6 +54,7 @@ def read_by_pod_side(tmp_path_factory) -> set[str]:
     from trainer.common.config import TrainerConfig, parse_config
     from trainer.common.contract import RunInfo
     from trainer.common.signals import StopRequest
+    from trainer.image_classifier.prepare import data_size_limit
     from trainer.sync.__main__ import build_parser
     from trainer.sync.s3 import target_gbps
     from trainer.sync.sidecar import SyncConfig
@@ -75,6 +76,7 @@ def read_by_pod_side(tmp_path_factory) -> set[str]:
         SyncConfig(run=S3Uri("training", "runs/x/y"), dirs={})
         target_gbps()
         tf_config()
+        data_size_limit()  # the image classifier's prepared copy
     return {name for name in env.read if CONTRACT_NAME.match(name)}
 
 

@@ -241,3 +241,37 @@ def test_a_copy_another_process_published_first_is_used(tmp_path, folder, caplog
     assert "published the prepared copy" in caplog.text and "first; using it" in caplog.text
     assert second.path == first.path and second.manifest == first.manifest
     assert [p.name for p in location.iterdir()] == [first.path.name]
+
+
+def test_a_copy_that_cannot_fit_in_data_is_refused_before_anything_is_decoded(tmp_path, folder):
+    from kubetrain_contract.pod import Env
+    from trainer.common.contract import DataError
+
+    data = tmp_path / "data"
+    shutil.copytree(folder, data)
+    location = data / ".kubetrain-prepared"
+    config = config_for(data, tmp_path, image_size=224)
+    images = 2 * PER_CLASS + 1  # the truncated JPEG's header is whole: it is counted until decoded
+    needed = images * prepare.record_bytes(224, 3)
+    used = prepare._allocated_bytes(data)
+
+    before = decodes()
+    with pytest.raises(DataError) as refused:
+        prepare_images(data, config, location, environ={Env.DATA_SIZE_BYTES: str(used + needed - 4096)})
+    assert decodes() == before
+    assert f"the prepared copy of {images} images at 224 px needs" in str(refused.value)
+    assert f"set the DAG's data_size to at least {-(-(used + needed) // (1 << 30)) + 1}Gi" in str(
+        refused.value
+    )
+    assert not location.exists() or not any(location.iterdir())
+
+    made = prepare_images(
+        data, config, location, environ={Env.DATA_SIZE_BYTES: str(used + needed + (1 << 20))}
+    )
+    assert made.made and prepare._allocated_bytes(data) <= used + needed + (1 << 20)
+
+    # a copy kept outside DATA_DIR is not /data's concern
+    elsewhere = prepare_images(
+        data, config_for(data, tmp_path), tmp_path / "elsewhere", environ={Env.DATA_SIZE_BYTES: "1"}
+    )
+    assert elsewhere.made
