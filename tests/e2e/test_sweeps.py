@@ -235,14 +235,16 @@ def test_grid_sweep_a_killed_trial_promotion_and_reuse(sweeps_airflow, devstack,
     assert stamps == sorted(stamps), timing
     assert datetime.fromisoformat(timing["base"]["finished"]) <= stamps[0], timing
 
-    # the prepared copy (#54), counted by each trial's trainer in its metrics.json: trials run 2 at a
-    # time, so the first two may both decode (neither finds a copy in S3: the sidecar uploads one only
-    # once it is made); every pod that starts after a trial's pod ended finds the copy its sidecar
-    # uploaded and decodes nothing: trials 2 and 3, and the killed trial's replacement pod
+    # the prepared copy (#54), counted by each trial's trainer in its metrics.json: the trials start in
+    # any order, 2 at a time, so the first pod of each of the first two may decode (neither finds a copy
+    # in S3: a sidecar uploads one once it is made); every later pod finds the copy and decodes nothing,
+    # the killed trial's replacement pod (whose metrics.json this is) among them
     prepared = {n: metrics_of(s3, trials[n]["run_uri"])["prepared"] for n in range(4)}
     reused = {"made": False, "decoded": 0}
-    assert [prepared[n] for n in (0, 2, 3)] == [reused] * 3, prepared
-    assert prepared[1] in (reused, {"made": True, "decoded": DIGITS}), prepared
+    makers = sorted(n for n, p in prepared.items() if p["made"])
+    assert all(prepared[n] == {"made": True, "decoded": DIGITS} for n in makers), prepared
+    assert all(prepared[n] == reused for n in prepared if n not in makers), prepared
+    assert len(makers) <= 2 and 0 not in makers, prepared
     copies_prefix = prepared_uri_of(plan["dataset"]["manifest"]).removeprefix("s3://training/")
     copies = [k for k in keys(s3, copies_prefix) if k.endswith("/manifest.json")]
     assert len(copies) == 1, copies  # one preprocessing (16 px, 3 channels): one copy, however many made it
