@@ -19,13 +19,12 @@ import jsonschema
 import pytest
 import yaml
 
+from include.devstack.kubeapi.openapi import KUEUE_CRD_SCHEMAS, closed_schema
 from kubetrain.operators.distributed import KUEUE_FRAMEWORKS
 from kubetrain.settings import SETTINGS
 
 REPO = Path(__file__).resolve().parents[2]
-SCHEMAS = json.loads(
-    (REPO / "include" / "devstack" / "kubeapi" / "kueue-v0.19.2-crd-schemas.json").read_text()
-)["kinds"]
+SCHEMAS = json.loads(KUEUE_CRD_SCHEMAS.read_text())["kinds"]
 # the top-level keys of the v0.19.2 chart's default manager configuration, which the values replace wholesale
 CHART_DEFAULT_KEYS = {
     "apiVersion",
@@ -40,37 +39,13 @@ CHART_DEFAULT_KEYS = {
 }
 
 
-def strict(schema: dict) -> dict:
-    """The schema with unknown fields refused wherever it lists an object's fields (what strict field
-    validation does; Kubernetes' structural schemas otherwise prune them)."""
-    schema = copy.deepcopy(schema)
-
-    def walk(node):
-        if isinstance(node, dict):
-            if (
-                node.get("type") == "object"
-                and "properties" in node
-                and "additionalProperties" not in node
-                and not node.get("x-kubernetes-preserve-unknown-fields")
-            ):
-                node["additionalProperties"] = False
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(schema)
-    # metadata is type: object without properties in a CRD; the API server checks it, not the schema
-    return schema
-
-
 def validate(doc: dict) -> None:
     group, _, version = doc["apiVersion"].partition("/")
     assert group == "kueue.x-k8s.io", doc["apiVersion"]
     versions = SCHEMAS[doc["kind"]]
     assert version in versions, f"{doc['kind']} {version} is not served by Kueue v0.19.2: {sorted(versions)}"
-    jsonschema.validate(doc, strict(versions[version]))
+    # unknown fields refused wherever the schema lists an object's fields, as strict field validation does
+    jsonschema.validate(doc, closed_schema(versions[version]))
 
 
 @pytest.fixture(scope="module")

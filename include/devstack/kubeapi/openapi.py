@@ -75,14 +75,14 @@ def _crd_schemas() -> dict:
     return json.loads(KUEUE_CRD_SCHEMAS.read_text())["kinds"]
 
 
-def _closed(node):
+def closed_schema(node):
     """A CRD schema with unknown fields refused wherever it lists an object's fields (what the API server
     prunes, or refuses under ``fieldValidation=Strict``)."""
     if isinstance(node, list):
-        return [_closed(n) for n in node]
+        return [closed_schema(n) for n in node]
     if not isinstance(node, dict):
         return node
-    out = {k: _closed(v) for k, v in node.items()}
+    out = {k: closed_schema(v) for k, v in node.items()}
     if (
         out.get("type") == "object"
         and "properties" in out
@@ -104,7 +104,7 @@ def _crd_check(res: Resource, obj: dict, mode: str) -> list[str]:
         return []
     name = (obj.get("metadata") or {}).get("name", "")
     unknown: list[str] = []
-    for error in jsonschema.Draft7Validator(_closed(schema)).iter_errors(obj):
+    for error in jsonschema.Draft7Validator(closed_schema(schema)).iter_errors(obj):
         if error.validator != "additionalProperties" or not isinstance(error.instance, dict):
             continue
         for key in [k for k in error.instance if k not in (error.schema.get("properties") or {})]:
