@@ -45,7 +45,12 @@ SWEEP_DAG_ID = "sweep_custom_script"
 BATCH_SIZE = 32  # train.py's default
 VALIDATION_SPLIT = 0.2  # train.py's
 EPOCHS = 5  # the preempted run's
-SWEEP_EPOCHS = 3
+# the sweep's epochs: ASHA judges at the first; the rest is the window in which the stop must land.
+# The stop reaches the pod about a second or two after the epoch-1 report (the sidecar's pass at
+# sync_interval 1, its rung decision, the callback's next batch), and an epoch of 45 steps takes
+# under a second on a fast machine: with 3 epochs a fresh-clone CI run saw the bad trial close its
+# third epoch (cut short, at step 123 of 135) before the stop arrived.
+SWEEP_EPOCHS = 8
 
 
 def steps_per_epoch(images: int) -> int:
@@ -154,7 +159,7 @@ def test_asha_stops_the_example_at_its_first_rung(kit_airflow, keras_image, kera
     ], good_history
     UNINTERRUPTED.update(steps_per_epoch=per_epoch, run_uri=trained["run_uri"])
 
-    # asha over both: rungs at 1 report (eta 3, 3 epochs at full training); 2 trials at rung 1,
+    # asha over both: rungs at 1 and 3 reports (eta 3, 8 epochs at full training); 2 trials at rung 1,
     # the top max(1, 2 // 3) = 1 goes on, so 1e-6 stops at its first epoch's report
     asha = {
         **base,
