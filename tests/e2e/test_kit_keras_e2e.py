@@ -10,8 +10,8 @@ generator writes (1,797 images at 16 px: 45 optimizer steps an epoch at the exam
   epoch reports the callback writes.
 * A low-priority run of dags/example_keras_model.py preempted through the Kueue stand-in in its
   second epoch: the callback checkpoints at the next batch and exits 75, the replacement pod (same
-  try) resumes at that step, not at the epoch's start, and the run ends with as many optimizer
-  steps as an uninterrupted one.
+  try) resumes at that step (inside an epoch, when the SIGTERM lands there, not at the epoch's
+  start), and the run ends with as many optimizer steps as an uninterrupted one.
 * That run's report: a curve per epoch metric (loss, accuracy), and the history table's epochs.
 """
 
@@ -239,8 +239,13 @@ def test_preempted_mid_epoch_it_resumes_at_its_step_in_the_same_try(preempted_ru
         f"no checkpoint on SIGTERM in the preempted pod's log:\n{seen.get('preempted_log', '')[-3000:]}"
     )
     step = saved[0]
-    # in its second epoch or later (the first was done), and not at an epoch's boundary
-    assert step > per_epoch and step % per_epoch, (step, per_epoch)
+    # in its second epoch or later (the first was done). Where in the epoch is up to the machine: the
+    # SIGTERM comes a second or two after the "Epoch 2/5" line, and an epoch of 45 steps takes about
+    # that on a quiet machine (a quiet run saved at step 90, epoch 2's last batch). That a step inside
+    # an epoch resumes there, with the epoch's remaining batches only, is the callback's own test
+    # (tests/trainer/contract/test_keras_callback.py); here, whatever the step, the replacement pod
+    # goes on from it and the run ends with an uninterrupted run's steps.
+    assert step > per_epoch, (step, per_epoch)
 
     prefix = s3_key(run.xcom("train", key="run_uri"))
     metrics = read_json(s3, f"{prefix}/output/metrics.json")
