@@ -10,8 +10,8 @@ generator writes (1,797 images at 16 px: 45 optimizer steps an epoch at the exam
   epoch reports the callback writes.
 * A low-priority run of dags/example_keras_model.py preempted through the Kueue stand-in in its
   second epoch: the callback checkpoints at the next batch and exits 75, the replacement pod (same
-  try) resumes at that step (inside an epoch, when the SIGTERM lands there, not at the epoch's
-  start), and the run ends with as many optimizer steps as an uninterrupted one.
+  try) resumes at that step, not at the epoch's start, and the run ends with as many optimizer
+  steps as an uninterrupted one.
 * That run's report: a curve per epoch metric (loss, accuracy), and the history table's epochs.
 """
 
@@ -195,10 +195,28 @@ def test_asha_stops_the_example_at_its_first_rung(kit_airflow, keras_image, kera
     assert_no_pods_left(core, SWEEP_DAG_ID)
 
 
+def sigterm_steps(seen: dict, run) -> list[int]:
+    """The steps the preempted pod's callback said it saved at on SIGTERM."""
+    pattern = r"SIGTERM: checkpoint written at step (\d+), exiting 75"
+    return [int(s) for s in re.findall(pattern, seen.get("preempted_log", "") + run.output)]
+
+
+# runs of the preempted scenario at most: one more each time the SIGTERM lands on an epoch's last batch
+PREEMPT_ATTEMPTS = 3
+
+
 @pytest.fixture(scope="module")
 def preempted_run(kit_airflow, keras_image, keras_digits, core):  # noqa: F811
-    """A low-priority run of the guide's DAG, preempted in its second epoch: ``(run, seen)``."""
-    dataset, _ = keras_digits
+    """A low-priority run of the guide's DAG, preempted inside its second epoch or a later one: ``(run, seen)``.
+
+    The SIGTERM comes a second or two after the pod's "Epoch 2/5" line, and an epoch of 45 steps
+    takes about that on a quiet machine, so where it lands is the machine's: on a quiet run it landed
+    on epoch 2's last batch (saved at step 90), whose resume is an epoch's end, not the mid-epoch one
+    this module is about. Such a run is a valid run, but it did not exercise that: the scenario
+    is run again, a new DAG run, at most PREEMPT_ATTEMPTS times in all.
+    """
+    dataset, images = keras_digits
+    per_epoch = steps_per_epoch(images)
     conf = {
         "dataset_uri": dataset,
         "model_name": "e2e-kit-keras",
@@ -209,12 +227,20 @@ def preempted_run(kit_airflow, keras_image, keras_digits, core):  # noqa: F811
         "queue": "training",
         "priority": "low",
     }
-    # preempted once the pod has begun its second epoch (Keras' "Epoch 2/N" line)
-    with preempting(core, DAG_ID, ready=lambda log: f"Epoch 2/{EPOCHS}" in log, poll_s=0.2) as seen:
-        run = kit_airflow.dags_test(DAG_ID, conf, **FAST)
-    assert "preempted" in seen, "the run was never preempted: the test did not exercise Kueue"
-    assert run.returncode == 0 and run.state() == "success", run.output[-6000:]
-    return run, seen
+    landed = []
+    for _ in range(PREEMPT_ATTEMPTS):
+        # preempted once the pod has begun its second epoch (Keras' "Epoch 2/N" line)
+        with preempting(core, DAG_ID, ready=lambda log: f"Epoch 2/{EPOCHS}" in log, poll_s=0.2) as seen:
+            run = kit_airflow.dags_test(DAG_ID, conf, **FAST)
+        assert "preempted" in seen, "the run was never preempted: the test did not exercise Kueue"
+        assert run.returncode == 0 and run.state() == "success", run.output[-6000:]
+        saved = sigterm_steps(seen, run)
+        if not saved or saved[0] % per_epoch:  # none: the test says what the pod's log lacks
+            return run, seen
+        landed.append(saved[0])
+    pytest.fail(
+        f"each preemption landed on an epoch's end ({per_epoch} steps an epoch): the steps saved {landed}"
+    )
 
 
 def test_preempted_mid_epoch_it_resumes_at_its_step_in_the_same_try(preempted_run, keras_digits, core, s3):  # noqa: F811
@@ -228,24 +254,13 @@ def test_preempted_mid_epoch_it_resumes_at_its_step_in_the_same_try(preempted_ru
     assert seen.get("requeued"), seen  # the replacement waited behind the high-priority workload
 
     # the preempted pod saved at the batch after SIGTERM and exited with the preempted code
-    saved = [
-        int(s)
-        for s in re.findall(
-            r"SIGTERM: checkpoint written at step (\d+), exiting 75",
-            seen.get("preempted_log", "") + run.output,
-        )
-    ]
+    saved = sigterm_steps(seen, run)
     assert saved, (
         f"no checkpoint on SIGTERM in the preempted pod's log:\n{seen.get('preempted_log', '')[-3000:]}"
     )
     step = saved[0]
-    # in its second epoch or later (the first was done). Where in the epoch is up to the machine: the
-    # SIGTERM comes a second or two after the "Epoch 2/5" line, and an epoch of 45 steps takes about
-    # that on a quiet machine (a quiet run saved at step 90, epoch 2's last batch). That a step inside
-    # an epoch resumes there, with the epoch's remaining batches only, is the callback's own test
-    # (tests/trainer/contract/test_keras_callback.py); here, whatever the step, the replacement pod
-    # goes on from it and the run ends with an uninterrupted run's steps.
-    assert step > per_epoch, (step, per_epoch)
+    # in its second epoch or later (the first was done), and not at an epoch's boundary
+    assert step > per_epoch and step % per_epoch, (step, per_epoch)
 
     prefix = s3_key(run.xcom("train", key="run_uri"))
     metrics = read_json(s3, f"{prefix}/output/metrics.json")
