@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -84,13 +85,14 @@ class CrtTransfers:
             received[offset : offset + len(chunk)] = chunk
 
         handle = CrtHandle(S3Uri(bucket, key), None, lambda c, o: None)
+        handle.sent = io.BytesIO(body) if body else None
         handle.request = crt.make_request(
             type=S3RequestType.DEFAULT,
             request=HttpRequest(
                 method,
                 f"{path}?{query}" if query else path,
                 HttpHeaders([("host", host), ("content-length", str(len(body))), *extra]),
-                io.BytesIO(body) if body else None,
+                handle.sent,
             ),
             operation_name=operation,
             signing_config=self._payload_signing(region, payload_sha256) if payload_sha256 else None,
@@ -372,6 +374,7 @@ class CrtHandle:
         self._running.acquire()
         self.error: BaseException | None = None
         self.request = None
+        self.sent: io.BytesIO | None = None  # the body a request sends, closed as it ends
         self._seen_headers = False
         self.status = 0  # of a failed response
         self.error_headers: dict[str, str] = {}
@@ -460,5 +463,12 @@ class CrtHandle:
         # collector would break, and it runs by object counts, not bytes (56 parts of 16 MiB stayed alive: the
         # sidecar's memory grew with the files it uploaded). Dropping the request frees the body now.
         self.request = None
+        # The CRT keeps the request's Python parts (its body stream among them) until its own clean-up on
+        # its event-loop thread, which a loaded machine delays; once in CI a part's request was still alive
+        # a minute after its call had returned. The request is over: the engine reads no more of the body,
+        # and closing the stream lets its bytes go whatever still holds the stream.
+        if self.sent is not None:
+            self.sent.close()
+            self.sent = None
         if self.error is not None:
             raise self.error
