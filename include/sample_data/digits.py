@@ -7,7 +7,7 @@ are not readable images (truncated PNGs, random bytes, text, empty files) spread
 class folders, to exercise the classifier's skipping. Same arguments, same bytes: entry
 timestamps are fixed and the order is sorted.
 
-Usage: python -m include.sample_data.digits --out digits.zip [--size 32] [--corrupt 4]
+Usage: python -m include.sample_data.digits --out digits.zip [--size 32] [--corrupt 4] [--shifts 8]
 """
 
 from __future__ import annotations
@@ -28,8 +28,19 @@ TOP = "digits"
 CORRUPT_KINDS = ("truncated", "garbage", "text", "empty")
 
 
-def digit_pngs(size: int, classes: list[int], per_class: int | None) -> list[tuple[str, bytes]]:
-    """(archive name, PNG bytes) for every selected digit image, in a stable order."""
+# Whole-pixel shifts of the 8x8 digits, the first the original: --shifts K writes each digit at the first K.
+SHIFTS = ((0, 0), (1, 0), (-1, 0), (0, 1), (0, -1), (1, 1), (-1, -1), (1, -1), (-1, 1))
+
+
+def digit_pngs(
+    size: int, classes: list[int], per_class: int | None, shifts: int = 1
+) -> list[tuple[str, bytes]]:
+    """(archive name, PNG bytes) for every selected digit image, in a stable order.
+
+    With ``shifts`` above 1, each digit is also written moved by one pixel of its 8x8 grid in the next
+    ``shifts - 1`` directions of :data:`SHIFTS` (``<label>_<index>_s<k>.png``): a larger dataset of the
+    same digits, for what must be measured at more than 1,797 images.
+    """
     digits = load_digits()
     counts: dict[int, int] = {}
     entries = []
@@ -40,10 +51,13 @@ def digit_pngs(size: int, classes: list[int], per_class: int | None) -> list[tup
         counts[label] = counts.get(label, 0) + 1
         # Values are 0..16 ink intensities; stretch to the 8-bit range before upscaling.
         gray = np.clip(np.rint(pixels * (255.0 / 16.0)), 0, 255).astype(np.uint8)
-        image = Image.fromarray(gray, mode="L").resize((size, size), Image.Resampling.BICUBIC)
-        buf = io.BytesIO()
-        image.save(buf, format="PNG", optimize=False)
-        entries.append((f"{TOP}/{label}/{label}_{index:04d}.png", buf.getvalue()))
+        for k, (dx, dy) in enumerate(SHIFTS[:shifts]):
+            moved = np.roll(gray, (dy, dx), axis=(0, 1)) if k else gray
+            image = Image.fromarray(moved, mode="L").resize((size, size), Image.Resampling.BICUBIC)
+            buf = io.BytesIO()
+            image.save(buf, format="PNG", optimize=False)
+            name = f"{label}_{index:04d}" + (f"_s{k}" if k else "")
+            entries.append((f"{TOP}/{label}/{name}.png", buf.getvalue()))
     return entries
 
 
@@ -107,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--per-class", type=int, default=None, help="at most this many images per class")
     parser.add_argument("--seed", type=int, default=0, help="seed of the corrupt files' bytes (default: 0)")
+    parser.add_argument(
+        "--shifts",
+        type=int,
+        default=1,
+        help=f"write each digit at this many positions, 1 to {len(SHIFTS)}: itself, then moved a pixel "
+        "(default: 1)",
+    )
     args = parser.parse_args(argv)
     if not 8 <= args.size <= 1024:
         parser.error(f"--size must be from 8 to 1024 pixels, got {args.size}")
@@ -114,10 +135,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--corrupt must be >= 0, got {args.corrupt}")
     if args.per_class is not None and args.per_class < 1:
         parser.error(f"--per-class must be >= 1, got {args.per_class}")
+    if not 1 <= args.shifts <= len(SHIFTS):
+        parser.error(f"--shifts must be from 1 to {len(SHIFTS)}, got {args.shifts}")
     if args.out.suffix != ".zip":
         parser.error(f"--out must name a .zip file, got {str(args.out)!r}")
 
-    images = digit_pngs(args.size, args.classes, args.per_class)
+    images = digit_pngs(args.size, args.classes, args.per_class, args.shifts)
     broken = corrupt_files(args.corrupt, args.classes, images[0][1], args.seed)
     write_zip(args.out, images + broken)
     print(

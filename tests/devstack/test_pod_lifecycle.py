@@ -12,6 +12,8 @@ import pytest
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
+from include.devstack.kubeapi.cluster import memory_cgroup_usable
+
 from .support import simple_pod, wait_for, wait_phase
 
 NS = "default"
@@ -406,17 +408,7 @@ def test_node_reports_the_machine(core):
     assert nodes[0].status.capacity["cpu"] and nodes[0].status.conditions[0].type == "Ready"
 
 
-def _memory_cgroup_usable() -> bool:
-    import os
-    from pathlib import Path
-
-    v1, v2 = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/cgroup.controllers")
-    if (v1 / "memory.limit_in_bytes").exists():
-        return os.access(v1, os.W_OK)
-    return v2.exists() and "memory" in v2.read_text().split() and os.access(v2.parent, os.W_OK)
-
-
-@pytest.mark.skipif(not _memory_cgroup_usable(), reason="no writable memory cgroup on this machine")
+@pytest.mark.skipif(not memory_cgroup_usable(), reason="no writable memory cgroup on this machine")
 def test_memory_limit_is_enforced_with_oomkilled(core):
     body = simple_pod("hog", "", image="python:3.11")
     body["spec"]["containers"][0].update(

@@ -1,5 +1,5 @@
 """The prepared image copy on the dev stack: made once per dataset version and reused by every later pod (a
-replacement pod of the same try, the next run on the same data).
+replacement pod of the same try, the next run on the same data), and read in bounded memory.
 
 Real parts throughout (the stack's S3, its Kubernetes API and kubelet, the trainer and sync images from the
 checkout). What a pod decoded is counted by the trainer itself (``images decoded by this run: N`` in its log,
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
+from include.devstack.kubeapi.cluster import memory_cgroup_usable
 from include.devstack.stack import NAMESPACE, s3_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -39,11 +40,15 @@ def core(devstack) -> client.CoreV1Api:
     )
 
 
-def upload_digits(s3, tmp: Path, prefix: str, size: int) -> str:
-    """The digits as PNGs of ``size`` px, zipped by the project's generator, uploaded under ``prefix``."""
+def upload_digits(s3, tmp: Path, prefix: str, size: int, shifts: int = 1) -> str:
+    """The digits as PNGs of ``size`` px (each at ``shifts`` positions), zipped by the project's generator,
+    uploaded under ``prefix``."""
     path = tmp / "digits.zip"
     subprocess.run(
-        [str(TRAINER_PYTHON), "-m", "include.sample_data.digits", "--out", str(path), "--size", str(size)],
+        [
+            *(str(TRAINER_PYTHON), "-m", "include.sample_data.digits", "--out", str(path)),
+            *("--size", str(size), "--shifts", str(shifts)),
+        ],
         cwd=REPO,
         check=True,
     )
@@ -154,3 +159,45 @@ def test_a_replaced_pod_and_the_next_run_reuse_the_prepared_copy(airflow, core, 
     # the copy in S3 is the first pod's: found, not uploaded again
     assert prepared_manifests(s3, killer.uri) == [manifest_key]
     assert s3.head_object(Bucket="training", Key=manifest_key)["ETag"] == uploaded
+
+
+@pytest.mark.skipif(
+    not memory_cgroup_usable(), reason="no memory cgroup here: the kubelet cannot enforce a limit"
+)
+def test_the_trainer_streams_a_dataset_larger_than_its_memory_limit(
+    airflow, core, s3, stack_images, tmp_path
+):
+    """The classifier trains an epoch of a dataset whose decoded images (14,376 at 224 px: 2.0 GiB) outgrow its
+    container's memory limit (1.5 GiB, enforced by the kubelet's cgroup: a pipeline that held the decoded
+    split, in a cache or a whole-split shuffle buffer, would be OOM-killed). The trainer image runs as a
+    custom container (the trainer's own DAG offers no Param for a CNN as small as this test needs); the
+    container prints the limit its cgroup holds, then execs the trainer."""
+    limit, size, images = 3 << 29, 224, DIGITS * 8
+    dataset = upload_digits(s3, tmp_path, "e2e-memory-limit", 32, shifts=8)
+    script = (
+        "for f in /sys/fs/cgroup/memory.max /sys/fs/cgroup/memory/memory.limit_in_bytes; do "
+        '[ -r "$f" ] && echo "memory limit seen by the container: $(cat "$f")"; done; '
+        f"exec python -m trainer.image_classifier --image-size {size} --filters 2 --batch-size 64 --epochs 1"
+    )
+    conf = {
+        "dataset_uri": dataset,
+        "model_name": "e2e-memory-limit",
+        "image": stack_images["trainer"].reference,
+        "command": ["sh", "-c"],
+        "args": [script],
+        "cpu": "2",
+        "memory": "1536Mi",
+        "data_size": "4Gi",
+        "promote": "never",
+        "metrics_required": True,
+    }
+    run = airflow.dags_test("train_custom_container", conf, **FAST)
+    assert run.returncode == 0 and run.state() == "success", run.output[-4000:]
+    assert f"memory limit seen by the container: {limit}" in run.output, run.output[-4000:]
+    prefix = run.xcom("train", key="run_uri").removeprefix("s3://training/")
+    metrics = read_json(s3, f"{prefix}/output/metrics.json")
+    assert metrics["prepared"] == {"made": True, "decoded": images}, metrics.get("prepared")
+    assert metrics["epochs"] == 1 and metrics["train_examples"] + metrics["val_examples"] == images
+    decoded = images * size * size * 3
+    assert decoded > limit * 1.25, decoded  # the dataset, decoded, is well over the limit ...
+    assert 0 < metrics["peak_rss_bytes"] < limit, metrics["peak_rss_bytes"]  # ... the trainer stayed under it

@@ -52,6 +52,23 @@ def write_history(path: Path, metric: str, history: list[dict[str, Any]]) -> Non
     write_csv_atomic(path, header, ([_csv_value(row[h]) for h in header] for row in history))
 
 
+def peak_rss_bytes() -> int | None:
+    """The trainer process's peak resident memory so far (what a pod's memory limit must hold, page cache
+    and other containers apart): the kernel's high-water mark of this process's memory, ``VmHWM``.
+
+    Not ``getrusage``'s ``ru_maxrss``, which keeps the mark of the image an ``exec`` replaced: a trainer
+    started from a large process (a test's, a notebook's) would report that process's memory.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    return None
+
+
 def metrics_document(
     *,
     trainer: str,
@@ -103,6 +120,7 @@ def metrics_document(
         "compute_s": result.throughput.get("compute_s"),
         "input_wait_fraction": result.throughput.get("input_wait_fraction"),
         "startup_s": result.throughput.get("startup_s"),
+        "peak_rss_bytes": peak_rss_bytes(),
         "devices": runtime.devices,
         "replicas": runtime.replicas,
         "strategy": runtime.mode,

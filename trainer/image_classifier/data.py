@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.common.contract import DataError
+from trainer.common.memory import container_memory_limit, tf_data_ram_budget
 
 if TYPE_CHECKING:
     import numpy as np
@@ -234,11 +235,12 @@ class ImagePipeline:
         self.val_count = int(self.val_mask.sum())
 
     def shuffle_buffer(self) -> int:
-        """Images in the per-epoch shuffle buffer: --shuffle-buffer, or what fits in SHUFFLE_BYTES."""
+        """Images in the per-epoch shuffle buffer: --shuffle-buffer, or what fits in SHUFFLE_BYTES (in an
+        eighth of the container's memory limit where that is less)."""
         n = max(1, self.train_count)
-        wanted = self.config.shuffle_buffer or max(
-            self.config.batch_size, self.SHUFFLE_BYTES // self.prepared.record_bytes
-        )
+        limit = container_memory_limit()
+        room = self.SHUFFLE_BYTES if limit is None else min(self.SHUFFLE_BYTES, limit // 8)
+        wanted = self.config.shuffle_buffer or max(self.config.batch_size, room // self.prepared.record_bytes)
         return min(wanted, n)
 
     def _records(self, shards: Sequence[str], mask: np.ndarray, cycle: int) -> tf.data.Dataset:
@@ -337,12 +339,24 @@ class ImagePipeline:
         else:
             # One cast per batch instead of one per image.
             ds = ds.map(lambda x, y: (tf.cast(x, tf.float32), y), num_parallel_calls=tf.data.AUTOTUNE)
-        return ds.prefetch(tf.data.AUTOTUNE)
+        return self._bounded(ds.prefetch(tf.data.AUTOTUNE))
 
     def val_dataset(self) -> tf.data.Dataset:
         """Validation batches, in a fixed order."""
         tf = self.tf
         ds = self._records(self.prepared.shard_paths(), self.val_mask, 1).batch(self.config.batch_size)
-        return ds.map(lambda x, y: (tf.cast(x, tf.float32), y), num_parallel_calls=tf.data.AUTOTUNE).prefetch(
-            tf.data.AUTOTUNE
+        return self._bounded(
+            ds.map(lambda x, y: (tf.cast(x, tf.float32), y), num_parallel_calls=tf.data.AUTOTUNE).prefetch(
+                tf.data.AUTOTUNE
+            )
         )
+
+    def _bounded(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+        """``ds`` with tf.data's buffers within a share of the container's memory limit, where it has one
+        (tf.data would otherwise budget half of the node's memory: trainer.common.memory)."""
+        budget = tf_data_ram_budget()
+        if budget is None:
+            return ds
+        options = self.tf.data.Options()
+        options.autotune.ram_budget = budget
+        return ds.with_options(options)

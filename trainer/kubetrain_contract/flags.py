@@ -616,8 +616,9 @@ IMAGE_CLASSIFIER = _trainer(
             "shuffle_buffer",
             "int",
             0,
-            "images in the training shuffle buffer (0: as many decoded images as fit in 256 MiB, at most the "
-            "training split); the prepared shards are also read in a new seeded order every epoch",
+            "images in the training shuffle buffer (0: as many decoded images as fit in 256 MiB, or in an eighth "
+            "of the container's memory limit if less, at most the training split); the prepared shards are "
+            "also read in a new seeded order every epoch",
             minimum=0,
             metavar="N",
             note="0: as many as fit in 256 MiB",

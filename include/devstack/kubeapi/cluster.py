@@ -45,6 +45,16 @@ def cgroup_hierarchies() -> list[Path]:
     return [base]
 
 
+def memory_cgroup_usable() -> bool:
+    """Whether this machine lets the kubelet put a container in a memory cgroup of its own (a writable v1
+    memory hierarchy, or a v2 root with the memory controller): where not, memory limits go unenforced."""
+    base = Path("/sys/fs/cgroup")
+    v1, v2 = base / "memory", base / "cgroup.controllers"
+    if (v1 / "memory.limit_in_bytes").exists():
+        return os.access(v1, os.W_OK)
+    return v2.exists() and "memory" in v2.read_text().split() and os.access(base, os.W_OK)
+
+
 class Cluster:
     def __init__(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+from pathlib import Path
 
 import pytest
 
@@ -169,3 +170,31 @@ def test_history_csv_has_one_row_per_epoch_and_leaves_nan_empty(tmp_path):
         rows = list(reader)
     assert [r["epoch"] for r in rows] == ["1", "2", "3"]
     assert rows[2]["val_loss"] == "" and rows[2]["val_accuracy"] == "0.123457"
+
+
+def test_peak_rss_is_the_processs_own_high_water_mark_in_bytes():
+    """metrics.json's ``peak_rss_bytes``, read in a fresh process that touched 300 MiB and freed them: above
+    300 MiB, and not the memory of the process that started it (this test's, with TensorFlow loaded, more
+    than the child's own: ``ru_maxrss`` would report that)."""
+    import resource
+    import subprocess
+    import sys
+
+    script = (
+        "from trainer.common.metrics_doc import peak_rss_bytes\n"
+        "block = b'x' * (300 * 1024 * 1024)\n"
+        "del block\n"
+        "print(peak_rss_bytes())\n"
+    )
+    ballast = b"y" * (700 * 1024 * 1024)  # so that this process is certainly the larger one
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[3],
+    )
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    del ballast
+    peak = int(out.stdout)
+    assert 300 * 1024 * 1024 <= peak < 600 * 1024 * 1024 < own, (peak, own)

@@ -203,6 +203,24 @@ def test_digits_generator_is_deterministic_and_injects_unreadable_files(tmp_path
             assert (image.format, image.size, image.mode) == ("PNG", (32, 32), "L")
 
 
+def test_digits_generator_writes_each_digit_at_several_positions(tmp_path):
+    """--shifts 3: each digit as itself (same name and bytes as without) and moved a pixel two ways."""
+    digits_data.main(["--out", str(tmp_path / "one.zip"), "--per-class", "2"])
+    digits_data.main(["--out", str(tmp_path / "three.zip"), "--per-class", "2", "--shifts", "3"])
+    with zipfile.ZipFile(tmp_path / "one.zip") as one, zipfile.ZipFile(tmp_path / "three.zip") as three:
+        originals = {n: one.read(n) for n in one.namelist()}
+        shifted = {n: three.read(n) for n in three.namelist()}
+    assert len(originals) == 20 and len(shifted) == 60
+    assert {n: shifted[n] for n in originals} == originals
+    assert len(set(shifted.values())) == 60  # every position is a different image
+    assert sorted(n for n in shifted if n.startswith("digits/0/0_0000"))[1:] == [
+        "digits/0/0_0000_s1.png",
+        "digits/0/0_0000_s2.png",
+    ]
+    with pytest.raises(SystemExit):
+        digits_data.main(["--out", str(tmp_path / "bad.zip"), "--shifts", "10"])
+
+
 def test_dialogue_generator_is_deterministic_in_both_formats(tmp_path):
     for name in ("a.tsv", "b.tsv", "c.jsonl"):
         assert dialogue_data.main(["--out", str(tmp_path / name), "--categories", "greetings,numbers"]) == 0

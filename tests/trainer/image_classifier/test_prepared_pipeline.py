@@ -147,6 +147,18 @@ def test_training_holds_no_cache_and_a_bounded_shuffle_buffer(copy, folder, monk
     assert pipeline_for(copy, folder, shuffle_buffer=10_000).shuffle_buffer() == pipeline.train_count
 
 
+def test_the_default_shuffle_buffer_takes_at_most_an_eighth_of_the_memory_limit(copy, folder, monkeypatch):
+    """A small pod's default buffer shrinks with its limit; a given --shuffle-buffer is kept as it is."""
+    from trainer.image_classifier import data
+
+    monkeypatch.setattr(ImagePipeline, "SHUFFLE_BYTES", 40 * copy.record_bytes)
+    monkeypatch.setattr(data, "container_memory_limit", lambda: 8 * 16 * copy.record_bytes)
+    assert pipeline_for(copy, folder, shuffle_buffer=0).shuffle_buffer() == 16
+    assert pipeline_for(copy, folder, shuffle_buffer=30).shuffle_buffer() == 30
+    monkeypatch.setattr(data, "container_memory_limit", lambda: 1 << 40)  # larger: the bytes' cap holds
+    assert pipeline_for(copy, folder, shuffle_buffer=0).shuffle_buffer() == 40
+
+
 def test_the_first_batches_and_each_half_epoch_mix_the_classes(copy, folder):
     # The scan lists the files class by class; the prepared copy stores them in a seeded random order.
     assert [label for _, label in copy.files[:PER_CLASS]] == [0] * PER_CLASS
