@@ -24,7 +24,6 @@ from trainer.common.contract import (
     TrainingDiverged,
     UsageError,
 )
-from trainer.common.memory import fix_mmap_threshold
 from trainer.common.signals import StopRequest
 
 log = logging.getLogger("kubetrain.trainer")
@@ -48,8 +47,6 @@ def setup_logging() -> None:
 def run(train: Callable[[StopRequest], None]) -> int:
     """Run ``train`` with SIGTERM handling and return the process exit code."""
     setup_logging()
-    # before the first image is allocated: blocks of an image's size then go back to the kernel when freed
-    fix_mmap_threshold()
     stop = StopRequest().install()
     try:
         train(stop)
