@@ -83,7 +83,8 @@ def test_input_wait_fraction_tells_a_slow_input_from_a_fast_one_on_two_replicas(
     assert proc.returncode == 0, proc.stderr[-3000:]
     fractions = json.loads(proc.stdout.strip().splitlines()[-1])
     # The slow input makes each step wait about 1 s for its batch; the fast one is always ready. On a loaded
-    # machine the fast input's reading rises (its producer thread waits for a core too: 0.41 beside two CPU
-    # hogs), but the slow one's stays far above it.
+    # machine the fast input's reading rises, as it should: its producer thread waits for a core too, and the
+    # steps truly wait for it (0.41 beside two CPU hogs, 0.62 beside two hogs, the Airflow side's suite and a
+    # training run). The slow one's stays far above it: that difference is what the figure is for.
     assert fractions["slow"] > 0.7, fractions
-    assert fractions["fast"] < 0.55 and fractions["slow"] > fractions["fast"] + 0.3, fractions
+    assert fractions["slow"] > fractions["fast"] + 0.3, fractions
