@@ -1,13 +1,12 @@
 """The trainer's memory in a pod: the container's limit, and what the input pipeline bounds by it.
 
-A pod's memory limit is its cgroup's; the kernel OOM-kills the container past it. Two things in the
-trainer's process do not see it on their own:
+A pod's memory limit is its cgroup's; the kernel OOM-kills the container past it. The classifier's
+input pipeline (trainer/image_classifier/data.py) sizes two things by it:
 
-* tf.data's autotuner sizes its buffers (prefetch, parallel maps) within a RAM budget of half of
-  ``/proc/meminfo``'s memory: the node's, not the pod's. :func:`tf_data_ram_budget` gives it a share
-  of the container's limit instead.
-* The default shuffle buffer (256 MiB of images) is capped at an eighth of the limit in a small pod
-  (trainer/image_classifier/data.py).
+* tf.data's autotuner, which on its own buffers (prefetch, parallel maps) within a RAM budget of half
+  of ``/proc/meminfo``'s memory: the node's, not the pod's. :func:`tf_data_ram_budget` gives it a
+  share of the container's limit instead.
+* The default shuffle buffer (256 MiB of images), capped at an eighth of the limit in a small pod.
 
 Not done: fixing glibc's mmap threshold. Once a block above its initial threshold (128 KiB) is freed,
 glibc raises the threshold, and the images streaming through the pipeline (150 KiB each at 224 px) are
