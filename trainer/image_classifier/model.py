@@ -109,12 +109,15 @@ def build_model(
 
 
 def classification_sums(model: keras.Model, batch: Any, training: bool) -> dict[str, tf.Tensor]:
-    """Per-replica loss and accuracy sums for a batch of (images, labels)."""
+    """Per-replica loss and accuracy sums for a batch of (uint8 images, labels) or, with --augment, of
+    (uint8 images, labels, augmentation draws): the augmentation runs here, in the step, on its device."""
     import keras
     import tensorflow as tf
 
-    images, labels = batch
-    probs = model(images, training=training)
+    from trainer.image_classifier.data import model_pixels
+
+    images, labels = batch[0], batch[1]
+    probs = model(model_pixels(images, batch[2] if len(batch) > 2 else None), training=training)
     losses = keras.losses.sparse_categorical_crossentropy(labels, probs)
     predicted = tf.argmax(probs, axis=-1, output_type=labels.dtype)
     n = tf.cast(tf.shape(labels)[0], tf.float32)
@@ -131,7 +134,9 @@ def confusion_matrix(model: keras.Model, dataset: tf.data.Dataset, num_classes: 
     import numpy as np
     import tensorflow as tf
 
-    predict = tf.function(lambda x: tf.argmax(model(x, training=False), axis=-1, output_type=tf.int32))
+    predict = tf.function(
+        lambda x: tf.argmax(model(tf.cast(x, tf.float32), training=False), axis=-1, output_type=tf.int32)
+    )
     matrix = np.zeros((num_classes, num_classes), dtype=np.int64)
     for images, labels in dataset:
         np.add.at(matrix, (labels.numpy(), predict(images).numpy()), 1)

@@ -13,7 +13,7 @@ from PIL import Image
 
 from trainer.image_classifier import prepare
 from trainer.image_classifier.config import ClassifierConfig
-from trainer.image_classifier.data import ImagePipeline, split_files
+from trainer.image_classifier.data import ImagePipeline, model_pixels, split_files
 from trainer.image_classifier.prepare import decodes, prepare_images
 
 PER_CLASS = 150
@@ -53,7 +53,8 @@ def pipeline_for(copy, folder, **overrides) -> ImagePipeline:
 
 
 def batches(dataset) -> list[tuple[np.ndarray, np.ndarray]]:
-    return [(x.numpy(), y.numpy()) for x, y in dataset]
+    """The (pixels, labels) the training step sees: with --augment, the batch's draws applied."""
+    return [(model_pixels(x, *draws).numpy(), y.numpy()) for x, y, *draws in dataset]
 
 
 @pytest.mark.parametrize("augment", [False, True], ids=["plain", "augmented"])
