@@ -1,12 +1,11 @@
 """The trainer's memory in a pod: the container's limit, and what the input pipeline bounds by it.
 
 A pod's memory limit is its cgroup's; the kernel OOM-kills the container past it. The classifier's
-input pipeline (trainer/image_classifier/data.py) sizes two things by it:
-
-* tf.data's autotuner, which on its own buffers (prefetch, parallel maps) within a RAM budget of half
-  of ``/proc/meminfo``'s memory: the node's, not the pod's. :func:`tf_data_ram_budget` gives it a
-  share of the container's limit instead.
-* The default shuffle buffer (256 MiB of images), capped at an eighth of the limit in a small pod.
+input pipeline (trainer/image_classifier/data.py) sizes tf.data's autotuner by it: on its own it
+buffers (prefetch, parallel maps) within a RAM budget of half of ``/proc/meminfo``'s memory, the
+node's, not the pod's; :func:`tf_data_ram_budget` gives it a share of the container's limit instead.
+The default training order holds no shuffle buffer (a permutation read record by record); a
+``--shuffle-buffer N`` holds N images, as asked.
 
 Not done: fixing glibc's mmap threshold. Once a block above its initial threshold (128 KiB) is freed,
 glibc raises the threshold, and the images streaming through the pipeline (150 KiB each at 224 px) are
@@ -27,7 +26,7 @@ CGROUP = Path("/sys/fs/cgroup")
 # cgroup v1 writes "no limit" as the largest page-aligned int64; anything this large is no limit.
 UNLIMITED = 1 << 60
 # The share of the container's limit that tf.data's buffers may take (TensorFlow's own default: half of
-# the machine's memory); the rest is TensorFlow, the model, the shuffle buffer and the batches in use.
+# the machine's memory); the rest is TensorFlow, the model, a --shuffle-buffer and the batches in use.
 TF_DATA_SHARE = 0.25
 
 

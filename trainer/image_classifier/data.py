@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.common.contract import DataError
-from trainer.common.memory import container_memory_limit, tf_data_ram_budget
+from trainer.common.memory import tf_data_ram_budget
 
 if TYPE_CHECKING:
     import numpy as np
@@ -173,6 +173,13 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch * 7_919 + 1) % (2**31 - 1)
 
 
+def record_order(seed: int, epoch: int, n: int) -> np.ndarray:
+    """A seeded permutation of ``n`` training records: one epoch's order, a function of (seed, epoch)."""
+    import numpy as np
+
+    return np.random.default_rng([seed, 0x0DE2, epoch]).permutation(n)
+
+
 def file_order(seed: int, epoch: int, n: int) -> list[int]:
     """A seeded permutation of ``n`` shards: one epoch's reading order."""
     import numpy as np
@@ -180,14 +187,84 @@ def file_order(seed: int, epoch: int, n: int) -> list[int]:
     return np.random.default_rng([seed, 0x5EED, epoch]).permutation(n).tolist()
 
 
-class ImagePipeline:
-    """tf.data input over the prepared copy's shards: memory bounded by the buffers, not the dataset.
+class RecordReader:
+    """Reads the prepared copy's records by number, each straight into its place in a batch.
 
-    Each epoch reads the shards in a seeded order (:func:`file_order`), a few at a time,
-    interleaved record by record, keeps the training split's records, and shuffles them
-    through a seeded buffer of bounded size (:meth:`shuffle_buffer`). The prepared copy wrote
-    the images in a seeded random order, so every shard mixes the classes and the first
-    batches of an epoch are balanced. The order is a function of (seed, epoch) alone: a resumed
+    One ``os.preadv`` per record puts its 8-byte header and its pixels into the batch's arrays:
+    the only copy of the pixels on the way to the training step is the kernel's, out of the page
+    cache. A tf.data pipeline that streams the shards as strings and unpacks them copies each
+    image three to five times; on the reference machine it read 3,650 images per CPU-second at
+    224 px, where gathering the same records from their files in numpy read 42,000 to 64,000.
+    Each record's header is checked against the record asked for, and a short read (a truncated
+    shard) is an error, never zeros.
+    """
+
+    def __init__(self, prepared: PreparedImages) -> None:
+        import numpy as np
+
+        self.width = prepared.record_bytes
+        manifest = prepared.manifest
+        self.shape = (manifest.image_size, manifest.image_size, manifest.channels)
+        self.starts = np.concatenate([[0], np.cumsum([s.records for s in manifest.shards])]).astype(np.int64)
+        self.paths = prepared.shard_paths()
+        self._fds: list[int] | None = None
+
+    def _open(self) -> list[int]:
+        if self._fds is None:
+            fds = [os.open(path, os.O_RDONLY) for path in self.paths]
+            self._fds = fds
+            import weakref
+
+            weakref.finalize(self, _close_all, fds)
+        return self._fds
+
+    def read(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The (uint8 images ``[n, size, size, channels]``, int32 labels) of ``records``, in their order."""
+        import numpy as np
+
+        fds = self._open()
+        records = np.asarray(records, dtype=np.int64)
+        images = np.empty((len(records), *self.shape), dtype=np.uint8)
+        heads = np.empty((len(records), 2), dtype="<i4")
+        shards = np.searchsorted(self.starts, records, side="right") - 1
+        offsets = (records - self.starts[shards]) * self.width
+        for k, (shard, offset) in enumerate(zip(shards.tolist(), offsets.tolist(), strict=True)):
+            head, pixels = memoryview(heads[k]).cast("B"), memoryview(images[k]).cast("B")
+            got = 0
+            while got < self.width:  # a read may return less than asked: read the rest
+                rest = [head[got:], pixels] if got < len(head) else [pixels[got - len(head) :]]
+                more = os.preadv(fds[shard], rest, offset + got)
+                if not more:
+                    raise DataError(
+                        f"{self.paths[shard]}: record {records[k]} ends after {got} of {self.width} bytes "
+                        "(a truncated shard); remove the prepared copy to have it made again"
+                    )
+                got += more
+        if not np.array_equal(heads[:, 0], records):
+            wrong = int(np.flatnonzero(heads[:, 0] != records)[0])
+            raise DataError(
+                f"the prepared copy's record {records[wrong]} holds record {heads[wrong, 0]}: "
+                "the copy is damaged; remove it to have it made again"
+            )
+        return images, heads[:, 1].astype(np.int32)
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+class ImagePipeline:
+    """tf.data input over the prepared copy: memory bounded by the batches in flight, not the dataset.
+
+    By default each epoch trains on the whole training split in a seeded permutation
+    (:func:`record_order`), read record by record where it lies in the copy
+    (:class:`RecordReader`): no shuffle buffer to fill or hold. With ``--shuffle-buffer N`` (for
+    storage where random reads are slow) each epoch instead reads the shards in a seeded order
+    (:func:`file_order`), a few at a time, interleaved record by record, keeps the training
+    split's records, and shuffles them through a seeded buffer of N images. The prepared copy
+    wrote the images in a seeded random order, so every shard mixes the classes. Either way the
+    order is a function of (seed, epoch) alone: a resumed
     epoch skips the batches already trained on and sees exactly the rest. Validation reads the
     shards in their stored order and keeps the validation split's records.
 
@@ -198,8 +275,6 @@ class ImagePipeline:
         config: image size, channels, batch size, augmentation and shuffle flags.
     """
 
-    # The default shuffle buffer (--shuffle-buffer 0) holds at most this many bytes of images.
-    SHUFFLE_BYTES = 256 * 1024 * 1024
     # Shards read at once: more mix the records better, each costs a read buffer.
     CYCLE = 4
     READ_BUFFER = 256 * 1024
@@ -232,15 +307,14 @@ class ImagePipeline:
         # Files TensorFlow could not decode are in the split but have no record.
         self.train_count = int(self.train_mask.sum())
         self.val_count = int(self.val_mask.sum())
+        self.train_records = np.flatnonzero(self.train_mask)
+        self.val_records = np.flatnonzero(self.val_mask)
+        self.reader = RecordReader(prepared)
 
     def shuffle_buffer(self) -> int:
-        """Images in the per-epoch shuffle buffer: --shuffle-buffer, or what fits in SHUFFLE_BYTES (in an
-        eighth of the container's memory limit where that is less)."""
-        n = max(1, self.train_count)
-        limit = container_memory_limit()
-        room = self.SHUFFLE_BYTES if limit is None else min(self.SHUFFLE_BYTES, limit // 8)
-        wanted = self.config.shuffle_buffer or max(self.config.batch_size, room // self.prepared.record_bytes)
-        return min(wanted, n)
+        """Images in the shuffle buffer of --shuffle-buffer N, at most the training split; 0: the default,
+        a permutation of the whole split read by record and no buffer."""
+        return min(self.config.shuffle_buffer, max(1, self.train_count))
 
     def _records(self, shards: Sequence[str], mask: np.ndarray, cycle: int) -> tf.data.Dataset:
         """The records of ``shards`` whose record number ``mask`` keeps, as whole record strings: the
@@ -305,29 +379,54 @@ class ImagePipeline:
         tf = self.tf
         batch = self.config.batch_size
         seed = epoch_seed(self.config.seed, epoch)
-        shards = self.prepared.shard_paths()
-        order = [shards[i] for i in file_order(self.config.seed, epoch, len(shards))]
-        ds = self._records(order, self.train_mask, self.CYCLE)
-        ds = ds.shuffle(self.shuffle_buffer(), seed=seed, reshuffle_each_iteration=False)
-        # Skipped before batching: the batches already trained on are read but never assembled.
-        ds = ds.skip(skip_batches * batch).batch(batch, drop_remainder=True)
-        ds = ds.map(self._parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        if self.config.shuffle_buffer:
+            shards = self.prepared.shard_paths()
+            order = [shards[i] for i in file_order(self.config.seed, epoch, len(shards))]
+            ds = self._records(order, self.train_mask, self.CYCLE)
+            ds = ds.shuffle(self.shuffle_buffer(), seed=seed, reshuffle_each_iteration=False)
+            # Skipped before batching: the batches already trained on are read but never assembled.
+            ds = ds.skip(skip_batches * batch).batch(batch, drop_remainder=True)
+            ds = ds.map(self._parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            ds = ds.enumerate(start=skip_batches).map(lambda i, xy: (i, *xy))
+        else:
+            # Batch i is records order[i * batch : (i + 1) * batch]: a resumed epoch starts at its batch.
+            order = self.train_records[record_order(self.config.seed, epoch, self.train_count)]
+            ds = self._read_batches(order, batch, skip_batches, self.train_count // batch)
         if self.config.augment:
             # Only the draws are made here; the training step applies them (model_pixels). Each batch's
             # seed is (epoch seed, batch number in the epoch): a resumed epoch numbers its batches from
             # skip_batches and draws for them what the unbroken one did.
             base = tf.constant(seed, tf.int64)
-            ds = ds.enumerate(start=skip_batches).map(
-                lambda i, xy: (*xy, self.augmentation_params(tf.shape(xy[1])[0], tf.stack([base, i])))
+            return self._bounded(
+                ds.map(
+                    lambda i, x, y: (x, y, self.augmentation_params(tf.shape(y)[0], tf.stack([base, i])))
+                ).prefetch(tf.data.AUTOTUNE)
             )
-        return self._bounded(ds.prefetch(tf.data.AUTOTUNE))
+        return self._bounded(ds.map(lambda i, x, y: (x, y)).prefetch(tf.data.AUTOTUNE))
 
     def val_dataset(self) -> tf.data.Dataset:
-        """Validation batches, in a fixed order."""
+        """Validation batches, in a fixed order: the validation split's records in the copy's order."""
+        batch = self.config.batch_size
+        ds = self._read_batches(self.val_records, batch, 0, -(-self.val_count // batch))
+        return self._bounded(ds.map(lambda i, x, y: (x, y)).prefetch(self.tf.data.AUTOTUNE))
+
+    def _read_batches(self, order: np.ndarray, batch: int, first: int, end: int) -> tf.data.Dataset:
+        """(batch number, images, labels) of batches ``first`` ... ``end - 1`` of ``order``'s records,
+        several read at once (:class:`RecordReader`; the reads release the GIL)."""
         tf = self.tf
-        ds = self._records(self.prepared.shard_paths(), self.val_mask, 1).batch(self.config.batch_size)
-        ds = ds.map(self._parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        return self._bounded(ds.prefetch(tf.data.AUTOTUNE))
+        reader, shape = self.reader, self.reader.shape
+
+        def read(i: Any) -> tuple[Any, Any]:
+            return reader.read(order[int(i) * batch : (int(i) + 1) * batch])
+
+        def load(i: Any) -> tuple[Any, Any, Any]:
+            images, labels = tf.numpy_function(read, [i], [tf.uint8, tf.int32], stateful=False)
+            images.set_shape([None, *shape])
+            labels.set_shape([None])
+            return i, images, labels
+
+        ds = tf.data.Dataset.range(first, max(first, end))
+        return ds.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
     def _bounded(self, ds: tf.data.Dataset) -> tf.data.Dataset:
         """``ds`` with tf.data's buffers within a share of the container's memory limit, where it has one

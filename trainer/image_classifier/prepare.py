@@ -63,7 +63,7 @@ DEFAULT_DIR_NAME = ".kubetrain-prepared"
 SHARD_BYTES = 64 * 1024 * 1024
 HEADER_BYTES = 8
 # Files are decoded and written in this seeded order, so every shard mixes the classes and a
-# small shuffle buffer over a few shards still gives class-balanced batches.
+# small shuffle buffer over a few shards (--shuffle-buffer N) still gives class-balanced batches.
 WRITE_ORDER_SEED = 0x9E3779B9
 # What changes the decoded pixels besides the flags: bump when the decoder or the resize changes.
 PIXELS = "tf.io.decode_image(expand_animations=False) + data.resize_image(area-antialias, round, uint8) v1"

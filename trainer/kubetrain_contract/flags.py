@@ -616,12 +616,12 @@ IMAGE_CLASSIFIER = _trainer(
             "shuffle_buffer",
             "int",
             0,
-            "images in the training shuffle buffer (0: as many decoded images as fit in 256 MiB, or in an eighth "
-            "of the container's memory limit if less, at most the training split); the prepared shards are "
-            "also read in a new seeded order every epoch",
+            "0: each epoch reads the whole training split in a new seeded order, record by record where it lies "
+            "in the prepared copy, with no shuffle buffer; N: read the shards in a new seeded order and shuffle "
+            "through a seeded buffer of N images instead (for storage where random reads are slow)",
             minimum=0,
             metavar="N",
-            note="0: as many as fit in 256 MiB",
+            note="0: a permutation of the whole split, no buffer",
         ),
         Flag(
             "verify_workers",

@@ -84,7 +84,7 @@ DIRS = {"data_dir": "/data", "checkpoint_dir": "/checkpoints", "output_dir": "/o
         (
             ClassifierConfig,
             {"shuffle_buffer": -1},
-            "--shuffle-buffer must be an integer >= 0 (0: as many as fit in 256 MiB)",
+            "--shuffle-buffer must be an integer >= 0 (0: a permutation of the whole split, no buffer)",
         ),
         (DialogueConfig, {"monitor": "loss"}, "--monitor must be one of val_accuracy, val_loss, got 'loss'"),
     ],
