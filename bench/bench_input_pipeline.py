@@ -53,7 +53,7 @@ import tensorflow as tf  # noqa: E402
 from kubetrain_contract.pod import Env  # noqa: E402
 from trainer.image_classifier import prepare  # noqa: E402
 from trainer.image_classifier.config import ClassifierConfig  # noqa: E402
-from trainer.image_classifier.data import ImagePipeline, model_pixels, split_files  # noqa: E402
+from trainer.image_classifier.data import ImagePipeline, model_pixels, split_indices  # noqa: E402
 from trainer.image_classifier.model import build_model  # noqa: E402
 
 CLASSES = 10
@@ -90,7 +90,8 @@ def config_for(root: Path, image_size: int, **overrides) -> ClassifierConfig:
 
 
 def pipeline_for(copy: prepare.PreparedImages, config: ClassifierConfig) -> ImagePipeline:
-    train, val = split_files(copy.files, config.validation_split, config.seed)
+    """The pipeline as the trainer builds it: the split made over the copy's label column."""
+    train, val = split_indices(copy.labels, config.validation_split, config.seed)
     return ImagePipeline(copy, train, val, config)
 
 

@@ -138,21 +138,18 @@ def resize_image(image: tf.Tensor, size: int) -> tf.Tensor:
     return tf.cast(tf.clip_by_value(tf.round(resized), 0.0, 255.0), tf.uint8)
 
 
-def split_files(
-    files: Sequence[tuple[str, int]],
-    fraction: float,
-    seed: int,
-) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
-    """Seeded split, stratified by class: every class with two or more images is in both sets.
+def split_indices(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded split of files by their ``labels``, stratified by class: every class with two or more
+    images is in both sets. Returns the (training, validation) files' indices, as int64 arrays.
 
     Class by class in label order, a seeded permutation of the class's files (in their listed
     order) puts the first ``round(count * fraction)`` of them (at least one, never all) in the
-    validation set. Grouped with numpy: the cost per file is a few list operations.
+    validation set. Numpy throughout: a restarted pod splits 60,000 files in milliseconds.
     """
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    labels = np.fromiter((label for _, label in files), dtype=np.int64, count=len(files))
+    labels = np.asarray(labels, dtype=np.int64)
     by_label = np.argsort(labels, kind="stable")  # each class's files in their listed order
     _, starts, counts = np.unique(labels[by_label], return_index=True, return_counts=True)
     train_parts, val_parts = [], []
@@ -163,9 +160,20 @@ def split_files(
         val_parts.append(items[order[:n_val]])
         train_parts.append(items[order[n_val:]])
     empty = np.zeros(0, dtype=np.int64)
-    train = [files[i] for i in np.concatenate([empty, *train_parts]).tolist()]
-    val = [files[i] for i in np.concatenate([empty, *val_parts]).tolist()]
-    return train, val
+    return np.concatenate([empty, *train_parts]), np.concatenate([empty, *val_parts])
+
+
+def split_files(
+    files: Sequence[tuple[str, int]],
+    fraction: float,
+    seed: int,
+) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """:func:`split_indices` over (path, label) pairs: the (training, validation) pairs."""
+    import numpy as np
+
+    labels = np.fromiter((label for _, label in files), dtype=np.int64, count=len(files))
+    train, val = split_indices(labels, fraction, seed)
+    return [files[i] for i in train.tolist()], [files[i] for i in val.tolist()]
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -270,8 +278,8 @@ class ImagePipeline:
 
     Args:
         prepared: the verified prepared copy.
-        train: training (path, label) pairs, from ``prepared.files``.
-        val: validation (path, label) pairs, from ``prepared.files``.
+        train: training (path, label) pairs from ``prepared.files``, or their indices there.
+        val: validation (path, label) pairs from ``prepared.files``, or their indices there.
         config: image size, channels, batch size, augmentation and shuffle flags.
     """
 
@@ -282,8 +290,8 @@ class ImagePipeline:
     def __init__(
         self,
         prepared: PreparedImages,
-        train: Sequence[tuple[str, int]],
-        val: Sequence[tuple[str, int]],
+        train: Sequence[tuple[str, int]] | np.ndarray,
+        val: Sequence[tuple[str, int]] | np.ndarray,
         config: ClassifierConfig,
     ) -> None:
         import numpy as np
@@ -302,7 +310,10 @@ class ImagePipeline:
         self.train_mask = np.zeros(n, dtype=bool)
         self.val_mask = np.zeros(n, dtype=bool)
         for mask, items in ((self.train_mask, train), (self.val_mask, val)):
-            records = prepared.records_of(path for path, _ in items)
+            if isinstance(items, np.ndarray):  # indices into prepared.files (split_indices)
+                records = prepared.file_records[items]
+            else:
+                records = prepared.records_of(path for path, _ in items)
             mask[records[records >= 0]] = True
         # Files TensorFlow could not decode are in the split but have no record.
         self.train_count = int(self.train_mask.sum())

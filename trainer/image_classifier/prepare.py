@@ -181,9 +181,17 @@ class PreparedManifest:
             column = getattr(manifest, name)
             if not isinstance(column, list) or len(column) != n:
                 raise ValueError(f"{name}: expected a list of {n} whole numbers, one per file")
-            if n and _int_column(column) is None:
+            array = _int_column(column) if n else np.zeros(0, dtype=np.int64)
+            if array is None:
                 raise ValueError(f"{name}: expected whole numbers, found {column[:3]!r}...")
+            manifest.arrays[name] = array
         return manifest
+
+    @cached_property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The ``labels`` and ``file_records`` columns as int64 arrays, made once by :meth:`from_json` (not
+        part of the JSON)."""
+        return {name: np.asarray(getattr(self, name), dtype=np.int64) for name in ("labels", "file_records")}
 
     @property
     def records(self) -> int:
@@ -224,6 +232,16 @@ class PreparedImages:
     def files(self) -> list[tuple[str, int]]:
         """The scan's files as (path under DATA_DIR's class root, label), in the scan's order."""
         return list(zip(self.paths, self.manifest.labels, strict=True))
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Each file's label, in the scan's order (int64)."""
+        return self.manifest.arrays["labels"]
+
+    @property
+    def file_records(self) -> np.ndarray:
+        """Each file's record number, in the scan's order, -1 where TensorFlow could not decode it (int64)."""
+        return self.manifest.arrays["file_records"]
 
     @cached_property
     def _record_by_path(self) -> dict[str, int]:
@@ -332,10 +350,9 @@ def open_prepared(path: Path, key: str, fingerprint: str, data_dir: Path) -> Pre
         if st.st_size != shard.bytes:
             raise ValueError(f"{shard.name} holds {st.st_size} bytes, the manifest says {shard.bytes}")
         stats[shard.name] = [st.st_size, st.st_mtime_ns, st.st_ino]
-    if not all(isinstance(rel, str) for rel in manifest.files):
+    if set(map(type, manifest.files)) - {str}:
         raise ValueError("files: expected relative paths")
-    labels = np.asarray(manifest.labels, dtype=np.int64)
-    records = np.asarray(manifest.file_records, dtype=np.int64)
+    labels, records = manifest.arrays["labels"], manifest.arrays["file_records"]
     classes = len(manifest.class_names)
     if labels.size and (labels.min() < 0 or labels.max() >= classes):
         raise ValueError(f"labels: {sorted(set(labels.tolist()))} for {classes} classes")

@@ -33,7 +33,7 @@ from trainer.common.contract import (
 )
 from trainer.common.signals import StopRequest
 from trainer.image_classifier.config import ClassifierConfig
-from trainer.image_classifier.data import ImagePipeline, split_files
+from trainer.image_classifier.data import ImagePipeline, split_indices
 from trainer.image_classifier.model import build_model, classification_sums, confusion_matrix
 from trainer.image_classifier.prepare import decodes, prepare_images
 
@@ -67,8 +67,9 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
     # What this run's preparation cost: 0 when it found the copy (a retry, a trial, the next run).
     prepared = {"made": folder.made, "decoded": decodes() - decoded_before}
     log.info("images decoded by this run: %d", prepared["decoded"])
-    train_files, val_files = split_files(folder.files, config.validation_split, config.seed)
-    if not val_files:
+    # Indices into folder.files: no per-file Python before the first batch.
+    train_files, val_files = split_indices(folder.labels, config.validation_split, config.seed)
+    if not len(val_files):
         raise DataError("the validation split is empty: every class has a single image")
     if len(train_files) < config.batch_size:
         raise DataError(
@@ -147,9 +148,7 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
     )
     dropped = folder.undecodable
     # The examples that trained and validated: the files TensorFlow decoded.
-    left_out = set(dropped)
-    train_examples = sum(1 for path, _ in train_files if path not in left_out)
-    val_examples = sum(1 for path, _ in val_files if path not in left_out)
+    train_examples, val_examples = pipeline.train_count, pipeline.val_count
     if dropped:
         root = str(folder.root)
         log.warning(
