@@ -223,11 +223,17 @@ class RecordReader:
             self._fds = fds
             import weakref
 
-            weakref.finalize(self, _close_all, fds)
+            # Closed when the reader goes; at exit the process's end closes them, after the reads stop.
+            weakref.finalize(self, _close_all, fds).atexit = False
+            _READS.watch()
         return self._fds
 
     def read(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The (uint8 images ``[n, size, size, channels]``, int32 labels) of ``records``, in their order."""
+        with _READS:
+            return self._read(records)
+
+    def _read(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         import numpy as np
 
         fds = self._open()
@@ -260,6 +266,70 @@ class RecordReader:
 def _close_all(fds: list[int]) -> None:
     for fd in fds:
         os.close(fd)
+
+
+class _ReadsInFlight:
+    """The reads tf.data's threads run in Python, stopped before the interpreter's teardown.
+
+    tf.data calls :meth:`RecordReader.read` from its own threads (``tf.numpy_function``), ahead of
+    the batches asked for. A thread that needs the GIL once the interpreter has begun its teardown
+    never gets it, and an iterator still alive then waits for that call for ever in its destructor:
+    a process that read one batch and returned from ``main`` hung at exit in 4 of 8 runs. So at exit
+    (an ``atexit`` hook, while threads can still run Python) new reads fail at once and the hook
+    waits until none is in flight and none has started for a moment: by then the pipelines' buffers
+    are full and nothing calls into Python again. The trainer ends with ``os._exit`` after the exit
+    hooks (trainer.common.cli.exit_process), so it never reaches the teardown; this guards the
+    benches, the tests and any other program that streams a prepared copy.
+    """
+
+    QUIET_S = 0.05
+    MOST_S = 10.0
+
+    def __init__(self) -> None:
+        import threading
+
+        self._cond = threading.Condition()
+        self._running = 0
+        self._last = 0.0
+        self._closing = False
+        self._watched = False
+
+    def watch(self) -> None:
+        with self._cond:
+            if not self._watched:
+                import atexit
+
+                atexit.register(self.stop)
+                self._watched = True
+
+    def __enter__(self) -> None:
+        import time
+
+        with self._cond:
+            if self._closing:
+                raise DataError("the process is exiting: the prepared copy is no longer read")
+            self._running += 1
+            self._last = time.monotonic()
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._running -= 1
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        import time
+
+        deadline = time.monotonic() + self.MOST_S
+        with self._cond:
+            self._closing = True
+            while time.monotonic() < deadline:
+                quiet_since = time.monotonic() - self._last
+                if self._running == 0 and quiet_since >= self.QUIET_S:
+                    return
+                self._cond.wait(timeout=max(self.QUIET_S - quiet_since, 0.01))
+
+
+_READS = _ReadsInFlight()
 
 
 class ImagePipeline:

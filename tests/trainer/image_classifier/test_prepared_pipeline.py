@@ -256,3 +256,43 @@ def test_a_second_training_run_reuses_the_copy_and_decodes_nothing(tmp_path, fol
         second["val_examples"],
     )
     assert first["train_examples"] + first["val_examples"] == 2 * PER_CLASS
+
+
+EXIT_MID_EPOCH = """
+import sys
+from pathlib import Path
+
+from trainer.image_classifier.config import ClassifierConfig
+from trainer.image_classifier.data import ImagePipeline, split_indices
+from trainer.image_classifier.prepare import prepare_images
+
+data, location = Path(sys.argv[1]), Path(sys.argv[2])
+config = ClassifierConfig(
+    data_dir=str(data), checkpoint_dir=str(data), output_dir=str(data), image_size=96, batch_size=8
+)
+copy = prepare_images(data, config, location, environ={})
+train, val = split_indices(copy.labels, config.validation_split, config.seed)
+batches = iter(ImagePipeline(copy, train, val, config).train_dataset(0))
+next(batches)
+print("read one batch", flush=True)
+# main returns with the iterator alive and tf.data's threads reading ahead
+"""
+
+
+def test_a_program_that_stops_mid_epoch_exits(folder, tmp_path):
+    """The interpreter's teardown with reads in flight: without the exit hook that stops them
+    (data._ReadsInFlight) this hung in about half of the runs, for ever."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[3]
+    location = tmp_path / "prepared"
+    for run in range(6):
+        done = subprocess.run(
+            [sys.executable, "-c", EXIT_MID_EPOCH, str(folder), str(location)],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=300,  # a hang is for ever; a loaded machine takes seconds
+        )
+        assert done.returncode == 0 and "read one batch" in done.stdout, (run, done.stderr[-2000:])
