@@ -132,14 +132,21 @@ def manifest_of_another_format(path: Path) -> None:
 
 def a_label_column_of_another_length(path: Path) -> None:
     doc = json.loads((path / MANIFEST).read_text())
-    doc["labels"] = doc["labels"][:-1]
+    doc["labels"] = prepare.encode_column(prepare.decode_column(doc["labels"])[:-1])
+    (path / MANIFEST).write_text(json.dumps(doc))
+
+
+def a_label_column_that_is_not_base64(path: Path) -> None:
+    doc = json.loads((path / MANIFEST).read_text())
+    doc["labels"] = prepare.decode_column(doc["labels"]).tolist()  # the list form of format 2
     (path / MANIFEST).write_text(json.dumps(doc))
 
 
 def a_record_column_that_names_a_record_twice(path: Path) -> None:
     doc = json.loads((path / MANIFEST).read_text())
-    records = doc["file_records"]
-    records[records.index(1)] = 0
+    records = prepare.decode_column(doc["file_records"])
+    records[np.flatnonzero(records == 1)[0]] = 0
+    doc["file_records"] = prepare.encode_column(records)
     (path / MANIFEST).write_text(json.dumps(doc))
 
 
@@ -160,7 +167,8 @@ def a_record_count_that_lies(path: Path) -> None:
             manifest_of_another_format,
             f"format_version {prepare.FORMAT_VERSION + 1}, expected {prepare.FORMAT_VERSION}",
         ),
-        (a_label_column_of_another_length, "labels: expected a list of 120 whole numbers, one per file"),
+        (a_label_column_of_another_length, "labels: expected 120 whole numbers, one per file, found 119"),
+        (a_label_column_that_is_not_base64, "labels: expected base64 of little-endian int32, found list"),
         (
             a_record_column_that_names_a_record_twice,
             "file_records: expected the record numbers 0 ... 119, each once",
