@@ -10,7 +10,7 @@ trains on them, with the staged dataset version a training pod has. Reported:
   retry or a preempted run's next pod pays), and the peak RSS of that process over one whole training
   epoch, at both sizes, alternating, median and range of ``--repeats`` rounds: with memory and start-up
   bounded by the buffers, the two sizes give about the same figures;
-- training images/s per core of ours (streaming the shards) without and with the trainer's augmentation
+- training images/s per core of ours (reading the prepared records) without and with the trainer's augmentation
   (the pipeline draws it, the training step applies it on its device; also with the step's pixel
   arithmetic done on the CPU, as a pod without a GPU does), against
   ``keras.utils.image_dataset_from_directory`` on the same files (no cache, no prefetch, as most
@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -170,7 +170,7 @@ def throughput(root: Path, copy: prepare.PreparedImages, image_size: int, repeat
     )
     apply = tf.function(model_pixels)
 
-    def applied_on_cpu(epoch: int) -> tf.data.Dataset:
+    def applied_on_cpu(epoch: int) -> Iterator[tf.Tensor]:
         # What a pod without a GPU pays: the step applies the draws on the CPU, here outside any step.
         return (apply(x, draws) for x, _, draws in augmented.train_dataset(epoch))
 

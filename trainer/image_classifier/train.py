@@ -68,16 +68,16 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
     prepared = {"made": folder.made, "decoded": decodes() - decoded_before}
     log.info("images decoded by this run: %d", prepared["decoded"])
     # Indices into folder.files: no per-file Python before the first batch.
-    train_files, val_files = split_indices(folder.labels, config.validation_split, config.seed)
-    if not len(val_files):
+    train_index, val_index = split_indices(folder.labels, config.validation_split, config.seed)
+    if not len(val_index):
         raise DataError("the validation split is empty: every class has a single image")
-    if len(train_files) < config.batch_size:
+    if len(train_index) < config.batch_size:
         raise DataError(
-            f"{len(train_files)} training images are fewer than --batch-size {config.batch_size}; "
+            f"{len(train_index)} training images are fewer than --batch-size {config.batch_size}; "
             "lower --batch-size or add images"
         )
     log.info(
-        "split: %d training and %d validation images (seed %d)", len(train_files), len(val_files), config.seed
+        "split: %d training and %d validation images (seed %d)", len(train_index), len(val_index), config.seed
     )
     run = RunInfo.from_env()
     if chief:
@@ -90,7 +90,7 @@ def train(config: ClassifierConfig, stop: StopRequest) -> None:
     from trainer.common.metrics_doc import describe_exported, metrics_document
     from trainer.image_classifier.serving import add_image_endpoints
 
-    pipeline = ImagePipeline(folder, train_files, val_files, config)
+    pipeline = ImagePipeline(folder, train_index, val_index, config)
     steps_per_epoch = pipeline.train_count // config.batch_size
     with runtime.strategy.scope():
         model = build_model(config, len(folder.class_names), steps_per_epoch)
